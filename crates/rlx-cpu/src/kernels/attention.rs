@@ -1,0 +1,129 @@
+//! Attention (grouped-query, all mask kinds) and rotary position embedding.
+
+use super::{kernel, Kernel, Lowered, NodeInfo, Ptr, TRef};
+use crate::elem::{FloatElem, Real};
+use crate::layout::Layout;
+use crate::with_float;
+use rlx_ir::{MaskKind, Op, Result};
+
+/// Offset of element `idx` of a rank-4 layout.
+#[inline(always)]
+fn at4(l: &Layout, i: [usize; 4]) -> usize {
+    let s = l.strides();
+    l.offset + i[0] * s[0] + i[1] * s[1] + i[2] * s[2] + i[3] * s[3]
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention<T: FloatElem>(q: TRef, k: TRef, v: TRef, mask: Option<TRef>, out: TRef, kind: MaskKind, scale: f32, scratch: Ptr) -> Box<dyn Kernel> {
+    let [b, hq, sq, d] = [0, 1, 2, 3].map(|i| q.layout.dims()[i]);
+    let (hkv, sk, dv) = (k.layout.dims()[1], k.layout.dims()[2], v.layout.dims()[3]);
+    let group = hq / hkv.max(1);
+    let ml = mask.map(|m| m.layout.broadcast_to(&[b, hq, sq, sk]));
+    kernel(move |pool| {
+        let rows = b * hq * sq;
+        let c = |x: f64| <T as FloatElem>::C::c(x);
+        pool.run(rows, &|row, th| unsafe {
+            let (pq, pk, pv, po) = (q.base::<T>() as *const T, k.base::<T>() as *const T, v.base::<T>() as *const T, out.base::<T>());
+            // SAFETY: offsets come from the operands' layouts; each thread owns `sk` scratch slots.
+            let scores = (scratch.get() as *mut f64).add(th * sk);
+            let (bi, rest) = (row / (hq * sq), row % (hq * sq));
+            let (h, i) = (rest / sq, rest % sq);
+            let kh = h / group.max(1);
+            // Query i sits at absolute position i + (sk - sq).
+            let pos = i as isize + sk as isize - sq as isize;
+            let (lo, hi) = match kind {
+                MaskKind::Causal => (0, pos + 1),
+                MaskKind::SlidingWindow(w) => (pos - w as isize + 1, pos + 1),
+                _ => (0, sk as isize),
+            };
+            let (lo, hi) = (lo.max(0) as usize, hi.clamp(0, sk as isize) as usize);
+            let mut mx = f64::NEG_INFINITY;
+            for j in lo..hi {
+                let mut s = c(0.0);
+                for t in 0..d {
+                    s = s + (*pq.add(at4(&q.layout, [bi, h, i, t]))).to_c() * (*pk.add(at4(&k.layout, [bi, kh, j, t]))).to_c();
+                }
+                let mut s = s.f64() * scale as f64;
+                if let (Some(m), Some(l)) = (&mask, &ml) {
+                    s += (*m.base::<T>().add(at4(l, [bi, h, i, j]))).to_f64();
+                }
+                *scores.add(j) = s;
+                mx = mx.max(s);
+            }
+            let mut sum = 0f64;
+            for j in lo..hi {
+                let e = (*scores.add(j) - mx).exp();
+                *scores.add(j) = e;
+                sum += e;
+            }
+            let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+            let ob = at4(&out.layout, [bi, h, i, 0]);
+            for t in 0..dv {
+                let mut acc = 0f64;
+                for j in lo..hi {
+                    acc += *scores.add(j) * (*pv.add(at4(&v.layout, [bi, kh, j, t]))).to_f64();
+                }
+                *po.add(ob + t) = T::from_c(c(acc * inv));
+            }
+        });
+    })
+}
+
+fn rope<T: FloatElem>(x: TRef, pos: TRef, out: TRef, theta: f32, interleaved: bool) -> Box<dyn Kernel> {
+    let r = x.layout.rank();
+    let (s_len, d) = (x.layout.dims()[r - 2], x.layout.dims()[r - 1]);
+    let half = d / 2;
+    let lines = x.layout.remove_axis(r - 1);
+    kernel(move |pool| {
+        let sx = x.layout.strides()[r - 1];
+        let n = lines.numel();
+        super::par_ranges(pool, n, 64, |range| {
+            let (px, po) = (x.base::<T>() as *const T, out.base::<T>());
+            let dense = Layout::contiguous(lines.dims());
+            crate::layout::for_each_run(lines.dims(), [&dense, &lines], range, |[o0, i0], len, [so, si]| {
+                for t in 0..len {
+                    let (o, i) = ((o0 + t * so) * d, i0 + t * si);
+                    // Row number within the lines = o / d; its sequence index is that mod S.
+                    let s = (o / d) % s_len.max(1);
+                    // SAFETY: positions has length S; offsets come from layouts.
+                    let p = unsafe { super::index::read_index(&pos, pos.layout.offset + s * pos.layout.strides()[0]) } as f64;
+                    for k in 0..half {
+                        let inv = (theta as f64).powf(-2.0 * k as f64 / d as f64);
+                        let (sin, cos) = (p * inv).sin_cos();
+                        let (ia, ib) = if interleaved { (2 * k, 2 * k + 1) } else { (k, k + half) };
+                        unsafe {
+                            let a = (*px.add(i + ia * sx)).to_f64();
+                            let b = (*px.add(i + ib * sx)).to_f64();
+                            *po.add(o + ia) = T::from_f64(a * cos - b * sin);
+                            *po.add(o + ib) = T::from_f64(a * sin + b * cos);
+                        }
+                    }
+                }
+            });
+        });
+    })
+}
+
+pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
+    let dt = info.dtype();
+    if !dt.is_float() {
+        return Err(info.unsupported(format!("dtype {dt}")));
+    }
+    Ok(match info.node.op {
+        Op::Attention { mask, scale } => {
+            let sk = info.ins[1].dims()[2];
+            let scratch = info.threads * sk.max(1) * 8;
+            Lowered::Compute {
+                scratch,
+                build: Box::new(move |i, o, s| {
+                    let m = if mask == MaskKind::Custom { Some(i[3]) } else { None };
+                    with_float!(dt, T => attention::<T>(i[0], i[1], i[2], m, o, mask, scale, s), else unreachable!())
+                }),
+            }
+        }
+        Op::Rope { theta, interleaved } => super::compute(move |i, o| {
+            with_float!(dt, T => rope::<T>(i[0], i[1], o, theta, interleaved), else unreachable!())
+        }),
+        _ => return Err(info.unsupported("not an attention op")),
+    })
+}

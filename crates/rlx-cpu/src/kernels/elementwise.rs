@@ -1,0 +1,226 @@
+//! Elementwise kernels: Binary, Compare, Where, Activation, Cast. One strided map engine
+//! (`map1`..`map3`) serves every op and dtype; operands broadcast through stride-0 layouts.
+
+use super::{compute, kernel, par_ranges, Kernel, Lowered, NodeInfo, TRef};
+use crate::elem::{Bool8, Elem, FloatElem, Real};
+use crate::layout::{for_each_run, Layout};
+use crate::{with_dtype, with_float};
+use rlx_ir::{Activation, BinaryOp, CmpOp, Op, Result};
+
+/// Elements per task below which splitting across threads does not pay.
+const MIN_CHUNK: usize = 1 << 15;
+
+fn bcast(x: &TRef, out: &TRef) -> Layout {
+    x.layout.broadcast_to(out.layout.dims())
+}
+
+/// `out = f(a)` over broadcast operands.
+pub fn map1<A: Elem, O: Elem>(a: TRef, out: TRef, f: impl Fn(A) -> O + Copy + Send + Sync + 'static) -> Box<dyn Kernel> {
+    let la = bcast(&a, &out);
+    kernel(move |pool| {
+        par_ranges(pool, out.layout.numel(), MIN_CHUNK, |r| {
+            let (pa, po) = (a.base::<A>() as *const A, out.base::<O>());
+            for_each_run(out.layout.dims(), [&out.layout, &la], r, |[o, i], n, [so, si]| unsafe {
+                // SAFETY: offsets come from layouts inside the planned buffers.
+                if so == 1 && si == 1 {
+                    let src = std::slice::from_raw_parts(pa.add(i), n);
+                    let dst = std::slice::from_raw_parts_mut(po.add(o), n);
+                    for (d, s) in dst.iter_mut().zip(src) {
+                        *d = f(*s);
+                    }
+                } else {
+                    for k in 0..n {
+                        *po.add(o + k * so) = f(*pa.add(i + k * si));
+                    }
+                }
+            })
+        })
+    })
+}
+
+/// `out = f(a, b)` over broadcast operands.
+pub fn map2<A: Elem, B: Elem, O: Elem>(
+    a: TRef,
+    b: TRef,
+    out: TRef,
+    f: impl Fn(A, B) -> O + Copy + Send + Sync + 'static,
+) -> Box<dyn Kernel> {
+    let (la, lb) = (bcast(&a, &out), bcast(&b, &out));
+    kernel(move |pool| {
+        par_ranges(pool, out.layout.numel(), MIN_CHUNK, |r| {
+            let (pa, pb, po) = (a.base::<A>() as *const A, b.base::<B>() as *const B, out.base::<O>());
+            for_each_run(out.layout.dims(), [&out.layout, &la, &lb], r, |[o, i, j], n, [so, si, sj]| unsafe {
+                // SAFETY: offsets come from layouts inside the planned buffers.
+                if so == 1 && si == 1 && sj == 1 {
+                    let x = std::slice::from_raw_parts(pa.add(i), n);
+                    let y = std::slice::from_raw_parts(pb.add(j), n);
+                    let d = std::slice::from_raw_parts_mut(po.add(o), n);
+                    for ((d, x), y) in d.iter_mut().zip(x).zip(y) {
+                        *d = f(*x, *y);
+                    }
+                } else if so == 1 && si == 1 && sj == 0 {
+                    let x = std::slice::from_raw_parts(pa.add(i), n);
+                    let y = *pb.add(j);
+                    let d = std::slice::from_raw_parts_mut(po.add(o), n);
+                    for (d, x) in d.iter_mut().zip(x) {
+                        *d = f(*x, y);
+                    }
+                } else {
+                    for k in 0..n {
+                        *po.add(o + k * so) = f(*pa.add(i + k * si), *pb.add(j + k * sj));
+                    }
+                }
+            })
+        })
+    })
+}
+
+/// `out = f(a, b, c)` over broadcast operands.
+pub fn map3<A: Elem, B: Elem, C: Elem, O: Elem>(
+    a: TRef,
+    b: TRef,
+    c: TRef,
+    out: TRef,
+    f: impl Fn(A, B, C) -> O + Copy + Send + Sync + 'static,
+) -> Box<dyn Kernel> {
+    let (la, lb, lc) = (bcast(&a, &out), bcast(&b, &out), bcast(&c, &out));
+    kernel(move |pool| {
+        par_ranges(pool, out.layout.numel(), MIN_CHUNK, |r| {
+            let (pa, pb, pc, po) = (a.base::<A>() as *const A, b.base::<B>() as *const B, c.base::<C>() as *const C, out.base::<O>());
+            for_each_run(out.layout.dims(), [&out.layout, &la, &lb, &lc], r, |[o, i, j, l], n, [so, si, sj, sl]| {
+                for k in 0..n {
+                    // SAFETY: offsets come from layouts inside the planned buffers.
+                    unsafe { *po.add(o + k * so) = f(*pa.add(i + k * si), *pb.add(j + k * sj), *pc.add(l + k * sl)) };
+                }
+            })
+        })
+    })
+}
+
+fn binary<T: Elem>(op: BinaryOp, a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
+    match op {
+        BinaryOp::Add => map2(a, b, out, |x: T, y: T| x.add(y)),
+        BinaryOp::Sub => map2(a, b, out, |x: T, y: T| x.sub(y)),
+        BinaryOp::Mul => map2(a, b, out, |x: T, y: T| x.mul(y)),
+        BinaryOp::Div => map2(a, b, out, |x: T, y: T| x.div(y)),
+        BinaryOp::Max => map2(a, b, out, |x: T, y: T| x.max_of(y)),
+        BinaryOp::Min => map2(a, b, out, |x: T, y: T| x.min_of(y)),
+        BinaryOp::Pow => unreachable!("pow is dispatched on float dtypes"),
+    }
+}
+
+fn pow<T: FloatElem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
+    map2(a, b, out, |x: T, y: T| T::from_c(x.to_c().powf(y.to_c())))
+}
+
+fn compare<T: Elem>(op: CmpOp, a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
+    match op {
+        CmpOp::Eq => map2(a, b, out, |x: T, y: T| Bool8((x == y) as u8)),
+        CmpOp::Ne => map2(a, b, out, |x: T, y: T| Bool8((x != y) as u8)),
+        CmpOp::Lt => map2(a, b, out, |x: T, y: T| Bool8((x < y) as u8)),
+        CmpOp::Le => map2(a, b, out, |x: T, y: T| Bool8((x <= y) as u8)),
+        CmpOp::Gt => map2(a, b, out, |x: T, y: T| Bool8((x > y) as u8)),
+        CmpOp::Ge => map2(a, b, out, |x: T, y: T| Bool8((x >= y) as u8)),
+    }
+}
+
+/// The float functions, written once over the compute type.
+macro_rules! float_act {
+    ($a:expr, $x:expr, $out:expr, $T:ty, |$v:ident| $($arm:ident => $e:expr),* $(,)?) => {
+        match $a {
+            $(Activation::$arm => map1($x, $out, move |s: $T| { let $v = s.to_c(); <$T>::from_c($e) }),)*
+        }
+    };
+}
+
+fn activation_float<T: FloatElem>(a: Activation, x: TRef, out: TRef) -> Box<dyn Kernel> {
+    type R<T> = <T as FloatElem>::C;
+    let c = |v: f64| R::<T>::c(v);
+    let half = c(0.5);
+    let one = c(1.0);
+    let zero = c(0.0);
+    let inv_sqrt2 = c(std::f64::consts::FRAC_1_SQRT_2);
+    let k0 = c((2.0 / std::f64::consts::PI).sqrt());
+    let k1 = c(0.044715);
+    float_act!(a, x, out, T, |v|
+        Gelu => half * v * (one + (v * inv_sqrt2).erf()),
+        GeluApprox => half * v * (one + (k0 * (v + k1 * v * v * v)).tanh()),
+        Silu => v / (one + (-v).exp()),
+        Relu => if v > zero { v } else { zero },
+        Sigmoid => one / (one + (-v).exp()),
+        Tanh => v.tanh(),
+        Exp => v.exp(),
+        Log => v.ln(),
+        Sqrt => v.sqrt(),
+        Rsqrt => one / v.sqrt(),
+        Neg => -v,
+        Abs => v.abs(),
+        Sin => v.sin(),
+        Cos => v.cos(),
+        Tan => v.tan(),
+        Atan => v.atan(),
+        Round => v.round_even(),
+    )
+}
+
+fn activation_int<T: Elem>(a: Activation, x: TRef, out: TRef) -> Box<dyn Kernel> {
+    match a {
+        Activation::Neg => map1(x, out, |v: T| T::zero().sub(v)),
+        Activation::Abs => map1(x, out, |v: T| if v < T::zero() { T::zero().sub(v) } else { v }),
+        _ => map1(x, out, |v: T| v.max_of(T::zero())),
+    }
+}
+
+fn cast<A: Elem, O: Elem>(x: TRef, out: TRef) -> Box<dyn Kernel> {
+    let ints = |d: rlx_ir::DType| d.is_int() || d == rlx_ir::DType::Bool;
+    if ints(A::DTYPE) && ints(O::DTYPE) {
+        map1(x, out, |v: A| O::from_i64(v.to_i64()))
+    } else if O::DTYPE == rlx_ir::DType::Bool {
+        map1(x, out, |v: A| O::from_f64((v.to_f64() != 0.0) as u8 as f64))
+    } else {
+        map1(x, out, |v: A| O::from_f64(v.to_f64()))
+    }
+}
+
+pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
+    let dt = info.in_dtypes[0];
+    let out_dt = info.dtype();
+    let no = |what: &str| info.unsupported(format!("{what} is not supported for dtype {dt}"));
+    let op = info.node.op.clone();
+    // Check the dtype is handled now, so the build closure cannot fail later.
+    let handled = with_dtype!(dt, T => { let _ = std::marker::PhantomData::<T>; true }, else false)
+        && with_dtype!(out_dt, T => { let _ = std::marker::PhantomData::<T>; true }, else false);
+    if !handled {
+        return Err(no(op.name()));
+    }
+    Ok(match op {
+        Op::Binary(BinaryOp::Pow) => compute(move |i, o| with_float!(dt, T => pow::<T>(i[0], i[1], o), else unreachable!())),
+        Op::Binary(b) => compute(move |i, o| with_dtype!(dt, T => binary::<T>(b, i[0], i[1], o), else unreachable!())),
+        Op::Compare(c) => compute(move |i, o| with_dtype!(dt, T => compare::<T>(c, i[0], i[1], o), else unreachable!())),
+        Op::Where => {
+            let vt = info.in_dtypes[1];
+            compute(move |i, o| {
+                with_dtype!(vt, T => map3(i[0], i[1], i[2], o, |c: Bool8, x: T, y: T| if c.0 != 0 { x } else { y }), else unreachable!())
+            })
+        }
+        Op::Activation(a) => compute(move |i, o| {
+            with_float!(dt, T => activation_float::<T>(a, i[0], o),
+                else with_dtype!(dt, T => activation_int::<T>(a, i[0], o), else unreachable!()))
+        }),
+        Op::Cast { to } => compute(move |i, o| {
+            with_dtype!(dt, A => with_dtype!(to, B => cast::<A, B>(i[0], o), else unreachable!()), else unreachable!())
+        }),
+        _ => return Err(info.unsupported("not an elementwise op")),
+    })
+}
+
+/// Dense copy of a strided value of any dtype (used by reshape and concat).
+pub(super) fn copy(x: TRef, out: TRef) -> Box<dyn Kernel> {
+    let w = x.dtype.size_bytes();
+    match w {
+        1 => map1(x, out, |v: u8| v),
+        2 => map1(x, out, |v: i16| v),
+        4 => map1(x, out, |v: i32| v),
+        _ => map1(x, out, |v: i64| v),
+    }
+}

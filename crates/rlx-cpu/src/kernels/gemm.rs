@@ -1,0 +1,373 @@
+//! f32 GEMM: BLIS-style blocking with packed panels and register-tiled micro-kernels
+//! (AVX-512 12x32, AVX2+FMA 6x16, portable 4x8), chosen once at run time.
+//!
+//! `C[m×n] = A[m×k] · B[k×n]` with arbitrary row/column strides on A and B (so transposed and
+//! broadcast operands need no copy beyond packing) and a row-major C.
+
+use crate::pool::Pool;
+
+/// Depth of a packed panel (keeps one B micro-panel in L1).
+const KC: usize = 256;
+/// Rows of A packed per block (stays in L2).
+const MC: usize = 192;
+/// Columns of B packed per block.
+const NC: usize = 3072;
+
+/// Instruction set of the micro-kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// AVX-512F, 12×32 tile.
+    Avx512,
+    /// AVX2 + FMA, 6×16 tile.
+    Avx2,
+    /// Portable, 4×8 tile.
+    Generic,
+}
+
+impl Isa {
+    /// The best instruction set this CPU has.
+    pub fn detect() -> Isa {
+        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *ISA.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::env::var_os("RLX_NO_AVX512").is_none() && is_x86_feature_detected!("avx512f") {
+                    return Isa::Avx512;
+                }
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                    return Isa::Avx2;
+                }
+            }
+            Isa::Generic
+        })
+    }
+
+    fn tile(self) -> (usize, usize) {
+        match self {
+            Isa::Avx512 => (12, 32),
+            Isa::Avx2 => (6, 16),
+            Isa::Generic => (4, 8),
+        }
+    }
+}
+
+/// A strided f32 matrix operand.
+#[derive(Clone, Copy, Debug)]
+pub struct Mat {
+    /// Element (0, 0).
+    pub ptr: *const f32,
+    /// Row stride (elements).
+    pub rs: usize,
+    /// Column stride (elements).
+    pub cs: usize,
+}
+
+/// Scratch floats one thread needs for an `m×n×k` product.
+pub fn scratch_per_thread(m: usize, n: usize, k: usize) -> usize {
+    let (mr, nr) = Isa::detect().tile();
+    let kc = k.clamp(1, KC);
+    let mc = m.min(MC).div_ceil(mr) * mr;
+    let nc = n.min(NC).div_ceil(nr) * nr;
+    kc * (mc + nc) + 16
+}
+
+/// Total scratch floats for `threads` threads.
+pub fn scratch_len(m: usize, n: usize, k: usize, threads: usize) -> usize {
+    scratch_per_thread(m, n, k) * threads.max(1)
+}
+
+#[derive(Clone, Copy)]
+struct Job {
+    a: Mat,
+    b: Mat,
+    c: *mut f32,
+    ldc: usize,
+    scratch: *mut f32,
+}
+// SAFETY: tasks write disjoint blocks of C and read A/B only.
+unsafe impl Send for Job {}
+unsafe impl Sync for Job {}
+
+impl Job {
+    // A method, so closures capture the whole (Sync) `Job` rather than its raw-pointer fields.
+    fn get(&self) -> Job {
+        *self
+    }
+}
+
+/// `C = A·B`. `scratch` must hold [`scratch_len`]`(m, n, k, pool.threads())` floats when a pool
+/// is given (one thread's worth otherwise).
+///
+/// # Safety
+/// A, B and C must be valid for the given sizes and strides; C must not overlap A or B.
+pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, scratch: *mut f32) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        for i in 0..m {
+            std::ptr::write_bytes(c.add(i * ldc), 0, n);
+        }
+        return;
+    }
+    let isa = Isa::detect();
+    let (mr, nr) = isa.tile();
+    let per = scratch_per_thread(m, n, k);
+    let threads = pool.map_or(1, |p| p.threads());
+    let flops = m * n * k;
+    let job = Job { a, b, c, ldc, scratch };
+    let parts = if threads > 1 && flops >= 1 << 18 { threads } else { 1 };
+    // Split the longer side so every thread gets whole micro-tiles.
+    let split_m = m / mr >= n / nr;
+    let (len, step) = if split_m { (m, mr) } else { (n, nr) };
+    let chunk = len.div_ceil(parts).div_ceil(step) * step;
+    let tasks = len.div_ceil(chunk.max(1));
+    let run = |t: usize, th: usize| {
+        let j = job.get();
+        let s = t * chunk;
+        let e = (s + chunk).min(len);
+        let buf = j.scratch.add(th * per);
+        if split_m {
+            let a = Mat { ptr: j.a.ptr.add(s * j.a.rs), ..j.a };
+            gemm_serial(isa, e - s, n, k, a, j.b, j.c.add(s * j.ldc), j.ldc, buf);
+        } else {
+            let b = Mat { ptr: j.b.ptr.add(s * j.b.cs), ..j.b };
+            gemm_serial(isa, m, e - s, k, j.a, b, j.c.add(s), j.ldc, buf);
+        }
+    };
+    match pool {
+        Some(p) if tasks > 1 => p.run(tasks, &run),
+        _ => (0..tasks).for_each(|t| run(t, 0)),
+    }
+}
+
+unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, buf: *mut f32) {
+    let (mr, nr) = isa.tile();
+    let kc_max = k.min(KC);
+    let mc_max = m.min(MC).div_ceil(mr) * mr;
+    let pa = buf;
+    let pb = buf.add(kc_max * mc_max);
+    let mut jc = 0;
+    while jc < n {
+        let nc = (n - jc).min(NC);
+        let mut pc = 0;
+        while pc < k {
+            let kc = (k - pc).min(KC);
+            pack_b(kc, nc, nr, b.ptr.add(pc * b.rs + jc * b.cs), b.rs, b.cs, pb);
+            let mut ic = 0;
+            while ic < m {
+                let mc = (m - ic).min(MC);
+                pack_a(mc, kc, mr, a.ptr.add(ic * a.rs + pc * a.cs), a.rs, a.cs, pa);
+                let mut jr = 0;
+                while jr < nc {
+                    let cols = (nc - jr).min(nr);
+                    let mut ir = 0;
+                    while ir < mc {
+                        let rows = (mc - ir).min(mr);
+                        let cp = c.add((ic + ir) * ldc + jc + jr);
+                        let ap = pa.add(ir * kc);
+                        let bp = pb.add(jr * kc);
+                        micro(isa, kc, ap, bp, cp, ldc, pc > 0, rows, cols);
+                        ir += mr;
+                    }
+                    jr += nr;
+                }
+                ic += mc;
+            }
+            pc += kc;
+        }
+        jc += nc;
+    }
+}
+
+/// Pack `mc×kc` of A into `mr`-row slivers: `dst[(s*kc + p)*mr + i]`, zero-padded.
+unsafe fn pack_a(mc: usize, kc: usize, mr: usize, a: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+    let mut s = 0;
+    while s * mr < mc {
+        let rows = (mc - s * mr).min(mr);
+        let d = dst.add(s * kc * mr);
+        let src = a.add(s * mr * rs);
+        for p in 0..kc {
+            let dp = d.add(p * mr);
+            for i in 0..rows {
+                *dp.add(i) = *src.add(i * rs + p * cs);
+            }
+            for i in rows..mr {
+                *dp.add(i) = 0.0;
+            }
+        }
+        s += 1;
+    }
+}
+
+/// Pack `kc×nc` of B into `nr`-column slivers: `dst[(t*kc + p)*nr + j]`, zero-padded.
+unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+    let mut t = 0;
+    while t * nr < nc {
+        let cols = (nc - t * nr).min(nr);
+        let d = dst.add(t * kc * nr);
+        let src = b.add(t * nr * cs);
+        for p in 0..kc {
+            let dp = d.add(p * nr);
+            let sp = src.add(p * rs);
+            if cs == 1 && cols == nr {
+                std::ptr::copy_nonoverlapping(sp, dp, nr);
+            } else {
+                for j in 0..cols {
+                    *dp.add(j) = *sp.add(j * cs);
+                }
+                for j in cols..nr {
+                    *dp.add(j) = 0.0;
+                }
+            }
+        }
+        t += 1;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn micro(isa: Isa, kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => x86::micro_12x32(kc, a, b, c, ldc, acc, rows, cols),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => x86::micro_6x16(kc, a, b, c, ldc, acc, rows, cols),
+        _ => micro_generic(kc, a, b, c, ldc, acc, rows, cols),
+    }
+}
+
+/// Write a full `MR×NR` tile held in `t` to C (all or part of it), adding when `acc`.
+#[inline(always)]
+unsafe fn store_tile<const MR: usize, const NR: usize>(t: &[[f32; NR]; MR], c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+    for i in 0..rows {
+        let cr = c.add(i * ldc);
+        for j in 0..cols {
+            let v = t[i][j];
+            *cr.add(j) = if acc { *cr.add(j) + v } else { v };
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn micro_generic(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+    let mut t = [[0f32; 8]; 4];
+    for p in 0..kc {
+        let ap = a.add(p * 4);
+        let bp = b.add(p * 8);
+        for (i, row) in t.iter_mut().enumerate() {
+            let av = *ap.add(i);
+            for (j, v) in row.iter_mut().enumerate() {
+                *v += av * *bp.add(j);
+            }
+        }
+    }
+    store_tile(&t, c, ldc, acc, rows, cols);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::store_tile;
+    use std::arch::x86_64::*;
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn micro_12x32(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+        let mut r = [[_mm512_setzero_ps(); 2]; 12];
+        for p in 0..kc {
+            let bp = b.add(p * 32);
+            let b0 = _mm512_loadu_ps(bp);
+            let b1 = _mm512_loadu_ps(bp.add(16));
+            let ap = a.add(p * 12);
+            for (i, ri) in r.iter_mut().enumerate() {
+                let av = _mm512_set1_ps(*ap.add(i));
+                ri[0] = _mm512_fmadd_ps(av, b0, ri[0]);
+                ri[1] = _mm512_fmadd_ps(av, b1, ri[1]);
+            }
+        }
+        if rows == 12 && cols == 32 {
+            for (i, ri) in r.iter().enumerate() {
+                let cp = c.add(i * ldc);
+                let (mut v0, mut v1) = (ri[0], ri[1]);
+                if acc {
+                    v0 = _mm512_add_ps(v0, _mm512_loadu_ps(cp));
+                    v1 = _mm512_add_ps(v1, _mm512_loadu_ps(cp.add(16)));
+                }
+                _mm512_storeu_ps(cp, v0);
+                _mm512_storeu_ps(cp.add(16), v1);
+            }
+        } else {
+            let mut t = [[0f32; 32]; 12];
+            for (i, ri) in r.iter().enumerate() {
+                _mm512_storeu_ps(t[i].as_mut_ptr(), ri[0]);
+                _mm512_storeu_ps(t[i].as_mut_ptr().add(16), ri[1]);
+            }
+            store_tile(&t, c, ldc, acc, rows, cols);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn micro_6x16(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+        let mut r = [[_mm256_setzero_ps(); 2]; 6];
+        for p in 0..kc {
+            let bp = b.add(p * 16);
+            let b0 = _mm256_loadu_ps(bp);
+            let b1 = _mm256_loadu_ps(bp.add(8));
+            let ap = a.add(p * 6);
+            for (i, ri) in r.iter_mut().enumerate() {
+                let av = _mm256_broadcast_ss(&*ap.add(i));
+                ri[0] = _mm256_fmadd_ps(av, b0, ri[0]);
+                ri[1] = _mm256_fmadd_ps(av, b1, ri[1]);
+            }
+        }
+        let mut t = [[0f32; 16]; 6];
+        for (i, ri) in r.iter().enumerate() {
+            _mm256_storeu_ps(t[i].as_mut_ptr(), ri[0]);
+            _mm256_storeu_ps(t[i].as_mut_ptr().add(8), ri[1]);
+        }
+        store_tile(&t, c, ldc, acc, rows, cols);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(m: usize, n: usize, k: usize, trans_a: bool, threads: usize) {
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 5.0).collect();
+        let (ars, acs) = if trans_a { (1, m) } else { (k, 1) };
+        let mut c = vec![f32::NAN; m * n];
+        let pool = Pool::new(threads);
+        let mut scratch = vec![0f32; scratch_len(m, n, k, threads)];
+        unsafe {
+            sgemm(
+                Some(&pool),
+                m,
+                n,
+                k,
+                Mat { ptr: a.as_ptr(), rs: ars, cs: acs },
+                Mat { ptr: b.as_ptr(), rs: n, cs: 1 },
+                c.as_mut_ptr(),
+                n,
+                scratch.as_mut_ptr(),
+            )
+        };
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k).map(|p| a[i * ars + p * acs] as f64 * b[p * n + j] as f64).sum();
+                let got = c[i * n + j] as f64;
+                assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} at ({i},{j}): {got} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn matches_naive_on_edges_and_blocks() {
+        for &(m, n, k) in &[(1, 1, 1), (13, 33, 7), (12, 32, 256), (25, 70, 300), (200, 65, 513), (3, 3100, 5)] {
+            check(m, n, k, false, 1);
+            check(m, n, k, true, 2);
+        }
+    }
+}

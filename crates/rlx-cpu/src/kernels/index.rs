@@ -1,0 +1,125 @@
+//! Gather and ScatterAdd along an axis. Gather clamps out-of-range indices into range and
+//! ScatterAdd drops out-of-range updates (JAX's defaults), so no index can read or write outside
+//! a buffer.
+
+use super::{compute, kernel, Kernel, Lowered, NodeInfo, TRef};
+use crate::elem::Elem;
+use crate::layout::{for_each_run, Layout};
+use crate::with_dtype;
+use rlx_ir::{DType, Op, Result};
+
+/// Read the integer at element offset `off` of an index tensor.
+#[inline(always)]
+pub(super) unsafe fn read_index(idx: &TRef, off: usize) -> i64 {
+    match idx.dtype {
+        DType::I32 => *idx.base::<i32>().add(off) as i64,
+        DType::I64 => *idx.base::<i64>().add(off),
+        DType::U32 => *idx.base::<u32>().add(off) as i64,
+        DType::I16 => *idx.base::<i16>().add(off) as i64,
+        DType::I8 => *idx.base::<i8>().add(off) as i64,
+        _ => *idx.base::<u8>().add(off) as i64,
+    }
+}
+
+/// Offsets of all elements of `l` (row-major), relative to `l.offset` included.
+fn each_offset(l: &Layout, mut f: impl FnMut(usize)) {
+    for_each_run(l.dims(), [l], 0..l.numel(), |[i], n, [s]| (0..n).for_each(|t| f(i + t * s)));
+}
+
+/// The leading axes `..axis` and trailing axes `axis+1..` of `l` (trailing with offset 0).
+fn pre_post(l: &Layout, axis: usize) -> (Layout, Layout) {
+    let mut pre = *l;
+    for a in (axis..l.rank()).rev() {
+        pre = pre.remove_axis(a);
+    }
+    let mut post = *l;
+    post.offset = 0;
+    for a in (0..=axis).rev() {
+        post = post.remove_axis(a);
+    }
+    (pre, post)
+}
+
+fn gather<T: Elem>(x: TRef, idx: TRef, out: TRef, axis: usize) -> Box<dyn Kernel> {
+    kernel(move |_| {
+        let (pre, post) = pre_post(&x.layout, axis);
+        let n = x.layout.dims()[axis] as i64;
+        let sa = x.layout.strides()[axis];
+        let (px, po) = (x.base::<T>() as *const T, out.base::<T>());
+        let mut o = out.layout.offset;
+        if n == 0 {
+            // Nothing to gather from; the result (if any) is zeros.
+            (0..out.layout.numel()).for_each(|t| unsafe { *po.add(o + t) = T::zero() });
+            return;
+        }
+        each_offset(&pre, |pb| {
+            each_offset(&idx.layout, |io| {
+                // SAFETY: the index is clamped into the axis; offsets come from layouts.
+                let v = unsafe { read_index(&idx, io) }.clamp(0, (n - 1).max(0)) as usize;
+                each_offset(&post, |q| {
+                    unsafe { *po.add(o) = *px.add(pb + v * sa + q) };
+                    o += 1;
+                });
+            });
+        });
+    })
+}
+
+fn scatter_add<T: Elem>(x: TRef, idx: TRef, upd: TRef, out: TRef, axis: usize) -> Box<dyn Kernel> {
+    let copy = super::elementwise::copy(x, out);
+    kernel(move |pool| {
+        copy.run(pool);
+        let n = out.layout.dims()[axis] as i64;
+        let (pre_u, post_u) = pre_post(&upd.layout, axis);
+        let (pre_o, post_o) = pre_post(&out.layout, axis);
+        let (pu, po) = (upd.base::<T>() as *const T, out.base::<T>());
+        let (su, so) = (upd.layout.strides()[axis], out.layout.strides()[axis]);
+        let dense_pre = Layout::contiguous(pre_o.dims());
+        for_each_run(pre_o.dims(), [&dense_pre, &pre_u, &pre_o], 0..pre_o.numel(), |[_, ub, ob], len, [_, sub, sob]| {
+            for t in 0..len {
+                let (ub, ob) = (ub + t * sub, ob + t * sob);
+                let mut j = 0;
+                each_offset(&idx.layout, |io| {
+                    // SAFETY: out-of-range indices are skipped; offsets come from layouts.
+                    let v = unsafe { read_index(&idx, io) };
+                    if (0..n).contains(&v) {
+                        let (ubase, obase) = (ub + j * su, ob + v as usize * so);
+                        let dense_post = Layout::contiguous(post_o.dims());
+                        for_each_run(post_o.dims(), [&dense_post, &post_u, &post_o], 0..post_o.numel(), |[_, u, o], l, [_, s1, s2]| {
+                            for r in 0..l {
+                                unsafe {
+                                    let d = po.add(obase + o + r * s2);
+                                    *d = (*d).add(*pu.add(ubase + u + r * s1));
+                                }
+                            }
+                        });
+                    }
+                    j += 1;
+                });
+            }
+        });
+    })
+}
+
+pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
+    let dt = info.dtype();
+    let ok = with_dtype!(dt, T => { let _ = std::marker::PhantomData::<T>; true }, else false);
+    if !ok {
+        return Err(info.unsupported(format!("dtype {dt}")));
+    }
+    Ok(match info.node.op {
+        Op::Gather { axis } => compute(move |i, o| {
+            // Gather only moves bytes: dispatch on element width.
+            match dt.size_bytes() {
+                1 => gather::<u8>(i[0], i[1], o, axis),
+                2 => gather::<i16>(i[0], i[1], o, axis),
+                4 => gather::<i32>(i[0], i[1], o, axis),
+                _ => gather::<i64>(i[0], i[1], o, axis),
+            }
+        }),
+        Op::ScatterAdd { axis } => {
+            compute(move |i, o| with_dtype!(dt, T => scatter_add::<T>(i[0], i[1], i[2], o, axis), else unreachable!()))
+        }
+        _ => return Err(info.unsupported("not an indexing op")),
+    })
+}

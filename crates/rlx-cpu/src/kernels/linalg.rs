@@ -1,0 +1,141 @@
+//! MatMul: batched, broadcast batch axes, strided operands. f32 goes through the packed GEMM;
+//! other dtypes through a simple loop accumulating in the compute type.
+
+use super::gemm::{self, Mat};
+use super::{kernel, Kernel, Lowered, NodeInfo, Ptr, TRef};
+use crate::elem::{Elem, FloatElem, Real};
+use crate::layout::{for_each_run, Layout};
+use crate::{with_dtype, with_float};
+use rlx_ir::{DType, Result};
+
+/// Offsets of every batch matrix of `a`, `b` and the output, in batch order.
+struct Batches {
+    dims: Vec<usize>,
+    la: Layout,
+    lb: Layout,
+    lo: Layout,
+}
+
+impl Batches {
+    fn new(a: &Layout, b: &Layout, out: &Layout) -> Batches {
+        let r = out.rank();
+        let dims = out.dims()[..r - 2].to_vec();
+        let strip = |l: &Layout| {
+            let mut x = *l;
+            x = x.remove_axis(x.rank() - 1);
+            x.remove_axis(x.rank() - 1)
+        };
+        Batches { la: strip(a).broadcast_to(&dims), lb: strip(b).broadcast_to(&dims), lo: strip(out), dims }
+    }
+
+    fn count(&self) -> usize {
+        self.dims.iter().product()
+    }
+
+    fn each(&self, range: std::ops::Range<usize>, mut f: impl FnMut(usize, usize, usize)) {
+        for_each_run(&self.dims, [&self.lo, &self.la, &self.lb], range, |[o, i, j], n, [so, si, sj]| {
+            for t in 0..n {
+                f(o + t * so, i + t * si, j + t * sj);
+            }
+        });
+    }
+}
+
+fn mnk(a: &Layout, b: &Layout) -> (usize, usize, usize, usize, usize, usize, usize) {
+    let (ra, rb) = (a.rank(), b.rank());
+    let (m, k, n) = (a.dims()[ra - 2], a.dims()[ra - 1], b.dims()[rb - 1]);
+    (m, n, k, a.strides()[ra - 2], a.strides()[ra - 1], b.strides()[rb - 2], b.strides()[rb - 1])
+}
+
+fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize) -> Box<dyn Kernel> {
+    let (m, n, k, ars, acs, brs, bcs) = mnk(&a.layout, &b.layout);
+    let batches = Batches::new(&a.layout, &b.layout, &out.layout);
+    let per_thread = gemm::scratch_per_thread(m, n, k);
+    let nb = batches.count();
+    // Many small products: one product per task. Otherwise threads split each product.
+    let per_batch = nb >= threads && m * n * k < (1 << 21);
+    kernel(move |pool| {
+        let one = |o: usize, i: usize, j: usize, p: Option<&crate::pool::Pool>, th: usize| unsafe {
+            let (pa, pb, po, ps) = (a.base::<f32>(), b.base::<f32>(), out.base::<f32>(), scratch.get() as *mut f32);
+            // SAFETY: offsets come from the planned layouts; scratch holds `threads` slices.
+            gemm::sgemm(
+                p,
+                m,
+                n,
+                k,
+                Mat { ptr: pa.add(i), rs: ars, cs: acs },
+                Mat { ptr: pb.add(j), rs: brs, cs: bcs },
+                po.add(o * 1),
+                n,
+                ps.add(th * per_thread),
+            )
+        };
+        if per_batch {
+            pool.run(nb, &|t, th| batches.each(t..t + 1, |o, i, j| one(o, i, j, None, th)));
+        } else {
+            batches.each(0..nb, |o, i, j| one(o, i, j, Some(pool), 0));
+        }
+    })
+}
+
+fn float_matmul<T: FloatElem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
+    let (m, n, k, ars, acs, brs, bcs) = mnk(&a.layout, &b.layout);
+    let batches = Batches::new(&a.layout, &b.layout, &out.layout);
+    kernel(move |pool| {
+        pool.run(batches.count(), &|t, _| {
+            let (pa, pb, po) = (a.base::<T>(), b.base::<T>(), out.base::<T>());
+            batches.each(t..t + 1, |o, i, j| {
+                for r in 0..m {
+                    for c in 0..n {
+                        let mut s = <T as FloatElem>::C::c(0.0);
+                        for p in 0..k {
+                            // SAFETY: offsets come from the planned layouts.
+                            unsafe { s = s + (*pa.add(i + r * ars + p * acs)).to_c() * (*pb.add(j + p * brs + c * bcs)).to_c() };
+                        }
+                        unsafe { *po.add(o + r * n + c) = T::from_c(s) };
+                    }
+                }
+            })
+        });
+    })
+}
+
+fn int_matmul<T: Elem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
+    let (m, n, k, ars, acs, brs, bcs) = mnk(&a.layout, &b.layout);
+    let batches = Batches::new(&a.layout, &b.layout, &out.layout);
+    kernel(move |pool| {
+        pool.run(batches.count(), &|t, _| {
+            let (pa, pb, po) = (a.base::<T>(), b.base::<T>(), out.base::<T>());
+            batches.each(t..t + 1, |o, i, j| {
+                for r in 0..m {
+                    for c in 0..n {
+                        let mut s = T::zero();
+                        for p in 0..k {
+                            // SAFETY: offsets come from the planned layouts.
+                            unsafe { s = s.add((*pa.add(i + r * ars + p * acs)).mul(*pb.add(j + p * brs + c * bcs))) };
+                        }
+                        unsafe { *po.add(o + r * n + c) = s };
+                    }
+                }
+            })
+        });
+    })
+}
+
+pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
+    let dt = info.dtype();
+    let threads = info.threads;
+    if dt == DType::F32 {
+        let (a, b) = (&info.ins[0], &info.ins[1]);
+        let (m, k, n) = (a.dims()[a.rank() - 2], a.dims()[a.rank() - 1], b.dims()[b.rank() - 1]);
+        let scratch = gemm::scratch_len(m, n, k, threads) * 4;
+        return Ok(Lowered::Compute { scratch, build: Box::new(move |i, o, s| f32_matmul(i[0], i[1], o, s, threads)) });
+    }
+    let ok = with_dtype!(dt, T => { let _ = std::marker::PhantomData::<T>; dt != DType::Bool }, else false);
+    if !ok {
+        return Err(info.unsupported(format!("matmul of {dt}")));
+    }
+    Ok(super::compute(move |i, o| {
+        with_float!(dt, T => float_matmul::<T>(i[0], i[1], o), else with_dtype!(dt, T => int_matmul::<T>(i[0], i[1], o), else unreachable!()))
+    }))
+}

@@ -1,0 +1,182 @@
+//! CPU kernels, one file per op family. Each family lowers a node to either a view (a new
+//! [`Layout`] over an operand's buffer, no work at run time) or a compute step whose kernel is
+//! built once the memory plan has fixed every buffer's address.
+
+mod attention;
+mod elementwise;
+pub mod gemm;
+mod index;
+mod linalg;
+mod movement;
+mod norm;
+mod reduce;
+mod spatial;
+
+use crate::layout::Layout;
+use crate::pool::Pool;
+use rlx_ir::{DType, Error, Node, NodeId, Op, Result};
+
+/// A raw buffer address that kernels may share across threads. The compiled program owns the
+/// buffers and never moves them while kernels exist; the memory plan keeps live values disjoint.
+#[derive(Clone, Copy, Debug)]
+pub struct Ptr(pub *mut u8);
+// SAFETY: see the type's documentation: addresses are stable and writes never alias live reads.
+unsafe impl Send for Ptr {}
+unsafe impl Sync for Ptr {}
+
+impl Ptr {
+    /// The address (a method, so closures capture the whole `Ptr`, which is `Sync`).
+    #[inline(always)]
+    pub fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
+/// A value as a kernel sees it: buffer, layout (in elements) and dtype.
+#[derive(Clone, Copy, Debug)]
+pub struct TRef {
+    /// Buffer base.
+    pub ptr: Ptr,
+    /// Strided layout over the buffer.
+    pub layout: Layout,
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl TRef {
+    /// Typed base pointer.
+    #[inline(always)]
+    pub fn base<T>(&self) -> *mut T {
+        self.ptr.0 as *mut T
+    }
+}
+
+/// One step of a compiled program.
+pub trait Kernel: Send + Sync {
+    /// Execute, possibly in parallel on `pool`.
+    fn run(&self, pool: &Pool);
+}
+
+/// A kernel made of a closure.
+pub struct FnKernel<F: Fn(&Pool) + Send + Sync>(pub F);
+
+impl<F: Fn(&Pool) + Send + Sync> Kernel for FnKernel<F> {
+    fn run(&self, pool: &Pool) {
+        (self.0)(pool)
+    }
+}
+
+/// Box a closure as a kernel.
+pub fn kernel(f: impl Fn(&Pool) + Send + Sync + 'static) -> Box<dyn Kernel> {
+    Box::new(FnKernel(f))
+}
+
+/// Builds a kernel from the operands, the output and a scratch buffer.
+pub type Build = Box<dyn FnOnce(&[TRef], TRef, Ptr) -> Box<dyn Kernel>>;
+
+/// How a node executes.
+pub enum Lowered {
+    /// The result is operand `src`'s buffer under `layout`.
+    View {
+        /// Operand index.
+        src: usize,
+        /// Layout over that operand's buffer.
+        layout: Layout,
+    },
+    /// A kernel writes a fresh contiguous buffer.
+    Compute {
+        /// Scratch bytes the kernel needs during its step.
+        scratch: usize,
+        /// Kernel constructor.
+        build: Build,
+    },
+}
+
+/// What lowering knows about a node.
+pub struct NodeInfo<'a> {
+    /// The node.
+    pub node: &'a Node,
+    /// Its id (for errors).
+    pub id: NodeId,
+    /// Operand layouts.
+    pub ins: Vec<Layout>,
+    /// Operand dtypes.
+    pub in_dtypes: Vec<DType>,
+    /// Result dims.
+    pub dims: Vec<usize>,
+    /// Threads of the pool the program will run on.
+    pub threads: usize,
+}
+
+impl NodeInfo<'_> {
+    /// A "not supported" error for this node.
+    pub fn unsupported(&self, msg: impl Into<String>) -> Error {
+        Error::Unsupported { backend: "cpu".into(), op: self.node.op.name().into(), node: self.id, msg: msg.into() }
+    }
+
+    /// Result dtype.
+    pub fn dtype(&self) -> DType {
+        self.node.shape.dtype()
+    }
+}
+
+/// A compute step with no scratch.
+pub fn compute(build: impl FnOnce(&[TRef], TRef) -> Box<dyn Kernel> + 'static) -> Lowered {
+    Lowered::Compute { scratch: 0, build: Box::new(move |ins, out, _| build(ins, out)) }
+}
+
+/// Whether the CPU backend has a native kernel for `op`.
+pub fn supports(op: &Op) -> bool {
+    !matches!(op, Op::DotGeneral(_))
+}
+
+/// Lower one non-leaf node.
+pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
+    match &info.node.op {
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => elementwise::lower(info),
+        Op::MatMul => linalg::lower(info),
+        Op::Reduce { .. } | Op::Cumsum { .. } | Op::TopK { .. } => reduce::lower(info),
+        Op::Softmax { .. } | Op::LayerNorm { .. } | Op::RmsNorm { .. } => norm::lower(info),
+        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => {
+            movement::lower(info)
+        }
+        Op::Gather { .. } | Op::ScatterAdd { .. } => index::lower(info),
+        Op::Attention { .. } | Op::Rope { .. } => attention::lower(info),
+        Op::Conv(_) | Op::Pool(_) => spatial::lower(info),
+        op => Err(info.unsupported(format!("{} has no CPU kernel", op.name()))),
+    }
+}
+
+/// Split `0..n` into contiguous ranges of at least `min_chunk` elements, one task each, and run
+/// them on the pool (inline when there is only one).
+pub fn par_ranges(pool: &Pool, n: usize, min_chunk: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+    let tasks = (n / min_chunk.max(1)).clamp(1, pool.threads() * 4);
+    if tasks <= 1 {
+        f(0..n);
+        return;
+    }
+    let per = n.div_ceil(tasks);
+    pool.run(tasks, &|t, _| {
+        let s = (t * per).min(n);
+        let e = ((t + 1) * per).min(n);
+        if s < e {
+            f(s..e);
+        }
+    });
+}
+
+/// Copy a strided value into a dense row-major byte buffer (`dst` holds exactly its bytes).
+pub fn materialize(src: &TRef, dst: &mut [u8]) {
+    let w = src.dtype.size_bytes();
+    let dense = Layout::contiguous(src.layout.dims());
+    let n = src.layout.numel();
+    let s = src.ptr.0 as *const u8;
+    crate::layout::for_each_run(src.layout.dims(), [&dense, &src.layout], 0..n, |[o, i], len, [so, si]| {
+        for k in 0..len {
+            // SAFETY: the layout lies within the value's buffer; `dst` has numel * w bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(s.add((i + k * si) * w), dst.as_mut_ptr().add((o + k * so) * w), w);
+            }
+        }
+    });
+}

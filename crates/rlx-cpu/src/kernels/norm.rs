@@ -1,0 +1,93 @@
+//! Softmax (any axis), LayerNorm and RmsNorm (last axis), computed in the compute type.
+
+use super::reduce::{for_each_line, lines};
+use super::{compute, kernel, par_ranges, Kernel, Lowered, NodeInfo, TRef};
+use crate::elem::{FloatElem, Real};
+use crate::with_float;
+use rlx_ir::{Op, Result};
+
+fn softmax<T: FloatElem>(x: TRef, out: TRef, axis: usize) -> Box<dyn Kernel> {
+    kernel(move |pool| {
+        let (_, n, sx) = lines(&x.layout, axis);
+        let so = out.layout.strides()[axis];
+        let count = x.layout.numel() / n.max(1);
+        par_ranges(pool, count, (1 << 14) / n.max(1) + 1, |r| {
+            let (px, po) = (x.base::<T>() as *const T, out.base::<T>());
+            for_each_line(&x.layout, &out.layout, axis, r, |i, o| unsafe {
+                // SAFETY: line offsets lie inside the buffers.
+                let mut m = T::lowest().to_c();
+                for t in 0..n {
+                    let v = (*px.add(i + t * sx)).to_c();
+                    if v > m {
+                        m = v;
+                    }
+                }
+                let mut s = <T as FloatElem>::C::c(0.0);
+                for t in 0..n {
+                    let e = ((*px.add(i + t * sx)).to_c() - m).exp();
+                    s = s + e;
+                }
+                let inv = <T as FloatElem>::C::c(1.0) / s;
+                for t in 0..n {
+                    // Re-derive from x so f16 outputs round once.
+                    let e = ((*px.add(i + t * sx)).to_c() - m).exp();
+                    *po.add(o + t * so) = T::from_c(e * inv);
+                }
+            })
+        })
+    })
+}
+
+fn norm<T: FloatElem>(x: TRef, g: TRef, b: Option<TRef>, out: TRef, eps: f32, rms: bool) -> Box<dyn Kernel> {
+    kernel(move |pool| {
+        let axis = x.layout.rank() - 1;
+        let (_, n, sx) = lines(&x.layout, axis);
+        let sg = g.layout.strides()[0];
+        let count = x.layout.numel() / n.max(1);
+        let c = |v: f64| <T as FloatElem>::C::c(v);
+        par_ranges(pool, count, (1 << 14) / n.max(1) + 1, |r| {
+            let (px, po, pg) = (x.base::<T>() as *const T, out.base::<T>(), g.base::<T>() as *const T);
+            for_each_line(&x.layout, &out.layout, axis, r, |i, o| unsafe {
+                // SAFETY: line offsets lie inside the buffers.
+                let xv = |t: usize| (*px.add(i + t * sx)).to_c();
+                let mean = if rms {
+                    c(0.0)
+                } else {
+                    let mut s = 0f64;
+                    for t in 0..n {
+                        s += xv(t).f64();
+                    }
+                    c(s / n as f64)
+                };
+                let mut v = 0f64;
+                for t in 0..n {
+                    let d = (xv(t) - mean).f64();
+                    v += d * d;
+                }
+                let inv = c(1.0 / (v / n as f64 + eps as f64).sqrt());
+                for t in 0..n {
+                    let mut y = (xv(t) - mean) * inv * (*pg.add(g.layout.offset + t * sg)).to_c();
+                    if let Some(b) = &b {
+                        y = y + (*b.base::<T>().add(b.layout.offset + t * b.layout.strides()[0])).to_c();
+                    }
+                    *po.add(o + t) = T::from_c(y);
+                }
+            })
+        })
+    })
+}
+
+pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
+    let dt = info.dtype();
+    if !dt.is_float() {
+        return Err(info.unsupported(format!("dtype {dt}")));
+    }
+    Ok(match info.node.op.clone() {
+        Op::Softmax { axis } => compute(move |i, o| with_float!(dt, T => softmax::<T>(i[0], o, axis), else unreachable!())),
+        Op::LayerNorm { eps } => {
+            compute(move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], Some(i[2]), o, eps, false), else unreachable!()))
+        }
+        Op::RmsNorm { eps } => compute(move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], None, o, eps, true), else unreachable!())),
+        _ => return Err(info.unsupported("not a normalization")),
+    })
+}

@@ -1,0 +1,47 @@
+//! RLX CPU backend.
+//!
+//! A graph compiles to a list of kernels over one arena: every input and intermediate gets a
+//! slot from the liveness-based planner in `rlx-opt`, views (transpose, narrow, broadcast,
+//! contiguous reshape) are layouts over their source's slot, and kernels read strided operands
+//! directly. f32 matmul uses a packed GEMM with AVX-512 / AVX2 micro-kernels; elementwise,
+//! reduction and normalization kernels are generic over dtypes. Work is spread over a spin-then-
+//! park thread pool that allocates nothing per dispatch, so `run` allocates nothing.
+
+#![deny(missing_docs)]
+
+mod buffer;
+pub mod elem;
+pub mod kernels;
+pub mod layout;
+pub mod pool;
+mod program;
+
+pub use kernels::gemm;
+pub use program::{compile, Program};
+
+use rlx_driver::{Backend, CompileOptions, Executable};
+use rlx_ir::{Graph, NodeId, Result};
+
+/// The CPU backend.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuBackend;
+
+/// Threads used when none are requested: one per available core.
+pub fn default_threads() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn supports(&self, graph: &Graph, id: NodeId) -> bool {
+        kernels::supports(&graph.node(id).op)
+    }
+
+    fn compile(&self, graph: &Graph, opts: &CompileOptions) -> Result<Box<dyn Executable>> {
+        let threads = opts.threads.unwrap_or_else(default_threads);
+        Ok(Box::new(program::compile(graph, threads)?))
+    }
+}

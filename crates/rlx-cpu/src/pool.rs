@@ -1,0 +1,202 @@
+//! A small fork-join thread pool built for low dispatch latency: workers spin briefly on a
+//! generation counter before parking, and a dispatch allocates nothing.
+//!
+//! Kernels call [`Pool::run`] with a task count and a closure `f(task, thread)`; the caller's
+//! thread takes part. If the pool is already busy (another graph is running on it, or a task
+//! dispatches again), the work runs inline on the calling thread instead of waiting.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::{self, JoinHandle, Thread};
+
+type Task<'a> = &'a (dyn Fn(usize, usize) + Sync);
+
+struct Shared {
+    generation: AtomicUsize,
+    /// Type-erased `Task` of the current dispatch (valid while `done < workers`).
+    job: Mutex<Option<(usize, usize)>>,
+    tasks: AtomicUsize,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    stop: AtomicBool,
+    panicked: AtomicBool,
+    sleeping: Vec<AtomicBool>,
+}
+
+/// A fixed set of worker threads.
+pub struct Pool {
+    shared: Arc<Shared>,
+    threads: Vec<Thread>,
+    handles: Vec<JoinHandle<()>>,
+    busy: Mutex<()>,
+}
+
+const SPIN: usize = 1 << 11;
+
+fn erase(f: Task<'_>) -> (usize, usize) {
+    // SAFETY: a fat pointer is two words; it is rebuilt only while `f` is alive (see `run`).
+    unsafe { std::mem::transmute::<Task<'_>, (usize, usize)>(f) }
+}
+
+impl Pool {
+    /// A pool with `threads` threads in total (the caller's included).
+    pub fn new(threads: usize) -> Pool {
+        let workers = threads.max(1) - 1;
+        let shared = Arc::new(Shared {
+            generation: AtomicUsize::new(0),
+            job: Mutex::new(None),
+            tasks: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            stop: AtomicBool::new(false),
+            panicked: AtomicBool::new(false),
+            sleeping: (0..workers).map(|_| AtomicBool::new(false)).collect(),
+        });
+        let mut handles = Vec::new();
+        for w in 0..workers {
+            let s = shared.clone();
+            let h = thread::Builder::new()
+                .name(format!("rlx-worker-{w}"))
+                .spawn(move || worker(s, w))
+                .expect("spawning an RLX worker thread");
+            handles.push(h);
+        }
+        let threads = handles.iter().map(|h| h.thread().clone()).collect();
+        Pool { shared, threads, handles, busy: Mutex::new(()) }
+    }
+
+    /// Shared pool with `threads` threads, created on first use.
+    pub fn shared(threads: usize) -> Arc<Pool> {
+        static POOLS: OnceLock<Mutex<Vec<Arc<Pool>>>> = OnceLock::new();
+        let pools = POOLS.get_or_init(|| Mutex::new(Vec::new()));
+        let mut p = pools.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = p.iter().find(|q| q.threads() == threads) {
+            return found.clone();
+        }
+        let new = Arc::new(Pool::new(threads));
+        p.push(new.clone());
+        new
+    }
+
+    /// Total threads, the caller's included.
+    pub fn threads(&self) -> usize {
+        self.handles.len() + 1
+    }
+
+    /// Run `f(task, thread)` for every task in `0..tasks`, spread over the pool; returns when all
+    /// are done. `thread` is below [`Pool::threads`] and unique among concurrently running tasks.
+    pub fn run(&self, tasks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        if tasks == 0 {
+            return;
+        }
+        let guard = if tasks > 1 && !self.handles.is_empty() { self.busy.try_lock().ok() } else { None };
+        let Some(_guard) = guard else {
+            for t in 0..tasks {
+                f(t, 0);
+            }
+            return;
+        };
+        let s = &*self.shared;
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(erase(f));
+        s.tasks.store(tasks, Ordering::Relaxed);
+        s.next.store(0, Ordering::Relaxed);
+        s.done.store(0, Ordering::Relaxed);
+        s.generation.fetch_add(1, Ordering::Release);
+        for (i, t) in self.threads.iter().enumerate() {
+            if s.sleeping[i].swap(false, Ordering::AcqRel) {
+                t.unpark();
+            }
+        }
+        let workers = self.handles.len();
+        // The caller works too, as thread `workers`.
+        loop {
+            let t = s.next.fetch_add(1, Ordering::Relaxed);
+            if t >= tasks {
+                break;
+            }
+            f(t, workers);
+        }
+        while s.done.load(Ordering::Acquire) < workers {
+            std::hint::spin_loop();
+        }
+        *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if s.panicked.swap(false, Ordering::Relaxed) {
+            panic!("an RLX kernel panicked on a worker thread");
+        }
+    }
+}
+
+fn worker(s: Arc<Shared>, me: usize) {
+    let mut seen = 0;
+    loop {
+        let mut spins = 0;
+        loop {
+            let g = s.generation.load(Ordering::Acquire);
+            if g != seen {
+                seen = g;
+                break;
+            }
+            if s.stop.load(Ordering::Relaxed) {
+                return;
+            }
+            spins += 1;
+            if spins < SPIN {
+                std::hint::spin_loop();
+            } else {
+                s.sleeping[me].store(true, Ordering::Release);
+                if s.generation.load(Ordering::Acquire) == seen && !s.stop.load(Ordering::Relaxed) {
+                    thread::park();
+                }
+                s.sleeping[me].store(false, Ordering::Release);
+                spins = 0;
+            }
+        }
+        let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(raw) = job {
+            // SAFETY: the dispatcher keeps the closure alive until every worker reports done.
+            let f: Task<'_> = unsafe { std::mem::transmute::<(usize, usize), Task<'_>>(raw) };
+            let tasks = s.tasks.load(Ordering::Relaxed);
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
+                let t = s.next.fetch_add(1, Ordering::Relaxed);
+                if t >= tasks {
+                    break;
+                }
+                f(t, me);
+            }));
+            if r.is_err() {
+                s.panicked.store(true, Ordering::Relaxed);
+            }
+        }
+        s.done.fetch_add(1, Ordering::Release);
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        for t in &self.threads {
+            t.unpark();
+        }
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_task_runs_once() {
+        let p = Pool::new(3);
+        for n in [1, 2, 7, 100] {
+            let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+            p.run(n, &|t, th| {
+                assert!(th < 3);
+                hits[t].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Compiling a graph into a CPU program: lower each node, plan one arena for every
+//! intermediate, fix every buffer's address, then build the kernels.
+
+use crate::buffer::Buffer;
+use crate::kernels::{self, Kernel, Lowered, NodeInfo, Ptr, TRef};
+use crate::layout::{Layout, MAX_RANK};
+use crate::pool::Pool;
+use rlx_driver::{Executable, IoSlot};
+use rlx_ir::{DType, Error, Graph, Op, Result};
+use rlx_opt::{plan_memory, BufferRequest};
+use std::sync::Arc;
+
+/// Where a value's bytes live.
+#[derive(Clone, Copy, Debug)]
+enum Buf {
+    /// Arena buffer request `i`.
+    Arena(usize),
+    /// Param storage `i`.
+    Param(usize),
+    /// Constant storage `i`.
+    Const(usize),
+}
+
+#[derive(Clone, Copy)]
+struct Val {
+    buf: Buf,
+    layout: Layout,
+    dtype: DType,
+}
+
+/// A compiled CPU program.
+pub struct Program {
+    steps: Vec<Box<dyn Kernel>>,
+    pool: Arc<Pool>,
+    inputs: Vec<IoSlot>,
+    params: Vec<IoSlot>,
+    outputs: Vec<IoSlot>,
+    input_ptrs: Vec<Ptr>,
+    param_bufs: Vec<Buffer>,
+    output_refs: Vec<TRef>,
+    // Owned storage the kernels point into; kept alive (and unmoved) for the program's lifetime.
+    _arena: Buffer,
+    _consts: Vec<Buffer>,
+    arena_bytes: usize,
+}
+
+impl Program {
+    /// Bytes of the single arena holding every input and intermediate.
+    pub fn arena_bytes(&self) -> usize {
+        self.arena_bytes
+    }
+
+    /// Number of kernel launches per run.
+    pub fn steps(&self) -> usize {
+        self.steps.len()
+    }
+}
+
+fn check_node(g: &Graph, id: rlx_ir::NodeId) -> Result<Vec<usize>> {
+    let n = g.node(id);
+    let dims = n.shape.static_dims().ok_or_else(|| Error::Unsupported {
+        backend: "cpu".into(),
+        op: n.op.name().into(),
+        node: id,
+        msg: format!("shape {} has symbolic dimensions; bind them before compiling", n.shape),
+    })?;
+    if dims.len() > MAX_RANK || n.shape.dtype() == DType::C64 {
+        return Err(Error::Unsupported {
+            backend: "cpu".into(),
+            op: n.op.name().into(),
+            node: id,
+            msg: format!("shape {} (the CPU backend handles rank <= {MAX_RANK} and no c64)", n.shape),
+        });
+    }
+    Ok(dims)
+}
+
+/// Compile `g` (verified, decomposed to supported ops) for `threads` threads.
+pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
+    let threads = threads.max(1);
+    let mut vals: Vec<Val> = Vec::with_capacity(g.len());
+    let mut reqs: Vec<BufferRequest> = Vec::new();
+    let mut consts: Vec<Buffer> = Vec::new();
+    let mut param_bufs: Vec<Buffer> = Vec::new();
+    let (mut inputs, mut params) = (Vec::new(), Vec::new());
+    let mut input_reqs = Vec::new();
+    // (node, arena request of its output, scratch request, builder)
+    let mut pending: Vec<(usize, usize, Option<usize>, kernels::Build)> = Vec::new();
+    for id in g.ids() {
+        let dims = check_node(g, id)?;
+        let node = g.node(id);
+        let dtype = node.shape.dtype();
+        let bytes = dims.iter().product::<usize>() * dtype.size_bytes();
+        let dense = Layout::contiguous(&dims);
+        let step = pending.len();
+        let val = match &node.op {
+            Op::Input { name } => {
+                reqs.push(BufferRequest { size: bytes, start: 0, end: 0 });
+                inputs.push(IoSlot { name: name.clone(), shape: node.shape.clone() });
+                input_reqs.push(reqs.len() - 1);
+                Val { buf: Buf::Arena(reqs.len() - 1), layout: dense, dtype }
+            }
+            Op::Param { name } => {
+                params.push(IoSlot { name: name.clone(), shape: node.shape.clone() });
+                param_bufs.push(Buffer::zeroed(bytes));
+                Val { buf: Buf::Param(param_bufs.len() - 1), layout: dense, dtype }
+            }
+            Op::Constant { data } => {
+                consts.push(Buffer::from_bytes(data));
+                Val { buf: Buf::Const(consts.len() - 1), layout: dense, dtype }
+            }
+            _ => {
+                let info = NodeInfo {
+                    node,
+                    id,
+                    ins: node.inputs.iter().map(|i| vals[i.index()].layout).collect(),
+                    in_dtypes: node.inputs.iter().map(|i| vals[i.index()].dtype).collect(),
+                    dims: dims.clone(),
+                    threads,
+                };
+                match kernels::lower(&info)? {
+                    Lowered::View { src, layout } => {
+                        let s = vals[node.inputs[src].index()];
+                        Val { buf: s.buf, layout, dtype }
+                    }
+                    Lowered::Compute { scratch, build } => {
+                        // Operands stay live through this step.
+                        for i in &node.inputs {
+                            if let Buf::Arena(r) = vals[i.index()].buf {
+                                reqs[r].end = reqs[r].end.max(step);
+                            }
+                        }
+                        reqs.push(BufferRequest { size: bytes, start: step, end: step });
+                        let out_req = reqs.len() - 1;
+                        let scratch_req = (scratch > 0).then(|| {
+                            reqs.push(BufferRequest { size: scratch, start: step, end: step });
+                            reqs.len() - 1
+                        });
+                        pending.push((id.index(), out_req, scratch_req, build));
+                        Val { buf: Buf::Arena(out_req), layout: dense, dtype }
+                    }
+                }
+            }
+        };
+        vals.push(val);
+    }
+    let nsteps = pending.len();
+    for o in g.outputs() {
+        if let Buf::Arena(r) = vals[o.index()].buf {
+            reqs[r].end = nsteps;
+        }
+    }
+    let plan = plan_memory(&reqs, 64);
+    let arena = Buffer::zeroed(plan.arena_size);
+    let base = |b: Buf| -> Ptr {
+        // SAFETY: offsets from the plan lie within the arena.
+        Ptr(match b {
+            Buf::Arena(r) => unsafe { arena.ptr().add(plan.offsets[r]) },
+            Buf::Param(i) => param_bufs[i].ptr(),
+            Buf::Const(i) => consts[i].ptr(),
+        })
+    };
+    let tref = |v: &Val| TRef { ptr: base(v.buf), layout: v.layout, dtype: v.dtype };
+    let mut steps = Vec::with_capacity(nsteps);
+    for (node, out_req, scratch_req, build) in pending {
+        let n = g.node(rlx_ir::NodeId(node as u32));
+        let ins: Vec<TRef> = n.inputs.iter().map(|i| tref(&vals[i.index()])).collect();
+        let out = tref(&vals[node]);
+        debug_assert!(matches!(vals[node].buf, Buf::Arena(r) if r == out_req));
+        let scratch = scratch_req.map_or(Ptr(std::ptr::null_mut()), |r| base(Buf::Arena(r)));
+        steps.push(build(&ins, out, scratch));
+    }
+    let outputs = g
+        .outputs()
+        .iter()
+        .enumerate()
+        .map(|(i, o)| IoSlot { name: format!("out{i}"), shape: g.shape(*o).clone() })
+        .collect();
+    let output_refs = g.outputs().iter().map(|o| tref(&vals[o.index()])).collect();
+    let input_ptrs = input_reqs.iter().map(|&r| base(Buf::Arena(r))).collect();
+    Ok(Program {
+        steps,
+        pool: Pool::shared(threads),
+        inputs,
+        params,
+        outputs,
+        input_ptrs,
+        param_bufs,
+        output_refs,
+        arena_bytes: plan.arena_size,
+        _arena: arena,
+        _consts: consts,
+    })
+}
+
+impl Executable for Program {
+    fn inputs(&self) -> &[IoSlot] {
+        &self.inputs
+    }
+
+    fn params(&self) -> &[IoSlot] {
+        &self.params
+    }
+
+    fn outputs(&self) -> &[IoSlot] {
+        &self.outputs
+    }
+
+    fn write_input(&mut self, idx: usize, bytes: &[u8]) {
+        let want = self.inputs[idx].shape.size_bytes().unwrap_or(0);
+        assert_eq!(bytes.len(), want, "input byte length checked by the runtime");
+        // SAFETY: the arena slot has exactly `want` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.input_ptrs[idx].0, want) };
+    }
+
+    fn write_param(&mut self, idx: usize, bytes: &[u8]) {
+        let b = &self.param_bufs[idx];
+        assert_eq!(bytes.len(), b.len(), "param byte length checked by the runtime");
+        // SAFETY: the param buffer has exactly `b.len()` bytes.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.ptr(), b.len()) };
+    }
+
+    fn read_param(&self, idx: usize, out: &mut [u8]) {
+        let b = &self.param_bufs[idx];
+        // SAFETY: lengths checked by the caller; `out.len() == b.len()`.
+        unsafe { std::ptr::copy_nonoverlapping(b.ptr(), out.as_mut_ptr(), b.len().min(out.len())) };
+    }
+
+    fn execute(&mut self) {
+        for s in &self.steps {
+            s.run(&self.pool);
+        }
+    }
+
+    fn read_output(&self, idx: usize, out: &mut [u8]) {
+        kernels::materialize(&self.output_refs[idx], out);
+    }
+}

@@ -1,0 +1,76 @@
+//! The narrow backend interface and the run-time registry.
+
+use crate::Device;
+use rlx_ir::{Graph, NodeId, Result, Shape};
+use std::sync::{Arc, RwLock};
+
+/// Options a backend receives when compiling.
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// Worker threads for kernels (`None`: one per available core).
+    pub threads: Option<usize>,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions { threads: None }
+    }
+}
+
+/// A named, shaped input, param or output slot of an [`Executable`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct IoSlot {
+    /// Name (outputs are named `out0`, `out1`, ...).
+    pub name: String,
+    /// Declared shape and dtype.
+    pub shape: Shape,
+}
+
+/// A device backend. The interface is narrow on purpose: say which nodes you run natively, and
+/// compile a graph that contains only those. The compiler decomposes the rest first.
+pub trait Backend: Send + Sync {
+    /// Short name for reports and errors.
+    fn name(&self) -> &'static str;
+    /// Whether node `id` of `graph` has a native kernel here.
+    fn supports(&self, graph: &Graph, id: NodeId) -> bool;
+    /// Compile a verified, optimized graph with static shapes.
+    fn compile(&self, graph: &Graph, opts: &CompileOptions) -> Result<Box<dyn Executable>>;
+}
+
+/// A compiled graph on a device. Buffers are exchanged as raw little-endian bytes of the declared
+/// dtype; name lookup and dtype conversion happen in the runtime above.
+pub trait Executable: Send {
+    /// Graph inputs, in definition order.
+    fn inputs(&self) -> &[IoSlot];
+    /// Graph params, in definition order.
+    fn params(&self) -> &[IoSlot];
+    /// Graph outputs, in order.
+    fn outputs(&self) -> &[IoSlot];
+    /// Copy the bytes of input `idx` (exactly its byte size).
+    fn write_input(&mut self, idx: usize, bytes: &[u8]);
+    /// Copy the bytes of param `idx` (exactly its byte size); kept until overwritten.
+    fn write_param(&mut self, idx: usize, bytes: &[u8]);
+    /// Read param `idx` back into `out` (exactly its byte size).
+    fn read_param(&self, idx: usize, out: &mut [u8]);
+    /// Run the graph on the current inputs and params.
+    fn execute(&mut self);
+    /// Copy output `idx` (dense, row-major) into `out` (exactly its byte size).
+    fn read_output(&self, idx: usize, out: &mut [u8]);
+}
+
+type Registry = RwLock<Vec<(Device, Arc<dyn Backend>)>>;
+
+static REGISTRY: Registry = RwLock::new(Vec::new());
+
+/// Register (or replace) the backend used for `device`.
+pub fn register_backend(device: Device, backend: Arc<dyn Backend>) {
+    let mut r = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
+    r.retain(|(d, _)| *d != device);
+    r.push((device, backend));
+}
+
+/// The backend registered for `device`, if any.
+pub fn registered_backend(device: Device) -> Option<Arc<dyn Backend>> {
+    let r = REGISTRY.read().unwrap_or_else(|e| e.into_inner());
+    r.iter().find(|(d, _)| *d == device).map(|(_, b)| b.clone())
+}

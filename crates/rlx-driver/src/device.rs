@@ -1,0 +1,95 @@
+//! Target devices.
+
+use std::fmt;
+
+/// Where a graph runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// Host CPU (always built by default).
+    Cpu,
+    /// Apple Metal.
+    Metal,
+    /// Apple MLX.
+    Mlx,
+    /// Apple Neural Engine.
+    Ane,
+    /// NVIDIA CUDA.
+    Cuda,
+    /// AMD ROCm.
+    Rocm,
+    /// Google TPU.
+    Tpu,
+    /// Any GPU through wgpu.
+    Gpu,
+    /// Vulkan through wgpu.
+    Vulkan,
+    /// OpenGL through wgpu.
+    OpenGl,
+    /// DirectX 12 through wgpu.
+    DirectX,
+    /// WebGPU through wgpu.
+    WebGpu,
+}
+
+impl Device {
+    /// Every device variant.
+    pub const ALL: [Device; 12] = [
+        Device::Cpu,
+        Device::Metal,
+        Device::Mlx,
+        Device::Ane,
+        Device::Cuda,
+        Device::Rocm,
+        Device::Tpu,
+        Device::Gpu,
+        Device::Vulkan,
+        Device::OpenGl,
+        Device::DirectX,
+        Device::WebGpu,
+    ];
+
+    /// The cargo feature of the `rlx` crate that builds this device's backend.
+    pub fn feature(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Metal => "metal",
+            Device::Mlx => "mlx",
+            Device::Ane => "ane",
+            Device::Cuda => "cuda",
+            Device::Rocm => "rocm",
+            Device::Tpu => "tpu",
+            Device::Gpu | Device::Vulkan | Device::OpenGl | Device::DirectX | Device::WebGpu => "gpu",
+        }
+    }
+
+    /// Whether this build has a backend for the device (built in, or registered at run time).
+    pub fn is_available(self) -> bool {
+        self.is_built_in() || crate::registered_backend(self).is_some()
+    }
+
+    /// Whether the backend is compiled into this build through a cargo feature.
+    pub fn is_built_in(self) -> bool {
+        match self {
+            Device::Cpu => cfg!(feature = "cpu"),
+            _ => false,
+        }
+    }
+
+    /// What a user should do to get this device, for error messages.
+    pub fn availability_hint(self) -> String {
+        if self == Device::Cpu {
+            "enable the `cpu` feature of `rlx` (it is on by default)".to_string()
+        } else {
+            format!(
+                "this version of RLX has no {self:?} backend yet (it will be behind the `{}` feature); use Device::Cpu, or register a backend with rlx::driver::register_backend",
+                self.feature()
+            )
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}

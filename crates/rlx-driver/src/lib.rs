@@ -1,0 +1,13 @@
+//! RLX driver layer: the [`Device`] enum, the narrow [`Backend`] / [`Executable`] traits every
+//! backend implements, and a registry for backends built outside the workspace.
+//!
+//! `Device::is_available()` answers for the backends compiled into this build (through cargo
+//! features) and for those registered at run time with [`register_backend`].
+
+#![deny(missing_docs)]
+
+mod backend;
+mod device;
+
+pub use backend::{register_backend, registered_backend, Backend, CompileOptions, Executable, IoSlot};
+pub use device::Device;

@@ -1,0 +1,98 @@
+//! Rules of MatMul and DotGeneral (and DotGeneral's decomposition into MatMul).
+
+use super::{dims_of, same_dtype, static_dims};
+use crate::{broadcast_dims, DotDims, Error, Graph, NodeId, Result, Shape};
+
+pub(super) fn matmul(ins: &[&Shape]) -> Result<Shape> {
+    let (a, b) = (ins[0], ins[1]);
+    same_dtype("matmul", a, b)?;
+    if a.rank() < 2 || b.rank() < 2 {
+        return Err(Error::op(
+            "matmul",
+            format!("operands need rank >= 2, got lhs {a} and rhs {b}; reshape vectors to [1, n] or [n, 1]"),
+        ));
+    }
+    let (ad, bd) = (a.dims(), b.dims());
+    let (m, k1) = (&ad[ad.len() - 2], &ad[ad.len() - 1]);
+    let (k2, n) = (&bd[bd.len() - 2], &bd[bd.len() - 1]);
+    if k1 != k2 {
+        return Err(Error::op(
+            "matmul",
+            format!("inner dimensions differ: lhs {a} has k = {k1}, rhs {b} has k = {k2}"),
+        ));
+    }
+    let batch = broadcast_dims(&ad[..ad.len() - 2], &bd[..bd.len() - 2]).ok_or_else(|| {
+        Error::op("matmul", format!("batch dimensions do not broadcast: lhs {a} vs rhs {b}"))
+    })?;
+    let mut out = batch;
+    out.push(m.clone());
+    out.push(n.clone());
+    Ok(Shape::with_dims(out, a.dtype()))
+}
+
+fn check_axes(which: &str, axes: &[usize], rank: usize, used: &mut [bool]) -> Result<()> {
+    for &ax in axes {
+        if ax >= rank || used[ax] {
+            return Err(Error::op(
+                "dot_general",
+                format!("{which} axis {ax} is out of range or repeated (rank {rank})"),
+            ));
+        }
+        used[ax] = true;
+    }
+    Ok(())
+}
+
+/// Free (non-batch, non-contracting) axes, in order.
+fn free_axes(rank: usize, batch: &[usize], contract: &[usize]) -> Vec<usize> {
+    (0..rank).filter(|i| !batch.contains(i) && !contract.contains(i)).collect()
+}
+
+pub(super) fn dot_general(d: &DotDims, ins: &[&Shape]) -> Result<Shape> {
+    let (a, b) = (ins[0], ins[1]);
+    same_dtype("dot_general", a, b)?;
+    let ad = static_dims("dot_general", "lhs", a)?;
+    let bd = static_dims("dot_general", "rhs", b)?;
+    if d.lhs_contract.len() != d.rhs_contract.len() || d.lhs_batch.len() != d.rhs_batch.len() {
+        return Err(Error::op("dot_general", format!("unpaired dimension numbers {d:?}")));
+    }
+    let mut ua = vec![false; ad.len()];
+    let mut ub = vec![false; bd.len()];
+    check_axes("lhs batch", &d.lhs_batch, ad.len(), &mut ua)?;
+    check_axes("lhs contracting", &d.lhs_contract, ad.len(), &mut ua)?;
+    check_axes("rhs batch", &d.rhs_batch, bd.len(), &mut ub)?;
+    check_axes("rhs contracting", &d.rhs_contract, bd.len(), &mut ub)?;
+    for (x, y) in d.lhs_batch.iter().zip(&d.rhs_batch).chain(d.lhs_contract.iter().zip(&d.rhs_contract)) {
+        if ad[*x] != bd[*y] {
+            return Err(Error::op(
+                "dot_general",
+                format!("lhs axis {x} (size {}) and rhs axis {y} (size {}) are paired but differ; lhs {a}, rhs {b}", ad[*x], bd[*y]),
+            ));
+        }
+    }
+    let mut out: Vec<usize> = d.lhs_batch.iter().map(|&i| ad[i]).collect();
+    out.extend(free_axes(ad.len(), &d.lhs_batch, &d.lhs_contract).iter().map(|&i| ad[i]));
+    out.extend(free_axes(bd.len(), &d.rhs_batch, &d.rhs_contract).iter().map(|&i| bd[i]));
+    Ok(Shape::with_dims(dims_of(&out), a.dtype()))
+}
+
+/// `dot_general` as transpose + reshape to `[B, M, K] x [B, K, N]`, a batched matmul, and a
+/// reshape back to `[batch..., lhs free..., rhs free...]`.
+pub(super) fn decompose_dot_general(g: &mut Graph, d: &DotDims, lhs: NodeId, rhs: NodeId) -> Result<NodeId> {
+    let out_shape = dot_general(d, &[g.shape(lhs), g.shape(rhs)])?;
+    let ad = g.shape(lhs).static_dims().unwrap_or_default();
+    let bd = g.shape(rhs).static_dims().unwrap_or_default();
+    let lf = free_axes(ad.len(), &d.lhs_batch, &d.lhs_contract);
+    let rf = free_axes(bd.len(), &d.rhs_batch, &d.rhs_contract);
+    let prod = |dims: &[usize], ax: &[usize]| ax.iter().map(|&i| dims[i]).product::<usize>();
+    let (bsz, m, k, n) = (prod(&ad, &d.lhs_batch), prod(&ad, &lf), prod(&ad, &d.lhs_contract), prod(&bd, &rf));
+    let lperm: Vec<usize> = d.lhs_batch.iter().chain(&lf).chain(&d.lhs_contract).copied().collect();
+    let rperm: Vec<usize> = d.rhs_batch.iter().chain(&d.rhs_contract).chain(&rf).copied().collect();
+    let l = g.try_transpose(lhs, &lperm)?;
+    let l = g.try_reshape(l, &[bsz, m, k])?;
+    let r = g.try_transpose(rhs, &rperm)?;
+    let r = g.try_reshape(r, &[bsz, k, n])?;
+    let p = g.try_dot(l, r)?;
+    let out = out_shape.static_dims().unwrap_or_default();
+    g.try_reshape(p, &out)
+}

@@ -1,0 +1,125 @@
+//! Op rules, one file per op family.
+//!
+//! Each family file owns the shape/dtype inference of its ops (and, where an op is a composite,
+//! its decomposition into simpler ops). This module only dispatches to them, so adding an op means
+//! one variant in [`crate::op`] plus its rules in one family file.
+
+mod elementwise;
+mod index;
+mod linalg;
+mod movement;
+mod nn;
+mod reduce;
+mod spatial;
+
+use crate::{Dim, Error, Graph, NodeId, Op, Result, Shape};
+
+/// Infer the result shape of `op` applied to operands of shapes `inputs`.
+///
+/// Leaves (`Input`, `Param`, `Constant`) carry their own shape and are rejected here.
+pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
+    let arity = expected_arity(op);
+    if let Some((lo, hi)) = arity {
+        if inputs.len() < lo || inputs.len() > hi {
+            let want = if lo == hi { format!("{lo}") } else { format!("{lo} to {hi}") };
+            return Err(Error::op(op.name(), format!("takes {want} operands, got {}", inputs.len())));
+        }
+    }
+    match op {
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => {
+            Err(Error::op(op.name(), "leaves carry their own shape; nothing to infer"))
+        }
+        Op::Binary(b) => elementwise::binary(*b, inputs),
+        Op::Compare(_) => elementwise::compare(op, inputs),
+        Op::Where => elementwise::select(inputs),
+        Op::Activation(a) => elementwise::activation(*a, inputs[0]),
+        Op::Cast { to } => Ok(inputs[0].with_dtype(*to)),
+        Op::MatMul => linalg::matmul(inputs),
+        Op::DotGeneral(d) => linalg::dot_general(d, inputs),
+        Op::Reduce { kind, axes, keepdims } => reduce::reduce(*kind, axes, *keepdims, inputs[0]),
+        Op::Softmax { axis } => reduce::softmax(*axis, inputs[0]),
+        Op::Cumsum { axis } => reduce::cumsum(*axis, inputs[0]),
+        Op::TopK { k, output } => reduce::topk(*k, *output, inputs[0]),
+        Op::LayerNorm { .. } => nn::layer_norm(inputs),
+        Op::RmsNorm { .. } => nn::rms_norm(inputs),
+        Op::Attention { mask, .. } => nn::attention(*mask, inputs),
+        Op::Rope { .. } => nn::rope(inputs),
+        Op::Reshape { shape } => movement::reshape(shape, inputs[0]),
+        Op::Transpose { perm } => movement::transpose(perm, inputs[0]),
+        Op::Narrow { axis, start, len } => movement::narrow(*axis, *start, *len, inputs[0]),
+        Op::Concat { axis } => movement::concat(*axis, inputs),
+        Op::Expand { shape } => movement::expand(shape, inputs[0]),
+        Op::Gather { axis } => index::gather(*axis, inputs),
+        Op::ScatterAdd { axis } => index::scatter_add(*axis, inputs),
+        Op::Conv(a) => spatial::conv(a, inputs),
+        Op::Pool(a) => spatial::pool(a, inputs),
+    }
+}
+
+/// Operand count bounds `(min, max)`; `None` for leaves.
+pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
+    Some(match op {
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => (0, 0),
+        Op::Binary(_) | Op::Compare(_) | Op::MatMul | Op::DotGeneral(_) => (2, 2),
+        Op::Where | Op::LayerNorm { .. } | Op::ScatterAdd { .. } => (3, 3),
+        Op::RmsNorm { .. } | Op::Gather { .. } | Op::Rope { .. } | Op::Conv(_) => (2, 2),
+        Op::Attention { mask, .. } => {
+            if matches!(mask, crate::MaskKind::Custom) {
+                (4, 4)
+            } else {
+                (3, 3)
+            }
+        }
+        Op::Concat { .. } => (1, usize::MAX),
+        _ => (1, 1),
+    })
+}
+
+/// Rewrite `op` applied to `inputs` (nodes of `g`) into simpler ops appended to `g`.
+///
+/// Returns `None` for ops that are primitive. Backends that lack a kernel for a composite op get
+/// this decomposition instead.
+pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<NodeId>> {
+    match op {
+        Op::DotGeneral(d) => Some(linalg::decompose_dot_general(g, d, inputs[0], inputs[1])),
+        _ => None,
+    }
+}
+
+/// Static dimensions of an operand, or an error naming the op.
+pub(crate) fn static_dims(op: &str, what: &str, s: &Shape) -> Result<Vec<usize>> {
+    s.static_dims().ok_or_else(|| {
+        Error::op(op, format!("{what} {s} has symbolic dimensions; bind them before using {op}"))
+    })
+}
+
+/// Check that an axis is within the rank.
+pub(crate) fn check_axis(op: &str, axis: usize, s: &Shape) -> Result<()> {
+    if axis >= s.rank() {
+        return Err(Error::op(op, format!("axis {axis} is out of range for operand {s} of rank {}", s.rank())));
+    }
+    Ok(())
+}
+
+/// Require a floating-point operand.
+pub(crate) fn require_float(op: &str, s: &Shape) -> Result<()> {
+    if !s.dtype().is_float() {
+        return Err(Error::op(op, format!("needs a floating-point operand, got {s}")));
+    }
+    Ok(())
+}
+
+/// Require two operands of one dtype.
+pub(crate) fn same_dtype(op: &str, a: &Shape, b: &Shape) -> Result<()> {
+    if a.dtype() != b.dtype() {
+        return Err(Error::op(
+            op,
+            format!("operand dtypes differ: lhs {a} vs rhs {b}; insert a cast to make them equal"),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn dims_of(v: &[usize]) -> Vec<Dim> {
+    v.iter().map(|&d| Dim::Static(d)).collect()
+}

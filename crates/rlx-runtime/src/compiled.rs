@@ -1,0 +1,262 @@
+//! A compiled graph: named I/O over a backend executable, with dtype conversion for the f32
+//! convenience API and exact byte I/O for every dtype.
+
+use rlx_driver::{Device, Executable, IoSlot};
+use rlx_ir::{convert, DType, Error, Graph, Result};
+use rlx_opt::PassRecord;
+
+/// A graph compiled for one device, ready to run. Create it with [`crate::Session::compile`].
+pub struct CompiledGraph {
+    exe: Box<dyn Executable>,
+    graph: Graph,
+    records: Vec<PassRecord>,
+    device: Device,
+    /// Per-input staging bytes for dtype conversion (allocated once, so `run` does not allocate).
+    staging_in: Vec<Vec<u8>>,
+    /// Per-output staging bytes for non-f32 outputs.
+    staging_out: Vec<Vec<u8>>,
+}
+
+fn f32_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 slice is a valid byte slice of 4x the length (u8 has alignment 1).
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+fn f32_bytes_mut(v: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as above; every byte pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+fn find(slots: &[IoSlot], kind: &'static str, name: &str) -> Result<usize> {
+    slots.iter().position(|s| s.name == name).ok_or_else(|| Error::UnknownName {
+        kind,
+        name: name.to_string(),
+        known: slots.iter().map(|s| s.name.clone()).collect(),
+    })
+}
+
+fn numel(s: &IoSlot) -> usize {
+    s.shape.numel().unwrap_or(0)
+}
+
+impl CompiledGraph {
+    pub(crate) fn new(exe: Box<dyn Executable>, graph: Graph, records: Vec<PassRecord>, device: Device) -> Self {
+        let size = |s: &IoSlot| s.shape.size_bytes().unwrap_or(0);
+        let staging_in = exe.inputs().iter().map(|s| if s.shape.dtype() == DType::F32 { Vec::new() } else { vec![0; size(s)] }).collect();
+        let staging_out = exe.outputs().iter().map(|s| if s.shape.dtype() == DType::F32 { Vec::new() } else { vec![0; size(s)] }).collect();
+        CompiledGraph { exe, graph, records, device, staging_in, staging_out }
+    }
+
+    /// The device it runs on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The optimized graph that was compiled.
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+
+    /// What each compile pass did.
+    pub fn pass_records(&self) -> &[PassRecord] {
+        &self.records
+    }
+
+    /// Input slots (name, shape), in definition order.
+    pub fn inputs(&self) -> &[IoSlot] {
+        self.exe.inputs()
+    }
+
+    /// Param slots (name, shape), in definition order.
+    pub fn params(&self) -> &[IoSlot] {
+        self.exe.params()
+    }
+
+    /// Output slots, in order.
+    pub fn outputs(&self) -> &[IoSlot] {
+        self.exe.outputs()
+    }
+
+    /// Set a param from f32 values (converted to its dtype; integer and bool params must get
+    /// values they hold exactly).
+    pub fn try_set_param(&mut self, name: &str, values: &[f32]) -> Result<()> {
+        let i = find(self.exe.params(), "param", name)?;
+        let slot = &self.exe.params()[i];
+        if values.len() != numel(slot) {
+            return Err(Error::Length {
+                kind: "param",
+                name: name.into(),
+                shape: slot.shape.to_string(),
+                expected: numel(slot),
+                actual: values.len(),
+            });
+        }
+        let dt = slot.shape.dtype();
+        if dt == DType::F32 {
+            self.exe.write_param(i, f32_bytes(values));
+            return Ok(());
+        }
+        let mut bytes = vec![0u8; values.len() * dt.size_bytes()];
+        convert::f32_to_dtype(values, dt, &mut bytes).map_err(|at| Error::DType {
+            kind: "param",
+            name: name.into(),
+            expected: dt,
+            actual: DType::F32,
+            msg: format!("value {} at index {at} does not fit; use set_param_typed", values[at]),
+        })?;
+        self.exe.write_param(i, &bytes);
+        Ok(())
+    }
+
+    /// Short form of [`CompiledGraph::try_set_param`]; panics with its error.
+    #[track_caller]
+    pub fn set_param(&mut self, name: &str, values: &[f32]) {
+        self.try_set_param(name, values).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Set a param from raw little-endian bytes of its declared dtype.
+    pub fn try_set_param_typed(&mut self, name: &str, bytes: &[u8], dtype: DType) -> Result<()> {
+        let i = find(self.exe.params(), "param", name)?;
+        let slot = &self.exe.params()[i];
+        check_typed("param", slot, name, bytes, dtype)?;
+        self.exe.write_param(i, bytes);
+        Ok(())
+    }
+
+    /// Short form of [`CompiledGraph::try_set_param_typed`]; panics with its error.
+    #[track_caller]
+    pub fn set_param_typed(&mut self, name: &str, bytes: &[u8], dtype: DType) {
+        self.try_set_param_typed(name, bytes, dtype).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Read a param back as f32.
+    pub fn try_get_param(&self, name: &str) -> Result<Vec<f32>> {
+        let i = find(self.exe.params(), "param", name)?;
+        let slot = &self.exe.params()[i];
+        let mut bytes = vec![0u8; slot.shape.size_bytes().unwrap_or(0)];
+        self.exe.read_param(i, &mut bytes);
+        let mut out = vec![0f32; numel(slot)];
+        convert::dtype_to_f32(&bytes, slot.shape.dtype(), &mut out);
+        Ok(out)
+    }
+
+    /// Check the named inputs against the graph: every input given once, no unknown names.
+    fn match_inputs<'n>(&self, names: impl Iterator<Item = &'n str> + Clone) -> Result<()> {
+        for n in names.clone() {
+            find(self.exe.inputs(), "input", n)?;
+            if names.clone().filter(|m| *m == n).count() > 1 {
+                return Err(Error::Invalid(format!("input \"{n}\" is given more than once")));
+            }
+        }
+        for s in self.exe.inputs() {
+            if !names.clone().any(|n| n == s.name) {
+                return Err(Error::MissingInput { name: s.name.clone() });
+            }
+        }
+        Ok(())
+    }
+
+    /// Run with f32 inputs (converted to each input's dtype), returning every output as f32.
+    pub fn try_run(&mut self, inputs: &[(&str, &[f32])]) -> Result<Vec<Vec<f32>>> {
+        self.match_inputs(inputs.iter().map(|(n, _)| *n))?;
+        for (name, values) in inputs {
+            let i = find(self.exe.inputs(), "input", name)?;
+            let slot = &self.exe.inputs()[i];
+            if values.len() != numel(slot) {
+                return Err(Error::Length {
+                    kind: "input",
+                    name: name.to_string(),
+                    shape: slot.shape.to_string(),
+                    expected: numel(slot),
+                    actual: values.len(),
+                });
+            }
+            let dt = slot.shape.dtype();
+            if dt == DType::F32 {
+                self.exe.write_input(i, f32_bytes(values));
+            } else {
+                let mut staged = std::mem::take(&mut self.staging_in[i]);
+                let r = convert::f32_to_dtype(values, dt, &mut staged);
+                if let Err(at) = r {
+                    self.staging_in[i] = staged;
+                    return Err(Error::DType {
+                        kind: "input",
+                        name: name.to_string(),
+                        expected: dt,
+                        actual: DType::F32,
+                        msg: format!("value {} at index {at} does not fit; use run_typed", values[at]),
+                    });
+                }
+                self.exe.write_input(i, &staged);
+                self.staging_in[i] = staged;
+            }
+        }
+        self.exe.execute();
+        let mut outs = Vec::with_capacity(self.exe.outputs().len());
+        for i in 0..self.exe.outputs().len() {
+            let slot = &self.exe.outputs()[i];
+            let mut v = vec![0f32; numel(slot)];
+            if slot.shape.dtype() == DType::F32 {
+                self.exe.read_output(i, f32_bytes_mut(&mut v));
+            } else {
+                let dt = slot.shape.dtype();
+                let mut staged = std::mem::take(&mut self.staging_out[i]);
+                self.exe.read_output(i, &mut staged);
+                convert::dtype_to_f32(&staged, dt, &mut v);
+                self.staging_out[i] = staged;
+            }
+            outs.push(v);
+        }
+        Ok(outs)
+    }
+
+    /// Short form of [`CompiledGraph::try_run`]; panics with its error.
+    #[track_caller]
+    pub fn run(&mut self, inputs: &[(&str, &[f32])]) -> Vec<Vec<f32>> {
+        self.try_run(inputs).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Run with raw little-endian inputs of each input's declared dtype; outputs come back as
+    /// raw bytes with their dtype.
+    pub fn try_run_typed(&mut self, inputs: &[(&str, &[u8], DType)]) -> Result<Vec<(Vec<u8>, DType)>> {
+        self.match_inputs(inputs.iter().map(|(n, _, _)| *n))?;
+        for (name, bytes, dt) in inputs {
+            let i = find(self.exe.inputs(), "input", name)?;
+            check_typed("input", &self.exe.inputs()[i], name, bytes, *dt)?;
+            self.exe.write_input(i, bytes);
+        }
+        self.exe.execute();
+        let mut outs = Vec::with_capacity(self.exe.outputs().len());
+        for i in 0..self.exe.outputs().len() {
+            let s = &self.exe.outputs()[i];
+            let mut b = vec![0u8; s.shape.size_bytes().unwrap_or(0)];
+            self.exe.read_output(i, &mut b);
+            outs.push((b, s.shape.dtype()));
+        }
+        Ok(outs)
+    }
+
+    /// Short form of [`CompiledGraph::try_run_typed`]; panics with its error.
+    #[track_caller]
+    pub fn run_typed(&mut self, inputs: &[(&str, &[u8], DType)]) -> Vec<(Vec<u8>, DType)> {
+        self.try_run_typed(inputs).unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+fn check_typed(kind: &'static str, slot: &IoSlot, name: &str, bytes: &[u8], dtype: DType) -> Result<()> {
+    let want = slot.shape.dtype();
+    if dtype != want {
+        return Err(Error::DType { kind, name: name.into(), expected: want, actual: dtype, msg: String::new() });
+    }
+    let w = want.size_bytes();
+    if bytes.len() != numel(slot) * w {
+        return Err(Error::Length {
+            kind,
+            name: name.into(),
+            shape: slot.shape.to_string(),
+            expected: numel(slot),
+            actual: bytes.len() / w,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! Sessions: pick a backend for a device and run the compile pipeline.
+
+use crate::CompiledGraph;
+use rlx_driver::{registered_backend, Backend, CompileOptions, Device};
+use rlx_ir::{Error, Graph, Result};
+use rlx_opt::{AlgebraicSimplify, CompilePipeline, ConstEval, ConstantFolding, Cse, DeadCodeElimination, Decompose, Pass};
+use std::sync::Arc;
+
+/// Compiles graphs for one device.
+#[derive(Clone, Debug)]
+pub struct Session {
+    device: Device,
+    threads: Option<usize>,
+    optimize: bool,
+}
+
+/// The backend serving `device`: one registered at run time, else the built-in one.
+pub(crate) fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
+    if let Some(b) = registered_backend(device) {
+        return Ok(b);
+    }
+    match device {
+        #[cfg(feature = "cpu")]
+        Device::Cpu => Ok(Arc::new(rlx_cpu::CpuBackend)),
+        d => Err(Error::DeviceUnavailable { device: d.to_string(), hint: d.availability_hint() }),
+    }
+}
+
+/// Evaluates constant subgraphs on the session's backend, so folding matches execution.
+struct BackendEval(Arc<dyn Backend>);
+
+impl ConstEval for BackendEval {
+    fn eval(&self, g: &Graph) -> Result<Vec<Vec<u8>>> {
+        let b = self.0.clone();
+        let supports = |g: &Graph, id| b.supports(g, id);
+        let (g, _) = Decompose { backend: b.name(), supports: &supports }.run(g)?;
+        let mut exe = self.0.compile(&g, &CompileOptions { threads: Some(1) })?;
+        exe.execute();
+        let mut outs = Vec::new();
+        for i in 0..exe.outputs().len() {
+            let mut buf = vec![0u8; exe.outputs()[i].shape.size_bytes().unwrap_or(0)];
+            exe.read_output(i, &mut buf);
+            outs.push(buf);
+        }
+        Ok(outs)
+    }
+}
+
+impl Session {
+    /// A session for `device` (threads: `RLX_NUM_THREADS`, else one per core).
+    pub fn new(device: Device) -> Session {
+        let threads = std::env::var("RLX_NUM_THREADS").ok().and_then(|v| v.parse().ok()).filter(|&n: &usize| n > 0);
+        Session { device, threads, optimize: true }
+    }
+
+    /// Use `n` threads for kernels.
+    pub fn with_threads(mut self, n: usize) -> Session {
+        self.threads = Some(n.max(1));
+        self
+    }
+
+    /// Skip the optimizing passes (decomposition of unsupported ops still runs).
+    pub fn without_optimizations(mut self) -> Session {
+        self.optimize = false;
+        self
+    }
+
+    /// The device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Verify, optimize and compile `graph`.
+    pub fn try_compile(&self, graph: Graph) -> Result<CompiledGraph> {
+        if graph.outputs().is_empty() {
+            return Err(Error::Invalid(format!(
+                "graph \"{}\" has no outputs; call set_outputs before compiling",
+                graph.name()
+            )));
+        }
+        let backend = backend_for(self.device)?;
+        let eval = BackendEval(backend.clone());
+        let b = backend.clone();
+        let supports = move |g: &Graph, id| b.supports(g, id);
+        let mut pipe = CompilePipeline::new();
+        if self.optimize {
+            pipe = pipe
+                .with_pass(AlgebraicSimplify)
+                .with_pass(Cse)
+                .with_pass(ConstantFolding { eval: &eval, max_elements: 1 << 16 })
+                .with_pass(DeadCodeElimination);
+        }
+        pipe = pipe.with_pass(Decompose { backend: backend.name(), supports: &supports }).rounds(4);
+        let result = pipe.run(&graph)?;
+        let exe = backend.compile(&result.graph, &CompileOptions { threads: self.threads })?;
+        Ok(CompiledGraph::new(exe, result.graph, result.records, self.device))
+    }
+
+    /// Short form of [`Session::try_compile`]; panics with its error.
+    #[track_caller]
+    pub fn compile(&self, graph: Graph) -> CompiledGraph {
+        self.try_compile(graph).unwrap_or_else(|e| panic!("{e}"))
+    }
+}

@@ -1,0 +1,64 @@
+//! # RLX
+//!
+//! A small ML compiler and runtime with a JAX-shaped IR. Build a [`Graph`], compile it with a
+//! [`Session`] for a [`Device`], set its params and run it:
+//!
+//! ```
+//! use rlx::prelude::*;
+//! let mut g = Graph::new("hello");
+//! let x = g.input("x", Shape::new(&[1, 4], DType::F32));
+//! let w = g.param("w", Shape::new(&[4, 2], DType::F32));
+//! let y = g.matmul(x, w, Shape::new(&[1, 2], DType::F32));
+//! g.set_outputs(vec![y]);
+//! let mut compiled = Session::new(Device::Cpu).compile(g);
+//! compiled.set_param("w", &[1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0]);
+//! let out = compiled.run(&[("x", &[1.0, 2.0, 3.0, 4.0])]);
+//! assert_eq!(out, vec![vec![4.0, 6.0]]);
+//! ```
+//!
+//! Every call that can fail on user input has a `try_` form returning [`Result`]; the short
+//! forms panic with the same message.
+//!
+//! | module | crate | what |
+//! |---|---|---|
+//! | [`ir`] | `rlx-ir` | dtypes, shapes, ops and their rules, graph builder, verifier |
+//! | [`opt`] | `rlx-opt` | passes, compile pipeline, memory planner |
+//! | [`driver`] | `rlx-driver` | `Device`, the `Backend` trait, backend registry |
+//! | [`runtime`] | `rlx-runtime` | `Session`, `CompiledGraph` |
+
+#![deny(missing_docs)]
+
+pub use rlx_driver as driver;
+pub use rlx_ir as ir;
+pub use rlx_opt as opt;
+pub use rlx_runtime as runtime;
+
+pub use rlx_driver::Device;
+pub use rlx_ir::{DType, Dim, Error, Graph, Node, NodeId, Op, Result, Shape};
+pub use rlx_opt::{CompilePipeline, CompileResult, Pass, PassRecord};
+pub use rlx_runtime::{CompiledGraph, Session};
+
+/// Op attribute enums taken by the builder methods (`g.binary`, `g.activation`, ...).
+pub mod ops {
+    pub use rlx_ir::{Activation, BinaryOp, CmpOp, ConvAttrs, DotDims, MaskKind, PoolAttrs, PoolKind, ReduceKind, TopKOutput};
+}
+
+/// Quantization metadata. This version of RLX has no quantized ops yet; the module holds the
+/// dtypes quantized formats build on.
+pub mod quant {
+    pub use rlx_ir::DType;
+}
+
+/// Graph transforms. This version provides the compile-time transforms (decomposition, folding,
+/// simplification); automatic differentiation and `vmap` are not built yet.
+pub mod autodiff {
+    pub use rlx_opt::{AlgebraicSimplify, ConstantFolding, Cse, DeadCodeElimination, Decompose};
+}
+
+/// Everything most programs need: `use rlx::prelude::*;`.
+pub mod prelude {
+    pub use crate::ops::*;
+    pub use rlx_driver::Device;
+    pub use rlx_ir::{DType, Dim, Error, Graph, NodeId, Op, Result, Shape};
+    pub use rlx_runtime::{CompiledGraph, Session};
+}

@@ -1,0 +1,1130 @@
+#!/usr/bin/env python3
+"""Golden reference values for RLX op tests.
+
+This script writes ``ops.json`` next to itself: a table of small test cases,
+one per (op, shapes, dtype, attrs) combination, each with concrete inputs and
+the expected output computed with numpy (float64) or JAX (with x64 enabled).
+The Rust test harness in ``crates/rlx/tests`` builds a one-op graph per case,
+runs it, and compares the result against ``expected`` with the case's
+``rtol`` / ``atol`` (``|got - want| <= atol + rtol * |want|``).
+
+Regenerate with (from the repository root):
+
+    scripts/regen-goldens.sh
+
+which sets up the pinned Python environment in ``.venv`` (numpy, jax[cpu])
+and runs this script. The output is deterministic (fixed seed, fixed case
+order), so regenerating without changing this file gives the same ops.json.
+
+File format (see also the Rust harness)::
+
+    {"generator": "gen_ops.py", "numpy": "<version>", "jax": "<version>",
+     "cases": [{"name": ..., "op": ..., "attrs": {...},
+                "inputs": [{"shape": [...], "dtype": "f32", "data": [...],
+                            "perm": [...]  # optional
+                           }, ...],
+                "expected": {"shape": [...], "dtype": ..., "data": [...]},
+                "rtol": ..., "atol": ...}, ...]}
+
+* ``data`` is the flat row-major contents of the tensor. Floats are emitted
+  with full precision (the exact value of the f32/f16/bf16 number, printed as
+  a float64 literal), integers as ints, bools as 0/1.
+* An input with ``perm`` is stored as ``shape``/``data``; the harness inserts
+  ``transpose(perm)`` before the op, so the op sees a non-contiguous operand
+  ``np.transpose(data.reshape(shape), perm)``.
+* f16/bf16 semantics: compute in float32 from the (already rounded) inputs,
+  round the result once to f16/bf16. We compute in float64, round to float32
+  and then to the half type; the tolerances absorb the difference.
+* No NaN or Inf ever appears: inputs are chosen so every result is finite.
+"""
+
+import collections
+import itertools
+import json
+import math
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # f64 references for dot_general/conv
+jax.config.update("jax_platforms", "cpu")
+from jax import lax  # noqa: E402  (must come after the config update)
+
+SEED = 20240607
+OUT_PATH = Path(__file__).resolve().parent / "ops.json"
+
+rng = np.random.default_rng(SEED)
+
+# ---------------------------------------------------------------------------
+# Dtypes, rounding and tolerances
+# ---------------------------------------------------------------------------
+
+NP_DTYPE = {
+    "f32": np.float32,
+    "f64": np.float64,
+    "f16": np.float16,
+    "bf16": ml_dtypes.bfloat16,
+    "i32": np.int32,
+    "i64": np.int64,
+    "u8": np.uint8,
+    "bool": np.bool_,
+}
+FLOATS = ("f32", "f64", "f16", "bf16")
+INTS = ("i32", "i64", "u8")
+
+# (rtol, atol) per tolerance class and float dtype. Integer and bool results
+# are always compared exactly.
+TOLERANCES = {
+    # simple elementwise arithmetic, compares, data movement
+    "elementwise": {"f32": (1e-5, 1e-6), "f64": (1e-10, 1e-12),
+                    "f16": (2e-3, 1e-3), "bf16": (1.6e-2, 1e-2)},
+    # exp/log/erf/tanh/... where libm implementations differ by a few ulp
+    "transcendental": {"f32": (2e-5, 1e-6), "f64": (1e-10, 1e-12),
+                       "f16": (2e-3, 1e-3), "bf16": (1.6e-2, 1e-2)},
+    # anything that accumulates: matmul, reductions, norms, attention, conv
+    "accumulate": {"f32": (1e-4, 1e-5), "f64": (1e-10, 1e-12),
+                   "f16": (4e-3, 2e-3), "bf16": (3.2e-2, 2e-2)},
+    # casts are fully specified (round to nearest even / truncate): exact
+    "exact": {"f32": (0.0, 0.0), "f64": (0.0, 0.0),
+              "f16": (0.0, 0.0), "bf16": (0.0, 0.0)},
+}
+
+
+def tolerance(kind, dtype):
+    """(rtol, atol) for a result of `dtype` in tolerance class `kind`."""
+    if dtype not in FLOATS:
+        return 0.0, 0.0
+    return TOLERANCES[kind][dtype]
+
+
+def quantize(x, dtype):
+    """Convert `x` to `dtype` the way the op semantics do.
+
+    Half types go through float32 first (compute in f32, round once). Float
+    to int truncates toward zero (numpy astype); anything to bool is x != 0.
+    """
+    x = np.asarray(x)
+    if dtype == "bool":
+        return x != 0
+    if dtype in ("f16", "bf16"):
+        return x.astype(np.float32).astype(NP_DTYPE[dtype])
+    return x.astype(NP_DTYPE[dtype])
+
+
+def wide(x):
+    """Value used for reference computation: float64 for floats/bools,
+    int64 for integers (so small-int arithmetic never overflows)."""
+    x = np.asarray(x)
+    if x.dtype.kind in "iu":
+        return x.astype(np.int64)
+    return x.astype(np.float64)
+
+
+# ---------------------------------------------------------------------------
+# Random inputs (all draws come from the single seeded `rng`)
+# ---------------------------------------------------------------------------
+
+
+def normal(shape, scale=1.0, dtype="f32"):
+    return quantize(rng.standard_normal(shape) * scale, dtype)
+
+
+def uniform(shape, lo, hi, dtype="f32"):
+    return quantize(rng.uniform(lo, hi, size=shape), dtype)
+
+
+def integers(shape, lo, hi, dtype="i32"):
+    """Integers in [lo, hi) (as `dtype`; may be a float dtype)."""
+    return quantize(rng.integers(lo, hi, size=shape), dtype)
+
+
+def away_from_zero(shape, lo, hi, dtype="f32"):
+    """Values with lo <= |x| < hi and random sign (for divisors)."""
+    sign = rng.choice([-1.0, 1.0], size=shape)
+    return quantize(sign * rng.uniform(lo, hi, size=shape), dtype)
+
+
+def nonzero_ints(shape, hi, dtype="i32"):
+    """Integers in [-hi, -1] U [1, hi] (for integer divisors)."""
+    sign = rng.choice([-1, 1], size=shape)
+    return quantize(sign * rng.integers(1, hi + 1, size=shape), dtype)
+
+
+def distinct(shape, dtype="f32"):
+    """Floats with no ties anywhere (for top-k indices)."""
+    n = int(np.prod(shape))
+    vals = (rng.permutation(n) - n / 2) * 0.25 + rng.uniform(-0.1, 0.1, n)
+    return quantize(vals.reshape(shape), dtype)
+
+
+# ---------------------------------------------------------------------------
+# Case table
+# ---------------------------------------------------------------------------
+
+Arg = collections.namedtuple("Arg", "value dtype perm")
+
+
+def arg(value, dtype, perm=None):
+    """An op operand. `value` is what the op sees; with `perm` the stored
+    graph input is the inverse transpose of it, so that the harness's
+    transpose(perm) reconstructs `value` as a non-contiguous tensor."""
+    value = np.asarray(value)
+    assert value.dtype == NP_DTYPE[dtype], (value.dtype, dtype)
+    return Arg(value, dtype, None if perm is None else list(perm))
+
+
+def to_py(obj):
+    """Recursively convert numpy scalars/tuples in attrs to JSON natives."""
+    if isinstance(obj, dict):
+        return {k: to_py(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_py(v) for v in obj]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        return float(obj)
+    return obj
+
+
+def tensor_json(value, dtype, perm=None):
+    stored = np.asarray(value)
+    if perm is not None:
+        stored = np.transpose(stored, np.argsort(perm))
+    flat = np.ascontiguousarray(stored).reshape(-1)
+    if dtype in FLOATS:
+        flat = flat.astype(np.float64)
+        assert np.all(np.isfinite(flat)), "non-finite value in a golden"
+        data = [float(v) for v in flat]
+    else:
+        data = [int(v) for v in flat.astype(np.int64)]
+    out = {"shape": [int(d) for d in stored.shape], "dtype": dtype, "data": data}
+    if perm is not None:
+        out["perm"] = [int(p) for p in perm]
+    return out
+
+
+class CaseTable:
+    def __init__(self):
+        self.cases = []
+        self.per_op = collections.Counter()
+
+    def add(self, op, tag, attrs, args, expected, out_dtype, tol_kind):
+        """Record one case. `expected` is the reference result (any dtype);
+        it is converted to `out_dtype` here."""
+        expected = quantize(expected, out_dtype)
+        rtol, atol = tolerance(tol_kind, out_dtype)
+        index = self.per_op[op]
+        self.per_op[op] += 1
+        # Name by the first non-bool operand's dtype (`where` leads with a
+        # bool condition); the per-op index makes every name unique.
+        label = next((a.dtype for a in args if a.dtype != "bool"), args[0].dtype)
+        self.cases.append({
+            "name": f"{op}_{tag}_{label}_{index}",
+            "op": op,
+            "attrs": to_py(attrs),
+            "inputs": [tensor_json(a.value, a.dtype, a.perm) for a in args],
+            "expected": tensor_json(expected, out_dtype),
+            "rtol": rtol,
+            "atol": atol,
+        })
+
+
+# ---------------------------------------------------------------------------
+# Elementwise binary ops
+# ---------------------------------------------------------------------------
+
+# (lhs shape, lhs perm, rhs shape, rhs perm, tag). Shapes are the logical
+# shapes the op sees (after the optional transpose).
+BINARY_LAYOUTS = [
+    ([2, 3], None, [2, 3], None, "same"),
+    ([7, 13], None, [7, 13], None, "same"),
+    ([3, 1], None, [1, 4], None, "bcast"),
+    ([], None, [2, 3], None, "scalar_lhs"),
+    ([2, 3], None, [], None, "scalar_rhs"),
+    ([2, 1, 4], None, [3, 1], None, "bcast3d"),
+    ([5], None, [2, 3, 5], None, "bcast_rank"),
+    ([1, 1], None, [1, 1], None, "ones"),
+    ([3, 4], [1, 0], [3, 4], None, "perm_lhs"),
+    ([2, 3, 4], [2, 0, 1], [3, 4], None, "perm_bcast"),
+    ([2, 3, 4], [1, 2, 0], [2, 3, 4], [2, 1, 0], "perm_both"),
+    ([0, 3], None, [1, 3], None, "empty"),
+    ([2, 0], None, [2, 1], None, "empty_bcast"),
+]
+
+
+def binary_operands(op, shape, dtype):
+    """(lhs, rhs) generators appropriate for `op` (finite results)."""
+    is_int = dtype in INTS
+    if op == "div":
+        if is_int:
+            return integers(shape[0], -50, 51, dtype), nonzero_ints(shape[1], 9, dtype)
+        return normal(shape[0], 3.0, dtype), away_from_zero(shape[1], 0.5, 3.0, dtype)
+    if op == "pow":
+        return uniform(shape[0], 0.5, 3.0, dtype), uniform(shape[1], -2.0, 2.0, dtype)
+    if op in ("max", "min"):
+        # Half-integers so that ties occur.
+        if is_int:
+            return integers(shape[0], -5, 6, dtype), integers(shape[1], -5, 6, dtype)
+        return (quantize(np.round(rng.standard_normal(shape[0]) * 4) / 2, dtype),
+                quantize(np.round(rng.standard_normal(shape[1]) * 4) / 2, dtype))
+    if is_int:
+        return integers(shape[0], -20, 21, dtype), integers(shape[1], -20, 21, dtype)
+    return normal(shape[0], 2.0, dtype), normal(shape[1], 2.0, dtype)
+
+
+def trunc_div(a, b):
+    """Integer division rounding toward zero (C / Rust / jax.lax.div)."""
+    q = np.abs(a) // np.abs(b)
+    return np.where((a < 0) != (b < 0), -q, q)
+
+
+def binary_ref(op, a, b):
+    a, b = wide(a), wide(b)
+    if op == "add":
+        return a + b
+    if op == "sub":
+        return a - b
+    if op == "mul":
+        return a * b
+    if op == "div":
+        return trunc_div(a, b) if a.dtype.kind == "i" else a / b
+    if op == "max":
+        return np.maximum(a, b)
+    if op == "min":
+        return np.minimum(a, b)
+    if op == "pow":
+        return np.power(a, b)
+    raise ValueError(op)
+
+
+def gen_binary(table):
+    ops = ["add", "sub", "mul", "div", "max", "min", "pow"]
+    # Extra dtypes run on a few representative layouts.
+    extra = [("f64", 2), ("f16", 3), ("bf16", 9)]          # (dtype, layout index)
+    int_extra = [("i32", 0), ("i32", 2), ("i32", 3), ("i64", 5)]
+    for op in ops:
+        plan = [("f32", i) for i in range(len(BINARY_LAYOUTS))] + extra
+        if op != "pow":
+            plan += int_extra
+        for dtype, li in plan:
+            ls, lp, rs, rp, tag = BINARY_LAYOUTS[li]
+            a, b = binary_operands(op, (ls, rs), dtype)
+            kind = "transcendental" if op == "pow" else "elementwise"
+            table.add(op, tag, {}, [arg(a, dtype, lp), arg(b, dtype, rp)],
+                      binary_ref(op, a, b), dtype, kind)
+
+
+# ---------------------------------------------------------------------------
+# Comparisons and select
+# ---------------------------------------------------------------------------
+
+COMPARE_REF = {
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less,
+    "le": np.less_equal, "gt": np.greater, "ge": np.greater_equal,
+}
+
+
+def gen_compare(table):
+    layouts = [  # (lhs, lhs perm, rhs, rhs perm, tag, dtype)
+        ([3, 4], None, [3, 4], None, "same", "f32"),
+        ([3, 1], None, [1, 4], None, "bcast", "f32"),
+        ([], None, [2, 3], None, "scalar", "f32"),
+        ([4, 3], [1, 0], [4, 3], None, "perm", "f32"),
+        ([2, 1, 4], None, [3, 1], None, "bcast3d", "i32"),
+        ([2, 5], None, [2, 5], None, "same", "f16"),
+    ]
+    for op, ref in COMPARE_REF.items():
+        for ls, lp, rs, rp, tag, dtype in layouts:
+            # Small integers (as floats for float dtypes) so equality happens.
+            a = integers(ls, -3, 4, dtype)
+            b = integers(rs, -3, 4, dtype)
+            table.add(op, tag, {}, [arg(a, dtype, lp), arg(b, dtype, rp)],
+                      ref(wide(a), wide(b)), "bool", "exact")
+
+
+def gen_where(table):
+    layouts = [  # (cond, a, b, dtype, perm for cond, tag)
+        ([3, 4], [3, 4], [3, 4], "f32", None, "same"),
+        ([3, 1], [1, 4], [], "f32", None, "bcast"),
+        ([2, 1, 4], [3, 1], [2, 3, 4], "f32", None, "bcast3d"),
+        ([4, 3], [4, 3], [4, 3], "f32", [1, 0], "perm"),
+        ([2, 3], [2, 3], [2, 3], "i32", None, "same"),
+        ([0, 3], [1, 3], [0, 3], "f32", None, "empty"),
+        ([2, 5], [2, 5], [1, 5], "bf16", None, "bcast"),
+    ]
+    for cs, as_, bs, dtype, cperm, tag in layouts:
+        cond = rng.random(cs) < 0.5
+        if dtype in INTS:
+            a, b = integers(as_, -9, 10, dtype), integers(bs, -9, 10, dtype)
+        else:
+            a, b = normal(as_, 1.0, dtype), normal(bs, 1.0, dtype)
+        table.add("where", tag, {},
+                  [arg(cond, "bool", cperm), arg(a, dtype), arg(b, dtype)],
+                  np.where(cond, wide(a), wide(b)), dtype, "exact")
+
+
+# ---------------------------------------------------------------------------
+# Elementwise unary ops
+# ---------------------------------------------------------------------------
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def gelu_exact(x):
+    return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def round_inputs(shape, dtype):
+    """Mix of exact halves (ties, incl. -0.5 and 2.5) and arbitrary values."""
+    halves = rng.integers(-10, 11, size=shape) / 2.0
+    other = rng.uniform(-5, 5, size=shape)
+    return quantize(np.where(rng.random(shape) < 0.5, halves, other), dtype)
+
+
+# op -> (reference fn on float64, input generator(shape, dtype), tolerance class)
+UNARY = {
+    "gelu": (gelu_exact, lambda s, d: normal(s, 3.0, d), "transcendental"),
+    "gelu_approx": (gelu_tanh, lambda s, d: normal(s, 3.0, d), "transcendental"),
+    "silu": (lambda x: x * sigmoid(x), lambda s, d: normal(s, 3.0, d), "transcendental"),
+    "relu": (lambda x: np.maximum(x, 0), lambda s, d: normal(s, 2.0, d), "elementwise"),
+    "sigmoid": (sigmoid, lambda s, d: normal(s, 4.0, d), "transcendental"),
+    "tanh": (np.tanh, lambda s, d: normal(s, 2.0, d), "transcendental"),
+    "exp": (np.exp, lambda s, d: uniform(s, -5.0, 5.0, d), "transcendental"),
+    "log": (np.log, lambda s, d: uniform(s, 0.05, 10.0, d), "transcendental"),
+    "sqrt": (np.sqrt, lambda s, d: uniform(s, 0.0, 10.0, d), "transcendental"),
+    "rsqrt": (lambda x: 1.0 / np.sqrt(x), lambda s, d: uniform(s, 0.05, 10.0, d),
+              "transcendental"),
+    "neg": (np.negative, lambda s, d: normal(s, 2.0, d), "elementwise"),
+    "abs": (np.abs, lambda s, d: normal(s, 2.0, d), "elementwise"),
+    "sin": (np.sin, lambda s, d: uniform(s, -6.0, 6.0, d), "transcendental"),
+    "cos": (np.cos, lambda s, d: uniform(s, -6.0, 6.0, d), "transcendental"),
+    "tan": (np.tan, lambda s, d: uniform(s, -1.2, 1.2, d), "transcendental"),
+    "atan": (np.arctan, lambda s, d: normal(s, 4.0, d), "transcendental"),
+    "round": (np.round, round_inputs, "elementwise"),  # half to even
+}
+
+UNARY_LAYOUTS = [  # (shape the op sees, perm, tag, dtype)
+    ([4, 5], None, "basic", "f32"),
+    ([1, 37], None, "row", "f32"),
+    ([3, 2, 4], [2, 0, 1], "perm", "f32"),
+    ([], None, "scalar", "f32"),
+    ([2, 0, 3], None, "empty", "f32"),
+    ([6], None, "basic", "f64"),
+    ([3, 8], None, "basic", "f16"),
+    ([3, 8], None, "basic", "bf16"),
+]
+
+
+def gen_unary(table):
+    for op, (ref, make, kind) in UNARY.items():
+        for shape, perm, tag, dtype in UNARY_LAYOUTS:
+            x = make(shape, dtype)
+            table.add(op, tag, {}, [arg(x, dtype, perm)], ref(wide(x)), dtype, kind)
+    # Integer variants of the ops that make sense on ints.
+    int_refs = {"neg": np.negative, "abs": np.abs, "relu": lambda x: np.maximum(x, 0)}
+    for op, ref in int_refs.items():
+        for shape, perm, dtype in [([3, 5], None, "i32"), ([4, 3], [1, 0], "i32"),
+                                   ([7], None, "i64")]:
+            x = integers(shape, -1000, 1001, dtype)
+            table.add(op, "int", {}, [arg(x, dtype, perm)], ref(wide(x)), dtype, "exact")
+
+
+# ---------------------------------------------------------------------------
+# Casts
+# ---------------------------------------------------------------------------
+
+
+def gen_cast(table):
+    f32 = lambda v: np.asarray(v, dtype=np.float32)  # noqa: E731
+    specials_f16 = [0.1, 1.0 / 3.0, 2049.0, 2051.0, 65504.0, -0.0, 1e-3, -7.25]
+    # 1 + 2^-8 and 1 + 3*2^-8 are exact ties for bf16 (round to even).
+    specials_bf16 = [1.00390625, 1.01171875, -3.3, 1e20, 0.1, -0.0]
+    cases = [  # (tag, from, to, value, perm)
+        ("f32_to_f16", "f32", "f16",
+         np.concatenate([f32(specials_f16), normal([16], 100.0)]), None),
+        ("f32_to_f16_perm", "f32", "f16", normal([3, 4], 10.0), [1, 0]),
+        ("f16_to_f32", "f16", "f32", normal([12], 50.0, "f16"), None),
+        ("f32_to_bf16", "f32", "bf16",
+         np.concatenate([f32(specials_bf16), normal([16], 100.0)]), None),
+        ("bf16_to_f32", "bf16", "f32", normal([12], 50.0, "bf16"), None),
+        ("f32_to_f64", "f32", "f64", normal([10], 10.0), None),
+        ("f64_to_f32", "f64", "f32", normal([10], 10.0, "f64"), None),
+        ("f32_to_i32", "f32", "i32",
+         np.concatenate([f32([-2.7, -0.5, -0.0, 0.9, 2.5, -3.0]),
+                         uniform([12], -100.0, 100.0)]), None),
+        ("f32_to_i64", "f32", "i64", uniform([8], -1e6, 1e6), None),
+        ("i32_to_f32", "i32", "f32",
+         np.concatenate([np.asarray([16777217, -16777219, 2**30 + 1, 2**31 - 1, -2**31],
+                                    np.int32), integers([8], -1000, 1000)]), None),
+        ("i64_to_f32", "i64", "f32",
+         np.asarray([2**40 + 1, -(2**45 + 3), 123456789, -5, 0, 2**52 + 1], np.int64),
+         None),
+        ("f32_to_bool", "f32", "bool",
+         f32([0.0, -0.0, 1e-30, -2.5, 1.0, 0.0, 3.0, -1e-5]), None),
+        ("bool_to_f32", "bool", "f32", rng.random([2, 5]) < 0.5, None),
+        ("bool_to_i32", "bool", "i32", rng.random([6]) < 0.5, None),
+        ("i32_to_bool", "i32", "bool", integers([8], -2, 3), None),
+        ("u8_to_f32", "u8", "f32",
+         np.concatenate([np.asarray([0, 1, 127, 128, 255], np.uint8),
+                         integers([7], 0, 256, "u8")]), None),
+        ("u8_to_i32", "u8", "i32", integers([6], 0, 256, "u8"), None),
+        ("i32_to_i64", "i32", "i64",
+         np.concatenate([np.asarray([-2**31, 2**31 - 1, -1], np.int32),
+                         integers([5], -100, 100)]), None),
+        ("i32_to_f32_perm", "i32", "f32", integers([2, 3, 2], -50, 50), [2, 1, 0]),
+    ]
+    for tag, src, dst, value, perm in cases:
+        value = np.asarray(value).astype(NP_DTYPE[src])
+        table.add("cast", tag, {"to": dst}, [arg(value, src, perm)],
+                  quantize(value, dst), dst, "exact")
+
+
+# ---------------------------------------------------------------------------
+# Matmul and dot_general
+# ---------------------------------------------------------------------------
+
+
+def matmul_operand(shape, dtype):
+    if dtype in INTS:
+        return integers(shape, -4, 5, dtype)
+    return normal(shape, 1.0, dtype)
+
+
+def gen_matmul(table):
+    cases = [  # (lhs shape seen, lhs perm, rhs shape seen, rhs perm, tag, dtype)
+        ([2, 3], None, [3, 4], None, "small", "f32"),
+        ([1, 1], None, [1, 1], None, "1x1", "f32"),
+        ([17, 33], None, [33, 19], None, "odd", "f32"),
+        ([37, 65], None, [65, 29], None, "large", "f32"),
+        ([1, 40], None, [40, 9], None, "row", "f32"),
+        ([9, 40], None, [40, 1], None, "col", "f32"),
+        ([1, 23], None, [23, 1], None, "dot", "f32"),
+        ([3, 0], None, [0, 4], None, "k0", "f32"),
+        ([0, 5], None, [5, 3], None, "m0", "f32"),
+        ([4, 5], None, [5, 0], None, "n0", "f32"),
+        ([2, 3, 4], None, [2, 4, 5], None, "batch", "f32"),
+        ([2, 1, 3, 4], None, [3, 4, 5], None, "bcast_batch", "f32"),
+        ([4, 3, 5], None, [5, 2], None, "batch_lhs", "f32"),
+        ([3, 4], None, [2, 4, 5], None, "batch_rhs", "f32"),
+        ([1, 6, 7], None, [3, 7, 2], None, "bcast1", "f32"),
+        ([6, 11], [1, 0], [11, 5], None, "lhs_t", "f32"),
+        ([6, 11], None, [11, 5], [1, 0], "rhs_t", "f32"),
+        ([13, 9], [1, 0], [9, 7], [1, 0], "both_t", "f32"),
+        ([2, 3, 4], [0, 2, 1], [2, 4, 5], [0, 2, 1], "batch_t", "f32"),
+        ([3, 4, 6], [1, 0, 2], [3, 6, 2], None, "batch_perm", "f32"),
+        ([5, 7], None, [7, 3], None, "small", "f64"),
+        ([17, 33], None, [33, 19], None, "odd", "f64"),
+        ([2, 6, 8], None, [8, 5], None, "batch_lhs", "f64"),
+        ([8, 16], None, [16, 12], None, "basic", "f16"),
+        ([9, 31], [1, 0], [31, 6], None, "lhs_t", "f16"),
+        ([8, 16], None, [16, 12], None, "basic", "bf16"),
+        ([2, 5, 24], None, [2, 24, 3], None, "batch", "bf16"),
+        ([4, 6], None, [6, 3], None, "basic", "i32"),
+        ([2, 3, 5], None, [5, 4], [1, 0], "rhs_t", "i32"),
+    ]
+    for ls, lp, rs, rp, tag, dtype in cases:
+        a, b = matmul_operand(ls, dtype), matmul_operand(rs, dtype)
+        table.add("matmul", tag, {}, [arg(a, dtype, lp), arg(b, dtype, rp)],
+                  np.matmul(wide(a), wide(b)), dtype, "accumulate")
+
+
+def gen_dot_general(table):
+    cases = [  # (lhs shape, rhs shape, lc, rc, lb, rb, tag, dtype, lhs perm)
+        ([3, 4], [4, 5], [1], [0], [], [], "matmul", "f32", None),
+        ([4, 3], [4, 5], [0], [0], [], [], "lhs_contract0", "f32", None),
+        ([3, 4], [5, 4], [1], [1], [], [], "rhs_contract1", "f32", None),
+        ([3, 2, 4], [4, 2, 5], [2], [0], [1], [1], "batch_middle", "f32", None),
+        ([4, 3, 2], [2, 5, 4], [0], [2], [2], [0], "batch_last", "f32", None),
+        ([2, 3, 4], [3, 4, 5], [1, 2], [0, 1], [], [], "two_contract", "f32", None),
+        ([2, 3, 4], [4, 3, 5], [2, 1], [0, 1], [], [], "two_contract_swapped", "f32",
+         None),
+        ([2, 3, 4, 5], [2, 4, 5, 6], [2, 3], [1, 2], [0], [0], "batch_two_contract",
+         "f32", None),
+        ([2, 3, 5, 4], [3, 2, 4, 6], [3], [2], [0, 1], [1, 0], "two_batch_swapped",
+         "f32", None),
+        ([3], [4], [], [], [], [], "outer", "f32", None),
+        ([6, 5], [6, 7], [0], [0], [], [], "lhs_contract0_perm", "f32", [1, 0]),
+        ([5, 9], [9, 4], [1], [0], [], [], "matmul", "f64", None),
+        ([4, 8], [3, 8], [1], [1], [], [], "rhs_contract1", "f16", None),
+        ([2, 4, 8], [8, 2, 3], [2], [0], [0], [1], "batch", "bf16", None),
+        ([3, 4], [4, 2], [1], [0], [], [], "matmul", "i32", None),
+    ]
+    for ls, rs, lc, rc, lb, rb, tag, dtype, lperm in cases:
+        a, b = matmul_operand(ls, dtype), matmul_operand(rs, dtype)
+        out = lax.dot_general(wide(a), wide(b), ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb))))
+        attrs = {"lhs_contract": lc, "rhs_contract": rc, "lhs_batch": lb, "rhs_batch": rb}
+        table.add("dot_general", tag, attrs, [arg(a, dtype, lperm), arg(b, dtype)],
+                  np.asarray(out), dtype, "accumulate")
+
+
+# ---------------------------------------------------------------------------
+# Reductions, softmax, norms, cumsum, top-k
+# ---------------------------------------------------------------------------
+
+REDUCE_REF = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}
+
+
+def reduce_operand(kind, shape, dtype):
+    if dtype in INTS:
+        lim = 3 if kind == "prod" else 50
+        return integers(shape, -lim, lim + 1, dtype)
+    if kind == "prod":  # magnitudes near 1 so products stay tame
+        return away_from_zero(shape, 0.7, 1.3, dtype)
+    return normal(shape, 2.0, dtype)
+
+
+def gen_reduce(table):
+    layouts = [  # (shape seen, perm, axes, keepdims, tag)
+        ([3, 4], None, [1], False, "last"),
+        ([3, 4], None, [0], True, "first_keep"),
+        ([2, 3, 4], None, [0, 2], False, "multi"),
+        ([2, 3, 4], None, [0, 1, 2], False, "all"),
+        ([2, 3, 4], None, [1, 2], True, "multi_keep"),
+        ([4, 1, 3], None, [1], False, "size1"),
+        ([5, 3], [1, 0], [0], False, "perm"),
+        ([3, 4, 5], [2, 0, 1], [1, 2], False, "perm_multi"),
+        ([1], None, [0], True, "single"),
+    ]
+    for kind in REDUCE_REF:
+        for shape, perm, axes, keep, tag in layouts:
+            x = reduce_operand(kind, shape, "f32")
+            table.add("reduce", f"{kind}_{tag}", {"kind": kind, "axes": axes, "keepdims": keep},
+                      [arg(x, "f32", perm)],
+                      REDUCE_REF[kind](wide(x), axis=tuple(axes), keepdims=keep),
+                      "f32", "accumulate")
+    # Reductions over an empty dimension: sum -> 0, prod -> 1. Plus a
+    # reduction whose output is itself empty.
+    empty = [
+        ("sum", [2, 0, 3], [1], False), ("prod", [2, 0, 3], [1], False),
+        ("sum", [0, 4], [0], True), ("sum", [0, 3], [1], False),
+        ("sum", [2, 0], [0, 1], False),
+    ]
+    for kind, shape, axes, keep in empty:
+        x = reduce_operand(kind, shape, "f32")
+        table.add("reduce", f"{kind}_empty", {"kind": kind, "axes": axes, "keepdims": keep},
+                  [arg(x, "f32")],
+                  REDUCE_REF[kind](wide(x), axis=tuple(axes), keepdims=keep),
+                  "f32", "accumulate")
+    others = [  # (kind, dtype, shape, axes, keepdims)
+        ("sum", "f64", [4, 6], [1], False), ("mean", "f64", [2, 3, 4], [0, 2], True),
+        ("max", "f64", [5, 3], [0], False),
+        ("sum", "f16", [4, 16], [1], False), ("mean", "f16", [3, 5, 4], [0, 1, 2], False),
+        ("max", "f16", [6, 5], [0], True),
+        ("sum", "bf16", [4, 16], [1], False), ("mean", "bf16", [8, 3], [0], False),
+        ("min", "bf16", [3, 7], [1], False),
+        ("sum", "i32", [3, 5], [1], False), ("sum", "i32", [2, 3, 4], [0, 1, 2], False),
+        ("max", "i32", [4, 5], [0], True), ("min", "i32", [2, 3, 4], [0, 2], False),
+        ("prod", "i32", [3, 4], [1], False),
+    ]
+    for kind, dtype, shape, axes, keep in others:
+        x = reduce_operand(kind, shape, dtype)
+        table.add("reduce", kind, {"kind": kind, "axes": axes, "keepdims": keep},
+                  [arg(x, dtype)],
+                  REDUCE_REF[kind](wide(x), axis=tuple(axes), keepdims=keep),
+                  dtype, "accumulate")
+
+
+def softmax_ref(x, axis):
+    z = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return z / np.sum(z, axis=axis, keepdims=True)
+
+
+def gen_softmax(table):
+    cases = [  # (shape seen, perm, axis, tag, dtype, input scale)
+        ([3, 5], None, 1, "last", "f32", 2.0),
+        ([3, 5], None, 0, "first", "f32", 2.0),
+        ([2, 3, 4], None, 1, "middle", "f32", 2.0),
+        ([4, 6], None, 1, "large", "f32", 50.0),
+        ([2, 3, 7], None, 2, "large", "f32", 50.0),
+        ([4, 5], [1, 0], 1, "perm", "f32", 2.0),
+        ([2, 3, 4], [2, 0, 1], 2, "perm3d", "f32", 3.0),
+        ([1, 9], None, 1, "row", "f32", 1.0),
+        ([5, 1], None, 1, "singleton", "f32", 1.0),
+        ([3, 8], None, 1, "last", "f16", 3.0),
+        ([2, 6], None, 1, "large", "f16", 50.0),
+        ([3, 6], None, 0, "first", "f64", 5.0),
+    ]
+    for shape, perm, axis, tag, dtype, scale in cases:
+        if scale >= 50:
+            x = uniform(shape, -scale, scale, dtype)
+        else:
+            x = normal(shape, scale, dtype)
+        table.add("softmax", tag, {"axis": axis}, [arg(x, dtype, perm)],
+                  softmax_ref(wide(x), axis), dtype, "accumulate")
+
+
+def gen_norms(table):
+    cases = [  # (x shape, dtype, mean offset, tag)
+        ([2, 8], "f32", 0.0, "basic"),
+        ([3, 4, 16], "f32", 0.0, "rank3"),
+        ([1, 5], "f32", 0.0, "row"),
+        ([4, 32], "f32", 10.0, "offset"),
+        ([6], "f32", 0.0, "rank1"),
+        ([3, 24], "f64", 0.0, "basic"),
+        ([3, 16], "f16", 0.0, "basic"),
+        ([3, 16], "bf16", 0.0, "basic"),
+    ]
+    for shape, dtype, offset, tag in cases:
+        d = shape[-1]
+        x = quantize(rng.standard_normal(shape) * 2.0 + offset, dtype)
+        gamma = uniform([d], 0.5, 1.5, dtype)
+        beta = normal([d], 0.5, dtype)
+        xw, gw, bw = wide(x), wide(gamma), wide(beta)
+
+        eps = 1e-5
+        mean = xw.mean(axis=-1, keepdims=True)
+        var = ((xw - mean) ** 2).mean(axis=-1, keepdims=True)
+        ln = (xw - mean) / np.sqrt(var + eps) * gw + bw
+        table.add("layer_norm", tag, {"eps": eps},
+                  [arg(x, dtype), arg(gamma, dtype), arg(beta, dtype)], ln, dtype,
+                  "accumulate")
+
+        eps = 1e-6
+        rms = xw / np.sqrt((xw**2).mean(axis=-1, keepdims=True) + eps) * gw
+        table.add("rms_norm", tag, {"eps": eps}, [arg(x, dtype), arg(gamma, dtype)],
+                  rms, dtype, "accumulate")
+
+
+def gen_cumsum(table):
+    cases = [  # (shape seen, perm, axis, dtype)
+        ([6], None, 0, "f32"),
+        ([3, 4], None, 1, "f32"),
+        ([3, 4], None, 0, "f32"),
+        ([2, 3, 4], None, 1, "f32"),
+        ([4, 5], [1, 0], 1, "f32"),
+        ([1, 0], None, 1, "f32"),
+        ([5, 3], None, 0, "i32"),
+        ([2, 7], None, 1, "i32"),
+    ]
+    for shape, perm, axis, dtype in cases:
+        x = integers(shape, -20, 21, dtype) if dtype in INTS else normal(shape, 1.0, dtype)
+        table.add("cumsum", f"axis{axis}", {"axis": axis}, [arg(x, dtype, perm)],
+                  np.cumsum(wide(x), axis=axis), dtype, "accumulate")
+
+
+def gen_topk(table):
+    cases = [  # (shape, k, dtype, ties allowed)
+        ([3, 10], 3, "f32", False),
+        ([8], 1, "f32", False),
+        ([2, 3, 6], 6, "f32", False),
+        ([4, 16], 5, "f32", False),
+        ([1, 5], 2, "f32", False),
+        ([2, 9], 4, "i32", False),
+        ([3, 8], 3, "f32", True),   # values only: ties are fine there
+    ]
+    for shape, k, dtype, ties in cases:
+        if ties:
+            x = integers(shape, -3, 4, dtype)
+        elif dtype in INTS:
+            n = int(np.prod(shape))
+            x = quantize((rng.permutation(n) - n // 2).reshape(shape), dtype)
+        else:
+            x = distinct(shape, dtype)
+        values, indices = lax.top_k(x, k)
+        table.add("topk_values", f"k{k}", {"k": k}, [arg(x, dtype)],
+                  np.asarray(values), dtype, "exact")
+        if not ties:
+            table.add("topk_indices", f"k{k}", {"k": k}, [arg(x, dtype)],
+                      np.asarray(indices), "i32", "exact")
+
+
+# ---------------------------------------------------------------------------
+# Data movement: reshape, transpose, narrow, concat, expand, gather, scatter
+# ---------------------------------------------------------------------------
+
+
+def any_values(shape, dtype):
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype in INTS:
+        return integers(shape, -100, 101, dtype)
+    return normal(shape, 1.0, dtype)
+
+
+def gen_reshape(table):
+    cases = [  # (shape seen, perm, new shape, dtype)
+        ([2, 3, 4], None, [6, 4], "f32"),
+        ([6], None, [2, 3], "f32"),
+        ([2, 3], None, [3, 2], "f32"),
+        ([12], None, [1, 12, 1], "f32"),
+        ([1, 1], None, [], "f32"),
+        ([], None, [1, 1, 1], "f32"),
+        ([3, 4], [1, 0], [12], "f32"),          # non-contiguous input: needs a copy
+        ([2, 3, 4], [2, 1, 0], [4, 6], "f32"),
+        ([0, 3], None, [3, 0], "f32"),
+        ([2, 6], None, [3, 4], "i32"),
+        ([4, 2], None, [8], "bool"),
+        ([2, 2, 2], None, [4, 2], "f16"),
+    ]
+    for shape, perm, new_shape, dtype in cases:
+        x = any_values(shape, dtype)
+        table.add("reshape", "r", {"shape": new_shape}, [arg(x, dtype, perm)],
+                  np.reshape(x, new_shape), dtype, "exact")
+
+
+def gen_transpose(table):
+    cases = [
+        ([2, 3], [1, 0], "f32"),
+        ([2, 3, 4], [2, 0, 1], "f32"),
+        ([2, 3, 4], [0, 2, 1], "f32"),
+        ([2, 3, 4], [0, 1, 2], "f32"),
+        ([2, 3, 4, 5], [0, 2, 1, 3], "f32"),
+        ([2, 3, 4, 5], [3, 1, 2, 0], "f32"),
+        ([1, 4, 1, 3], [2, 3, 0, 1], "f32"),
+        ([3, 0, 2], [2, 1, 0], "f32"),
+        ([3, 5], [1, 0], "i64"),
+        ([2, 3, 4], [1, 2, 0], "f16"),
+        ([2, 2, 3], [2, 1, 0], "bool"),
+    ]
+    for shape, perm, dtype in cases:
+        x = any_values(shape, dtype)
+        table.add("transpose", f"rank{len(shape)}", {"perm": perm}, [arg(x, dtype)],
+                  np.transpose(x, perm), dtype, "exact")
+
+
+def gen_narrow(table):
+    cases = [  # (shape seen, perm, axis, start, len, dtype)
+        ([5, 4], None, 0, 1, 3, "f32"),
+        ([5, 4], None, 1, 2, 2, "f32"),
+        ([5, 4], None, 0, 2, 0, "f32"),
+        ([2, 6, 3], None, 1, 4, 2, "f32"),
+        ([2, 6, 3], None, 2, 0, 3, "f32"),
+        ([4, 6], [1, 0], 1, 1, 2, "f32"),
+        ([7], None, 0, 6, 1, "i32"),
+        ([3, 8], None, 1, 3, 4, "bf16"),
+    ]
+    for shape, perm, axis, start, length, dtype in cases:
+        x = any_values(shape, dtype)
+        index = [slice(None)] * len(shape)
+        index[axis] = slice(start, start + length)
+        table.add("narrow", f"axis{axis}", {"axis": axis, "start": start, "len": length},
+                  [arg(x, dtype, perm)], x[tuple(index)], dtype, "exact")
+
+
+def gen_concat(table):
+    cases = [  # (list of (shape seen, perm), axis, dtype)
+        ([([2, 3], None), ([4, 3], None)], 0, "f32"),
+        ([([2, 3], None), ([2, 1], None), ([2, 5], None)], 1, "f32"),
+        ([([2, 3, 2], None), ([2, 3, 4], None)], 2, "f32"),
+        ([([2, 3, 4], None), ([2, 1, 4], None), ([2, 2, 4], None)], 1, "f32"),
+        ([([0, 3], None), ([2, 3], None)], 0, "f32"),
+        ([([3, 4], [1, 0]), ([3, 2], None)], 1, "f32"),
+        ([([4, 3], [1, 0]), ([4, 3], [1, 0])], 0, "f32"),
+        ([([5], None), ([3], None)], 0, "i32"),
+        ([([2, 2], None), ([2, 3], None)], 1, "bool"),
+        ([([1, 8], None), ([2, 8], None)], 0, "f16"),
+    ]
+    for parts, axis, dtype in cases:
+        values = [any_values(s, dtype) for s, _ in parts]
+        args = [arg(v, dtype, p) for v, (_, p) in zip(values, parts)]
+        table.add("concat", f"axis{axis}", {"axis": axis}, args,
+                  np.concatenate(values, axis=axis), dtype, "exact")
+
+
+def gen_expand(table):
+    cases = [  # (shape, target shape, dtype)
+        ([3, 1], [3, 4], "f32"),
+        ([4], [2, 3, 4], "f32"),
+        ([], [2, 2], "f32"),
+        ([1, 1], [5, 6], "f32"),
+        ([2, 1, 3], [2, 4, 3], "f32"),
+        ([1, 3], [2, 1, 3], "f32"),
+        ([2, 3], [2, 3], "f32"),
+        ([1, 3], [0, 3], "f32"),
+        ([3, 1], [3, 5], "i32"),
+        ([1, 4], [3, 4], "bool"),
+    ]
+    for shape, target, dtype in cases:
+        x = any_values(shape, dtype)
+        table.add("expand", "e", {"shape": target}, [arg(x, dtype)],
+                  np.broadcast_to(x, target), dtype, "exact")
+
+
+def gen_gather(table):
+    cases = [  # (x shape, axis, index shape, index dtype, x dtype)
+        ([5, 3], 0, [4], "i32", "f32"),
+        ([3, 6], 1, [5], "i32", "f32"),
+        ([5, 3], 0, [], "i32", "f32"),
+        ([5, 3], 0, [2, 3], "i64", "f32"),
+        ([2, 4, 3], 1, [2, 2], "i64", "f32"),
+        ([2, 4, 3], 2, [4], "i32", "f32"),
+        ([6], 0, [8], "i32", "f32"),
+        ([4, 2], 0, [0], "i32", "f32"),
+        ([10, 4], 0, [3, 2], "i32", "i32"),
+        ([7, 5], 0, [3], "i64", "bf16"),
+    ]
+    for shape, axis, idx_shape, idx_dtype, dtype in cases:
+        x = any_values(shape, dtype)
+        idx = integers(idx_shape, 0, shape[axis], idx_dtype)
+        if idx.size >= 3:  # make sure there is at least one repeated index
+            idx.reshape(-1)[-1] = idx.reshape(-1)[0]
+        table.add("gather", f"axis{axis}", {"axis": axis}, [arg(x, dtype), arg(idx, idx_dtype)],
+                  np.take(x, idx, axis=axis), dtype, "exact")
+
+
+def gen_scatter_add(table):
+    cases = [  # (x shape, axis, M, dtype)
+        ([5, 3], 0, 4, "f32"),
+        ([3, 6], 1, 5, "f32"),
+        ([2, 4, 3], 1, 6, "f32"),
+        ([6], 0, 8, "f32"),
+        ([4, 2], 0, 0, "f32"),
+        ([5, 3], 0, 7, "i32"),
+    ]
+    for shape, axis, m, dtype in cases:
+        x = any_values(shape, dtype)
+        idx = integers([m], 0, shape[axis], "i32")
+        if m >= 2:  # guarantee duplicates
+            idx[-1] = idx[0]
+        upd_shape = list(shape)
+        upd_shape[axis] = m
+        updates = any_values(upd_shape, dtype)
+        out = wide(x).copy()
+        np.add.at(np.moveaxis(out, axis, 0), idx, np.moveaxis(wide(updates), axis, 0))
+        table.add("scatter_add", f"axis{axis}", {"axis": axis},
+                  [arg(x, dtype), arg(idx, "i32"), arg(updates, dtype)], out, dtype,
+                  "accumulate")
+
+
+# ---------------------------------------------------------------------------
+# Attention and rotary embeddings
+# ---------------------------------------------------------------------------
+
+
+def attention_ref(q, k, v, mask, window, scale, custom_mask):
+    """softmax(q k^T * scale + mask) v with grouped-query head mapping."""
+    _, hq, sq, _ = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    group = hq // hkv
+    k = np.repeat(k, group, axis=1)  # query head h reads kv head h // group
+    v = np.repeat(v, group, axis=1)
+    scores = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    i = np.arange(sq)[:, None] + (sk - sq)  # absolute position of each query
+    j = np.arange(sk)[None, :]
+    if mask == "none":
+        allowed = np.ones((sq, sk), bool)
+    elif mask == "causal":
+        allowed = j <= i
+    elif mask == "sliding_window":
+        allowed = (j <= i) & (j > i - window)
+    elif mask == "custom":
+        allowed = np.ones((sq, sk), bool)
+        scores = scores + custom_mask
+    else:
+        raise ValueError(mask)
+    assert allowed.any(axis=1).all()
+    scores = np.where(allowed, scores, -np.inf)
+    return np.einsum("bhqk,bhkd->bhqd", softmax_ref(scores, -1), v)
+
+
+def gen_attention(table):
+    cases = [  # (B, Hq, Hkv, Sq, Sk, D, Dv, mask, window, scale, dtype)
+        (1, 2, 2, 4, 4, 8, 8, "none", None, None, "f32"),
+        (1, 2, 2, 5, 5, 8, 8, "causal", None, None, "f32"),
+        (1, 2, 2, 1, 7, 8, 8, "causal", None, None, "f32"),
+        (1, 2, 2, 1, 7, 8, 8, "none", None, None, "f32"),
+        (2, 4, 2, 3, 6, 8, 8, "causal", None, None, "f32"),
+        (1, 4, 1, 4, 4, 16, 16, "none", None, None, "f32"),
+        (1, 4, 1, 1, 7, 16, 16, "causal", None, None, "f32"),
+        (1, 2, 2, 4, 6, 8, 4, "causal", None, None, "f32"),
+        (2, 2, 1, 5, 5, 4, 6, "none", None, 0.5, "f32"),
+        (1, 2, 2, 6, 6, 8, 8, "sliding_window", 3, None, "f32"),
+        (1, 4, 2, 2, 7, 8, 8, "sliding_window", 4, None, "f32"),
+        (1, 2, 2, 4, 5, 8, 8, "custom", None, None, "f32"),
+        (1, 4, 2, 3, 3, 8, 8, "custom", None, None, "f32"),
+        (1, 2, 1, 5, 5, 16, 16, "causal", None, None, "f16"),
+        (1, 2, 2, 3, 3, 8, 8, "none", None, None, "bf16"),
+    ]
+    for b, hq, hkv, sq, sk, d, dv, mask, window, scale, dtype in cases:
+        scale = 1.0 / math.sqrt(d) if scale is None else scale
+        q = normal([b, hq, sq, d], 1.0, dtype)
+        k = normal([b, hkv, sk, d], 1.0, dtype)
+        v = normal([b, hkv, sk, dv], 1.0, dtype)
+        args = [arg(q, dtype), arg(k, dtype), arg(v, dtype)]
+        attrs = {"mask": mask}
+        if mask == "sliding_window":
+            attrs["window"] = window
+        attrs["scale"] = scale
+        custom = None
+        if mask == "custom":
+            blocked = rng.random((sq, sk)) < 0.4
+            blocked[np.arange(sq), rng.integers(0, sk, sq)] = False  # >=1 open per row
+            custom = np.where(blocked, -1e9, 0.0).astype(np.float32)
+            args.append(arg(custom, "f32"))
+        ref = attention_ref(wide(q), wide(k), wide(v), mask, window, scale,
+                            None if custom is None else wide(custom))
+        table.add("attention", mask, attrs, args, ref, dtype, "accumulate")
+
+
+def rope_ref(x, positions, theta, interleaved):
+    d = x.shape[-1]
+    half = d // 2
+    inv_freq = theta ** (-2.0 * np.arange(half) / d)
+    angle = positions[:, None] * inv_freq[None, :]  # [S, half]
+    cos, sin = np.cos(angle), np.sin(angle)
+    out = np.empty_like(x)
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = a * sin + b * cos
+    else:
+        a, b = x[..., :half], x[..., half:]
+        out[..., :half] = a * cos - b * sin
+        out[..., half:] = a * sin + b * cos
+    return out
+
+
+def gen_rope(table):
+    cases = [  # (x shape [B,H,S,D], positions, theta, interleaved, dtype)
+        ([1, 2, 3, 4], [5, 6, 7], 10000.0, False, "f32"),
+        ([1, 2, 3, 4], [5, 6, 7], 10000.0, True, "f32"),
+        ([2, 1, 3, 8], [0, 3, 9], 10000.0, False, "f32"),
+        ([2, 1, 3, 8], [0, 3, 9], 10000.0, True, "f32"),
+        ([1, 3, 4, 16], [0, 1, 2, 3], 10000.0, False, "f32"),
+        ([1, 2, 1, 8], [17], 10000.0, True, "f32"),
+        ([1, 2, 5, 8], [2, 4, 6, 8, 10], 500000.0, False, "f32"),
+        ([1, 2, 3, 8], [1, 2, 3], 10000.0, False, "f16"),
+        ([1, 2, 3, 8], [4, 0, 2], 10000.0, True, "bf16"),
+    ]
+    for shape, positions, theta, interleaved, dtype in cases:
+        x = normal(shape, 1.0, dtype)
+        pos = np.asarray(positions, np.int32)
+        table.add("rope", "interleaved" if interleaved else "half",
+                  {"theta": theta, "interleaved": interleaved},
+                  [arg(x, dtype), arg(pos, "i32")],
+                  rope_ref(wide(x), wide(pos), theta, interleaved), dtype, "accumulate")
+
+
+# ---------------------------------------------------------------------------
+# Convolution and pooling
+# ---------------------------------------------------------------------------
+
+
+def gen_conv(table):
+    cases = [  # (x shape, w shape, stride, padding, dilation, groups, tag, dtype)
+        ([1, 2, 8], [3, 2, 3], [1], [[0, 0]], [1], 1, "1d", "f32"),
+        ([2, 3, 9], [4, 3, 3], [2], [[1, 1]], [1], 1, "1d_stride2", "f32"),
+        ([1, 2, 10], [2, 2, 3], [1], [[2, 1]], [2], 1, "1d_dilation_asym", "f32"),
+        ([2, 4, 9], [6, 2, 3], [1], [[1, 1]], [1], 2, "1d_groups2", "f32"),
+        ([1, 3, 12], [3, 1, 5], [1], [[2, 2]], [1], 3, "1d_depthwise", "f32"),
+        ([1, 3, 6, 6], [4, 3, 3, 3], [1, 1], [[1, 1], [1, 1]], [1, 1], 1, "2d", "f32"),
+        ([2, 2, 7, 6], [3, 2, 3, 3], [2, 2], [[0, 1], [1, 0]], [1, 1], 1,
+         "2d_stride2_asym", "f32"),
+        ([1, 2, 8, 8], [2, 2, 3, 3], [1, 1], [[2, 2], [1, 1]], [2, 2], 1, "2d_dilation2",
+         "f32"),
+        ([1, 4, 5, 5], [4, 2, 3, 3], [1, 1], [[1, 1], [1, 1]], [1, 1], 2, "2d_groups2",
+         "f32"),
+        ([2, 3, 6, 6], [3, 1, 3, 3], [1, 1], [[1, 1], [1, 1]], [1, 1], 3, "2d_depthwise",
+         "f32"),
+        ([1, 3, 5, 5], [6, 1, 3, 3], [2, 1], [[1, 1], [0, 0]], [1, 1], 3,
+         "2d_depthwise_mult2", "f32"),
+        ([1, 4, 5, 7], [3, 4, 1, 1], [1, 2], [[0, 0], [0, 0]], [1, 1], 1, "2d_pointwise",
+         "f32"),
+        ([1, 2, 5, 5], [2, 2, 3, 3], [1, 1], [[1, 1], [1, 1]], [1, 1], 1, "2d", "f64"),
+        ([1, 2, 6, 6], [4, 2, 3, 3], [1, 1], [[1, 1], [1, 1]], [1, 1], 1, "2d", "f16"),
+    ]
+    for xs, ws, stride, padding, dilation, groups, tag, dtype in cases:
+        x, w = normal(xs, 1.0, dtype), normal(ws, 0.5, dtype)
+        out = lax.conv_general_dilated(
+            wide(x), wide(w), window_strides=tuple(stride),
+            padding=[tuple(p) for p in padding], rhs_dilation=tuple(dilation),
+            feature_group_count=groups)
+        attrs = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups}
+        table.add("conv", tag, attrs, [arg(x, dtype), arg(w, dtype)], np.asarray(out),
+                  dtype, "accumulate")
+
+
+def pool_ref(x, kind, kernel, stride, padding):
+    """N-d pooling over the trailing dims of an [N, C, ...] array. Padding is
+    ignored by both kinds (max never picks it, mean divides by the number of
+    real elements in the window)."""
+    n, c = x.shape[:2]
+    spatial = x.shape[2:]
+    padded = np.pad(x, [(0, 0), (0, 0)] + [tuple(p) for p in padding],
+                    constant_values=np.nan)
+    out_sizes = [(size + lo + hi - k) // s + 1
+                 for size, (lo, hi), k, s in zip(spatial, padding, kernel, stride)]
+    out = np.empty([n, c] + out_sizes)
+    for pos in itertools.product(*[range(o) for o in out_sizes]):
+        window = padded[(Ellipsis,) + tuple(
+            slice(p * s, p * s + k) for p, s, k in zip(pos, stride, kernel))]
+        window = window.reshape(n, c, -1)
+        assert not np.isnan(window).all(axis=-1).any(), "window with only padding"
+        reduce = np.nanmax if kind == "max" else np.nanmean
+        out[(Ellipsis,) + pos] = reduce(window, axis=-1)
+    return out
+
+
+def gen_pool(table):
+    cases = [  # (x shape, kind, kernel, stride, padding, dtype)
+        ([1, 2, 8], "max", [3], [1], [[0, 0]], "f32"),
+        ([2, 3, 8], "mean", [2], [2], [[0, 0]], "f32"),
+        ([1, 2, 9], "max", [3], [2], [[1, 1]], "f32"),
+        ([1, 2, 7], "mean", [3], [2], [[1, 2]], "f32"),
+        ([1, 2, 6, 6], "max", [2, 2], [2, 2], [[0, 0], [0, 0]], "f32"),
+        ([2, 2, 5, 5], "mean", [3, 3], [1, 1], [[1, 1], [1, 1]], "f32"),
+        ([1, 3, 7, 6], "mean", [3, 3], [2, 2], [[1, 0], [0, 1]], "f32"),
+        ([1, 2, 6, 7], "max", [2, 3], [1, 2], [[1, 0], [0, 2]], "f32"),
+        ([1, 2, 5, 5], "max", [3, 3], [2, 2], [[1, 1], [1, 1]], "f16"),
+        ([1, 1, 4, 6], "mean", [2, 2], [2, 2], [[0, 0], [1, 1]], "f64"),
+    ]
+    for shape, kind, kernel, stride, padding, dtype in cases:
+        for (lo, hi), k in zip(padding, kernel):
+            assert lo < k and hi < k, "every window must hold a real element"
+        x = normal(shape, 1.0, dtype)
+        attrs = {"kind": kind, "kernel": kernel, "stride": stride, "padding": padding}
+        table.add("pool", f"{kind}{len(kernel)}d", attrs, [arg(x, dtype)],
+                  pool_ref(wide(x), kind, kernel, stride, padding), dtype,
+                  "exact" if kind == "max" else "accumulate")
+
+
+# ---------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------
+
+GENERATORS = [
+    gen_binary, gen_compare, gen_where, gen_unary, gen_cast, gen_matmul,
+    gen_dot_general, gen_reduce, gen_softmax, gen_norms, gen_reshape,
+    gen_transpose, gen_narrow, gen_concat, gen_expand, gen_gather,
+    gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
+    gen_pool,
+]
+
+
+def main():
+    table = CaseTable()
+    for gen in GENERATORS:
+        gen(table)
+
+    names = [c["name"] for c in table.cases]
+    assert len(names) == len(set(names)), "duplicate case names"
+
+    header = {"generator": "gen_ops.py", "numpy": np.__version__, "jax": jax.__version__}
+    # One case per line keeps diffs of the golden file reviewable.
+    lines = [json.dumps(c, allow_nan=False, separators=(",", ":")) for c in table.cases]
+    text = json.dumps(header, allow_nan=False)[:-1] + ', "cases": [\n'
+    text += ",\n".join(lines) + "\n]}\n"
+    json.loads(text)  # sanity check: the file is valid JSON
+    OUT_PATH.write_text(text)
+
+    width = max(len(op) for op in table.per_op)
+    for op, count in sorted(table.per_op.items()):
+        print(f"  {op:<{width}}  {count}")
+    print(f"wrote {len(table.cases)} cases to {OUT_PATH} ({len(text) / 1e6:.2f} MB)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,205 @@
+//! The op table: every case in `golden/ops.json` (computed with numpy / JAX by
+//! `golden/gen_ops.py`; regenerate with `scripts/regen-goldens.sh`) is built as a one-op graph,
+//! compiled for the CPU and compared with the reference within the case's tolerance.
+
+mod common;
+
+use common::{decode, encode};
+use rlx::prelude::*;
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+fn usizes(v: &Value) -> Vec<usize> {
+    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("uint") as usize).collect()
+}
+
+fn pairs(v: &Value) -> Vec<(usize, usize)> {
+    v.as_array().expect("array").iter().map(|p| { let p = usizes(p); (p[0], p[1]) }).collect()
+}
+
+fn dtype(v: &Value) -> DType {
+    DType::from_name(v.as_str().expect("dtype")).expect("known dtype")
+}
+
+/// The op a case names.
+fn op_of(name: &str, a: &Value) -> Op {
+    let u = |k: &str| a[k].as_u64().unwrap_or_else(|| panic!("attr {k}")) as usize;
+    let f = |k: &str| a[k].as_f64().unwrap_or_else(|| panic!("attr {k}")) as f32;
+    let act = |x| Op::Activation(x);
+    match name {
+        "add" => Op::Binary(BinaryOp::Add),
+        "sub" => Op::Binary(BinaryOp::Sub),
+        "mul" => Op::Binary(BinaryOp::Mul),
+        "div" => Op::Binary(BinaryOp::Div),
+        "max" => Op::Binary(BinaryOp::Max),
+        "min" => Op::Binary(BinaryOp::Min),
+        "pow" => Op::Binary(BinaryOp::Pow),
+        "eq" => Op::Compare(CmpOp::Eq),
+        "ne" => Op::Compare(CmpOp::Ne),
+        "lt" => Op::Compare(CmpOp::Lt),
+        "le" => Op::Compare(CmpOp::Le),
+        "gt" => Op::Compare(CmpOp::Gt),
+        "ge" => Op::Compare(CmpOp::Ge),
+        "where" => Op::Where,
+        "gelu" => act(Activation::Gelu),
+        "gelu_approx" => act(Activation::GeluApprox),
+        "silu" => act(Activation::Silu),
+        "relu" => act(Activation::Relu),
+        "sigmoid" => act(Activation::Sigmoid),
+        "tanh" => act(Activation::Tanh),
+        "exp" => act(Activation::Exp),
+        "log" => act(Activation::Log),
+        "sqrt" => act(Activation::Sqrt),
+        "rsqrt" => act(Activation::Rsqrt),
+        "neg" => act(Activation::Neg),
+        "abs" => act(Activation::Abs),
+        "sin" => act(Activation::Sin),
+        "cos" => act(Activation::Cos),
+        "tan" => act(Activation::Tan),
+        "atan" => act(Activation::Atan),
+        "round" => act(Activation::Round),
+        "cast" => Op::Cast { to: dtype(&a["to"]) },
+        "matmul" => Op::MatMul,
+        "dot_general" => Op::DotGeneral(DotDims {
+            lhs_contract: usizes(&a["lhs_contract"]),
+            rhs_contract: usizes(&a["rhs_contract"]),
+            lhs_batch: usizes(&a["lhs_batch"]),
+            rhs_batch: usizes(&a["rhs_batch"]),
+        }),
+        "reduce" => Op::Reduce {
+            kind: match a["kind"].as_str().expect("kind") {
+                "sum" => ReduceKind::Sum,
+                "mean" => ReduceKind::Mean,
+                "max" => ReduceKind::Max,
+                "min" => ReduceKind::Min,
+                "prod" => ReduceKind::Prod,
+                k => panic!("reduce kind {k}"),
+            },
+            axes: usizes(&a["axes"]),
+            keepdims: a["keepdims"].as_bool().expect("keepdims"),
+        },
+        "softmax" => Op::Softmax { axis: u("axis") },
+        "layer_norm" => Op::LayerNorm { eps: f("eps") },
+        "rms_norm" => Op::RmsNorm { eps: f("eps") },
+        "reshape" => Op::Reshape { shape: usizes(&a["shape"]) },
+        "transpose" => Op::Transpose { perm: usizes(&a["perm"]) },
+        "narrow" => Op::Narrow { axis: u("axis"), start: u("start"), len: u("len") },
+        "concat" => Op::Concat { axis: u("axis") },
+        "expand" => Op::Expand { shape: usizes(&a["shape"]) },
+        "gather" => Op::Gather { axis: u("axis") },
+        "scatter_add" => Op::ScatterAdd { axis: u("axis") },
+        "cumsum" => Op::Cumsum { axis: u("axis") },
+        "topk_values" => Op::TopK { k: u("k"), output: TopKOutput::Values },
+        "topk_indices" => Op::TopK { k: u("k"), output: TopKOutput::Indices },
+        "attention" => Op::Attention {
+            mask: match a["mask"].as_str().expect("mask") {
+                "none" => MaskKind::None,
+                "causal" => MaskKind::Causal,
+                "sliding_window" => MaskKind::SlidingWindow(u("window")),
+                "custom" => MaskKind::Custom,
+                m => panic!("mask {m}"),
+            },
+            scale: f("scale"),
+        },
+        "rope" => Op::Rope { theta: f("theta"), interleaved: a["interleaved"].as_bool().expect("interleaved") },
+        "conv" => Op::Conv(ConvAttrs {
+            stride: usizes(&a["stride"]),
+            padding: pairs(&a["padding"]),
+            dilation: usizes(&a["dilation"]),
+            groups: u("groups"),
+        }),
+        "pool" => Op::Pool(PoolAttrs {
+            kind: if a["kind"] == "max" { PoolKind::Max } else { PoolKind::Mean },
+            kernel: usizes(&a["kernel"]),
+            stride: usizes(&a["stride"]),
+            padding: pairs(&a["padding"]),
+        }),
+        other => panic!("the op table names an unknown op {other}"),
+    }
+}
+
+/// Build, compile and run one case; `Err` describes a mismatch.
+fn run_case(case: &Value, optimize: bool) -> Result<(), String> {
+    let name = case["name"].as_str().expect("name");
+    let mut g = Graph::new(name);
+    let mut args = Vec::new();
+    let mut feeds = Vec::new();
+    for (i, inp) in case["inputs"].as_array().expect("inputs").iter().enumerate() {
+        let dt = dtype(&inp["dtype"]);
+        let dims = usizes(&inp["shape"]);
+        let data: Vec<f64> = inp["data"].as_array().expect("data").iter().map(|v| v.as_f64().expect("number")).collect();
+        let id = g.input(&format!("in{i}"), Shape::new(&dims, dt));
+        let id = match inp.get("perm") {
+            Some(p) => g.transpose(id, &usizes(p)),
+            None => id,
+        };
+        args.push(id);
+        feeds.push((format!("in{i}"), encode(&data, dt), dt));
+    }
+    let op = op_of(case["op"].as_str().expect("op"), &case["attrs"]);
+    let out = g.try_op(op, &args).map_err(|e| format!("building: {e}"))?;
+    g.set_outputs(vec![out]);
+    let want = &case["expected"];
+    let want_dt = dtype(&want["dtype"]);
+    let want_dims = usizes(&want["shape"]);
+    if *g.shape(out) != Shape::new(&want_dims, want_dt) {
+        return Err(format!("shape {} but reference is {want_dt}{want_dims:?}", g.shape(out)));
+    }
+    let session = if optimize { Session::new(Device::Cpu) } else { Session::new(Device::Cpu).without_optimizations() };
+    let mut c = session.try_compile(g).map_err(|e| format!("compiling: {e}"))?;
+    let feeds_ref: Vec<(&str, &[u8], DType)> = feeds.iter().map(|(n, b, d)| (n.as_str(), b.as_slice(), *d)).collect();
+    let outs = c.try_run_typed(&feeds_ref).map_err(|e| format!("running: {e}"))?;
+    let got = decode(&outs[0].0, outs[0].1);
+    let exp: Vec<f64> = want["data"].as_array().expect("data").iter().map(|v| v.as_f64().expect("number")).collect();
+    // The file holds the shortest decimal of each value in its dtype; round it back to that dtype.
+    let exp = decode(&encode(&exp, want_dt), want_dt);
+    let (rtol, atol) = (case["rtol"].as_f64().unwrap_or(0.0), case["atol"].as_f64().unwrap_or(0.0));
+    if got.len() != exp.len() {
+        return Err(format!("{} values, reference has {}", got.len(), exp.len()));
+    }
+    for (i, (g, e)) in got.iter().zip(&exp).enumerate() {
+        if (g - e).abs() > atol + rtol * e.abs() || g.is_nan() {
+            return Err(format!("element {i}: got {g}, reference {e} (rtol {rtol}, atol {atol})"));
+        }
+    }
+    Ok(())
+}
+
+fn cases() -> Vec<Value> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/ops.json")).expect("golden file");
+    let v: Value = serde_json::from_str(&text).expect("golden json");
+    v["cases"].as_array().expect("cases").clone()
+}
+
+fn check_all(optimize: bool) {
+    let cases = cases();
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|c| run_case(c, optimize).err().map(|e| format!("{}: {e}", c["name"].as_str().unwrap_or("?"))))
+        .collect();
+    assert!(failures.is_empty(), "{} of {} cases fail:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+#[test]
+fn every_case_matches_the_reference() {
+    check_all(true);
+}
+
+#[test]
+fn every_case_matches_without_optimizations() {
+    check_all(false);
+}
+
+/// Every op of the IR appears in the table (a new op needs its row).
+#[test]
+fn the_table_covers_every_op() {
+    let covered: BTreeSet<String> = cases().iter().map(|c| op_of(c["op"].as_str().unwrap(), &c["attrs"]).name().to_string()).collect();
+    let ops = [
+        "add", "sub", "mul", "div", "max", "min", "pow", "eq", "ne", "lt", "le", "gt", "ge", "where", "gelu", "gelu_approx", "silu",
+        "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "neg", "abs", "sin", "cos", "tan", "atan", "round", "cast",
+        "matmul", "dot_general", "reduce", "softmax", "layer_norm", "rms_norm", "reshape", "transpose", "narrow", "concat",
+        "expand", "gather", "scatter_add", "cumsum", "topk", "attention", "rope", "conv", "pool",
+    ];
+    let missing: Vec<&str> = ops.iter().copied().filter(|o| !covered.contains(*o)).collect();
+    assert!(missing.is_empty(), "ops without golden cases: {missing:?}");
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Regenerate all golden reference files (currently crates/rlx/tests/golden/ops.json).
+#
+# Sets up the pinned Python environment (scripts/setup-pyenv.sh) and runs the
+# generators with it. The output is deterministic: running this twice with the
+# same pinned versions produces byte-identical files.
+#
+# Usage: scripts/regen-goldens.sh
+set -euo pipefail
+
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(git -C "$SCRIPT_DIR" rev-parse --show-toplevel 2>/dev/null || (cd "$SCRIPT_DIR/.." && pwd))"
+
+"$SCRIPT_DIR/setup-pyenv.sh"
+
+cd "$REPO"
+.venv/bin/python crates/rlx/tests/golden/gen_ops.py

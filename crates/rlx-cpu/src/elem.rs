@@ -36,7 +36,7 @@ pub trait Elem: Copy + Send + Sync + PartialOrd + PartialEq + 'static {
     /// Maximum (NaN wins).
     #[inline(always)]
     fn max_of(self, o: Self) -> Self {
-        if self >= o || self != self {
+        if self >= o || self.partial_cmp(&self).is_none() {
             self
         } else {
             o
@@ -45,7 +45,7 @@ pub trait Elem: Copy + Send + Sync + PartialOrd + PartialEq + 'static {
     /// Minimum (NaN wins).
     #[inline(always)]
     fn min_of(self, o: Self) -> Self {
-        if self <= o || self != self {
+        if self <= o || self.partial_cmp(&self).is_none() {
             self
         } else {
             o
@@ -148,11 +148,11 @@ pub trait Real: Copy + Send + Sync + PartialOrd + 'static
 }
 
 macro_rules! real {
-    ($t:ty, $erf:path) => {
+    ($t:ty, $erf:path, $exp:path) => {
         impl Real for $t {
             #[inline(always)] fn c(v: f64) -> Self { v as $t }
             #[inline(always)] fn f64(self) -> f64 { self as f64 }
-            #[inline(always)] fn exp(self) -> Self { <$t>::exp(self) }
+            #[inline(always)] fn exp(self) -> Self { $exp(self) }
             #[inline(always)] fn ln(self) -> Self { <$t>::ln(self) }
             #[inline(always)] fn sqrt(self) -> Self { <$t>::sqrt(self) }
             #[inline(always)] fn tanh(self) -> Self { <$t>::tanh(self) }
@@ -167,8 +167,8 @@ macro_rules! real {
         }
     };
 }
-real!(f32, libm::erff);
-real!(f64, libm::erf);
+real!(f32, libm::erff, crate::math::exp_f32);
+real!(f64, libm::erf, f64::exp);
 
 /// A floating-point storage type and its compute type.
 pub trait FloatElem: Elem {

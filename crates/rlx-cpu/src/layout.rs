@@ -81,9 +81,9 @@ impl Layout {
     pub fn broadcast_to(&self, dims: &[usize]) -> Layout {
         let mut l = Layout { rank: dims.len(), dims: [0; MAX_RANK], strides: [0; MAX_RANK], offset: self.offset };
         let shift = dims.len() - self.rank;
-        for i in 0..dims.len() {
-            l.dims[i] = dims[i];
-            l.strides[i] = if i < shift || self.dims[i - shift] != dims[i] { 0 } else { self.strides[i - shift] };
+        for (i, &d) in dims.iter().enumerate() {
+            l.dims[i] = d;
+            l.strides[i] = if i < shift || self.dims[i - shift] != d { 0 } else { self.strides[i - shift] };
         }
         l
     }

@@ -13,6 +13,7 @@ mod buffer;
 pub mod elem;
 pub mod kernels;
 pub mod layout;
+pub mod math;
 pub mod pool;
 mod program;
 

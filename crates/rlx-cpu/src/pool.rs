@@ -108,18 +108,26 @@ impl Pool {
             }
         }
         let workers = self.handles.len();
-        // The caller works too, as thread `workers`.
-        loop {
+        // The caller works too, as thread `workers`. A panic here must not unwind before the
+        // workers are done with `f`, which lives in this frame.
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
             let t = s.next.fetch_add(1, Ordering::Relaxed);
             if t >= tasks {
                 break;
             }
             f(t, workers);
+        }));
+        if mine.is_err() {
+            // Stop handing out tasks, then wait for the workers as usual.
+            s.next.store(tasks, Ordering::Relaxed);
         }
         while s.done.load(Ordering::Acquire) < workers {
             std::hint::spin_loop();
         }
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Err(p) = mine {
+            std::panic::resume_unwind(p);
+        }
         if s.panicked.swap(false, Ordering::Relaxed) {
             panic!("an RLX kernel panicked on a worker thread");
         }

@@ -5,16 +5,10 @@ use rlx_ir::{Graph, NodeId, Result, Shape};
 use std::sync::{Arc, RwLock};
 
 /// Options a backend receives when compiling.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct CompileOptions {
     /// Worker threads for kernels (`None`: one per available core).
     pub threads: Option<usize>,
-}
-
-impl Default for CompileOptions {
-    fn default() -> Self {
-        CompileOptions { threads: None }
-    }
 }
 
 /// A named, shaped input, param or output slot of an [`Executable`].

@@ -69,10 +69,7 @@ impl Device {
 
     /// Whether the backend is compiled into this build through a cargo feature.
     pub fn is_built_in(self) -> bool {
-        match self {
-            Device::Cpu => cfg!(feature = "cpu"),
-            _ => false,
-        }
+        self == Device::Cpu && cfg!(feature = "cpu")
     }
 
     /// What a user should do to get this device, for error messages.

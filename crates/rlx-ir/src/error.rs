@@ -133,10 +133,10 @@ impl fmt::Display for Error {
             Error::MissingInput { name } => {
                 write!(f, "missing input \"{name}\": pass a value for every graph input to run")
             }
-            Error::Length { kind, name, shape, expected, actual } => write!(
-                f,
-                "{kind} \"{name}\" has shape {shape} ({expected} elements) but {actual} elements were given"
-            ),
+            Error::Length { kind, name, shape, expected, actual } => {
+                let given = if *actual == 1 { "1 element was given".to_string() } else { format!("{actual} elements were given") };
+                write!(f, "{kind} \"{name}\" has shape {shape} ({expected} elements) but {given}")
+            }
             Error::DType { kind, name, expected, actual, msg } => {
                 write!(f, "{kind} \"{name}\" is declared {expected} but got {actual}")?;
                 if !msg.is_empty() {

@@ -4,6 +4,15 @@ use crate::{ops, DType, Error, Op, Result, Shape};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// Bool tensors hold bytes 0 and 1 only; describes the first other byte in `data`, if any.
+pub(crate) fn bad_bool_data(shape: &Shape, data: &[u8]) -> Option<String> {
+    if shape.dtype() != DType::Bool {
+        return None;
+    }
+    let (at, b) = data.iter().enumerate().find(|(_, &b)| b > 1)?;
+    Some(format!("{shape} data holds byte {b} at index {at}; bools must be 0 or 1"))
+}
+
 /// Identifier of a node: its index in the graph's arena. Ids are never reused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
@@ -175,6 +184,9 @@ impl Graph {
         if data.len() != want {
             return Err(Error::op("constant", format!("{shape} needs {want} bytes, got {}", data.len())));
         }
+        if let Some(msg) = bad_bool_data(&shape, &data) {
+            return Err(Error::op("constant", msg));
+        }
         self.add_leaf(Op::Constant { data }, shape)
     }
 
@@ -187,7 +199,7 @@ impl Graph {
     /// A rank-0 constant `value` converted to `dtype`.
     pub fn try_scalar(&mut self, value: f64, dtype: DType) -> Result<NodeId> {
         let mut data = vec![0u8; dtype.size_bytes()];
-        crate::convert::f64_to_bytes(value, dtype, &mut data)?;
+        crate::convert::f64_to_bytes(value, dtype, &mut data).map_err(|e| Error::op("constant", e.to_string()))?;
         self.try_constant_bytes(Shape::scalar(dtype), data)
     }
 

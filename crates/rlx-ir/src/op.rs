@@ -9,13 +9,14 @@ use serde::{Deserialize, Serialize};
 /// Elementwise binary arithmetic. Operands share a dtype and broadcast like numpy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum BinaryOp {
-    /// `a + b`
+    /// `a + b` (integers wrap on overflow).
     Add,
     /// `a - b`
     Sub,
     /// `a * b`
     Mul,
-    /// `a / b`; integer division truncates toward zero.
+    /// `a / b`. Integer division truncates toward zero; an integer `x / 0` gives all bits set
+    /// (-1 signed, MAX unsigned) and `MIN / -1` wraps, as in XLA, so no input traps.
     Div,
     /// Elementwise maximum.
     Max,

@@ -14,20 +14,24 @@ pub fn verify(g: &Graph) -> Result<()> {
             errs.push(format!("{here}: operand {bad} is not defined before its use"));
             continue;
         }
+        if n.op.is_leaf() && !n.inputs.is_empty() {
+            errs.push(format!("{here}: leaves take no operands"));
+        }
         match &n.op {
             Op::Input { name } | Op::Param { name } => {
                 if !names.insert(name.clone()) {
                     errs.push(format!("{here}: name \"{name}\" is used twice"));
                 }
-                if !n.inputs.is_empty() {
-                    errs.push(format!("{here}: leaves take no operands"));
-                }
             }
-            Op::Constant { data } => {
-                if n.shape.size_bytes() != Some(data.len()) {
-                    errs.push(format!("{here}: {} needs {:?} bytes, holds {}", n.shape, n.shape.size_bytes(), data.len()));
+            Op::Constant { data } => match n.shape.size_bytes() {
+                Some(want) if want == data.len() => {
+                    if let Some(msg) = crate::graph::bad_bool_data(&n.shape, data) {
+                        errs.push(format!("{here}: {msg}"));
+                    }
                 }
-            }
+                Some(want) => errs.push(format!("{here}: {} needs {want} bytes, holds {}", n.shape, data.len())),
+                None => errs.push(format!("{here}: shape {} must be static with a byte size that fits usize", n.shape)),
+            },
             op => {
                 let shapes: Vec<_> = n.inputs.iter().map(|&i| g.shape(i)).collect();
                 match ops::infer(op, &shapes) {

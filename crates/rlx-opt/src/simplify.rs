@@ -1,6 +1,8 @@
 //! Algebraic simplification: small local rules, each never worse than its input.
 //!
-//! - `x + 0`, `0 + x`, `x - 0`, `x * 1`, `1 * x`, `x / 1` → `x` (when no broadcasting widens `x`)
+//! - `x + (-0.0)`, `(-0.0) + x`, `x - 0`, `x * 1`, `1 * x`, `x / 1` → `x` when no broadcasting
+//!   widens `x` (for integers any zero; for floats only `-0.0` is an exact additive identity,
+//!   since `-0.0 + 0.0 = +0.0`)
 //! - `neg(neg(x))` → `x`
 //! - `transpose(transpose(x, p), q)` → `transpose(x, p∘q)`; identity transpose → `x`
 //! - `reshape(reshape(x))` → `reshape(x)`; reshape / expand to the same shape → `x`
@@ -28,9 +30,12 @@ fn simplify_node(g: &mut Graph, op: &Op, ins: &[NodeId], shape: &Shape) -> Resul
         Op::Binary(b) => {
             let (x, y) = (ins[0], ins[1]);
             let (sx, sy) = (splat(g, x), splat(g, y));
+            let float = shape.dtype().is_float();
+            // The additive identity: -0.0 for floats (x + 0.0 turns -0.0 into +0.0), 0 for ints.
+            let add_id = |v: Option<f64>| v.is_some_and(|v| v == 0.0 && (!float || v.is_sign_negative()));
             match b {
-                BinaryOp::Add if sy == Some(0.0) && same(g, x) => Some(x),
-                BinaryOp::Add if sx == Some(0.0) && same(g, y) => Some(y),
+                BinaryOp::Add if add_id(sy) && same(g, x) => Some(x),
+                BinaryOp::Add if add_id(sx) && same(g, y) => Some(y),
                 BinaryOp::Sub if sy == Some(0.0) && same(g, x) => Some(x),
                 BinaryOp::Mul if sy == Some(1.0) && same(g, x) => Some(x),
                 BinaryOp::Mul if sx == Some(1.0) && same(g, y) => Some(y),

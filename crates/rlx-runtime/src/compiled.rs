@@ -114,7 +114,7 @@ impl CompiledGraph {
         self.try_set_param(name, values).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// Set a param from raw little-endian bytes of its declared dtype.
+    /// Set a param from raw little-endian bytes of its declared dtype (bool bytes must be 0 or 1).
     pub fn try_set_param_typed(&mut self, name: &str, bytes: &[u8], dtype: DType) -> Result<()> {
         let i = find(self.exe.params(), "param", name)?;
         let slot = &self.exe.params()[i];
@@ -217,7 +217,7 @@ impl CompiledGraph {
     }
 
     /// Run with raw little-endian inputs of each input's declared dtype; outputs come back as
-    /// raw bytes with their dtype.
+    /// raw bytes with their dtype. Bool bytes must be 0 or 1.
     pub fn try_run_typed(&mut self, inputs: &[(&str, &[u8], DType)]) -> Result<Vec<(Vec<u8>, DType)>> {
         self.match_inputs(inputs.iter().map(|(n, _, _)| *n))?;
         for (name, bytes, dt) in inputs {
@@ -249,6 +249,14 @@ fn check_typed(kind: &'static str, slot: &IoSlot, name: &str, bytes: &[u8], dtyp
         return Err(Error::DType { kind, name: name.into(), expected: want, actual: dtype, msg: String::new() });
     }
     let w = want.size_bytes();
+    if !bytes.len().is_multiple_of(w) {
+        return Err(Error::Invalid(format!(
+            "{kind} \"{name}\" has shape {} ({} elements of {w} bytes) but {} bytes were given, not a whole number of {want} elements",
+            slot.shape,
+            numel(slot),
+            bytes.len()
+        )));
+    }
     if bytes.len() != numel(slot) * w {
         return Err(Error::Length {
             kind,
@@ -257,6 +265,18 @@ fn check_typed(kind: &'static str, slot: &IoSlot, name: &str, bytes: &[u8], dtyp
             expected: numel(slot),
             actual: bytes.len() / w,
         });
+    }
+    // Kernels rely on bools being exactly 0 or 1.
+    if want == DType::Bool {
+        if let Some((at, b)) = bytes.iter().enumerate().find(|(_, &b)| b > 1) {
+            return Err(Error::DType {
+                kind,
+                name: name.into(),
+                expected: want,
+                actual: dtype,
+                msg: format!("byte {b} at index {at} is not a bool; use 0 or 1"),
+            });
+        }
     }
     Ok(())
 }

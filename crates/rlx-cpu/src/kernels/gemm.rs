@@ -100,6 +100,7 @@ impl Job {
 ///
 /// # Safety
 /// A, B and C must be valid for the given sizes and strides; C must not overlap A or B.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, scratch: *mut f32) {
     if m == 0 || n == 0 {
         return;
@@ -141,6 +142,7 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, buf: *mut f32) {
     let (mr, nr) = isa.tile();
     let kc_max = k.min(KC);
@@ -240,10 +242,9 @@ unsafe fn micro(isa: Isa, kc: usize, a: *const f32, b: *const f32, c: *mut f32, 
 /// Write a full `MR×NR` tile held in `t` to C (all or part of it), adding when `acc`.
 #[inline(always)]
 unsafe fn store_tile<const MR: usize, const NR: usize>(t: &[[f32; NR]; MR], c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
-    for i in 0..rows {
+    for (i, row) in t.iter().enumerate().take(rows) {
         let cr = c.add(i * ldc);
-        for j in 0..cols {
-            let v = t[i][j];
+        for (j, &v) in row.iter().enumerate().take(cols) {
             *cr.add(j) = if acc { *cr.add(j) + v } else { v };
         }
     }
@@ -274,6 +275,13 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn micro_12x32(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
         let mut r = [[_mm512_setzero_ps(); 2]; 12];
+        if acc {
+            // C is read back at the end: start fetching it now.
+            for i in 0..rows {
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 16) as *const i8);
+            }
+        }
         for p in 0..kc {
             let bp = b.add(p * 32);
             let b0 = _mm512_loadu_ps(bp);

@@ -65,7 +65,7 @@ fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize) -> Box<
                 k,
                 Mat { ptr: pa.add(i), rs: ars, cs: acs },
                 Mat { ptr: pb.add(j), rs: brs, cs: bcs },
-                po.add(o * 1),
+                po.add(o),
                 n,
                 ps.add(th * per_thread),
             )

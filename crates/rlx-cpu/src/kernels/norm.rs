@@ -15,6 +15,15 @@ fn softmax<T: FloatElem>(x: TRef, out: TRef, axis: usize) -> Box<dyn Kernel> {
             let (px, po) = (x.base::<T>() as *const T, out.base::<T>());
             for_each_line(&x.layout, &out.layout, axis, r, |i, o| unsafe {
                 // SAFETY: line offsets lie inside the buffers.
+                if T::DTYPE == rlx_ir::DType::F32 && sx == 1 && so == 1 {
+                    // Dense f32 rows: vectorized max, exp and sum.
+                    let xs = std::slice::from_raw_parts(px.add(i) as *const f32, n);
+                    let ys = std::slice::from_raw_parts_mut(po.add(o) as *mut f32, n);
+                    let m = crate::math::max_f32(xs);
+                    let inv = 1.0 / crate::math::exp_shift_sum(xs, m, ys);
+                    ys.iter_mut().for_each(|y| *y *= inv);
+                    return;
+                }
                 let mut m = T::lowest().to_c();
                 for t in 0..n {
                     let v = (*px.add(i + t * sx)).to_c();

@@ -169,7 +169,7 @@ fn topk<T: Elem>(x: TRef, out: TRef, k: usize, output: TopKOutput) -> Box<dyn Ke
                             TopKOutput::Values => *pv.add(o + q),
                         }
                     };
-                    if len == k && !(v > at(k - 1)) {
+                    if len == k && v.partial_cmp(&at(k - 1)) != Some(std::cmp::Ordering::Greater) {
                         continue;
                     }
                     let mut pos = len.min(k - 1);

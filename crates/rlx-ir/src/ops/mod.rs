@@ -21,9 +21,23 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
     let arity = expected_arity(op);
     if let Some((lo, hi)) = arity {
         if inputs.len() < lo || inputs.len() > hi {
-            let want = if lo == hi { format!("{lo}") } else { format!("{lo} to {hi}") };
+            let want = match (lo, hi) {
+                _ if lo == hi => format!("{lo}"),
+                (_, usize::MAX) => format!("at least {lo}"),
+                _ => format!("{lo} to {hi}"),
+            };
             return Err(Error::op(op.name(), format!("takes {want} operands, got {}", inputs.len())));
         }
+    }
+    // JSON cannot hold NaN or infinities, so such attributes would not round-trip.
+    let float_attr = match op {
+        Op::LayerNorm { eps } | Op::RmsNorm { eps } => Some(("eps", *eps)),
+        Op::Attention { scale, .. } => Some(("scale", *scale)),
+        Op::Rope { theta, .. } => Some(("theta", *theta)),
+        _ => None,
+    };
+    if let Some((what, v)) = float_attr.filter(|(_, v)| !v.is_finite()) {
+        return Err(Error::op(op.name(), format!("{what} must be finite, got {v}")));
     }
     match op {
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => {

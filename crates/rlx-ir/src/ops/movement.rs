@@ -5,7 +5,10 @@ use crate::{Dim, Error, Result, Shape};
 
 pub(super) fn reshape(target: &[usize], x: &Shape) -> Result<Shape> {
     let d = static_dims("reshape", "operand", x)?;
-    let (a, b) = (d.iter().product::<usize>(), target.iter().product::<usize>());
+    let count = |v: &[usize]| v.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n));
+    let (Some(a), Some(b)) = (count(&d), count(target)) else {
+        return Err(Error::op("reshape", format!("cannot reshape {x} to {target:?}: the element count overflows usize")));
+    };
     if a != b {
         return Err(Error::op(
             "reshape",

@@ -6,7 +6,7 @@ use crate::{ConvAttrs, Error, PoolAttrs, Result, Shape};
 /// Output length of one spatial axis, or `None` if the window does not fit.
 pub(crate) fn out_len(n: usize, k: usize, stride: usize, dil: usize, pad: (usize, usize)) -> Option<usize> {
     let span = dil.checked_mul(k.checked_sub(1)?)?.checked_add(1)?;
-    let padded = n + pad.0 + pad.1;
+    let padded = n.checked_add(pad.0)?.checked_add(pad.1)?;
     if stride == 0 || padded < span {
         return None;
     }
@@ -34,7 +34,7 @@ pub(super) fn conv(a: &ConvAttrs, ins: &[&Shape]) -> Result<Shape> {
     let nsp = xd.len().saturating_sub(2);
     check_lens("conv", nsp, &[("stride", a.stride.len()), ("padding", a.padding.len()), ("dilation", a.dilation.len())])?;
     let g = a.groups;
-    if wd.len() != xd.len() || g == 0 || xd[1] % g != 0 || wd[0] % g != 0 || wd[1] * g != xd[1] {
+    if wd.len() != xd.len() || g == 0 || xd[1] % g != 0 || wd[0] % g != 0 || wd[1].checked_mul(g) != Some(xd[1]) {
         return Err(Error::op(
             "conv",
             format!("weight {w} does not fit input {x} with {g} groups (want [O, C/groups, k...] with O divisible by groups)"),

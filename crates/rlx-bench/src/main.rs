@@ -1,0 +1,275 @@
+//! `rlx-bench`: RLX CPU kernels measured side by side with numpy (OpenBLAS) in the same run.
+//!
+//! Each configuration alternates blocks of RLX repetitions with blocks of numpy repetitions
+//! (numpy runs in a subprocess pinned to the same thread count), so drifting machine load hits
+//! both sides alike. Results are medians with the min–max spread, and the ratio RLX / numpy.
+
+mod numpy;
+mod stats;
+
+use rlx::prelude::*;
+use rlx::driver::Executable;
+use rlx_cpu::gemm::{self, Mat};
+use rlx_cpu::pool::Pool;
+use stats::Samples;
+use std::time::Instant;
+
+const HELP: &str = "\
+rlx-bench: RLX CPU benchmarks against numpy (OpenBLAS), interleaved in one run
+
+USAGE:
+    rlx-bench [SUITE] [OPTIONS]
+
+SUITES:
+    gemm         f32 C = A·B GFLOP/s for square sizes (default)
+    elementwise  f32 add of two vectors, GB/s (kernel only, preallocated output)
+    softmax      f32 row softmax of a [rows, cols] matrix, GB/s
+    overhead     microseconds per CompiledGraph::run of a tiny graph (RLX only)
+    all          every suite
+
+OPTIONS:
+    --sizes LIST      GEMM sizes, comma separated   [default: 256,512,1024,2048,4096]
+    --threads LIST    thread counts                 [default: 1,2]
+    --rounds N        alternating RLX/numpy blocks   [default: 3]
+    --reps N          repetitions per block          [default: 3]
+    --elems N         elementwise length             [default: 10000000]
+    --rows N --cols N softmax shape                  [default: 4096 x 1024]
+    --python PATH     python with numpy              [default: .venv/bin/python, created by
+                                                      scripts/setup-pyenv.sh when missing]
+    --no-numpy        measure RLX only
+    -h, --help        this text
+
+Prints one markdown table per suite. Check that the machine is idle first (`top`).";
+
+struct Opts {
+    suite: String,
+    sizes: Vec<usize>,
+    threads: Vec<usize>,
+    rounds: usize,
+    reps: usize,
+    elems: usize,
+    rows: usize,
+    cols: usize,
+    python: Option<String>,
+    numpy: bool,
+}
+
+fn list(v: &str) -> Vec<usize> {
+    v.split(',').map(|x| x.trim().parse().unwrap_or_else(|_| die(&format!("not a number: {x}")))).collect()
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("rlx-bench: {msg}\n(see rlx-bench --help)");
+    std::process::exit(2)
+}
+
+fn parse() -> Opts {
+    let mut o = Opts {
+        suite: "gemm".into(),
+        sizes: vec![256, 512, 1024, 2048, 4096],
+        threads: vec![1, 2],
+        rounds: 3,
+        reps: 3,
+        elems: 10_000_000,
+        rows: 4096,
+        cols: 1024,
+        python: None,
+        numpy: true,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut val = || args.next().unwrap_or_else(|| die(&format!("{a} needs a value")));
+        match a.as_str() {
+            "-h" | "--help" => {
+                println!("{HELP}");
+                std::process::exit(0)
+            }
+            "--sizes" => o.sizes = list(&val()),
+            "--threads" => o.threads = list(&val()),
+            "--rounds" => o.rounds = list(&val())[0].max(1),
+            "--reps" => o.reps = list(&val())[0].max(1),
+            "--elems" => o.elems = list(&val())[0],
+            "--rows" => o.rows = list(&val())[0],
+            "--cols" => o.cols = list(&val())[0],
+            "--python" => o.python = Some(val()),
+            "--no-numpy" => o.numpy = false,
+            s if !s.starts_with('-') => o.suite = s.to_string(),
+            s => die(&format!("unknown option {s}")),
+        }
+    }
+    o
+}
+
+/// Time `f` `reps` times, returning seconds per call.
+fn time_reps(reps: usize, mut f: impl FnMut()) -> Vec<f64> {
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .collect()
+}
+
+fn fill(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
+fn gemm_suite(o: &Opts, py: Option<&numpy::Numpy>) {
+    println!("\n### f32 GEMM (C = A·B, square), GFLOP/s: median [min–max] of {} samples\n", o.rounds * o.reps);
+    println!("| n | threads | RLX | numpy (OpenBLAS) | RLX / numpy |");
+    println!("|---:|---:|---:|---:|---:|");
+    for &n in &o.sizes {
+        let a = fill(n * n, 1);
+        let b = fill(n * n, 2);
+        let mut c = vec![0f32; n * n];
+        for &t in &o.threads {
+            let pool = Pool::shared(t);
+            let mut scratch = vec![0f32; gemm::scratch_len(n, n, n, t)];
+            let flops = 2.0 * (n as f64).powi(3);
+            let mut run = || unsafe {
+                // SAFETY: buffers sized for n×n; scratch sized by scratch_len.
+                gemm::sgemm(
+                    Some(&pool),
+                    n,
+                    n,
+                    n,
+                    Mat { ptr: a.as_ptr(), rs: n, cs: 1 },
+                    Mat { ptr: b.as_ptr(), rs: n, cs: 1 },
+                    c.as_mut_ptr(),
+                    n,
+                    scratch.as_mut_ptr(),
+                )
+            };
+            run();
+            let reps = if n >= 2048 { o.reps.clamp(1, 2) } else { o.reps };
+            let mut ours = Samples::default();
+            let mut theirs = Samples::default();
+            for _ in 0..o.rounds {
+                ours.extend(time_reps(reps, &mut run).into_iter().map(|s| flops / s / 1e9));
+                if let Some(py) = py {
+                    theirs.extend(py.run(&["--op", "gemm", "--size", &n.to_string()], t, reps));
+                }
+            }
+            println!("| {n} | {t} | {} | {} | {} |", ours.show(1), theirs.show(1), stats::ratio(&ours, &theirs));
+        }
+    }
+}
+
+/// Compile `g` straight to a CPU program (kernel-level timing, no I/O copies).
+fn program(g: &Graph, threads: usize, params: &[(&str, &[f32])]) -> rlx_cpu::Program {
+    let mut p = rlx_cpu::compile(g, threads).unwrap_or_else(|e| die(&e.to_string()));
+    for (name, v) in params {
+        let i = p.params().iter().position(|s| s.name == *name).expect("param");
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        p.write_param(i, &bytes);
+    }
+    p
+}
+
+fn stream_suite(o: &Opts, py: Option<&numpy::Numpy>, softmax: bool) {
+    let (title, n) = if softmax {
+        (format!("f32 softmax over rows of [{}, {}]", o.rows, o.cols), o.rows * o.cols)
+    } else {
+        (format!("f32 add of two vectors of {} elements", o.elems), o.elems)
+    };
+    println!("\n### {title}, GB/s: median [min–max] of {} samples\n", o.rounds * o.reps);
+    println!("| threads | RLX | numpy | RLX / numpy |");
+    println!("|---:|---:|---:|---:|");
+    let mut g = Graph::new("stream");
+    let a = fill(n, 3);
+    let b = fill(n, 4);
+    let (bytes, params): (f64, Vec<(&str, &[f32])>) = if softmax {
+        let x = g.param("a", Shape::new(&[o.rows, o.cols], DType::F32));
+        let y = g.softmax(x, 1);
+        g.set_outputs(vec![y]);
+        (8.0 * n as f64, vec![("a", &a)])
+    } else {
+        let x = g.param("a", Shape::new(&[n], DType::F32));
+        let y = g.param("b", Shape::new(&[n], DType::F32));
+        let z = g.add(x, y);
+        g.set_outputs(vec![z]);
+        (12.0 * n as f64, vec![("a", &a), ("b", &b)])
+    };
+    for &t in &o.threads {
+        let mut p = program(&g, t, &params);
+        p.execute();
+        let mut ours = Samples::default();
+        let mut theirs = Samples::default();
+        for _ in 0..o.rounds {
+            ours.extend(time_reps(o.reps, || p.execute()).into_iter().map(|s| bytes / s / 1e9));
+            if let Some(py) = py {
+                let args: Vec<String> = if softmax {
+                    vec!["--op".into(), "softmax".into(), "--rows".into(), o.rows.to_string(), "--cols".into(), o.cols.to_string()]
+                } else {
+                    vec!["--op".into(), "add".into(), "--elems".into(), n.to_string()]
+                };
+                let args: Vec<&str> = args.iter().map(|s| s.as_str()).collect();
+                theirs.extend(py.run(&args, t, o.reps));
+            }
+        }
+        println!("| {t} | {} | {} | {} |", ours.show(2), theirs.show(2), stats::ratio(&ours, &theirs));
+    }
+}
+
+fn overhead_suite(o: &Opts) {
+    println!("\n### Per-run overhead of a tiny graph ([1,4] x [4,2] matmul through CompiledGraph::run), µs\n");
+    println!("| threads | median [min–max] per run |");
+    println!("|---:|---:|");
+    for &t in &o.threads {
+        let mut g = Graph::new("tiny");
+        let x = g.input("x", Shape::new(&[1, 4], DType::F32));
+        let w = g.param("w", Shape::new(&[4, 2], DType::F32));
+        let y = g.matmul(x, w, Shape::new(&[1, 2], DType::F32));
+        g.set_outputs(vec![y]);
+        let mut c = Session::new(Device::Cpu).with_threads(t).compile(g);
+        c.set_param("w", &[1.0; 8]);
+        let xv = [1.0f32, 2.0, 3.0, 4.0];
+        let mut s = Samples::default();
+        for _ in 0..o.rounds * o.reps {
+            const N: usize = 20_000;
+            let t0 = Instant::now();
+            for _ in 0..N {
+                std::hint::black_box(c.run(&[("x", &xv)]));
+            }
+            s.push(t0.elapsed().as_secs_f64() / N as f64 * 1e6);
+        }
+        println!("| {t} | {} |", s.show(3));
+    }
+}
+
+fn main() {
+    let o = parse();
+    let py = if o.numpy { Some(numpy::Numpy::find(o.python.as_deref())) } else { None };
+    println!("{}", stats::machine_report());
+    if let Some(p) = &py {
+        println!("numpy reference: {}", p.describe());
+    }
+    let all = o.suite == "all";
+    let mut ran = false;
+    if all || o.suite == "gemm" {
+        gemm_suite(&o, py.as_ref());
+        ran = true;
+    }
+    if all || o.suite == "elementwise" {
+        stream_suite(&o, py.as_ref(), false);
+        ran = true;
+    }
+    if all || o.suite == "softmax" {
+        stream_suite(&o, py.as_ref(), true);
+        ran = true;
+    }
+    if all || o.suite == "overhead" {
+        overhead_suite(&o);
+        ran = true;
+    }
+    if !ran {
+        die(&format!("unknown suite {}", o.suite));
+    }
+}

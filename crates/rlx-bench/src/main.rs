@@ -100,8 +100,10 @@ fn parse() -> Opts {
     o
 }
 
-/// Time `f` `reps` times, returning seconds per call.
+/// Time `f` `reps` times after one untimed warm-up call (numpy_ref.py warms up likewise at the
+/// start of each of its blocks), returning seconds per call.
 fn time_reps(reps: usize, mut f: impl FnMut()) -> Vec<f64> {
+    f();
     (0..reps)
         .map(|_| {
             let t = Instant::now();

@@ -10,7 +10,11 @@ pub fn exp_f32(x: f32) -> f32 {
     const LN2_LO: f32 = 1.428_606_8e-6;
     const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
     let xc = x.clamp(-87.33, 88.72);
-    let n = (xc * LOG2E + MAGIC) - MAGIC;
+    let t = xc * LOG2E + MAGIC;
+    let n = t - MAGIC;
+    // The integer n sits in t's low mantissa bits; reading it there (not with `as i32`, which
+    // has saturating semantics LLVM will not vectorize) keeps the whole function in SIMD.
+    let ni = t.to_bits() as i32 - MAGIC.to_bits() as i32;
     let r = (xc - n * LN2_HI) - n * LN2_LO;
     // Taylor series of e^r on |r| <= ln2/2, degree 7 (truncation error < 6e-9).
     let mut p = 1.0 / 5040.0;
@@ -22,7 +26,6 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.0;
     p = p * r + 1.0;
     // n reaches 128 near the top, where 2^n alone would overflow: apply one factor 2 apart.
-    let ni = n as i32;
     let top = ni > 127;
     let scale = f32::from_bits(((ni - top as i32 + 127) as u32) << 23);
     let v = p * scale * if top { 2.0 } else { 1.0 };
@@ -34,8 +37,36 @@ pub fn exp_f32(x: f32) -> f32 {
     }
 }
 
+/// Run `$body` compiled for AVX-512 or AVX2+FMA when the CPU has them (the body is inlined into
+/// each variant, so LLVM vectorizes it for that instruction set), else for the build target.
+macro_rules! multiversion {
+    ($(#[$m:meta])* pub fn $name:ident($($a:ident: $t:ty),*) -> $r:ty $body:block) => {
+        $(#[$m])*
+        pub fn $name($($a: $t),*) -> $r {
+            #[inline(always)]
+            fn imp($($a: $t),*) -> $r $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f")]
+                unsafe fn v512($($a: $t),*) -> $r { imp($($a),*) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn v256($($a: $t),*) -> $r { imp($($a),*) }
+                if std::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has the feature.
+                    return unsafe { v512($($a),*) };
+                }
+                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                    // SAFETY: the CPU has the features.
+                    return unsafe { v256($($a),*) };
+                }
+            }
+            imp($($a),*)
+        }
+    };
+}
+
+multiversion! {
 /// Maximum of a slice (−inf when empty), 16 lanes at a time.
-#[inline]
 pub fn max_f32(x: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 16];
     let chunks = x.chunks_exact(16);
@@ -51,9 +82,10 @@ pub fn max_f32(x: &[f32]) -> f32 {
     }
     m
 }
+}
 
+multiversion! {
 /// `y = e^(x - m)` and the sum of `y`, 16 lanes at a time.
-#[inline]
 pub fn exp_shift_sum(x: &[f32], m: f32, y: &mut [f32]) -> f32 {
     let mut lanes = [0f32; 16];
     let n = x.len() / 16 * 16;
@@ -71,6 +103,7 @@ pub fn exp_shift_sum(x: &[f32], m: f32, y: &mut [f32]) -> f32 {
         s += e;
     }
     s + lanes.iter().sum::<f32>()
+}
 }
 
 #[cfg(test)]

@@ -6,18 +6,22 @@
 
 use crate::pool::Pool;
 
-/// Depth of a packed panel (keeps one B micro-panel in L1).
-const KC: usize = 256;
-/// Rows of A packed per block (stays in L2).
-const MC: usize = 192;
-/// Columns of B packed per block.
-const NC: usize = 3072;
+/// Blocking: depth of a packed panel (one B micro-panel stays in L1), rows of A per packed
+/// block (stays in L2), columns of B per packed block. `RLX_GEMM_KC/MC/NC` override them.
+fn blocking() -> (usize, usize, usize) {
+    static B: std::sync::OnceLock<(usize, usize, usize)> = std::sync::OnceLock::new();
+    *B.get_or_init(|| {
+        let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).filter(|&v: &usize| v > 0).unwrap_or(d);
+        (env("RLX_GEMM_KC", 256), env("RLX_GEMM_MC", 96), env("RLX_GEMM_NC", 3072))
+    })
+}
 
 /// Instruction set of the micro-kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
     /// AVX-512F, 12×32 tile.
     Avx512,
+
     /// AVX2 + FMA, 6×16 tile.
     Avx2,
     /// Portable, 4×8 tile.
@@ -65,9 +69,10 @@ pub struct Mat {
 /// Scratch floats one thread needs for an `m×n×k` product.
 pub fn scratch_per_thread(m: usize, n: usize, k: usize) -> usize {
     let (mr, nr) = Isa::detect().tile();
-    let kc = k.clamp(1, KC);
-    let mc = m.min(MC).div_ceil(mr) * mr;
-    let nc = n.min(NC).div_ceil(nr) * nr;
+    let (kc_b, mc_b, nc_b) = blocking();
+    let kc = k.clamp(1, kc_b);
+    let mc = m.min(mc_b).div_ceil(mr) * mr;
+    let nc = n.min(nc_b).div_ceil(nr) * nr;
     kc * (mc + nc) + 16
 }
 
@@ -84,7 +89,7 @@ struct Job {
     ldc: usize,
     scratch: *mut f32,
 }
-// SAFETY: tasks write disjoint blocks of C and read A/B only.
+// SAFETY: tasks write disjoint blocks of C (and of the packing buffers) and read A/B only.
 unsafe impl Send for Job {}
 unsafe impl Sync for Job {}
 
@@ -97,6 +102,10 @@ impl Job {
 
 /// `C = A·B`. `scratch` must hold [`scratch_len`]`(m, n, k, pool.threads())` floats when a pool
 /// is given (one thread's worth otherwise).
+///
+/// With several threads, each takes a contiguous share of the longer side of C and runs the
+/// blocked product on it with its own packing buffers. (Sharing one packed B panel between
+/// threads costs an extra dispatch per panel and measured slower on 2 cores.)
 ///
 /// # Safety
 /// A, B and C must be valid for the given sizes and strides; C must not overlap A or B.
@@ -115,65 +124,68 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
     let (mr, nr) = isa.tile();
     let per = scratch_per_thread(m, n, k);
     let threads = pool.map_or(1, |p| p.threads());
-    let flops = m * n * k;
     let job = Job { a, b, c, ldc, scratch };
-    let parts = if threads > 1 && flops >= 1 << 18 { threads } else { 1 };
+    let parts = if threads > 1 && m * n * k >= 1 << 18 { threads } else { 1 };
     // Split the longer side so every thread gets whole micro-tiles.
     let split_m = m / mr >= n / nr;
     let (len, step) = if split_m { (m, mr) } else { (n, nr) };
     let chunk = len.div_ceil(parts).div_ceil(step) * step;
     let tasks = len.div_ceil(chunk.max(1));
-    let run = |t: usize, th: usize| {
-        let j = job.get();
-        let s = t * chunk;
-        let e = (s + chunk).min(len);
-        let buf = j.scratch.add(th * per);
-        if split_m {
-            let a = Mat { ptr: j.a.ptr.add(s * j.a.rs), ..j.a };
-            gemm_serial(isa, e - s, n, k, a, j.b, j.c.add(s * j.ldc), j.ldc, buf);
-        } else {
-            let b = Mat { ptr: j.b.ptr.add(s * j.b.cs), ..j.b };
-            gemm_serial(isa, m, e - s, k, j.a, b, j.c.add(s), j.ldc, buf);
-        }
-    };
     match pool {
-        Some(p) if tasks > 1 => p.run(tasks, &run),
-        _ => (0..tasks).for_each(|t| run(t, 0)),
+        Some(p) if tasks > 1 && split_m => p.run(tasks, &|t, th| {
+            let j = job.get();
+            let s = t * chunk;
+            let e = (s + chunk).min(len);
+            let a = Mat { ptr: j.a.ptr.add(s * j.a.rs), ..j.a };
+            gemm_serial(isa, e - s, n, k, a, j.b, j.c.add(s * j.ldc), j.ldc, j.scratch.add(th * per));
+        }),
+        Some(p) if tasks > 1 => p.run(tasks, &|t, th| {
+            let j = job.get();
+            let s = t * chunk;
+            let e = (s + chunk).min(len);
+            let b = Mat { ptr: j.b.ptr.add(s * j.b.cs), ..j.b };
+            gemm_serial(isa, m, e - s, k, j.a, b, j.c.add(s), j.ldc, j.scratch.add(th * per));
+        }),
+        _ => gemm_serial(isa, m, n, k, a, b, c, ldc, scratch),
+    }
+}
+
+/// Multiply a packed `mc×kc` A block by a packed `kc×nc` B panel into C (adding when `acc`).
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn block(isa: Isa, mc: usize, nc: usize, kc: usize, pa: *const f32, pb: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+    let (mr, nr) = isa.tile();
+    let mut jr = 0;
+    while jr < nc {
+        let cols = (nc - jr).min(nr);
+        let mut ir = 0;
+        while ir < mc {
+            let rows = (mc - ir).min(mr);
+            micro(isa, kc, pa.add(ir * kc), pb.add(jr * kc), c.add(ir * ldc + jr), ldc, acc, rows, cols);
+            ir += mr;
+        }
+        jr += nr;
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, buf: *mut f32) {
     let (mr, nr) = isa.tile();
-    let kc_max = k.min(KC);
-    let mc_max = m.min(MC).div_ceil(mr) * mr;
+    let (kc_b, mc_b, nc_b) = blocking();
     let pa = buf;
-    let pb = buf.add(kc_max * mc_max);
+    let pb = buf.add(k.min(kc_b) * m.min(mc_b).div_ceil(mr) * mr);
     let mut jc = 0;
     while jc < n {
-        let nc = (n - jc).min(NC);
+        let nc = (n - jc).min(nc_b);
         let mut pc = 0;
         while pc < k {
-            let kc = (k - pc).min(KC);
+            let kc = (k - pc).min(kc_b);
             pack_b(kc, nc, nr, b.ptr.add(pc * b.rs + jc * b.cs), b.rs, b.cs, pb);
             let mut ic = 0;
             while ic < m {
-                let mc = (m - ic).min(MC);
+                let mc = (m - ic).min(mc_b);
                 pack_a(mc, kc, mr, a.ptr.add(ic * a.rs + pc * a.cs), a.rs, a.cs, pa);
-                let mut jr = 0;
-                while jr < nc {
-                    let cols = (nc - jr).min(nr);
-                    let mut ir = 0;
-                    while ir < mc {
-                        let rows = (mc - ir).min(mr);
-                        let cp = c.add((ic + ir) * ldc + jc + jr);
-                        let ap = pa.add(ir * kc);
-                        let bp = pb.add(jr * kc);
-                        micro(isa, kc, ap, bp, cp, ldc, pc > 0, rows, cols);
-                        ir += mr;
-                    }
-                    jr += nr;
-                }
+                block(isa, mc, nc, kc, pa, pb, c.add(ic * ldc + jc), ldc, pc > 0);
                 ic += mc;
             }
             pc += kc;
@@ -274,26 +286,25 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn micro_12x32(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
-        let mut r = [[_mm512_setzero_ps(); 2]; 12];
-        if acc {
-            // C is read back at the end: start fetching it now.
-            for i in 0..rows {
-                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 16) as *const i8);
-            }
-        }
+        micro_avx512::<12>(kc, a, b, c, ldc, acc, rows, cols)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn micro_avx512<const MR: usize>(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+        let mut r = [[_mm512_setzero_ps(); 2]; MR];
         for p in 0..kc {
             let bp = b.add(p * 32);
             let b0 = _mm512_loadu_ps(bp);
             let b1 = _mm512_loadu_ps(bp.add(16));
-            let ap = a.add(p * 12);
+            let ap = a.add(p * MR);
             for (i, ri) in r.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(*ap.add(i));
                 ri[0] = _mm512_fmadd_ps(av, b0, ri[0]);
                 ri[1] = _mm512_fmadd_ps(av, b1, ri[1]);
             }
         }
-        if rows == 12 && cols == 32 {
+        if rows == MR && cols == 32 {
             for (i, ri) in r.iter().enumerate() {
                 let cp = c.add(i * ldc);
                 let (mut v0, mut v1) = (ri[0], ri[1]);
@@ -305,7 +316,7 @@ mod x86 {
                 _mm512_storeu_ps(cp.add(16), v1);
             }
         } else {
-            let mut t = [[0f32; 32]; 12];
+            let mut t = [[0f32; 32]; MR];
             for (i, ri) in r.iter().enumerate() {
                 _mm512_storeu_ps(t[i].as_mut_ptr(), ri[0]);
                 _mm512_storeu_ps(t[i].as_mut_ptr().add(16), ri[1]);

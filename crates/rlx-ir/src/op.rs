@@ -80,6 +80,8 @@ pub enum Activation {
     Atan,
     /// Round half to even.
     Round,
+    /// The error function.
+    Erf,
 }
 
 impl Activation {
@@ -349,6 +351,7 @@ impl Op {
                 Activation::Tan => "tan",
                 Activation::Atan => "atan",
                 Activation::Round => "round",
+                Activation::Erf => "erf",
             },
             Op::Cast { .. } => "cast",
             Op::MatMul => "matmul",

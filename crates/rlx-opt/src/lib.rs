@@ -7,6 +7,7 @@
 
 #![deny(missing_docs)]
 
+pub mod autodiff;
 pub mod fold;
 pub mod memory;
 pub mod passes;
@@ -14,6 +15,7 @@ pub mod pipeline;
 pub mod rewrite;
 pub mod simplify;
 
+pub use autodiff::{grad, grad_with_loss, hvp, jvp, nth_order_grad};
 pub use fold::{ConstEval, ConstantFolding};
 pub use memory::{plan_memory, BufferRequest, MemoryPlan};
 pub use passes::{Cse, DeadCodeElimination, Decompose};

@@ -49,10 +49,11 @@ pub mod quant {
     pub use rlx_ir::DType;
 }
 
-/// Graph transforms. This version provides the compile-time transforms (decomposition, folding,
-/// simplification); automatic differentiation and `vmap` are not built yet.
+/// Automatic differentiation: reverse mode (`grad_with_loss`, `grad`), forward mode (`jvp`),
+/// Hessian-vector products (`hvp`) and higher-order derivatives (`nth_order_grad`). `vmap` is not
+/// built yet.
 pub mod autodiff {
-    pub use rlx_opt::{AlgebraicSimplify, ConstantFolding, Cse, DeadCodeElimination, Decompose};
+    pub use rlx_opt::autodiff::{bake_input, grad, grad_with_loss, hvp, jvp, nth_order_grad, prepare_for_ad, tangent_name, D_OUTPUT};
 }
 
 /// Everything most programs need: `use rlx::prelude::*;`.

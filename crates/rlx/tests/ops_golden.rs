@@ -4,119 +4,11 @@
 
 mod common;
 
+use common::table::{cases, dtype, op_of, usizes};
 use common::{decode, encode};
 use rlx::prelude::*;
 use serde_json::Value;
 use std::collections::BTreeSet;
-
-fn usizes(v: &Value) -> Vec<usize> {
-    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("uint") as usize).collect()
-}
-
-fn pairs(v: &Value) -> Vec<(usize, usize)> {
-    v.as_array().expect("array").iter().map(|p| { let p = usizes(p); (p[0], p[1]) }).collect()
-}
-
-fn dtype(v: &Value) -> DType {
-    DType::from_name(v.as_str().expect("dtype")).expect("known dtype")
-}
-
-/// The op a case names.
-fn op_of(name: &str, a: &Value) -> Op {
-    let u = |k: &str| a[k].as_u64().unwrap_or_else(|| panic!("attr {k}")) as usize;
-    let f = |k: &str| a[k].as_f64().unwrap_or_else(|| panic!("attr {k}")) as f32;
-    let act = |x| Op::Activation(x);
-    match name {
-        "add" => Op::Binary(BinaryOp::Add),
-        "sub" => Op::Binary(BinaryOp::Sub),
-        "mul" => Op::Binary(BinaryOp::Mul),
-        "div" => Op::Binary(BinaryOp::Div),
-        "max" => Op::Binary(BinaryOp::Max),
-        "min" => Op::Binary(BinaryOp::Min),
-        "pow" => Op::Binary(BinaryOp::Pow),
-        "eq" => Op::Compare(CmpOp::Eq),
-        "ne" => Op::Compare(CmpOp::Ne),
-        "lt" => Op::Compare(CmpOp::Lt),
-        "le" => Op::Compare(CmpOp::Le),
-        "gt" => Op::Compare(CmpOp::Gt),
-        "ge" => Op::Compare(CmpOp::Ge),
-        "where" => Op::Where,
-        "gelu" => act(Activation::Gelu),
-        "gelu_approx" => act(Activation::GeluApprox),
-        "silu" => act(Activation::Silu),
-        "relu" => act(Activation::Relu),
-        "sigmoid" => act(Activation::Sigmoid),
-        "tanh" => act(Activation::Tanh),
-        "exp" => act(Activation::Exp),
-        "log" => act(Activation::Log),
-        "sqrt" => act(Activation::Sqrt),
-        "rsqrt" => act(Activation::Rsqrt),
-        "neg" => act(Activation::Neg),
-        "abs" => act(Activation::Abs),
-        "sin" => act(Activation::Sin),
-        "cos" => act(Activation::Cos),
-        "tan" => act(Activation::Tan),
-        "atan" => act(Activation::Atan),
-        "round" => act(Activation::Round),
-        "cast" => Op::Cast { to: dtype(&a["to"]) },
-        "matmul" => Op::MatMul,
-        "dot_general" => Op::DotGeneral(DotDims {
-            lhs_contract: usizes(&a["lhs_contract"]),
-            rhs_contract: usizes(&a["rhs_contract"]),
-            lhs_batch: usizes(&a["lhs_batch"]),
-            rhs_batch: usizes(&a["rhs_batch"]),
-        }),
-        "reduce" => Op::Reduce {
-            kind: match a["kind"].as_str().expect("kind") {
-                "sum" => ReduceKind::Sum,
-                "mean" => ReduceKind::Mean,
-                "max" => ReduceKind::Max,
-                "min" => ReduceKind::Min,
-                "prod" => ReduceKind::Prod,
-                k => panic!("reduce kind {k}"),
-            },
-            axes: usizes(&a["axes"]),
-            keepdims: a["keepdims"].as_bool().expect("keepdims"),
-        },
-        "softmax" => Op::Softmax { axis: u("axis") },
-        "layer_norm" => Op::LayerNorm { eps: f("eps") },
-        "rms_norm" => Op::RmsNorm { eps: f("eps") },
-        "reshape" => Op::Reshape { shape: usizes(&a["shape"]) },
-        "transpose" => Op::Transpose { perm: usizes(&a["perm"]) },
-        "narrow" => Op::Narrow { axis: u("axis"), start: u("start"), len: u("len") },
-        "concat" => Op::Concat { axis: u("axis") },
-        "expand" => Op::Expand { shape: usizes(&a["shape"]) },
-        "gather" => Op::Gather { axis: u("axis") },
-        "scatter_add" => Op::ScatterAdd { axis: u("axis") },
-        "cumsum" => Op::Cumsum { axis: u("axis") },
-        "topk_values" => Op::TopK { k: u("k"), output: TopKOutput::Values },
-        "topk_indices" => Op::TopK { k: u("k"), output: TopKOutput::Indices },
-        "attention" => Op::Attention {
-            mask: match a["mask"].as_str().expect("mask") {
-                "none" => MaskKind::None,
-                "causal" => MaskKind::Causal,
-                "sliding_window" => MaskKind::SlidingWindow(u("window")),
-                "custom" => MaskKind::Custom,
-                m => panic!("mask {m}"),
-            },
-            scale: f("scale"),
-        },
-        "rope" => Op::Rope { theta: f("theta"), interleaved: a["interleaved"].as_bool().expect("interleaved") },
-        "conv" => Op::Conv(ConvAttrs {
-            stride: usizes(&a["stride"]),
-            padding: pairs(&a["padding"]),
-            dilation: usizes(&a["dilation"]),
-            groups: u("groups"),
-        }),
-        "pool" => Op::Pool(PoolAttrs {
-            kind: if a["kind"] == "max" { PoolKind::Max } else { PoolKind::Mean },
-            kernel: usizes(&a["kernel"]),
-            stride: usizes(&a["stride"]),
-            padding: pairs(&a["padding"]),
-        }),
-        other => panic!("the op table names an unknown op {other}"),
-    }
-}
 
 /// Build, compile and run one case; `Err` describes a mismatch.
 fn run_case(case: &Value, optimize: bool) -> Result<(), String> {
@@ -165,12 +57,6 @@ fn run_case(case: &Value, optimize: bool) -> Result<(), String> {
     Ok(())
 }
 
-fn cases() -> Vec<Value> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/ops.json")).expect("golden file");
-    let v: Value = serde_json::from_str(&text).expect("golden json");
-    v["cases"].as_array().expect("cases").clone()
-}
-
 fn check_all(optimize: bool) {
     let cases = cases();
     let failures: Vec<String> = cases
@@ -196,7 +82,7 @@ fn the_table_covers_every_op() {
     let covered: BTreeSet<String> = cases().iter().map(|c| op_of(c["op"].as_str().unwrap(), &c["attrs"]).name().to_string()).collect();
     let ops = [
         "add", "sub", "mul", "div", "max", "min", "pow", "eq", "ne", "lt", "le", "gt", "ge", "where", "gelu", "gelu_approx", "silu",
-        "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "neg", "abs", "sin", "cos", "tan", "atan", "round", "cast",
+        "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "neg", "abs", "sin", "cos", "tan", "atan", "round", "erf", "cast",
         "matmul", "dot_general", "reduce", "softmax", "layer_norm", "rms_norm", "reshape", "transpose", "narrow", "concat",
         "expand", "gather", "scatter_add", "cumsum", "topk", "attention", "rope", "conv", "pool",
     ];

@@ -160,6 +160,7 @@ fn activation_float<T: FloatElem>(a: Activation, x: TRef, out: TRef) -> Box<dyn 
         Tan => v.tan(),
         Atan => v.atan(),
         Round => v.round_even(),
+        Erf => v.erf(),
     )
 }
 

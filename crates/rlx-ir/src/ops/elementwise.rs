@@ -44,3 +44,295 @@ pub(super) fn activation(a: Activation, x: &Shape) -> Result<Shape> {
     }
     Ok(x.clone())
 }
+
+// ---------------------------------------------------------------- differentiation rules
+
+use super::ad::{add_opt, differentiable, dims, fit, full_like, scalar, unbroadcast};
+use crate::{CmpOp, Graph, NodeId};
+
+/// `f'(x)` of an activation as a graph value (`None` where it is zero everywhere).
+fn derivative(g: &mut Graph, a: Activation, x: NodeId, y: NodeId) -> Result<Option<NodeId>> {
+    let dt = g.shape(x).dtype();
+    let c = |g: &mut Graph, v: f64| scalar(g, v, dt);
+    let d = match a {
+        Activation::Round => return Ok(None),
+        Activation::Neg => full_like(g, -1.0, x)?,
+        Activation::Exp => y,
+        Activation::Relu | Activation::Abs => {
+            let zero = c(g, 0.0)?;
+            let pos = g.try_compare(CmpOp::Gt, x, zero)?;
+            let pos = g.try_cast(pos, dt)?;
+            if a == Activation::Relu {
+                pos
+            } else {
+                let neg = g.try_compare(CmpOp::Lt, x, zero)?;
+                let neg = g.try_cast(neg, dt)?;
+                g.try_sub(pos, neg)?
+            }
+        }
+        Activation::Sigmoid => {
+            let one = c(g, 1.0)?;
+            let om = g.try_sub(one, y)?;
+            g.try_mul(y, om)?
+        }
+        Activation::Tanh => {
+            let one = c(g, 1.0)?;
+            let y2 = g.try_mul(y, y)?;
+            g.try_sub(one, y2)?
+        }
+        Activation::Log => {
+            let one = c(g, 1.0)?;
+            g.try_div(one, x)?
+        }
+        Activation::Sqrt => {
+            let h = c(g, 0.5)?;
+            g.try_div(h, y)?
+        }
+        Activation::Rsqrt => {
+            let h = c(g, -0.5)?;
+            let t = g.try_div(y, x)?;
+            g.try_mul(h, t)?
+        }
+        Activation::Sin => g.try_activation(Activation::Cos, x)?,
+        Activation::Cos => {
+            let s = g.try_activation(Activation::Sin, x)?;
+            g.try_activation(Activation::Neg, s)?
+        }
+        Activation::Tan => {
+            let one = c(g, 1.0)?;
+            let y2 = g.try_mul(y, y)?;
+            g.try_add(one, y2)?
+        }
+        Activation::Atan => {
+            let one = c(g, 1.0)?;
+            let x2 = g.try_mul(x, x)?;
+            let den = g.try_add(one, x2)?;
+            g.try_div(one, den)?
+        }
+        Activation::Erf => {
+            // 2/sqrt(pi) * exp(-x^2)
+            let k = c(g, 2.0 / std::f64::consts::PI.sqrt())?;
+            let x2 = g.try_mul(x, x)?;
+            let nx2 = g.try_activation(Activation::Neg, x2)?;
+            let e = g.try_activation(Activation::Exp, nx2)?;
+            g.try_mul(k, e)?
+        }
+        Activation::Gelu => {
+            // Phi(x) + x * phi(x)
+            let (h, r2, k) = (c(g, 0.5)?, c(g, std::f64::consts::FRAC_1_SQRT_2)?, c(g, 1.0 / (2.0 * std::f64::consts::PI).sqrt())?);
+            let one = c(g, 1.0)?;
+            let xs = g.try_mul(x, r2)?;
+            let erf = g.try_activation(Activation::Erf, xs)?;
+            let cdf = g.try_add(one, erf)?;
+            let cdf = g.try_mul(h, cdf)?;
+            let x2 = g.try_mul(x, x)?;
+            let hx2 = g.try_mul(h, x2)?;
+            let nhx2 = g.try_activation(Activation::Neg, hx2)?;
+            let e = g.try_activation(Activation::Exp, nhx2)?;
+            let pdf = g.try_mul(k, e)?;
+            let xpdf = g.try_mul(x, pdf)?;
+            g.try_add(cdf, xpdf)?
+        }
+        Activation::GeluApprox => {
+            // 0.5(1 + t) + 0.5 x (1 - t^2) k0 (1 + 3 k1 x^2), t = tanh(k0 (x + k1 x^3))
+            let k0v = (2.0 / std::f64::consts::PI).sqrt();
+            let (h, one, k0, k1, k3) = (c(g, 0.5)?, c(g, 1.0)?, c(g, k0v)?, c(g, 0.044715)?, c(g, 3.0 * 0.044715)?);
+            let x2 = g.try_mul(x, x)?;
+            let x3 = g.try_mul(x2, x)?;
+            let k1x3 = g.try_mul(k1, x3)?;
+            let inner = g.try_add(x, k1x3)?;
+            let u = g.try_mul(k0, inner)?;
+            let t = g.try_activation(Activation::Tanh, u)?;
+            let opt = g.try_add(one, t)?;
+            let a1 = g.try_mul(h, opt)?;
+            let t2 = g.try_mul(t, t)?;
+            let sech2 = g.try_sub(one, t2)?;
+            let k3x2 = g.try_mul(k3, x2)?;
+            let du = g.try_add(one, k3x2)?;
+            let du = g.try_mul(k0, du)?;
+            let hx = g.try_mul(h, x)?;
+            let a2 = g.try_mul(hx, sech2)?;
+            let a2 = g.try_mul(a2, du)?;
+            g.try_add(a1, a2)?
+        }
+        Activation::Silu => {
+            // s (1 + x (1 - s))
+            let s = g.try_activation(Activation::Sigmoid, x)?;
+            let one = c(g, 1.0)?;
+            let oms = g.try_sub(one, s)?;
+            let xo = g.try_mul(x, oms)?;
+            let f = g.try_add(one, xo)?;
+            g.try_mul(s, f)?
+        }
+    };
+    Ok(Some(d))
+}
+
+pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+    let float = |g: &Graph, x: NodeId| differentiable(g.shape(x).dtype());
+    match op {
+        Op::Binary(b) => {
+            let (a, bb) = (ins[0], ins[1]);
+            if !float(g, a) {
+                return Ok(vec![None, None]);
+            }
+            let (sa, sb) = (g.shape(a).clone(), g.shape(bb).clone());
+            let (ga, gb) = match b {
+                BinaryOp::Add => (ct, ct),
+                BinaryOp::Sub => (ct, g.try_activation(Activation::Neg, ct)?),
+                BinaryOp::Mul => (g.try_mul(ct, bb)?, g.try_mul(ct, a)?),
+                BinaryOp::Div => {
+                    let ga = g.try_div(ct, bb)?;
+                    let t = g.try_mul(ct, out)?;
+                    let t = g.try_div(t, bb)?;
+                    (ga, g.try_activation(Activation::Neg, t)?)
+                }
+                BinaryOp::Max | BinaryOp::Min => {
+                    let cmp = if *b == BinaryOp::Max { CmpOp::Ge } else { CmpOp::Le };
+                    let m = g.try_compare(cmp, a, bb)?;
+                    let zero = scalar(g, 0.0, sa.dtype())?;
+                    (g.try_select(m, ct, zero)?, g.try_select(m, zero, ct)?)
+                }
+                BinaryOp::Pow => {
+                    let one = scalar(g, 1.0, sa.dtype())?;
+                    let bm1 = g.try_sub(bb, one)?;
+                    let p = g.try_pow(a, bm1)?;
+                    let da = g.try_mul(bb, p)?;
+                    let ga = g.try_mul(ct, da)?;
+                    let la = g.try_activation(Activation::Log, a)?;
+                    let db = g.try_mul(out, la)?;
+                    (ga, g.try_mul(ct, db)?)
+                }
+            };
+            Ok(vec![Some(unbroadcast(g, ga, &sa)?), Some(unbroadcast(g, gb, &sb)?)])
+        }
+        Op::Compare(_) => Ok(vec![None, None]),
+        Op::Where => {
+            let (c, a, b) = (ins[0], ins[1], ins[2]);
+            if !float(g, a) {
+                return Ok(vec![None, None, None]);
+            }
+            let zero = scalar(g, 0.0, g.shape(a).dtype())?;
+            let ga = g.try_select(c, ct, zero)?;
+            let gb = g.try_select(c, zero, ct)?;
+            let (sa, sb) = (g.shape(a).clone(), g.shape(b).clone());
+            Ok(vec![None, Some(unbroadcast(g, ga, &sa)?), Some(unbroadcast(g, gb, &sb)?)])
+        }
+        Op::Activation(act) => {
+            if !float(g, ins[0]) {
+                return Ok(vec![None]);
+            }
+            Ok(vec![match derivative(g, *act, ins[0], out)? {
+                Some(d) => Some(g.try_mul(ct, d)?),
+                None => None,
+            }])
+        }
+        Op::Cast { to } => {
+            let from = g.shape(ins[0]).dtype();
+            if differentiable(from) && differentiable(*to) {
+                Ok(vec![Some(g.try_cast(ct, from)?)])
+            } else {
+                Ok(vec![None])
+            }
+        }
+        _ => unreachable!("not an elementwise op"),
+    }
+}
+
+pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+    let od = dims(g, out);
+    let r = match op {
+        Op::Binary(b) => {
+            let (a, bb) = (ins[0], ins[1]);
+            if !differentiable(g.shape(a).dtype()) {
+                return Ok(None);
+            }
+            match b {
+                BinaryOp::Add => add_opt(g, t[0], t[1])?,
+                BinaryOp::Sub => {
+                    let nb = match t[1] {
+                        Some(x) => Some(g.try_activation(Activation::Neg, x)?),
+                        None => None,
+                    };
+                    add_opt(g, t[0], nb)?
+                }
+                BinaryOp::Mul => {
+                    let x = match t[0] {
+                        Some(ta) => Some(g.try_mul(ta, bb)?),
+                        None => None,
+                    };
+                    let y = match t[1] {
+                        Some(tb) => Some(g.try_mul(a, tb)?),
+                        None => None,
+                    };
+                    add_opt(g, x, y)?
+                }
+                BinaryOp::Div => {
+                    let x = match t[0] {
+                        Some(ta) => Some(g.try_div(ta, bb)?),
+                        None => None,
+                    };
+                    let y = match t[1] {
+                        Some(tb) => {
+                            let q = g.try_mul(tb, out)?;
+                            let q = g.try_div(q, bb)?;
+                            Some(g.try_activation(Activation::Neg, q)?)
+                        }
+                        None => None,
+                    };
+                    add_opt(g, x, y)?
+                }
+                BinaryOp::Max | BinaryOp::Min => {
+                    let cmp = if *b == BinaryOp::Max { CmpOp::Ge } else { CmpOp::Le };
+                    let m = g.try_compare(cmp, a, bb)?;
+                    let zero = scalar(g, 0.0, g.shape(a).dtype())?;
+                    let ta = t[0].unwrap_or(zero);
+                    let tb = t[1].unwrap_or(zero);
+                    Some(g.try_select(m, ta, tb)?)
+                }
+                BinaryOp::Pow => {
+                    let x = match t[0] {
+                        Some(ta) => {
+                            let one = scalar(g, 1.0, g.shape(a).dtype())?;
+                            let bm1 = g.try_sub(bb, one)?;
+                            let p = g.try_pow(a, bm1)?;
+                            let d = g.try_mul(bb, p)?;
+                            Some(g.try_mul(ta, d)?)
+                        }
+                        None => None,
+                    };
+                    let y = match t[1] {
+                        Some(tb) => {
+                            let la = g.try_activation(Activation::Log, a)?;
+                            let d = g.try_mul(out, la)?;
+                            Some(g.try_mul(tb, d)?)
+                        }
+                        None => None,
+                    };
+                    add_opt(g, x, y)?
+                }
+            }
+        }
+        Op::Compare(_) => None,
+        Op::Where => {
+            if t[1].is_none() && t[2].is_none() {
+                return Ok(None);
+            }
+            let zero = scalar(g, 0.0, g.shape(ins[1]).dtype())?;
+            Some(g.try_select(ins[0], t[1].unwrap_or(zero), t[2].unwrap_or(zero))?)
+        }
+        Op::Activation(act) => match (t[0], differentiable(g.shape(ins[0]).dtype())) {
+            (Some(tx), true) => match derivative(g, *act, ins[0], out)? {
+                Some(d) => Some(g.try_mul(tx, d)?),
+                None => None,
+            },
+            _ => None,
+        },
+        Op::Cast { to } => match t[0] {
+            Some(tx) if differentiable(*to) => Some(g.try_cast(tx, *to)?),
+            _ => None,
+        },
+        _ => unreachable!("not an elementwise op"),
+    };
+    r.map(|x| fit(g, x, &od)).transpose()
+}

@@ -36,3 +36,59 @@ pub(super) fn scatter_add(axis: usize, ins: &[&Shape]) -> Result<Shape> {
     }
     Ok(x.clone())
 }
+
+// ---------------------------------------------------------------- differentiation rules
+
+use super::ad::{differentiable, dims, zeros_like};
+use crate::{Graph, NodeId, Op};
+
+pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+    let x = ins[0];
+    if !differentiable(g.shape(x).dtype()) {
+        return Ok(vec![None; ins.len()]);
+    }
+    Ok(match op {
+        Op::Gather { axis } => {
+            // Scatter the cotangent rows back; indices of any rank are flattened to one axis.
+            let idx = ins[1];
+            let m: usize = dims(g, idx).iter().product();
+            let flat = g.try_reshape(idx, &[m])?;
+            let xd = dims(g, x);
+            let mut ud = xd[..*axis].to_vec();
+            ud.push(m);
+            ud.extend_from_slice(&xd[axis + 1..]);
+            let upd = g.try_reshape(ct, &ud)?;
+            let z = zeros_like(g, x)?;
+            vec![Some(g.try_scatter_add(z, flat, upd, *axis)?), None]
+        }
+        Op::ScatterAdd { axis } => vec![Some(ct), None, Some(g.try_gather(ct, ins[1], *axis)?)],
+        _ => unreachable!("not an indexing op"),
+    })
+}
+
+pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+    if !differentiable(g.shape(ins[0]).dtype()) {
+        return Ok(None);
+    }
+    Ok(match op {
+        Op::Gather { axis } => match t[0] {
+            Some(tx) => Some(g.try_gather(tx, ins[1], *axis)?),
+            None => None,
+        },
+        Op::ScatterAdd { axis } => {
+            if t[0].is_none() && t[2].is_none() {
+                return Ok(None);
+            }
+            let tx = match t[0] {
+                Some(v) => v,
+                None => zeros_like(g, ins[0])?,
+            };
+            let tu = match t[2] {
+                Some(v) => v,
+                None => zeros_like(g, ins[2])?,
+            };
+            Some(g.try_scatter_add(tx, ins[1], tu, *axis)?)
+        }
+        _ => unreachable!("not an indexing op"),
+    })
+}

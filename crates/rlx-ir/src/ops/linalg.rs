@@ -96,3 +96,37 @@ pub(super) fn decompose_dot_general(g: &mut Graph, d: &DotDims, lhs: NodeId, rhs
     let out = out_shape.static_dims().unwrap_or_default();
     g.try_reshape(p, &out)
 }
+
+// ---------------------------------------------------------------- differentiation rules
+
+use super::ad::{add_opt, differentiable, fit, swap_last2, unbroadcast};
+
+/// `d(A·B) = dA·B + A·dB`; the cotangents are `ct·Bᵀ` and `Aᵀ·ct`, summed over broadcast batch axes.
+pub(super) fn vjp_matmul(g: &mut Graph, ins: &[NodeId], ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+    let (a, b) = (ins[0], ins[1]);
+    if !differentiable(g.shape(a).dtype()) {
+        return Ok(vec![None, None]);
+    }
+    let (sa, sb) = (g.shape(a).clone(), g.shape(b).clone());
+    let bt = g.try_transpose(b, &swap_last2(sb.rank()))?;
+    let at = g.try_transpose(a, &swap_last2(sa.rank()))?;
+    let ga = g.try_dot(ct, bt)?;
+    let gb = g.try_dot(at, ct)?;
+    Ok(vec![Some(unbroadcast(g, ga, &sa)?), Some(unbroadcast(g, gb, &sb)?)])
+}
+
+pub(super) fn jvp_matmul(g: &mut Graph, ins: &[NodeId], out: NodeId, t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+    if !differentiable(g.shape(ins[0]).dtype()) {
+        return Ok(None);
+    }
+    let x = match t[0] {
+        Some(ta) => Some(g.try_dot(ta, ins[1])?),
+        None => None,
+    };
+    let y = match t[1] {
+        Some(tb) => Some(g.try_dot(ins[0], tb)?),
+        None => None,
+    };
+    let od = super::ad::dims(g, out);
+    add_opt(g, x, y)?.map(|r| fit(g, r, &od)).transpose()
+}

@@ -4,6 +4,7 @@
 //! its decomposition into simpler ops). This module only dispatches to them, so adding an op means
 //! one variant in [`crate::op`] plus its rules in one family file.
 
+mod ad;
 mod elementwise;
 mod index;
 mod linalg;
@@ -94,10 +95,75 @@ pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
 /// Returns `None` for ops that are primitive. Backends that lack a kernel for a composite op get
 /// this decomposition instead.
 pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<NodeId>> {
-    match op {
-        Op::DotGeneral(d) => Some(linalg::decompose_dot_general(g, d, inputs[0], inputs[1])),
-        _ => None,
+    Some(match op {
+        Op::DotGeneral(d) => linalg::decompose_dot_general(g, d, inputs[0], inputs[1]),
+        Op::LayerNorm { eps } => nn::decompose_norm(g, inputs, *eps, false),
+        Op::RmsNorm { eps } => nn::decompose_norm(g, inputs, *eps, true),
+        Op::Attention { mask, scale } => nn::decompose_attention(g, *mask, *scale, inputs),
+        Op::Conv(a) => spatial::decompose_conv(g, a, inputs),
+        Op::Pool(a) => spatial::decompose_pool(g, a, inputs),
+        _ => return None,
+    })
+}
+
+/// Whether `op` has its own differentiation rules ([`vjp`], [`jvp`]). Ops without them are
+/// differentiated through their [`decompose`]ition.
+pub fn has_ad_rules(op: &Op) -> bool {
+    !matches!(
+        op,
+        Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Conv(_) | Op::Pool(_)
+    )
+}
+
+/// Reverse-mode rule: the cotangents of `op`'s operands `ins` given the cotangent `ct` of its
+/// result `out` (all nodes of `g`). `None` entries are zero or not differentiable (integer and
+/// bool operands, indices). Returns `None` when the op has no rule of its own; see
+/// [`has_ad_rules`].
+pub fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> Option<Result<Vec<Option<NodeId>>>> {
+    if !has_ad_rules(op) {
+        return None;
     }
+    Some(match op {
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => Ok(Vec::new()),
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => {
+            elementwise::vjp(g, op, ins, out, ct)
+        }
+        Op::MatMul => linalg::vjp_matmul(g, ins, ct),
+        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => reduce::vjp(g, op, ins, out, ct),
+        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => {
+            movement::vjp(g, op, ins, ct)
+        }
+        Op::Gather { .. } | Op::ScatterAdd { .. } => index::vjp(g, op, ins, ct),
+        Op::Rope { .. } => nn::vjp_rope(g, op, ins, ct),
+        _ => unreachable!("has_ad_rules covers the rest"),
+    })
+}
+
+/// Forward-mode rule: the tangent of `op`'s result `out` given its operands' tangents (`None`
+/// is zero). Returns `None` when the op has no rule of its own; see [`has_ad_rules`].
+pub fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, tangents: &[Option<NodeId>]) -> Option<Result<Option<NodeId>>> {
+    if !has_ad_rules(op) {
+        return None;
+    }
+    if tangents.iter().all(Option::is_none) {
+        return Some(Ok(None));
+    }
+    Some(match op {
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => Ok(None),
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => {
+            elementwise::jvp(g, op, ins, out, tangents)
+        }
+        Op::MatMul => linalg::jvp_matmul(g, ins, out, tangents),
+        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => {
+            reduce::jvp(g, op, ins, out, tangents)
+        }
+        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => {
+            movement::jvp(g, op, ins, tangents)
+        }
+        Op::Gather { .. } | Op::ScatterAdd { .. } => index::jvp(g, op, ins, tangents),
+        Op::Rope { .. } => nn::jvp_rope(g, op, ins, tangents),
+        _ => unreachable!("has_ad_rules covers the rest"),
+    })
 }
 
 /// Static dimensions of an operand, or an error naming the op.

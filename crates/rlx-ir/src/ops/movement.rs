@@ -72,3 +72,100 @@ pub(super) fn expand(target: &[usize], x: &Shape) -> Result<Shape> {
     }
     Ok(Shape::with_dims(dims_of(target), x.dtype()))
 }
+
+// ---------------------------------------------------------------- differentiation rules
+
+use super::ad::{differentiable, dims, unbroadcast, zeros_like};
+use crate::{Graph, NodeId, Op};
+
+/// Zeros of `x`'s dtype with dims `d`.
+fn zeros(g: &mut Graph, d: &[usize], like: NodeId) -> Result<NodeId> {
+    let dt = g.shape(like).dtype();
+    let z = g.try_scalar(0.0, dt)?;
+    if d.is_empty() {
+        Ok(z)
+    } else {
+        g.try_expand(z, d)
+    }
+}
+
+/// `v` placed at `[start, start + len)` of `axis` in zeros of length `n` (the transpose of narrow).
+fn pad_axis(g: &mut Graph, v: NodeId, axis: usize, start: usize, n: usize) -> Result<NodeId> {
+    let vd = dims(g, v);
+    let len = vd[axis];
+    let mut parts = Vec::new();
+    if start > 0 {
+        let mut d = vd.clone();
+        d[axis] = start;
+        parts.push(zeros(g, &d, v)?);
+    }
+    parts.push(v);
+    if start + len < n {
+        let mut d = vd.clone();
+        d[axis] = n - start - len;
+        parts.push(zeros(g, &d, v)?);
+    }
+    if parts.len() == 1 {
+        Ok(v)
+    } else {
+        g.try_concat(&parts, axis)
+    }
+}
+
+pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+    if !differentiable(g.shape(ins[0]).dtype()) {
+        return Ok(vec![None; ins.len()]);
+    }
+    let x = ins[0];
+    Ok(match op {
+        Op::Reshape { .. } => vec![Some(g.try_reshape(ct, &dims(g, x))?)],
+        Op::Transpose { perm } => {
+            let mut inv = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            vec![Some(g.try_transpose(ct, &inv)?)]
+        }
+        Op::Narrow { axis, start, .. } => {
+            let n = dims(g, x)[*axis];
+            vec![Some(pad_axis(g, ct, *axis, *start, n)?)]
+        }
+        Op::Concat { axis } => {
+            let mut off = 0;
+            let mut out = Vec::new();
+            for &i in ins {
+                let len = dims(g, i)[*axis];
+                out.push(Some(g.try_narrow(ct, *axis, off, len)?));
+                off += len;
+            }
+            out
+        }
+        Op::Expand { .. } => {
+            let s = g.shape(x).clone();
+            vec![Some(unbroadcast(g, ct, &s)?)]
+        }
+        _ => unreachable!("not a movement op"),
+    })
+}
+
+pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+    if !differentiable(g.shape(ins[0]).dtype()) || t.iter().all(Option::is_none) {
+        return Ok(None);
+    }
+    Ok(Some(match op {
+        Op::Concat { axis } => {
+            let mut parts = Vec::new();
+            for (i, &x) in ins.iter().enumerate() {
+                parts.push(match t[i] {
+                    Some(tx) => tx,
+                    None => zeros_like(g, x)?,
+                });
+            }
+            g.try_concat(&parts, *axis)?
+        }
+        op => {
+            let tx = t[0].expect("checked above");
+            g.try_op(op.clone(), &[tx])?
+        }
+    }))
+}

@@ -93,3 +93,98 @@ pub(super) fn rope(ins: &[&Shape]) -> Result<Shape> {
     }
     Ok(x.clone())
 }
+
+// ---------------------------------------------------------------- decompositions and rules
+
+use super::ad::{differentiable, dims, scalar};
+use crate::{Activation, Graph, NodeId};
+
+/// LayerNorm / RmsNorm as reductions and elementwise ops (what autodiff differentiates).
+pub(super) fn decompose_norm(g: &mut Graph, ins: &[NodeId], eps: f32, rms: bool) -> Result<NodeId> {
+    let x = ins[0];
+    let dt = g.shape(x).dtype();
+    let r = g.shape(x).rank() - 1;
+    let xc = if rms {
+        x
+    } else {
+        let mean = g.try_mean(x, &[r], true)?;
+        g.try_sub(x, mean)?
+    };
+    let sq = g.try_mul(xc, xc)?;
+    let var = g.try_mean(sq, &[r], true)?;
+    let e = scalar(g, eps as f64, dt)?;
+    let ve = g.try_add(var, e)?;
+    let inv = g.try_activation(Activation::Rsqrt, ve)?;
+    let y = g.try_mul(xc, inv)?;
+    let y = g.try_mul(y, ins[1])?;
+    if rms {
+        Ok(y)
+    } else {
+        g.try_add(y, ins[2])
+    }
+}
+
+/// Attention as matmuls, a mask, and softmax; kv heads are repeated for grouped queries.
+pub(super) fn decompose_attention(g: &mut Graph, mask: MaskKind, scale: f32, ins: &[NodeId]) -> Result<NodeId> {
+    let (q, mut k, mut v) = (ins[0], ins[1], ins[2]);
+    let [b, hq, sq, _] = <[usize; 4]>::try_from(dims(g, q)).map_err(|_| Error::op("attention", "q must be rank 4"))?;
+    let kd = dims(g, k);
+    let (hkv, sk) = (kd[1], kd[2]);
+    let dt = g.shape(q).dtype();
+    if hq != hkv {
+        let group = hq / hkv;
+        for t in [&mut k, &mut v] {
+            let d = dims(g, *t);
+            let r = g.try_reshape(*t, &[d[0], d[1], 1, d[2], d[3]])?;
+            let e = g.try_expand(r, &[d[0], d[1], group, d[2], d[3]])?;
+            *t = g.try_reshape(e, &[d[0], hq, d[2], d[3]])?;
+        }
+    }
+    let kt = g.try_transpose(k, &[0, 1, 3, 2])?;
+    let s = g.try_dot(q, kt)?;
+    let sc = scalar(g, scale as f64, dt)?;
+    let mut s = g.try_mul(s, sc)?;
+    let off = sk as isize - sq as isize;
+    let allowed = |i: usize, j: usize| -> bool {
+        let p = i as isize + off;
+        match mask {
+            MaskKind::Causal => (j as isize) <= p,
+            MaskKind::SlidingWindow(w) => (j as isize) <= p && (j as isize) > p - w as isize,
+            _ => true,
+        }
+    };
+    if matches!(mask, MaskKind::Causal | MaskKind::SlidingWindow(_)) {
+        let mut data = Vec::with_capacity(sq * sk * dt.size_bytes());
+        let mut buf = vec![0u8; dt.size_bytes()];
+        for i in 0..sq {
+            for j in 0..sk {
+                crate::convert::f64_to_bytes(if allowed(i, j) { 0.0 } else { f64::NEG_INFINITY }, dt, &mut buf)?;
+                data.extend_from_slice(&buf);
+            }
+        }
+        let m = g.try_constant_bytes(crate::Shape::new(&[sq, sk], dt), data)?;
+        s = g.try_add(s, m)?;
+    } else if mask == MaskKind::Custom {
+        s = g.try_add(s, ins[3])?;
+    }
+    let _ = b;
+    let p = g.try_softmax(s, 3)?;
+    g.try_dot(p, v)
+}
+
+/// Rope is a rotation, linear in `x`: its transpose rotates by the opposite angle.
+pub(super) fn vjp_rope(g: &mut Graph, op: &crate::Op, ins: &[NodeId], ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+    if !differentiable(g.shape(ins[0]).dtype()) {
+        return Ok(vec![None, None]);
+    }
+    let neg = g.try_activation(Activation::Neg, ins[1])?;
+    Ok(vec![Some(g.try_op(op.clone(), &[ct, neg])?), None])
+}
+
+pub(super) fn jvp_rope(g: &mut Graph, op: &crate::Op, ins: &[NodeId], t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+    match t[0] {
+        Some(tx) if differentiable(g.shape(ins[0]).dtype()) => Ok(Some(g.try_op(op.clone(), &[tx, ins[1]])?)),
+        _ => Ok(None),
+    }
+}
+

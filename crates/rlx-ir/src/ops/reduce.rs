@@ -66,3 +66,151 @@ pub(super) fn topk(k: usize, output: TopKOutput, x: &Shape) -> Result<Shape> {
     };
     Ok(Shape::with_dims(dims_of(&out), dt))
 }
+
+// ---------------------------------------------------------------- differentiation rules
+
+use super::ad::{differentiable, dims, scalar};
+use crate::{CmpOp, Graph, NodeId, Op};
+
+/// `ct` (the reduced shape) reshaped to keepdims form and broadcast back to `x`'s shape.
+fn expand_back(g: &mut Graph, v: NodeId, x: NodeId, axes: &[usize]) -> Result<NodeId> {
+    let xd = dims(g, x);
+    let keep: Vec<usize> = xd.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
+    let v = if dims(g, v) != keep { g.try_reshape(v, &keep)? } else { v };
+    g.try_expand(v, &xd)
+}
+
+/// Where `x` attains the reduced `y` (max / min), divided by how many places do.
+fn chooser_weights(g: &mut Graph, x: NodeId, y: NodeId, axes: &[usize]) -> Result<NodeId> {
+    let dt = g.shape(x).dtype();
+    let yb = expand_back(g, y, x, axes)?;
+    let m = g.try_compare(CmpOp::Eq, x, yb)?;
+    let m = g.try_cast(m, dt)?;
+    let cnt = g.try_sum(m, axes, true)?;
+    let xd = dims(g, x);
+    let cnt = g.try_expand(cnt, &xd)?;
+    g.try_div(m, cnt)
+}
+
+fn count(g: &Graph, x: NodeId, axes: &[usize]) -> f64 {
+    let d = dims(g, x);
+    axes.iter().map(|&a| d[a] as f64).product()
+}
+
+pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+    let x = ins[0];
+    let dt = g.shape(x).dtype();
+    if !differentiable(dt) {
+        return Ok(vec![None]);
+    }
+    let r = match op {
+        Op::Reduce { kind, axes, .. } => {
+            let cb = expand_back(g, ct, x, axes)?;
+            match kind {
+                ReduceKind::Sum => cb,
+                ReduceKind::Mean => {
+                    let n = scalar(g, 1.0 / count(g, x, axes), dt)?;
+                    g.try_mul(cb, n)?
+                }
+                ReduceKind::Max | ReduceKind::Min => {
+                    let w = chooser_weights(g, x, out, axes)?;
+                    g.try_mul(cb, w)?
+                }
+                ReduceKind::Prod => {
+                    let yb = expand_back(g, out, x, axes)?;
+                    let q = g.try_div(yb, x)?;
+                    g.try_mul(cb, q)?
+                }
+            }
+        }
+        Op::Softmax { axis } => {
+            let cy = g.try_mul(ct, out)?;
+            let s = g.try_sum(cy, &[*axis], true)?;
+            let d = g.try_sub(ct, s)?;
+            g.try_mul(out, d)?
+        }
+        Op::Cumsum { axis } => {
+            // Reverse cumulative sum: total - cumsum + ct.
+            let tot = g.try_sum(ct, &[*axis], true)?;
+            let c = g.try_cumsum(ct, *axis)?;
+            let r = g.try_sub(tot, c)?;
+            g.try_add(r, ct)?
+        }
+        Op::TopK { k, output: TopKOutput::Values } => {
+            let oh = one_hot(g, x, *k)?; // [..., k, n]
+            let cd = dims(g, ct);
+            let mut e = cd.clone();
+            e.push(1);
+            let c = g.try_reshape(ct, &e)?;
+            let p = g.try_mul(oh, c)?;
+            let r = cd.len() - 1;
+            g.try_sum(p, &[r], false)?
+        }
+        Op::TopK { .. } => return Ok(vec![None]),
+        _ => unreachable!("not a reduction"),
+    };
+    Ok(vec![Some(r)])
+}
+
+/// `[..., k, n]` one-hot of the top-k indices of `x [..., n]`, in `x`'s dtype.
+fn one_hot(g: &mut Graph, x: NodeId, k: usize) -> Result<NodeId> {
+    let xd = dims(g, x);
+    let n = *xd.last().unwrap_or(&0);
+    let idx = g.try_op(Op::TopK { k, output: TopKOutput::Indices }, &[x])?;
+    let mut id = dims(g, idx);
+    id.push(1);
+    let idx = g.try_reshape(idx, &id)?;
+    let iota: Vec<u8> = (0..n as i32).flat_map(|v| v.to_le_bytes()).collect();
+    let iota = g.try_constant_bytes(Shape::new(&[n], DType::I32), iota)?;
+    let m = g.try_compare(CmpOp::Eq, idx, iota)?;
+    g.try_cast(m, g.shape(x).dtype())
+}
+
+pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+    let (x, Some(tx)) = (ins[0], t[0]) else { return Ok(None) };
+    let dt = g.shape(x).dtype();
+    if !differentiable(dt) {
+        return Ok(None);
+    }
+    Ok(Some(match op {
+        Op::Reduce { kind, axes, keepdims } => {
+            let v = match kind {
+                ReduceKind::Sum => tx,
+                ReduceKind::Mean => {
+                    let n = scalar(g, 1.0 / count(g, x, axes), dt)?;
+                    g.try_mul(tx, n)?
+                }
+                ReduceKind::Max | ReduceKind::Min => {
+                    let w = chooser_weights(g, x, out, axes)?;
+                    g.try_mul(tx, w)?
+                }
+                ReduceKind::Prod => {
+                    let yb = expand_back(g, out, x, axes)?;
+                    let q = g.try_div(yb, x)?;
+                    g.try_mul(tx, q)?
+                }
+            };
+            g.try_sum(v, axes, *keepdims)?
+        }
+        Op::Softmax { axis } => {
+            let ty = g.try_mul(tx, out)?;
+            let s = g.try_sum(ty, &[*axis], true)?;
+            let d = g.try_sub(tx, s)?;
+            g.try_mul(out, d)?
+        }
+        Op::Cumsum { axis } => g.try_cumsum(tx, *axis)?,
+        Op::TopK { k, output: TopKOutput::Values } => {
+            let oh = one_hot(g, x, *k)?; // [..., k, n]
+            let mut e = dims(g, tx);
+            let n = e.pop().unwrap_or(0);
+            e.push(1);
+            e.push(n);
+            let tr = g.try_reshape(tx, &e)?;
+            let p = g.try_mul(oh, tr)?;
+            let r = e.len() - 1;
+            g.try_sum(p, &[r], false)?
+        }
+        Op::TopK { .. } => return Ok(None),
+        _ => unreachable!("not a reduction"),
+    }))
+}

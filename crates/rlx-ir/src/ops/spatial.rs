@@ -69,3 +69,164 @@ pub(super) fn pool(a: &PoolAttrs, ins: &[&Shape]) -> Result<Shape> {
     }
     Ok(Shape::with_dims(dims_of(&out), x.dtype()))
 }
+
+// ---------------------------------------------------------------- decompositions
+
+use super::ad::dims;
+use crate::{DType, Graph, NodeId, PoolKind, ReduceKind};
+
+/// Pad `x` along `axis` with `lo` / `hi` copies of the constant `v`.
+fn pad(g: &mut Graph, x: NodeId, axis: usize, lo: usize, hi: usize, v: f64) -> Result<NodeId> {
+    if lo == 0 && hi == 0 {
+        return Ok(x);
+    }
+    let xd = dims(g, x);
+    let c = g.try_scalar(v, g.shape(x).dtype())?;
+    let block = |g: &mut Graph, n: usize| {
+        let mut d = xd.clone();
+        d[axis] = n;
+        g.try_expand(c, &d)
+    };
+    let mut parts = Vec::new();
+    if lo > 0 {
+        parts.push(block(g, lo)?);
+    }
+    parts.push(x);
+    if hi > 0 {
+        parts.push(block(g, hi)?);
+    }
+    g.try_concat(&parts, axis)
+}
+
+/// Window positions `o*stride + k*dil` as an `[O, K]` i32 index constant.
+fn window_index(g: &mut Graph, o: usize, k: usize, stride: usize, dil: usize) -> Result<NodeId> {
+    let mut data = Vec::with_capacity(o * k * 4);
+    for i in 0..o {
+        for j in 0..k {
+            data.extend_from_slice(&((i * stride + j * dil) as i32).to_le_bytes());
+        }
+    }
+    g.try_constant_bytes(Shape::new(&[o, k], DType::I32), data)
+}
+
+/// Geometry of a windowed op normalized to two spatial axes (1-d gets a unit height).
+struct Win {
+    k: [usize; 2],
+    s: [usize; 2],
+    d: [usize; 2],
+    p: [(usize, usize); 2],
+    o: [usize; 2],
+}
+
+fn two<T: Copy>(v: &[T], unit: T) -> [T; 2] {
+    if v.len() == 1 {
+        [unit, v[0]]
+    } else {
+        [v[0], v[1]]
+    }
+}
+
+/// `x [N, C, H, W]` → windows `[N, C, OH, KH, OW, KW]`, padding with `pad_value`.
+fn patches(g: &mut Graph, x: NodeId, w: &Win, pad_value: f64) -> Result<NodeId> {
+    let x = pad(g, x, 2, w.p[0].0, w.p[0].1, pad_value)?;
+    let x = pad(g, x, 3, w.p[1].0, w.p[1].1, pad_value)?;
+    let ih = window_index(g, w.o[0], w.k[0], w.s[0], w.d[0])?;
+    let x = g.try_gather(x, ih, 2)?; // [N, C, OH, KH, W]
+    let iw = window_index(g, w.o[1], w.k[1], w.s[1], w.d[1])?;
+    g.try_gather(x, iw, 4) // [N, C, OH, KH, OW, KW]
+}
+
+/// Bring 1-d operands to 2-d: `[N, C, L]` → `[N, C, 1, L]`.
+fn to2d(g: &mut Graph, x: NodeId) -> Result<NodeId> {
+    let d = dims(g, x);
+    if d.len() == 3 {
+        g.try_reshape(x, &[d[0], d[1], 1, d[2]])
+    } else {
+        Ok(x)
+    }
+}
+
+/// Convolution as windows gathered from the padded input and one matmul per group.
+pub(super) fn decompose_conv(g: &mut Graph, a: &ConvAttrs, ins: &[NodeId]) -> Result<NodeId> {
+    let out_shape = conv(a, &[g.shape(ins[0]), g.shape(ins[1])])?;
+    let od = out_shape.static_dims().unwrap_or_default();
+    let one_d = od.len() == 3;
+    let x = to2d(g, ins[0])?;
+    let wt = to2d(g, ins[1])?;
+    let (xd, wd) = (dims(g, x), dims(g, wt));
+    let (n, c, o) = (xd[0], xd[1], wd[0]);
+    let win = Win {
+        k: [wd[2], wd[3]],
+        s: two(&a.stride, 1),
+        d: two(&a.dilation, 1),
+        p: two(&a.padding, (0, 0)),
+        o: if one_d { [1, od[2]] } else { [od[2], od[3]] },
+    };
+    let p = patches(g, x, &win, 0.0)?;
+    let (cg, og) = (c / a.groups, o / a.groups);
+    let kk = cg * win.k[0] * win.k[1];
+    let rows = n * win.o[0] * win.o[1];
+    let mut outs = Vec::new();
+    for gi in 0..a.groups {
+        let pg = if a.groups == 1 { p } else { g.try_narrow(p, 1, gi * cg, cg)? };
+        let pt = g.try_transpose(pg, &[0, 2, 4, 1, 3, 5])?; // [N, OH, OW, Cg, KH, KW]
+        let pm = g.try_reshape(pt, &[rows, kk])?;
+        let wg = if a.groups == 1 { wt } else { g.try_narrow(wt, 0, gi * og, og)? };
+        let wm = g.try_reshape(wg, &[og, kk])?;
+        let wmt = g.try_transpose(wm, &[1, 0])?;
+        outs.push(g.try_dot(pm, wmt)?); // [rows, Og]
+    }
+    let y = if outs.len() == 1 { outs[0] } else { g.try_concat(&outs, 1)? };
+    let y = g.try_reshape(y, &[n, win.o[0], win.o[1], o])?;
+    let y = g.try_transpose(y, &[0, 3, 1, 2])?;
+    if one_d {
+        g.try_reshape(y, &od)
+    } else {
+        Ok(y)
+    }
+}
+
+/// Pooling as gathered windows reduced over the window axes.
+pub(super) fn decompose_pool(g: &mut Graph, a: &PoolAttrs, ins: &[NodeId]) -> Result<NodeId> {
+    let out_shape = pool(a, &[g.shape(ins[0])])?;
+    let od = out_shape.static_dims().unwrap_or_default();
+    let one_d = od.len() == 3;
+    let x = to2d(g, ins[0])?;
+    let xd = dims(g, x);
+    let win = Win {
+        k: two(&a.kernel, 1),
+        s: two(&a.stride, 1),
+        d: [1, 1],
+        p: two(&a.padding, (0, 0)),
+        o: if one_d { [1, od[2]] } else { [od[2], od[3]] },
+    };
+    let fill = if a.kind == PoolKind::Max { f64::NEG_INFINITY } else { 0.0 };
+    let p = patches(g, x, &win, fill)?;
+    let y = match a.kind {
+        PoolKind::Max => g.try_reduce(ReduceKind::Max, p, &[3, 5], false)?,
+        PoolKind::Mean => {
+            let s = g.try_sum(p, &[3, 5], false)?;
+            // Real (non-padding) elements per window.
+            let dt = g.shape(x).dtype();
+            let real = |o: usize, k: usize, s: usize, lo: usize, n: usize| {
+                (0..k).filter(|&j| (o * s + j).checked_sub(lo).is_some_and(|i| i < n)).count()
+            };
+            let mut data = Vec::new();
+            let mut buf = vec![0u8; dt.size_bytes()];
+            for oh in 0..win.o[0] {
+                for ow in 0..win.o[1] {
+                    let cnt = real(oh, win.k[0], win.s[0], win.p[0].0, xd[2]) * real(ow, win.k[1], win.s[1], win.p[1].0, xd[3]);
+                    crate::convert::f64_to_bytes(cnt.max(1) as f64, dt, &mut buf)?;
+                    data.extend_from_slice(&buf);
+                }
+            }
+            let cnt = g.try_constant_bytes(Shape::new(&[win.o[0], win.o[1]], dt), data)?;
+            g.try_div(s, cnt)?
+        }
+    };
+    if one_d {
+        g.try_reshape(y, &od)
+    } else {
+        Ok(y)
+    }
+}

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod table;
+
 use rlx::ir::convert;
 use rlx::prelude::*;
 

@@ -414,6 +414,7 @@ UNARY = {
     "tan": (np.tan, lambda s, d: uniform(s, -1.2, 1.2, d), "transcendental"),
     "atan": (np.arctan, lambda s, d: normal(s, 4.0, d), "transcendental"),
     "round": (np.round, round_inputs, "elementwise"),  # half to even
+    "erf": (lambda x: _erf(x), lambda s, d: normal(s, 1.5, d), "transcendental"),
 }
 
 UNARY_LAYOUTS = [  # (shape the op sees, perm, tag, dtype)

@@ -1,0 +1,256 @@
+//! Derivatives of every op, generated from the op table: for each f32 case the op is rebuilt in
+//! f64 on fresh random inputs, and
+//! - reverse mode (`grad_with_loss`) is compared with central finite differences,
+//! - forward mode (`jvp`) is compared with a directional finite difference and with `grad · v`,
+//! - each op's decomposition (what autodiff differentiates for composite ops) is compared with
+//! its native kernel.
+//! Ops whose results are not differentiable are listed with the reason; none is skipped silently.
+
+mod common;
+
+use common::table::{cases, dtype, op_of, usizes};
+use common::{decode, encode};
+use rlx::autodiff::{grad_with_loss, jvp, tangent_name, D_OUTPUT};
+use rlx::prelude::*;
+use serde_json::Value;
+use std::collections::BTreeSet;
+
+/// Ops with no derivative to check, and why.
+const NOT_DIFFERENTIABLE: &[(&str, &str)] = &[
+    ("eq", "bool result"),
+    ("ne", "bool result"),
+    ("lt", "bool result"),
+    ("le", "bool result"),
+    ("gt", "bool result"),
+    ("ge", "bool result"),
+    ("topk_indices", "integer result"),
+];
+
+/// A small deterministic generator (tests must not depend on a crate's RNG stream).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
+        lo + (hi - lo) * self.next()
+    }
+}
+
+/// Input domain for operand `i` of `op` (keeps logs, roots and divisions well defined).
+fn domain(op: &str, i: usize) -> (f64, f64) {
+    match (op, i) {
+        ("log" | "sqrt" | "rsqrt" | "pow", _) | ("div", 1) => (0.5, 2.0),
+        ("tan", _) => (-1.0, 1.0),
+        _ => (-2.0, 2.0),
+    }
+}
+
+struct Built {
+    graph: Graph,
+    params: Vec<(String, Vec<f64>)>,
+}
+
+/// The case's op in f64 on random params; int / bool operands (indices, conditions, positions)
+/// and custom attention masks stay constants from the table. The loss is `sum(op(...) * w)`.
+fn build(case: &Value, rng: &mut Rng) -> Option<Built> {
+    let op_name = case["op"].as_str().unwrap();
+    let mut g = Graph::new(case["name"].as_str().unwrap());
+    let mut args = Vec::new();
+    let mut params = Vec::new();
+    for (i, inp) in case["inputs"].as_array().unwrap().iter().enumerate() {
+        let dt = dtype(&inp["dtype"]);
+        let dims = usizes(&inp["shape"]);
+        let n: usize = dims.iter().product();
+        let data: Vec<f64> = inp["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let is_mask = op_name == "attention" && i == 3;
+        let id = if dt.is_float() && !is_mask {
+            let (lo, hi) = domain(op_name, i);
+            let v: Vec<f64> = (0..n).map(|_| rng.uniform(lo, hi)).collect();
+            let name = format!("p{i}");
+            params.push((name.clone(), v));
+            g.param(&name, Shape::new(&dims, DType::F64))
+        } else if dt.is_float() {
+            g.constant_bytes(Shape::new(&dims, DType::F64), encode(&data, DType::F64))
+        } else {
+            g.constant_bytes(Shape::new(&dims, dt), encode(&data, dt))
+        };
+        args.push(match inp.get("perm") {
+            Some(p) => g.transpose(id, &usizes(p)),
+            None => id,
+        });
+    }
+    let mut op = op_of(op_name, &case["attrs"]);
+    if let Op::Cast { to } = &mut op {
+        if !to.is_float() {
+            return None;
+        }
+        *to = DType::F64;
+    }
+    let y = g.try_op(op, &args).ok()?;
+    if !g.shape(y).dtype().is_float() || params.is_empty() {
+        return None;
+    }
+    let yd = g.shape(y).static_dims().unwrap();
+    let n: usize = yd.iter().product();
+    if n == 0 || params.iter().any(|(_, v)| v.is_empty()) {
+        return None;
+    }
+    let w: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
+    let w = g.constant_bytes(Shape::new(&yd, DType::F64), encode(&w, DType::F64));
+    let p = g.mul(y, w);
+    let axes: Vec<usize> = (0..yd.len()).collect();
+    let loss = g.sum(p, &axes, false);
+    g.set_outputs(vec![loss]);
+    Some(Built { graph: g, params })
+}
+
+fn set_all(c: &mut CompiledGraph, params: &[(String, Vec<f64>)]) {
+    for (name, v) in params {
+        c.set_param_typed(name, &encode(v, DType::F64), DType::F64);
+    }
+}
+
+fn scalar_out(outs: &[(Vec<u8>, DType)], i: usize) -> f64 {
+    decode(&outs[i].0, outs[i].1)[0]
+}
+
+fn close(a: f64, b: f64, tol: f64) -> bool {
+    (a - b).abs() <= tol * (1.0 + a.abs().max(b.abs()))
+}
+
+/// Check one case; `Ok(false)` when the case has nothing differentiable.
+fn check(case: &Value) -> Result<bool, String> {
+    let mut rng = Rng(0x5eed ^ case["name"].as_str().unwrap().len() as u64);
+    let Some(b) = build(case, &mut rng) else { return Ok(false) };
+    let session = Session::new(Device::Cpu).with_threads(1);
+    let mut fwd = session.try_compile(b.graph.clone()).map_err(|e| format!("forward: {e}"))?;
+    let wrt: Vec<NodeId> = b.params.iter().map(|(n, _)| b.graph.find_leaf(n).unwrap()).collect();
+    let gg = grad_with_loss(&b.graph, &wrt).map_err(|e| format!("grad_with_loss: {e}"))?;
+    let mut bwd = session.try_compile(gg).map_err(|e| format!("grad graph: {e}"))?;
+    set_all(&mut bwd, &b.params);
+    let one = encode(&[1.0], DType::F64);
+    let outs = bwd.try_run_typed(&[(D_OUTPUT, &one, DType::F64)]).map_err(|e| format!("grad run: {e}"))?;
+    let loss_of = |fwd: &mut CompiledGraph, params: &[(String, Vec<f64>)]| -> f64 {
+        set_all(fwd, params);
+        scalar_out(&fwd.run_typed(&[]), 0)
+    };
+    set_all(&mut fwd, &b.params);
+    let l0 = scalar_out(&fwd.run_typed(&[]), 0);
+    if !close(l0, scalar_out(&outs, 0), 1e-12) {
+        return Err(format!("loss from the grad graph {} differs from the forward loss {l0}", scalar_out(&outs, 0)));
+    }
+    const H: f64 = 1e-6;
+    const TOL: f64 = 1e-5;
+    let mut probe = b.params.clone();
+    for (pi, (name, v)) in b.params.iter().enumerate() {
+        let grad = decode(&outs[1 + pi].0, outs[1 + pi].1);
+        // At most 24 elements per operand, spread over it.
+        let step = (v.len() / 24).max(1);
+        for e in (0..v.len()).step_by(step) {
+            probe[pi].1[e] = v[e] + H;
+            let up = loss_of(&mut fwd, &probe);
+            probe[pi].1[e] = v[e] - H;
+            let down = loss_of(&mut fwd, &probe);
+            probe[pi].1[e] = v[e];
+            let fd = (up - down) / (2.0 * H);
+            if !close(fd, grad[e], TOL) {
+                return Err(format!("d loss / d {name}[{e}]: reverse mode {} vs finite difference {fd}", grad[e]));
+            }
+        }
+    }
+    // Forward mode along a random direction v: jvp == FD and jvp == grad · v.
+    let names: Vec<&str> = b.params.iter().map(|(n, _)| n.as_str()).collect();
+    let jg = jvp(&b.graph, &names).map_err(|e| format!("jvp: {e}"))?;
+    let mut jc = session.try_compile(jg).map_err(|e| format!("jvp graph: {e}"))?;
+    set_all(&mut jc, &b.params);
+    let dirs: Vec<Vec<f64>> = b.params.iter().map(|(_, v)| v.iter().map(|_| rng.uniform(-1.0, 1.0)).collect()).collect();
+    let tnames: Vec<String> = names.iter().map(|n| tangent_name(n)).collect();
+    let tbytes: Vec<Vec<u8>> = dirs.iter().map(|d| encode(d, DType::F64)).collect();
+    let feeds: Vec<(&str, &[u8], DType)> = tnames.iter().zip(&tbytes).map(|(n, b)| (n.as_str(), b.as_slice(), DType::F64)).collect();
+    let jo = jc.try_run_typed(&feeds).map_err(|e| format!("jvp run: {e}"))?;
+    let tangent = scalar_out(&jo, 1);
+    let shifted = |s: f64| -> Vec<(String, Vec<f64>)> {
+        b.params.iter().zip(&dirs).map(|((n, v), d)| (n.clone(), v.iter().zip(d).map(|(x, y)| x + s * y).collect())).collect()
+    };
+    let fd = (loss_of(&mut fwd, &shifted(H)) - loss_of(&mut fwd, &shifted(-H))) / (2.0 * H);
+    if !close(fd, tangent, TOL) {
+        return Err(format!("forward mode {tangent} vs directional finite difference {fd}"));
+    }
+    let dot: f64 = (0..b.params.len()).map(|i| decode(&outs[1 + i].0, DType::F64).iter().zip(&dirs[i]).map(|(a, b)| a * b).sum::<f64>()).sum();
+    if !close(dot, tangent, 1e-9) {
+        return Err(format!("forward mode {tangent} vs grad · v {dot}"));
+    }
+    Ok(true)
+}
+
+#[test]
+fn reverse_and_forward_mode_match_finite_differences_for_every_op() {
+    let cases = cases();
+    let mut checked = BTreeSet::new();
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for c in &cases {
+        let dts: Vec<DType> = c["inputs"].as_array().unwrap().iter().map(|i| dtype(&i["dtype"])).collect();
+        // f32 / f64 cases carry the structure; half-precision and integer variants add nothing here.
+        if dts.iter().any(|d| matches!(d, DType::F16 | DType::BF16)) {
+            continue;
+        }
+        match check(c) {
+            Ok(true) => {
+                checked.insert(c["op"].as_str().unwrap().to_string());
+                count += 1;
+            }
+            Ok(false) => {}
+            Err(e) => failures.push(format!("{}: {e}", c["name"].as_str().unwrap())),
+        }
+    }
+    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    let all: BTreeSet<String> = cases.iter().map(|c| c["op"].as_str().unwrap().to_string()).collect();
+    let excused: BTreeSet<String> = NOT_DIFFERENTIABLE.iter().map(|(o, _)| o.to_string()).collect();
+    let missing: Vec<&String> = all.iter().filter(|o| !checked.contains(*o) && !excused.contains(*o)).collect();
+    assert!(missing.is_empty(), "ops whose derivatives were never checked: {missing:?}");
+    assert!(count > 200, "only {count} cases checked");
+    eprintln!("{count} cases checked over {} ops", checked.len());
+}
+
+/// Composite ops are differentiated through their decompositions: those must compute what the
+/// native kernels compute.
+#[test]
+fn decompositions_match_native_kernels() {
+    let mut n = 0;
+    for c in cases() {
+        let op = op_of(c["op"].as_str().unwrap(), &c["attrs"]);
+        if rlx::ir::ops::has_ad_rules(&op) {
+            continue;
+        }
+        let mut g = Graph::new("native");
+        let mut feeds = Vec::new();
+        let mut args = Vec::new();
+        for (i, inp) in c["inputs"].as_array().unwrap().iter().enumerate() {
+            let dt = dtype(&inp["dtype"]);
+            let data: Vec<f64> = inp["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+            let id = g.input(&format!("in{i}"), Shape::new(&usizes(&inp["shape"]), dt));
+            args.push(match inp.get("perm") {
+                Some(p) => g.transpose(id, &usizes(p)),
+                None => id,
+            });
+            feeds.push((format!("in{i}"), encode(&data, dt), dt));
+        }
+        let y = g.op(op, &args);
+        g.set_outputs(vec![y]);
+        let decomposed = rlx::autodiff::prepare_for_ad(&g).unwrap();
+        let f: Vec<(&str, &[u8], DType)> = feeds.iter().map(|(a, b, d)| (a.as_str(), b.as_slice(), *d)).collect();
+        let s = Session::new(Device::Cpu);
+        let a = s.compile(g).run_typed(&f);
+        let b = s.compile(decomposed).run_typed(&f);
+        let (x, y) = (decode(&a[0].0, a[0].1), decode(&b[0].0, b[0].1));
+        let tol = c["rtol"].as_f64().unwrap().max(1e-5) * 4.0;
+        for (i, (p, q)) in x.iter().zip(&y).enumerate() {
+            assert!((p - q).abs() <= tol * (1.0 + p.abs()), "{}: element {i}: native {p}, decomposed {q}", c["name"]);
+        }
+        n += 1;
+    }
+    assert!(n > 30, "only {n} composite cases");
+}

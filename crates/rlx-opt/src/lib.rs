@@ -14,6 +14,7 @@ pub mod passes;
 pub mod pipeline;
 pub mod rewrite;
 pub mod simplify;
+pub mod vmap;
 
 pub use autodiff::{grad, grad_with_loss, hvp, jvp, nth_order_grad};
 pub use fold::{ConstEval, ConstantFolding};
@@ -22,3 +23,4 @@ pub use passes::{Cse, DeadCodeElimination, Decompose};
 pub use pipeline::{CompilePipeline, CompileResult, Pass, PassRecord};
 pub use rewrite::{rewrite, Rewrite};
 pub use simplify::AlgebraicSimplify;
+pub use vmap::{vmap, vmap_axes};

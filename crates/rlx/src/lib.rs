@@ -50,10 +50,12 @@ pub mod quant {
 }
 
 /// Automatic differentiation: reverse mode (`grad_with_loss`, `grad`), forward mode (`jvp`),
-/// Hessian-vector products (`hvp`) and higher-order derivatives (`nth_order_grad`). `vmap` is not
-/// built yet.
+/// Hessian-vector products (`hvp`), higher-order derivatives (`nth_order_grad`), and the
+/// vectorizing map (`vmap`, `vmap_axes`). They compose: `vmap` of `grad` gives per-example
+/// gradients.
 pub mod autodiff {
     pub use rlx_opt::autodiff::{bake_input, grad, grad_with_loss, hvp, jvp, nth_order_grad, prepare_for_ad, tangent_name, D_OUTPUT};
+    pub use rlx_opt::vmap::{vmap, vmap_axes};
 }
 
 /// Everything most programs need: `use rlx::prelude::*;`.

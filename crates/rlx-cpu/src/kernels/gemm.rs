@@ -293,6 +293,14 @@ mod x86 {
     #[inline(always)]
     unsafe fn micro_avx512<const MR: usize>(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
         let mut r = [[_mm512_setzero_ps(); 2]; MR];
+        if acc {
+            // C is read back at the end; with large row strides its rows share cache sets, so
+            // start fetching them before the k loop.
+            for i in 0..rows {
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 16) as *const i8);
+            }
+        }
         for p in 0..kc {
             let bp = b.add(p * 32);
             let b0 = _mm512_loadu_ps(bp);

@@ -5,6 +5,7 @@
 //! one variant in [`crate::op`] plus its rules in one family file.
 
 mod ad;
+mod batch;
 mod elementwise;
 mod index;
 mod linalg;
@@ -12,6 +13,8 @@ mod movement;
 mod nn;
 mod reduce;
 mod spatial;
+
+pub use batch::{batch, batch_supported, materialize as batch_materialize};
 
 use crate::{Dim, Error, Graph, NodeId, Op, Result, Shape};
 
@@ -102,6 +105,7 @@ pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<Nod
         Op::Attention { mask, scale } => nn::decompose_attention(g, *mask, *scale, inputs),
         Op::Conv(a) => spatial::decompose_conv(g, a, inputs),
         Op::Pool(a) => spatial::decompose_pool(g, a, inputs),
+        Op::Rope { theta, interleaved } => nn::decompose_rope(g, *theta, *interleaved, inputs),
         _ => return None,
     })
 }

@@ -188,3 +188,45 @@ pub(super) fn jvp_rope(g: &mut Graph, op: &crate::Op, ins: &[NodeId], t: &[Optio
     }
 }
 
+
+/// Rope as elementwise ops on `cos` / `sin` tables computed from the positions (what vmap
+/// batches when the positions themselves are batched).
+pub(super) fn decompose_rope(g: &mut Graph, theta: f32, interleaved: bool, ins: &[NodeId]) -> Result<NodeId> {
+    let (x, pos) = (ins[0], ins[1]);
+    let xd = dims(g, x);
+    let dt = g.shape(x).dtype();
+    let (r, s, d) = (xd.len(), xd[xd.len() - 2], xd[xd.len() - 1]);
+    let half = d / 2;
+    let mut freq = Vec::new();
+    let mut buf = vec![0u8; dt.size_bytes()];
+    for k in 0..half {
+        crate::convert::f64_to_bytes((theta as f64).powf(-2.0 * k as f64 / d as f64), dt, &mut buf)?;
+        freq.extend_from_slice(&buf);
+    }
+    let freq = g.try_constant_bytes(crate::Shape::new(&[half], dt), freq)?;
+    let p = g.try_cast(pos, dt)?;
+    let p = g.try_reshape(p, &[s, 1])?;
+    let ang = g.try_mul(p, freq)?; // [S, half]
+    let (cos, sin) = (g.try_activation(Activation::Cos, ang)?, g.try_activation(Activation::Sin, ang)?);
+    let rotate = |g: &mut Graph, a: NodeId, b: NodeId, cos: NodeId, sin: NodeId| -> Result<(NodeId, NodeId)> {
+        let (ac, bs) = (g.try_mul(a, cos)?, g.try_mul(b, sin)?);
+        let (as_, bc) = (g.try_mul(a, sin)?, g.try_mul(b, cos)?);
+        Ok((g.try_sub(ac, bs)?, g.try_add(as_, bc)?))
+    };
+    if interleaved {
+        let mut pd = xd.clone();
+        pd.pop();
+        pd.push(half);
+        pd.push(2);
+        let xp = g.try_reshape(x, &pd)?;
+        let (a, b) = (g.try_narrow(xp, r, 0, 1)?, g.try_narrow(xp, r, 1, 1)?);
+        let (c3, s3) = (g.try_reshape(cos, &[s, half, 1])?, g.try_reshape(sin, &[s, half, 1])?);
+        let (o1, o2) = rotate(g, a, b, c3, s3)?;
+        let o = g.try_concat(&[o1, o2], r)?;
+        g.try_reshape(o, &xd)
+    } else {
+        let (a, b) = (g.try_narrow(x, r - 1, 0, half)?, g.try_narrow(x, r - 1, half, half)?);
+        let (o1, o2) = rotate(g, a, b, cos, sin)?;
+        g.try_concat(&[o1, o2], r - 1)
+    }
+}

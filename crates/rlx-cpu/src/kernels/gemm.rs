@@ -22,6 +22,7 @@ pub enum Isa {
     /// AVX-512F, 12×32 tile.
     Avx512,
 
+
     /// AVX2 + FMA, 6×16 tile.
     Avx2,
     /// Portable, 4×8 tile.
@@ -286,48 +287,63 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn micro_12x32(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
-        micro_avx512::<12>(kc, a, b, c, ldc, acc, rows, cols)
+        micro_avx512::<12, 2, 32>(kc, a, b, c, ldc, acc, rows, cols)
     }
 
+    /// `MR` rows of C by `NV` vectors of 16 columns (`NR = 16 * NV`).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn micro_avx512<const MR: usize>(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
-        let mut r = [[_mm512_setzero_ps(); 2]; MR];
+    unsafe fn micro_avx512<const MR: usize, const NV: usize, const NR: usize>(
+        kc: usize,
+        a: *const f32,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+        rows: usize,
+        cols: usize,
+    ) {
+        let mut r = [[_mm512_setzero_ps(); NV]; MR];
         if acc {
             // C is read back at the end; with large row strides its rows share cache sets, so
             // start fetching them before the k loop.
             for i in 0..rows {
-                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc) as *const i8);
-                _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 16) as *const i8);
+                for v in 0..NV {
+                    _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 16 * v) as *const i8);
+                }
             }
         }
         for p in 0..kc {
-            let bp = b.add(p * 32);
-            let b0 = _mm512_loadu_ps(bp);
-            let b1 = _mm512_loadu_ps(bp.add(16));
+            let bp = b.add(p * NR);
+            let mut bv = [_mm512_setzero_ps(); NV];
+            for (v, x) in bv.iter_mut().enumerate() {
+                *x = _mm512_loadu_ps(bp.add(16 * v));
+            }
             let ap = a.add(p * MR);
             for (i, ri) in r.iter_mut().enumerate() {
                 let av = _mm512_set1_ps(*ap.add(i));
-                ri[0] = _mm512_fmadd_ps(av, b0, ri[0]);
-                ri[1] = _mm512_fmadd_ps(av, b1, ri[1]);
+                for v in 0..NV {
+                    ri[v] = _mm512_fmadd_ps(av, bv[v], ri[v]);
+                }
             }
         }
-        if rows == MR && cols == 32 {
+        if rows == MR && cols == NR {
             for (i, ri) in r.iter().enumerate() {
                 let cp = c.add(i * ldc);
-                let (mut v0, mut v1) = (ri[0], ri[1]);
-                if acc {
-                    v0 = _mm512_add_ps(v0, _mm512_loadu_ps(cp));
-                    v1 = _mm512_add_ps(v1, _mm512_loadu_ps(cp.add(16)));
+                for (v, x) in ri.iter().enumerate() {
+                    let mut y = *x;
+                    if acc {
+                        y = _mm512_add_ps(y, _mm512_loadu_ps(cp.add(16 * v)));
+                    }
+                    _mm512_storeu_ps(cp.add(16 * v), y);
                 }
-                _mm512_storeu_ps(cp, v0);
-                _mm512_storeu_ps(cp.add(16), v1);
             }
         } else {
-            let mut t = [[0f32; 32]; MR];
+            let mut t = [[0f32; NR]; MR];
             for (i, ri) in r.iter().enumerate() {
-                _mm512_storeu_ps(t[i].as_mut_ptr(), ri[0]);
-                _mm512_storeu_ps(t[i].as_mut_ptr().add(16), ri[1]);
+                for (v, x) in ri.iter().enumerate() {
+                    _mm512_storeu_ps(t[i].as_mut_ptr().add(16 * v), *x);
+                }
             }
             store_tile(&t, c, ldc, acc, rows, cols);
         }

@@ -235,4 +235,22 @@ impl Executable for Program {
     fn read_output(&self, idx: usize, out: &mut [u8]) {
         kernels::materialize(&self.output_refs[idx], out);
     }
+
+    fn assign_param(&mut self, param: usize, output: usize) {
+        let src = self.output_refs[output];
+        let dst = &self.param_bufs[param];
+        if src.ptr.0 == dst.ptr() {
+            if src.layout.is_contiguous() && src.layout.offset == 0 {
+                return; // the output is the param itself
+            }
+            let mut tmp = vec![0u8; dst.len()];
+            kernels::materialize(&src, &mut tmp);
+            self.write_param(param, &tmp);
+            return;
+        }
+        // SAFETY: the param buffer has exactly the output's byte size (checked by the runtime)
+        // and does not overlap the output's buffer.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst.ptr(), dst.len()) };
+        kernels::materialize(&src, out);
+    }
 }

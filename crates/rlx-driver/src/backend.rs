@@ -50,6 +50,14 @@ pub trait Executable: Send {
     fn execute(&mut self);
     /// Copy output `idx` (dense, row-major) into `out` (exactly its byte size).
     fn read_output(&self, idx: usize, out: &mut [u8]);
+    /// Overwrite param `param` with output `output` (same shape and dtype) on the device, as
+    /// training updates do after each step. The default goes through host memory; backends
+    /// override it to copy in place.
+    fn assign_param(&mut self, param: usize, output: usize) {
+        let mut buf = vec![0u8; self.outputs()[output].shape.size_bytes().unwrap_or(0)];
+        self.read_output(output, &mut buf);
+        self.write_param(param, &buf);
+    }
 }
 
 type Registry = RwLock<Vec<(Device, Arc<dyn Backend>)>>;

@@ -15,6 +15,10 @@ pub struct CompiledGraph {
     staging_in: Vec<Vec<u8>>,
     /// Per-output staging bytes for non-f32 outputs.
     staging_out: Vec<Vec<u8>>,
+    /// `(param, output)`: after each run the output overwrites the param (training updates).
+    updates: Vec<(usize, usize)>,
+    /// Outputs returned by `run` (those that are not updates), in order.
+    visible: Vec<usize>,
 }
 
 fn f32_bytes(v: &[f32]) -> &[u8] {
@@ -44,7 +48,33 @@ impl CompiledGraph {
         let size = |s: &IoSlot| s.shape.size_bytes().unwrap_or(0);
         let staging_in = exe.inputs().iter().map(|s| if s.shape.dtype() == DType::F32 { Vec::new() } else { vec![0; size(s)] }).collect();
         let staging_out = exe.outputs().iter().map(|s| if s.shape.dtype() == DType::F32 { Vec::new() } else { vec![0; size(s)] }).collect();
-        CompiledGraph { exe, graph, records, device, staging_in, staging_out }
+        let visible = (0..exe.outputs().len()).collect();
+        CompiledGraph { exe, graph, records, device, staging_in, staging_out, updates: Vec::new(), visible }
+    }
+
+    /// Make output `output` overwrite param `param` after every run (on the device, without a
+    /// host copy), and stop returning it from `run`. Used by training steps.
+    pub fn try_bind_update(&mut self, param: &str, output: usize) -> Result<()> {
+        let p = find(self.exe.params(), "param", param)?;
+        let o = self.exe.outputs().get(output).ok_or_else(|| Error::Invalid(format!("no output {output} to bind to param \"{param}\"")))?;
+        let ps = &self.exe.params()[p].shape;
+        if o.shape != *ps {
+            return Err(Error::Invalid(format!("output {output} has shape {} but param \"{param}\" is {ps}", o.shape)));
+        }
+        if self.updates.iter().any(|&(q, _)| q == p) {
+            return Err(Error::Invalid(format!("param \"{param}\" already has an update bound")));
+        }
+        self.updates.push((p, output));
+        self.visible.retain(|&i| i != output);
+        Ok(())
+    }
+
+    /// Run the graph and apply the bound param updates.
+    fn execute(&mut self) {
+        self.exe.execute();
+        for &(p, o) in &self.updates {
+            self.exe.assign_param(p, o);
+        }
     }
 
     /// The device it runs on.
@@ -140,6 +170,15 @@ impl CompiledGraph {
         Ok(out)
     }
 
+    /// Read a param back as raw little-endian bytes with its dtype.
+    pub fn try_get_param_typed(&self, name: &str) -> Result<(Vec<u8>, DType)> {
+        let i = find(self.exe.params(), "param", name)?;
+        let slot = &self.exe.params()[i];
+        let mut bytes = vec![0u8; slot.shape.size_bytes().unwrap_or(0)];
+        self.exe.read_param(i, &mut bytes);
+        Ok((bytes, slot.shape.dtype()))
+    }
+
     /// Check the named inputs against the graph: every input given once, no unknown names.
     fn match_inputs<'n>(&self, names: impl Iterator<Item = &'n str> + Clone) -> Result<()> {
         for n in names.clone() {
@@ -191,9 +230,10 @@ impl CompiledGraph {
                 self.staging_in[i] = staged;
             }
         }
-        self.exe.execute();
-        let mut outs = Vec::with_capacity(self.exe.outputs().len());
-        for i in 0..self.exe.outputs().len() {
+        self.execute();
+        let mut outs = Vec::with_capacity(self.visible.len());
+        for vi in 0..self.visible.len() {
+            let i = self.visible[vi];
             let slot = &self.exe.outputs()[i];
             let mut v = vec![0f32; numel(slot)];
             if slot.shape.dtype() == DType::F32 {
@@ -225,9 +265,9 @@ impl CompiledGraph {
             check_typed("input", &self.exe.inputs()[i], name, bytes, *dt)?;
             self.exe.write_input(i, bytes);
         }
-        self.exe.execute();
-        let mut outs = Vec::with_capacity(self.exe.outputs().len());
-        for i in 0..self.exe.outputs().len() {
+        self.execute();
+        let mut outs = Vec::with_capacity(self.visible.len());
+        for &i in &self.visible {
             let s = &self.exe.outputs()[i];
             let mut b = vec![0u8; s.shape.size_bytes().unwrap_or(0)];
             self.exe.read_output(i, &mut b);

@@ -58,6 +58,8 @@ pub mod autodiff {
     pub use rlx_opt::vmap::{vmap, vmap_axes};
 }
 
+pub mod train;
+
 /// Everything most programs need: `use rlx::prelude::*;`.
 pub mod prelude {
     pub use crate::ops::*;

@@ -1,0 +1,231 @@
+//! Training: optimizer updates against the published formulas computed on the host, schedules,
+//! clipping, a small model that learns, and checkpoint round trips.
+
+use rlx::prelude::*;
+use rlx::train::{mse, softmax_cross_entropy, Optimizer, Schedule, TrainConfig, Trainer};
+
+/// loss = sum(p * c): the gradient is `c` at every step, so updates are easy to follow.
+fn linear(c: &[f32]) -> Graph {
+    let mut g = Graph::new("linear");
+    let p = g.param("p", Shape::new(&[c.len()], DType::F32));
+    let k = g.constant_f32(&[c.len()], c);
+    let y = g.mul(p, k);
+    let l = g.sum(y, &[0], false);
+    g.set_outputs(vec![l]);
+    g
+}
+
+fn cfg(optimizer: Optimizer, lr: f32) -> TrainConfig {
+    TrainConfig { optimizer, schedule: Schedule::Constant { lr }, clip_norm: None }
+}
+
+/// Host reference of `steps` updates with constant gradient `c`.
+fn reference(opt: Optimizer, lr: f64, p0: &[f64], c: &[f64], steps: usize) -> Vec<f64> {
+    let mut p = p0.to_vec();
+    let (mut m, mut v) = (vec![0.0; p.len()], vec![0.0; p.len()]);
+    for t in 1..=steps {
+        for i in 0..p.len() {
+            let g = c[i];
+            match opt {
+                Optimizer::Sgd { momentum, nesterov } => {
+                    let mu = momentum as f64;
+                    m[i] = mu * m[i] + g;
+                    let d = if mu == 0.0 { g } else if nesterov { g + mu * m[i] } else { m[i] };
+                    p[i] -= lr * d;
+                }
+                Optimizer::Adam { beta1, beta2, eps } | Optimizer::AdamW { beta1, beta2, eps, .. } => {
+                    let (b1, b2) = (beta1 as f64, beta2 as f64);
+                    m[i] = b1 * m[i] + (1.0 - b1) * g;
+                    v[i] = b2 * v[i] + (1.0 - b2) * g * g;
+                    let mh = m[i] / (1.0 - b1.powi(t as i32));
+                    let vh = v[i] / (1.0 - b2.powi(t as i32));
+                    let mut d = mh / (vh.sqrt() + eps as f64);
+                    if let Optimizer::AdamW { weight_decay, .. } = opt {
+                        d += weight_decay as f64 * p[i];
+                    }
+                    p[i] -= lr * d;
+                }
+            }
+        }
+    }
+    p
+}
+
+#[test]
+fn optimizers_follow_their_update_rules() {
+    let c = [0.5f32, -2.0, 3.0];
+    let p0 = [1.0f32, 2.0, -1.0];
+    let opts = [
+        Optimizer::Sgd { momentum: 0.0, nesterov: false },
+        Optimizer::Sgd { momentum: 0.9, nesterov: false },
+        Optimizer::Sgd { momentum: 0.9, nesterov: true },
+        Optimizer::adam(),
+        Optimizer::adamw(0.1),
+    ];
+    for opt in opts {
+        let mut t = Trainer::new(&linear(&c), &["p"], cfg(opt, 0.05), &Session::new(Device::Cpu)).unwrap();
+        t.set_param("p", &p0).unwrap();
+        for _ in 0..7 {
+            t.step(&[]).unwrap();
+        }
+        let got = t.get_param("p").unwrap();
+        let want = reference(opt, 0.05, &p0.map(f64::from), &c.map(f64::from), 7);
+        for (g, w) in got.iter().zip(&want) {
+            assert!((*g as f64 - w).abs() < 1e-5 * (1.0 + w.abs()), "{opt:?}: {got:?} vs {want:?}");
+        }
+    }
+}
+
+#[test]
+fn warmup_cosine_schedule_drives_the_step_size() {
+    let sched = Schedule::WarmupCosine { lr: 0.1, min_lr: 0.01, warmup: 3, total: 10 };
+    let c = [1.0f32];
+    let mut t = Trainer::new(
+        &linear(&c),
+        &["p"],
+        TrainConfig { optimizer: Optimizer::Sgd { momentum: 0.0, nesterov: false }, schedule: sched, clip_norm: None },
+        &Session::new(Device::Cpu),
+    )
+    .unwrap();
+    let mut prev = t.get_param("p").unwrap()[0];
+    for step in 1..=12u64 {
+        assert!((t.next_lr() - sched.at(step)).abs() < 1e-7);
+        t.step(&[]).unwrap();
+        let p = t.get_param("p").unwrap()[0];
+        let lr = prev - p; // gradient is 1
+        assert!((lr - sched.at(step)).abs() < 1e-6, "step {step}: lr {lr} vs {}", sched.at(step));
+        prev = p;
+    }
+    assert!((sched.at(3) - 0.1).abs() < 1e-7 && (sched.at(10) - 0.01).abs() < 1e-7 && sched.at(1) < sched.at(2));
+}
+
+#[test]
+fn clipping_bounds_the_global_gradient_norm() {
+    let c = [3.0f32, 4.0]; // norm 5
+    let mut t = Trainer::new(
+        &linear(&c),
+        &["p"],
+        TrainConfig { optimizer: Optimizer::Sgd { momentum: 0.0, nesterov: false }, schedule: Schedule::Constant { lr: 1.0 }, clip_norm: Some(1.0) },
+        &Session::new(Device::Cpu),
+    )
+    .unwrap();
+    t.step(&[]).unwrap();
+    let p = t.get_param("p").unwrap();
+    assert!((p[0] + 0.6).abs() < 1e-5 && (p[1] + 0.8).abs() < 1e-5, "{p:?}");
+}
+
+/// A 2-layer MLP regressing y = sin(3x) on 64 points.
+fn mlp() -> Graph {
+    let mut g = Graph::new("mlp");
+    let x = g.input("x", Shape::new(&[64, 1], DType::F32));
+    let y = g.input("y", Shape::new(&[64, 1], DType::F32));
+    let w1 = g.param("w1", Shape::new(&[1, 32], DType::F32));
+    let b1 = g.param("b1", Shape::new(&[32], DType::F32));
+    let w2 = g.param("w2", Shape::new(&[32, 1], DType::F32));
+    let b2 = g.param("b2", Shape::new(&[1], DType::F32));
+    let h = g.dot(x, w1);
+    let h = g.add(h, b1);
+    let h = g.activation(Activation::Tanh, h);
+    let o = g.dot(h, w2);
+    let o = g.add(o, b2);
+    let l = mse(&mut g, o, y).unwrap();
+    g.set_outputs(vec![l]);
+    g
+}
+
+fn mlp_trainer() -> Trainer {
+    let mut t = Trainer::new(
+        &mlp(),
+        &["w1", "b1", "w2", "b2"],
+        TrainConfig {
+            optimizer: Optimizer::adamw(1e-4),
+            schedule: Schedule::WarmupCosine { lr: 0.05, min_lr: 0.005, warmup: 20, total: 400 },
+            clip_norm: Some(5.0),
+        },
+        &Session::new(Device::Cpu),
+    )
+    .unwrap();
+    let w1: Vec<f32> = (0..32).map(|i| ((i * 37 % 17) as f32 - 8.0) / 4.0).collect();
+    let b1: Vec<f32> = (0..32).map(|i| ((i * 11 % 7) as f32 - 3.0) / 3.0).collect();
+    let w2: Vec<f32> = (0..32).map(|i| ((i * 23 % 13) as f32 - 6.0) / 20.0).collect();
+    t.set_param("w1", &w1).unwrap();
+    t.set_param("b1", &b1).unwrap();
+    t.set_param("w2", &w2).unwrap();
+    t
+}
+
+fn data() -> (Vec<f32>, Vec<f32>) {
+    let x: Vec<f32> = (0..64).map(|i| i as f32 / 32.0 - 1.0).collect();
+    let y = x.iter().map(|v| (3.0 * v).sin()).collect();
+    (x, y)
+}
+
+#[test]
+fn an_mlp_learns_and_the_step_returns_only_the_loss() {
+    let mut t = mlp_trainer();
+    let (x, y) = data();
+    let first = t.step(&[("x", &x), ("y", &y)]).unwrap();
+    let mut last = first;
+    for _ in 0..300 {
+        last = t.step(&[("x", &x), ("y", &y)]).unwrap();
+    }
+    assert!(last < first / 10.0, "loss went from {first} to {last}");
+    assert_eq!(t.steps(), 301);
+    // The step graph's only visible output is the loss; weights never leave the runtime.
+    let out = rlx::train::Trainer::compiled(&t).outputs().len();
+    assert_eq!(out, 1 + 4 + 8, "loss + 4 params + 8 AdamW slots in the step graph");
+}
+
+#[test]
+fn resuming_from_a_checkpoint_gives_the_same_next_loss() {
+    let (x, y) = data();
+    let mut a = mlp_trainer();
+    for _ in 0..25 {
+        a.step(&[("x", &x), ("y", &y)]).unwrap();
+    }
+    let dir = std::env::temp_dir().join(format!("rlx-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("mlp.safetensors");
+    a.save(&path).unwrap();
+    let next_a = a.step(&[("x", &x), ("y", &y)]).unwrap();
+    let mut b = Trainer::new(
+        &mlp(),
+        &["w1", "b1", "w2", "b2"],
+        TrainConfig {
+            optimizer: Optimizer::adamw(1e-4),
+            schedule: Schedule::WarmupCosine { lr: 0.05, min_lr: 0.005, warmup: 20, total: 400 },
+            clip_norm: Some(5.0),
+        },
+        &Session::new(Device::Cpu),
+    )
+    .unwrap();
+    b.load(&path).unwrap();
+    assert_eq!(b.steps(), 25);
+    let next_b = b.step(&[("x", &x), ("y", &y)]).unwrap();
+    assert_eq!(next_a.to_bits(), next_b.to_bits(), "{next_a} vs {next_b}");
+    assert_eq!(a.get_param("w1::m").unwrap(), b.get_param("w1::m").unwrap());
+    // A checkpoint for another model is refused with a clear error.
+    let mut other = Trainer::new(&linear(&[1.0]), &["p"], cfg(Optimizer::adam(), 0.1), &Session::new(Device::Cpu)).unwrap();
+    let e = other.load(&path).unwrap_err().to_string();
+    assert!(e.contains("no tensor \"p\""), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn softmax_cross_entropy_matches_a_host_reference_and_is_stable() {
+    let logits = [2.0f32, -1.0, 0.5, 80.0, 81.0, 79.0];
+    let labels = [2.0f32, 1.0];
+    let mut g = Graph::new("ce");
+    let l = g.input("logits", Shape::new(&[2, 3], DType::F32));
+    let y = g.input("labels", Shape::new(&[2], DType::I32));
+    let ce = softmax_cross_entropy(&mut g, l, y).unwrap();
+    g.set_outputs(vec![ce]);
+    let got = Session::new(Device::Cpu).compile(g).run(&[("logits", &logits), ("labels", &labels)])[0][0] as f64;
+    let row = |r: &[f32], k: usize| {
+        let m = r.iter().cloned().fold(f32::MIN, f32::max) as f64;
+        let lse = m + r.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln();
+        lse - r[k] as f64
+    };
+    let want = (row(&logits[..3], 2) + row(&logits[3..], 1)) / 2.0;
+    assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+}

@@ -2,7 +2,7 @@
 //! that panics with the same message; a macro writes the short forms.
 
 use crate::{
-    Activation, BinaryOp, CmpOp, ConvAttrs, DType, DotDims, Graph, MaskKind, NodeId, Op, PoolAttrs,
+    Activation, BinaryOp, CmpOp, ConvAttrs, CustomFn, DType, DotDims, Graph, MaskKind, NodeId, Op, PoolAttrs,
     ReduceKind, Result, Shape,
 };
 
@@ -64,6 +64,7 @@ short_forms! {
     fn rope => try_rope(x: NodeId, positions: NodeId, theta: f32, interleaved: bool) -> NodeId;
     fn conv => try_conv(x: NodeId, w: NodeId, attrs: ConvAttrs) -> NodeId;
     fn pool => try_pool(x: NodeId, attrs: PoolAttrs) -> NodeId;
+    fn custom => try_custom(f: CustomFn, args: &[NodeId]) -> NodeId;
 }
 
 impl Graph {
@@ -186,5 +187,9 @@ impl Graph {
     /// Pooling (channels first).
     pub fn try_pool(&mut self, x: NodeId, attrs: PoolAttrs) -> Result<NodeId> {
         self.try_op(Op::Pool(attrs), &[x])
+    }
+    /// Apply a [`CustomFn`] to `args`.
+    pub fn try_custom(&mut self, f: CustomFn, args: &[NodeId]) -> Result<NodeId> {
+        self.try_op(Op::Custom(f), args)
     }
 }

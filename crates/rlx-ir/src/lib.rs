@@ -25,7 +25,7 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::{Graph, Node, NodeId};
 pub use op::{
-    Activation, BinaryOp, CmpOp, ConvAttrs, DotDims, MaskKind, Op, PoolAttrs, PoolKind, ReduceKind, TopKOutput,
+    Activation, BinaryOp, CmpOp, ConvAttrs, CustomFn, DotDims, MaskKind, Op, PoolAttrs, PoolKind, ReduceKind, TopKOutput,
 };
 pub use shape::{broadcast_dims, Dim, Shape};
 pub use verify::verify;

@@ -306,6 +306,25 @@ pub enum Op {
     Conv(ConvAttrs),
     /// 1-d or 2-d max / mean pooling, channels first.
     Pool(PoolAttrs),
+    /// A user function with optional custom derivatives; see [`CustomFn`].
+    Custom(CustomFn),
+}
+
+/// A function given as a graph, usable as one op. The body's `Input` nodes, in definition order,
+/// are the arguments and its first output is the result. Backends run the inlined body;
+/// autodiff uses the optional derivative graphs instead of differentiating the body:
+/// - `vjp`: inputs `(args..., result, cotangent)`, one output per argument (its cotangent);
+/// - `jvp`: inputs `(args..., tangents...)`, one output (the result's tangent).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CustomFn {
+    /// A name for printing and errors.
+    pub name: String,
+    /// The function.
+    pub body: Box<crate::Graph>,
+    /// Custom reverse-mode rule.
+    pub vjp: Option<Box<crate::Graph>>,
+    /// Custom forward-mode rule.
+    pub jvp: Option<Box<crate::Graph>>,
 }
 
 impl Op {
@@ -373,6 +392,7 @@ impl Op {
             Op::Rope { .. } => "rope",
             Op::Conv(_) => "conv",
             Op::Pool(_) => "pool",
+            Op::Custom(_) => "custom",
         }
     }
 

@@ -24,6 +24,7 @@ fn attrs(op: &Op) -> String {
         Op::Attention { mask, scale } => format!(" mask={mask:?} scale={scale}"),
         Op::Rope { theta, interleaved } => format!(" theta={theta} interleaved={interleaved}"),
         Op::Conv(a) => format!(" stride={:?} pad={:?} dil={:?} groups={}", a.stride, a.padding, a.dilation, a.groups),
+        Op::Custom(f) => format!(" \"{}\" ({} nodes{}{})", f.name, f.body.len(), if f.vjp.is_some() { ", vjp" } else { "" }, if f.jvp.is_some() { ", jvp" } else { "" }),
         Op::Pool(a) => format!(" {:?} kernel={:?} stride={:?} pad={:?}", a.kind, a.kernel, a.stride, a.padding),
         _ => String::new(),
     }

@@ -18,9 +18,13 @@ pub fn tangent_name(name: &str) -> String {
     format!("tangent_{name}")
 }
 
-/// Replace ops without differentiation rules by their decompositions.
+/// Replace ops without differentiation rules (for both modes) by their decompositions.
 pub fn prepare_for_ad(g: &Graph) -> Result<Graph> {
-    let supports = |g: &Graph, id: NodeId| ops::has_ad_rules(&g.node(id).op);
+    prepare(g, ops::has_ad_rules)
+}
+
+fn prepare(g: &Graph, has_rule: fn(&Op) -> bool) -> Result<Graph> {
+    let supports = |g: &Graph, id: NodeId| has_rule(&g.node(id).op);
     Ok(Decompose { backend: "autodiff", supports: &supports }.run(g)?.0)
 }
 
@@ -111,7 +115,7 @@ pub fn grad_with_loss(g: &Graph, wrt: &[NodeId]) -> Result<Graph> {
     if !g.shape(loss).dtype().is_float() {
         return Err(Error::Invalid(format!("the loss must be floating point, got {}", g.shape(loss))));
     }
-    let mut out = prepare_for_ad(g)?;
+    let mut out = prepare(g, ops::has_vjp_rule)?;
     let n = out.len();
     let loss = out.outputs()[0];
     let d_out = out.try_input(D_OUTPUT, out.shape(loss).clone())?;
@@ -156,7 +160,7 @@ pub fn grad(g: &Graph, wrt: &[NodeId]) -> Result<Graph> {
 /// [`tangent_name`]`(name)` of the same shape; the outputs are `[primals..., tangents...]` in the
 /// order of `g`'s outputs.
 pub fn jvp(g: &Graph, tangent_for: &[&str]) -> Result<Graph> {
-    let mut out = prepare_for_ad(g)?;
+    let mut out = prepare(g, ops::has_jvp_rule)?;
     let n = out.len();
     let mut t: Vec<Option<NodeId>> = vec![None; n];
     for name in tangent_for {

@@ -127,7 +127,7 @@ pub fn compute(build: impl FnOnce(&[TRef], TRef) -> Box<dyn Kernel> + 'static) -
 
 /// Whether the CPU backend has a native kernel for `op`.
 pub fn supports(op: &Op) -> bool {
-    !matches!(op, Op::DotGeneral(_))
+    !matches!(op, Op::DotGeneral(_) | Op::Custom(_))
 }
 
 /// Lower one non-leaf node.

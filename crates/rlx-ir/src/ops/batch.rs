@@ -49,7 +49,7 @@ fn align(g: &mut Graph, x: NodeId, rank: usize) -> Result<NodeId> {
 /// When it does not, vmap batches the op's decomposition.
 pub fn batch_supported(op: &Op, batched: &[bool]) -> bool {
     match op {
-        Op::DotGeneral(_) => false,
+        Op::DotGeneral(_) | Op::Custom(_) => false,
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => !batched[1..].iter().any(|&b| b),
         Op::Conv(_) => !batched[1],
         Op::Rope { .. } => !batched[1],
@@ -183,7 +183,7 @@ pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size
             s.extend_from_slice(&yd[1..]);
             g.try_reshape(y, &s)?
         }
-        Op::DotGeneral(_) => unreachable!("rejected by batch_supported"),
+        Op::DotGeneral(_) | Op::Custom(_) => unreachable!("rejected by batch_supported"),
     };
     Ok((y, Some(0)))
 }

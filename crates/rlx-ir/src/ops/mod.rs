@@ -6,6 +6,7 @@
 
 mod ad;
 mod batch;
+mod custom;
 mod elementwise;
 mod index;
 mod linalg;
@@ -71,6 +72,7 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
         Op::ScatterAdd { axis } => index::scatter_add(*axis, inputs),
         Op::Conv(a) => spatial::conv(a, inputs),
         Op::Pool(a) => spatial::pool(a, inputs),
+        Op::Custom(f) => custom::infer(f, inputs),
     }
 }
 
@@ -89,6 +91,10 @@ pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
             }
         }
         Op::Concat { .. } => (1, usize::MAX),
+        Op::Custom(f) => {
+            let n = custom::arity(f);
+            (n, n)
+        }
         _ => (1, 1),
     })
 }
@@ -106,6 +112,7 @@ pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<Nod
         Op::Conv(a) => spatial::decompose_conv(g, a, inputs),
         Op::Pool(a) => spatial::decompose_pool(g, a, inputs),
         Op::Rope { theta, interleaved } => nn::decompose_rope(g, *theta, *interleaved, inputs),
+        Op::Custom(f) => custom::inline(g, &f.body, inputs).map(|o| o[0]),
         _ => return None,
     })
 }
@@ -113,10 +120,27 @@ pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<Nod
 /// Whether `op` has its own differentiation rules ([`vjp`], [`jvp`]). Ops without them are
 /// differentiated through their [`decompose`]ition.
 pub fn has_ad_rules(op: &Op) -> bool {
-    !matches!(
-        op,
-        Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Conv(_) | Op::Pool(_)
-    )
+    has_vjp_rule(op) && has_jvp_rule(op)
+}
+
+fn composite(op: &Op) -> bool {
+    matches!(op, Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Conv(_) | Op::Pool(_))
+}
+
+/// Whether [`vjp`] has a rule for `op` (a custom function needs its own `vjp` graph).
+pub fn has_vjp_rule(op: &Op) -> bool {
+    match op {
+        Op::Custom(f) => f.vjp.is_some(),
+        op => !composite(op),
+    }
+}
+
+/// Whether [`jvp`] has a rule for `op` (a custom function needs its own `jvp` graph).
+pub fn has_jvp_rule(op: &Op) -> bool {
+    match op {
+        Op::Custom(f) => f.jvp.is_some(),
+        op => !composite(op),
+    }
 }
 
 /// Reverse-mode rule: the cotangents of `op`'s operands `ins` given the cotangent `ct` of its
@@ -124,7 +148,7 @@ pub fn has_ad_rules(op: &Op) -> bool {
 /// bool operands, indices). Returns `None` when the op has no rule of its own; see
 /// [`has_ad_rules`].
 pub fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> Option<Result<Vec<Option<NodeId>>>> {
-    if !has_ad_rules(op) {
+    if !has_vjp_rule(op) {
         return None;
     }
     Some(match op {
@@ -139,14 +163,15 @@ pub fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> O
         }
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::vjp(g, op, ins, ct),
         Op::Rope { .. } => nn::vjp_rope(g, op, ins, ct),
-        _ => unreachable!("has_ad_rules covers the rest"),
+        Op::Custom(f) => custom::vjp(g, f, ins, out, ct),
+        _ => unreachable!("has_vjp_rule covers the rest"),
     })
 }
 
 /// Forward-mode rule: the tangent of `op`'s result `out` given its operands' tangents (`None`
 /// is zero). Returns `None` when the op has no rule of its own; see [`has_ad_rules`].
 pub fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, tangents: &[Option<NodeId>]) -> Option<Result<Option<NodeId>>> {
-    if !has_ad_rules(op) {
+    if !has_jvp_rule(op) {
         return None;
     }
     if tangents.iter().all(Option::is_none) {
@@ -166,7 +191,8 @@ pub fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, tangents: &[Opti
         }
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::jvp(g, op, ins, tangents),
         Op::Rope { .. } => nn::jvp_rope(g, op, ins, tangents),
-        _ => unreachable!("has_ad_rules covers the rest"),
+        Op::Custom(f) => custom::jvp(g, f, ins, tangents),
+        _ => unreachable!("has_jvp_rule covers the rest"),
     })
 }
 

@@ -15,3 +15,4 @@ REPO="$(git -C "$SCRIPT_DIR" rev-parse --show-toplevel 2>/dev/null || (cd "$SCRI
 
 cd "$REPO"
 .venv/bin/python crates/rlx/tests/golden/gen_ops.py
+.venv/bin/python crates/rlx/tests/golden/gen_jax_parity.py

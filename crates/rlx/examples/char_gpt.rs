@@ -11,7 +11,8 @@
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rlx::prelude::*;
-use rlx::train::{softmax_cross_entropy, Optimizer, Schedule, TrainConfig, Trainer};
+use rlx::models::{Gpt, GptConfig};
+use rlx::train::{Optimizer, Schedule, TrainConfig, Trainer};
 use std::time::Instant;
 
 const HELP: &str = "\
@@ -102,67 +103,8 @@ impl Rng {
     }
 }
 
-/// The model's params with their shapes and init scales.
-fn params(c: &Cfg, vocab: usize) -> Vec<(String, Vec<usize>, f32)> {
-    let d = c.dim;
-    let mut p = vec![("tok_emb".into(), vec![vocab, d], 0.1), ("pos_emb".into(), vec![c.ctx, d], 0.1)];
-    for l in 0..c.layers {
-        let s = 1.0 / (d as f32).sqrt();
-        p.push((format!("l{l}.norm1"), vec![d], -1.0));
-        p.push((format!("l{l}.wqkv"), vec![d, 3 * d], s));
-        p.push((format!("l{l}.wo"), vec![d, d], s / (2.0 * c.layers as f32).sqrt()));
-        p.push((format!("l{l}.norm2"), vec![d], -1.0));
-        p.push((format!("l{l}.w1"), vec![d, 4 * d], s));
-        p.push((format!("l{l}.w2"), vec![4 * d, d], 0.5 / (4.0 * d as f32).sqrt() / (2.0 * c.layers as f32).sqrt()));
-    }
-    p.push(("norm_f".into(), vec![d], -1.0));
-    p.push(("w_out".into(), vec![d, vocab], 1.0 / (d as f32).sqrt()));
-    p
-}
-
-/// The GPT over `tokens [B, T]`; returns logits `[B*T, V]`.
-fn model(g: &mut Graph, c: &Cfg, vocab: usize, batch: usize, tokens: NodeId) -> NodeId {
-    let (t, d, h) = (c.ctx, c.dim, c.heads);
-    let dh = d / h;
-    let mut ps = std::collections::HashMap::new();
-    for (name, shape, _) in params(c, vocab) {
-        ps.insert(name.clone(), g.param(&name, Shape::new(&shape, DType::F32)));
-    }
-    let x = g.gather(ps["tok_emb"], tokens, 0); // [B, T, D]
-    let mut x = g.add(x, ps["pos_emb"]);
-    for l in 0..c.layers {
-        let hn = g.rms_norm(x, ps[&format!("l{l}.norm1")], 1e-5);
-        let qkv = g.dot(hn, ps[&format!("l{l}.wqkv")]); // [B, T, 3D]
-        let heads = |g: &mut Graph, i: usize| {
-            let part = g.narrow(qkv, 2, i * d, d);
-            let r = g.reshape(part, &[batch, t, h, dh]);
-            g.transpose(r, &[0, 2, 1, 3])
-        };
-        let (q, k, v) = (heads(g, 0), heads(g, 1), heads(g, 2));
-        let a = g.attention(q, k, v, MaskKind::Causal, (dh as f32).powf(-0.5));
-        let a = g.transpose(a, &[0, 2, 1, 3]);
-        let a = g.reshape(a, &[batch, t, d]);
-        let a = g.dot(a, ps[&format!("l{l}.wo")]);
-        x = g.add(x, a);
-        let hn = g.rms_norm(x, ps[&format!("l{l}.norm2")], 1e-5);
-        let m = g.dot(hn, ps[&format!("l{l}.w1")]);
-        let m = g.activation(Activation::GeluApprox, m);
-        let m = g.dot(m, ps[&format!("l{l}.w2")]);
-        x = g.add(x, m);
-    }
-    let x = g.rms_norm(x, ps["norm_f"], 1e-5);
-    let logits = g.dot(x, ps["w_out"]);
-    g.reshape(logits, &[batch * t, vocab])
-}
-
-fn training_graph(c: &Cfg, vocab: usize) -> Graph {
-    let mut g = Graph::new("char_gpt_train");
-    let tokens = g.input("tokens", Shape::new(&[c.batch, c.ctx], DType::I32));
-    let targets = g.input("targets", Shape::new(&[c.batch * c.ctx], DType::I32));
-    let logits = model(&mut g, c, vocab, c.batch, tokens);
-    let loss = softmax_cross_entropy(&mut g, logits, targets).expect("valid shapes");
-    g.set_outputs(vec![loss]);
-    g
+fn gpt(c: &Cfg, vocab: usize) -> Gpt {
+    Gpt::new(GptConfig { vocab, ctx: c.ctx, dim: c.dim, heads: c.heads, layers: c.layers }).unwrap_or_else(|e| fail(&e.to_string()))
 }
 
 fn i32_bytes(v: &[i32]) -> Vec<u8> {
@@ -229,8 +171,9 @@ fn main() {
         session = session.with_threads(t);
     }
     let t0 = Instant::now();
-    let g = training_graph(&c, vocab);
-    let names: Vec<String> = params(&c, vocab).into_iter().map(|p| p.0).collect();
+    let model = gpt(&c, vocab);
+    let g = model.training_graph(c.batch).unwrap();
+    let names: Vec<String> = model.params().into_iter().map(|p| p.0).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
     let config = TrainConfig {
         optimizer: Optimizer::adamw(0.01),
@@ -240,13 +183,16 @@ fn main() {
     let mut trainer = Trainer::new(&g, &refs, config, &session).unwrap_or_else(|e| fail(&e.to_string()));
     println!("built and compiled the training step ({} nodes) in {:.2} s", trainer.compiled().graph().len(), t0.elapsed().as_secs_f64());
     let mut rng = Rng(0x9e3779b97f4a7c15 ^ c.seed);
-    for (name, shape, scale) in params(&c, vocab) {
+    for (name, shape, scale) in model.params() {
         let n: usize = shape.iter().product();
-        let v: Vec<f32> = if scale < 0.0 { vec![1.0; n] } else { (0..n).map(|_| rng.normal() * scale).collect() };
+        let v: Vec<f32> = match scale {
+            None => vec![1.0; n],
+            Some(s) => (0..n).map(|_| rng.normal() * s).collect(),
+        };
         trainer.set_param(&name, &v).unwrap();
     }
     // Validation: a forward-only graph with its own copy of the weights.
-    let mut eval = session.compile(training_graph(&c, vocab));
+    let mut eval = session.compile(model.training_graph(c.batch).unwrap());
     let mut vrng = Rng(12345);
     let val_batches: Vec<(Vec<i32>, Vec<i32>)> = (0..4).map(|_| batch(val_ids, &c, &mut vrng)).collect();
     let mut val_loss = |trainer: &Trainer| -> f32 {
@@ -300,7 +246,7 @@ fn main() {
     // Sampling: batch 1, the last `ctx` characters as context (left-padded with newlines).
     let mut sg = Graph::new("char_gpt_sample");
     let tokens = sg.input("tokens", Shape::new(&[1, c.ctx], DType::I32));
-    let logits = model(&mut sg, &c, vocab, 1, tokens);
+    let logits = model.logits(&mut sg, 1, tokens).unwrap();
     sg.set_outputs(vec![logits]);
     let mut sampler = session.compile(sg);
     for n in &names {

@@ -58,6 +58,7 @@ pub mod autodiff {
     pub use rlx_opt::vmap::{vmap, vmap_axes};
 }
 
+pub mod models;
 pub mod train;
 
 /// Everything most programs need: `use rlx::prelude::*;`.

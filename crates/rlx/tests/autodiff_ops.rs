@@ -254,3 +254,22 @@ fn decompositions_match_native_kernels() {
     }
     assert!(n > 30, "only {n} composite cases");
 }
+
+/// d(a^b)/db at a = 0 is 0 (as in JAX), not 0 * log(0) = NaN, in both modes.
+#[test]
+fn pow_exponent_derivative_at_zero_base() {
+    let mut g = Graph::new("p");
+    let a = g.input("a", Shape::scalar(DType::F64));
+    let b = g.input("b", Shape::scalar(DType::F64));
+    let y = g.pow(a, b);
+    g.set_outputs(vec![y]);
+    let feeds = |a: f64, b: f64| (encode(&[a], DType::F64), encode(&[b], DType::F64));
+    let (fa, fb) = feeds(0.0, 2.0);
+    let mut c = Session::new(Device::Cpu).compile(rlx::autodiff::grad(&g, &[a, b]).unwrap());
+    let o = c.run_typed(&[("a", &fa, DType::F64), ("b", &fb, DType::F64)]);
+    assert_eq!((decode(&o[0].0, DType::F64)[0], decode(&o[1].0, DType::F64)[0]), (0.0, 0.0));
+    let mut j = Session::new(Device::Cpu).compile(jvp(&g, &["b"]).unwrap());
+    let one = encode(&[1.0], DType::F64);
+    let o = j.run_typed(&[("a", &fa, DType::F64), ("b", &fb, DType::F64), (tangent_name("b").as_str(), &one, DType::F64)]);
+    assert_eq!(decode(&o[1].0, DType::F64)[0], 0.0);
+}

@@ -50,6 +50,17 @@ pub(super) fn activation(a: Activation, x: &Shape) -> Result<Shape> {
 use super::ad::{add_opt, differentiable, dims, fit, full_like, scalar, unbroadcast};
 use crate::{CmpOp, Graph, NodeId};
 
+/// `log(a)` with zeros replaced by one: d(a^b)/db = a^b log a is 0 at a = 0 (0^b is constant
+/// in b there), where `0 * log 0` would give NaN.
+fn safe_log(g: &mut Graph, a: NodeId) -> Result<NodeId> {
+    let dt = g.shape(a).dtype();
+    let zero = scalar(g, 0.0, dt)?;
+    let one = scalar(g, 1.0, dt)?;
+    let z = g.try_compare(CmpOp::Eq, a, zero)?;
+    let a1 = g.try_select(z, one, a)?;
+    g.try_activation(Activation::Log, a1)
+}
+
 /// `f'(x)` of an activation as a graph value (`None` where it is zero everywhere).
 fn derivative(g: &mut Graph, a: Activation, x: NodeId, y: NodeId) -> Result<Option<NodeId>> {
     let dt = g.shape(x).dtype();
@@ -199,7 +210,7 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeI
                     let p = g.try_pow(a, bm1)?;
                     let da = g.try_mul(bb, p)?;
                     let ga = g.try_mul(ct, da)?;
-                    let la = g.try_activation(Activation::Log, a)?;
+                    let la = safe_log(g, a)?;
                     let db = g.try_mul(out, la)?;
                     (ga, g.try_mul(ct, db)?)
                 }
@@ -303,7 +314,7 @@ pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, t: &[Opti
                     };
                     let y = match t[1] {
                         Some(tb) => {
-                            let la = g.try_activation(Activation::Log, a)?;
+                            let la = safe_log(g, a)?;
                             let d = g.try_mul(out, la)?;
                             Some(g.try_mul(tb, d)?)
                         }

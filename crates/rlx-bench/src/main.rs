@@ -6,6 +6,7 @@
 
 mod numpy;
 mod stats;
+mod train;
 
 use rlx::prelude::*;
 use rlx::driver::Executable;
@@ -25,7 +26,9 @@ SUITES:
     elementwise  f32 add of two vectors, GB/s (kernel only, preallocated output)
     softmax      f32 row softmax of a [rows, cols] matrix, GB/s
     overhead     microseconds per CompiledGraph::run of a tiny graph (RLX only)
-    all          every suite
+    train        training step (forward + backward + AdamW) of an MLP and a character GPT,
+                 against JAX jit and PyTorch eager (python from --train-python)
+    all          every suite but train
 
 OPTIONS:
     --sizes LIST      GEMM sizes, comma separated   [default: 256,512,1024,2048,4096]
@@ -36,7 +39,9 @@ OPTIONS:
     --rows N --cols N softmax shape                  [default: 4096 x 1024]
     --python PATH     python with numpy              [default: .venv/bin/python, created by
                                                       scripts/setup-pyenv.sh when missing]
-    --no-numpy        measure RLX only
+    --no-numpy        measure RLX only (also skips JAX / PyTorch in `train`)
+    --train-python P  python with jax and torch for `train` [default: .venv-train/bin/python,
+                      created by scripts/setup-train-bench-pyenv.sh]
     -h, --help        this text
 
 Prints one markdown table per suite. Check that the machine is idle first (`top`).";
@@ -51,6 +56,7 @@ struct Opts {
     rows: usize,
     cols: usize,
     python: Option<String>,
+    train_python: Option<String>,
     numpy: bool,
 }
 
@@ -74,6 +80,7 @@ fn parse() -> Opts {
         rows: 4096,
         cols: 1024,
         python: None,
+        train_python: None,
         numpy: true,
     };
     let mut args = std::env::args().skip(1);
@@ -92,6 +99,7 @@ fn parse() -> Opts {
             "--rows" => o.rows = list(&val())[0],
             "--cols" => o.cols = list(&val())[0],
             "--python" => o.python = Some(val()),
+            "--train-python" => o.train_python = Some(val()),
             "--no-numpy" => o.numpy = false,
             s if !s.starts_with('-') => o.suite = s.to_string(),
             s => die(&format!("unknown option {s}")),
@@ -248,6 +256,11 @@ fn overhead_suite(o: &Opts) {
 
 fn main() {
     let o = parse();
+    if o.suite == "train" {
+        println!("{}", stats::machine_report());
+        train::suite(&o.threads, o.rounds, o.reps, if o.numpy { Some(train::reference_python(o.train_python.as_deref())) } else { None });
+        return;
+    }
     let py = if o.numpy { Some(numpy::Numpy::find(o.python.as_deref())) } else { None };
     println!("{}", stats::machine_report());
     if let Some(p) = &py {

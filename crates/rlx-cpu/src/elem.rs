@@ -148,14 +148,14 @@ pub trait Real: Copy + Send + Sync + PartialOrd + 'static
 }
 
 macro_rules! real {
-    ($t:ty, $erf:path, $exp:path) => {
+    ($t:ty, $erf:path, $exp:path, $tanh:path) => {
         impl Real for $t {
             #[inline(always)] fn c(v: f64) -> Self { v as $t }
             #[inline(always)] fn f64(self) -> f64 { self as f64 }
             #[inline(always)] fn exp(self) -> Self { $exp(self) }
             #[inline(always)] fn ln(self) -> Self { <$t>::ln(self) }
             #[inline(always)] fn sqrt(self) -> Self { <$t>::sqrt(self) }
-            #[inline(always)] fn tanh(self) -> Self { <$t>::tanh(self) }
+            #[inline(always)] fn tanh(self) -> Self { $tanh(self) }
             #[inline(always)] fn erf(self) -> Self { $erf(self) }
             #[inline(always)] fn sin(self) -> Self { <$t>::sin(self) }
             #[inline(always)] fn cos(self) -> Self { <$t>::cos(self) }
@@ -167,8 +167,8 @@ macro_rules! real {
         }
     };
 }
-real!(f32, libm::erff, crate::math::exp_f32);
-real!(f64, libm::erf, f64::exp);
+real!(f32, libm::erff, crate::math::exp_f32, crate::math::tanh_f32);
+real!(f64, libm::erf, f64::exp, f64::tanh);
 
 /// A floating-point storage type and its compute type.
 pub trait FloatElem: Elem {

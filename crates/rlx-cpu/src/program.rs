@@ -31,6 +31,10 @@ struct Val {
 /// A compiled CPU program.
 pub struct Program {
     steps: Vec<Box<dyn Kernel>>,
+    /// Op name of each step (for the profile).
+    step_ops: Vec<&'static str>,
+    /// Per-step accumulated nanoseconds and call counts when `RLX_PROFILE` is set.
+    profile: Option<Vec<(u64, u64)>>,
     pool: Arc<Pool>,
     inputs: Vec<IoSlot>,
     params: Vec<IoSlot>,
@@ -162,8 +166,10 @@ pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
     };
     let tref = |v: &Val| TRef { ptr: base(v.buf), layout: v.layout, dtype: v.dtype };
     let mut steps = Vec::with_capacity(nsteps);
+    let mut step_ops = Vec::with_capacity(nsteps);
     for (node, out_req, scratch_req, build) in pending {
         let n = g.node(rlx_ir::NodeId(node as u32));
+        step_ops.push(n.op.name());
         let ins: Vec<TRef> = n.inputs.iter().map(|i| tref(&vals[i.index()])).collect();
         let out = tref(&vals[node]);
         debug_assert!(matches!(vals[node].buf, Buf::Arena(r) if r == out_req));
@@ -178,8 +184,11 @@ pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
         .collect();
     let output_refs = g.outputs().iter().map(|o| tref(&vals[o.index()])).collect();
     let input_ptrs = input_reqs.iter().map(|&r| base(Buf::Arena(r))).collect();
+    let profile = std::env::var_os("RLX_PROFILE").map(|_| vec![(0, 0); steps.len()]);
     Ok(Program {
         steps,
+        step_ops,
+        profile,
         pool: Pool::shared(threads),
         inputs,
         params,
@@ -191,6 +200,40 @@ pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
         _arena: arena,
         _consts: consts,
     })
+}
+
+impl Program {
+    /// Time per op kind accumulated over all runs (`RLX_PROFILE=1`): `(op, total ns, calls)`,
+    /// slowest first. Empty when profiling is off.
+    pub fn profile(&self) -> Vec<(&'static str, u64, u64)> {
+        let Some(prof) = &self.profile else { return Vec::new() };
+        let mut by: Vec<(&'static str, u64, u64)> = Vec::new();
+        for (op, (ns, n)) in self.step_ops.iter().zip(prof) {
+            match by.iter_mut().find(|e| e.0 == *op) {
+                Some(e) => {
+                    e.1 += ns;
+                    e.2 += n;
+                }
+                None => by.push((op, *ns, *n)),
+            }
+        }
+        by.sort_by(|a, b| b.1.cmp(&a.1));
+        by
+    }
+}
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        let by = self.profile();
+        let total: u64 = by.iter().map(|e| e.1).sum();
+        if total == 0 {
+            return;
+        }
+        eprintln!("rlx profile ({} steps per run, {:.3} ms in total):", self.steps.len(), total as f64 / 1e6);
+        for (op, ns, n) in by {
+            eprintln!("  {op:<14} {:>10.3} ms {:>5.1}%  {n} calls", ns as f64 / 1e6, 100.0 * ns as f64 / total as f64);
+        }
+    }
 }
 
 impl Executable for Program {
@@ -227,8 +270,20 @@ impl Executable for Program {
     }
 
     fn execute(&mut self) {
-        for s in &self.steps {
-            s.run(&self.pool);
+        match &mut self.profile {
+            None => {
+                for s in &self.steps {
+                    s.run(&self.pool);
+                }
+            }
+            Some(prof) => {
+                for (s, p) in self.steps.iter().zip(prof.iter_mut()) {
+                    let t = std::time::Instant::now();
+                    s.run(&self.pool);
+                    p.0 += t.elapsed().as_nanos() as u64;
+                    p.1 += 1;
+                }
+            }
         }
     }
 

@@ -65,6 +65,13 @@ pub fn map2<A: Elem, B: Elem, O: Elem>(
                     for (d, x) in d.iter_mut().zip(x) {
                         *d = f(*x, y);
                     }
+                } else if so == 1 && si == 0 && sj == 1 {
+                    let x = *pa.add(i);
+                    let y = std::slice::from_raw_parts(pb.add(j), n);
+                    let d = std::slice::from_raw_parts_mut(po.add(o), n);
+                    for (d, y) in d.iter_mut().zip(y) {
+                        *d = f(x, *y);
+                    }
                 } else {
                     for k in 0..n {
                         *po.add(o + k * so) = f(*pa.add(i + k * si), *pb.add(j + k * sj));

@@ -133,8 +133,9 @@ fn mlp() -> Graph {
     g
 }
 
-fn mlp_trainer() -> Trainer {
-    let mut t = Trainer::new(
+/// The MLP's trainer with freshly zeroed optimizer state and default (zero) params.
+fn mlp_trainer_empty() -> Trainer {
+    Trainer::new(
         &mlp(),
         &["w1", "b1", "w2", "b2"],
         TrainConfig {
@@ -144,7 +145,11 @@ fn mlp_trainer() -> Trainer {
         },
         &Session::new(Device::Cpu),
     )
-    .unwrap();
+    .unwrap()
+}
+
+fn mlp_trainer() -> Trainer {
+    let mut t = mlp_trainer_empty();
     let w1: Vec<f32> = (0..32).map(|i| ((i * 37 % 17) as f32 - 8.0) / 4.0).collect();
     let b1: Vec<f32> = (0..32).map(|i| ((i * 11 % 7) as f32 - 3.0) / 3.0).collect();
     let w2: Vec<f32> = (0..32).map(|i| ((i * 23 % 13) as f32 - 6.0) / 20.0).collect();
@@ -188,17 +193,7 @@ fn resuming_from_a_checkpoint_gives_the_same_next_loss() {
     let path = dir.join("mlp.safetensors");
     a.save(&path).unwrap();
     let next_a = a.step(&[("x", &x), ("y", &y)]).unwrap();
-    let mut b = Trainer::new(
-        &mlp(),
-        &["w1", "b1", "w2", "b2"],
-        TrainConfig {
-            optimizer: Optimizer::adamw(1e-4),
-            schedule: Schedule::WarmupCosine { lr: 0.05, min_lr: 0.005, warmup: 20, total: 400 },
-            clip_norm: Some(5.0),
-        },
-        &Session::new(Device::Cpu),
-    )
-    .unwrap();
+    let mut b = mlp_trainer_empty();
     b.load(&path).unwrap();
     assert_eq!(b.steps(), 25);
     let next_b = b.step(&[("x", &x), ("y", &y)]).unwrap();

@@ -78,7 +78,16 @@ fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize) -> Box<
     })
 }
 
-fn float_matmul<T: FloatElem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
+/// The plain triple loop over every batch, accumulating in `A`: `to` widens an element,
+/// `done` rounds the sum back.
+fn naive_matmul<T: Elem, A: Copy + Send + Sync + 'static>(
+    a: TRef,
+    b: TRef,
+    out: TRef,
+    zero: A,
+    mul_add: fn(A, T, T) -> A,
+    done: fn(A) -> T,
+) -> Box<dyn Kernel> {
     let (m, n, k, ars, acs, brs, bcs) = mnk(&a.layout, &b.layout);
     let batches = Batches::new(&a.layout, &b.layout, &out.layout);
     kernel(move |pool| {
@@ -87,12 +96,12 @@ fn float_matmul<T: FloatElem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
             batches.each(t..t + 1, |o, i, j| {
                 for r in 0..m {
                     for c in 0..n {
-                        let mut s = <T as FloatElem>::C::c(0.0);
+                        let mut s = zero;
                         for p in 0..k {
                             // SAFETY: offsets come from the planned layouts.
-                            unsafe { s = s + (*pa.add(i + r * ars + p * acs)).to_c() * (*pb.add(j + p * brs + c * bcs)).to_c() };
+                            unsafe { s = mul_add(s, *pa.add(i + r * ars + p * acs), *pb.add(j + p * brs + c * bcs)) };
                         }
-                        unsafe { *po.add(o + r * n + c) = T::from_c(s) };
+                        unsafe { *po.add(o + r * n + c) = done(s) };
                     }
                 }
             })
@@ -100,26 +109,12 @@ fn float_matmul<T: FloatElem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
     })
 }
 
+fn float_matmul<T: FloatElem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
+    naive_matmul::<T, T::C>(a, b, out, T::C::c(0.0), |s, x, y| s + x.to_c() * y.to_c(), T::from_c)
+}
+
 fn int_matmul<T: Elem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
-    let (m, n, k, ars, acs, brs, bcs) = mnk(&a.layout, &b.layout);
-    let batches = Batches::new(&a.layout, &b.layout, &out.layout);
-    kernel(move |pool| {
-        pool.run(batches.count(), &|t, _| {
-            let (pa, pb, po) = (a.base::<T>(), b.base::<T>(), out.base::<T>());
-            batches.each(t..t + 1, |o, i, j| {
-                for r in 0..m {
-                    for c in 0..n {
-                        let mut s = T::zero();
-                        for p in 0..k {
-                            // SAFETY: offsets come from the planned layouts.
-                            unsafe { s = s.add((*pa.add(i + r * ars + p * acs)).mul(*pb.add(j + p * brs + c * bcs))) };
-                        }
-                        unsafe { *po.add(o + r * n + c) = s };
-                    }
-                }
-            })
-        });
-    })
+    naive_matmul::<T, T>(a, b, out, T::zero(), |s, x, y| s.add(x.mul(y)), |s| s)
 }
 
 pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {

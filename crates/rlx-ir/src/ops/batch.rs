@@ -75,7 +75,9 @@ pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => {
             return Err(Error::op(op.name(), "leaves are batched by the vmap driver"));
         }
-        Op::Binary(_) | Op::Compare(_) | Op::Where => {
+        // Broadcasting ops (matmul broadcasts its batch axes): batched operands get the batch in
+        // front and unit axes up to the widest per-example rank; shared ones broadcast as they are.
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::MatMul => {
             let r = (0..ins.len()).map(|i| rank_of(g, ins[i], bds[i])).max().unwrap_or(0);
             let mut args = Vec::new();
             for i in 0..ins.len() {
@@ -90,20 +92,6 @@ pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size
             g.try_op(op.clone(), &args)?
         }
         Op::Activation(_) | Op::Cast { .. } => return Ok((g.try_op(op.clone(), ins)?, bds[0])),
-        Op::MatMul => {
-            let r = (0..2).map(|i| rank_of(g, ins[i], bds[i])).max().unwrap_or(2);
-            let mut args = Vec::new();
-            for i in 0..2 {
-                args.push(match bds[i] {
-                    Some(b) => {
-                        let f = to_front(g, ins[i], b)?;
-                        align(g, f, r)?
-                    }
-                    None => ins[i],
-                });
-            }
-            g.try_op(op.clone(), &args)?
-        }
         Op::Reduce { kind, axes, keepdims } => {
             let x = front(g, 0)?;
             let axes: Vec<usize> = axes.iter().map(|a| a + 1).collect();

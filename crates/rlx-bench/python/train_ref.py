@@ -49,12 +49,17 @@ Threads (set before the framework is imported):
          and torch.set_num_interop_threads(1).
   jax:   T == 1: XLA_FLAGS gets
              --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1
-         (appended to any XLA_FLAGS already set). T > 1: XLA is left at its
-         default, which sizes its pools from the CPUs the process may use, so
-         the caller's `taskset` is what bounds it. XLA has no knob for an
-         exact intra-op count > 1.
-  The caller is expected to pin the process with taskset as well; the CPU
-  affinity seen here is echoed under "threading".
+         (appended to any XLA_FLAGS already set). On jax 0.10.2 that alone
+         does NOT limit these models to one core: XLA's CPU client sizes its
+         worker pool from the process's CPU affinity mask, and with 2 CPUs
+         allowed the step still ran on two busy tf_XLAEigen threads
+         (cpu_util ~1.8). So, for any T, if more than T CPUs are allowed the
+         script narrows its own affinity to the first T of them
+         (os.sched_setaffinity) before importing jax. JAX has no API for an
+         exact thread count; the mask is what bounds it.
+  The caller is expected to pin the process with taskset as well (then the
+  narrowing is a no-op); the affinity on entry and the one in force are
+  echoed under "threading".
 """
 
 import argparse
@@ -113,13 +118,25 @@ JAX_ONE_THREAD_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_
 
 
 def pin_threads(framework, threads):
-    """Environment part of the thread limit; must run before the import."""
+    """Process-level part of the thread limit; must run before the import.
+
+    Returns the CPU affinity this process had on entry (None if unknown).
+    """
+    entry = affinity()
     if framework == "torch":
         os.environ["OMP_NUM_THREADS"] = str(threads)
         os.environ["MKL_NUM_THREADS"] = str(threads)
-    elif threads == 1:
+        return entry
+    if threads == 1:
         prev = os.environ.get("XLA_FLAGS", "").strip()
         os.environ["XLA_FLAGS"] = (prev + " " + JAX_ONE_THREAD_FLAGS).strip()
+    # XLA sizes its CPU pools from the affinity mask at client creation, and
+    # in jax 0.10.2 the flags above do not stop a 2-CPU mask from being used
+    # by two worker threads. Narrow the mask to the first T allowed CPUs so
+    # the limit holds without the caller's taskset (a no-op under it).
+    if entry is not None and len(entry) > threads:
+        os.sched_setaffinity(0, entry[:threads])
+    return entry
 
 
 def affinity():
@@ -360,7 +377,7 @@ def build_torch(model, threads, np):
 
 def main(argv):
     args = parse_args(argv)
-    pin_threads(args.framework, args.threads)
+    entry_affinity = pin_threads(args.framework, args.threads)
 
     import numpy as np  # noqa: E402  (after pin_threads, like the framework)
 
@@ -399,6 +416,7 @@ def main(argv):
         raise RuntimeError(f"non-finite loss at step {bad[0] + 1}: {losses[bad[0]]}")
 
     threading["affinity"] = affinity()
+    threading["affinity_on_entry"] = entry_affinity
     out = {
         "framework": args.framework,
         "model": args.model,

@@ -18,7 +18,7 @@ pub mod pool;
 mod program;
 
 pub use kernels::gemm;
-pub use program::{compile, Program};
+pub use program::{compile, compile_with_fusion, Program};
 
 use rlx_driver::{Backend, CompileOptions, Executable};
 use rlx_ir::{Graph, NodeId, Result};

@@ -19,6 +19,8 @@ enum Buf {
     Param(usize),
     /// Constant storage `i`.
     Const(usize),
+    /// Computed inside a fused chain; never read outside it.
+    Fused,
 }
 
 #[derive(Clone, Copy)]
@@ -79,8 +81,96 @@ fn check_node(g: &Graph, id: rlx_ir::NodeId) -> Result<Vec<usize>> {
     Ok(dims)
 }
 
-/// Compile `g` (verified, decomposed to supported ops) for `threads` threads.
+/// Fused elementwise chains: for each chain's root (its last node), the members in order; for
+/// every other member, its root.
+struct Groups {
+    members: std::collections::HashMap<usize, Vec<usize>>,
+    member_of: Vec<Option<usize>>,
+}
+
+/// Grow chains of fusible nodes: a node absorbs an operand's chain when that operand is fusible,
+/// has the same dims, and is used by nothing else (and is not a graph output).
+fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
+    if !fuse {
+        return Groups { members: Default::default(), member_of: vec![None; g.len()] };
+    }
+    let mut uses = vec![0usize; g.len()];
+    for id in g.ids() {
+        for i in &g.node(id).inputs {
+            uses[i.index()] += 1;
+        }
+    }
+    for o in g.outputs() {
+        uses[o.index()] += 2;
+    }
+    let mut members: std::collections::HashMap<usize, Vec<usize>> = Default::default();
+    let mut member_of = vec![None; g.len()];
+    for id in g.ids() {
+        if !kernels::fused::fusible(g, id) {
+            continue;
+        }
+        let mut chain = Vec::new();
+        let mut seen = Vec::new();
+        for &i in &g.node(id).inputs {
+            let ok = uses[i.index()] == 1
+                && !seen.contains(&i)
+                && kernels::fused::fusible(g, i)
+                && g.shape(i).dims() == g.shape(id).dims();
+            seen.push(i);
+            if ok {
+                let sub = members.remove(&i.index()).unwrap_or_else(|| vec![i.index()]);
+                chain.extend(sub);
+            }
+        }
+        if !chain.is_empty() {
+            chain.sort_unstable();
+            for &m in &chain {
+                member_of[m] = Some(id.index());
+            }
+            chain.push(id.index());
+            members.insert(id.index(), chain);
+        }
+    }
+    Groups { members, member_of }
+}
+
+/// The instructions of a chain and its external operands (node indices, in first-use order).
+fn chain(g: &Graph, members: &[usize]) -> (Vec<kernels::fused::Instr>, Vec<usize>) {
+    use kernels::fused::{Instr, Src};
+    let mut ext: Vec<usize> = Vec::new();
+    let mut code = Vec::new();
+    let src = |i: usize, ext: &mut Vec<usize>| -> Src {
+        match members.iter().position(|&m| m == i) {
+            Some(j) => Src::Tmp(j),
+            None => Src::Ext(ext.iter().position(|&e| e == i).unwrap_or_else(|| {
+                ext.push(i);
+                ext.len() - 1
+            })),
+        }
+    };
+    for &m in members {
+        let n = g.node(rlx_ir::NodeId(m as u32));
+        code.push(match &n.op {
+            Op::Binary(b) => {
+                let a = src(n.inputs[0].index(), &mut ext);
+                let c = src(n.inputs[1].index(), &mut ext);
+                Instr::Binary(*b, a, c)
+            }
+            Op::Activation(a) => Instr::Unary(*a, src(n.inputs[0].index(), &mut ext)),
+            _ => unreachable!("only fusible ops join chains"),
+        });
+    }
+    (code, ext)
+}
+
+/// Compile `g` (verified, decomposed to supported ops) for `threads` threads. Elementwise
+/// fusion is off unless `RLX_FUSION=1` (it measures slower than separate kernels for now).
 pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
+    compile_with_fusion(g, threads, std::env::var_os("RLX_FUSION").is_some_and(|v| v == "1"))
+}
+
+/// [`compile`] with elementwise fusion switched explicitly.
+pub fn compile_with_fusion(g: &Graph, threads: usize, fuse: bool) -> Result<Program> {
     let threads = threads.max(1);
     let mut vals: Vec<Val> = Vec::with_capacity(g.len());
     let mut reqs: Vec<BufferRequest> = Vec::new();
@@ -88,9 +178,14 @@ pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
     let mut param_bufs: Vec<Buffer> = Vec::new();
     let (mut inputs, mut params) = (Vec::new(), Vec::new());
     let mut input_reqs = Vec::new();
-    // (node, arena request of its output, scratch request, builder)
-    let mut pending: Vec<(usize, usize, Option<usize>, kernels::Build)> = Vec::new();
+    // (node, operand nodes, arena request of its output, scratch request, builder)
+    let mut pending: Vec<(usize, Vec<usize>, usize, Option<usize>, kernels::Build)> = Vec::new();
+    let groups = fusion_groups(g, fuse);
     for id in g.ids() {
+        if groups.member_of[id.index()].is_some() {
+            vals.push(Val { buf: Buf::Fused, layout: Layout::contiguous(&[]), dtype: g.shape(id).dtype() });
+            continue;
+        }
         let dims = check_node(g, id)?;
         let node = g.node(id);
         let dtype = node.shape.dtype();
@@ -112,6 +207,21 @@ pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
             Op::Constant { data } => {
                 consts.push(Buffer::from_bytes(data));
                 Val { buf: Buf::Const(consts.len() - 1), layout: dense, dtype }
+            }
+            _ if groups.members.contains_key(&id.index()) => {
+                let (code, ext) = chain(g, &groups.members[&id.index()]);
+                for &e in &ext {
+                    if let Buf::Arena(r) = vals[e].buf {
+                        reqs[r].end = reqs[r].end.max(step);
+                    }
+                }
+                reqs.push(BufferRequest { size: bytes, start: step, end: step });
+                let out_req = reqs.len() - 1;
+                reqs.push(BufferRequest { size: kernels::fused::scratch_bytes(ext.len(), code.len(), threads), start: step, end: step });
+                let scratch_req = Some(reqs.len() - 1);
+                let build: kernels::Build = Box::new(move |ins, out, s| kernels::fused::build(code, ins.to_vec(), out, s, threads));
+                pending.push((id.index(), ext, out_req, scratch_req, build));
+                Val { buf: Buf::Arena(out_req), layout: dense, dtype }
             }
             _ => {
                 let info = NodeInfo {
@@ -140,7 +250,7 @@ pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
                             reqs.push(BufferRequest { size: scratch, start: step, end: step });
                             reqs.len() - 1
                         });
-                        pending.push((id.index(), out_req, scratch_req, build));
+                        pending.push((id.index(), node.inputs.iter().map(|i| i.index()).collect(), out_req, scratch_req, build));
                         Val { buf: Buf::Arena(out_req), layout: dense, dtype }
                     }
                 }
@@ -162,15 +272,16 @@ pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
             Buf::Arena(r) => unsafe { arena.ptr().add(plan.offsets[r]) },
             Buf::Param(i) => param_bufs[i].ptr(),
             Buf::Const(i) => consts[i].ptr(),
+            Buf::Fused => unreachable!("fused values are only read inside their chain"),
         })
     };
     let tref = |v: &Val| TRef { ptr: base(v.buf), layout: v.layout, dtype: v.dtype };
     let mut steps = Vec::with_capacity(nsteps);
     let mut step_ops = Vec::with_capacity(nsteps);
-    for (node, out_req, scratch_req, build) in pending {
+    for (node, operands, out_req, scratch_req, build) in pending {
         let n = g.node(rlx_ir::NodeId(node as u32));
-        step_ops.push(n.op.name());
-        let ins: Vec<TRef> = n.inputs.iter().map(|i| tref(&vals[i.index()])).collect();
+        step_ops.push(if groups.members.contains_key(&node) { "fused" } else { n.op.name() });
+        let ins: Vec<TRef> = operands.iter().map(|&i| tref(&vals[i])).collect();
         let out = tref(&vals[node]);
         debug_assert!(matches!(vals[node].buf, Buf::Arena(r) if r == out_req));
         let scratch = scratch_req.map_or(Ptr(std::ptr::null_mut()), |r| base(Buf::Arena(r)));

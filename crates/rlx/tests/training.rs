@@ -224,3 +224,14 @@ fn softmax_cross_entropy_matches_a_host_reference_and_is_stable() {
     let want = (row(&logits[..3], 2) + row(&logits[3..], 1)) / 2.0;
     assert!((got - want).abs() < 1e-5, "{got} vs {want}");
 }
+
+#[test]
+fn malformed_checkpoints_are_errors_and_change_nothing() {
+    let mut t = mlp_trainer();
+    let before = t.get_param("w1").unwrap();
+    for bytes in [&b""[..], b"\x08\x00\x00\x00\x00\x00\x00\x00{}", b"\xff\xff\xff\xff\xff\xff\xff\xff", b"not a checkpoint at all"] {
+        assert!(t.load_bytes(bytes).is_err());
+    }
+    assert_eq!(t.get_param("w1").unwrap(), before);
+    assert_eq!(t.steps(), 0);
+}

@@ -131,44 +131,52 @@ fn compare<T: Elem>(op: CmpOp, a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
     }
 }
 
-/// The float functions, written once over the compute type.
-macro_rules! float_act {
-    ($a:expr, $x:expr, $out:expr, $T:ty, |$v:ident| $($arm:ident => $e:expr),* $(,)?) => {
+/// Bind `$f` to the function of activation `$a` over the real type `$R`, then evaluate `$body`.
+/// The formulas live here once; the plain kernels and the fused kernels both use them.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! with_float_fn {
+    ($a:expr, $R:ty, $f:ident => $body:expr) => {{
+        use $crate::elem::Real as R;
+        let c = |v: f64| <$R as R>::c(v);
+        let (half, one, zero) = (c(0.5), c(1.0), c(0.0));
+        let inv_sqrt2 = c(std::f64::consts::FRAC_1_SQRT_2);
+        let (k0, k1) = (c((2.0 / std::f64::consts::PI).sqrt()), c(0.044715));
+        let _ = (half, one, zero, inv_sqrt2, k0, k1);
+        $crate::with_float_fn!(@arms $a, $R, $f, $body,
+            // Trait paths, not methods: on f32 the inherent methods would bypass RLX's SIMD math.
+            Gelu => |v| half * v * (one + R::erf(v * inv_sqrt2)),
+            GeluApprox => |v| half * v * (one + R::tanh(k0 * (v + k1 * v * v * v))),
+            Silu => |v| v / (one + R::exp(-v)),
+            Relu => |v| if v > zero { v } else { zero },
+            Sigmoid => |v| one / (one + R::exp(-v)),
+            Tanh => |v| R::tanh(v),
+            Exp => |v| R::exp(v),
+            Log => |v| R::ln(v),
+            Sqrt => |v| R::sqrt(v),
+            Rsqrt => |v| one / R::sqrt(v),
+            Neg => |v| -v,
+            Abs => |v| R::abs(v),
+            Sin => |v| R::sin(v),
+            Cos => |v| R::cos(v),
+            Tan => |v| R::tan(v),
+            Atan => |v| R::atan(v),
+            Round => |v| R::round_even(v),
+            Erf => |v| R::erf(v),
+        )
+    }};
+    (@arms $a:expr, $R:ty, $f:ident, $body:expr, $($arm:ident => |$v:ident| $e:expr),* $(,)?) => {
         match $a {
-            $(Activation::$arm => map1($x, $out, move |s: $T| { let $v = s.to_c(); <$T>::from_c($e) }),)*
+            $(rlx_ir::Activation::$arm => {
+                let $f = move |$v: $R| -> $R { $e };
+                $body
+            })*
         }
     };
 }
 
 fn activation_float<T: FloatElem>(a: Activation, x: TRef, out: TRef) -> Box<dyn Kernel> {
-    type R<T> = <T as FloatElem>::C;
-    let c = |v: f64| R::<T>::c(v);
-    let half = c(0.5);
-    let one = c(1.0);
-    let zero = c(0.0);
-    let inv_sqrt2 = c(std::f64::consts::FRAC_1_SQRT_2);
-    let k0 = c((2.0 / std::f64::consts::PI).sqrt());
-    let k1 = c(0.044715);
-    float_act!(a, x, out, T, |v|
-        Gelu => half * v * (one + (v * inv_sqrt2).erf()),
-        GeluApprox => half * v * (one + (k0 * (v + k1 * v * v * v)).tanh()),
-        Silu => v / (one + (-v).exp()),
-        Relu => if v > zero { v } else { zero },
-        Sigmoid => one / (one + (-v).exp()),
-        Tanh => v.tanh(),
-        Exp => v.exp(),
-        Log => v.ln(),
-        Sqrt => v.sqrt(),
-        Rsqrt => one / v.sqrt(),
-        Neg => -v,
-        Abs => v.abs(),
-        Sin => v.sin(),
-        Cos => v.cos(),
-        Tan => v.tan(),
-        Atan => v.atan(),
-        Round => v.round_even(),
-        Erf => v.erf(),
-    )
+    crate::with_float_fn!(a, T::C, f => map1(x, out, move |s: T| T::from_c(f(s.to_c()))))
 }
 
 fn activation_int<T: Elem>(a: Activation, x: TRef, out: TRef) -> Box<dyn Kernel> {

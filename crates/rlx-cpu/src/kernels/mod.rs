@@ -4,6 +4,7 @@
 
 mod attention;
 mod elementwise;
+pub mod fused;
 pub mod gemm;
 mod index;
 mod linalg;

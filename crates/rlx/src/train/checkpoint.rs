@@ -49,8 +49,14 @@ pub(super) fn save(c: &CompiledGraph, step: u64, path: &Path) -> Result<()> {
 
 pub(super) fn load(c: &mut CompiledGraph, path: &Path) -> Result<u64> {
     let bytes = std::fs::read(path).map_err(|e| io(path, e))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| io(path, e))?;
-    let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| io(path, e))?;
+    load_bytes(c, &bytes, path)
+}
+
+/// Load checkpoint bytes (`path` only names the source in errors). Malformed or foreign files
+/// are errors, never panics; nothing is written unless every tensor matches.
+pub(super) fn load_bytes(c: &mut CompiledGraph, bytes: &[u8], path: &Path) -> Result<u64> {
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| io(path, e))?;
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| io(path, e))?;
     let step = meta
         .metadata()
         .as_ref()
@@ -58,12 +64,16 @@ pub(super) fn load(c: &mut CompiledGraph, path: &Path) -> Result<u64> {
         .and_then(|s| s.parse().ok())
         .ok_or_else(|| io(path, "no step count in the metadata; was it written by Trainer::save?"))?;
     let params: Vec<(String, rlx_ir::Shape)> = c.params().iter().map(|s| (s.name.clone(), s.shape.clone())).collect();
+    let mut found = Vec::with_capacity(params.len());
     for (name, shape) in &params {
         let t = st.tensor(name).map_err(|_| io(path, format!("no tensor \"{name}\"")))?;
         let want = shape.static_dims().unwrap_or_default();
         if t.dtype() != to_st(shape.dtype())? || t.shape() != want.as_slice() {
             return Err(io(path, format!("tensor \"{name}\" is {:?}{:?}, the model has {shape}", t.dtype(), t.shape())));
         }
+        found.push(t);
+    }
+    for ((name, shape), t) in params.iter().zip(found) {
         c.try_set_param_typed(name, t.data(), shape.dtype())?;
     }
     Ok(step)

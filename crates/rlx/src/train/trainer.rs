@@ -130,9 +130,16 @@ impl Trainer {
         super::checkpoint::save(&self.compiled, self.step, path)
     }
 
-    /// Load a checkpoint written by [`Trainer::save`]; the next step continues from it.
+    /// Load a checkpoint written by [`Trainer::save`]; the next step continues from it. A file
+    /// that does not match the model (names, shapes, dtypes) is an error and changes nothing.
     pub fn load(&mut self, path: &std::path::Path) -> Result<()> {
         self.step = super::checkpoint::load(&mut self.compiled, path)?;
+        Ok(())
+    }
+
+    /// [`Trainer::load`] from bytes already in memory.
+    pub fn load_bytes(&mut self, bytes: &[u8]) -> Result<()> {
+        self.step = super::checkpoint::load_bytes(&mut self.compiled, bytes, std::path::Path::new("<memory>"))?;
         Ok(())
     }
 }

@@ -80,8 +80,18 @@ pub fn build(code: Vec<Instr>, ins: Vec<TRef>, out: TRef, scratch: Ptr, threads:
                     let dst = &mut ext[k * BLOCK..k * BLOCK + len];
                     let src = x.base::<f32>() as *const f32;
                     for_each_run(&dims, [&dense, l], s..s + len, |[o, i], m, [so, si]| {
-                        for q in 0..m {
-                            dst[o - s + q * so] = unsafe { *src.add(i + q * si) };
+                        let d = &mut dst[o - s..];
+                        // SAFETY: offsets come from the operand's layout inside its buffer.
+                        unsafe {
+                            if so == 1 && si == 1 {
+                                d[..m].copy_from_slice(std::slice::from_raw_parts(src.add(i), m));
+                            } else if so == 1 && si == 0 {
+                                d[..m].fill(*src.add(i));
+                            } else {
+                                for q in 0..m {
+                                    d[q * so] = *src.add(i + q * si);
+                                }
+                            }
                         }
                     });
                 }

@@ -79,19 +79,20 @@ struct Model {
 
 fn build(name: &'static str, threads: usize) -> Model {
     let session = Session::new(Device::Cpu).with_threads(threads);
-    let (g, params, feeds): (Graph, Vec<(String, Vec<usize>)>, Vec<(String, Vec<u8>, DType)>) = match name {
+    type Feeds = Vec<(String, Vec<u8>, DType)>;
+    let (g, params, feeds): (Graph, Vec<(String, Vec<usize>)>, Feeds) = match name {
         "mlp" => {
             let (g, p) = mlp_graph();
             let x: Vec<u8> = fill(64 * 256, 3, 1.0).iter().flat_map(|v| v.to_le_bytes()).collect();
-            let y = i32_bytes((0..64).map(|i| (i * 7 % 10) as i32));
+            let y = i32_bytes((0..64).map(|i| i * 7 % 10));
             (g, p, vec![("x".into(), x, DType::F32), ("labels".into(), y, DType::I32)])
         }
         _ => {
             let m = Gpt::new(GptConfig { vocab: 60, ctx: 64, dim: 128, heads: 4, layers: 2 }).expect("valid config");
             let g = m.training_graph(16).expect("valid graph");
             let p = m.params().into_iter().map(|(n, s, _)| (n, s)).collect();
-            let t = i32_bytes((0..16 * 64).map(|i| (i * 13 % 60) as i32));
-            let y = i32_bytes((0..16 * 64).map(|i| ((i + 1) * 13 % 60) as i32));
+            let t = i32_bytes((0..16 * 64).map(|i| i * 13 % 60));
+            let y = i32_bytes((0..16 * 64).map(|i| (i + 1) * 13 % 60));
             (g, p, vec![("tokens".into(), t, DType::I32), ("targets".into(), y, DType::I32)])
         }
     };

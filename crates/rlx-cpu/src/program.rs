@@ -81,6 +81,10 @@ fn check_node(g: &Graph, id: rlx_ir::NodeId) -> Result<Vec<usize>> {
     Ok(dims)
 }
 
+/// A compute step before addresses are fixed: node, operand nodes, arena request of its output,
+/// scratch request, kernel builder.
+type Pending = (usize, Vec<usize>, usize, Option<usize>, kernels::Build);
+
 /// Fused elementwise chains: for each chain's root (its last node), the members in order; for
 /// every other member, its root.
 struct Groups {
@@ -178,8 +182,7 @@ pub fn compile_with_fusion(g: &Graph, threads: usize, fuse: bool) -> Result<Prog
     let mut param_bufs: Vec<Buffer> = Vec::new();
     let (mut inputs, mut params) = (Vec::new(), Vec::new());
     let mut input_reqs = Vec::new();
-    // (node, operand nodes, arena request of its output, scratch request, builder)
-    let mut pending: Vec<(usize, Vec<usize>, usize, Option<usize>, kernels::Build)> = Vec::new();
+    let mut pending: Vec<Pending> = Vec::new();
     let groups = fusion_groups(g, fuse);
     for id in g.ids() {
         if groups.member_of[id.index()].is_some() {
@@ -328,7 +331,7 @@ impl Program {
                 None => by.push((op, *ns, *n)),
             }
         }
-        by.sort_by(|a, b| b.1.cmp(&a.1));
+        by.sort_by_key(|e| std::cmp::Reverse(e.1));
         by
     }
 }

@@ -71,7 +71,7 @@ fn parse() -> Cfg {
             _ => fail(&format!("unknown option {k}")),
         }
     }
-    if c.dim % c.heads != 0 {
+    if !c.dim.is_multiple_of(c.heads) {
         fail("--dim must be a multiple of --heads");
     }
     c

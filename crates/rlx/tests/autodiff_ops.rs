@@ -3,7 +3,8 @@
 //! - reverse mode (`grad_with_loss`) is compared with central finite differences,
 //! - forward mode (`jvp`) is compared with a directional finite difference and with `grad · v`,
 //! - each op's decomposition (what autodiff differentiates for composite ops) is compared with
-//! its native kernel.
+//!   its native kernel.
+//!
 //! Ops whose results are not differentiable are listed with the reason; none is skipped silently.
 
 mod common;

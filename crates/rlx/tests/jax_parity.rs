@@ -164,6 +164,7 @@ fn compare_as(s: &Scenario, what: &str, label: &str, got_shape: Option<&[usize]>
         if *w != 0.0 {
             max_rel = max_rel.max(err / w.abs());
         }
+        #[allow(clippy::neg_cmp_op_on_partial_ord)] // NaN must fail
         if !(err <= rtol * (w.abs() + scale)) {
             bad.push(format!("  [{i}] rlx {g:e} jax {w:e} (diff {err:.3e})"));
         }

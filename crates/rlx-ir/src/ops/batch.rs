@@ -36,7 +36,7 @@ pub fn materialize(g: &mut Graph, x: NodeId, bd: Option<usize>, size: usize) -> 
 /// per-example rank becomes `rank` (numpy broadcasting then lines examples up correctly).
 fn align(g: &mut Graph, x: NodeId, rank: usize) -> Result<NodeId> {
     let d = dims(g, x);
-    if d.len() - 1 >= rank {
+    if d.len() > rank {
         return Ok(x);
     }
     let mut nd = vec![d[0]];

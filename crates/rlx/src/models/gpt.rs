@@ -28,7 +28,7 @@ pub struct Gpt {
 impl Gpt {
     /// A model with `config`.
     pub fn new(config: GptConfig) -> Result<Gpt> {
-        if config.heads == 0 || config.dim % config.heads != 0 {
+        if config.heads == 0 || !config.dim.is_multiple_of(config.heads) {
             return Err(rlx_ir::Error::Invalid(format!("width {} is not a multiple of {} heads", config.dim, config.heads)));
         }
         Ok(Gpt { config })

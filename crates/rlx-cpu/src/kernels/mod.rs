@@ -169,14 +169,23 @@ pub fn par_ranges(pool: &Pool, n: usize, min_chunk: usize, f: impl Fn(std::ops::
 /// Copy a strided value into a dense row-major byte buffer (`dst` holds exactly its bytes).
 pub fn materialize(src: &TRef, dst: &mut [u8]) {
     let w = src.dtype.size_bytes();
+    let s = src.ptr.0 as *const u8;
+    if src.layout.is_contiguous() {
+        // SAFETY: a contiguous layout covers `dst.len()` bytes from its offset.
+        unsafe { std::ptr::copy_nonoverlapping(s.add(src.layout.offset * w), dst.as_mut_ptr(), dst.len()) };
+        return;
+    }
     let dense = Layout::contiguous(src.layout.dims());
     let n = src.layout.numel();
-    let s = src.ptr.0 as *const u8;
     crate::layout::for_each_run(src.layout.dims(), [&dense, &src.layout], 0..n, |[o, i], len, [so, si]| {
-        for k in 0..len {
-            // SAFETY: the layout lies within the value's buffer; `dst` has numel * w bytes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(s.add((i + k * si) * w), dst.as_mut_ptr().add((o + k * so) * w), w);
+        // SAFETY: the layout lies within the value's buffer; `dst` has numel * w bytes.
+        unsafe {
+            if so == 1 && si == 1 {
+                std::ptr::copy_nonoverlapping(s.add(i * w), dst.as_mut_ptr().add(o * w), len * w);
+            } else {
+                for k in 0..len {
+                    std::ptr::copy_nonoverlapping(s.add((i + k * si) * w), dst.as_mut_ptr().add((o + k * so) * w), w);
+                }
             }
         }
     });

@@ -42,9 +42,40 @@ fn fold_line<T: Elem>(x: *const T, base: usize, red: &Layout, init: T, f: impl F
     acc
 }
 
+/// Sum (or mean) over the leading axes of a dense f32 value, seen as `[rows, cols]`: the output
+/// accumulates whole rows, contiguous and vectorizable (the backward pass of every broadcast
+/// bias or residual reduces this way). Columns are split across threads.
+fn column_sums(x: TRef, out: TRef, rows: usize, cols: usize, mean: bool) -> Box<dyn Kernel> {
+    kernel(move |pool| {
+        par_ranges(pool, cols, 4096usize.div_ceil(rows.max(1)).max(64), |r| {
+            let (px, po) = (x.base::<f32>() as *const f32, out.base::<f32>());
+            // SAFETY: the value is dense `rows x cols` from its offset; `r` is within `cols`.
+            let acc = unsafe { std::slice::from_raw_parts_mut(po.add(out.layout.offset + r.start), r.len()) };
+            acc.fill(0.0);
+            for row in 0..rows {
+                let src = unsafe { std::slice::from_raw_parts(px.add(x.layout.offset + row * cols + r.start), r.len()) };
+                acc.iter_mut().zip(src).for_each(|(a, v)| *a += v);
+            }
+            if mean {
+                let inv = 1.0 / rows as f32;
+                acc.iter_mut().for_each(|a| *a *= inv);
+            }
+        })
+    })
+}
+
 fn reduce_float<T: FloatElem>(kind: ReduceKind, x: TRef, out: TRef, axes: Vec<usize>) -> Box<dyn Kernel> {
     let (kept, red) = split(&x.layout, &axes);
     let count = red.numel();
+    let leading = axes.iter().enumerate().all(|(i, &a)| i == a);
+    if T::DTYPE == rlx_ir::DType::F32
+        && matches!(kind, ReduceKind::Sum | ReduceKind::Mean)
+        && leading
+        && x.layout.is_contiguous()
+        && count > 1
+    {
+        return column_sums(x, out, count, kept.numel(), kind == ReduceKind::Mean);
+    }
     kernel(move |pool| {
         par_ranges(pool, kept.numel(), (1 << 14) / count.max(1) + 1, |r| {
             let (px, po) = (x.base::<T>() as *const T, out.base::<T>());

@@ -27,6 +27,17 @@ impl Layout {
         l
     }
 
+    /// A layout with explicit strides (`None` when the rank exceeds [`MAX_RANK`]).
+    pub fn strided(dims: &[usize], strides: &[usize], offset: usize) -> Option<Layout> {
+        if dims.len() > MAX_RANK || strides.len() != dims.len() {
+            return None;
+        }
+        let mut l = Layout { rank: dims.len(), dims: [0; MAX_RANK], strides: [0; MAX_RANK], offset };
+        l.dims[..dims.len()].copy_from_slice(dims);
+        l.strides[..dims.len()].copy_from_slice(strides);
+        Some(l)
+    }
+
     /// Dimensions.
     pub fn dims(&self) -> &[usize] {
         &self.dims[..self.rank]

@@ -47,7 +47,35 @@ fn mnk(a: &Layout, b: &Layout) -> (usize, usize, usize, usize, usize, usize, usi
     (m, n, k, a.strides()[ra - 2], a.strides()[ra - 1], b.strides()[rb - 2], b.strides()[rb - 1])
 }
 
+/// When `b` is shared by every batch and `a`'s batch axes step evenly over its rows, the whole
+/// batched product is one `[batch * m, k] x [k, n]` GEMM: returns `a` seen as that matrix.
+fn fold_batches(a: &Layout, b: &Layout, out: &Layout) -> Option<Layout> {
+    let ra = a.rank();
+    if ra <= 2 || b.rank() != 2 || out.rank() != ra {
+        return None;
+    }
+    let (d, s) = (a.dims(), a.strides());
+    // Row index r of the folded matrix walks the batch axes then m with one stride s[ra-2].
+    let mut expect = s[ra - 2] * d[ra - 2];
+    for i in (0..ra - 2).rev() {
+        if d[i] != 1 && s[i] != expect {
+            return None;
+        }
+        expect *= d[i];
+    }
+    let rows: usize = d[..ra - 1].iter().product();
+    Layout::strided(&[rows, d[ra - 1]], &[s[ra - 2], s[ra - 1]], a.offset)
+}
+
 fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize) -> Box<dyn Kernel> {
+    if let Some(fa) = fold_batches(&a.layout, &b.layout, &out.layout) {
+        let rows = fa.dims()[0];
+        let n = b.layout.dims()[1];
+        let a2 = TRef { layout: fa, ..a };
+        let mut ol = Layout::contiguous(&[rows, n]);
+        ol.offset = out.layout.offset;
+        return f32_matmul(a2, b, TRef { layout: ol, ..out }, scratch, threads);
+    }
     let (m, n, k, ars, acs, brs, bcs) = mnk(&a.layout, &b.layout);
     let batches = Batches::new(&a.layout, &b.layout, &out.layout);
     let per_thread = gemm::scratch_per_thread(m, n, k);
@@ -123,6 +151,9 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     if dt == DType::F32 {
         let (a, b) = (&info.ins[0], &info.ins[1]);
         let (m, k, n) = (a.dims()[a.rank() - 2], a.dims()[a.rank() - 1], b.dims()[b.rank() - 1]);
+        // A folded product has more rows than one batch: size the scratch for the larger m.
+        let out = Layout::contiguous(&info.dims);
+        let m = fold_batches(a, b, &out).map_or(m, |f| f.dims()[0]);
         let scratch = gemm::scratch_len(m, n, k, threads) * 4;
         return Ok(Lowered::Compute { scratch, build: Box::new(move |i, o, s| f32_matmul(i[0], i[1], o, s, threads)) });
     }

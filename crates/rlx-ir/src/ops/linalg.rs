@@ -109,9 +109,21 @@ pub(super) fn vjp_matmul(g: &mut Graph, ins: &[NodeId], ct: NodeId) -> Result<Ve
     }
     let (sa, sb) = (g.shape(a).clone(), g.shape(b).clone());
     let bt = g.try_transpose(b, &swap_last2(sb.rank()))?;
-    let at = g.try_transpose(a, &swap_last2(sa.rank()))?;
     let ga = g.try_dot(ct, bt)?;
-    let gb = g.try_dot(at, ct)?;
+    let gb = if sb.rank() == 2 && sa.rank() > 2 {
+        // A weight shared by every batch row: one product over all rows, [k, M] x [M, n], rather
+        // than a product per batch followed by a sum over the batch.
+        let ad = super::ad::dims(g, a);
+        let cd = super::ad::dims(g, ct);
+        let rows: usize = ad[..ad.len() - 1].iter().product();
+        let a2 = g.try_reshape(a, &[rows, ad[ad.len() - 1]])?;
+        let c2 = g.try_reshape(ct, &[rows, cd[cd.len() - 1]])?;
+        let a2t = g.try_transpose(a2, &[1, 0])?;
+        g.try_dot(a2t, c2)?
+    } else {
+        let at = g.try_transpose(a, &swap_last2(sa.rank()))?;
+        g.try_dot(at, ct)?
+    };
     Ok(vec![Some(unbroadcast(g, ga, &sa)?), Some(unbroadcast(g, gb, &sb)?)])
 }
 

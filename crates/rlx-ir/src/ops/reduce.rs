@@ -92,6 +92,21 @@ fn chooser_weights(g: &mut Graph, x: NodeId, y: NodeId, axes: &[usize]) -> Resul
     g.try_div(m, cnt)
 }
 
+/// `∂y/∂x` of a reduction, elementwise in `x`'s shape (`None` for sum, where it is one):
+/// `1/n` for mean, the arg-max/min indicator split among ties, `y/x` for prod.
+fn reduce_factor(g: &mut Graph, kind: ReduceKind, x: NodeId, out: NodeId, axes: &[usize]) -> Result<Option<NodeId>> {
+    let dt = g.shape(x).dtype();
+    Ok(match kind {
+        ReduceKind::Sum => None,
+        ReduceKind::Mean => Some(scalar(g, 1.0 / count(g, x, axes), dt)?),
+        ReduceKind::Max | ReduceKind::Min => Some(chooser_weights(g, x, out, axes)?),
+        ReduceKind::Prod => {
+            let yb = expand_back(g, out, x, axes)?;
+            Some(g.try_div(yb, x)?)
+        }
+    })
+}
+
 fn count(g: &Graph, x: NodeId, axes: &[usize]) -> f64 {
     let d = dims(g, x);
     axes.iter().map(|&a| d[a] as f64).product()
@@ -106,21 +121,9 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeI
     let r = match op {
         Op::Reduce { kind, axes, .. } => {
             let cb = expand_back(g, ct, x, axes)?;
-            match kind {
-                ReduceKind::Sum => cb,
-                ReduceKind::Mean => {
-                    let n = scalar(g, 1.0 / count(g, x, axes), dt)?;
-                    g.try_mul(cb, n)?
-                }
-                ReduceKind::Max | ReduceKind::Min => {
-                    let w = chooser_weights(g, x, out, axes)?;
-                    g.try_mul(cb, w)?
-                }
-                ReduceKind::Prod => {
-                    let yb = expand_back(g, out, x, axes)?;
-                    let q = g.try_div(yb, x)?;
-                    g.try_mul(cb, q)?
-                }
+            match reduce_factor(g, *kind, x, out, axes)? {
+                Some(f) => g.try_mul(cb, f)?,
+                None => cb,
             }
         }
         Op::Softmax { axis } => {
@@ -174,21 +177,9 @@ pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, t: &[Opti
     }
     Ok(Some(match op {
         Op::Reduce { kind, axes, keepdims } => {
-            let v = match kind {
-                ReduceKind::Sum => tx,
-                ReduceKind::Mean => {
-                    let n = scalar(g, 1.0 / count(g, x, axes), dt)?;
-                    g.try_mul(tx, n)?
-                }
-                ReduceKind::Max | ReduceKind::Min => {
-                    let w = chooser_weights(g, x, out, axes)?;
-                    g.try_mul(tx, w)?
-                }
-                ReduceKind::Prod => {
-                    let yb = expand_back(g, out, x, axes)?;
-                    let q = g.try_div(yb, x)?;
-                    g.try_mul(tx, q)?
-                }
+            let v = match reduce_factor(g, *kind, x, out, axes)? {
+                Some(f) => g.try_mul(tx, f)?,
+                None => tx,
             };
             g.try_sum(v, axes, *keepdims)?
         }

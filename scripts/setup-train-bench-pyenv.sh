@@ -19,8 +19,9 @@ set -euo pipefail
 
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(git -C "$SCRIPT_DIR" rev-parse --show-toplevel 2>/dev/null || (cd "$SCRIPT_DIR/.." && pwd))"
+# shellcheck source=lib/venv.sh
+source "$SCRIPT_DIR/lib/venv.sh"
 VENV="$REPO/.venv-train"
-PYTHON="${PYTHON:-python3}"
 
 # Pinned versions. Bump deliberately: the reference timings move with them.
 JAX_VERSION="0.10.2"
@@ -33,28 +34,8 @@ REQUIREMENTS=(
     "torch==${TORCH_VERSION}"
 )
 
-if [[ ! -x "$VENV/bin/python" ]]; then
-    echo "setup-train-bench-pyenv: creating virtualenv at $VENV"
-    "$PYTHON" -m venv "$VENV"
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+    echo "$0: note: torch from PyPI pulls its nvidia-* CUDA dependencies;"
+    echo "$0:       this downloads a few GB (~5.5 GB installed) and can take a while"
 fi
-
-# Skip pip entirely when the pinned versions are already present.
-if "$VENV/bin/python" - "$JAX_VERSION" "$NUMPY_VERSION" "$TORCH_VERSION" <<'PY' 2>/dev/null
-import sys
-from importlib.metadata import version
-want_jax, want_np, want_torch = sys.argv[1:4]
-ok = (version("jax") == want_jax and version("jaxlib") == want_jax
-      and version("numpy") == want_np
-      and version("torch").split("+")[0] == want_torch)
-sys.exit(0 if ok else 1)
-PY
-then
-    echo "setup-train-bench-pyenv: jax==${JAX_VERSION} numpy==${NUMPY_VERSION} torch==${TORCH_VERSION} already installed"
-    exit 0
-fi
-
-echo "setup-train-bench-pyenv: installing ${REQUIREMENTS[*]} into $VENV"
-echo "setup-train-bench-pyenv: note: torch from PyPI pulls its nvidia-* CUDA dependencies;"
-echo "setup-train-bench-pyenv:       this downloads a few GB (~5.5 GB installed) and can take a while"
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${REQUIREMENTS[@]}"
-echo "setup-train-bench-pyenv: done"
+ensure_venv setup-train-bench-pyenv "$VENV" "${REQUIREMENTS[@]}"

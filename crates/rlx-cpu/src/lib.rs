@@ -18,7 +18,7 @@ pub mod pool;
 mod program;
 
 pub use kernels::gemm;
-pub use program::{compile, compile_with_fusion, Program};
+pub use program::{compile, compile_shared, compile_with_fusion, Program};
 
 use rlx_driver::{Backend, CompileOptions, Executable};
 use rlx_ir::{Graph, NodeId, Result};
@@ -44,5 +44,13 @@ impl Backend for CpuBackend {
     fn compile(&self, graph: &Graph, opts: &CompileOptions) -> Result<Box<dyn Executable>> {
         let threads = opts.threads.unwrap_or_else(default_threads);
         Ok(Box::new(program::compile(graph, threads)?))
+    }
+
+    fn compile_sharing(&self, graph: &Graph, opts: &CompileOptions, other: &dyn Executable) -> Result<Box<dyn Executable>> {
+        let threads = opts.threads.unwrap_or_else(default_threads);
+        let other = other.as_any().and_then(|a| a.downcast_ref::<Program>()).ok_or_else(|| {
+            rlx_ir::Error::Invalid("params can only be shared with another graph compiled for the CPU".into())
+        })?;
+        Ok(Box::new(program::compile_shared(graph, threads, Some(other))?))
     }
 }

@@ -42,7 +42,7 @@ pub struct Program {
     params: Vec<IoSlot>,
     outputs: Vec<IoSlot>,
     input_ptrs: Vec<Ptr>,
-    param_bufs: Vec<Buffer>,
+    param_bufs: Vec<Arc<Buffer>>,
     output_refs: Vec<TRef>,
     // Owned storage the kernels point into; kept alive (and unmoved) for the program's lifetime.
     _arena: Buffer,
@@ -173,13 +173,23 @@ pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
     compile_with_fusion(g, threads, std::env::var_os("RLX_FUSION").is_some_and(|v| v == "1"))
 }
 
+/// [`compile`] with params that have the same name and shape as a param of `share` using that
+/// param's storage (see `Backend::compile_sharing`).
+pub fn compile_shared(g: &Graph, threads: usize, share: Option<&Program>) -> Result<Program> {
+    compile_inner(g, threads, std::env::var_os("RLX_FUSION").is_some_and(|v| v == "1"), share)
+}
+
 /// [`compile`] with elementwise fusion switched explicitly.
 pub fn compile_with_fusion(g: &Graph, threads: usize, fuse: bool) -> Result<Program> {
+    compile_inner(g, threads, fuse, None)
+}
+
+fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>) -> Result<Program> {
     let threads = threads.max(1);
     let mut vals: Vec<Val> = Vec::with_capacity(g.len());
     let mut reqs: Vec<BufferRequest> = Vec::new();
     let mut consts: Vec<Buffer> = Vec::new();
-    let mut param_bufs: Vec<Buffer> = Vec::new();
+    let mut param_bufs: Vec<Arc<Buffer>> = Vec::new();
     let (mut inputs, mut params) = (Vec::new(), Vec::new());
     let mut input_reqs = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
@@ -204,7 +214,11 @@ pub fn compile_with_fusion(g: &Graph, threads: usize, fuse: bool) -> Result<Prog
             }
             Op::Param { name } => {
                 params.push(IoSlot { name: name.clone(), shape: node.shape.clone() });
-                param_bufs.push(Buffer::zeroed(bytes));
+                let shared = share.and_then(|p| {
+                    let i = p.params.iter().position(|s| s.name == *name && s.shape == node.shape)?;
+                    Some(p.param_bufs[i].clone())
+                });
+                param_bufs.push(shared.unwrap_or_else(|| Arc::new(Buffer::zeroed(bytes))));
                 Val { buf: Buf::Param(param_bufs.len() - 1), layout: dense, dtype }
             }
             Op::Constant { data } => {
@@ -239,6 +253,25 @@ pub fn compile_with_fusion(g: &Graph, threads: usize, fuse: bool) -> Result<Prog
                     Lowered::View { src, layout } => {
                         let s = vals[node.inputs[src].index()];
                         Val { buf: s.buf, layout, dtype }
+                    }
+                    Lowered::InPlace { src, build } => {
+                        let s = vals[node.inputs[src].index()];
+                        if !matches!(s.buf, Buf::Param(_)) {
+                            return Err(Error::Unsupported {
+                                backend: "cpu".into(),
+                                op: node.op.name().into(),
+                                node: id,
+                                msg: format!("operand {} is updated in place and must be a param", node.inputs[src]),
+                            });
+                        }
+                        for i in &node.inputs {
+                            if let Buf::Arena(r) = vals[i.index()].buf {
+                                reqs[r].end = reqs[r].end.max(step);
+                            }
+                        }
+                        let build: kernels::Build = Box::new(move |ins, out, _| build(ins, out));
+                        pending.push((id.index(), node.inputs.iter().map(|i| i.index()).collect(), usize::MAX, None, build));
+                        s
                     }
                     Lowered::Compute { scratch, build } => {
                         // Operands stay live through this step.
@@ -286,7 +319,7 @@ pub fn compile_with_fusion(g: &Graph, threads: usize, fuse: bool) -> Result<Prog
         step_ops.push(if groups.members.contains_key(&node) { "fused" } else { n.op.name() });
         let ins: Vec<TRef> = operands.iter().map(|&i| tref(&vals[i])).collect();
         let out = tref(&vals[node]);
-        debug_assert!(matches!(vals[node].buf, Buf::Arena(r) if r == out_req));
+        debug_assert!(out_req == usize::MAX || matches!(vals[node].buf, Buf::Arena(r) if r == out_req));
         let scratch = scratch_req.map_or(Ptr(std::ptr::null_mut()), |r| base(Buf::Arena(r)));
         steps.push(build(&ins, out, scratch));
     }
@@ -361,6 +394,10 @@ impl Executable for Program {
 
     fn outputs(&self) -> &[IoSlot] {
         &self.outputs
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 
     fn write_input(&mut self, idx: usize, bytes: &[u8]) {

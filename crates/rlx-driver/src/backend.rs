@@ -29,6 +29,15 @@ pub trait Backend: Send + Sync {
     fn supports(&self, graph: &Graph, id: NodeId) -> bool;
     /// Compile a verified, optimized graph with static shapes.
     fn compile(&self, graph: &Graph, opts: &CompileOptions) -> Result<Box<dyn Executable>>;
+
+    /// Compile `graph` so that its params share storage with the params of `other` (an
+    /// executable of this backend) that have the same name and shape: a model's weights are
+    /// then held once by several programs, e.g. a prefill and a decode graph. Backends that
+    /// cannot share return an error.
+    fn compile_sharing(&self, graph: &Graph, opts: &CompileOptions, other: &dyn Executable) -> Result<Box<dyn Executable>> {
+        let _ = (graph, opts, other);
+        Err(rlx_ir::Error::Invalid(format!("the {} backend cannot share params between compiled graphs", self.name())))
+    }
 }
 
 /// A compiled graph on a device. Buffers are exchanged as raw little-endian bytes of the declared
@@ -50,6 +59,11 @@ pub trait Executable: Send {
     fn execute(&mut self);
     /// Copy output `idx` (dense, row-major) into `out` (exactly its byte size).
     fn read_output(&self, idx: usize, out: &mut [u8]);
+    /// The executable as `Any`, so its backend can recognise its own executables (see
+    /// [`Backend::compile_sharing`]).
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
     /// Overwrite param `param` with output `output` (same shape and dtype) on the device, as
     /// training updates do after each step. The default goes through host memory; backends
     /// override it to copy in place.

@@ -193,3 +193,29 @@ impl Graph {
         self.try_op(Op::Custom(f), args)
     }
 }
+
+impl Graph {
+    /// `x [..., K] @ dequant(w)^T` for a packed GGUF weight `U8 [N, row_bytes]`.
+    pub fn try_dequant_matmul(&mut self, x: NodeId, w: NodeId, scheme: crate::QuantScheme) -> Result<NodeId> {
+        self.try_op(Op::DequantMatMul { scheme }, &[x, w])
+    }
+    /// Packed GGUF rows decoded to f32.
+    pub fn try_dequantize(&mut self, w: NodeId, scheme: crate::QuantScheme) -> Result<NodeId> {
+        self.try_op(Op::Dequantize { scheme }, &[w])
+    }
+    /// Write `update [S, ...]` into the param `cache [T, ...]` at rows `pos..pos + S`.
+    pub fn try_cache_write(&mut self, cache: NodeId, update: NodeId, pos: NodeId) -> Result<NodeId> {
+        self.try_op(Op::CacheWrite, &[cache, update, pos])
+    }
+    /// Causal attention of `q [S, Hq, D]` over cache `k`, `v` at position `pos`.
+    pub fn try_cached_attention(&mut self, q: NodeId, k: NodeId, v: NodeId, pos: NodeId, scale: f32, window: Option<usize>) -> Result<NodeId> {
+        self.try_op(Op::CachedAttention { scale, window }, &[q, k, v, pos])
+    }
+}
+
+short_forms! {
+    fn dequant_matmul => try_dequant_matmul(x: NodeId, w: NodeId, scheme: crate::QuantScheme) -> NodeId;
+    fn dequantize => try_dequantize(w: NodeId, scheme: crate::QuantScheme) -> NodeId;
+    fn cache_write => try_cache_write(cache: NodeId, update: NodeId, pos: NodeId) -> NodeId;
+    fn cached_attention => try_cached_attention(q: NodeId, k: NodeId, v: NodeId, pos: NodeId, scale: f32, window: Option<usize>) -> NodeId;
+}

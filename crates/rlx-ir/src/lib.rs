@@ -18,6 +18,7 @@ mod graph;
 mod op;
 pub mod ops;
 mod print;
+pub mod quant;
 mod shape;
 mod verify;
 
@@ -27,6 +28,7 @@ pub use graph::{Graph, Node, NodeId};
 pub use op::{
     Activation, BinaryOp, CmpOp, ConvAttrs, CustomFn, DotDims, MaskKind, Op, PoolAttrs, PoolKind, ReduceKind, TopKOutput,
 };
+pub use quant::QuantScheme;
 pub use shape::{broadcast_dims, Dim, Shape};
 pub use verify::verify;
 

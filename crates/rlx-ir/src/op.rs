@@ -308,6 +308,35 @@ pub enum Op {
     Pool(PoolAttrs),
     /// A user function with optional custom derivatives; see [`CustomFn`].
     Custom(CustomFn),
+    /// `x [..., K]` times the transpose of a quantized weight holding `N` rows of `K`:
+    /// result `[..., N]`. GGUF schemes take `(x, packed U8 [N, row_bytes])`; the others take
+    /// `(x, quants, scale, zero_point)` with quants `I8 [N, K]` (Int8), `U8 [N, K/2]` (Int4) or
+    /// `U8 [N, K]` (FP8), and f32 scale / zero point `[N, K/block_size]` (`[1]` for FP8; the
+    /// zero point is ignored by symmetric schemes).
+    DequantMatMul {
+        /// Weight layout.
+        scheme: crate::QuantScheme,
+    },
+    /// Packed GGUF rows `U8 [..., row_bytes]` decoded to `F32 [..., K]` (e.g. an embedding
+    /// lookup of a quantized table: gather rows, then dequantize).
+    Dequantize {
+        /// Row layout (a GGUF scheme).
+        scheme: crate::QuantScheme,
+    },
+    /// `(cache [T, ...], update [S, ...], pos I32 [1])`: the cache with rows `[pos, pos + S)`
+    /// replaced. `cache` must be a param used only here: backends update it in place, which is
+    /// what makes a KV cache persist from one run to the next.
+    CacheWrite,
+    /// Causal attention of new queries over a KV cache: `(q [S, Hq, D], k [T, Hkv, D],
+    /// v [T, Hkv, Dv], pos I32 [1]) -> [S, Hq, Dv]`. Query `i` is at position `pos + i` and
+    /// attends to cache rows `j <= pos + i` (and `j > pos + i - window` with a sliding window);
+    /// rows past `pos + S` are never read. Heads are grouped as in [`Op::Attention`].
+    CachedAttention {
+        /// Score scale.
+        scale: f32,
+        /// Sliding-window length, if any.
+        window: Option<usize>,
+    },
 }
 
 /// A function given as a graph, usable as one op. The body's `Input` nodes, in definition order,
@@ -393,6 +422,10 @@ impl Op {
             Op::Conv(_) => "conv",
             Op::Pool(_) => "pool",
             Op::Custom(_) => "custom",
+            Op::DequantMatMul { .. } => "dequant_matmul",
+            Op::Dequantize { .. } => "dequantize",
+            Op::CacheWrite => "cache_write",
+            Op::CachedAttention { .. } => "cached_attention",
         }
     }
 

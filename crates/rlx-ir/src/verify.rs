@@ -33,6 +33,9 @@ pub fn verify(g: &Graph) -> Result<()> {
                 None => errs.push(format!("{here}: shape {} must be static with a byte size that fits usize", n.shape)),
             },
             op => {
+                if matches!(op, Op::CacheWrite) && n.inputs.first().is_some_and(|c| !matches!(g.node(*c).op, Op::Param { .. })) {
+                    errs.push(format!("{here}: the cache operand {} must be a param (it is updated in place)", n.inputs[0]));
+                }
                 let shapes: Vec<_> = n.inputs.iter().map(|&i| g.shape(i)).collect();
                 match ops::infer(op, &shapes) {
                     Ok(s) if s == n.shape => {}

@@ -52,6 +52,11 @@ impl CompiledGraph {
         CompiledGraph { exe, graph, records, device, staging_in, staging_out, updates: Vec::new(), visible }
     }
 
+    /// The backend executable.
+    pub(crate) fn executable(&self) -> &dyn Executable {
+        self.exe.as_ref()
+    }
+
     /// Make output `output` overwrite param `param` after every run (on the device, without a
     /// host copy), and stop returning it from `run`. Used by training steps.
     pub fn try_bind_update(&mut self, param: &str, output: usize) -> Result<()> {

@@ -72,6 +72,21 @@ impl Session {
 
     /// Verify, optimize and compile `graph`.
     pub fn try_compile(&self, graph: Graph) -> Result<CompiledGraph> {
+        self.compile_inner(graph, None)
+    }
+
+    /// Like [`Session::try_compile`], but params with the same name and shape as a param of
+    /// `other` share its storage instead of getting their own: one copy of a model's weights
+    /// serves several graphs (say, prompt processing and single-token decoding). Setting such a
+    /// param through either graph changes it for both.
+    pub fn try_compile_sharing(&self, graph: Graph, other: &CompiledGraph) -> Result<CompiledGraph> {
+        if other.device() != self.device {
+            return Err(Error::Invalid(format!("cannot share params between devices {} and {}", other.device(), self.device)));
+        }
+        self.compile_inner(graph, Some(other))
+    }
+
+    fn compile_inner(&self, graph: Graph, share: Option<&CompiledGraph>) -> Result<CompiledGraph> {
         if graph.outputs().is_empty() {
             return Err(Error::Invalid(format!(
                 "graph \"{}\" has no outputs; call set_outputs before compiling",
@@ -92,7 +107,11 @@ impl Session {
         }
         pipe = pipe.with_pass(Decompose { backend: backend.name(), supports: &supports }).rounds(4);
         let result = pipe.run(&graph)?;
-        let exe = backend.compile(&result.graph, &CompileOptions { threads: self.threads })?;
+        let opts = CompileOptions { threads: self.threads };
+        let exe = match share {
+            Some(other) => backend.compile_sharing(&result.graph, &opts, other.executable())?,
+            None => backend.compile(&result.graph, &opts)?,
+        };
         Ok(CompiledGraph::new(exe, result.graph, result.records, self.device))
     }
 

@@ -29,6 +29,8 @@
 #![deny(missing_docs)]
 
 pub use rlx_driver as driver;
+#[cfg(feature = "gguf")]
+pub use rlx_gguf as gguf;
 pub use rlx_ir as ir;
 pub use rlx_opt as opt;
 pub use rlx_runtime as runtime;
@@ -43,10 +45,10 @@ pub mod ops {
     pub use rlx_ir::{Activation, BinaryOp, CmpOp, ConvAttrs, DotDims, MaskKind, PoolAttrs, PoolKind, ReduceKind, TopKOutput};
 }
 
-/// Quantization metadata. This version of RLX has no quantized ops yet; the module holds the
-/// dtypes quantized formats build on.
+/// Quantization metadata: the layouts of packed weights taken by `Op::DequantMatMul` and
+/// `Op::Dequantize`.
 pub mod quant {
-    pub use rlx_ir::DType;
+    pub use rlx_ir::QuantScheme;
 }
 
 /// Automatic differentiation: reverse mode (`grad_with_loss`, `grad`), forward mode (`jvp`),
@@ -58,6 +60,10 @@ pub mod autodiff {
     pub use rlx_opt::vmap::{vmap, vmap_axes};
 }
 
+#[cfg(feature = "hub")]
+pub mod hub;
+#[cfg(feature = "gguf")]
+pub mod llm;
 pub mod models;
 pub mod train;
 

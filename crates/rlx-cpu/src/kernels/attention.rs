@@ -69,14 +69,37 @@ fn attention<T: FloatElem>(q: TRef, k: TRef, v: TRef, mask: Option<TRef>, out: T
     })
 }
 
-fn rope<T: FloatElem>(x: TRef, pos: TRef, out: TRef, theta: f32, interleaved: bool) -> Box<dyn Kernel> {
+fn rope<T: FloatElem>(x: TRef, pos: TRef, out: TRef, theta: f32, interleaved: bool, table: super::Ptr) -> Box<dyn Kernel> {
     let r = x.layout.rank();
     let (s_len, d) = (x.layout.dims()[r - 2], x.layout.dims()[r - 1]);
     let half = d / 2;
     let lines = x.layout.remove_axis(r - 1);
+    let inv: Vec<f64> = (0..half).map(|k| (theta as f64).powf(-2.0 * k as f64 / d as f64)).collect();
     kernel(move |pool| {
         let sx = x.layout.strides()[r - 1];
         let n = lines.numel();
+        // (cos, sin) for every sequence position and frequency, shared by all heads. For f32 the
+        // table follows llama.cpp's recurrence in f32 (theta_k = p * s^k with s = base^(-2/d),
+        // multiplied step by step), so RLX rotates exactly as llama.cpp does; otherwise f64.
+        // SAFETY: the scratch holds S * half pairs of f64; positions has length S.
+        let tab = unsafe { std::slice::from_raw_parts_mut(table.get() as *mut (f64, f64), s_len * half) };
+        let f32_table = T::DTYPE == rlx_ir::DType::F32;
+        let step = (theta).powf(-2.0 / d as f32);
+        for s in 0..s_len {
+            let p = unsafe { super::index::read_index(&pos, pos.layout.offset + s * pos.layout.strides()[0]) };
+            let mut th = p as f32;
+            for k in 0..half {
+                tab[s * half + k] = if f32_table {
+                    let e = (th.cos() as f64, th.sin() as f64);
+                    th *= step;
+                    e
+                } else {
+                    let (sin, cos) = (p as f64 * inv[k]).sin_cos();
+                    (cos, sin)
+                };
+            }
+        }
+        let tab = &*tab;
         super::par_ranges(pool, n, 64, |range| {
             let (px, po) = (x.base::<T>() as *const T, out.base::<T>());
             let dense = Layout::contiguous(lines.dims());
@@ -85,13 +108,18 @@ fn rope<T: FloatElem>(x: TRef, pos: TRef, out: TRef, theta: f32, interleaved: bo
                     let (o, i) = ((o0 + t * so) * d, i0 + t * si);
                     // Row number within the lines = o / d; its sequence index is that mod S.
                     let s = (o / d) % s_len.max(1);
-                    // SAFETY: positions has length S; offsets come from layouts.
-                    let p = unsafe { super::index::read_index(&pos, pos.layout.offset + s * pos.layout.strides()[0]) } as f64;
-                    for k in 0..half {
-                        let inv = (theta as f64).powf(-2.0 * k as f64 / d as f64);
-                        let (sin, cos) = (p * inv).sin_cos();
+                    for (k, &(cos, sin)) in tab[s * half..(s + 1) * half].iter().enumerate() {
                         let (ia, ib) = if interleaved { (2 * k, 2 * k + 1) } else { (k, k + half) };
+                        // SAFETY: offsets come from layouts.
                         unsafe {
+                            if f32_table {
+                                let a = *(px.add(i + ia * sx) as *const f32);
+                                let b = *(px.add(i + ib * sx) as *const f32);
+                                let (c, s) = (cos as f32, sin as f32);
+                                *(po.add(o + ia) as *mut f32) = a * c - b * s;
+                                *(po.add(o + ib) as *mut f32) = a * s + b * c;
+                                continue;
+                            }
                             let a = (*px.add(i + ia * sx)).to_f64();
                             let b = (*px.add(i + ib * sx)).to_f64();
                             *po.add(o + ia) = T::from_f64(a * cos - b * sin);
@@ -121,9 +149,16 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 }),
             }
         }
-        Op::Rope { theta, interleaved } => super::compute(move |i, o| {
-            with_float!(dt, T => rope::<T>(i[0], i[1], o, theta, interleaved), else unreachable!())
-        }),
+        Op::Rope { theta, interleaved } => {
+            let r = info.ins[0].rank();
+            let (s_len, d) = (info.ins[0].dims()[r - 2], info.ins[0].dims()[r - 1]);
+            Lowered::Compute {
+                scratch: (s_len * (d / 2) * 16).max(16),
+                build: Box::new(move |i, o, s| {
+                    with_float!(dt, T => rope::<T>(i[0], i[1], o, theta, interleaved, s), else unreachable!())
+                }),
+            }
+        }
         _ => return Err(info.unsupported("not an attention op")),
     })
 }

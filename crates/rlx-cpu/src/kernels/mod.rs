@@ -7,9 +7,11 @@ mod elementwise;
 pub mod fused;
 pub mod gemm;
 mod index;
+mod kv;
 mod linalg;
 mod movement;
 mod norm;
+pub mod quant;
 mod reduce;
 mod spatial;
 
@@ -75,6 +77,9 @@ pub fn kernel(f: impl Fn(&Pool) + Send + Sync + 'static) -> Box<dyn Kernel> {
 /// Builds a kernel from the operands, the output and a scratch buffer.
 pub type Build = Box<dyn FnOnce(&[TRef], TRef, Ptr) -> Box<dyn Kernel>>;
 
+/// Builds an in-place kernel from the operands and the param it updates.
+pub type BuildInPlace = Box<dyn FnOnce(&[TRef], TRef) -> Box<dyn Kernel>>;
+
 /// How a node executes.
 pub enum Lowered {
     /// The result is operand `src`'s buffer under `layout`.
@@ -83,6 +88,13 @@ pub enum Lowered {
         src: usize,
         /// Layout over that operand's buffer.
         layout: Layout,
+    },
+    /// A kernel updates operand `src` (a param) in place; the result is that param.
+    InPlace {
+        /// Operand index.
+        src: usize,
+        /// Kernel constructor: operands, then the param being updated.
+        build: BuildInPlace,
     },
     /// A kernel writes a fresh contiguous buffer.
     Compute {
@@ -128,7 +140,11 @@ pub fn compute(build: impl FnOnce(&[TRef], TRef) -> Box<dyn Kernel> + 'static) -
 
 /// Whether the CPU backend has a native kernel for `op`.
 pub fn supports(op: &Op) -> bool {
-    !matches!(op, Op::DotGeneral(_) | Op::Custom(_))
+    match op {
+        Op::DotGeneral(_) | Op::Custom(_) => false,
+        Op::DequantMatMul { scheme } => scheme.is_gguf(),
+        _ => true,
+    }
 }
 
 /// Lower one non-leaf node.
@@ -144,6 +160,8 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::lower(info),
         Op::Attention { .. } | Op::Rope { .. } => attention::lower(info),
         Op::Conv(_) | Op::Pool(_) => spatial::lower(info),
+        Op::DequantMatMul { .. } | Op::Dequantize { .. } => quant::lower(info),
+        Op::CacheWrite | Op::CachedAttention { .. } => kv::lower(info),
         op => Err(info.unsupported(format!("{} has no CPU kernel", op.name()))),
     }
 }

@@ -49,7 +49,9 @@ fn align(g: &mut Graph, x: NodeId, rank: usize) -> Result<NodeId> {
 /// When it does not, vmap batches the op's decomposition.
 pub fn batch_supported(op: &Op, batched: &[bool]) -> bool {
     match op {
-        Op::DotGeneral(_) | Op::Custom(_) => false,
+        Op::DotGeneral(_) | Op::Custom(_) | Op::CacheWrite | Op::CachedAttention { .. } => false,
+        // Weights shared by the batch: the op maps over x's leading axes already.
+        Op::DequantMatMul { .. } => !batched[1..].iter().any(|&b| b),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => !batched[1..].iter().any(|&b| b),
         Op::Conv(_) => !batched[1],
         Op::Rope { .. } => !batched[1],
@@ -171,7 +173,16 @@ pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size
             s.extend_from_slice(&yd[1..]);
             g.try_reshape(y, &s)?
         }
-        Op::DotGeneral(_) | Op::Custom(_) => unreachable!("rejected by batch_supported"),
+        Op::DequantMatMul { .. } => {
+            let x = front(g, 0)?;
+            let mut args = vec![x];
+            args.extend_from_slice(&ins[1..]);
+            g.try_op(op.clone(), &args)?
+        }
+        Op::Dequantize { .. } => return Ok((g.try_op(op.clone(), ins)?, bds[0])),
+        Op::DotGeneral(_) | Op::Custom(_) | Op::CacheWrite | Op::CachedAttention { .. } => {
+            unreachable!("rejected by batch_supported")
+        }
     };
     Ok((y, Some(0)))
 }

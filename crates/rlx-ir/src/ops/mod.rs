@@ -9,9 +9,11 @@ mod batch;
 mod custom;
 mod elementwise;
 mod index;
+mod kv;
 mod linalg;
 mod movement;
 mod nn;
+mod quant;
 mod reduce;
 mod spatial;
 
@@ -39,6 +41,7 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
         Op::LayerNorm { eps } | Op::RmsNorm { eps } => Some(("eps", *eps)),
         Op::Attention { scale, .. } => Some(("scale", *scale)),
         Op::Rope { theta, .. } => Some(("theta", *theta)),
+        Op::CachedAttention { scale, .. } => Some(("scale", *scale)),
         _ => None,
     };
     if let Some((what, v)) = float_attr.filter(|(_, v)| !v.is_finite()) {
@@ -73,6 +76,10 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
         Op::Conv(a) => spatial::conv(a, inputs),
         Op::Pool(a) => spatial::pool(a, inputs),
         Op::Custom(f) => custom::infer(f, inputs),
+        Op::DequantMatMul { scheme } => quant::dequant_matmul(*scheme, inputs),
+        Op::Dequantize { scheme } => quant::dequantize(*scheme, inputs),
+        Op::CacheWrite => kv::cache_write(inputs),
+        Op::CachedAttention { window, .. } => kv::cached_attention(*window, inputs),
     }
 }
 
@@ -91,6 +98,12 @@ pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
             }
         }
         Op::Concat { .. } => (1, usize::MAX),
+        Op::DequantMatMul { scheme } => {
+            let n = quant::arity(*scheme);
+            (n, n)
+        }
+        Op::CacheWrite => (3, 3),
+        Op::CachedAttention { .. } => (4, 4),
         Op::Custom(f) => {
             let n = custom::arity(f);
             (n, n)
@@ -113,6 +126,7 @@ pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<Nod
         Op::Pool(a) => spatial::decompose_pool(g, a, inputs),
         Op::Rope { theta, interleaved } => nn::decompose_rope(g, *theta, *interleaved, inputs),
         Op::Custom(f) => custom::inline(g, &f.body, inputs).map(|o| o[0]),
+        Op::DequantMatMul { scheme } => return quant::decompose(g, *scheme, inputs),
         _ => return None,
     })
 }
@@ -127,11 +141,17 @@ fn composite(op: &Op) -> bool {
     matches!(op, Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Conv(_) | Op::Pool(_))
 }
 
+/// Inference-only ops: quantized weights and the stateful KV cache have no derivative rules
+/// (autodiff reports them by name).
+fn inference_only(op: &Op) -> bool {
+    matches!(op, Op::DequantMatMul { .. } | Op::Dequantize { .. } | Op::CacheWrite | Op::CachedAttention { .. })
+}
+
 /// Whether [`vjp`] has a rule for `op` (a custom function needs its own `vjp` graph).
 pub fn has_vjp_rule(op: &Op) -> bool {
     match op {
         Op::Custom(f) => f.vjp.is_some(),
-        op => !composite(op),
+        op => !composite(op) && !inference_only(op),
     }
 }
 
@@ -139,7 +159,7 @@ pub fn has_vjp_rule(op: &Op) -> bool {
 pub fn has_jvp_rule(op: &Op) -> bool {
     match op {
         Op::Custom(f) => f.jvp.is_some(),
-        op => !composite(op),
+        op => !composite(op) && !inference_only(op),
     }
 }
 

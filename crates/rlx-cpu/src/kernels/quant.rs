@@ -1,0 +1,660 @@
+//! Quantized matmul over packed GGUF rows, and GGUF row decoding.
+//!
+//! `DequantMatMul` never expands a weight matrix to f32. Activations are quantized once per
+//! call to int8 in blocks of 32 (as llama.cpp does for its integer dot products); then each
+//! thread decodes a few weight rows at a time into int8 values with one scale and one offset per
+//! 16 elements — a form every GGUF block type maps to — and takes integer dot products of those
+//! rows with every activation row (AVX2 `maddubs` when the CPU has it). F16/BF16 weights are
+//! decoded to f32 rows instead. Like llama.cpp's kernels, the int8 products assume weight quants
+//! in `-127..=127` (what every GGUF quantizer writes).
+
+use super::reduce::for_each_line;
+use super::{kernel, Kernel, Lowered, NodeInfo, Ptr, TRef};
+use crate::pool::Pool;
+use rlx_gguf::GgmlType;
+use rlx_ir::{Op, QuantScheme, Result};
+
+/// Elements per weight scale / offset.
+const SUB: usize = 16;
+/// Elements per activation scale.
+const ABLK: usize = 32;
+/// Weight rows decoded together (each activation row is loaded once per group).
+const ROWS: usize = 4;
+
+/// Which integer kernels quantized matmuls compiled from now on may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelLevel {
+    /// The best the CPU supports (AVX-VNNI, else AVX2).
+    Native = 0,
+    /// AVX2 without VNNI.
+    Avx2 = 1,
+    /// Portable code only (for testing the fallback on any machine).
+    Portable = 2,
+}
+
+static LEVEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Restrict the kernels of quantized matmuls compiled after this call (a testing aid).
+pub fn set_kernel_level(level: KernelLevel) {
+    LEVEL.store(level as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn level() -> u8 {
+    LEVEL.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The ggml type of a GGUF scheme.
+pub fn ggml_type(s: QuantScheme) -> Option<GgmlType> {
+    use QuantScheme::*;
+    Some(match s {
+        GgufF16 => GgmlType::F16,
+        GgufBF16 => GgmlType::BF16,
+        GgufQ4_0 => GgmlType::Q4_0,
+        GgufQ4_1 => GgmlType::Q4_1,
+        GgufQ5_0 => GgmlType::Q5_0,
+        GgufQ5_1 => GgmlType::Q5_1,
+        GgufQ8_0 => GgmlType::Q8_0,
+        GgufQ2K => GgmlType::Q2_K,
+        GgufQ3K => GgmlType::Q3_K,
+        GgufQ4K => GgmlType::Q4_K,
+        GgufQ5K => GgmlType::Q5_K,
+        GgufQ6K => GgmlType::Q6_K,
+        GgufQ8K => GgmlType::Q8_K,
+        _ => return None,
+    })
+}
+
+#[inline(always)]
+fn f16(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Decode one packed row into `w[i] = lane_scale * q[i] + min[i / 16]`, where the scale of
+/// element `i` is stored lane-wise for the 32-element kernel: `ls[8 * (i / 32) + 0..4]` holds the
+/// scale of the block's first 16 elements and `ls[8 * (i / 32) + 4..8]` that of the second 16.
+fn unpack_row(ty: GgmlType, b: &[u8], q: &mut [i8], ls: &mut [f32], min: &mut [f32]) {
+    let mut set = |s: usize, scale: f32, m: f32| {
+        let lane = 8 * (s / 2) + 4 * (s % 2);
+        ls[lane..lane + 4].fill(scale);
+        min[s] = m;
+    };
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => {
+            let bb = ty.block_bytes();
+            for (bi, blk) in b.chunks_exact(bb).enumerate() {
+                let q = &mut q[bi * 32..bi * 32 + 32];
+                let d = f16(blk, 0);
+                let m = match ty {
+                    GgmlType::Q4_1 | GgmlType::Q5_1 => f16(blk, 2),
+                    _ => 0.0,
+                };
+                match ty {
+                    GgmlType::Q4_0 | GgmlType::Q4_1 => {
+                        let (qs, off) = if ty == GgmlType::Q4_0 { (&blk[2..18], 8) } else { (&blk[4..20], 0) };
+                        for j in 0..16 {
+                            q[j] = (qs[j] & 15) as i8 - off;
+                            q[j + 16] = (qs[j] >> 4) as i8 - off;
+                        }
+                    }
+                    GgmlType::Q5_0 | GgmlType::Q5_1 => {
+                        let (h, qs, off) = if ty == GgmlType::Q5_0 { (2, &blk[6..22], 16) } else { (4, &blk[8..24], 0) };
+                        let qh = u32::from_le_bytes([blk[h], blk[h + 1], blk[h + 2], blk[h + 3]]);
+                        for j in 0..16 {
+                            q[j] = ((qs[j] & 15) as u32 | ((qh >> j) & 1) << 4) as i8 - off;
+                            q[j + 16] = ((qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4) as i8 - off;
+                        }
+                    }
+                    _ => {
+                        for j in 0..32 {
+                            q[j] = blk[2 + j] as i8;
+                        }
+                    }
+                }
+                set(2 * bi, d, m);
+                set(2 * bi + 1, d, m);
+            }
+        }
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => {
+            for (bi, blk) in b.chunks_exact(ty.block_bytes()).enumerate() {
+                let q = &mut q[bi * 256..bi * 256 + 256];
+                let s0 = bi * 16;
+                match ty {
+                    GgmlType::Q2_K => {
+                        let (sc, qs) = (&blk[0..16], &blk[16..80]);
+                        let (d, dmin) = (f16(blk, 80), f16(blk, 82));
+                        for n in 0..2 {
+                            for j in 0..4 {
+                                for h in 0..2 {
+                                    let s = n * 8 + j * 2 + h;
+                                    set(s0 + s, d * (sc[s] & 15) as f32, -(dmin * (sc[s] >> 4) as f32));
+                                    for l in 0..16 {
+                                        q[n * 128 + j * 32 + h * 16 + l] = ((qs[n * 32 + h * 16 + l] >> (2 * j)) & 3) as i8;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    GgmlType::Q3_K => {
+                        let (hm, qs) = (&blk[0..32], &blk[32..96]);
+                        let sc = rlx_gguf::q3k_scales(&blk[96..108]);
+                        let d = f16(blk, 108);
+                        for n in 0..2 {
+                            for j in 0..4 {
+                                let bit = 1u8 << (n * 4 + j);
+                                for h in 0..2 {
+                                    let s = n * 8 + j * 2 + h;
+                                    set(s0 + s, d * sc[s] as f32, 0.0);
+                                    for l in 0..16 {
+                                        let i = h * 16 + l;
+                                        let v = ((qs[n * 32 + i] >> (2 * j)) & 3) as i8 - if hm[i] & bit != 0 { 0 } else { 4 };
+                                        q[n * 128 + j * 32 + i] = v;
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    GgmlType::Q4_K | GgmlType::Q5_K => {
+                        let (d, dmin) = (f16(blk, 0), f16(blk, 2));
+                        let sc = &blk[4..16];
+                        let (qh, qs) = if ty == GgmlType::Q5_K { (Some(&blk[16..48]), &blk[48..176]) } else { (None, &blk[16..144]) };
+                        for j in 0..4 {
+                            for h in 0..2 {
+                                let (s, m) = rlx_gguf::k4_scale_min(2 * j + h, sc);
+                                let (s, m) = (d * s as f32, -(dmin * m as f32));
+                                set(s0 + 4 * j + 2 * h, s, m);
+                                set(s0 + 4 * j + 2 * h + 1, s, m);
+                            }
+                            for l in 0..32 {
+                                let v = qs[j * 32 + l];
+                                let (mut lo, mut hi) = (v & 15, v >> 4);
+                                if let Some(qh) = qh {
+                                    lo |= ((qh[l] >> (2 * j)) & 1) << 4;
+                                    hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
+                                }
+                                q[j * 64 + l] = lo as i8;
+                                q[j * 64 + 32 + l] = hi as i8;
+                            }
+                        }
+                    }
+                    GgmlType::Q6_K => {
+                        let (ql, qh, sc) = (&blk[0..128], &blk[128..192], &blk[192..208]);
+                        let d = f16(blk, 208);
+                        for n in 0..2 {
+                            let (ql, qh) = (&ql[n * 64..], &qh[n * 32..]);
+                            for l in 0..32 {
+                                let o = n * 128;
+                                q[o + l] = ((ql[l] & 15) | ((qh[l] & 3) << 4)) as i8 - 32;
+                                q[o + l + 32] = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+                                q[o + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+                                q[o + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+                            }
+                            for s in 0..8 {
+                                set(s0 + n * 8 + s, d * (sc[n * 8 + s] as i8) as f32, 0.0);
+                            }
+                        }
+                    }
+                    _ => {
+                        let d = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]);
+                        for j in 0..256 {
+                            q[j] = blk[4 + j] as i8;
+                        }
+                        for s in 0..16 {
+                            set(s0 + s, d, 0.0);
+                        }
+                    }
+                }
+            }
+        }
+        _ => unreachable!("float rows are decoded to f32"),
+    }
+}
+
+/// How activations are quantized for a weight type: exactly as llama.cpp's x86 code does for
+/// that type's `vec_dot_type`, so the integer products (and hence the logits) match its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ActQuant {
+    /// `Q8_0`: blocks of 32, `d = amax / 127` stored as f16, `q = round_even(x * 127 / amax)`.
+    Q8_0,
+    /// `Q8_1`: as `Q8_0`, plus the block sum `s = d * sum(q)` stored as f16.
+    Q8_1,
+    /// `Q8_K`: blocks of 256, `d = 1 / iscale` in f32 with `iscale = -127 / (signed max)`.
+    Q8K,
+}
+
+impl ActQuant {
+    fn of(ty: GgmlType) -> ActQuant {
+        match ty {
+            GgmlType::Q4_1 | GgmlType::Q5_1 => ActQuant::Q8_1,
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => ActQuant::Q8_0,
+            _ => ActQuant::Q8K,
+        }
+    }
+}
+
+#[inline(always)]
+fn f16_round(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
+}
+
+/// Quantize an activation row to int8: `qx`, lane scales `la` (the scale of each 32-element
+/// block repeated 8 times) and per-16 terms `xs` whose sum over a 32-block is that block's
+/// `d * sum(q)` (for the weight offsets and mins).
+fn quantize_act(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8], la: &mut [f32], xs: &mut [f32]) {
+    if mode == ActQuant::Q8K {
+        for sb in 0..k / 256 {
+            let (mut amax, mut max) = (0f32, 0f32);
+            for i in 0..256 {
+                let v = x(sb * 256 + i);
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            let q = &mut qx[sb * 256..(sb + 1) * 256];
+            let d = if amax == 0.0 {
+                q.fill(0);
+                0.0
+            } else {
+                let iscale = -127.0 / max;
+                for (i, qi) in q.iter_mut().enumerate() {
+                    *qi = ((iscale * x(sb * 256 + i)).round_ties_even() as i32).min(127) as i8;
+                }
+                1.0 / iscale
+            };
+            la[sb * 64..(sb + 1) * 64].fill(d);
+            for s in 0..16 {
+                let sum: i32 = q[s * 16..(s + 1) * 16].iter().map(|&v| v as i32).sum();
+                xs[sb * 16 + s] = d * sum as f32;
+            }
+        }
+        return;
+    }
+    for b in 0..k / ABLK {
+        let mut amax = 0f32;
+        for i in 0..ABLK {
+            amax = amax.max(x(b * ABLK + i).abs());
+        }
+        let d = amax / 127.0;
+        let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+        let mut sum = 0i32;
+        for i in 0..ABLK {
+            let v = (x(b * ABLK + i) * id).round_ties_even() as i8;
+            qx[b * ABLK + i] = v;
+            sum += v as i32;
+        }
+        let dh = f16_round(d);
+        la[b * 8..b * 8 + 8].fill(dh);
+        xs[2 * b] = if mode == ActQuant::Q8_1 { f16_round(d * sum as f32) } else { dh * sum as f32 };
+        xs[2 * b + 1] = 0.0;
+    }
+}
+
+/// `sum_i w[i] * x[i]` for a decoded weight row and a quantized activation row.
+fn dot(q: &[i8], ls: &[f32], min: &[f32], qx: &[i8], la: &[f32], xs: &[f32], simd: bool) -> f32 {
+    let mut off = 0f32;
+    for (m, s) in min.iter().zip(xs) {
+        off += m * s;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the features; slices hold whole 32-element blocks.
+        return off + unsafe { dot_avx2(q, ls, qx, la) };
+    }
+    let mut acc = 0f32;
+    for b in 0..q.len() / ABLK {
+        for h in 0..2 {
+            let mut s = 0i32;
+            for i in b * ABLK + h * SUB..b * ABLK + (h + 1) * SUB {
+                s += q[i] as i32 * qx[i] as i32;
+            }
+            acc += s as f32 * ls[8 * b + 4 * h] * la[8 * b];
+        }
+    }
+    acc + off
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(q: &[i8], ls: &[f32], qx: &[i8], la: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = _mm256_setzero_ps();
+    for b in 0..q.len() / ABLK {
+        let w = _mm256_loadu_si256(q.as_ptr().add(b * ABLK) as *const __m256i);
+        let a = _mm256_loadu_si256(qx.as_ptr().add(b * ABLK) as *const __m256i);
+        // |a| * (w * sign(a)) pairs: u8 x i8 products summed in i16 (|a| <= 127, |w| <= 127).
+        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(w, a));
+        let p32 = _mm256_madd_epi16(p16, ones);
+        let scale = _mm256_mul_ps(_mm256_loadu_ps(ls.as_ptr().add(8 * b)), _mm256_loadu_ps(la.as_ptr().add(8 * b)));
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), scale, acc);
+    }
+    let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s)
+}
+
+/// Whether `ty` has a fused AVX2 dot product on its packed blocks (no decoding pass).
+fn fused(ty: GgmlType) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0)
+            && level() < 2
+            && std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = ty;
+        false
+    }
+}
+
+/// Dot products of up to four packed rows of a 32-element block type with one quantized
+/// activation row, straight from the packed bytes. Quants enter the integer product as unsigned
+/// bytes; the format's offset (`-8`, `-16`) or min is applied through the activation block sums.
+/// Four rows share each activation load and keep four independent accumulator chains.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C (and AVX-VNNI when `vnni`); `rows` points at `n` rows of
+/// `row_bytes` bytes (`1 <= n <= 4`) holding `k / 32` blocks of `ty`; `out` has `n` slots.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_packed_rows(ty: GgmlType, vnni: bool, rows: *const u8, row_bytes: usize, n: usize, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+    macro_rules! go {
+        ($f:literal) => {
+            if vnni {
+                dot_rows_vnni::<$f>(rows, row_bytes, n, qx, la, xs, out)
+            } else {
+                dot_rows_avx2::<$f>(rows, row_bytes, n, qx, la, xs, out)
+            }
+        };
+    }
+    match ty {
+        GgmlType::Q4_0 => go!(0),
+        GgmlType::Q4_1 => go!(1),
+        GgmlType::Q5_0 => go!(2),
+        GgmlType::Q5_1 => go!(3),
+        _ => go!(4),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn dot_rows_vnni<const F: u8>(rows: *const u8, rb: usize, n: usize, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+    dot_rows::<F, true>(rows, rb, n, qx, la, xs, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_rows_avx2<const F: u8>(rows: *const u8, rb: usize, n: usize, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+    dot_rows::<F, false>(rows, rb, n, qx, la, xs, out)
+}
+
+/// The body of [`dot_packed_rows`] for format `F` (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot_rows<const F: u8, const VNNI: bool>(rows: *const u8, rb: usize, n: usize, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    const R: usize = ROWS;
+    let bb = [18, 20, 22, 24, 34][F as usize];
+    let nb = rb / bb;
+    let ones = _mm256_set1_epi16(1);
+    let low4 = _mm_set1_epi8(0x0F);
+    // Byte i of a broadcast u32 picks bit i of the 32 high bits of Q5 blocks.
+    let spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    let bitsel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut off = [0f32; R];
+    // Rows past `n` repeat the last one (computed, never stored).
+    let rp: [*const u8; R] = std::array::from_fn(|r| rows.add(r.min(n - 1) * rb));
+    let dot = |q: __m256i, a: __m256i| -> __m256i {
+        if VNNI {
+            _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q, a)
+        } else {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), ones)
+        }
+    };
+    for b in 0..nb {
+        let dx = *la.get_unchecked(8 * b);
+        let sx = *xs.get_unchecked(2 * b) + *xs.get_unchecked(2 * b + 1);
+        let a = _mm256_loadu_si256(qx.as_ptr().add(b * 32) as *const __m256i);
+        let abs_a = _mm256_sign_epi8(a, a);
+        for r in 0..R {
+            let blk = rp[r].add(b * bb);
+            // d (and m) as f32 through F16C.
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()));
+            let d = _mm_cvtss_f32(dm);
+            let p32 = if F == 4 {
+                let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                dot(abs_a, _mm256_sign_epi8(w, a))
+            } else {
+                let raw = _mm_loadu_si128(blk.add([2, 4, 6, 8][F as usize]) as *const __m128i);
+                let lo = _mm_and_si128(raw, low4);
+                let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
+                let mut q = _mm256_set_m128i(hi, lo);
+                if F == 2 || F == 3 {
+                    let bits = (blk.add(if F == 2 { 2 } else { 4 }) as *const i32).read_unaligned();
+                    let v = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread);
+                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(v, bitsel), bitsel);
+                    q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+                }
+                dot(q, a)
+            };
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(d * dx), acc[r]);
+            // Offset terms: -8 d sx (Q4_0), -16 d sx (Q5_0), m sx (Q4_1, Q5_1).
+            off[r] += match F {
+                0 => -8.0 * d * sx,
+                2 => -16.0 * d * sx,
+                1 | 3 => _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)) * sx,
+                _ => 0.0,
+            };
+        }
+    }
+    for r in 0..n {
+        let v = acc[r];
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        out[r] = _mm_cvtss_f32(s) + off[r];
+    }
+}
+
+/// Byte sizes of the per-row scratch pieces for `K = k`.
+struct Sizes {
+    q: usize,
+    ls: usize,
+    min: usize,
+}
+
+impl Sizes {
+    fn new(k: usize) -> Sizes {
+        let r = |b: usize| b.div_ceil(64) * 64;
+        Sizes { q: r(k), ls: r(k / ABLK * 8 * 4), min: r(k / SUB * 4) }
+    }
+    fn row(&self) -> usize {
+        self.q + self.ls + self.min
+    }
+}
+
+/// Raw views of one decoded/quantized row inside a scratch buffer.
+///
+/// # Safety
+/// `base` points to `Sizes::row()` bytes owned by the caller for the duration of the borrow.
+unsafe fn row_views<'a>(base: *mut u8, k: usize, z: &Sizes) -> (&'a mut [i8], &'a mut [f32], &'a mut [f32]) {
+    (
+        std::slice::from_raw_parts_mut(base as *mut i8, k),
+        std::slice::from_raw_parts_mut(base.add(z.q) as *mut f32, k / ABLK * 8),
+        std::slice::from_raw_parts_mut(base.add(z.q + z.ls) as *mut f32, k / SUB),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usize, k: usize, n: usize) -> Box<dyn Kernel> {
+    let z = Sizes::new(k);
+    let row_bytes = ty.row_bytes(k).expect("checked by shape inference");
+    let float = matches!(ty, GgmlType::F16 | GgmlType::BF16);
+    let act_bytes = if float { 0 } else { m * z.row() };
+    let per_thread = if float { ROWS * k * 4 } else { ROWS * z.row() };
+    let packed = fused(ty);
+    let mode = ActQuant::of(ty);
+    #[cfg(target_arch = "x86_64")]
+    let vnni = level() == 0 && std::is_x86_feature_detected!("avxvnni");
+    let simd = level() < 2;
+    kernel(move |pool: &Pool| {
+        let axis = x.layout.rank() - 1;
+        let xstride = x.layout.strides()[axis];
+        let mut row_off = Vec::new();
+        // The row offsets of x (allocation-free for the common 1- and 2-D contiguous cases).
+        let contiguous = x.layout.is_contiguous();
+        if !contiguous {
+            row_off.reserve(m);
+            for_each_line(&x.layout, &out.layout, axis, 0..m, |i, _| row_off.push(i));
+        }
+        let xrow = move |r: usize| if contiguous { x.layout.offset + r * k } else { row_off[r] };
+        let xrow = &xrow;
+        let sp = scratch;
+        if !float {
+            super::par_ranges(pool, m, 8, |rows| {
+                let xp = x.base::<f32>() as *const f32;
+                for r in rows {
+                    // SAFETY: each activation row has its own scratch slice; x rows are in bounds.
+                    unsafe {
+                        let (qx, la, xs) = row_views(sp.get().add(r * z.row()), k, &z);
+                        let base = xp.add(xrow(r));
+                        quantize_act(mode, |i| *base.add(i * xstride), k, qx, la, xs);
+                    }
+                }
+            });
+        }
+        let groups = n.div_ceil(ROWS);
+        let tasks = groups.min(pool.threads() * 8).max(1);
+        pool.run(tasks, &|t, thread| {
+            let (g0, g1) = (t * groups / tasks, (t + 1) * groups / tasks);
+            // SAFETY: each thread owns its scratch slot; every output element is written once.
+            unsafe {
+                let xp = x.base::<f32>() as *const f32;
+                let mine = sp.get().add(act_bytes + thread * per_thread);
+                let wp = w.base::<u8>().add(w.layout.offset) as *const u8;
+                let op = out.base::<f32>();
+                for gi in g0..g1 {
+                    let (n0, n1) = (gi * ROWS, ((gi + 1) * ROWS).min(n));
+                    if float {
+                        let buf = std::slice::from_raw_parts_mut(mine as *mut f32, ROWS * k);
+                        for j in n0..n1 {
+                            let src = std::slice::from_raw_parts(wp.add(j * row_bytes), row_bytes);
+                            rlx_gguf::dequantize(ty, src, &mut buf[(j - n0) * k..(j - n0 + 1) * k]).expect("sizes checked");
+                        }
+                        for r in 0..m {
+                            let base = xp.add(xrow(r));
+                            for j in n0..n1 {
+                                let wrow = &buf[(j - n0) * k..(j - n0 + 1) * k];
+                                let mut s = 0f32;
+                                for (i, wv) in wrow.iter().enumerate() {
+                                    s += wv * *base.add(i * xstride);
+                                }
+                                *op.add(out_index(&out, r, j, n)) = s;
+                            }
+                        }
+                        continue;
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    if packed {
+                        let mut res = [0f32; ROWS];
+                        for r in 0..m {
+                            let (qx, la, xs) = row_views(sp.get().add(r * z.row()), k, &z);
+                            dot_packed_rows(ty, vnni, wp.add(n0 * row_bytes), row_bytes, n1 - n0, qx, la, xs, &mut res);
+                            for j in n0..n1 {
+                                *op.add(out_index(&out, r, j, n)) = res[j - n0];
+                            }
+                        }
+                        continue;
+                    }
+                    for j in n0..n1 {
+                        let (q, ls, min) = row_views(mine.add((j - n0) * z.row()), k, &z);
+                        unpack_row(ty, std::slice::from_raw_parts(wp.add(j * row_bytes), row_bytes), q, ls, min);
+                    }
+                    for r in 0..m {
+                        let (qx, la, xs) = row_views(sp.get().add(r * z.row()), k, &z);
+                        for j in n0..n1 {
+                            let (q, ls, min) = row_views(mine.add((j - n0) * z.row()), k, &z);
+                            *op.add(out_index(&out, r, j, n)) = dot(q, ls, min, qx, la, xs, simd);
+                        }
+                    }
+                }
+            }
+        });
+    })
+}
+
+/// Element offset of output row `r`, column `j` (outputs are dense).
+#[inline(always)]
+fn out_index(out: &TRef, r: usize, j: usize, n: usize) -> usize {
+    out.layout.offset + r * n + j
+}
+
+fn dequantize_rows(ty: GgmlType, w: TRef, out: TRef, rows: usize, row_bytes: usize, k: usize) -> Box<dyn Kernel> {
+    kernel(move |pool: &Pool| {
+        let axis = w.layout.rank() - 1;
+        let strided = !w.layout.is_contiguous();
+        super::par_ranges(pool, rows, 64, |range| {
+            // SAFETY: rows lie inside the buffers; each output row is written by one task.
+            unsafe {
+                let op = out.base::<f32>();
+                let emit = |i: usize, r: usize| {
+                    let src = std::slice::from_raw_parts(w.base::<u8>().add(i) as *const u8, row_bytes);
+                    let dst = std::slice::from_raw_parts_mut(op.add(out.layout.offset + r * k), k);
+                    rlx_gguf::dequantize(ty, src, dst).expect("sizes checked");
+                };
+                if strided {
+                    let mut r = range.start;
+                    for_each_line(&w.layout, &w.layout, axis, range, |i, _| {
+                        emit(i, r);
+                        r += 1;
+                    });
+                } else {
+                    for r in range {
+                        emit(w.layout.offset + r * row_bytes, r);
+                    }
+                }
+            }
+        });
+    })
+}
+
+/// Lower DequantMatMul / Dequantize with a GGUF scheme (others are decomposed before lowering).
+pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
+    match &info.node.op {
+        Op::DequantMatMul { scheme } => {
+            let ty = ggml_type(*scheme).ok_or_else(|| info.unsupported(format!("{scheme:?} is decomposed, not lowered")))?;
+            if info.in_dtypes[0] != rlx_ir::DType::F32 {
+                return Err(info.unsupported(format!("x must be f32, got {}", info.in_dtypes[0])));
+            }
+            if info.ins[1].strides().last() != Some(&1) || !info.ins[1].is_contiguous() {
+                return Err(info.unsupported("the packed weight must be a dense param or constant"));
+            }
+            let k = *info.ins[0].dims().last().unwrap_or(&0);
+            let n = *info.dims.last().unwrap_or(&0);
+            let m = info.ins[0].numel() / k.max(1);
+            let z = Sizes::new(k);
+            let float = matches!(ty, GgmlType::F16 | GgmlType::BF16);
+            let scratch = if float { info.threads * ROWS * k * 4 } else { (m + info.threads * ROWS) * z.row() };
+            Ok(Lowered::Compute {
+                scratch: scratch.max(64),
+                build: Box::new(move |ins, out, s| dequant_matmul(ty, ins[0], ins[1], out, s, m, k, n)),
+            })
+        }
+        Op::Dequantize { scheme } => {
+            let ty = ggml_type(*scheme).ok_or_else(|| info.unsupported(format!("{scheme:?} is not a GGUF scheme")))?;
+            let row_bytes = *info.ins[0].dims().last().unwrap_or(&0);
+            let k = *info.dims.last().unwrap_or(&0);
+            let rows = info.ins[0].numel() / row_bytes.max(1);
+            if info.ins[0].strides().last() != Some(&1) {
+                return Err(info.unsupported("packed rows must be contiguous along the last axis"));
+            }
+            Ok(super::compute(move |ins, out| dequantize_rows(ty, ins[0], out, rows, row_bytes, k)))
+        }
+        _ => unreachable!("dispatched by op"),
+    }
+}

@@ -1,0 +1,194 @@
+//! Quantized kernels against the reference decoder: `DequantMatMul` for every GGUF scheme
+//! (fused AVX2/VNNI path and portable path alike) equals `x @ dequantize(w)^T` up to the int8
+//! activation rounding, `Dequantize` is exact, and the KV-cache ops write in place and attend
+//! causally over the cache.
+
+use rlx_cpu::compile;
+use rlx_driver::Executable;
+use rlx_gguf::GgmlType;
+use rlx_ir::{DType, Graph, QuantScheme, Shape};
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn to_f32(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// Deterministic pseudo-random bytes.
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 24) as u8
+        })
+        .collect()
+}
+
+/// Random blocks of `ty` with finite, modest scales (the f16/f32 scale fields overwritten).
+fn random_rows(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+    let (be, bb) = (ty.block_elems(), ty.block_bytes());
+    let mut data = bytes(rows * k / be * bb, seed);
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    for (i, b) in data.chunks_exact_mut(bb).enumerate() {
+        let d = 0.01 + (i % 7) as f32 * 0.003;
+        let scale_at: &[usize] = match ty {
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K => &[0],
+            GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
+            GgmlType::Q2_K => &[80, 82],
+            GgmlType::Q3_K => &[108],
+            GgmlType::Q6_K => &[208],
+            GgmlType::F16 | GgmlType::BF16 => &[],
+            _ => &[],
+        };
+        for &o in scale_at {
+            b[o..o + 2].copy_from_slice(&f16(if o == 2 { -d } else { d }));
+        }
+        if matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) {
+            b[2..4].copy_from_slice(&f16(d * 0.5));
+        }
+        if ty == GgmlType::Q8_K {
+            b[0..4].copy_from_slice(&(d * 0.1).to_le_bytes());
+        }
+        if ty == GgmlType::F16 {
+            b.copy_from_slice(&f16(((i % 13) as f32 - 6.0) * 0.1));
+        }
+        if ty == GgmlType::BF16 {
+            b.copy_from_slice(&half::bf16::from_f32(((i % 11) as f32 - 5.0) * 0.1).to_le_bytes());
+        }
+        // Int8 quants of -128 are outside what llama.cpp's quantizers write for weights (the
+        // kernels, like llama.cpp's, rely on |q| <= 127).
+        if ty == GgmlType::Q8_0 {
+            for q in &mut b[2..] {
+                *q = (*q as i8).max(-127) as u8;
+            }
+        }
+        if ty == GgmlType::Q8_K {
+            for q in &mut b[4..260] {
+                *q = (*q as i8).max(-127) as u8;
+            }
+        }
+    }
+    data
+}
+
+const SCHEMES: &[(QuantScheme, GgmlType)] = &[
+    (QuantScheme::GgufF16, GgmlType::F16),
+    (QuantScheme::GgufBF16, GgmlType::BF16),
+    (QuantScheme::GgufQ4_0, GgmlType::Q4_0),
+    (QuantScheme::GgufQ4_1, GgmlType::Q4_1),
+    (QuantScheme::GgufQ5_0, GgmlType::Q5_0),
+    (QuantScheme::GgufQ5_1, GgmlType::Q5_1),
+    (QuantScheme::GgufQ8_0, GgmlType::Q8_0),
+    (QuantScheme::GgufQ2K, GgmlType::Q2_K),
+    (QuantScheme::GgufQ3K, GgmlType::Q3_K),
+    (QuantScheme::GgufQ4K, GgmlType::Q4_K),
+    (QuantScheme::GgufQ5K, GgmlType::Q5_K),
+    (QuantScheme::GgufQ6K, GgmlType::Q6_K),
+    (QuantScheme::GgufQ8K, GgmlType::Q8_K),
+];
+
+#[test]
+fn dequant_matmul_matches_the_reference_for_every_gguf_scheme_and_kernel_level() {
+    use rlx_cpu::kernels::quant::{set_kernel_level, KernelLevel};
+    for level in [KernelLevel::Portable, KernelLevel::Avx2, KernelLevel::Native] {
+        set_kernel_level(level);
+        check_all_schemes();
+    }
+}
+
+fn check_all_schemes() {
+    let (k, n) = (512, 7);
+    for &(scheme, ty) in SCHEMES {
+        for m in [1usize, 3, 9] {
+            let w = random_rows(ty, n, k, 7 + m as u64);
+            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+            let mut g = Graph::new("q");
+            let xi = g.input("x", Shape::new(&[m, k], DType::F32));
+            let wp = g.param("w", Shape::new(&[n, ty.row_bytes(k).unwrap()], DType::U8));
+            let y = g.dequant_matmul(xi, wp, scheme);
+            let d = g.dequantize(wp, scheme);
+            g.set_outputs(vec![y, d]);
+            for threads in [1, 2] {
+                let mut p = compile(&g, threads).unwrap();
+                p.write_param(0, &w);
+                p.write_input(0, &f32_bytes(&x));
+                p.execute();
+                let mut out = vec![0u8; m * n * 4];
+                p.read_output(0, &mut out);
+                let got = to_f32(&out);
+                let mut dq = vec![0u8; n * k * 4];
+                p.read_output(1, &mut dq);
+                let wf = to_f32(&dq);
+                let mut reference = vec![0f32; n * k];
+                rlx_gguf::dequantize(ty, &w, &mut reference).unwrap();
+                assert_eq!(wf, reference, "{ty}: Dequantize differs from the reference decoder");
+                for r in 0..m {
+                    for j in 0..n {
+                        let (mut exact, mut bound) = (0f64, 0f64);
+                        for i in 0..k {
+                            let p = wf[j * k + i] as f64 * x[r * k + i] as f64;
+                            exact += p;
+                            bound += p.abs();
+                        }
+                        let err = (got[r * n + j] as f64 - exact).abs();
+                        let tol = if matches!(ty, GgmlType::F16 | GgmlType::BF16) { 1e-5 } else { 1.5e-2 } * bound + 1e-6;
+                        assert!(err <= tol, "{ty} m={m} t={threads} [{r},{j}]: {} vs {exact} (bound {bound})", got[r * n + j]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cache_write_updates_the_param_in_place_and_attention_reads_only_the_prefix() {
+    // Cache of 6 rows, 1 head of size 2; write 2 rows at position 3, attend with 2 queries.
+    let mut g = Graph::new("kv");
+    let kc = g.param("k", Shape::new(&[6, 1, 2], DType::F32));
+    let vc = g.param("v", Shape::new(&[6, 1, 2], DType::F32));
+    let knew = g.input("kn", Shape::new(&[2, 1, 2], DType::F32));
+    let vnew = g.input("vn", Shape::new(&[2, 1, 2], DType::F32));
+    let q = g.input("q", Shape::new(&[2, 1, 2], DType::F32));
+    let pos = g.input("pos", Shape::new(&[1], DType::I32));
+    let k2 = g.cache_write(kc, knew, pos);
+    let v2 = g.cache_write(vc, vnew, pos);
+    let a = g.cached_attention(q, k2, v2, pos, 1.0, None);
+    g.set_outputs(vec![a]);
+    let mut p = compile(&g, 2).unwrap();
+    let kv: Vec<f32> = (0..12).map(|i| i as f32 * 0.1).collect();
+    p.write_param(0, &f32_bytes(&kv));
+    p.write_param(1, &f32_bytes(&kv.iter().map(|v| v * 10.0).collect::<Vec<_>>()));
+    p.write_input(0, &f32_bytes(&[1.0, 1.0, 2.0, 2.0]));
+    p.write_input(1, &f32_bytes(&[10.0, 10.0, 20.0, 20.0]));
+    p.write_input(2, &f32_bytes(&[0.5, -0.5, 1.0, 0.0]));
+    p.write_input(3, &3i32.to_le_bytes());
+    p.execute();
+    let mut kb = vec![0u8; 48];
+    p.read_param(0, &mut kb);
+    let k = to_f32(&kb);
+    assert_eq!(&k[6..10], &[1.0, 1.0, 2.0, 2.0], "rows 3 and 4 written in place");
+    assert_eq!(k[10], kv[10], "row 5 untouched");
+    // Reference: query i at position 3 + i attends to rows 0..=3+i.
+    let mut vcache: Vec<f32> = kv.iter().map(|v| v * 10.0).collect();
+    vcache[6..10].copy_from_slice(&[10.0, 10.0, 20.0, 20.0]);
+    let qs = [[0.5f32, -0.5], [1.0, 0.0]];
+    let mut out = vec![0u8; 16];
+    p.read_output(0, &mut out);
+    let got = to_f32(&out);
+    for (i, q) in qs.iter().enumerate() {
+        let last = 3 + i;
+        let s: Vec<f32> = (0..=last).map(|j| q[0] * k[2 * j] + q[1] * k[2 * j + 1]).collect();
+        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let e: Vec<f32> = s.iter().map(|v| (v - m).exp()).collect();
+        let z: f32 = e.iter().sum();
+        for d in 0..2 {
+            let want: f32 = (0..=last).map(|j| e[j] / z * vcache[2 * j + d]).sum();
+            assert!((got[2 * i + d] - want).abs() < 1e-5, "query {i} dim {d}: {} vs {want}", got[2 * i + d]);
+        }
+    }
+}

@@ -104,7 +104,8 @@ fn dequant_matmul_matches_the_reference_for_every_gguf_scheme_and_kernel_level()
 fn check_all_schemes() {
     let (k, n) = (512, 7);
     for &(scheme, ty) in SCHEMES {
-        for m in [1usize, 3, 9] {
+        // 130 rows take the dequantize-then-GEMM path of prompt-sized products.
+        for m in [1usize, 3, 9, 130] {
             let w = random_rows(ty, n, k, 7 + m as u64);
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
             let mut g = Graph::new("q");
@@ -189,6 +190,59 @@ fn cache_write_updates_the_param_in_place_and_attention_reads_only_the_prefix() 
         for d in 0..2 {
             let want: f32 = (0..=last).map(|j| e[j] / z * vcache[2 * j + d]).sum();
             assert!((got[2 * i + d] - want).abs() < 1e-5, "query {i} dim {d}: {} vs {want}", got[2 * i + d]);
+        }
+    }
+}
+
+/// Reference causal attention of `s` queries at positions `pos..pos+s` over `k`, `v`
+/// (`[t, hkv, d]`), with an optional sliding window.
+#[allow(clippy::too_many_arguments)]
+fn attention_reference(q: &[f32], k: &[f32], v: &[f32], s: usize, hq: usize, hkv: usize, d: usize, pos: usize, scale: f32, window: Option<usize>) -> Vec<f32> {
+    let mut out = vec![0f32; s * hq * d];
+    for i in 0..s {
+        for h in 0..hq {
+            let kh = h / (hq / hkv);
+            let last = pos + i;
+            let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
+            let sc: Vec<f32> = (first..=last)
+                .map(|j| (0..d).map(|e| q[(i * hq + h) * d + e] * k[(j * hkv + kh) * d + e]).sum::<f32>() * scale)
+                .collect();
+            let m = sc.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let z: f32 = sc.iter().map(|x| (x - m).exp()).sum();
+            for e in 0..d {
+                out[(i * hq + h) * d + e] = (first..=last).map(|j| (sc[j - first] - m).exp() / z * v[(j * hkv + kh) * d + e]).sum();
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn cached_attention_per_query_and_blocked_paths_match_the_reference() {
+    let (t, hq, hkv, d, pos) = (96, 4, 2, 8, 7);
+    // 3 queries take the per-query path, 70 the blocked GEMM path (two blocks of queries).
+    for (s, window) in [(3usize, None), (70, None), (70, Some(5)), (3, Some(4))] {
+        let mut g = Graph::new("attn");
+        let q = g.input("q", Shape::new(&[s, hq, d], DType::F32));
+        let kc = g.param("k", Shape::new(&[t, hkv, d], DType::F32));
+        let vc = g.param("v", Shape::new(&[t, hkv, d], DType::F32));
+        let p = g.input("pos", Shape::new(&[1], DType::I32));
+        let a = g.cached_attention(q, kc, vc, p, 0.3, window);
+        g.set_outputs(vec![a]);
+        let mut prog = compile(&g, 2).unwrap();
+        let val = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i + seed) * 7919 % 1013) as f32 / 1013.0 - 0.5) * 2.0).collect() };
+        let (qv, kv, vv) = (val(s * hq * d, 1), val(t * hkv * d, 2), val(t * hkv * d, 3));
+        prog.write_input(0, &f32_bytes(&qv));
+        prog.write_input(1, &(pos as i32).to_le_bytes());
+        prog.write_param(0, &f32_bytes(&kv));
+        prog.write_param(1, &f32_bytes(&vv));
+        prog.execute();
+        let mut out = vec![0u8; s * hq * d * 4];
+        prog.read_output(0, &mut out);
+        let got = to_f32(&out);
+        let want = attention_reference(&qv, &kv, &vv, s, hq, hkv, d, pos, 0.3, window);
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!((a - b).abs() < 1e-4, "s={s} window={window:?} element {i}: {a} vs {b}");
         }
     }
 }

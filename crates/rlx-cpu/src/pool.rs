@@ -101,9 +101,13 @@ impl Pool {
         s.tasks.store(tasks, Ordering::Relaxed);
         s.next.store(0, Ordering::Relaxed);
         s.done.store(0, Ordering::Relaxed);
-        s.generation.fetch_add(1, Ordering::Release);
+        // SeqCst on both sides of the sleep handshake: the worker stores `sleeping` then loads
+        // `generation`, the dispatcher bumps `generation` then reads `sleeping`. With weaker
+        // orderings both loads may see the old values (store-load reordering, allowed even on
+        // x86), the worker parks and no one wakes it: a deadlock seen under load.
+        s.generation.fetch_add(1, Ordering::SeqCst);
         for (i, t) in self.threads.iter().enumerate() {
-            if s.sleeping[i].swap(false, Ordering::AcqRel) {
+            if s.sleeping[i].swap(false, Ordering::SeqCst) {
                 t.unpark();
             }
         }
@@ -151,8 +155,8 @@ fn worker(s: Arc<Shared>, me: usize) {
             if spins < SPIN {
                 std::hint::spin_loop();
             } else {
-                s.sleeping[me].store(true, Ordering::Release);
-                if s.generation.load(Ordering::Acquire) == seen && !s.stop.load(Ordering::Relaxed) {
+                s.sleeping[me].store(true, Ordering::SeqCst);
+                if s.generation.load(Ordering::SeqCst) == seen && !s.stop.load(Ordering::SeqCst) {
                     thread::park();
                 }
                 s.sleeping[me].store(false, Ordering::Release);
@@ -181,7 +185,7 @@ fn worker(s: Arc<Shared>, me: usize) {
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.stop.store(true, Ordering::SeqCst);
         for t in &self.threads {
             t.unpark();
         }
@@ -194,6 +198,26 @@ impl Drop for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dispatches_after_the_workers_park_are_never_lost() {
+        // Alternate dispatches with pauses long enough for the workers to park, so the
+        // park / wake-up handshake runs thousands of times (a lost wake-up hangs this test).
+        let p = Pool::new(2);
+        let hits = AtomicUsize::new(0);
+        for i in 0..3000 {
+            p.run(2, &|_, _| {
+                hits.fetch_add(1, Ordering::Relaxed);
+            });
+            if i % 3 == 0 {
+                let t = std::time::Instant::now();
+                while t.elapsed() < std::time::Duration::from_micros(40) {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        assert_eq!(hits.load(Ordering::Relaxed), 6000);
+    }
 
     #[test]
     fn every_task_runs_once() {

@@ -316,7 +316,12 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>)
     let mut step_ops = Vec::with_capacity(nsteps);
     for (node, operands, out_req, scratch_req, build) in pending {
         let n = g.node(rlx_ir::NodeId(node as u32));
-        step_ops.push(if groups.members.contains_key(&node) { "fused" } else { n.op.name() });
+        step_ops.push(match &n.op {
+            _ if groups.members.contains_key(&node) => "fused",
+            // Quantized products are told apart by weight format in the profile.
+            Op::DequantMatMul { scheme } => kernels::quant::profile_name(*scheme),
+            op => op.name(),
+        });
         let ins: Vec<TRef> = operands.iter().map(|&i| tref(&vals[i])).collect();
         let out = tref(&vals[node]);
         debug_assert!(out_req == usize::MAX || matches!(vals[node].buf, Buf::Arena(r) if r == out_req));
@@ -412,6 +417,13 @@ impl Executable for Program {
         assert_eq!(bytes.len(), b.len(), "param byte length checked by the runtime");
         // SAFETY: the param buffer has exactly `b.len()` bytes.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.ptr(), b.len()) };
+    }
+
+    fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
+        let b = &self.param_bufs[idx];
+        assert!(offset + bytes.len() <= b.len(), "param range checked by the runtime");
+        // SAFETY: the range lies inside the param buffer.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.ptr().add(offset), bytes.len()) };
     }
 
     fn read_param(&self, idx: usize, out: &mut [u8]) {

@@ -53,6 +53,14 @@ pub trait Executable: Send {
     fn write_input(&mut self, idx: usize, bytes: &[u8]);
     /// Copy the bytes of param `idx` (exactly its byte size); kept until overwritten.
     fn write_param(&mut self, idx: usize, bytes: &[u8]);
+    /// Overwrite bytes `offset..offset + bytes.len()` of param `idx` (the runtime checks the
+    /// range). Lets large weights be streamed in pieces. The default goes through a full copy.
+    fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
+        let mut all = vec![0u8; self.params()[idx].shape.size_bytes().unwrap_or(0)];
+        self.read_param(idx, &mut all);
+        all[offset..offset + bytes.len()].copy_from_slice(bytes);
+        self.write_param(idx, &all);
+    }
     /// Read param `idx` back into `out` (exactly its byte size).
     fn read_param(&self, idx: usize, out: &mut [u8]);
     /// Run the graph on the current inputs and params.

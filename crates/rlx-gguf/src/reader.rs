@@ -494,15 +494,24 @@ impl GgufFile {
 
     /// Tell the OS the bytes of `t` will not be read again soon, so their pages can leave
     /// memory (used after copying weights out of the map). A no-op for in-memory files.
-    #[cfg_attr(not(unix), allow(unused_variables))]
     pub fn release(&self, t: &TensorInfo) {
+        self.release_range(t, 0, t.size);
+    }
+
+    /// [`GgufFile::release`] for bytes `offset..offset + len` of tensor `t`'s data.
+    #[cfg_attr(not(unix), allow(unused_variables))]
+    pub fn release_range(&self, t: &TensorInfo, offset: u64, len: u64) {
         #[cfg(unix)]
         if let Source::Mmap(m) = &self.source {
-            let start = (self.header.data_offset + t.offset) as usize;
-            // Page-align inward; failures only mean the pages stay resident.
+            let start = (self.header.data_offset + t.offset + offset.min(t.size)) as usize;
+            let len = len.min(t.size - offset.min(t.size)) as usize;
+            // Whole pages covering the range: they are file-backed and read-only, so dropping a
+            // neighbour's boundary page only costs a re-read. Failures only mean the pages stay
+            // resident.
             let page = 4096;
-            let s = start.div_ceil(page) * page;
-            let e = (start + t.size as usize) / page * page;
+            let s = start / page * page;
+            let e = (start + len).div_ceil(page) * page;
+            let e = e.min(m.len());
             if e > s {
                 // SAFETY: the map is a read-only file mapping, so dropped pages are re-read from
                 // the file on the next access; no data is lost.

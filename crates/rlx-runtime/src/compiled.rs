@@ -158,6 +158,27 @@ impl CompiledGraph {
         Ok(())
     }
 
+    /// Write raw bytes into part of a param: `bytes` go to byte `offset` of its little-endian
+    /// storage. Large weights can be streamed in pieces this way (e.g. from a memory-mapped file,
+    /// so only one piece of the file needs to be resident at a time).
+    pub fn try_set_param_bytes_at(&mut self, name: &str, offset: usize, bytes: &[u8]) -> Result<()> {
+        let i = find(self.exe.params(), "param", name)?;
+        let slot = &self.exe.params()[i];
+        let size = slot.shape.size_bytes().unwrap_or(0);
+        if offset.checked_add(bytes.len()).is_none_or(|end| end > size) {
+            return Err(Error::Invalid(format!(
+                "param \"{name}\" has {size} bytes ({}); cannot write {} bytes at offset {offset}",
+                slot.shape,
+                bytes.len()
+            )));
+        }
+        if slot.shape.dtype() == DType::Bool && bytes.iter().any(|&b| b > 1) {
+            return Err(Error::Invalid(format!("param \"{name}\" is bool: bytes must be 0 or 1")));
+        }
+        self.exe.write_param_range(i, offset, bytes);
+        Ok(())
+    }
+
     /// Short form of [`CompiledGraph::try_set_param_typed`]; panics with its error.
     #[track_caller]
     pub fn set_param_typed(&mut self, name: &str, bytes: &[u8], dtype: DType) {

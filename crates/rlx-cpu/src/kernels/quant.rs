@@ -47,6 +47,27 @@ fn level() -> u8 {
     LEVEL.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The `RLX_PROFILE` label of a quantized product with weights in `scheme`.
+pub fn profile_name(scheme: QuantScheme) -> &'static str {
+    use QuantScheme::*;
+    match scheme {
+        GgufF16 => "qmatmul f16",
+        GgufBF16 => "qmatmul bf16",
+        GgufQ4_0 => "qmatmul q4_0",
+        GgufQ4_1 => "qmatmul q4_1",
+        GgufQ5_0 => "qmatmul q5_0",
+        GgufQ5_1 => "qmatmul q5_1",
+        GgufQ8_0 => "qmatmul q8_0",
+        GgufQ2K => "qmatmul q2_k",
+        GgufQ3K => "qmatmul q3_k",
+        GgufQ4K => "qmatmul q4_k",
+        GgufQ5K => "qmatmul q5_k",
+        GgufQ6K => "qmatmul q6_k",
+        GgufQ8K => "qmatmul q8_k",
+        _ => "dequant_matmul",
+    }
+}
+
 /// The ggml type of a GGUF scheme.
 pub fn ggml_type(s: QuantScheme) -> Option<GgmlType> {
     use QuantScheme::*;
@@ -342,7 +363,7 @@ unsafe fn dot_avx2(q: &[i8], ls: &[f32], qx: &[i8], la: &[f32]) -> f32 {
 fn fused(ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0)
+        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K)
             && level() < 2
             && std::is_x86_feature_detected!("avx2")
             && std::is_x86_feature_detected!("fma")
@@ -380,8 +401,91 @@ unsafe fn dot_packed_rows(ty: GgmlType, vnni: bool, rows: *const u8, row_bytes: 
         GgmlType::Q4_1 => go!(1),
         GgmlType::Q5_0 => go!(2),
         GgmlType::Q5_1 => go!(3),
-        _ => go!(4),
+        GgmlType::Q8_0 => go!(4),
+        _ => {
+            for (r, o) in out.iter_mut().enumerate().take(n) {
+                let row = std::slice::from_raw_parts(rows.add(r * row_bytes), row_bytes);
+                *o = dot_kquant_avx2(ty, row, qx, la, xs);
+            }
+        }
     }
+}
+
+/// Dot product of one packed Q4_K or Q6_K row with a `Q8_K`-quantized activation row, on the
+/// packed bytes: per super-block, sub-block products are weighted by their integer scales in
+/// 32-bit integers and converted to float once; mins (Q4_K) and the `-32` offset (Q6_K) go
+/// through the activation's per-16 sums.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `row` holds whole super-blocks of `ty`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let bb = ty.block_bytes();
+    let low4 = _mm256_set1_epi8(0x0F);
+    let three = _mm256_set1_epi8(3);
+    let mut acc = _mm256_setzero_ps();
+    let mut off = 0f32;
+    let p = row.as_ptr();
+    let halves = |a: i16, b: i16| _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a));
+    for sb in 0..row.len() / bb {
+        let blk = p.add(sb * bb);
+        for line in (0..bb).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + line) as *const i8);
+        }
+        let a = qx.as_ptr().add(sb * 256);
+        let xs = &xs[sb * 16..sb * 16 + 16];
+        let dx = *la.get_unchecked(sb * 64);
+        let mut isum = _mm256_setzero_si256();
+        let d;
+        if ty == GgmlType::Q4_K {
+            let b = std::slice::from_raw_parts(blk, bb);
+            d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            let dmin = half::f16::from_le_bytes([b[2], b[3]]).to_f32();
+            for j in 0..4 {
+                let (s1, m1) = rlx_gguf::k4_scale_min(2 * j, &b[4..16]);
+                let (s2, m2) = rlx_gguf::k4_scale_min(2 * j + 1, &b[4..16]);
+                let raw = _mm256_loadu_si256(blk.add(16 + 32 * j) as *const __m256i);
+                let lo = _mm256_and_si256(raw, low4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                let a_lo = _mm256_loadu_si256(a.add(64 * j) as *const __m256i);
+                let a_hi = _mm256_loadu_si256(a.add(64 * j + 32) as *const __m256i);
+                let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_set1_epi16(s1 as i16));
+                let p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), _mm256_set1_epi16(s2 as i16));
+                isum = _mm256_add_epi32(isum, _mm256_add_epi32(p_lo, p_hi));
+                off -= dmin * (m1 as f32 * (xs[4 * j] + xs[4 * j + 1]) + m2 as f32 * (xs[4 * j + 2] + xs[4 * j + 3]));
+            }
+        } else {
+            let b = std::slice::from_raw_parts(blk, bb);
+            d = half::f16::from_le_bytes([b[208], b[209]]).to_f32();
+            let sc = &b[192..208];
+            for n in 0..2 {
+                let qh = _mm256_loadu_si256(blk.add(128 + 32 * n) as *const __m256i);
+                let ql_a = _mm256_loadu_si256(blk.add(64 * n) as *const __m256i);
+                let ql_b = _mm256_loadu_si256(blk.add(64 * n + 32) as *const __m256i);
+                let q = [
+                    _mm256_or_si256(_mm256_and_si256(ql_a, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4)),
+                    _mm256_or_si256(_mm256_and_si256(ql_b, low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql_a, 4), low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql_b, 4), low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4)),
+                ];
+                for (kk, qk) in q.iter().enumerate() {
+                    let (sa, sbv) = (sc[n * 8 + 2 * kk] as i8, sc[n * 8 + 2 * kk + 1] as i8);
+                    let ak = _mm256_loadu_si256(a.add(128 * n + 32 * kk) as *const __m256i);
+                    let pk = _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, ak), halves(sa as i16, sbv as i16));
+                    isum = _mm256_add_epi32(isum, pk);
+                    let s0 = n * 8 + 2 * kk;
+                    off -= 32.0 * d * (sa as f32 * xs[s0] + sbv as f32 * xs[s0 + 1]);
+                }
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc);
+    }
+    let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    _mm_cvtss_f32(s) + off
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -68,6 +68,9 @@ fn gguf_err(e: rlx_gguf::GgufError) -> Error {
     Error::Invalid(e.to_string())
 }
 
+/// Bytes of weights copied (and their file pages released) at a time while loading.
+const PIECE: usize = 8 << 20;
+
 /// Step graphs kept besides the decode graph (prompt lengths seen recently).
 const KEEP: usize = 3;
 
@@ -120,9 +123,14 @@ impl Llm {
                 continue;
             }
             let t = self.file.require_tensor(&name).map_err(gguf_err)?;
-            let shape = param_shape(t)?;
-            graph.try_set_param_typed(&name, self.file.tensor_data(t), shape.dtype())?;
-            self.file.release(t);
+            param_shape(t)?;
+            // Copy in pieces, dropping each piece's file pages once copied, so the weights are
+            // resident once rather than twice at the peak.
+            let data = self.file.tensor_data(t);
+            for (i, piece) in data.chunks(PIECE).enumerate() {
+                graph.try_set_param_bytes_at(&name, i * PIECE, piece)?;
+                self.file.release_range(t, (i * PIECE) as u64, piece.len() as u64);
+            }
         }
         Ok(())
     }

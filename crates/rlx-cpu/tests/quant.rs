@@ -104,7 +104,7 @@ fn dequant_matmul_matches_the_reference_for_every_gguf_scheme_and_kernel_level()
 fn check_all_schemes() {
     let (k, n) = (512, 7);
     for &(scheme, ty) in SCHEMES {
-        // 130 rows take the dequantize-then-GEMM path of prompt-sized products.
+        // 9 and 130 rows take the dequantize-then-GEMM path of prompt-sized products.
         for m in [1usize, 3, 9, 130] {
             let w = random_rows(ty, n, k, 7 + m as u64);
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();

@@ -742,7 +742,7 @@ fn dequantize_rows(ty: GgmlType, w: TRef, out: TRef, rows: usize, row_bytes: usi
 }
 
 /// Rows of at least this many activations go through the f32 GEMM instead of int8 dot products.
-const GEMM_MIN_M: usize = 128;
+const GEMM_MIN_M: usize = 8;
 /// Weight rows dequantized per GEMM panel.
 const PANEL: usize = 256;
 

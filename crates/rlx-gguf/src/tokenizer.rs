@@ -31,6 +31,7 @@
 //! ```
 
 mod bpe;
+mod merge;
 mod spm;
 mod unicode;
 mod unicode_data;

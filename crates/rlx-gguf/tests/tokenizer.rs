@@ -134,8 +134,9 @@ fn check(m: &Model) {
     assert!(failures.is_empty(), "{}: {} mismatches:\n  {}", m.name, failures.len(), failures.join("\n  "));
 }
 
-/// A few thousand characters must tokenize in milliseconds (reported, loosely bounded).
-fn speed(m: &Model) {
+/// A long mixed text (every reference string, then the forced paragraph repeated) round-trips;
+/// the time it takes is printed, not asserted (speed is a benchmark's business).
+fn long_text(m: &Model) {
     let Some((tok, g, _)) = load(m) else { return };
     let mut text = String::new();
     let forced = g["forced"]["text"].as_str().unwrap();
@@ -149,7 +150,8 @@ fn speed(m: &Model) {
     let n = tok.encode(&text, true, true).len();
     let dt = t0.elapsed();
     println!("{}: {} chars -> {n} tokens in {:.2} ms", m.name, text.chars().count(), dt.as_secs_f64() * 1e3);
-    assert!(dt.as_secs_f64() < 1.0, "tokenizing {} bytes took {dt:?}", text.len());
+    let plain: String = g["forced"]["text"].as_str().unwrap().repeat(20);
+    assert_eq!(tok.decode(&tok.encode(&plain, false, false), false), plain);
 }
 
 #[test]
@@ -163,11 +165,11 @@ fn gemma3_matches_llama_cpp() {
 }
 
 #[test]
-fn smollm2_speed() {
-    speed(&SMOLLM2);
+fn smollm2_long_text() {
+    long_text(&SMOLLM2);
 }
 
 #[test]
-fn gemma3_speed() {
-    speed(&GEMMA3);
+fn gemma3_long_text() {
+    long_text(&GEMMA3);
 }

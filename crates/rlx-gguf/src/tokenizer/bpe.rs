@@ -10,9 +10,8 @@
 //!    single-byte pieces that are.
 
 use super::unicode::{is_letter, is_number, is_whitespace};
+use super::merge::Merger;
 use super::Tokenizer;
-use std::cmp::Ordering;
-use std::collections::BinaryHeap;
 
 /// Whether GPT-2's byte alphabet keeps byte `b` as the character with the same code point.
 const fn is_printable(b: u8) -> bool {
@@ -213,43 +212,11 @@ fn gpt2_split(c: &[char], base: usize, out: &mut Vec<(usize, usize)>) {
     }
 }
 
-/// A candidate merge of symbols `left` and `right` (adjacent when queued), `size` bytes long.
-#[derive(PartialEq, Eq)]
-struct Bigram {
-    rank: u32,
-    left: usize,
-    right: usize,
-    size: usize,
-}
-
-impl Ord for Bigram {
-    /// Max-heap order: the lowest rank first, then the leftmost.
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.rank.cmp(&self.rank).then(other.left.cmp(&self.left))
-    }
-}
-
-impl PartialOrd for Bigram {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-/// One piece of a word: `n` bytes from `start`; `n == 0` once merged into its left neighbour.
-#[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    n: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
-
 /// Reused buffers of one `encode` call.
 #[derive(Default)]
 pub(crate) struct Session {
     word: String,
-    symbols: Vec<Symbol>,
-    queue: BinaryHeap<Bigram>,
+    merger: Merger<std::cmp::Reverse<u32>>,
     key: Vec<u8>,
     words: Vec<(usize, usize)>,
 }
@@ -271,40 +238,13 @@ impl Session {
 
     fn merge_word(&mut self, tok: &Tokenizer, out: &mut Vec<u32>) {
         let word = std::mem::take(&mut self.word);
-        self.symbols.clear();
-        self.queue.clear();
-        let count = word.chars().count();
-        for (i, (start, c)) in word.char_indices().enumerate() {
-            self.symbols.push(Symbol {
-                start,
-                n: c.len_utf8(),
-                prev: i.checked_sub(1),
-                next: (i + 1 < count).then_some(i + 1),
-            });
-        }
-        for i in 1..self.symbols.len() {
-            self.add_bigram(tok, &word, i - 1, i);
-        }
-        while let Some(bg) = self.queue.pop() {
-            let (l, r) = (self.symbols[bg.left], self.symbols[bg.right]);
-            // Stale: one side was merged away or grew since this pair was queued.
-            if l.n == 0 || r.n == 0 || l.n + r.n != bg.size {
-                continue;
-            }
-            self.symbols[bg.left].n += r.n;
-            self.symbols[bg.right].n = 0;
-            self.symbols[bg.left].next = r.next;
-            if let Some(next) = r.next {
-                self.symbols[next].prev = Some(bg.left);
-            }
-            if let Some(prev) = l.prev {
-                self.add_bigram(tok, &word, prev, bg.left);
-            }
-            if let Some(next) = r.next {
-                self.add_bigram(tok, &word, bg.left, next);
-            }
-        }
-        for s in self.symbols.iter().filter(|s| s.n > 0) {
+        let key = &mut self.key;
+        // BPE merges the pair of lowest rank first.
+        self.merger.run(&word, |first, second, _| {
+            merge_key(first, second, key);
+            tok.merges.get(key.as_slice()).map(|&rank| std::cmp::Reverse(rank))
+        });
+        for s in self.merger.pieces() {
             let piece = &word[s.start..s.start + s.n];
             match tok.token_id(piece) {
                 Some(id) => out.push(id),
@@ -320,16 +260,6 @@ impl Session {
             }
         }
         self.word = word;
-    }
-
-    fn add_bigram(&mut self, tok: &Tokenizer, word: &str, left: usize, right: usize) {
-        let (l, r) = (self.symbols[left], self.symbols[right]);
-        let first = &word[l.start..l.start + l.n];
-        let second = &word[r.start..r.start + r.n];
-        merge_key(first, second, &mut self.key);
-        if let Some(&rank) = tok.merges.get(self.key.as_slice()) {
-            self.queue.push(Bigram { rank, left, right, size: l.n + r.n });
-        }
     }
 }
 

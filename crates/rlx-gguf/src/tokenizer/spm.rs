@@ -7,109 +7,45 @@
 //! 3. each final symbol is its token, or — a character with no token — its UTF-8 bytes as
 //!    `<0xXX>` byte tokens.
 
+use super::merge::Merger;
 use super::Tokenizer;
 use std::cmp::Ordering;
-use std::collections::BinaryHeap;
 
-/// A candidate merge of the adjacent symbols `left` and `right`, `size` bytes long.
-struct Bigram {
-    score: f32,
-    left: usize,
-    right: usize,
-    size: usize,
-}
+/// A SentencePiece score as a total order (higher merges first; NaN ranks as equal).
+#[derive(PartialEq)]
+struct Score(f32);
 
-impl Ord for Bigram {
-    /// Max-heap order: the highest score first, then the leftmost.
+impl Eq for Score {}
+
+impl Ord for Score {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score.partial_cmp(&other.score).unwrap_or(Ordering::Equal).then(other.left.cmp(&self.left))
+        self.0.partial_cmp(&other.0).unwrap_or(Ordering::Equal)
     }
 }
 
-impl PartialOrd for Bigram {
+impl PartialOrd for Score {
     fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
         Some(self.cmp(other))
     }
 }
 
-impl PartialEq for Bigram {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-
-impl Eq for Bigram {}
-
-/// One piece of the text: `n` bytes from `start`; `n == 0` once merged into its left neighbour.
-#[derive(Clone, Copy)]
-struct Symbol {
-    start: usize,
-    n: usize,
-    prev: Option<usize>,
-    next: Option<usize>,
-}
-
 /// Reused buffers of one `encode` call.
 #[derive(Default)]
 pub(crate) struct Session {
-    symbols: Vec<Symbol>,
-    queue: BinaryHeap<Bigram>,
+    merger: Merger<Score>,
 }
 
 impl Session {
     /// Tokenize `text` (spaces already escaped to "▁"), appending ids to `out`.
     pub(crate) fn tokenize(&mut self, tok: &Tokenizer, text: &str, out: &mut Vec<u32>) {
-        self.symbols.clear();
-        self.queue.clear();
-        let count = text.chars().count();
-        for (i, (start, c)) in text.char_indices().enumerate() {
-            self.symbols.push(Symbol {
-                start,
-                n: c.len_utf8(),
-                prev: i.checked_sub(1),
-                next: (i + 1 < count).then_some(i + 1),
-            });
-        }
-        for i in 1..self.symbols.len() {
-            self.add_bigram(tok, text, i - 1, i);
-        }
-        while let Some(bg) = self.queue.pop() {
-            let (l, r) = (self.symbols[bg.left], self.symbols[bg.right]);
-            // Stale: one side was merged away or grew since this pair was queued.
-            if l.n == 0 || r.n == 0 || l.n + r.n != bg.size {
-                continue;
-            }
-            self.symbols[bg.left].n += r.n;
-            self.symbols[bg.right].n = 0;
-            self.symbols[bg.left].next = r.next;
-            if let Some(next) = r.next {
-                self.symbols[next].prev = Some(bg.left);
-            }
-            if let Some(prev) = l.prev {
-                self.add_bigram(tok, text, prev, bg.left);
-            }
-            if let Some(next) = r.next {
-                self.add_bigram(tok, text, bg.left, next);
-            }
-        }
+        self.merger.run(text, |_, _, joined| tok.token_id(joined).map(|id| Score(tok.scores[id as usize])));
         // Merged symbols are tokens by construction; only single characters can be missing.
-        let mut i = if self.symbols.is_empty() { None } else { Some(0) };
-        while let Some(at) = i {
-            let s = self.symbols[at];
+        for s in self.merger.pieces() {
             let piece = &text[s.start..s.start + s.n];
             match tok.token_id(piece) {
                 Some(id) => out.push(id),
                 None => out.extend(piece.bytes().filter_map(|b| tok.byte_token(b))),
             }
-            i = s.next;
-        }
-    }
-
-    fn add_bigram(&mut self, tok: &Tokenizer, text: &str, left: usize, right: usize) {
-        let (l, r) = (self.symbols[left], self.symbols[right]);
-        let size = l.n + r.n;
-        if let Some(id) = tok.token_id(&text[l.start..l.start + size]) {
-            self.queue.push(Bigram { score: tok.scores[id as usize], left, right, size });
         }
     }
 }

@@ -263,6 +263,8 @@ fn cmd_chat(a: ChatArgs) -> rlx::Result<()> {
     let tmpl = ChatTemplate::detect(llm.chat_template.as_deref(), &llm.config.arch_name);
     let mut sampler = Sampler::new(a.sampling.config());
     let mut messages = Vec::new();
+    // The token ids of the conversation so far, whose prefix is in the KV cache.
+    let mut history: Vec<u32> = Vec::new();
     if let Some(s) = &a.system {
         messages.push(ChatMessage::new("system", s));
     }
@@ -277,7 +279,8 @@ fn cmd_chat(a: ChatArgs) -> rlx::Result<()> {
         messages.push(ChatMessage::new("user", line.trim_end()));
         // Re-encode the whole conversation; the cached prefix is reused.
         let ids = llm.tokenizer.encode(&tmpl.render(&messages), llm.tokenizer.add_bos(), true);
-        let keep = common_prefix(&ids, &history(&llm)).min(ids.len() - 1);
+        let cached = &history[..history.len().min(llm.position())];
+        let keep = common_prefix(&ids, cached).min(ids.len() - 1);
         llm.truncate(keep);
         let room = llm.ctx().saturating_sub(ids.len());
         if room == 0 {
@@ -294,23 +297,10 @@ fn cmd_chat(a: ChatArgs) -> rlx::Result<()> {
             let _ = out.flush();
         })?;
         let _ = writeln!(out);
-        HISTORY.with(|h| {
-            let mut h = h.borrow_mut();
-            *h = ids.clone();
-            h.extend(&g.ids);
-        });
+        history = ids.clone();
+        history.extend(&g.ids);
         messages.push(ChatMessage::new("assistant", &llm.tokenizer.decode(&g.ids, false)));
     }
-}
-
-thread_local! {
-    static HISTORY: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-fn history(llm: &Llm) -> Vec<u32> {
-    let mut h = HISTORY.with(|h| h.borrow().clone());
-    h.truncate(llm.position());
-    h
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

@@ -272,7 +272,7 @@ fn gemm_scratch(t: usize, hkv: usize, dh: usize, dv: usize, threads: usize) -> u
 /// f32 GEMM. The rounding matches the per-query path (queries and probabilities rounded to the
 /// cache type before their products, as llama.cpp does).
 #[allow(clippy::too_many_arguments)]
-fn cached_attention_gemm(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratch: super::Ptr, scale: f32, window: Option<usize>, threads: usize) -> Box<dyn Kernel> {
+fn cached_attention_gemm(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratch: super::Ptr, scale: f32, window: Option<usize>) -> Box<dyn Kernel> {
     use super::gemm::{scratch_len, sgemm, Mat};
     let (qd, kd, vd) = (q.layout.dims().to_vec(), k.layout.dims().to_vec(), v.layout.dims().to_vec());
     let (s_len, hq, dh) = (qd[0], qd[1], qd[2]);
@@ -281,7 +281,6 @@ fn cached_attention_gemm(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratc
     let (qs, ks, vs, os) = (q.layout.strides().to_vec(), k.layout.strides().to_vec(), v.layout.strides().to_vec(), out.layout.strides().to_vec());
     let cdt = k.dtype;
     let per_thread = QB * dh + QB * t_len + scratch_len(QB, t_len.max(dv), t_len.max(dh), 1);
-    let _ = threads;
     kernel(move |pool: &Pool| {
         // SAFETY: cache rows below pos + S (clamped to T) are read; the f32 copies, query
         // blocks, score blocks and GEMM buffers are disjoint slices of this step's scratch; each
@@ -371,10 +370,9 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let (dh, dv) = (info.ins[0].dims()[2], info.ins[2].dims()[2]);
             let dense_out = info.dtype() == DType::F32;
             if s_len >= GEMM_MIN_S && dense_out {
-                let threads = info.threads;
                 return Ok(Lowered::Compute {
-                    scratch: gemm_scratch(t, hkv, dh, dv, threads),
-                    build: Box::new(move |ins, out, s| cached_attention_gemm(ins[0], ins[1], ins[2], ins[3], out, s, scale, window, threads)),
+                    scratch: gemm_scratch(t, hkv, dh, dv, info.threads),
+                    build: Box::new(move |ins, out, s| cached_attention_gemm(ins[0], ins[1], ins[2], ins[3], out, s, scale, window)),
                 });
             }
             Ok(Lowered::Compute {

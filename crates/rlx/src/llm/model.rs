@@ -2,7 +2,7 @@
 //! graph, a KV cache that persists between runs, prefill in chunks and single-token decoding.
 
 use super::config::LlmConfig;
-use super::graph::{build_step, cache_names, param_shape, StepSpec};
+use super::graph::{build_step, param_shape, StepSpec};
 use crate::{CompiledGraph, Device, Session};
 use rlx_gguf::{GgufFile, Tokenizer};
 use rlx_ir::{DType, Error, Result};
@@ -231,8 +231,4 @@ impl Llm {
         Ok(all)
     }
 
-    /// The cache param names (for tools that inspect the cache).
-    pub fn cache_param_names(&self) -> Vec<(String, String)> {
-        (0..self.config.n_layer).map(cache_names).collect()
-    }
 }

@@ -220,9 +220,7 @@ use GgmlType::*;
 unsafe fn dequantize_32_avx2(ty: GgmlType, data: &[u8], out: &mut [f32]) {
     use std::arch::x86_64::*;
     let bb = ty.block_bytes();
-    let low4 = _mm_set1_epi8(0x0F);
-    let spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    let bitsel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+    use crate::simd::{nibbles32, with_fifth_bits};
     for (i, b) in data.chunks_exact(bb).enumerate() {
         let p = b.as_ptr();
         let y = out.as_mut_ptr().add(32 * i);
@@ -237,13 +235,9 @@ unsafe fn dequantize_32_avx2(ty: GgmlType, data: &[u8], out: &mut [f32]) {
                     Q5_0 => (6, Some(2), 16, None),
                     _ => (8, Some(4), 0, Some(f16::from_le_bytes([b[2], b[3]]).to_f32())),
                 };
-                let raw = _mm_loadu_si128(p.add(qs) as *const __m128i);
-                let mut q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+                let mut q = nibbles32(p.add(qs));
                 if let Some(h) = hbits {
-                    let bits = (p.add(h) as *const i32).read_unaligned();
-                    let v = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread);
-                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(v, bitsel), bitsel);
-                    q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+                    q = with_fifth_bits(q, (p.add(h) as *const i32).read_unaligned());
                 }
                 (_mm256_sub_epi8(q, _mm256_set1_epi8(off)), m.map(|m| _mm256_set1_ps(m)))
             }
@@ -287,8 +281,6 @@ unsafe fn store32(y: *mut f32, q: std::arch::x86_64::__m256i, scale: f32, bias: 
 unsafe fn dequantize_k_avx2(ty: GgmlType, data: &[u8], out: &mut [f32]) {
     use std::arch::x86_64::*;
     let bb = ty.block_bytes();
-    let low4 = _mm256_set1_epi8(0x0F);
-    let three = _mm256_set1_epi8(3);
     for (i, b) in data.chunks_exact(bb).enumerate() {
         let p = b.as_ptr();
         let y = out.as_mut_ptr().add(256 * i);
@@ -297,9 +289,7 @@ unsafe fn dequantize_k_avx2(ty: GgmlType, data: &[u8], out: &mut [f32]) {
             for j in 0..4 {
                 let (s1, m1) = k4_scale_min(2 * j, &b[4..16]);
                 let (s2, m2) = k4_scale_min(2 * j + 1, &b[4..16]);
-                let raw = _mm256_loadu_si256(p.add(16 + 32 * j) as *const __m256i);
-                let lo = _mm256_and_si256(raw, low4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                let (lo, hi) = crate::simd::split_nibbles(_mm256_loadu_si256(p.add(16 + 32 * j) as *const __m256i));
                 store32(y.add(64 * j), lo, d * s1 as f32, dmin * m1 as f32, false);
                 store32(y.add(64 * j + 32), hi, d * s2 as f32, dmin * m2 as f32, false);
             }
@@ -307,16 +297,8 @@ unsafe fn dequantize_k_avx2(ty: GgmlType, data: &[u8], out: &mut [f32]) {
             let d = h(b, 208);
             let sc = &b[192..208];
             for n in 0..2 {
-                let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
-                let ql_a = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
-                let ql_b = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
                 let m32 = _mm256_set1_epi8(32);
-                let q = [
-                    _mm256_or_si256(_mm256_and_si256(ql_a, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4)),
-                    _mm256_or_si256(_mm256_and_si256(ql_b, low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql_a, 4), low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql_b, 4), low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4)),
-                ];
+                let q = crate::simd::q6k_half(p, n);
                 for (k, qk) in q.into_iter().enumerate() {
                     // `d * sc * (q - 32)` with the scale of each 16-element half.
                     let signed = _mm256_sub_epi8(qk, m32);

@@ -15,6 +15,8 @@
 mod dequant;
 mod error;
 mod reader;
+#[cfg(target_arch = "x86_64")]
+pub mod simd;
 pub mod tokenizer;
 mod types;
 

@@ -423,8 +423,6 @@ unsafe fn dot_packed_rows(ty: GgmlType, vnni: bool, rows: *const u8, row_bytes: 
 unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let bb = ty.block_bytes();
-    let low4 = _mm256_set1_epi8(0x0F);
-    let three = _mm256_set1_epi8(3);
     let mut acc = _mm256_setzero_ps();
     let mut off = 0f32;
     let p = row.as_ptr();
@@ -446,9 +444,7 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &
             for j in 0..4 {
                 let (s1, m1) = rlx_gguf::k4_scale_min(2 * j, &b[4..16]);
                 let (s2, m2) = rlx_gguf::k4_scale_min(2 * j + 1, &b[4..16]);
-                let raw = _mm256_loadu_si256(blk.add(16 + 32 * j) as *const __m256i);
-                let lo = _mm256_and_si256(raw, low4);
-                let hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);
+                let (lo, hi) = rlx_gguf::simd::split_nibbles(_mm256_loadu_si256(blk.add(16 + 32 * j) as *const __m256i));
                 let a_lo = _mm256_loadu_si256(a.add(64 * j) as *const __m256i);
                 let a_hi = _mm256_loadu_si256(a.add(64 * j + 32) as *const __m256i);
                 let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_set1_epi16(s1 as i16));
@@ -461,15 +457,7 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &
             d = half::f16::from_le_bytes([b[208], b[209]]).to_f32();
             let sc = &b[192..208];
             for n in 0..2 {
-                let qh = _mm256_loadu_si256(blk.add(128 + 32 * n) as *const __m256i);
-                let ql_a = _mm256_loadu_si256(blk.add(64 * n) as *const __m256i);
-                let ql_b = _mm256_loadu_si256(blk.add(64 * n + 32) as *const __m256i);
-                let q = [
-                    _mm256_or_si256(_mm256_and_si256(ql_a, low4), _mm256_slli_epi16(_mm256_and_si256(qh, three), 4)),
-                    _mm256_or_si256(_mm256_and_si256(ql_b, low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2), three), 4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql_a, 4), low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 4), three), 4)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql_b, 4), low4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 6), three), 4)),
-                ];
+                let q = rlx_gguf::simd::q6k_half(blk, n);
                 for (kk, qk) in q.iter().enumerate() {
                     let (sa, sbv) = (sc[n * 8 + 2 * kk] as i8, sc[n * 8 + 2 * kk + 1] as i8);
                     let ak = _mm256_loadu_si256(a.add(128 * n + 32 * kk) as *const __m256i);
@@ -509,10 +497,6 @@ unsafe fn dot_rows<const F: u8, const VNNI: bool>(rows: *const u8, rb: usize, n:
     let bb = [18, 20, 22, 24, 34][F as usize];
     let nb = rb / bb;
     let ones = _mm256_set1_epi16(1);
-    let low4 = _mm_set1_epi8(0x0F);
-    // Byte i of a broadcast u32 picks bit i of the 32 high bits of Q5 blocks.
-    let spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    let bitsel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let mut acc = [_mm256_setzero_ps(); R];
     let mut off = [0f32; R];
     // Rows past `n` repeat the last one (computed, never stored).
@@ -542,15 +526,9 @@ unsafe fn dot_rows<const F: u8, const VNNI: bool>(rows: *const u8, rb: usize, n:
                 let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
                 dot(abs_a, _mm256_sign_epi8(w, a))
             } else {
-                let raw = _mm_loadu_si128(blk.add([2, 4, 6, 8][F as usize]) as *const __m128i);
-                let lo = _mm_and_si128(raw, low4);
-                let hi = _mm_and_si128(_mm_srli_epi16(raw, 4), low4);
-                let mut q = _mm256_set_m128i(hi, lo);
+                let mut q = rlx_gguf::simd::nibbles32(blk.add([2, 4, 6, 8][F as usize]));
                 if F == 2 || F == 3 {
-                    let bits = (blk.add(if F == 2 { 2 } else { 4 }) as *const i32).read_unaligned();
-                    let v = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread);
-                    let set = _mm256_cmpeq_epi8(_mm256_and_si256(v, bitsel), bitsel);
-                    q = _mm256_or_si256(q, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+                    q = rlx_gguf::simd::with_fifth_bits(q, (blk.add(if F == 2 { 2 } else { 4 }) as *const i32).read_unaligned());
                 }
                 dot(q, a)
             };

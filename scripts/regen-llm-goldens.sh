@@ -2,7 +2,9 @@
 # Regenerate the llama.cpp reference files for RLX's LLM parity tests:
 #   crates/rlx/tests/golden/llm/smollm2.json
 #   crates/rlx/tests/golden/llm/gemma3.json
-# and the GGUF dequantization goldens (crates/rlx-gguf/tests/golden/dequant.json).
+# the GGUF dequantization goldens (crates/rlx-gguf/tests/golden/dequant.json) and the
+# tokenizer references (crates/rlx-gguf/tests/golden/tokenizer_extra.json: both models, and
+# vocabulary-only copies of SmolLM2 under the Llama 3 / Qwen2 pre-tokenizer names).
 #
 # Sets up the pinned environment (scripts/setup-llm-pyenv.sh: llama-cpp-python,
 # gguf, numpy in .venv-llm) and runs the generators with it. The outputs are

@@ -4,8 +4,13 @@
 //! Two vocabulary types are supported:
 //!
 //! * [`TokenizerKind::Bpe`] — `tokenizer.ggml.model = "gpt2"`: byte-level BPE with ranked merges
-//!   (`tokenizer.ggml.merges`) and a pre-tokenizer chosen by `tokenizer.ggml.pre` (the GPT-2
-//!   rules, optionally preceded by splitting off every digit as `smollm`/`starcoder` do).
+//!   (`tokenizer.ggml.merges`) and a pre-tokenizer chosen by `tokenizer.ggml.pre`: the GPT-2
+//!   rules (`gpt-2`, `olmo`, …), optionally preceded by splitting off every digit (`smollm`,
+//!   `starcoder`, …); Llama 3's rules (`llama3`/`llama-bpe`, `falcon3`, `pixtral`, `dbrx`,
+//!   `glm4`, …: case-insensitive contractions, numbers in groups of up to three, punctuation
+//!   runs keeping their trailing newlines); and Qwen2's (`qwen2`, `deepseek-r1-qwen`,
+//!   `stablelm2`, …: Llama 3's with single-digit numbers). The settings llama.cpp ties to some
+//!   names come along (Llama 3's BOS by default and whole-word tokens that skip the merges).
 //! * [`TokenizerKind::Spm`] — `tokenizer.ggml.model = "llama"`: SentencePiece-style BPE over
 //!   token scores with `<0xXX>` byte fallback (Llama 1/2, Gemma, …).
 //!
@@ -38,7 +43,7 @@ mod unicode_data;
 
 use crate::error::{GgufError, Result};
 use crate::reader::{GgufFile, Value};
-use bpe::PreTokenizer;
+use bpe::{PreConfig, PreTokenizer};
 use std::collections::{BTreeSet, HashMap};
 
 /// The vocabulary type of a GGUF tokenizer.
@@ -140,8 +145,8 @@ const FIM_TEXTS: &[(&str, &[&str])] = &[
 #[derive(Clone)]
 pub struct Tokenizer {
     kind: TokenizerKind,
-    /// The word splitter (BPE only).
-    pre: Option<PreTokenizer>,
+    /// The word splitter and its settings (BPE only).
+    pre: Option<PreConfig>,
     /// Token texts by id (an empty text is stored as `[EMPTY_<id>]`, as llama.cpp does).
     tokens: Vec<String>,
     /// SPM merge scores by id (zeros when the file has none).
@@ -263,11 +268,15 @@ impl Tokenizer {
                 let name = pre_name.ok_or_else(|| {
                     GgufError::new(0, field(PRE), "missing: a \"gpt2\" vocabulary needs its pre-tokenizer type (llama.cpp's \"default\" fallback is not supported)")
                 })?;
-                Some(PreTokenizer::from_name(name).ok_or_else(|| {
+                Some(PreConfig::from_name(name).ok_or_else(|| {
                     GgufError::new(
                         offset_of(f, PRE),
                         field(PRE),
-                        format!("unsupported pre-tokenizer {name:?} (RLX implements the GPT-2 rules: \"smollm\", \"starcoder\", \"gpt-2\", \"olmo\", …)"),
+                        format!(
+                            "unsupported pre-tokenizer {name:?} (RLX implements the GPT-2 rules: \"gpt-2\", \"smollm\", \"starcoder\", \"olmo\", …; \
+                             Llama 3's: \"llama3\", \"llama-bpe\", \"falcon3\", \"pixtral\", \"dbrx\", \"glm4\", …; \
+                             Qwen2's: \"qwen2\", \"deepseek-r1-qwen\", \"stablelm2\", \"megrez\", …)"
+                        ),
                     )
                 })?)
             }
@@ -320,7 +329,7 @@ impl Tokenizer {
         // Flags and special ids, with llama.cpp's defaults per vocabulary type.
         let (mut add_bos, mut add_space_prefix) = match kind {
             TokenizerKind::Spm => (true, true),
-            TokenizerKind::Bpe => (false, false),
+            TokenizerKind::Bpe => (pre.is_some_and(|p| p.add_bos), false),
         };
         add_space_prefix = opt_bool(f, "tokenizer.ggml.add_space_prefix")?.unwrap_or(add_space_prefix);
         add_bos = opt_bool(f, "tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos);
@@ -336,9 +345,10 @@ impl Tokenizer {
                 },
             }
         };
-        let (bos, eos, unk) = match kind {
-            TokenizerKind::Spm => (Some(1), Some(2), Some(0)),
-            TokenizerKind::Bpe => (Some(11), Some(11), None),
+        let (bos, eos, unk) = match (kind, pre) {
+            (TokenizerKind::Spm, _) => (Some(1), Some(2), Some(0)),
+            (TokenizerKind::Bpe, Some(p)) if !p.default_bos => (None, Some(11), None),
+            (TokenizerKind::Bpe, _) => (Some(11), Some(11), None),
         };
         let bos = special_id("tokenizer.ggml.bos_token_id", bos)?;
         let eos = special_id("tokenizer.ggml.eos_token_id", eos)?;
@@ -509,7 +519,7 @@ impl Tokenizer {
                 }
             }
             TokenizerKind::Bpe => {
-                let pre = self.pre.unwrap_or(PreTokenizer::Gpt2);
+                let pre = self.pre.unwrap_or(PreConfig::plain(PreTokenizer::Gpt2));
                 let mut session = bpe::Session::default();
                 for frag in fragments {
                     match frag {
@@ -651,7 +661,8 @@ impl Tokenizer {
     }
 
     /// Whether llama.cpp prepends BOS by default for this model (`tokenizer.ggml.add_bos_token`,
-    /// else true for SPM and false for BPE).
+    /// else true for SPM and for BPE with a Llama 3 pre-tokenizer name such as `llama-bpe`,
+    /// false for other BPE).
     pub fn add_bos(&self) -> bool {
         self.add_bos
     }

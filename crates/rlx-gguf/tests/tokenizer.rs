@@ -6,9 +6,13 @@
 //! repository: each test reads the path from an environment variable (`RLX_SMOLLM2_GGUF`,
 //! `RLX_GEMMA3_GGUF`), falling back to the `rlx` model cache, and skips with a message
 //! when the file is not there.
+//!
+//! The Llama 3 and Qwen2 pre-tokenizers are checked on vocabulary-only copies of SmolLM2's
+//! file with another `tokenizer.ggml.pre` (and a few appended tokens and merges), built here
+//! as the generator built the ones llama.cpp tokenized.
 
-use rlx_gguf::{GgufFile, Tokenizer, TokenizerKind};
-use serde_json::Value;
+use rlx_gguf::{GgufFile, Tokenizer, TokenizerKind, Value};
+use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -44,23 +48,33 @@ fn cache_dir() -> PathBuf {
     PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/rlx")
 }
 
-/// The tokenizer and golden file of `m`, or `None` (with a message) when either is absent.
-fn load(m: &Model) -> Option<(Tokenizer, Value, Value)> {
+/// The model file of `m`, or `None` (with a message) when it is absent.
+fn model_path(m: &Model) -> Option<PathBuf> {
     let path = std::env::var_os(m.env).map(PathBuf::from).unwrap_or_else(|| cache_dir().join(m.default_path));
     if !path.is_file() {
         println!("skipped: {} model file {} not found (set {} to its path)", m.name, path.display(), m.env);
         return None;
     }
+    Some(path)
+}
+
+/// `tests/golden/tokenizer_extra.json`.
+fn extra_golden() -> Json {
+    let extra = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/tokenizer_extra.json");
+    let extra = std::fs::read_to_string(&extra).unwrap_or_else(|e| panic!("{}: {e}", extra.display()));
+    serde_json::from_str(&extra).expect("tokenizer_extra.json parses")
+}
+
+/// The tokenizer and golden file of `m`, or `None` (with a message) when either is absent.
+fn load(m: &Model) -> Option<(Tokenizer, Json, Json)> {
+    let path = model_path(m)?;
     let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../rlx/tests/golden/llm/{}.json", m.name));
     let Ok(text) = std::fs::read_to_string(&golden) else {
         println!("skipped: {} reference file {} not found", m.name, golden.display());
         return None;
     };
-    let golden: Value = serde_json::from_str(&text).expect("golden JSON parses");
-    let extra = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/tokenizer_extra.json");
-    let extra = std::fs::read_to_string(&extra).unwrap_or_else(|e| panic!("{}: {e}", extra.display()));
-    let extra: Value = serde_json::from_str(&extra).expect("tokenizer_extra.json parses");
-    let extra = extra["models"][m.name]["cases"].clone();
+    let golden: Json = serde_json::from_str(&text).expect("golden JSON parses");
+    let extra = extra_golden()["models"][m.name]["cases"].clone();
     assert!(extra.is_array(), "tokenizer_extra.json has no cases for {}", m.name);
     let f = GgufFile::open(&path).expect("model opens");
     let t0 = Instant::now();
@@ -70,7 +84,7 @@ fn load(m: &Model) -> Option<(Tokenizer, Value, Value)> {
     Some((tok, golden, extra))
 }
 
-fn ids(v: &Value) -> Vec<u32> {
+fn ids(v: &Json) -> Vec<u32> {
     v.as_array().expect("an id list").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
 }
 
@@ -152,6 +166,144 @@ fn long_text(m: &Model) {
     println!("{}: {} chars -> {n} tokens in {:.2} ms", m.name, text.chars().count(), dt.as_secs_f64() * 1e3);
     let plain: String = g["forced"]["text"].as_str().unwrap().repeat(20);
     assert_eq!(tok.decode(&tok.encode(&plain, false, false), false), plain);
+}
+
+/// GGUF value type ids.
+fn type_id(v: &Value) -> u32 {
+    match v {
+        Value::U8(_) => 0,
+        Value::I8(_) => 1,
+        Value::U16(_) => 2,
+        Value::I16(_) => 3,
+        Value::U32(_) => 4,
+        Value::I32(_) => 5,
+        Value::F32(_) => 6,
+        Value::Bool(_) => 7,
+        Value::String(_) => 8,
+        Value::Array(_) => 9,
+        Value::U64(_) => 10,
+        Value::I64(_) => 11,
+        Value::F64(_) => 12,
+    }
+}
+
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// The little-endian GGUF encoding of `v` (without its type).
+fn put_value(out: &mut Vec<u8>, v: &Value) {
+    match v {
+        Value::U8(x) => out.push(*x),
+        Value::I8(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::Bool(x) => out.push(*x as u8),
+        Value::String(x) => put_str(out, x),
+        Value::Array(items) => {
+            // An empty array's element type is lost in `Value`; any type reads back the same.
+            out.extend_from_slice(&items.first().map_or(8, type_id).to_le_bytes());
+            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+            items.iter().for_each(|x| put_value(out, x));
+        }
+    }
+}
+
+/// A GGUF v3 file holding `entries` as metadata and no tensors.
+fn gguf_file(entries: &[(String, Value)]) -> GgufFile {
+    let mut b = b"GGUF".to_vec();
+    b.extend_from_slice(&3u32.to_le_bytes());
+    b.extend_from_slice(&0u64.to_le_bytes());
+    b.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    for (key, v) in entries {
+        put_str(&mut b, key);
+        b.extend_from_slice(&type_id(v).to_le_bytes());
+        put_value(&mut b, v);
+    }
+    GgufFile::from_bytes(b).expect("the vocabulary copy parses")
+}
+
+/// The vocabulary-only copy `gen_tokenizer.py` gives llama.cpp: every metadata key of `base`
+/// but `drop`, `tokenizer.ggml.pre = pre`, and the appended tokens (type 1) and merges.
+fn vocab_copy(base: &GgufFile, pre: &str, extra_tokens: &[Value], extra_merges: &[Value], drop: &[&str]) -> Tokenizer {
+    let mut entries = Vec::new();
+    for e in base.metadata().iter().filter(|e| !drop.contains(&e.key.as_str())) {
+        let extended = |extra: Vec<Value>| {
+            let mut items = e.value.as_array().expect("an array").to_vec();
+            items.extend(extra);
+            Value::Array(items)
+        };
+        let value = match e.key.as_str() {
+            "tokenizer.ggml.pre" => Value::String(pre.to_owned()),
+            "tokenizer.ggml.tokens" => extended(extra_tokens.to_vec()),
+            "tokenizer.ggml.token_type" => extended(vec![Value::I32(1); extra_tokens.len()]),
+            "tokenizer.ggml.merges" => extended(extra_merges.to_vec()),
+            _ => e.value.clone(),
+        };
+        entries.push((e.key.clone(), value));
+    }
+    Tokenizer::from_gguf(&gguf_file(&entries)).unwrap_or_else(|e| panic!("{pre}: {e}"))
+}
+
+/// SmolLM2's vocabulary under the Llama 3 / Qwen2 pre-tokenizer names of
+/// `tokenizer_extra.json`: the ids of every string and the BOS defaults equal llama.cpp's.
+#[test]
+fn pre_tokenizers_match_llama_cpp() {
+    let golden = extra_golden();
+    let p = &golden["pre_tokenizers"];
+    assert_eq!(p["base"], SMOLLM2.name);
+    let Some(path) = model_path(&SMOLLM2) else { return };
+    let base = GgufFile::open(&path).expect("model opens");
+    let strings = |v: &Json| -> Vec<Value> {
+        v.as_array().expect("a list").iter().map(|s| Value::String(s.as_str().expect("a string").to_owned())).collect()
+    };
+    let (extra_tokens, extra_merges) = (strings(&p["extra_tokens"]), strings(&p["extra_merges"]));
+    let variants = p["variants"].as_object().expect("variants");
+    assert!(variants.contains_key("llama-bpe") && variants.contains_key("qwen2"));
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for (pre, v) in variants {
+        let tok = vocab_copy(&base, pre, &extra_tokens, &extra_merges, &[]);
+        assert_eq!(tok.kind(), TokenizerKind::Bpe);
+        let cases = v["cases"].as_array().expect("cases");
+        let mut passed = 0;
+        for c in cases {
+            let text = c["text"].as_str().unwrap();
+            for (special, key) in [(true, "ids_special"), (false, "ids_plain")] {
+                let (got, want) = (tok.encode(text, false, special), ids(&c[key]));
+                if got == want {
+                    passed += 1;
+                } else {
+                    failures.push(format!("{pre} {text:?} special={special}\n      got  {got:?}\n      want {want:?}"));
+                }
+            }
+            let back = tok.decode(&tok.encode(text, false, false), false);
+            if back != text {
+                failures.push(format!("{pre} {text:?}: decode(encode(text)) gave {back:?}"));
+            }
+        }
+        total += passed;
+        // The defaults that come with the name, from the copy without the BOS keys.
+        let bare = vocab_copy(
+            &base,
+            pre,
+            &extra_tokens,
+            &extra_merges,
+            &["tokenizer.ggml.add_bos_token", "tokenizer.ggml.bos_token_id"],
+        );
+        assert_eq!(bare.add_bos(), v["add_bos_default"].as_bool().unwrap(), "{pre}: default add_bos");
+        assert_eq!(bare.bos_id().map(u64::from), v["bos_default"].as_u64(), "{pre}: default BOS id");
+        println!("{pre}: {passed}/{} reference tokenizations match ({} strings x special/plain)", 2 * cases.len(), cases.len());
+    }
+    println!("{total} reference tokenizations match over {} pre-tokenizer names", variants.len());
+    assert!(failures.is_empty(), "{} mismatches:\n  {}", failures.len(), failures.join("\n  "));
 }
 
 #[test]

@@ -4,9 +4,11 @@
 //! Per raw-text fragment, as llama.cpp's `llm_tokenizer_bpe_session` does:
 //! 1. split the text into words with the pre-tokenizer's rules (on code points);
 //! 2. write every byte of each word's UTF-8 as one character of the GPT-2 byte alphabet;
-//! 3. inside each word, repeatedly merge the adjacent pair with the lowest merge rank (ties: the
-//!    leftmost pair), using a priority queue with lazy invalidation;
-//! 4. look each final piece up in the vocabulary; a piece that is not a token falls back to its
+//! 3. with `ignore_merges` (Llama 3 and a few others), a word that is a token as a whole becomes
+//!    that token;
+//! 4. otherwise, inside each word, repeatedly merge the adjacent pair with the lowest merge rank
+//!    (ties: the leftmost pair), using a priority queue with lazy invalidation;
+//! 5. look each final piece up in the vocabulary; a piece that is not a token falls back to its
 //!    single-byte pieces that are.
 
 use super::unicode::{is_letter, is_number, is_whitespace};
@@ -100,20 +102,64 @@ pub(crate) enum PreTokenizer {
     /// First `\p{N}` (every number code point on its own), then GPT-2's rules inside each piece
     /// (llama.cpp: `smollm`, `starcoder`, `refact`, `command-r`, …).
     DigitsThenGpt2,
+    /// Llama 3's rules: `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+    /// ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+` (llama.cpp: `llama3`, `llama-bpe`,
+    /// `falcon3`, `pixtral`, `dbrx`, `glm4`, …).
+    Llama3,
+    /// Qwen2's rules: Llama 3's with every number code point a word of its own (`\p{N}` in
+    /// place of `\p{N}{1,3}`) (llama.cpp: `qwen2`, `deepseek-r1-qwen`, `stablelm2`, `megrez`, …).
+    Qwen2,
 }
 
-impl PreTokenizer {
-    /// The pre-tokenizer llama.cpp uses for the `tokenizer.ggml.pre` value `name`, if RLX has it.
-    pub(crate) fn from_name(name: &str) -> Option<PreTokenizer> {
+/// What llama.cpp's loader makes of a `tokenizer.ggml.pre` value: the word-splitting rules and
+/// the vocabulary settings that come with the name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct PreConfig {
+    /// The word-splitting rules.
+    pub(crate) rules: PreTokenizer,
+    /// A word that is a token as a whole becomes that token without merging (llama.cpp's
+    /// `ignore_merges`).
+    pub(crate) ignore_merges: bool,
+    /// Whether BOS is added when `tokenizer.ggml.add_bos_token` is absent.
+    pub(crate) add_bos: bool,
+    /// Whether the BOS token defaults to id 11 like other BPE vocabularies when
+    /// `tokenizer.ggml.bos_token_id` is absent (false: no BOS token then).
+    pub(crate) default_bos: bool,
+}
+
+impl PreConfig {
+    /// Rules with llama.cpp's default BPE settings.
+    pub(crate) const fn plain(rules: PreTokenizer) -> PreConfig {
+        PreConfig { rules, ignore_merges: false, add_bos: false, default_bos: true }
+    }
+
+    /// The settings llama.cpp uses for the `tokenizer.ggml.pre` value `name`, if RLX implements
+    /// its rules. Names are grouped as llama.cpp groups them; only names whose regex list is
+    /// exactly one of the implemented ones are accepted.
+    pub(crate) fn from_name(name: &str) -> Option<PreConfig> {
+        use PreTokenizer::*;
         Some(match name {
             "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b"
-            | "mellum2" => PreTokenizer::DigitsThenGpt2,
+            | "mellum2" => PreConfig::plain(DigitsThenGpt2),
             "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "a.x-4.0" | "mellum" | "modern-bert" | "mpt"
-            | "olmo" | "jais" | "trillion" | "granite-docling" | "exaone4" => PreTokenizer::Gpt2,
+            | "olmo" | "jais" | "trillion" | "granite-docling" | "exaone4" => PreConfig::plain(Gpt2),
+            // llama.cpp's LLAMA3 type: whole-word tokens skip the merges, BOS by default.
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
+            | "lfm2" | "jina-v5-nano" => PreConfig { ignore_merges: true, add_bos: true, ..PreConfig::plain(Llama3) },
+            // DBRX and SMAUG: the same rules, default settings.
+            "dbrx" | "smaug-bpe" => PreConfig::plain(Llama3),
+            // CHATGLM4: the same rules, no default BOS token (and ignore_merges for GLM-4/5).
+            "chatglm-bpe" => PreConfig { default_bos: false, ..PreConfig::plain(Llama3) },
+            "glm4" | "glm5" => PreConfig { default_bos: false, ignore_merges: true, ..PreConfig::plain(Llama3) },
+            // QWEN2, STABLELM2, HUNYUAN, SOLAR_OPEN and GROK_2 share one regex.
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan"
+            | "solar-open" | "grok-2" => PreConfig::plain(Qwen2),
             _ => return None,
         })
     }
+}
 
+impl PreTokenizer {
     /// Split `text` into words, appending their byte ranges to `words`.
     pub(crate) fn split(self, text: &str, words: &mut Vec<(usize, usize)>) {
         // Code points and their byte offsets (one extra entry for the end).
@@ -143,6 +189,8 @@ impl PreTokenizer {
                     gpt2_split(&cpts[start..], start, &mut pieces);
                 }
             }
+            PreTokenizer::Llama3 => llama3_split(&cpts, 3, &mut pieces),
+            PreTokenizer::Qwen2 => llama3_split(&cpts, 1, &mut pieces),
         }
         words.extend(pieces.into_iter().map(|(a, b)| (offs[a], offs[b])));
     }
@@ -212,6 +260,87 @@ fn gpt2_split(c: &[char], base: usize, out: &mut Vec<(usize, usize)>) {
     }
 }
 
+/// The Llama 3 / Qwen2 rules over the code points `c` of one fragment, appending code-point
+/// ranges to `out`; a run of number code points is cut into words of at most `max_digits`.
+///
+/// The alternatives are tried in the regex's order at each position, as llama.cpp's
+/// hand-written matcher does; its lookahead `(?!\S)` sees the end of the fragment as "not \S".
+fn llama3_split(c: &[char], max_digits: usize, out: &mut Vec<(usize, usize)>) {
+    let n = c.len();
+    let letter = |p: usize| p < n && is_letter(c[p]);
+    let number = |p: usize| p < n && is_number(c[p]);
+    let space = |p: usize| p < n && is_whitespace(c[p]);
+    let other = |p: usize| p < n && !is_whitespace(c[p]) && !is_letter(c[p]) && !is_number(c[p]);
+    let newline = |p: usize| p < n && matches!(c[p], '\r' | '\n');
+    let mut pos = 0;
+    while pos < n {
+        let start = pos;
+        let ch = c[pos];
+        pos = if let Some(len) = contraction(&c[pos..]) {
+            // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+            pos + len
+        } else if letter(pos) || (!newline(pos) && !number(pos) && letter(pos + 1)) {
+            // [^\r\n\p{L}\p{N}]?\p{L}+
+            let mut end = pos + 1;
+            while letter(end) {
+                end += 1;
+            }
+            end
+        } else if number(pos) {
+            // \p{N}{1,3} (Llama 3) or \p{N} (Qwen2)
+            let mut end = pos + 1;
+            while end - pos < max_digits && number(end) {
+                end += 1;
+            }
+            end
+        } else if other(if ch == ' ' { pos + 1 } else { pos }) {
+            // ` ?[^\s\p{L}\p{N}]+[\r\n]*`
+            let mut end = pos + 1;
+            while other(end) {
+                end += 1;
+            }
+            while newline(end) {
+                end += 1;
+            }
+            end
+        } else {
+            // Whitespace (nothing else is left): the run up to its last \r or \n (`\s*[\r\n]+`),
+            // else the run but its last character before a non-space (`\s+(?!\S)`), else the
+            // whole run (`\s+`).
+            let mut end = pos;
+            let mut after_newline = None;
+            while space(end) {
+                if newline(end) {
+                    after_newline = Some(end + 1);
+                }
+                end += 1;
+            }
+            match after_newline {
+                Some(e) => e,
+                None if end - pos > 1 && end < n => end - 1,
+                // `max` only guards progress; a non-space cannot get here.
+                None => end.max(pos + 1),
+            }
+        };
+        out.push((start, pos));
+    }
+}
+
+/// The length of the case-insensitive contraction `'s`, `'t`, `'re`, `'ve`, `'m`, `'ll` or `'d`
+/// at the start of `c`, if there is one. (No non-ASCII character lowercases to one of these
+/// letters in llama.cpp's case table, so ASCII lowercasing is the same.)
+fn contraction(c: &[char]) -> Option<usize> {
+    let lower = |i: usize| c.get(i).map(char::to_ascii_lowercase);
+    if c.first() != Some(&'\'') {
+        return None;
+    }
+    match (lower(1)?, lower(2)) {
+        ('s' | 't' | 'm' | 'd', _) => Some(2),
+        ('r', Some('e')) | ('v', Some('e')) | ('l', Some('l')) => Some(3),
+        _ => None,
+    }
+}
+
 /// Reused buffers of one `encode` call.
 #[derive(Default)]
 pub(crate) struct Session {
@@ -223,16 +352,20 @@ pub(crate) struct Session {
 
 impl Session {
     /// Byte-level BPE of the raw-text fragment `text`, appending ids to `out`.
-    pub(crate) fn tokenize(&mut self, tok: &Tokenizer, pre: PreTokenizer, text: &str, out: &mut Vec<u32>) {
+    pub(crate) fn tokenize(&mut self, tok: &Tokenizer, pre: PreConfig, text: &str, out: &mut Vec<u32>) {
         self.words.clear();
-        pre.split(text, &mut self.words);
+        pre.rules.split(text, &mut self.words);
         for i in 0..self.words.len() {
             let (a, b) = self.words[i];
             self.word.clear();
             for &byte in &text.as_bytes()[a..b] {
                 self.word.push(byte_to_char(byte));
             }
-            self.merge_word(tok, out);
+            let whole = if pre.ignore_merges { tok.token_id(&self.word) } else { None };
+            match whole {
+                Some(id) => out.push(id),
+                None => self.merge_word(tok, out),
+            }
         }
     }
 
@@ -351,5 +484,90 @@ mod tests {
         assert_eq!(split(s, "3.14"), ["3", ".", "1", "4"]);
         assert_eq!(split(s, "a1b ²"), ["a", "1", "b", " ", "²"]);
         assert_eq!(split(s, "x  7"), ["x", "  ", "7"]); // the piece ends before the digit
+    }
+
+    #[test]
+    fn llama3_rules() {
+        let l = PreTokenizer::Llama3;
+        assert_eq!(split(l, "Hello world"), ["Hello", " world"]);
+        // Contractions in any case; a letter run takes an apostrophe that starts no contraction.
+        assert_eq!(split(l, "DON'T I'M we'Ve they'RE"), ["DON", "'T", " I", "'M", " we", "'Ve", " they", "'RE"]);
+        assert_eq!(split(l, "'hello 'store x'"), ["'hello", " '", "store", " x", "'"]);
+        assert_eq!(split(l, "it'll'd"), ["it", "'ll", "'d"]);
+        // Numbers in groups of three from the left, never with a leading space.
+        assert_eq!(split(l, "1234567"), ["123", "456", "7"]);
+        assert_eq!(split(l, "3.14159 x"), ["3", ".", "141", "59", " x"]);
+        assert_eq!(split(l, " 42"), [" ", "42"]);
+        assert_eq!(split(l, "abc123def"), ["abc", "123", "def"]);
+        assert_eq!(split(l, "\u{661}\u{662}\u{663}\u{664}"), ["\u{661}\u{662}\u{663}", "\u{664}"]);
+        // Any one non-letter, non-number, non-newline character leads a letter run.
+        assert_eq!(split(l, "(hello $100 --flag foo_bar"), ["(hello", " $", "100", " --", "flag", " foo", "_bar"]);
+        assert_eq!(split(l, "\tx\u{3000}y"), ["\tx", "\u{3000}y"]);
+        assert_eq!(split(l, "\nx"), ["\n", "x"]);
+        // Punctuation runs keep an optional leading space and their trailing newlines.
+        assert_eq!(split(l, "end.\n\nNext"), ["end", ".\n\n", "Next"]);
+        assert_eq!(split(l, "a !?\r\n"), ["a", " !?\r\n"]);
+        // Whitespace: up to the last newline; else all but the last before a non-space.
+        assert_eq!(split(l, "a  \n  b"), ["a", "  \n", " ", " b"]);
+        assert_eq!(split(l, "a   b   "), ["a", "  ", " b", "   "]);
+        assert_eq!(split(l, "x   1"), ["x", "  ", " ", "1"]);
+        assert_eq!(split(l, "\r\n"), ["\r\n"]);
+        assert_eq!(split(l, "naïve e\u{301}"), ["naïve", " e", "\u{301}"]);
+        assert_eq!(split(l, "日本語 😀!"), ["日本語", " 😀!"]);
+        assert_eq!(split(l, ""), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn qwen2_rules() {
+        let q = PreTokenizer::Qwen2;
+        assert_eq!(split(q, "1234567"), ["1", "2", "3", "4", "5", "6", "7"]);
+        assert_eq!(split(q, "abc123def I'M"), ["abc", "1", "2", "3", "def", " I", "'M"]);
+        assert_eq!(split(q, "$100\n\n"), ["$", "1", "0", "0", "\n\n"]);
+        assert_eq!(split(q, "a  b"), ["a", " ", " b"]);
+    }
+
+    #[test]
+    fn splitters_cover_every_character() {
+        // Words are non-empty, in order and tile the text, whatever the input: a few fixed
+        // texts, then seeded random ones over an alphabet of every character class.
+        let mut texts: Vec<String> = ["", "'", "''", "'s", " '", " ", "  ", "\r", " \r\n\t\u{85}\u{2028}", "a1'!\u{301}\u{10FFFF}\0"]
+            .map(String::from)
+            .to_vec();
+        let alphabet = ['a', 'Z', 'é', '日', '1', '٣', '½', '\'', 's', 'T', 'l', 'E', ' ', '\t', '\r', '\n', '\u{A0}', '\u{3000}', '.', '$', '_', '\u{301}', '😀', '\u{378}'];
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..2000 {
+            let mut t = String::new();
+            for _ in 0..(state >> 60) {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                t.push(alphabet[(state >> 33) as usize % alphabet.len()]);
+            }
+            texts.push(t);
+        }
+        for pre in [PreTokenizer::Gpt2, PreTokenizer::DigitsThenGpt2, PreTokenizer::Llama3, PreTokenizer::Qwen2] {
+            for t in &texts {
+                let words = split(pre, t);
+                assert!(words.iter().all(|w| !w.is_empty()), "{pre:?} {t:?}: {words:?}");
+                assert_eq!(words.concat(), *t, "{pre:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn pre_names() {
+        let rules = |name| PreConfig::from_name(name).map(|p| p.rules);
+        assert_eq!(rules("llama-bpe"), Some(PreTokenizer::Llama3));
+        assert_eq!(rules("dbrx"), Some(PreTokenizer::Llama3));
+        assert_eq!(rules("qwen2"), Some(PreTokenizer::Qwen2));
+        assert_eq!(rules("megrez"), Some(PreTokenizer::Qwen2));
+        assert_eq!(rules("smollm"), Some(PreTokenizer::DigitsThenGpt2));
+        // Near relatives with other rules are not taken for these.
+        for other in ["qwen35", "jais-2", "superbpe", "tekken", "gpt-4o", "minicpm5", "llama4", "default"] {
+            assert_eq!(rules(other), None, "{other}");
+        }
+        let llama3 = PreConfig::from_name("llama3").unwrap();
+        assert!(llama3.ignore_merges && llama3.add_bos && llama3.default_bos);
+        let glm4 = PreConfig::from_name("glm4").unwrap();
+        assert!(glm4.ignore_merges && !glm4.add_bos && !glm4.default_bos);
+        assert_eq!(PreConfig::from_name("qwen2"), Some(PreConfig::plain(PreTokenizer::Qwen2)));
     }
 }

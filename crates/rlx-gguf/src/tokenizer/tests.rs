@@ -184,6 +184,28 @@ fn special_tokens_split_longest_first() {
     assert_eq!(tok.encode("xyxy", false, false), [id("xy"), id("xy")]);
 }
 
+#[test]
+fn llama3_names_bring_their_settings() {
+    let (tokens, types) = bpe_tokens();
+    let id = |t| id_of(&tokens, t);
+    let llama = bpe_gguf(&tokens, &types, "llama-bpe").tokenizer().unwrap();
+    let dbrx = bpe_gguf(&tokens, &types, "dbrx").tokenizer().unwrap();
+    // Whole-word tokens with ignore_merges (llama-bpe, not dbrx): "xy" is a token no merge
+    // builds, and the merges make " ab" Ġ + ab (see bpe_merges_by_rank).
+    assert_eq!(llama.encode("xy ab", false, false), [id("xy"), id("Ġab")]);
+    assert_eq!(dbrx.encode("xy ab", false, false), [id("x"), id("y"), id("Ġ"), id("ab")]);
+    // Llama 3 names add BOS unless add_bos_token says otherwise.
+    assert!(llama.add_bos() && !dbrx.add_bos());
+    assert_eq!(llama.encode("ab", true, false), [1, id("ab")]);
+    let no_bos = bpe_gguf(&tokens, &types, "llama3").bool("tokenizer.ggml.add_bos_token", false);
+    assert!(!no_bos.tokenizer().unwrap().add_bos());
+    // Numbers: groups of three (Llama 3) or single digits (Qwen2).
+    assert_eq!(llama.encode("1234", false, false), [id("1"), id("2"), id("3"), id("4")]);
+    let qwen = bpe_gguf(&tokens, &types, "qwen2").tokenizer().unwrap();
+    assert_eq!(qwen.encode("I'M xy", false, false), [id("I"), id("'"), id("M"), id("Ġ"), id("x"), id("y")]);
+    assert!(!qwen.add_bos());
+}
+
 /// SPM: unknown/bos/eos, the 256 byte tokens, then pieces with scores.
 fn spm_tokens() -> (Vec<String>, Vec<i32>, Vec<f32>) {
     let mut tokens = strings(&["<unk>", "<s>", "</s>"]);
@@ -274,8 +296,8 @@ fn metadata_errors() {
     let e = err(Gguf::default().str("tokenizer.ggml.model", "bert"));
     assert!(e.contains("unsupported tokenizer model \"bert\""), "{e}");
     let (tokens, types) = bpe_tokens();
-    let e = err(bpe_gguf(&tokens, &types, "llama3"));
-    assert!(e.contains("unsupported pre-tokenizer \"llama3\""), "{e}");
+    let e = err(bpe_gguf(&tokens, &types, "qwen35"));
+    assert!(e.contains("unsupported pre-tokenizer \"qwen35\"") && e.contains("\"llama-bpe\""), "{e}");
     let e = err(Gguf::default().str("tokenizer.ggml.model", "gpt2").str("tokenizer.ggml.pre", "smollm").strs("tokenizer.ggml.tokens", &strings(&["a"])));
     assert!(e.contains("tokenizer.ggml.merges") && e.contains("missing"), "{e}");
     let e = err(Gguf::default().str("tokenizer.ggml.model", "llama").i32s("tokenizer.ggml.tokens", &[1, 2]));

@@ -1,39 +1,57 @@
 //! Vectorizable f32 math. Plain Rust over arrays and slices, written so LLVM turns each loop
 //! into SIMD code: no branches in the element path, rounding by the 1.5·2²³ trick.
 
-/// `e^x` for f32, within 2 ulp of the correctly rounded result on the normal range; 0 below
-/// -87.33 and +inf above 88.72. Branch-free so loops over it vectorize.
+/// `e^x` for f32, within 2 ulp of the correctly rounded result; 0 far below -87 and +inf above
+/// 88.73; NaN stays NaN. Branch-free so loops over it vectorize.
+///
+/// The algorithm and its coefficients are those of llama.cpp's vectorized `expf` (itself from
+/// Arm's optimized-routines): `n = round(x / ln 2)`, `b = x - n ln 2` with ln 2 split in two,
+/// a degree-5 minimax polynomial in `b` evaluated with fused multiply-adds in a fixed order,
+/// and `2^n` applied with a single rounding. Using the same operations in the same order makes
+/// every result bit-identical to llama.cpp's, which keeps SiLU and softmax — and so whole LLM
+/// logits — equal to its outputs rather than merely close. `mul_add` is an exact fused
+/// multiply-add everywhere (a library call where the CPU has no FMA), so the results do not
+/// depend on the instruction set; hot loops are compiled with FMA enabled.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-    let xc = x.clamp(-87.33, 88.72);
-    let t = xc * LOG2E + MAGIC;
-    let n = t - MAGIC;
-    // The integer n sits in t's low mantissa bits; reading it there (not with `as i32`, which
-    // has saturating semantics LLVM will not vectorize) keeps the whole function in SIMD.
-    let ni = t.to_bits() as i32 - MAGIC.to_bits() as i32;
-    let r = (xc - n * LN2_HI) - n * LN2_LO;
-    // Taylor series of e^r on |r| <= ln2/2, degree 7 (truncation error < 6e-9).
-    let mut p = 1.0 / 5040.0;
-    p = p * r + 1.0 / 720.0;
-    p = p * r + 1.0 / 120.0;
-    p = p * r + 1.0 / 24.0;
-    p = p * r + 1.0 / 6.0;
-    p = p * r + 0.5;
-    p = p * r + 1.0;
-    p = p * r + 1.0;
-    // n reaches 128 near the top, where 2^n alone would overflow: apply one factor 2 apart.
-    let top = ni > 127;
-    let scale = f32::from_bits(((ni - top as i32 + 127) as u32) << 23);
-    let v = p * scale * if top { 2.0 } else { 1.0 };
-    let v = if x < -87.33 { 0.0 } else { v };
-    if x > 88.72 {
-        f32::INFINITY
+    // The constants, by their bit patterns (exact).
+    const SHIFT: f32 = 12_582_912.0; // 1.5 * 2^23: z - SHIFT is x / ln 2 rounded to an integer
+    const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+    const C: [f32; 5] = [
+        f32::from_bits(0x3f7f_fff6),
+        f32::from_bits(0x3eff_fedb),
+        f32::from_bits(0x3e2a_af33),
+        f32::from_bits(0x3d2b_9f17),
+        f32::from_bits(0x3c07_2010),
+    ];
+    let z = x.mul_add(LOG2E, SHIFT);
+    let n = z - SHIFT;
+    let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let u = b * b;
+    let j = C[4].mul_add(b, C[3]).mul_add(u, C[2].mul_add(b, C[1])).mul_add(u, C[0].mul_add(b, 1.0));
+    // j * 2^n with one rounding. For |n| <= 192 (all that is used) n sits in z's low mantissa
+    // bits; split the power so both factors are normal floats and only the last product rounds
+    // (into the subnormals, or to infinity, when it must).
+    let ni = (z.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
+    let (n1, n2) = if ni > 127 {
+        (127, ni.wrapping_sub(127))
+    } else if ni < -126 {
+        (ni.wrapping_add(96), -96)
     } else {
-        v
+        (ni, 0)
+    };
+    let pow2 = |e: i32| f32::from_bits((e.wrapping_add(127) as u32 & 0xff) << 23);
+    let res = j * pow2(n1) * pow2(n2);
+    if n.abs() > 192.0 {
+        if n <= 0.0 {
+            0.0
+        } else {
+            f32::INFINITY
+        }
+    } else {
+        res
     }
 }
 
@@ -150,8 +168,17 @@ mod tests {
             x += 0.0137;
         }
         assert!(worst <= 2.0, "worst error {worst} ulp");
-        assert_eq!(exp_f32(-100.0), 0.0);
+        // Subnormal results, underflow, overflow.
+        let tiny = exp_f32(-100.0) as f64;
+        assert!((tiny - (-100f64).exp()).abs() <= f32::from_bits(1) as f64, "{tiny}");
+        assert_eq!(exp_f32(-200.0), 0.0);
+        assert_eq!(exp_f32(-1e30), 0.0);
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
         assert_eq!(exp_f32(100.0), f32::INFINITY);
+        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+        // Near the top (2^n needs its factor split in two): still within 2 ulp.
+        let (got, want) = (exp_f32(88.7) as f64, (88.7f32 as f64).exp());
+        assert!((got - want).abs() <= 2.0 * (want as f32) as f64 * f32::EPSILON as f64, "{got} vs {want}");
         assert_eq!(exp_f32(0.0), 1.0);
         assert!(exp_f32(f32::NAN).is_nan());
     }

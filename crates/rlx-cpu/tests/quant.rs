@@ -219,9 +219,20 @@ fn attention_reference(q: &[f32], k: &[f32], v: &[f32], s: usize, hq: usize, hkv
 
 #[test]
 fn cached_attention_per_query_and_blocked_paths_match_the_reference() {
-    let (t, hq, hkv, d, pos) = (96, 4, 2, 8, 7);
-    // 3 queries take the per-query path, 70 the blocked GEMM path (two blocks of queries).
-    for (s, window) in [(3usize, None), (70, None), (70, Some(5)), (3, Some(4))] {
+    let (t, hq, hkv) = (160, 4, 2);
+    // 3 queries take the per-query path, 70 the blocked GEMM path (two blocks of queries). The
+    // per-query path sums in lanes of 64 positions and 64 head elements: cover ranges inside one
+    // lane block, across blocks, windows across a block edge, and head sizes past 64.
+    for (s, window, pos, d) in [
+        (3usize, None, 7, 8),
+        (70, None, 7, 8),
+        (70, Some(5), 7, 8),
+        (3, Some(4), 7, 8),
+        (3, None, 80, 72),
+        (3, Some(5), 62, 8),
+        (1, Some(3), 70, 136),
+        (2, None, 130, 64),
+    ] {
         let mut g = Graph::new("attn");
         let q = g.input("q", Shape::new(&[s, hq, d], DType::F32));
         let kc = g.param("k", Shape::new(&[t, hkv, d], DType::F32));

@@ -69,6 +69,40 @@ fn attention<T: FloatElem>(q: TRef, k: TRef, v: TRef, mask: Option<TRef>, out: T
     })
 }
 
+/// Rotate one f32 head row (`d = 2 * table.len()` elements, source stride `sx`, dense
+/// destination) by the (cos, sin) pairs of `table`, as llama.cpp's build computes it: the first
+/// product of each output fused with the sum (`fma(a, c, -(b s))`, `fma(a, s, b c)`).
+///
+/// # Safety
+/// `src` addresses `d` elements at stride `sx` and `dst` `d` dense writable elements; `fma` only
+/// when the CPU has FMA.
+#[inline(always)]
+unsafe fn rotate_f32(src: *const f32, sx: usize, dst: *mut f32, table: &[(f64, f64)], interleaved: bool, fma: bool) {
+    #[inline(always)]
+    unsafe fn imp(src: *const f32, sx: usize, dst: *mut f32, table: &[(f64, f64)], interleaved: bool) {
+        let half = table.len();
+        for (k, &(cos, sin)) in table.iter().enumerate() {
+            let (ia, ib) = if interleaved { (2 * k, 2 * k + 1) } else { (k, k + half) };
+            let (a, b) = (*src.add(ia * sx), *src.add(ib * sx));
+            let (c, s) = (cos as f32, sin as f32);
+            *dst.add(ia) = a.mul_add(c, -(b * s));
+            *dst.add(ib) = a.mul_add(s, b * c);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "fma")]
+        unsafe fn with_fma(src: *const f32, sx: usize, dst: *mut f32, table: &[(f64, f64)], interleaved: bool) {
+            imp(src, sx, dst, table, interleaved)
+        }
+        if fma {
+            return with_fma(src, sx, dst, table, interleaved);
+        }
+    }
+    let _ = fma;
+    imp(src, sx, dst, table, interleaved)
+}
+
 fn rope<T: FloatElem>(x: TRef, pos: TRef, out: TRef, theta: f32, interleaved: bool, table: super::Ptr) -> Box<dyn Kernel> {
     let r = x.layout.rank();
     let (s_len, d) = (x.layout.dims()[r - 2], x.layout.dims()[r - 1]);
@@ -84,6 +118,10 @@ fn rope<T: FloatElem>(x: TRef, pos: TRef, out: TRef, theta: f32, interleaved: bo
         // SAFETY: the scratch holds S * half pairs of f64; positions has length S.
         let tab = unsafe { std::slice::from_raw_parts_mut(table.get() as *mut (f64, f64), s_len * half) };
         let f32_table = T::DTYPE == rlx_ir::DType::F32;
+        #[cfg(target_arch = "x86_64")]
+        let fma = std::is_x86_feature_detected!("fma");
+        #[cfg(not(target_arch = "x86_64"))]
+        let fma = false;
         let step = (theta).powf(-2.0 / d as f32);
         for s in 0..s_len {
             let p = unsafe { super::index::read_index(&pos, pos.layout.offset + s * pos.layout.strides()[0]) };
@@ -108,18 +146,16 @@ fn rope<T: FloatElem>(x: TRef, pos: TRef, out: TRef, theta: f32, interleaved: bo
                     let (o, i) = ((o0 + t * so) * d, i0 + t * si);
                     // Row number within the lines = o / d; its sequence index is that mod S.
                     let s = (o / d) % s_len.max(1);
-                    for (k, &(cos, sin)) in tab[s * half..(s + 1) * half].iter().enumerate() {
+                    let row = &tab[s * half..(s + 1) * half];
+                    if f32_table {
+                        // SAFETY: as below.
+                        unsafe { rotate_f32(px.add(i) as *const f32, sx, po.add(o) as *mut f32, row, interleaved, fma) };
+                        continue;
+                    }
+                    for (k, &(cos, sin)) in row.iter().enumerate() {
                         let (ia, ib) = if interleaved { (2 * k, 2 * k + 1) } else { (k, k + half) };
                         // SAFETY: offsets come from layouts.
                         unsafe {
-                            if f32_table {
-                                let a = *(px.add(i + ia * sx) as *const f32);
-                                let b = *(px.add(i + ib * sx) as *const f32);
-                                let (c, s) = (cos as f32, sin as f32);
-                                *(po.add(o + ia) as *mut f32) = a * c - b * s;
-                                *(po.add(o + ib) as *mut f32) = a * s + b * c;
-                                continue;
-                            }
                             let a = (*px.add(i + ia * sx)).to_f64();
                             let b = (*px.add(i + ib * sx)).to_f64();
                             *po.add(o + ia) = T::from_f64(a * cos - b * sin);

@@ -25,9 +25,7 @@ pub fn map1<A: Elem, O: Elem>(a: TRef, out: TRef, f: impl Fn(A) -> O + Copy + Se
                 if so == 1 && si == 1 {
                     let src = std::slice::from_raw_parts(pa.add(i), n);
                     let dst = std::slice::from_raw_parts_mut(po.add(o), n);
-                    for (d, s) in dst.iter_mut().zip(src) {
-                        *d = f(*s);
-                    }
+                    apply1(src, dst, f);
                 } else {
                     for k in 0..n {
                         *po.add(o + k * so) = f(*pa.add(i + k * si));
@@ -36,6 +34,30 @@ pub fn map1<A: Elem, O: Elem>(a: TRef, out: TRef, f: impl Fn(A) -> O + Copy + Se
             })
         })
     })
+}
+
+/// `dst[i] = f(src[i])`, compiled with AVX2 and FMA when the CPU has them: the closures' math
+/// (`exp_f32` and friends) uses fused multiply-adds, which are library calls otherwise.
+#[inline(always)]
+fn apply1<A: Elem, O: Elem>(src: &[A], dst: &mut [O], f: impl Fn(A) -> O) {
+    #[inline(always)]
+    fn plain<A: Elem, O: Elem>(src: &[A], dst: &mut [O], f: impl Fn(A) -> O) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f(*s);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn fma<A: Elem, O: Elem>(src: &[A], dst: &mut [O], f: impl Fn(A) -> O) {
+            plain(src, dst, f)
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has the features.
+            return unsafe { fma(src, dst, f) };
+        }
+    }
+    plain(src, dst, f)
 }
 
 /// `out = f(a, b)` over broadcast operands.
@@ -179,6 +201,25 @@ fn activation_float<T: FloatElem>(a: Activation, x: TRef, out: TRef) -> Box<dyn 
     crate::with_float_fn!(a, T::C, f => map1(x, out, move |s: T| T::from_c(f(s.to_c()))))
 }
 
+/// GELU (tanh form) of every f16 value, rounded to f16: f16 GeluApprox is a lookup. The f32
+/// arithmetic is llama.cpp's (`(x/2) * (1 + tanh((sqrt(2/pi) x) * (0.044715 x * x + 1)))` with
+/// that inner multiply-add fused, libm `tanhf`), so the table equals the one llama.cpp applies
+/// to its activations — which RLX's Gemma graphs reproduce by rounding the gate to f16.
+fn gelu_f16_table() -> &'static [u16] {
+    static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let sqrt_2_over_pi = (2.0 / std::f64::consts::PI).sqrt() as f32;
+        const A: f32 = 0.044_715;
+        (0..=u16::MAX)
+            .map(|bits| {
+                let x = half::f16::from_bits(bits).to_f32();
+                let y = (0.5 * x) * (1.0 + ((sqrt_2_over_pi * x) * (A * x).mul_add(x, 1.0)).tanh());
+                half::f16::from_f32(y).to_bits()
+            })
+            .collect()
+    })
+}
+
 fn activation_int<T: Elem>(a: Activation, x: TRef, out: TRef) -> Box<dyn Kernel> {
     match a {
         Activation::Neg => map1(x, out, |v: T| T::zero().sub(v)),
@@ -219,6 +260,10 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 with_dtype!(vt, T => map3(i[0], i[1], i[2], o, |c: Bool8, x: T, y: T| if c.0 != 0 { x } else { y }), else unreachable!())
             })
         }
+        Op::Activation(Activation::GeluApprox) if dt == rlx_ir::DType::F16 => compute(|i, o| {
+            let table = gelu_f16_table();
+            map1(i[0], o, move |v: half::f16| half::f16::from_bits(table[v.to_bits() as usize]))
+        }),
         Op::Activation(a) => compute(move |i, o| {
             with_float!(dt, T => activation_float::<T>(a, i[0], o),
                 else with_dtype!(dt, T => activation_int::<T>(a, i[0], o), else unreachable!()))

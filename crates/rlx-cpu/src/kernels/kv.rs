@@ -99,25 +99,64 @@ impl Rows {
     }
 }
 
-/// `sum(q[d] * row[d])` for the `q.len()` elements of a cache row starting at element `off`.
+/// Lanes of the f16 dot products RLX reproduces: llama.cpp's x86 AVX-512 build sums an f16 dot
+/// product in 4 accumulators of 16 floats over blocks of 64 elements, then combines them.
+const LANES: usize = 64;
+
+/// Sum 16 floats in the order of GCC's `_mm512_reduce_add_ps`: lane `l` with `l + 8`, then
+/// with `l + 4`, then lanes 0 with 2 and 1 with 3, then the two.
+#[inline(always)]
+fn reduce16(x: &[f32]) -> f32 {
+    let h: [f32; 8] = std::array::from_fn(|l| x[l + 8] + x[l]);
+    let q: [f32; 4] = std::array::from_fn(|l| h[l + 4] + h[l]);
+    (q[2] + q[0]) + (q[3] + q[1])
+}
+
+/// Combine the 64 lane sums of a blocked dot product (accumulator `a` holds lanes `16a..16a+16`)
+/// as ggml does: `(a0 + a2) + (a1 + a3)`, then [`reduce16`].
+#[inline(always)]
+fn reduce64(a: &[f32; LANES]) -> f32 {
+    let x: [f32; 16] = std::array::from_fn(|l| (a[l] + a[32 + l]) + (a[16 + l] + a[48 + l]));
+    reduce16(&x)
+}
+
+/// One cache row element as f32.
+#[inline(always)]
+unsafe fn at(rows: Rows, i: usize) -> f32 {
+    match rows {
+        Rows::F16(p) => f16::from_bits(*p.add(i)).to_f32(),
+        Rows::F32(p) => *p.add(i),
+    }
+}
+
+/// `sum(q[d] * row[d])` for the `q.len()` elements of a cache row starting at element `off`,
+/// summed like llama.cpp's f16 dot product: lane `d % 64` of full blocks of 64 (reduced by
+/// [`reduce64`]), then the leftover products one by one in f64. With an f16 cache and f16-rounded
+/// queries every product is exact in f32, so only this order decides the rounding.
 ///
 /// # Safety
 /// The row lies inside the buffer; `simd` only when the CPU has AVX2, FMA and F16C.
 #[inline]
 unsafe fn row_dot(q: &[f32], rows: Rows, off: usize, simd: bool) -> f32 {
+    let n = q.len();
+    let full = n / LANES * LANES;
+    let mut acc = [0f32; LANES];
     #[cfg(target_arch = "x86_64")]
     if simd {
-        return row_dot_avx2(q, rows, off);
+        row_dot_avx2(&q[..full], rows, off, &mut acc);
     }
-    let _ = simd;
-    let mut s = 0f32;
-    for (d, x) in q.iter().enumerate() {
-        s += x * match rows {
-            Rows::F16(p) => f16::from_bits(*p.add(off + d)).to_f32(),
-            Rows::F32(p) => *p.add(off + d),
-        };
+    if !simd {
+        for b in (0..full).step_by(LANES) {
+            for (l, a) in acc.iter_mut().enumerate() {
+                *a += q[b + l] * at(rows, off + b + l);
+            }
+        }
     }
-    s
+    let mut s = reduce64(&acc) as f64;
+    for (d, x) in q.iter().enumerate().skip(full) {
+        s += (x * at(rows, off + d)) as f64;
+    }
+    s as f32
 }
 
 /// `acc[d] += w * row[d]` over a cache row starting at element `off`.
@@ -132,10 +171,7 @@ unsafe fn row_axpy(acc: &mut [f32], w: f32, rows: Rows, off: usize, simd: bool) 
     }
     let _ = simd;
     for (d, a) in acc.iter_mut().enumerate() {
-        *a += w * match rows {
-            Rows::F16(p) => f16::from_bits(*p.add(off + d)).to_f32(),
-            Rows::F32(p) => *p.add(off + d),
-        };
+        *a += w * at(rows, off + d);
     }
 }
 
@@ -149,33 +185,20 @@ unsafe fn load8(rows: Rows, at: usize) -> std::arch::x86_64::__m256 {
     }
 }
 
+/// The lane sums of [`row_dot`] over whole blocks (`q.len()` is a multiple of 64).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn row_dot_avx2(q: &[f32], rows: Rows, off: usize) -> f32 {
+unsafe fn row_dot_avx2(q: &[f32], rows: Rows, off: usize, acc: &mut [f32; LANES]) {
     use std::arch::x86_64::*;
-    let n = q.len();
-    let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut d = 0;
-    while d + 16 <= n {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(d)), load8(rows, off + d), a0);
-        a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(d + 8)), load8(rows, off + d + 8), a1);
-        d += 16;
+    let mut a = [_mm256_setzero_ps(); LANES / 8];
+    for b in (0..q.len()).step_by(LANES) {
+        for (m, am) in a.iter_mut().enumerate() {
+            *am = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(b + 8 * m)), load8(rows, off + b + 8 * m), *am);
+        }
     }
-    while d + 8 <= n {
-        a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(d)), load8(rows, off + d), a0);
-        d += 8;
+    for (m, am) in a.iter().enumerate() {
+        _mm256_storeu_ps(acc.as_mut_ptr().add(8 * m), *am);
     }
-    let v = _mm256_add_ps(a0, a1);
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let mut r = _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
-    for (i, x) in q.iter().enumerate().skip(d) {
-        r += x * match rows {
-            Rows::F16(p) => f16::from_bits(*p.add(off + i)).to_f32(),
-            Rows::F32(p) => *p.add(off + i),
-        };
-    }
-    r
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -191,13 +214,52 @@ unsafe fn row_axpy_avx2(acc: &mut [f32], w: f32, rows: Rows, off: usize) {
         d += 8;
     }
     for (i, a) in acc.iter_mut().enumerate().skip(d) {
-        *a += w * match rows {
-            Rows::F16(p) => f16::from_bits(*p.add(off + i)).to_f32(),
-            Rows::F32(p) => *p.add(off + i),
-        };
+        *a += w * at(rows, off + i);
     }
 }
 
+/// `sc[j] = e^(sc[j] - max)` over `first..=last` and the sum of those values, accumulated like
+/// llama.cpp's softmax: per aligned block of 16 positions in f32 ([`reduce16`]), the block sums
+/// in f64 (masked positions count as 0).
+#[inline(always)]
+fn exp_blocks(sc: &mut [f32], first: usize, last: usize, max: f32) -> f64 {
+    let mut sum = 0f64;
+    let mut b = first / 16 * 16;
+    while b <= last {
+        let mut block = [0f32; 16];
+        for j in b.max(first)..(b + 16).min(last + 1) {
+            let e = crate::math::exp_f32(sc[j] - max);
+            sc[j] = e;
+            block[j - b] = e;
+        }
+        sum += reduce16(&block) as f64;
+        b += 16;
+    }
+    sum
+}
+
+/// [`exp_blocks`] compiled with FMA (its exponential uses fused multiply-adds).
+fn exp_blocks_fast(sc: &mut [f32], first: usize, last: usize, max: f32, simd: bool) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn fma(sc: &mut [f32], first: usize, last: usize, max: f32) -> f64 {
+            exp_blocks(sc, first, last, max)
+        }
+        if simd {
+            // SAFETY: `simd` is set only when the CPU has AVX2 and FMA.
+            return unsafe { fma(sc, first, last, max) };
+        }
+    }
+    let _ = simd;
+    exp_blocks(sc, first, last, max)
+}
+
+/// Attention of a few queries over the cache, one (query, head) per task. With an f16 cache the
+/// arithmetic is that of llama.cpp's non-flash decode on x86 (AVX-512 build) operation for
+/// operation: queries rounded to f16, blocked f16 dot products ([`row_dot`]), scores scaled,
+/// its exponential and block sums ([`exp_blocks`]), weights `e * (1 / sum)` rounded to f16, and
+/// the weighted sum of values taken as a dot product over positions (lane `j % 64`).
 #[allow(clippy::too_many_arguments)]
 fn cached_attention(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratch: super::Ptr, scale: f32, window: Option<usize>) -> Box<dyn Kernel> {
     let (qd, kd, vd) = (q.layout.dims().to_vec(), k.layout.dims().to_vec(), v.layout.dims().to_vec());
@@ -212,10 +274,10 @@ fn cached_attention(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratch: su
     let simd = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c");
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
-    let slot = t_len + dh + dv;
+    let slot = scratch_floats(t_len, dh, dv);
     kernel(move |pool: &Pool| {
         // SAFETY: reads stay below row pos + S <= T (clamped); each task owns one (query, head)
-        // output row and its thread's scratch slot of T + D + Dv floats.
+        // output row and its thread's scratch slot.
         unsafe {
             let p = read_pos(&pos);
             pool.run(s_len * hq, &|task, thread| {
@@ -226,7 +288,7 @@ fn cached_attention(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratch: su
                 let buf = scratch.get().add(thread * slot * 4) as *mut f32;
                 let sc = std::slice::from_raw_parts_mut(buf, t_len);
                 let qv = std::slice::from_raw_parts_mut(buf.add(t_len), dh);
-                let acc = std::slice::from_raw_parts_mut(buf.add(t_len + dh), dv);
+                let acc = std::slice::from_raw_parts_mut(buf.add(t_len + dh), LANES * dv);
                 let qo = q.layout.offset + i * qs[0] + h * qs[1];
                 for (d, x) in qv.iter_mut().enumerate() {
                     *x = round_to(cdt, load(&q, qo + d * qs[2]));
@@ -236,23 +298,66 @@ fn cached_attention(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratch: su
                     *s = row_dot(qv, kr, k.layout.offset + j * ks[0] + kh * ks[1], simd) * scale;
                     mx = mx.max(*s);
                 }
-                let mut sum = 0f32;
-                for s in &mut sc[first..=last] {
-                    *s = (*s - mx).exp();
-                    sum += *s;
-                }
-                let inv = 1.0 / sum;
-                acc.fill(0.0);
+                let inv = (1.0 / exp_blocks_fast(sc, first, last, mx, simd)) as f32;
+                // Lane rows that receive a product: all of them once the range spans a block,
+                // else the lanes first % 64 ..= last % 64. Untouched rows count as zero below.
+                let (lo, hi) = if last / LANES == first / LANES { (first % LANES, last % LANES + 1) } else { (0, LANES) };
+                acc[lo * dv..hi * dv].fill(0.0);
                 for (j, &e) in sc.iter().enumerate().take(last + 1).skip(first) {
-                    row_axpy(acc, round_to(cdt, e * inv), vr, v.layout.offset + j * vs[0] + kh * vs[1], simd);
+                    let lane = &mut acc[(j % LANES) * dv..][..dv];
+                    row_axpy(lane, round_to(cdt, e * inv), vr, v.layout.offset + j * vs[0] + kh * vs[1], simd);
                 }
+                // reduce64 for every d at once, on whole rows (acc row l = lane l); adding a
+                // zero row is a copy.
+                let mut live: [bool; LANES] = std::array::from_fn(|l| (lo..hi).contains(&l));
+                let mut combine = |dst: usize, a: usize, b: usize| {
+                    let (src, other) = match (live[a], live[b]) {
+                        (true, true) => (a, Some(b)),
+                        (true, false) => (a, None),
+                        (false, true) => (b, None),
+                        (false, false) => {
+                            live[dst] = false;
+                            return;
+                        }
+                    };
+                    // SAFETY: the three rows lie in `acc`; `dst` may be `src` (element-wise).
+                    let base = acc.as_mut_ptr();
+                    let (x, y) = (base.add(dst * dv), base.add(src * dv) as *const f32);
+                    match other {
+                        Some(o) => {
+                            let z = base.add(o * dv) as *const f32;
+                            (0..dv).for_each(|d| *x.add(d) = *y.add(d) + *z.add(d));
+                        }
+                        None => (0..dv).for_each(|d| *x.add(d) = *y.add(d) + 0.0),
+                    }
+                    live[dst] = true;
+                };
+                for l in 0..16 {
+                    combine(l, l, l + 32);
+                    combine(l + 16, l + 16, l + 48);
+                    combine(l, l, l + 16);
+                }
+                for l in 0..8 {
+                    combine(l, l + 8, l);
+                }
+                for l in 0..4 {
+                    combine(l, l + 4, l);
+                }
+                combine(0, 2, 0);
+                combine(1, 3, 1);
+                combine(0, 0, 1);
                 let oo = out.layout.offset + i * os[0] + h * os[1];
-                for (d, a) in acc.iter().enumerate() {
-                    store(&out, oo + d * os[2], *a);
+                for (d, v) in acc[..dv].iter().enumerate() {
+                    store(&out, oo + d * os[2], *v);
                 }
             });
         }
     })
+}
+
+/// Scratch floats per thread of [`cached_attention`]: scores, the query, 64 partial value rows.
+fn scratch_floats(t: usize, dh: usize, dv: usize) -> usize {
+    t + dh + LANES * dv
 }
 
 /// Queries per block of the prompt-processing attention.
@@ -360,7 +465,6 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         Op::CachedAttention { scale, window } => {
             let (scale, window) = (*scale, *window);
             let t = info.ins[1].dims()[0];
-            let d = info.ins[0].dims()[2] + info.ins[2].dims()[2];
             for (what, i) in [("k", 1), ("v", 2)] {
                 if !matches!(info.in_dtypes[i], DType::F16 | DType::F32) || info.ins[i].strides().last() != Some(&1) {
                     return Err(info.unsupported(format!("the {what} cache must be a dense f16 or f32 tensor, got {}", info.in_dtypes[i])));
@@ -376,7 +480,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 });
             }
             Ok(Lowered::Compute {
-                scratch: info.threads * (t + d) * 4,
+                scratch: info.threads * scratch_floats(t, dh, dv) * 4,
                 build: Box::new(move |ins, out, s| cached_attention(ins[0], ins[1], ins[2], ins[3], out, s, scale, window)),
             })
         }

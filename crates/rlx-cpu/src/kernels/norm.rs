@@ -59,21 +59,27 @@ fn norm<T: FloatElem>(x: TRef, g: TRef, b: Option<TRef>, out: TRef, eps: f32, rm
             for_each_line(&x.layout, &out.layout, axis, r, |i, o| unsafe {
                 // SAFETY: line offsets lie inside the buffers.
                 let xv = |t: usize| (*px.add(i + t * sx)).to_c();
-                let mean = if rms {
-                    c(0.0)
+                let (mean, inv) = if rms {
+                    // As llama.cpp: squares in the compute type summed in f64, then the mean
+                    // and 1/sqrt(mean + eps) in the compute type (bit-identical RMSNorm).
+                    let mut v = 0f64;
+                    for t in 0..n {
+                        v += (xv(t) * xv(t)).f64();
+                    }
+                    (c(0.0), c(1.0) / Real::sqrt(c(v / n as f64) + c(eps as f64)))
                 } else {
                     let mut s = 0f64;
                     for t in 0..n {
                         s += xv(t).f64();
                     }
-                    c(s / n as f64)
+                    let mean = c(s / n as f64);
+                    let mut v = 0f64;
+                    for t in 0..n {
+                        let d = (xv(t) - mean).f64();
+                        v += d * d;
+                    }
+                    (mean, c(1.0 / (v / n as f64 + eps as f64).sqrt()))
                 };
-                let mut v = 0f64;
-                for t in 0..n {
-                    let d = (xv(t) - mean).f64();
-                    v += d * d;
-                }
-                let inv = c(1.0 / (v / n as f64 + eps as f64).sqrt());
                 for t in 0..n {
                     let mut y = (xv(t) - mean) * inv * (*pg.add(g.layout.offset + t * sg)).to_c();
                     if let Some(b) = &b {

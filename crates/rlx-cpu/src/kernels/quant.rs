@@ -262,9 +262,27 @@ fn f16_round(v: f32) -> f32 {
 }
 
 /// Quantize an activation row to int8: `qx`, lane scales `la` (the scale of each 32-element
-/// block repeated 8 times) and per-16 terms `xs` whose sum over a 32-block is that block's
-/// `d * sum(q)` (for the weight offsets and mins).
+/// block repeated 8 times) and per-16 terms `xs` for the weight offsets and mins: for `Q8_0` and
+/// `Q8_1` the two terms of a 32-block sum to its `d * sum(q)`; for `Q8_K` they are the integer
+/// sums of the 16 quants (exact in f32; the scale is `la`), as llama.cpp's `bsums`.
 fn quantize_act(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8], la: &mut [f32], xs: &mut [f32]) {
+    // Compiled for AVX2 where the CPU has it: rounding is then one instruction, not a libm call.
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8], la: &mut [f32], xs: &mut [f32]) {
+            quantize_act_imp(mode, x, k, qx, la, xs)
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has the feature.
+            return unsafe { avx2(mode, x, k, qx, la, xs) };
+        }
+    }
+    quantize_act_imp(mode, x, k, qx, la, xs)
+}
+
+#[inline(always)]
+fn quantize_act_imp(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8], la: &mut [f32], xs: &mut [f32]) {
     if mode == ActQuant::Q8K {
         for sb in 0..k / 256 {
             let (mut amax, mut max) = (0f32, 0f32);
@@ -289,7 +307,7 @@ fn quantize_act(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8
             la[sb * 64..(sb + 1) * 64].fill(d);
             for s in 0..16 {
                 let sum: i32 = q[s * 16..(s + 1) * 16].iter().map(|&v| v as i32).sum();
-                xs[sb * 16 + s] = d * sum as f32;
+                xs[sb * 16 + s] = sum as f32;
             }
         }
         return;
@@ -315,10 +333,12 @@ fn quantize_act(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8
 }
 
 /// `sum_i w[i] * x[i]` for a decoded weight row and a quantized activation row.
-fn dot(q: &[i8], ls: &[f32], min: &[f32], qx: &[i8], la: &[f32], xs: &[f32], simd: bool) -> f32 {
+#[allow(clippy::too_many_arguments)]
+fn dot(q: &[i8], ls: &[f32], min: &[f32], qx: &[i8], la: &[f32], xs: &[f32], raw_sums: bool, simd: bool) -> f32 {
     let mut off = 0f32;
-    for (m, s) in min.iter().zip(xs) {
-        off += m * s;
+    for (g, (m, s)) in min.iter().zip(xs).enumerate() {
+        // Raw (`Q8_K`) sums take their 16-group's activation scale.
+        off += m * if raw_sums { s * la[4 * g] } else { *s };
     }
     #[cfg(target_arch = "x86_64")]
     if simd && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
@@ -414,7 +434,8 @@ unsafe fn dot_packed_rows(ty: GgmlType, vnni: bool, rows: *const u8, row_bytes: 
 /// Dot product of one packed Q4_K or Q6_K row with a `Q8_K`-quantized activation row, on the
 /// packed bytes: per super-block, sub-block products are weighted by their integer scales in
 /// 32-bit integers and converted to float once; mins (Q4_K) and the `-32` offset (Q6_K) go
-/// through the activation's per-16 sums.
+/// through the activation's integer per-16 sums. The float steps follow llama.cpp's x86 code
+/// for the same type (repacked 8-row Q4_K, plain Q6_K), so results are bit-identical to it.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `row` holds whole super-blocks of `ty`.
@@ -424,7 +445,9 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &
     use std::arch::x86_64::*;
     let bb = ty.block_bytes();
     let mut acc = _mm256_setzero_ps();
-    let mut off = 0f32;
+    // Q4_K: the weighted sums and the min terms of each super-block are exact integers, scaled
+    // and accumulated in f32 one super-block after the other (llama.cpp's repacked Q4_K order).
+    let (mut acc_q4, mut acc_min) = (0f32, 0f32);
     let p = row.as_ptr();
     let halves = |a: i16, b: i16| _mm256_set_m128i(_mm_set1_epi16(b), _mm_set1_epi16(a));
     for sb in 0..row.len() / bb {
@@ -433,6 +456,7 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &
             _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + line) as *const i8);
         }
         let a = qx.as_ptr().add(sb * 256);
+        // Integer sums of the 16 activation groups.
         let xs = &xs[sb * 16..sb * 16 + 16];
         let dx = *la.get_unchecked(sb * 64);
         let mut isum = _mm256_setzero_si256();
@@ -441,6 +465,7 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &
             let b = std::slice::from_raw_parts(blk, bb);
             d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
             let dmin = half::f16::from_le_bytes([b[2], b[3]]).to_f32();
+            let mut mins = 0i32;
             for j in 0..4 {
                 let (s1, m1) = rlx_gguf::k4_scale_min(2 * j, &b[4..16]);
                 let (s2, m2) = rlx_gguf::k4_scale_min(2 * j + 1, &b[4..16]);
@@ -450,8 +475,14 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &
                 let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_set1_epi16(s1 as i16));
                 let p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), _mm256_set1_epi16(s2 as i16));
                 isum = _mm256_add_epi32(isum, _mm256_add_epi32(p_lo, p_hi));
-                off -= dmin * (m1 as f32 * (xs[4 * j] + xs[4 * j + 1]) + m2 as f32 * (xs[4 * j + 2] + xs[4 * j + 3]));
+                mins += m1 as i32 * (xs[4 * j] + xs[4 * j + 1]) as i32 + m2 as i32 * (xs[4 * j + 2] + xs[4 * j + 3]) as i32;
             }
+            let h = _mm_add_epi32(_mm256_castsi256_si128(isum), _mm256_extracti128_si256(isum, 1));
+            let h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0b01_00_11_10));
+            let total = _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0b10_11_00_01)));
+            acc_q4 = (total as f32).mul_add(d * dx, acc_q4);
+            acc_min = (mins as f32).mul_add(dmin * dx, acc_min);
+            continue;
         } else {
             let b = std::slice::from_raw_parts(blk, bb);
             d = half::f16::from_le_bytes([b[208], b[209]]).to_f32();
@@ -463,17 +494,25 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &
                     let ak = _mm256_loadu_si256(a.add(128 * n + 32 * kk) as *const __m256i);
                     let pk = _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, ak), halves(sa as i16, sbv as i16));
                     isum = _mm256_add_epi32(isum, pk);
-                    let s0 = n * 8 + 2 * kk;
-                    off -= 32.0 * d * (sa as f32 * xs[s0] + sbv as f32 * xs[s0 + 1]);
                 }
             }
+            // The -32 offset of every weight, in integers: lane l takes 16-groups 2l and 2l + 1,
+            // 32 * (sum_2l * scale_2l + sum_2l+1 * scale_2l+1).
+            let s0 = _mm256_cvtps_epi32(_mm256_loadu_ps(xs.as_ptr()));
+            let s1 = _mm256_cvtps_epi32(_mm256_loadu_ps(xs.as_ptr().add(8)));
+            let sums = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(s0, s1));
+            let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
+            isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(_mm256_madd_epi16(sums, scales)));
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(d * dx), acc);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(isum), acc);
     }
     let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    _mm_cvtss_f32(s) + off
+    if ty == GgmlType::Q4_K {
+        return acc_q4 - acc_min;
+    }
+    _mm_cvtss_f32(s)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -513,6 +552,12 @@ unsafe fn dot_rows<const F: u8, const VNNI: bool>(rows: *const u8, rb: usize, n:
         let sx = *xs.get_unchecked(2 * b) + *xs.get_unchecked(2 * b + 1);
         let a = _mm256_loadu_si256(qx.as_ptr().add(b * 32) as *const __m256i);
         let abs_a = _mm256_sign_epi8(a, a);
+        // 8 or 16 times the activation's sum per 4-byte lane (zero for the other formats).
+        let a_off = match F {
+            0 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), a), 3),
+            2 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), a), 4),
+            _ => _mm256_setzero_si256(),
+        };
         for r in 0..R {
             let blk = rp[r].add(b * bb);
             // Decoding streams weights faster than the hardware prefetcher fetches them: ask for
@@ -530,16 +575,19 @@ unsafe fn dot_rows<const F: u8, const VNNI: bool>(rows: *const u8, rb: usize, n:
                 if F == 2 || F == 3 {
                     q = rlx_gguf::simd::with_fifth_bits(q, (blk.add(if F == 2 { 2 } else { 4 }) as *const i32).read_unaligned());
                 }
-                dot(q, a)
+                // Q4_0 / Q5_0: the lane sums of the signed weights (q - 8, q - 16), exactly the
+                // integers llama.cpp converts to float: sum(q a) - 8 sum(a) per lane.
+                if F == 0 || F == 2 {
+                    _mm256_sub_epi32(dot(q, a), a_off)
+                } else {
+                    dot(q, a)
+                }
             };
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(d * dx), acc[r]);
-            // Offset terms: -8 d sx (Q4_0), -16 d sx (Q5_0), m sx (Q4_1, Q5_1).
-            off[r] += match F {
-                0 => -8.0 * d * sx,
-                2 => -16.0 * d * sx,
-                1 | 3 => _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)) * sx,
-                _ => 0.0,
-            };
+            // Offset term m sx of Q4_1 and Q5_1.
+            if F == 1 || F == 3 {
+                off[r] += _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)) * sx;
+            }
         }
     }
     for r in 0..n {
@@ -675,7 +723,7 @@ fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: us
                         let (qx, la, xs) = row_views(sp.get().add(r * z.row()), k, &z);
                         for j in n0..n1 {
                             let (q, ls, min) = row_views(mine.add((j - n0) * z.row()), k, &z);
-                            *op.add(out_index(&out, r, j, n)) = dot(q, ls, min, qx, la, xs, simd);
+                            *op.add(out_index(&out, r, j, n)) = dot(q, ls, min, qx, la, xs, mode == ActQuant::Q8K, simd);
                         }
                     }
                 }

@@ -3,7 +3,7 @@
 
 use super::config::{Arch, LlmConfig};
 use rlx_gguf::{GgmlType, GgufFile};
-use rlx_ir::{Activation, DType, Error, Graph, NodeId, QuantScheme, Result, Shape};
+use rlx_ir::{Activation, CmpOp, DType, Error, Graph, NodeId, QuantScheme, Result, Shape};
 use std::collections::HashMap;
 
 /// The quantization scheme that keeps a tensor of type `ty` packed.
@@ -106,6 +106,18 @@ impl Builder<'_> {
         self.g.try_rms_norm(x, w, eps)
     }
 
+    /// GELU (tanh form) as llama.cpp computes it on f32 activations: the input rounded to f16
+    /// and looked up in a table of f16 results (RLX's f16 GeluApprox is that table), except that
+    /// inputs of 10 and more pass through unchanged.
+    fn gelu_like_llama_cpp(&mut self, x: NodeId) -> Result<NodeId> {
+        let h = self.g.try_cast(x, DType::F16)?;
+        let h = self.g.try_activation(Activation::GeluApprox, h)?;
+        let y = self.g.try_cast(h, DType::F32)?;
+        let ten = self.g.try_scalar(10.0, DType::F32)?;
+        let big = self.g.try_compare(CmpOp::Ge, x, ten)?;
+        self.g.try_select(big, x, y)
+    }
+
     /// Rows `tokens` of the embedding table, as f32.
     fn embed(&mut self, tokens: NodeId) -> Result<NodeId> {
         let name = "token_embd.weight";
@@ -164,7 +176,15 @@ pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph
         let vc = b.g.try_param(&vn, Shape::new(&[spec.ctx, hkv, dv], spec.cache_dtype))?;
         let kc = b.g.try_cache_write(kc, k, pos)?;
         let vc = b.g.try_cache_write(vc, v, pos)?;
-        let a = b.g.try_cached_attention(q, kc, vc, pos, cfg.attn_scale, cfg.window(l))?;
+        // Gemma scales the queries before the (f16) products, llama the scores after them; the
+        // two round differently, and RLX follows each model's reference.
+        let (q, scale) = if gemma {
+            let s = b.g.try_scalar(cfg.attn_scale as f64, DType::F32)?;
+            (b.g.try_mul(q, s)?, 1.0)
+        } else {
+            (q, cfg.attn_scale)
+        };
+        let a = b.g.try_cached_attention(q, kc, vc, pos, scale, cfg.window(l))?;
         let a = b.g.try_reshape(a, &[s, hq * dv])?;
         let mut o = b.linear(a, &p("attn_output"))?;
         if gemma {
@@ -174,8 +194,7 @@ pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph
         let h = b.norm(x, &p("ffn_norm"), cfg.eps)?;
         let gate = b.linear(h, &p("ffn_gate"))?;
         let up = b.linear(h, &p("ffn_up"))?;
-        let act = if gemma { Activation::GeluApprox } else { Activation::Silu };
-        let gate = b.g.try_activation(act, gate)?;
+        let gate = if gemma { b.gelu_like_llama_cpp(gate)? } else { b.g.try_activation(Activation::Silu, gate)? };
         let hidden = b.g.try_mul(gate, up)?;
         let mut d = b.linear(hidden, &p("ffn_down"))?;
         if gemma {

@@ -10,7 +10,8 @@ attention off) and writes a JSON file with:
 * greedy continuations (32 tokens) of a few prompts, evaluated token by token,
   with the top-1/top-2 logit margin at each step,
 * teacher-forced next-token predictions (argmax, margin, top-5) over a fixed
-  English paragraph.
+  English paragraph, evaluated in one batch (``forced``) and one token at a
+  time (``forced_stepwise``, llama.cpp's decoding path).
 
 Usage (from the repository root; see scripts/regen-llm-goldens.sh):
 
@@ -29,7 +30,8 @@ Output format (one JSON object)::
      "greedy": [{"prompt", "prompt_ids", "generated_ids", "margins",
                  "runner_up_ids", "text"}, ...],
      "forced": {"text", "ids", "top1", "margins", "top5_ids", "top5_logits",
-                "top1_matches_next"}}
+                "top1_matches_next"},
+     "forced_stepwise": {same keys as "forced"}}
 
 Notes:
 
@@ -211,11 +213,15 @@ def greedy(llm, prompt, eos_id):
     }
 
 
-def forced(llm):
+def forced(llm, stepwise=False):
     ids = llm.tokenize(FORCED_TEXT.encode("utf-8"), add_bos=True, special=True)
     assert len(ids) + 1 <= N_BATCH, len(ids)
     llm.reset()
-    llm.eval(ids)
+    if stepwise:
+        for t in ids:
+            llm.eval([t])
+    else:
+        llm.eval(ids)
     logits = np.array(llm.scores[: len(ids)], dtype=np.float32, copy=True)
     assert np.all(np.isfinite(logits))
     top1, margins, top5_ids, top5_logits = [], [], [], []
@@ -252,7 +258,7 @@ def dump(obj):
             for i, item in enumerate(v):
                 lines.append("  " + enc(item) + ("," if i + 1 < len(v) else ""))
             lines.append("]" + tail)
-        elif isinstance(v, dict) and k == "forced":
+        elif isinstance(v, dict) and k in ("forced", "forced_stepwise"):
             lines.append(f"{enc(k)}: {{")
             sub = list(v)
             for s_i, s in enumerate(sub):
@@ -334,6 +340,7 @@ def main():
         "tokenizer": tokenizer,
         "greedy": greedy_cases,
         "forced": forced(llm),
+        "forced_stepwise": forced(llm, stepwise=True),
     }
     text = dump(out)
     json.loads(text)

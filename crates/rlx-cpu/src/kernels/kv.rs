@@ -140,23 +140,29 @@ unsafe fn at(rows: Rows, i: usize) -> f32 {
 unsafe fn row_dot(q: &[f32], rows: Rows, off: usize, simd: bool) -> f32 {
     let n = q.len();
     let full = n / LANES * LANES;
-    let mut acc = [0f32; LANES];
     #[cfg(target_arch = "x86_64")]
-    if simd {
-        row_dot_avx2(&q[..full], rows, off, &mut acc);
-    }
-    if !simd {
-        for b in (0..full).step_by(LANES) {
-            for (l, a) in acc.iter_mut().enumerate() {
-                *a += q[b + l] * at(rows, off + b + l);
-            }
-        }
-    }
-    let mut s = reduce64(&acc) as f64;
+    let blocks = if simd { row_dot_avx2(&q[..full], rows, off) } else { row_dot_blocks(&q[..full], rows, off) };
+    #[cfg(not(target_arch = "x86_64"))]
+    let blocks = row_dot_blocks(&q[..full], rows, off);
+    let mut s = blocks as f64;
     for (d, x) in q.iter().enumerate().skip(full) {
         s += (x * at(rows, off + d)) as f64;
     }
     s as f32
+}
+
+/// The whole-block part of [`row_dot`] (`q.len()` is a multiple of 64), portable.
+///
+/// # Safety
+/// As [`row_dot`].
+unsafe fn row_dot_blocks(q: &[f32], rows: Rows, off: usize) -> f32 {
+    let mut acc = [0f32; LANES];
+    for b in (0..q.len()).step_by(LANES) {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a += q[b + l] * at(rows, off + b + l);
+        }
+    }
+    reduce64(&acc)
 }
 
 /// `acc[d] += w * row[d]` over a cache row starting at element `off`.
@@ -185,10 +191,11 @@ unsafe fn load8(rows: Rows, at: usize) -> std::arch::x86_64::__m256 {
     }
 }
 
-/// The lane sums of [`row_dot`] over whole blocks (`q.len()` is a multiple of 64).
+/// [`row_dot_blocks`] with AVX2: the 64 lanes in eight registers, reduced in registers in
+/// [`reduce64`]'s order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn row_dot_avx2(q: &[f32], rows: Rows, off: usize, acc: &mut [f32; LANES]) {
+unsafe fn row_dot_avx2(q: &[f32], rows: Rows, off: usize) -> f32 {
     use std::arch::x86_64::*;
     let mut a = [_mm256_setzero_ps(); LANES / 8];
     for b in (0..q.len()).step_by(LANES) {
@@ -196,9 +203,13 @@ unsafe fn row_dot_avx2(q: &[f32], rows: Rows, off: usize, acc: &mut [f32; LANES]
             *am = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(b + 8 * m)), load8(rows, off + b + 8 * m), *am);
         }
     }
-    for (m, am) in a.iter().enumerate() {
-        _mm256_storeu_ps(acc.as_mut_ptr().add(8 * m), *am);
-    }
+    // Register m holds lanes 8m..8m+8: lanes l and l + 32 are registers m and m + 4, l + 16 is m + 2.
+    let x0 = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+    let x1 = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+    let h = _mm256_add_ps(x1, x0);
+    let q4 = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+    let q2 = _mm_add_ps(q4, _mm_movehl_ps(q4, q4));
+    _mm_cvtss_f32(_mm_add_ss(q2, _mm_shuffle_ps(q2, q2, 1)))
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -16,6 +16,16 @@ fn bcast(x: &TRef, out: &TRef) -> Layout {
 
 /// `out = f(a)` over broadcast operands.
 pub fn map1<A: Elem, O: Elem>(a: TRef, out: TRef, f: impl Fn(A) -> O + Copy + Send + Sync + 'static) -> Box<dyn Kernel> {
+    map1_with(a, out, f, apply1)
+}
+
+/// [`map1`] with `dense` applied to the contiguous runs (a vectorized form of `f`).
+fn map1_with<A: Elem, O: Elem, F: Fn(A) -> O + Copy + Send + Sync + 'static>(
+    a: TRef,
+    out: TRef,
+    f: F,
+    dense: fn(&[A], &mut [O], F),
+) -> Box<dyn Kernel> {
     let la = bcast(&a, &out);
     kernel(move |pool| {
         par_ranges(pool, out.layout.numel(), MIN_CHUNK, |r| {
@@ -25,7 +35,7 @@ pub fn map1<A: Elem, O: Elem>(a: TRef, out: TRef, f: impl Fn(A) -> O + Copy + Se
                 if so == 1 && si == 1 {
                     let src = std::slice::from_raw_parts(pa.add(i), n);
                     let dst = std::slice::from_raw_parts_mut(po.add(o), n);
-                    apply1(src, dst, f);
+                    dense(src, dst, f);
                 } else {
                     for k in 0..n {
                         *po.add(o + k * so) = f(*pa.add(i + k * si));
@@ -228,6 +238,52 @@ fn activation_int<T: Elem>(a: Activation, x: TRef, out: TRef) -> Box<dyn Kernel>
     }
 }
 
+/// f32 → f16 (round to nearest even) on dense runs, 8 at a time with F16C where the CPU has it.
+fn f32_to_f16(src: &[f32], dst: &mut [half::f16], f: fn(f32) -> half::f16) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("f16c") && std::is_x86_feature_detected!("avx") {
+        #[target_feature(enable = "avx,f16c")]
+        unsafe fn simd(src: &[f32], dst: &mut [half::f16]) -> usize {
+            use std::arch::x86_64::*;
+            let n = src.len() / 8 * 8;
+            for i in (0..n).step_by(8) {
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+                _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
+            }
+            n
+        }
+        // SAFETY: the CPU has the features; the slices have equal lengths.
+        done = unsafe { simd(src, dst) };
+    }
+    for (d, s) in dst[done..].iter_mut().zip(&src[done..]) {
+        *d = f(*s);
+    }
+}
+
+/// f16 → f32 (exact) on dense runs, 8 at a time with F16C where the CPU has it.
+fn f16_to_f32(src: &[half::f16], dst: &mut [f32], f: fn(half::f16) -> f32) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("f16c") && std::is_x86_feature_detected!("avx") {
+        #[target_feature(enable = "avx,f16c")]
+        unsafe fn simd(src: &[half::f16], dst: &mut [f32]) -> usize {
+            use std::arch::x86_64::*;
+            let n = src.len() / 8 * 8;
+            for i in (0..n).step_by(8) {
+                let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+            n
+        }
+        // SAFETY: the CPU has the features; the slices have equal lengths.
+        done = unsafe { simd(src, dst) };
+    }
+    for (d, s) in dst[done..].iter_mut().zip(&src[done..]) {
+        *d = f(*s);
+    }
+}
+
 fn cast<A: Elem, O: Elem>(x: TRef, out: TRef) -> Box<dyn Kernel> {
     let ints = |d: rlx_ir::DType| d.is_int() || d == rlx_ir::DType::Bool;
     if ints(A::DTYPE) && ints(O::DTYPE) {
@@ -268,6 +324,12 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             with_float!(dt, T => activation_float::<T>(a, i[0], o),
                 else with_dtype!(dt, T => activation_int::<T>(a, i[0], o), else unreachable!()))
         }),
+        Op::Cast { to: rlx_ir::DType::F16 } if dt == rlx_ir::DType::F32 => {
+            compute(|i, o| map1_with(i[0], o, half::f16::from_f32 as fn(f32) -> half::f16, f32_to_f16))
+        }
+        Op::Cast { to: rlx_ir::DType::F32 } if dt == rlx_ir::DType::F16 => {
+            compute(|i, o| map1_with(i[0], o, half::f16::to_f32 as fn(half::f16) -> f32, f16_to_f32))
+        }
         Op::Cast { to } => compute(move |i, o| {
             with_dtype!(dt, A => with_dtype!(to, B => cast::<A, B>(i[0], o), else unreachable!()), else unreachable!())
         }),

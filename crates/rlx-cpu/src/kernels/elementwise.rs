@@ -70,6 +70,52 @@ fn apply1<A: Elem, O: Elem>(src: &[A], dst: &mut [O], f: impl Fn(A) -> O) {
     plain(src, dst, f)
 }
 
+/// One run of [`map2`]: `out[k*so] = f(a[k*sa], b[k*sb])` for `k < n`, with the dense and
+/// one-side-broadcast cases as plain slice loops, compiled with AVX2 and FMA where the CPU has
+/// them (so LLVM vectorizes them 8 lanes wide).
+///
+/// # Safety
+/// The three strided ranges are valid for `n` elements.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn apply2<A: Elem, B: Elem, O: Elem>(a: *const A, sa: usize, b: *const B, sb: usize, o: *mut O, so: usize, n: usize, f: impl Fn(A, B) -> O) {
+    #[inline(always)]
+    unsafe fn plain<A: Elem, B: Elem, O: Elem>(a: *const A, sa: usize, b: *const B, sb: usize, o: *mut O, so: usize, n: usize, f: impl Fn(A, B) -> O) {
+        if so == 1 && sa == 1 && sb == 1 {
+            let (x, y, d) = (std::slice::from_raw_parts(a, n), std::slice::from_raw_parts(b, n), std::slice::from_raw_parts_mut(o, n));
+            for ((d, x), y) in d.iter_mut().zip(x).zip(y) {
+                *d = f(*x, *y);
+            }
+        } else if so == 1 && sa == 1 && sb == 0 {
+            let (x, y, d) = (std::slice::from_raw_parts(a, n), *b, std::slice::from_raw_parts_mut(o, n));
+            for (d, x) in d.iter_mut().zip(x) {
+                *d = f(*x, y);
+            }
+        } else if so == 1 && sa == 0 && sb == 1 {
+            let (x, y, d) = (*a, std::slice::from_raw_parts(b, n), std::slice::from_raw_parts_mut(o, n));
+            for (d, y) in d.iter_mut().zip(y) {
+                *d = f(x, *y);
+            }
+        } else {
+            for k in 0..n {
+                *o.add(k * so) = f(*a.add(k * sa), *b.add(k * sb));
+            }
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[allow(clippy::too_many_arguments)]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn fma<A: Elem, B: Elem, O: Elem>(a: *const A, sa: usize, b: *const B, sb: usize, o: *mut O, so: usize, n: usize, f: impl Fn(A, B) -> O) {
+            plain(a, sa, b, sb, o, so, n, f)
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            return fma(a, sa, b, sb, o, so, n, f);
+        }
+    }
+    plain(a, sa, b, sb, o, so, n, f)
+}
+
 /// `out = f(a, b)` over broadcast operands.
 pub fn map2<A: Elem, B: Elem, O: Elem>(
     a: TRef,
@@ -83,32 +129,7 @@ pub fn map2<A: Elem, B: Elem, O: Elem>(
             let (pa, pb, po) = (a.base::<A>() as *const A, b.base::<B>() as *const B, out.base::<O>());
             for_each_run(out.layout.dims(), [&out.layout, &la, &lb], r, |[o, i, j], n, [so, si, sj]| unsafe {
                 // SAFETY: offsets come from layouts inside the planned buffers.
-                if so == 1 && si == 1 && sj == 1 {
-                    let x = std::slice::from_raw_parts(pa.add(i), n);
-                    let y = std::slice::from_raw_parts(pb.add(j), n);
-                    let d = std::slice::from_raw_parts_mut(po.add(o), n);
-                    for ((d, x), y) in d.iter_mut().zip(x).zip(y) {
-                        *d = f(*x, *y);
-                    }
-                } else if so == 1 && si == 1 && sj == 0 {
-                    let x = std::slice::from_raw_parts(pa.add(i), n);
-                    let y = *pb.add(j);
-                    let d = std::slice::from_raw_parts_mut(po.add(o), n);
-                    for (d, x) in d.iter_mut().zip(x) {
-                        *d = f(*x, y);
-                    }
-                } else if so == 1 && si == 0 && sj == 1 {
-                    let x = *pa.add(i);
-                    let y = std::slice::from_raw_parts(pb.add(j), n);
-                    let d = std::slice::from_raw_parts_mut(po.add(o), n);
-                    for (d, y) in d.iter_mut().zip(y) {
-                        *d = f(x, *y);
-                    }
-                } else {
-                    for k in 0..n {
-                        *po.add(o + k * so) = f(*pa.add(i + k * si), *pb.add(j + k * sj));
-                    }
-                }
+                apply2(pa.add(i), si, pb.add(j), sj, po.add(o), so, n, f)
             })
         })
     })

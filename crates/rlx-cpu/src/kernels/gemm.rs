@@ -202,13 +202,28 @@ unsafe fn pack_a(mc: usize, kc: usize, mr: usize, a: *const f32, rs: usize, cs: 
         let rows = (mc - s * mr).min(mr);
         let d = dst.add(s * kc * mr);
         let src = a.add(s * mr * rs);
-        for p in 0..kc {
-            let dp = d.add(p * mr);
-            for i in 0..rows {
-                *dp.add(i) = *src.add(i * rs + p * cs);
+        if rows == mr && rs == 1 {
+            // Column-major A (a transposed operand): each k step is `mr` contiguous floats.
+            for p in 0..kc {
+                std::ptr::copy_nonoverlapping(src.add(p * cs), d.add(p * mr), mr);
             }
-            for i in rows..mr {
-                *dp.add(i) = 0.0;
+        } else if rows == mr && cs == 1 {
+            // Row-major A: read each row once, sequentially, writing every `mr`-th float.
+            for i in 0..mr {
+                let r = src.add(i * rs);
+                for p in 0..kc {
+                    *d.add(p * mr + i) = *r.add(p);
+                }
+            }
+        } else {
+            for p in 0..kc {
+                let dp = d.add(p * mr);
+                for i in 0..rows {
+                    *dp.add(i) = *src.add(i * rs + p * cs);
+                }
+                for i in rows..mr {
+                    *dp.add(i) = 0.0;
+                }
             }
         }
         s += 1;

@@ -32,6 +32,8 @@ SUITES:
 
 OPTIONS:
     --sizes LIST      GEMM sizes, comma separated   [default: 256,512,1024,2048,4096]
+    --shapes LIST     rectangular GEMMs instead, as MxKxN, comma separated; a trailing `t`
+                      reads A transposed (e.g. 1024x512x128,512x1024x128t); RLX only
     --threads LIST    thread counts                 [default: 1,2]
     --rounds N        alternating RLX/numpy blocks   [default: 3]
     --reps N          repetitions per block          [default: 3]
@@ -49,6 +51,7 @@ Prints one markdown table per suite. Check that the machine is idle first (`top`
 struct Opts {
     suite: String,
     sizes: Vec<usize>,
+    shapes: Vec<(usize, usize, usize, bool)>,
     threads: Vec<usize>,
     rounds: usize,
     reps: usize,
@@ -64,6 +67,20 @@ fn list(v: &str) -> Vec<usize> {
     v.split(',').map(|x| x.trim().parse().unwrap_or_else(|_| die(&format!("not a number: {x}")))).collect()
 }
 
+/// `MxKxN` with an optional trailing `t` (A transposed).
+fn shape(v: &str) -> (usize, usize, usize, bool) {
+    let v = v.trim();
+    let (dims, t) = match v.strip_suffix('t') {
+        Some(d) => (d, true),
+        None => (v, false),
+    };
+    let d: Vec<usize> = dims.split('x').filter_map(|x| x.parse().ok()).collect();
+    match d[..] {
+        [m, k, n] => (m, k, n, t),
+        _ => die(&format!("not a GEMM shape MxKxN[t]: {v}")),
+    }
+}
+
 fn die(msg: &str) -> ! {
     eprintln!("rlx-bench: {msg}\n(see rlx-bench --help)");
     std::process::exit(2)
@@ -73,6 +90,7 @@ fn parse() -> Opts {
     let mut o = Opts {
         suite: "gemm".into(),
         sizes: vec![256, 512, 1024, 2048, 4096],
+        shapes: Vec::new(),
         threads: vec![1, 2],
         rounds: 3,
         reps: 3,
@@ -92,6 +110,7 @@ fn parse() -> Opts {
                 std::process::exit(0)
             }
             "--sizes" => o.sizes = list(&val()),
+            "--shapes" => o.shapes = val().split(',').map(shape).collect(),
             "--threads" => o.threads = list(&val()),
             "--rounds" => o.rounds = list(&val())[0].max(1),
             "--reps" => o.reps = list(&val())[0].max(1),
@@ -132,6 +151,9 @@ fn fill(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn gemm_suite(o: &Opts, py: Option<&numpy::Numpy>) {
+    if !o.shapes.is_empty() {
+        return gemm_shapes(o);
+    }
     println!("\n### f32 GEMM (C = A·B, square), GFLOP/s: median [min–max] of {} samples\n", o.rounds * o.reps);
     println!("| n | threads | RLX | numpy (OpenBLAS) | RLX / numpy |");
     println!("|---:|---:|---:|---:|---:|");
@@ -168,6 +190,32 @@ fn gemm_suite(o: &Opts, py: Option<&numpy::Numpy>) {
                 }
             }
             println!("| {n} | {t} | {} | {} | {} |", ours.show(1), theirs.show(1), stats::ratio(&ours, &theirs));
+        }
+    }
+}
+
+/// Rectangular GEMMs (`--shapes`), RLX only.
+fn gemm_shapes(o: &Opts) {
+    println!("\n### f32 GEMM (C = A·B, A m×k or its transpose), GFLOP/s: median [min–max] of {} samples\n", o.rounds * o.reps);
+    println!("| m×k×n | A | threads | RLX |");
+    println!("|---|---|---:|---:|");
+    for &(m, k, n, trans) in &o.shapes {
+        let a = fill(m * k, 1);
+        let b = fill(k * n, 2);
+        let mut c = vec![0f32; m * n];
+        let am = if trans { Mat { ptr: a.as_ptr(), rs: 1, cs: m } } else { Mat { ptr: a.as_ptr(), rs: k, cs: 1 } };
+        for &t in &o.threads {
+            let pool = Pool::shared(t);
+            let mut scratch = vec![0f32; gemm::scratch_len(m, n, k, t)];
+            let flops = 2.0 * (m * n * k) as f64;
+            // SAFETY: buffers sized for the shape; scratch sized by scratch_len.
+            let mut run = || unsafe { gemm::sgemm(Some(&pool), m, n, k, am, Mat { ptr: b.as_ptr(), rs: n, cs: 1 }, c.as_mut_ptr(), n, scratch.as_mut_ptr()) };
+            run();
+            let mut ours = Samples::default();
+            for _ in 0..o.rounds {
+                ours.extend(time_reps(o.reps, &mut run).into_iter().map(|s| flops / s / 1e9));
+            }
+            println!("| {m}×{k}×{n} | {} | {t} | {} |", if trans { "transposed" } else { "row-major" }, ours.show(1));
         }
     }
 }

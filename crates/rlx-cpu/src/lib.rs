@@ -18,7 +18,7 @@ pub mod pool;
 mod program;
 
 pub use kernels::gemm;
-pub use program::{compile, compile_shared, compile_with_fusion, Program};
+pub use program::{compile, compile_shared, compile_with_fusion, compile_with_updates, Program};
 
 use rlx_driver::{Backend, CompileOptions, Executable};
 use rlx_ir::{Graph, NodeId, Result};
@@ -43,7 +43,7 @@ impl Backend for CpuBackend {
 
     fn compile(&self, graph: &Graph, opts: &CompileOptions) -> Result<Box<dyn Executable>> {
         let threads = opts.threads.unwrap_or_else(default_threads);
-        Ok(Box::new(program::compile(graph, threads)?))
+        Ok(Box::new(program::compile_with_updates(graph, threads, &opts.updates)?))
     }
 
     fn compile_sharing(&self, graph: &Graph, opts: &CompileOptions, other: &dyn Executable) -> Result<Box<dyn Executable>> {

@@ -35,6 +35,8 @@ pub struct Program {
     steps: Vec<Box<dyn Kernel>>,
     /// Op name of each step (for the profile).
     step_ops: Vec<&'static str>,
+    /// Node, operand dims and result dims of each step (`RLX_PROFILE=nodes` only).
+    step_desc: Option<Vec<String>>,
     /// Per-step accumulated nanoseconds and call counts when `RLX_PROFILE` is set.
     profile: Option<Vec<(u64, u64)>>,
     pool: Arc<Pool>,
@@ -48,12 +50,18 @@ pub struct Program {
     _arena: Buffer,
     _consts: Vec<Buffer>,
     arena_bytes: usize,
+    in_place_updates: usize,
 }
 
 impl Program {
     /// Bytes of the single arena holding every input and intermediate.
     pub fn arena_bytes(&self) -> usize {
         self.arena_bytes
+    }
+
+    /// How many of the updates given to [`compile_with_updates`] are computed in place.
+    pub fn in_place_updates(&self) -> usize {
+        self.in_place_updates
     }
 
     /// Number of kernel launches per run.
@@ -85,60 +93,100 @@ fn check_node(g: &Graph, id: rlx_ir::NodeId) -> Result<Vec<usize>> {
 /// scratch request, kernel builder.
 type Pending = (usize, Vec<usize>, usize, Option<usize>, kernels::Build);
 
-/// Fused elementwise chains: for each chain's root (its last node), the members in order; for
+/// Fused elementwise groups: for each group's root (its last node), the members in order; for
 /// every other member, its root.
 struct Groups {
     members: std::collections::HashMap<usize, Vec<usize>>,
     member_of: Vec<Option<usize>>,
 }
 
-/// Grow chains of fusible nodes: a node absorbs an operand's chain when that operand is fusible,
-/// has the same dims, and is used by nothing else (and is not a graph output).
-fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
-    if !fuse {
-        return Groups { members: Default::default(), member_of: vec![None; g.len()] };
-    }
-    let mut uses = vec![0usize; g.len()];
-    for id in g.ids() {
-        for i in &g.node(id).inputs {
-            uses[i.index()] += 1;
+/// The updates of `updates` that can be computed in place: `(node, param index)` for each
+/// output node produced by a fused group (whose loop copes with its output aliasing a dense
+/// operand) such that every step reading the param runs no later than that group, and the
+/// group itself reads it only densely, element for element. The output's planned arena buffer
+/// then goes unused.
+fn donations(g: &Graph, groups: &Groups, vals: &[Val], pending: &[Pending], params: &[IoSlot], updates: &[(String, usize)]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    for (name, o) in updates {
+        let Some(v) = g.outputs().get(*o).map(|v| v.index()) else { continue };
+        let Some(p) = params.iter().position(|s| s.name == *name) else { continue };
+        let Some(sv) = pending.iter().position(|e| e.0 == v) else { continue };
+        let reads_p = |i: usize| matches!(vals[i].buf, Buf::Param(q) if q == p);
+        let dense_like_v = |i: usize| vals[i].layout.is_contiguous() && vals[i].layout.offset == 0 && vals[i].layout.dims() == vals[v].layout.dims();
+        let ok = groups.members.contains_key(&v)
+            && matches!(vals[v].buf, Buf::Arena(_))
+            && params[p].shape == *g.shape(rlx_ir::NodeId(v as u32))
+            && g.outputs().iter().filter(|x| x.index() == v).count() == 1
+            && !g.outputs().iter().any(|x| reads_p(x.index()))
+            && !out.iter().any(|&(w, q)| w == v || q == p)
+            && pending.iter().enumerate().all(|(s, e)| e.1.iter().all(|&i| !reads_p(i) || s < sv || (s == sv && dense_like_v(i))));
+        if ok {
+            out.push((v, p));
         }
     }
-    for o in g.outputs() {
-        uses[o.index()] += 2;
-    }
-    let mut members: std::collections::HashMap<usize, Vec<usize>> = Default::default();
+    out
+}
+
+/// Form groups of fusible nodes, from the outputs back: a fusible node joins the group of its
+/// users when all of them belong to that one group, it has the group's dims, it is not a graph
+/// output, and it reads no param that a `CacheWrite` updates in place (members run at the
+/// root's position, so they must not read state written in between). Every path from a member
+/// leads to the root inside the group, so groups never form cycles with the rest of the graph.
+fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
     let mut member_of = vec![None; g.len()];
+    if !fuse {
+        return Groups { members: Default::default(), member_of };
+    }
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.len()];
+    let mut written: Vec<bool> = vec![false; g.len()];
     for id in g.ids() {
+        let n = g.node(id);
+        for i in &n.inputs {
+            users[i.index()].push(id.index());
+        }
+        if matches!(n.op, Op::CacheWrite) {
+            written[n.inputs[0].index()] = true;
+        }
+    }
+    let mut is_output = vec![false; g.len()];
+    for o in g.outputs() {
+        is_output[o.index()] = true;
+    }
+    // Root of each fusible node's group (itself when it starts one).
+    let mut root: Vec<Option<usize>> = vec![None; g.len()];
+    for id in g.ids().collect::<Vec<_>>().into_iter().rev() {
+        let i = id.index();
         if !kernels::fused::fusible(g, id) {
             continue;
         }
-        let mut chain = Vec::new();
-        let mut seen = Vec::new();
-        for &i in &g.node(id).inputs {
-            let ok = uses[i.index()] == 1
-                && !seen.contains(&i)
-                && kernels::fused::fusible(g, i)
-                && g.shape(i).dims() == g.shape(id).dims();
-            seen.push(i);
-            if ok {
-                let sub = members.remove(&i.index()).unwrap_or_else(|| vec![i.index()]);
-                chain.extend(sub);
-            }
+        let group = users[i].first().and_then(|&u| root[u]).filter(|&r| {
+            !is_output[i]
+                && !g.node(id).inputs.iter().any(|x| written[x.index()])
+                && users[i].iter().all(|&u| root[u] == Some(r))
+                && g.shape(id).dims() == g.shape(rlx_ir::NodeId(r as u32)).dims()
+        });
+        root[i] = Some(group.unwrap_or(i));
+    }
+    let mut members: std::collections::HashMap<usize, Vec<usize>> = Default::default();
+    for (i, r) in root.iter().enumerate() {
+        if let Some(r) = *r {
+            members.entry(r).or_default().push(i);
         }
-        if !chain.is_empty() {
-            chain.sort_unstable();
-            for &m in &chain {
-                member_of[m] = Some(id.index());
+    }
+    // A lone activation also runs as a group: the group loop is compiled for the widest vector
+    // unit (the separate kernel for AVX2 at most), which pays for the transcendental ones.
+    members.retain(|&r, m| m.len() > 1 || matches!(g.node(rlx_ir::NodeId(r as u32)).op, Op::Activation(_)));
+    for (&r, m) in &members {
+        for &i in m {
+            if i != r {
+                member_of[i] = Some(r);
             }
-            chain.push(id.index());
-            members.insert(id.index(), chain);
         }
     }
     Groups { members, member_of }
 }
 
-/// The instructions of a chain and its external operands (node indices, in first-use order).
+/// The instructions of a group and its external operands (node indices, in first-use order).
 fn chain(g: &Graph, members: &[usize]) -> (Vec<kernels::fused::Instr>, Vec<usize>) {
     use kernels::fused::{Instr, Src};
     let mut ext: Vec<usize> = Vec::new();
@@ -167,24 +215,38 @@ fn chain(g: &Graph, members: &[usize]) -> (Vec<kernels::fused::Instr>, Vec<usize
     (code, ext)
 }
 
-/// Compile `g` (verified, decomposed to supported ops) for `threads` threads. Elementwise
-/// fusion is off unless `RLX_FUSION=1` (it measures slower than separate kernels for now).
+/// Whether elementwise fusion is on: yes unless `RLX_FUSION=0`.
+fn fusion_enabled() -> bool {
+    std::env::var_os("RLX_FUSION").is_none_or(|v| v != "0")
+}
+
+/// Compile `g` (verified, decomposed to supported ops) for `threads` threads, with elementwise
+/// fusion unless `RLX_FUSION=0` (fused and unfused programs give bit-identical results).
 pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
-    compile_with_fusion(g, threads, std::env::var_os("RLX_FUSION").is_some_and(|v| v == "1"))
+    compile_with_fusion(g, threads, fusion_enabled())
 }
 
 /// [`compile`] with params that have the same name and shape as a param of `share` using that
 /// param's storage (see `Backend::compile_sharing`).
 pub fn compile_shared(g: &Graph, threads: usize, share: Option<&Program>) -> Result<Program> {
-    compile_inner(g, threads, std::env::var_os("RLX_FUSION").is_some_and(|v| v == "1"), share)
+    compile_inner(g, threads, fusion_enabled(), share, &[])
 }
 
 /// [`compile`] with elementwise fusion switched explicitly.
 pub fn compile_with_fusion(g: &Graph, threads: usize, fuse: bool) -> Result<Program> {
-    compile_inner(g, threads, fuse, None)
+    compile_inner(g, threads, fuse, None, &[])
 }
 
-fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>) -> Result<Program> {
+/// [`compile`] for a graph whose outputs will overwrite params after each run (`(param name,
+/// output index)`, see `CompileOptions::updates`): an output computed by a fused elementwise
+/// group, when no later step reads the param's old value and the group reads it only at the
+/// element it writes, is written straight into the param's storage. The program's outputs
+/// then already are the params, and `assign_param` has nothing to copy.
+pub fn compile_with_updates(g: &Graph, threads: usize, updates: &[(String, usize)]) -> Result<Program> {
+    compile_inner(g, threads, fusion_enabled(), None, updates)
+}
+
+fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>, updates: &[(String, usize)]) -> Result<Program> {
     let threads = threads.max(1);
     let mut vals: Vec<Val> = Vec::with_capacity(g.len());
     let mut reqs: Vec<BufferRequest> = Vec::new();
@@ -300,6 +362,10 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>)
             reqs[r].end = nsteps;
         }
     }
+    let donated = donations(g, &groups, &vals, &pending, &params, updates);
+    for &(vi, p) in &donated {
+        vals[vi].buf = Buf::Param(p);
+    }
     let plan = plan_memory(&reqs, 64);
     let arena = Buffer::zeroed(plan.arena_size);
     let base = |b: Buf| -> Ptr {
@@ -314,8 +380,19 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>)
     let tref = |v: &Val| TRef { ptr: base(v.buf), layout: v.layout, dtype: v.dtype };
     let mut steps = Vec::with_capacity(nsteps);
     let mut step_ops = Vec::with_capacity(nsteps);
+    let by_node = std::env::var_os("RLX_PROFILE").is_some_and(|v| v == "nodes");
+    let mut step_desc = by_node.then(Vec::new);
     for (node, operands, out_req, scratch_req, build) in pending {
         let n = g.node(rlx_ir::NodeId(node as u32));
+        if let Some(d) = &mut step_desc {
+            let dims = |i: usize| format!("{:?}{}", vals[i].layout.dims(), if vals[i].layout.is_contiguous() { "" } else { "(strided)" });
+            let ins: Vec<String> = operands.iter().map(|&i| dims(i)).collect();
+            let what = match groups.members.get(&node) {
+                Some(m) => format!("fused group of {} ending in {}", m.len(), n.op.name()),
+                None => n.op.name().to_string(),
+            };
+            d.push(format!("{} {what} ({}) -> {}", rlx_ir::NodeId(node as u32), ins.join(", "), g.shape(rlx_ir::NodeId(node as u32))));
+        }
         step_ops.push(match &n.op {
             _ if groups.members.contains_key(&node) => "fused",
             // Quantized products are told apart by weight format in the profile.
@@ -324,7 +401,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>)
         });
         let ins: Vec<TRef> = operands.iter().map(|&i| tref(&vals[i])).collect();
         let out = tref(&vals[node]);
-        debug_assert!(out_req == usize::MAX || matches!(vals[node].buf, Buf::Arena(r) if r == out_req));
+        debug_assert!(out_req == usize::MAX || matches!(vals[node].buf, Buf::Param(_)) || matches!(vals[node].buf, Buf::Arena(r) if r == out_req));
         let scratch = scratch_req.map_or(Ptr(std::ptr::null_mut()), |r| base(Buf::Arena(r)));
         steps.push(build(&ins, out, scratch));
     }
@@ -340,6 +417,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>)
     Ok(Program {
         steps,
         step_ops,
+        step_desc,
         profile,
         pool: Pool::shared(threads),
         inputs,
@@ -349,6 +427,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>)
         param_bufs,
         output_refs,
         arena_bytes: plan.arena_size,
+        in_place_updates: donated.len(),
         _arena: arena,
         _consts: consts,
     })
@@ -384,6 +463,15 @@ impl Drop for Program {
         eprintln!("rlx profile ({} steps per run, {:.3} ms in total):", self.steps.len(), total as f64 / 1e6);
         for (op, ns, n) in by {
             eprintln!("  {op:<14} {:>10.3} ms {:>5.1}%  {n} calls", ns as f64 / 1e6, 100.0 * ns as f64 / total as f64);
+        }
+        if let (Some(desc), Some(prof)) = (&self.step_desc, &self.profile) {
+            let mut order: Vec<usize> = (0..desc.len()).collect();
+            order.sort_by_key(|&i| std::cmp::Reverse(prof[i].0));
+            eprintln!("  slowest steps (of {}):", desc.len());
+            for &i in order.iter().take(30) {
+                let (ns, n) = prof[i];
+                eprintln!("  {:>9.3} ms/call {:>5.1}%  {}", ns as f64 / 1e6 / n.max(1) as f64, 100.0 * ns as f64 / total as f64, desc[i]);
+            }
         }
     }
 }

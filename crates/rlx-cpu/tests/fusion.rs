@@ -52,3 +52,133 @@ fn a_chain_with_broadcasts_and_shared_values_fuses_and_matches() {
         assert!((gz - 2.0 * sig(x)).abs() < 1e-5, "z[{i}]");
     }
 }
+
+fn run_bytes(g: &Graph, fuse: bool, inputs: &[&[f32]]) -> (usize, Vec<Vec<u8>>) {
+    let mut p = compile_with_fusion(g, 2, fuse).unwrap();
+    for (i, v) in inputs.iter().enumerate() {
+        p.write_input(i, &f32_bytes(v));
+    }
+    p.execute();
+    let outs = (0..g.outputs().len())
+        .map(|i| {
+            let mut b = vec![0u8; g.shape(g.outputs()[i]).size_bytes().unwrap()];
+            p.read_output(i, &mut b);
+            b
+        })
+        .collect();
+    (p.steps(), outs)
+}
+
+#[test]
+fn a_dag_with_shared_intermediates_strided_and_scalar_operands_is_bit_identical_to_separate_kernels() {
+    // The backward of tanh-GELU (the shape autodiff produces): `x` and the inner `tanh` are
+    // read by several members; `xt` is a transposed view (gathered), `k` a broadcast scalar,
+    // `b` a broadcast row; every function the fused loop vectorizes appears once. Long enough
+    // (3 x 1500 elements) for several blocks and a partial last block on 2 threads.
+    let mut g = Graph::new("dag");
+    let x = g.input("x", Shape::new(&[3, 1500], DType::F32));
+    let gy = g.input("gy", Shape::new(&[3, 1500], DType::F32));
+    let xt = g.input("xt", Shape::new(&[1500, 3], DType::F32));
+    let b = g.input("b", Shape::new(&[1500], DType::F32));
+    let k = g.input("k", Shape::new(&[], DType::F32));
+    let c0 = g.scalar(0.7978846, DType::F32);
+    let c1 = g.scalar(0.044715, DType::F32);
+    let x3 = g.mul(x, x);
+    let x3 = g.mul(x3, x);
+    let inner = g.mul(c1, x3);
+    let inner = g.add(x, inner);
+    let inner = g.mul(c0, inner);
+    let t = g.activation(Activation::Tanh, inner);
+    let one = g.scalar(1.0, DType::F32);
+    let sech2 = g.mul(t, t);
+    let sech2 = g.sub(one, sech2);
+    let d = g.mul(x, sech2);
+    let d = g.add(d, t);
+    let d = g.mul(d, gy);
+    let xtt = g.transpose(xt, &[1, 0]);
+    let e = g.add(xtt, b);
+    let e = g.activation(Activation::Sigmoid, e);
+    let e = g.mul(e, k);
+    let e = g.binary(rlx_ir::BinaryOp::Max, e, d);
+    let s = g.activation(Activation::Exp, e);
+    let s = g.div(s, k);
+    let s = g.activation(Activation::Sqrt, s);
+    let p = g.activation(Activation::Abs, d);
+    let p = g.pow(p, k);
+    let y = g.add(s, p);
+    let y = g.activation(Activation::GeluApprox, y);
+    let z = g.activation(Activation::Silu, t); // `t` also feeds a second output group
+    g.set_outputs(vec![y, z]);
+    let xv: Vec<f32> = (0..4500).map(|i| ((i * 37 % 211) as f32 - 105.0) / 31.0).collect();
+    let gv: Vec<f32> = (0..4500).map(|i| ((i * 17 % 53) as f32 - 26.0) / 13.0).collect();
+    let tv: Vec<f32> = (0..4500).map(|i| ((i * 29 % 97) as f32 - 48.0) / 19.0).collect();
+    let bv: Vec<f32> = (0..1500).map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0).collect();
+    let ins: [&[f32]; 5] = [&xv, &gv, &tv, &bv, &[1.5]];
+    let (fused_steps, fused) = run_bytes(&g, true, &ins);
+    let (steps, plain) = run_bytes(&g, false, &ins);
+    assert!(fused_steps <= 4, "{fused_steps} fused steps (unfused {steps})");
+    assert_eq!(fused, plain, "fused and separate kernels must agree bit for bit");
+    // And the values are right (spot check against f64).
+    let y0 = f32::from_le_bytes(fused[0][..4].try_into().unwrap());
+    assert!(y0.is_finite());
+}
+
+#[test]
+fn updates_bound_at_compile_time_run_in_place_with_the_same_values() {
+    // An SGD-with-momentum step: v' = 0.9 v + g, p' = p - 0.1 v' - 0.01 p (p read densely by
+    // its own update and, before it, transposed by a matmul); `p2` is read after its update
+    // would be written, so it must not be updated in place.
+    let mut g = Graph::new("step");
+    let x = g.input("x", Shape::new(&[3, 4], DType::F32));
+    let p = g.param("p", Shape::new(&[4, 4], DType::F32));
+    let v = g.param("v", Shape::new(&[4, 4], DType::F32));
+    let p2 = g.param("p2", Shape::new(&[4, 4], DType::F32));
+    let pt = g.transpose(p, &[1, 0]);
+    let y = g.matmul(x, pt, Shape::new(&[3, 4], DType::F32));
+    let xt = g.transpose(x, &[1, 0]);
+    let gr = g.matmul(xt, y, Shape::new(&[4, 4], DType::F32));
+    let mu = g.scalar(0.9, DType::F32);
+    let nv = g.mul(mu, v);
+    let nv = g.add(nv, gr);
+    let lr = g.scalar(0.1, DType::F32);
+    let wd = g.scalar(0.01, DType::F32);
+    let d = g.mul(lr, nv);
+    let np = g.sub(p, d);
+    let dec = g.mul(wd, p);
+    let np = g.sub(np, dec);
+    let half = g.scalar(0.5, DType::F32);
+    let hg = g.mul(gr, half);
+    let np2 = g.add(p2, hg);
+    let late = g.mul(np2, p2); // reads p2 after np2 is computed
+    let loss = g.sum(late, &[0, 1], false);
+    g.set_outputs(vec![loss, np, nv, np2]);
+    let updates: Vec<(String, usize)> = vec![("p".into(), 1), ("v".into(), 2), ("p2".into(), 3)];
+    let xv: Vec<f32> = (0..12).map(|i| (i as f32 - 5.0) / 7.0).collect();
+    let pv: Vec<f32> = (0..16).map(|i| ((i * 7 % 11) as f32 - 5.0) / 9.0).collect();
+    let run = |in_place: bool| {
+        let mut prog = if in_place { rlx_cpu::compile_with_updates(&g, 2, &updates).unwrap() } else { compile_with_fusion(&g, 2, true).unwrap() };
+        if in_place {
+            assert_eq!(prog.in_place_updates(), 2, "p and v in place, p2 not");
+        }
+        prog.write_param(0, &f32_bytes(&pv));
+        prog.write_param(1, &f32_bytes(&[0.5; 16]));
+        prog.write_param(2, &f32_bytes(&pv));
+        let mut losses = Vec::new();
+        for _ in 0..3 {
+            prog.write_input(0, &f32_bytes(&xv));
+            prog.execute();
+            for (param, out) in [(0, 1), (1, 2), (2, 3)] {
+                prog.assign_param(param, out);
+            }
+            let mut l = [0u8; 4];
+            prog.read_output(0, &mut l);
+            losses.push(l);
+        }
+        let mut params = vec![vec![0u8; 64]; 3];
+        for (i, b) in params.iter_mut().enumerate() {
+            prog.read_param(i, b);
+        }
+        (losses, params)
+    };
+    assert_eq!(run(true), run(false));
+}

@@ -9,6 +9,11 @@ use std::sync::{Arc, RwLock};
 pub struct CompileOptions {
     /// Worker threads for kernels (`None`: one per available core).
     pub threads: Option<usize>,
+    /// Param updates the runtime will apply after every run: `(param name, output index)`
+    /// means the output overwrites the param (training steps). A backend may then compute the
+    /// output straight into the param's storage when nothing reads the old value afterwards,
+    /// instead of copying it over after the run (JAX's buffer donation).
+    pub updates: Vec<(String, usize)>,
 }
 
 /// A named, shaped input, param or output slot of an [`Executable`].

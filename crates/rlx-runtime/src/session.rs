@@ -34,7 +34,7 @@ impl ConstEval for BackendEval {
         let b = self.0.clone();
         let supports = |g: &Graph, id| b.supports(g, id);
         let (g, _) = Decompose { backend: b.name(), supports: &supports }.run(g)?;
-        let mut exe = self.0.compile(&g, &CompileOptions { threads: Some(1) })?;
+        let mut exe = self.0.compile(&g, &CompileOptions { threads: Some(1), ..Default::default() })?;
         exe.execute();
         let mut outs = Vec::new();
         for i in 0..exe.outputs().len() {
@@ -72,7 +72,19 @@ impl Session {
 
     /// Verify, optimize and compile `graph`.
     pub fn try_compile(&self, graph: Graph) -> Result<CompiledGraph> {
-        self.compile_inner(graph, None)
+        self.compile_inner(graph, None, &[])
+    }
+
+    /// [`Session::try_compile`] with param updates bound as by
+    /// [`CompiledGraph::try_bind_update`]: after every run, output `i` of each `(param, i)`
+    /// overwrites that param. Known at compile time, an update whose old value nothing reads
+    /// afterwards is computed straight into the param's storage, with no copy after the run.
+    pub fn try_compile_with_updates(&self, graph: Graph, updates: &[(&str, usize)]) -> Result<CompiledGraph> {
+        let mut c = self.compile_inner(graph, None, updates)?;
+        for &(name, output) in updates {
+            c.try_bind_update(name, output)?;
+        }
+        Ok(c)
     }
 
     /// Like [`Session::try_compile`], but params with the same name and shape as a param of
@@ -83,10 +95,10 @@ impl Session {
         if other.device() != self.device {
             return Err(Error::Invalid(format!("cannot share params between devices {} and {}", other.device(), self.device)));
         }
-        self.compile_inner(graph, Some(other))
+        self.compile_inner(graph, Some(other), &[])
     }
 
-    fn compile_inner(&self, graph: Graph, share: Option<&CompiledGraph>) -> Result<CompiledGraph> {
+    fn compile_inner(&self, graph: Graph, share: Option<&CompiledGraph>, updates: &[(&str, usize)]) -> Result<CompiledGraph> {
         if graph.outputs().is_empty() {
             return Err(Error::Invalid(format!(
                 "graph \"{}\" has no outputs; call set_outputs before compiling",
@@ -107,7 +119,7 @@ impl Session {
         }
         pipe = pipe.with_pass(Decompose { backend: backend.name(), supports: &supports }).rounds(4);
         let result = pipe.run(&graph)?;
-        let opts = CompileOptions { threads: self.threads };
+        let opts = CompileOptions { threads: self.threads, updates: updates.iter().map(|&(p, o)| (p.to_string(), o)).collect() };
         let exe = match share {
             Some(other) => backend.compile_sharing(&result.graph, &opts, other.executable())?,
             None => backend.compile(&result.graph, &opts)?,

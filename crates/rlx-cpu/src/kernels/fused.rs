@@ -1,14 +1,20 @@
-//! Fused elementwise chains: a tree of f32 Binary / Activation nodes whose intermediate results
-//! have no other use runs as one loop over blocks of the result, so intermediates stay in
-//! per-thread scratch instead of making a round trip through memory each.
+//! Fused elementwise groups: a DAG of f32 Binary / Activation nodes with the same dims, whose
+//! intermediate results are used only inside the group, runs as one loop over blocks of the
+//! result. Intermediates live in per-thread scratch blocks (reused once their last reader has
+//! run) instead of making a round trip through memory each; operands that are already dense are
+//! read in place and broadcast scalars stay in a register.
+//!
+//! Every element goes through the same f32 operations, in the same order, as the separate
+//! kernels would apply, so fused and unfused programs give bit-identical results.
 
 use super::{kernel, Kernel, Ptr, TRef};
+use crate::elem::Elem;
 use crate::layout::{for_each_run, Layout};
 use crate::pool::Pool;
 use rlx_ir::{Activation, BinaryOp, Graph, NodeId, Op};
 
-/// Elements computed per block (per operand and temporary).
-const BLOCK: usize = 512;
+/// Elements computed per block (per gathered operand and temporary).
+const BLOCK: usize = 1024;
 
 /// Where an instruction reads an operand.
 #[derive(Clone, Copy, Debug)]
@@ -19,7 +25,7 @@ pub enum Src {
     Tmp(usize),
 }
 
-/// One step of the chain.
+/// One step of the group, in evaluation order; the last one is the result.
 #[derive(Clone, Debug)]
 pub enum Instr {
     /// Elementwise binary op.
@@ -28,92 +34,306 @@ pub enum Instr {
     Unary(Activation, Src),
 }
 
-/// Whether a node can join a fused chain.
+/// Whether a node can join a fused group.
 pub fn fusible(g: &Graph, id: NodeId) -> bool {
     let n = g.node(id);
     let f32_ins = n.inputs.iter().all(|i| g.shape(*i).dtype() == rlx_ir::DType::F32);
     n.shape.dtype() == rlx_ir::DType::F32 && f32_ins && matches!(n.op, Op::Binary(_) | Op::Activation(_))
 }
 
-/// Scratch bytes the chain needs for `threads` threads.
+/// How an external operand is read for a block.
+#[derive(Clone, Copy, Debug)]
+enum ExtKind {
+    /// Dense in the result's order: read in place.
+    Dense,
+    /// One value broadcast to every element.
+    Scalar,
+    /// Strided or partly broadcast: copied into gather slot `g` per block.
+    Gather(usize),
+}
+
+/// A resolved operand location.
+#[derive(Clone, Copy, Debug)]
+enum Loc {
+    Ext(usize),
+    Slot(usize),
+}
+
+/// A resolved instruction: operands and the scratch slot written (`None`: the output).
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Binary(BinaryOp, Loc, Loc, Option<usize>),
+    Unary(Activation, Loc, Option<usize>),
+}
+
+/// How external operands are read and how instructions map to scratch slots.
+struct Plan {
+    kinds: Vec<ExtKind>,
+    layouts: Vec<Layout>,
+    steps: Vec<Step>,
+    gathers: usize,
+    slots: usize,
+    /// When the output aliases an operand (a param updated in place): the slot the result is
+    /// computed into before it is copied out, so no loop writes memory it is still reading.
+    root_slot: Option<usize>,
+}
+
+fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef) -> Plan {
+    let dense = Layout::contiguous(dims);
+    let layouts: Vec<Layout> = ins.iter().map(|t| t.layout.broadcast_to(dims)).collect();
+    let mut gathers = 0;
+    let kinds = layouts
+        .iter()
+        .map(|l| {
+            if l.strides().iter().all(|&s| s == 0) {
+                ExtKind::Scalar
+            } else if l.strides() == dense.strides() {
+                ExtKind::Dense
+            } else {
+                gathers += 1;
+                ExtKind::Gather(gathers - 1)
+            }
+        })
+        .collect();
+    // Last reader of each instruction's result.
+    let mut last = vec![0usize; code.len()];
+    for (j, ins_j) in code.iter().enumerate() {
+        let srcs = match ins_j {
+            Instr::Binary(_, a, b) => vec![*a, *b],
+            Instr::Unary(_, a) => vec![*a],
+        };
+        for s in srcs {
+            if let Src::Tmp(i) = s {
+                last[i] = j;
+            }
+        }
+    }
+    let mut slot_of = vec![usize::MAX; code.len()];
+    let mut free: Vec<usize> = Vec::new();
+    let mut slots = 0;
+    let mut steps = Vec::with_capacity(code.len());
+    for (j, ins_j) in code.iter().enumerate() {
+        let loc = |s: Src| match s {
+            Src::Ext(k) => Loc::Ext(k),
+            Src::Tmp(i) => Loc::Slot(slot_of[i]),
+        };
+        let ops = match ins_j {
+            Instr::Binary(_, a, b) => [loc(*a), loc(*b)],
+            Instr::Unary(_, a) => [loc(*a), loc(*a)],
+        };
+        let aliased = j + 1 == code.len() && ins.iter().any(|t| std::ptr::eq(t.ptr.0, out.ptr.0));
+        let dst = if j + 1 == code.len() && !aliased {
+            None
+        } else {
+            let s = free.pop().unwrap_or_else(|| {
+                slots += 1;
+                slots - 1
+            });
+            slot_of[j] = s;
+            Some(s)
+        };
+        steps.push(match ins_j {
+            Instr::Binary(op, _, _) => Step::Binary(*op, ops[0], ops[1], dst),
+            Instr::Unary(act, _) => Step::Unary(*act, ops[0], dst),
+        });
+        // Results whose last reader was this instruction free their slots (after `dst` was
+        // taken, so an instruction never writes a slot it reads).
+        for (i, &l) in last.iter().enumerate().take(j) {
+            if l == j && slot_of[i] != usize::MAX {
+                free.push(slot_of[i]);
+            }
+        }
+    }
+    let root_slot = match steps.last() {
+        Some(Step::Binary(.., d) | Step::Unary(.., d)) => *d,
+        None => None,
+    };
+    Plan { kinds, layouts, steps, gathers, slots, root_slot }
+}
+
+/// Scratch bytes a group needs for `threads` threads (an upper bound: one block per external
+/// operand and per instruction).
 pub fn scratch_bytes(n_ext: usize, n_instr: usize, threads: usize) -> usize {
     threads * (n_ext + n_instr) * BLOCK * 4
 }
 
-fn binary(op: BinaryOp, a: &[f32], b: &[f32], o: &mut [f32]) {
-    let it = o.iter_mut().zip(a.iter().zip(b));
-    match op {
-        BinaryOp::Add => it.for_each(|(o, (x, y))| *o = x + y),
-        BinaryOp::Sub => it.for_each(|(o, (x, y))| *o = x - y),
-        BinaryOp::Mul => it.for_each(|(o, (x, y))| *o = x * y),
-        BinaryOp::Div => it.for_each(|(o, (x, y))| *o = x / y),
-        BinaryOp::Max => it.for_each(|(o, (x, y))| *o = if x >= y || x.is_nan() { *x } else { *y }),
-        BinaryOp::Min => it.for_each(|(o, (x, y))| *o = if x <= y || x.is_nan() { *x } else { *y }),
-        BinaryOp::Pow => it.for_each(|(o, (x, y))| *o = x.powf(*y)),
+/// An operand of one block: a run of values or one broadcast value.
+#[derive(Clone, Copy)]
+enum V<'a> {
+    A(&'a [f32]),
+    S(f32),
+}
+
+// Plain `for` loops, not `for_each`: an iterator's `fold` may stay out of line, and then it is
+// compiled without the caller's vector features (and `mul_add` becomes a library call).
+#[inline(always)]
+fn zip2(a: V, b: V, o: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+    match (a, b) {
+        (V::A(x), V::A(y)) => {
+            for (o, (x, y)) in o.iter_mut().zip(x.iter().zip(y)) {
+                *o = f(*x, *y);
+            }
+        }
+        (V::A(x), V::S(y)) => {
+            for (o, x) in o.iter_mut().zip(x) {
+                *o = f(*x, y);
+            }
+        }
+        (V::S(x), V::A(y)) => {
+            for (o, y) in o.iter_mut().zip(y) {
+                *o = f(x, *y);
+            }
+        }
+        (V::S(x), V::S(y)) => o.fill(f(x, y)),
     }
 }
 
-fn unary(a: Activation, x: &[f32], o: &mut [f32]) {
-    crate::with_float_fn!(a, f32, f => o.iter_mut().zip(x).for_each(|(o, x)| *o = f(*x)))
+#[inline(always)]
+fn binary(op: BinaryOp, a: V, b: V, o: &mut [f32]) {
+    // The same scalar operations as the separate kernels (`Elem` / `FloatElem` on f32).
+    match op {
+        BinaryOp::Add => zip2(a, b, o, |x, y| x + y),
+        BinaryOp::Sub => zip2(a, b, o, |x, y| x - y),
+        BinaryOp::Mul => zip2(a, b, o, |x, y| x * y),
+        BinaryOp::Div => zip2(a, b, o, |x, y| x / y),
+        BinaryOp::Max => zip2(a, b, o, |x, y| x.max_of(y)),
+        BinaryOp::Min => zip2(a, b, o, |x, y| x.min_of(y)),
+        BinaryOp::Pow => zip2(a, b, o, |x, y| x.powf(y)),
+    }
+}
+
+#[inline(always)]
+fn unary(act: Activation, x: V, o: &mut [f32]) {
+    crate::with_float_fn!(act, f32, f => match x {
+        V::A(x) => {
+            for (o, x) in o.iter_mut().zip(x) {
+                *o = f(*x);
+            }
+        }
+        V::S(x) => o.fill(f(x)),
+    })
+}
+
+/// Everything one task needs to evaluate its blocks.
+struct Ctx<'a> {
+    plan: &'a Plan,
+    ins: &'a [TRef],
+    dims: &'a [usize],
+    out: *mut f32,
+    /// This thread's scratch: gather slots, then temporaries.
+    scratch: *mut f32,
+    n: usize,
+}
+
+/// Evaluate blocks `blocks` of the group.
+///
+/// # Safety
+/// The context's pointers are valid: operands inside their buffers, `out` dense with `n`
+/// elements, `scratch` holding `(gathers + slots) * BLOCK` floats owned by this thread.
+#[inline(always)]
+unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
+    let p = c.plan;
+    let dense = Layout::contiguous(c.dims);
+    let tmp = c.scratch.add(p.gathers * BLOCK);
+    for blk in blocks {
+        let s = blk * BLOCK;
+        let len = BLOCK.min(c.n - s);
+        for (k, kind) in p.kinds.iter().enumerate() {
+            let ExtKind::Gather(gi) = *kind else { continue };
+            let dst = std::slice::from_raw_parts_mut(c.scratch.add(gi * BLOCK), len);
+            let src = c.ins[k].base::<f32>() as *const f32;
+            for_each_run(c.dims, [&dense, &p.layouts[k]], s..s + len, |[o, i], m, [so, si]| {
+                let d = &mut dst[o - s..];
+                if so == 1 && si == 1 {
+                    d[..m].copy_from_slice(std::slice::from_raw_parts(src.add(i), m));
+                } else if so == 1 && si == 0 {
+                    d[..m].fill(*src.add(i));
+                } else {
+                    for q in 0..m {
+                        d[q * so] = *src.add(i + q * si);
+                    }
+                }
+            });
+        }
+        let view = |l: Loc| -> V {
+            match l {
+                Loc::Slot(t) => V::A(std::slice::from_raw_parts(tmp.add(t * BLOCK), len)),
+                Loc::Ext(k) => match p.kinds[k] {
+                    // Read when the step runs: the operand's buffer changes between runs.
+                    ExtKind::Scalar => V::S(*(c.ins[k].base::<f32>() as *const f32).add(p.layouts[k].offset)),
+                    ExtKind::Dense => V::A(std::slice::from_raw_parts((c.ins[k].base::<f32>() as *const f32).add(p.layouts[k].offset + s), len)),
+                    ExtKind::Gather(gi) => V::A(std::slice::from_raw_parts(c.scratch.add(gi * BLOCK), len)),
+                },
+            }
+        };
+        let target = |d: Option<usize>| -> &mut [f32] {
+            match d {
+                Some(t) => std::slice::from_raw_parts_mut(tmp.add(t * BLOCK), len),
+                None => std::slice::from_raw_parts_mut(c.out.add(s), len),
+            }
+        };
+        for st in &p.steps {
+            match *st {
+                Step::Binary(op, a, b, d) => binary(op, view(a), view(b), target(d)),
+                Step::Unary(act, a, d) => unary(act, view(a), target(d)),
+            }
+        }
+        if let Some(t) = p.root_slot {
+            // Every operand of this block has been read: the result may overwrite it now.
+            std::ptr::copy_nonoverlapping(tmp.add(t * BLOCK), c.out.add(s), len);
+        }
+    }
+}
+
+/// [`eval`] compiled for the widest vector unit the CPU has.
+///
+/// # Safety
+/// As [`eval`].
+unsafe fn eval_best(c: &Ctx, blocks: std::ops::Range<usize>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn v512(c: &Ctx, blocks: std::ops::Range<usize>) {
+            eval(c, blocks)
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn v256(c: &Ctx, blocks: std::ops::Range<usize>) {
+            eval(c, blocks)
+        }
+        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+            return v512(c, blocks);
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            return v256(c, blocks);
+        }
+    }
+    eval(c, blocks)
 }
 
 /// The kernel: `ins` are the group's external operands (broadcast to `out`'s dims), `code` the
-/// instructions in order; the last one is the result.
+/// instructions in order; the last one is the result, written to the dense `out`.
 pub fn build(code: Vec<Instr>, ins: Vec<TRef>, out: TRef, scratch: Ptr, threads: usize) -> Box<dyn Kernel> {
     let dims = out.layout.dims().to_vec();
-    let dense = Layout::contiguous(&dims);
-    let layouts: Vec<Layout> = ins.iter().map(|t| t.layout.broadcast_to(&dims)).collect();
-    let per_thread = (ins.len() + code.len()) * BLOCK;
+    let plan = plan(&code, &ins, &dims, &out);
+    let per_thread = (plan.gathers + plan.slots) * BLOCK;
     let n = out.layout.numel();
     kernel(move |pool: &Pool| {
         let blocks = n.div_ceil(BLOCK);
         let tasks = blocks.min(threads * 4).max(1);
         let per_task = blocks.div_ceil(tasks);
         pool.run(tasks, &|t, th| {
-            // SAFETY: each thread owns `per_thread` floats of scratch; offsets come from layouts.
-            let buf = unsafe { std::slice::from_raw_parts_mut((scratch.get() as *mut f32).add(th * per_thread), per_thread) };
-            let (ext, tmp) = buf.split_at_mut(ins.len() * BLOCK);
-            for blk in t * per_task..((t + 1) * per_task).min(blocks) {
-                let s = blk * BLOCK;
-                let len = BLOCK.min(n - s);
-                for (k, (x, l)) in ins.iter().zip(&layouts).enumerate() {
-                    let dst = &mut ext[k * BLOCK..k * BLOCK + len];
-                    let src = x.base::<f32>() as *const f32;
-                    for_each_run(&dims, [&dense, l], s..s + len, |[o, i], m, [so, si]| {
-                        let d = &mut dst[o - s..];
-                        // SAFETY: offsets come from the operand's layout inside its buffer.
-                        unsafe {
-                            if so == 1 && si == 1 {
-                                d[..m].copy_from_slice(std::slice::from_raw_parts(src.add(i), m));
-                            } else if so == 1 && si == 0 {
-                                d[..m].fill(*src.add(i));
-                            } else {
-                                for q in 0..m {
-                                    d[q * so] = *src.add(i + q * si);
-                                }
-                            }
-                        }
-                    });
-                }
-                for (j, ins_j) in code.iter().enumerate() {
-                    let (done, rest) = tmp.split_at_mut(j * BLOCK);
-                    let o = &mut rest[..len];
-                    let get = |s: Src| -> &[f32] {
-                        match s {
-                            Src::Ext(k) => &ext[k * BLOCK..k * BLOCK + len],
-                            Src::Tmp(i) => &done[i * BLOCK..i * BLOCK + len],
-                        }
-                    };
-                    match ins_j {
-                        Instr::Binary(op, a, b) => binary(*op, get(*a), get(*b), o),
-                        Instr::Unary(act, a) => unary(*act, get(*a), o),
-                    }
-                }
-                let last = (code.len() - 1) * BLOCK;
-                // SAFETY: the output is dense and `s + len <= n`.
-                let dst = unsafe { std::slice::from_raw_parts_mut(out.base::<f32>().add(out.layout.offset + s), len) };
-                dst.copy_from_slice(&tmp[last..last + len]);
-            }
+            let c = Ctx {
+                plan: &plan,
+                ins: &ins,
+                dims: &dims,
+                // SAFETY: the output is dense with `n` elements from its offset.
+                out: unsafe { out.base::<f32>().add(out.layout.offset) },
+                // SAFETY: each thread owns `per_thread` floats of scratch.
+                scratch: unsafe { (scratch.get() as *mut f32).add(th * per_thread) },
+                n,
+            };
+            // SAFETY: see `Ctx`; block ranges of different tasks are disjoint.
+            unsafe { eval_best(&c, t * per_task..((t + 1) * per_task).min(blocks)) };
         });
     })
 }

@@ -151,23 +151,53 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
     }
 }
 
-/// Multiply a packed `mc×kc` A block by a packed `kc×nc` B panel into C (adding when `acc`).
+/// Where the micro-kernels read an A block: element `(i, p)` of the sliver starting at row `ir`
+/// is `ptr[ir * step + i * rs + p * cs]`.
+#[derive(Clone, Copy)]
+struct ABlock {
+    ptr: *const f32,
+    step: usize,
+    rs: usize,
+    cs: usize,
+}
+
+/// Multiply an `mc×kc` A block by a packed `kc×nc` B panel into C (adding when `acc`).
+/// Partial slivers of an A read in place are packed into `pa` first.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-unsafe fn block(isa: Isa, mc: usize, nc: usize, kc: usize, pa: *const f32, pb: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+unsafe fn block(isa: Isa, mc: usize, nc: usize, kc: usize, a: ABlock, pa: *mut f32, pb: *const f32, c: *mut f32, ldc: usize, acc: bool) {
     let (mr, nr) = isa.tile();
+    let packed = a.rs == 1 && a.cs == mr && a.step == kc;
+    let tail = mc % mr;
+    if !packed && tail != 0 {
+        pack_a(tail, kc, mr, a.ptr.add((mc - tail) * a.step), a.rs, a.cs, pa);
+    }
     let mut jr = 0;
     while jr < nc {
         let cols = (nc - jr).min(nr);
         let mut ir = 0;
         while ir < mc {
             let rows = (mc - ir).min(mr);
-            micro(isa, kc, pa.add(ir * kc), pb.add(jr * kc), c.add(ir * ldc + jr), ldc, acc, rows, cols);
+            let (ap, rs, cs) = if packed || rows == mr { (a.ptr.add(ir * a.step), a.rs, a.cs) } else { (pa as *const f32, 1, mr) };
+            micro(isa, kc, ap, rs, cs, pb.add(jr * kc), c.add(ir * ldc + jr), ldc, acc, rows, cols);
             ir += mr;
         }
         jr += nr;
     }
 }
+
+/// Whether the AVX-512 kernels read this row-major A in place instead of packing it: when B is
+/// narrow, packing A (a strided pass over all of A per `kc` panel) costs a large share of the
+/// product, while reading 12 rows at a time in place stays in cache. (A transposed A packs with
+/// contiguous copies and gains nothing.) `RLX_GEMM_DIRECT=0/1` forces the choice.
+fn direct_a(isa: Isa, a: &Mat, n: usize) -> bool {
+    static FORCE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let force = *FORCE.get_or_init(|| std::env::var("RLX_GEMM_DIRECT").ok().map(|v| v != "0"));
+    isa == Isa::Avx512 && (a.cs == 1 || (a.rs == 1 && force == Some(true))) && force.unwrap_or(n <= DIRECT_MAX_N)
+}
+
+/// Widest B (columns) for which A is read in place by default.
+const DIRECT_MAX_N: usize = 256;
 
 #[allow(clippy::too_many_arguments)]
 unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, buf: *mut f32) {
@@ -175,6 +205,7 @@ unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c:
     let (kc_b, mc_b, nc_b) = blocking();
     let pa = buf;
     let pb = buf.add(k.min(kc_b) * m.min(mc_b).div_ceil(mr) * mr);
+    let direct = direct_a(isa, &a, n);
     let mut jc = 0;
     while jc < n {
         let nc = (n - jc).min(nc_b);
@@ -185,8 +216,14 @@ unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c:
             let mut ic = 0;
             while ic < m {
                 let mc = (m - ic).min(mc_b);
-                pack_a(mc, kc, mr, a.ptr.add(ic * a.rs + pc * a.cs), a.rs, a.cs, pa);
-                block(isa, mc, nc, kc, pa, pb, c.add(ic * ldc + jc), ldc, pc > 0);
+                let src = a.ptr.add(ic * a.rs + pc * a.cs);
+                let ab = if direct {
+                    ABlock { ptr: src, step: a.rs, rs: a.rs, cs: a.cs }
+                } else {
+                    pack_a(mc, kc, mr, src, a.rs, a.cs, pa);
+                    ABlock { ptr: pa, step: kc, rs: 1, cs: mr }
+                };
+                block(isa, mc, nc, kc, ab, pa, pb, c.add(ic * ldc + jc), ldc, pc > 0);
                 ic += mc;
             }
             pc += kc;
@@ -255,12 +292,16 @@ unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: 
     }
 }
 
+/// One `mr×nr` tile of C from A read at `a[i * ars + p * acs]` (packed: `ars = 1, acs = mr`)
+/// and a packed B sliver. Only the AVX-512 kernels read A in place.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-unsafe fn micro(isa: Isa, kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+unsafe fn micro(isa: Isa, kc: usize, a: *const f32, ars: usize, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => x86::micro_12x32(kc, a, b, c, ldc, acc, rows, cols),
+        Isa::Avx512 if ars == 1 => x86::micro_12x32(kc, a, acs, b, c, ldc, acc, rows, cols),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => x86::micro_12x32_rows(kc, a, ars, b, c, ldc, acc, rows, cols),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::micro_6x16(kc, a, b, c, ldc, acc, rows, cols),
         _ => micro_generic(kc, a, b, c, ldc, acc, rows, cols),
@@ -301,16 +342,25 @@ mod x86 {
 
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn micro_12x32(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
-        micro_avx512::<12, 2, 32>(kc, a, b, c, ldc, acc, rows, cols)
+    pub(super) unsafe fn micro_12x32(kc: usize, a: *const f32, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+        micro_avx512::<12, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols)
     }
 
-    /// `MR` rows of C by `NV` vectors of 16 columns (`NR = 16 * NV`).
+    /// [`micro_12x32`] reading A in place from rows `ars` apart (row-major A).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn micro_12x32_rows(kc: usize, a: *const f32, ars: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+        micro_avx512::<12, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols)
+    }
+
+    /// `MR` rows of C by `NV` vectors of 16 columns (`NR = 16 * NV`). A element `(i, p)` is
+    /// at `a[i * lda + p]` when `ROWS`, else at `a[p * lda + i]` (packed A: `lda = MR`).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn micro_avx512<const MR: usize, const NV: usize, const NR: usize>(
+    unsafe fn micro_avx512<const MR: usize, const NV: usize, const NR: usize, const ROWS: bool>(
         kc: usize,
         a: *const f32,
+        lda: usize,
         b: *const f32,
         c: *mut f32,
         ldc: usize,
@@ -334,9 +384,8 @@ mod x86 {
             for (v, x) in bv.iter_mut().enumerate() {
                 *x = _mm512_loadu_ps(bp.add(16 * v));
             }
-            let ap = a.add(p * MR);
             for (i, ri) in r.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*ap.add(i));
+                let av = _mm512_set1_ps(if ROWS { *a.add(i * lda + p) } else { *a.add(p * lda + i) });
                 for v in 0..NV {
                     ri[v] = _mm512_fmadd_ps(av, bv[v], ri[v]);
                 }

@@ -63,13 +63,10 @@ impl Trainer {
         outputs.extend(&new_params);
         outputs.extend(new_slots.iter().map(|(_, n)| *n));
         g.try_set_outputs(outputs)?;
-        let mut compiled = session.try_compile(g)?;
-        for (i, name) in trained.iter().enumerate() {
-            compiled.try_bind_update(name, 1 + i)?;
-        }
-        for (j, (name, _)) in new_slots.iter().enumerate() {
-            compiled.try_bind_update(name, 1 + trained.len() + j)?;
-        }
+        // Bound at compile time, the updates are computed straight into the params' storage.
+        let mut updates: Vec<(&str, usize)> = trained.iter().enumerate().map(|(i, name)| (*name, 1 + i)).collect();
+        updates.extend(new_slots.iter().enumerate().map(|(j, (name, _))| (name.as_str(), 1 + trained.len() + j)));
+        let compiled = session.try_compile_with_updates(g, &updates)?;
         Ok(Trainer { compiled, step: 0, config, trained: trained.iter().map(|s| s.to_string()).collect() })
     }
 

@@ -99,15 +99,50 @@ impl Layout {
         l
     }
 
-    /// The same elements under new `dims`, if possible without copying.
+    /// The same elements under new `dims`, if possible without copying: always for a contiguous
+    /// layout; for a strided one when every group of old axes that merges or splits into new
+    /// axes is itself contiguous (say, splitting the last axis of a narrowed or transposed view
+    /// into heads).
     pub fn reshape(&self, dims: &[usize]) -> Option<Layout> {
-        if self.is_contiguous() {
+        if self.is_contiguous() || self.numel() == 0 {
             let mut l = Layout::contiguous(dims);
             l.offset = self.offset;
-            Some(l)
-        } else {
-            None
+            return Some(l);
         }
+        if dims.len() > MAX_RANK || dims.iter().product::<usize>() != self.numel() {
+            return None;
+        }
+        // Size-1 axes carry no stride information; match the rest in groups of equal product.
+        let old: Vec<(usize, usize)> = (0..self.rank).filter(|&i| self.dims[i] != 1).map(|i| (self.dims[i], self.strides[i])).collect();
+        let mut strides = [0usize; MAX_RANK];
+        let (mut oi, mut ni) = (0, 0);
+        while ni < dims.len() {
+            if dims[ni] == 1 {
+                ni += 1;
+                continue;
+            }
+            let (mut op, mut np) = (old[oi].0, dims[ni]);
+            let (mut oj, mut nj) = (oi + 1, ni + 1);
+            while op != np {
+                if op < np {
+                    op *= old[oj].0;
+                    oj += 1;
+                } else {
+                    np *= dims[nj];
+                    nj += 1;
+                }
+            }
+            if (oi..oj - 1).any(|k| old[k].1 != old[k + 1].1 * old[k + 1].0) {
+                return None;
+            }
+            let mut st = old[oj - 1].1;
+            for k in (ni..nj).rev() {
+                strides[k] = st;
+                st *= dims[k];
+            }
+            (oi, ni) = (oj, nj);
+        }
+        Layout::strided(dims, &strides[..dims.len()], self.offset)
     }
 
     /// Drop axis `axis` (used to iterate "everything but one axis").
@@ -226,5 +261,35 @@ mod tests {
         });
         assert_eq!(all, whole);
         assert_eq!(whole.len(), 20);
+    }
+
+    /// Element offsets of `l` in row-major order of its dims.
+    fn offsets(l: &Layout) -> Vec<usize> {
+        let d = Layout::contiguous(l.dims());
+        let mut v = Vec::new();
+        for_each_run(l.dims(), [&d, l], 0..l.numel(), |[_, i], n, [_, si]| v.extend((0..n).map(|j| i + j * si)));
+        v
+    }
+
+    #[test]
+    fn strided_reshapes_are_views_exactly_when_the_merged_axes_are_contiguous() {
+        // [16, 64, 384] narrowed to 128 columns, split into 4 heads of 32 (a view), and back.
+        let q = Layout::contiguous(&[16, 64, 384]).narrow(2, 128, 128);
+        let heads = q.reshape(&[16, 64, 4, 32]).expect("splitting a contiguous axis is a view");
+        assert_eq!(offsets(&heads), offsets(&q));
+        let back = heads.reshape(&[16, 64, 128]).expect("merging it back too");
+        assert_eq!(offsets(&back), offsets(&q));
+        // With size-1 axes anywhere.
+        let odd = q.reshape(&[1, 16, 64, 1, 128, 1]).unwrap();
+        assert_eq!(offsets(&odd), offsets(&q));
+        // Its rows merge (uniformly 384 apart); rows and columns do not (128 wide, 384 apart).
+        let rows = q.reshape(&[1024, 128]).unwrap();
+        assert_eq!(offsets(&rows), offsets(&q));
+        assert!(q.reshape(&[16, 8192]).is_none());
+        // A transposed matrix cannot be flattened, but can split its (strided) outer axis.
+        let t = Layout::contiguous(&[6, 4]).permute(&[1, 0]);
+        assert!(t.reshape(&[24]).is_none());
+        let split = t.reshape(&[2, 2, 6]).unwrap();
+        assert_eq!(offsets(&split), offsets(&t));
     }
 }

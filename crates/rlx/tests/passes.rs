@@ -683,3 +683,36 @@ fn display_names_every_op() {
     }
     assert_eq!(text.lines().count(), g.len() + 3);
 }
+
+#[test]
+fn simplify_turns_the_summed_cotangents_of_narrows_into_one_concat() {
+    // x [2, 6] split in three column blocks (as a fused QKV projection is): the gradient sums
+    // three zero-padded pieces, which the simplifier rewrites as one concat of the pieces.
+    let mut g = Graph::new("split");
+    let x = g.input("x", f32s(&[2, 6]));
+    let a = g.narrow(x, 1, 0, 2);
+    let b = g.narrow(x, 1, 2, 2);
+    let c = g.narrow(x, 1, 4, 2);
+    let aa = g.mul(a, a);
+    let two = g.scalar(2.0, DType::F32);
+    let bb = g.mul(b, two);
+    let cc = g.mul(c, c);
+    let cc = g.mul(cc, c);
+    let s = g.add(aa, bb);
+    let s = g.add(s, cc);
+    let loss = g.sum(s, &[0, 1], false);
+    g.set_outputs(vec![loss]);
+    let d = rlx::autodiff::grad_with_loss(&g, &[x]).unwrap();
+    let pipe = CompilePipeline::new().with_pass(AlgebraicSimplify).with_pass(DeadCodeElimination).rounds(4);
+    let out = pipe.run(&d).unwrap().graph;
+    let grad = out.outputs()[1];
+    assert_eq!(out.node(grad).op.name(), "concat", "{out}");
+    assert_eq!(count(&out, "concat"), 1, "{out}");
+    let wide_adds = out.nodes().iter().filter(|n| n.op.name() == "add" && n.shape.dims().len() == 2 && n.shape.dims()[1].as_static() == Some(6)).count();
+    assert_eq!(wide_adds, 0, "no sum of padded [2, 6] cotangents remains:\n{out}");
+    let xs = iota(12);
+    let feeds: &[(&str, &[f32])] = &[("x", &xs), (rlx::autodiff::D_OUTPUT, &[1.0])];
+    let want: Vec<f32> = xs.iter().enumerate().map(|(i, &v)| match i % 6 { 0 | 1 => 2.0 * v, 2 | 3 => 2.0, _ => 3.0 * v * v }).collect();
+    assert_eq!(run_plain(&out, feeds)[1], want);
+    assert_eq!(run_plain(&d, feeds)[1], want);
+}

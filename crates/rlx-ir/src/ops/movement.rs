@@ -78,10 +78,11 @@ pub(super) fn expand(target: &[usize], x: &Shape) -> Result<Shape> {
 use super::ad::{differentiable, dims, unbroadcast, zeros_like};
 use crate::{Graph, NodeId, Op};
 
-/// Zeros of `x`'s dtype with dims `d`.
+/// Zeros of `x`'s dtype with dims `d`, as `-0.0` for floats: the exact additive identity, so
+/// when cotangents padded this way are summed, the simplifier drops the padding.
 fn zeros(g: &mut Graph, d: &[usize], like: NodeId) -> Result<NodeId> {
     let dt = g.shape(like).dtype();
-    let z = g.try_scalar(0.0, dt)?;
+    let z = g.try_scalar(if dt.is_float() { -0.0 } else { 0.0 }, dt)?;
     if d.is_empty() {
         Ok(z)
     } else {

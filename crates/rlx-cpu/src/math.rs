@@ -152,6 +152,27 @@ pub fn exp_shift_sum(x: &[f32], m: f32, y: &mut [f32]) -> f32 {
 }
 }
 
+multiversion! {
+/// Sum of a slice in f64 (as Reduce sums f32), in 16 interleaved lanes: a different order of
+/// additions than a sequential f64 sum, which moves the f64 result by a few of its own ulps —
+/// far below the f32 ulp the sum is rounded to, except after massive cancellation.
+pub fn sum_f64(x: &[f32]) -> f64 {
+    let mut lanes = [0f64; 16];
+    let chunks = x.chunks_exact(16);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for (l, v) in lanes.iter_mut().zip(c) {
+            *l += *v as f64;
+        }
+    }
+    let mut s = 0f64;
+    for v in tail {
+        s += *v as f64;
+    }
+    s + lanes.iter().sum::<f64>()
+}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,5 +229,8 @@ mod tests {
         let s = exp_shift_sum(&x, 1.0, &mut y);
         let want: f64 = x.iter().map(|v| ((v - 1.0) as f64).exp()).sum();
         assert!((s as f64 - want).abs() < 1e-5 * want);
+        let seq: f64 = x.iter().map(|&v| v as f64).sum();
+        assert!((sum_f64(&x) - seq).abs() <= 1e-12 * seq.abs().max(1.0));
+        assert_eq!(sum_f64(&x[..5]), x[..5].iter().map(|&v| v as f64).sum::<f64>());
     }
 }

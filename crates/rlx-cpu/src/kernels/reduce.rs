@@ -84,6 +84,11 @@ fn reduce_float<T: FloatElem>(kind: ReduceKind, x: TRef, out: TRef, axes: Vec<us
                     ReduceKind::Sum | ReduceKind::Mean => {
                         let mut s = 0f64;
                         for_each_run(red.dims(), [&red], 0..count, |[i], len, [st]| {
+                            if T::DTYPE == DType::F32 && st == 1 {
+                                // SAFETY: T is f32; the run lies inside the operand's buffer.
+                                s += crate::math::sum_f64(unsafe { std::slice::from_raw_parts(px.add(base + i) as *const f32, len) });
+                                return;
+                            }
                             for t in 0..len {
                                 // SAFETY: offsets lie inside the operand's buffer.
                                 s += unsafe { *px.add(base + i + t * st) }.to_c().f64();

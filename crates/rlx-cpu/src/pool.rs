@@ -125,8 +125,16 @@ impl Pool {
             // Stop handing out tasks, then wait for the workers as usual.
             s.next.store(tasks, Ordering::Relaxed);
         }
+        // Wait for the workers. Past a short spin, yield: if the scheduler put a worker on this
+        // thread's CPU (it may wake a parked worker there), spinning would only delay it.
+        let mut spins = 0;
         while s.done.load(Ordering::Acquire) < workers {
-            std::hint::spin_loop();
+            spins += 1;
+            if spins < SPIN {
+                std::hint::spin_loop();
+            } else {
+                thread::yield_now();
+            }
         }
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = None;
         if let Err(p) = mine {

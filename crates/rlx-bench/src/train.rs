@@ -148,16 +148,30 @@ pub fn suite(threads: &[usize], rounds: usize, reps: usize, py: Option<PathBuf>)
                 step(&mut m);
             }
             let (mut ours, mut jax, mut torch) = (Samples::default(), Samples::default(), Samples::default());
-            for _ in 0..rounds {
-                step(&mut m);
-                for _ in 0..reps {
-                    let t0 = Instant::now();
-                    step(&mut m);
-                    ours.push(t0.elapsed().as_secs_f64() * 1e3);
-                }
-                if let Some(py) = &py {
-                    jax.extend(reference(py, "jax", name, t, reps));
-                    torch.extend(reference(py, "torch", name, t, reps));
+            // The order rotates every round, so no framework always runs right after another
+            // (the host may slow whatever follows a heavy process).
+            for round in 0..rounds {
+                for turn in 0..3 {
+                    match (round + turn) % 3 {
+                        0 => {
+                            step(&mut m);
+                            for _ in 0..reps {
+                                let t0 = Instant::now();
+                                step(&mut m);
+                                ours.push(t0.elapsed().as_secs_f64() * 1e3);
+                            }
+                        }
+                        1 => {
+                            if let Some(py) = &py {
+                                jax.extend(reference(py, "jax", name, t, reps));
+                            }
+                        }
+                        _ => {
+                            if let Some(py) = &py {
+                                torch.extend(reference(py, "torch", name, t, reps));
+                            }
+                        }
+                    }
                 }
             }
             let inv = |a: &Samples, b: &Samples| crate::stats::ratio(a, b);

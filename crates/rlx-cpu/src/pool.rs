@@ -2,7 +2,8 @@
 //! generation counter before parking, and a dispatch allocates nothing.
 //!
 //! Kernels call [`Pool::run`] with a task count and a closure `f(task, thread)`; the caller's
-//! thread takes part. If the pool is already busy (another graph is running on it, or a task
+//! thread takes part. On Linux, when the process may use a CPU per thread, each worker is pinned
+//! to its own CPU other than the first (`RLX_PIN=0` leaves them free). If the pool is already busy (another graph is running on it, or a task
 //! dispatches again), the work runs inline on the calling thread instead of waiting.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -53,11 +54,23 @@ impl Pool {
             sleeping: (0..workers).map(|_| AtomicBool::new(false)).collect(),
         });
         let mut handles = Vec::new();
+        let cpus = allowed_cpus();
+        let pin = std::env::var_os("RLX_PIN").is_none_or(|v| v != "0");
         for w in 0..workers {
             let s = shared.clone();
+            // With a CPU for every thread, worker `w` keeps to the `w + 1`-th allowed CPU, so a
+            // worker woken from its park never lands on the CPU of the thread that woke it
+            // (the caller is not pinned and settles on the CPU left free). `RLX_PIN=0` opts out
+            // (say, when other busy processes share the CPUs).
+            let cpu = (pin && cpus.len() >= threads).then(|| cpus[(w + 1) % cpus.len()]);
             let h = thread::Builder::new()
                 .name(format!("rlx-worker-{w}"))
-                .spawn(move || worker(s, w))
+                .spawn(move || {
+                    if let Some(c) = cpu {
+                        pin_to(c);
+                    }
+                    worker(s, w)
+                })
                 .expect("spawning an RLX worker thread");
             handles.push(h);
         }
@@ -144,6 +157,34 @@ impl Pool {
             panic!("an RLX kernel panicked on a worker thread");
         }
     }
+}
+
+/// CPUs this process may run on (empty where unknown).
+fn allowed_cpus() -> Vec<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: `set` is a plain bit set the call fills in.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } == 0 {
+            return (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
+        }
+    }
+    Vec::new()
+}
+
+/// Keep the calling thread on `cpu` (best effort).
+fn pin_to(cpu: usize) {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: as above; a failure leaves the thread unpinned.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        unsafe {
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cpu;
 }
 
 fn worker(s: Arc<Shared>, me: usize) {

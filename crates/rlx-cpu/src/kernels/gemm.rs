@@ -276,7 +276,7 @@ unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: 
         let src = b.add(t * nr * cs);
         let mut p0 = 0;
         #[cfg(target_arch = "x86_64")]
-        if rs == 1 && cols == nr && nr % 16 == 0 && Isa::detect() == Isa::Avx512 {
+        if rs == 1 && cols == nr && nr.is_multiple_of(16) && Isa::detect() == Isa::Avx512 {
             // A transposed B (each column contiguous): 16×16 blocks transposed in registers.
             p0 = kc / 16 * 16;
             x86::pack_b_transposed(p0, nr, src, cs, d);

@@ -110,10 +110,12 @@ fn donations(g: &Graph, groups: &Groups, vals: &[Val], pending: &[Pending], para
     for (name, o) in updates {
         let Some(v) = g.outputs().get(*o).map(|v| v.index()) else { continue };
         let Some(p) = params.iter().position(|s| s.name == *name) else { continue };
-        let Some(sv) = pending.iter().position(|e| e.0 == v) else { continue };
+        // The step computing `v`: its own, or its group's (an extra result of a fused group).
+        let owner = groups.member_of[v].unwrap_or(v);
+        let Some(sv) = pending.iter().position(|e| e.0 == owner) else { continue };
         let reads_p = |i: usize| matches!(vals[i].buf, Buf::Param(q) if q == p);
         let dense_like_v = |i: usize| vals[i].layout.is_contiguous() && vals[i].layout.offset == 0 && vals[i].layout.dims() == vals[v].layout.dims();
-        let ok = groups.members.contains_key(&v)
+        let ok = groups.members.contains_key(&owner)
             && matches!(vals[v].buf, Buf::Arena(_))
             && params[p].shape == *g.shape(rlx_ir::NodeId(v as u32))
             && g.outputs().iter().filter(|x| x.index() == v).count() == 1
@@ -128,10 +130,12 @@ fn donations(g: &Graph, groups: &Groups, vals: &[Val], pending: &[Pending], para
 }
 
 /// Form groups of fusible nodes, from the outputs back: a fusible node joins the group of its
-/// users when all of them belong to that one group, it has the group's dims, it is not a graph
-/// output, and it reads no param that a `CacheWrite` updates in place (members run at the
-/// root's position, so they must not read state written in between). Every path from a member
-/// leads to the root inside the group, so groups never form cycles with the rest of the graph.
+/// users when all of them belong to that one group, it has the group's dims, and it reads no
+/// param that a `CacheWrite` updates in place (members run at the root's position, so they must
+/// not read state written in between). A member that is also a graph output is stored by the
+/// group as an extra result (an optimizer's new moments beside the new param). Every path from
+/// a member leads to the root inside the group, so groups never form cycles with the rest of
+/// the graph.
 fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
     let mut member_of = vec![None; g.len()];
     if !fuse {
@@ -148,10 +152,6 @@ fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
             written[n.inputs[0].index()] = true;
         }
     }
-    let mut is_output = vec![false; g.len()];
-    for o in g.outputs() {
-        is_output[o.index()] = true;
-    }
     // Root of each fusible node's group (itself when it starts one).
     let mut root: Vec<Option<usize>> = vec![None; g.len()];
     for id in g.ids().collect::<Vec<_>>().into_iter().rev() {
@@ -160,8 +160,7 @@ fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
             continue;
         }
         let group = users[i].first().and_then(|&u| root[u]).filter(|&r| {
-            !is_output[i]
-                && !g.node(id).inputs.iter().any(|x| written[x.index()])
+            !g.node(id).inputs.iter().any(|x| written[x.index()])
                 && users[i].iter().all(|&u| root[u] == Some(r))
                 && g.shape(id).dims() == g.shape(rlx_ir::NodeId(r as u32)).dims()
         });
@@ -298,8 +297,26 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                 let out_req = reqs.len() - 1;
                 reqs.push(BufferRequest { size: kernels::fused::scratch_bytes(ext.len(), code.len(), threads), start: step, end: step });
                 let scratch_req = Some(reqs.len() - 1);
-                let build: kernels::Build = Box::new(move |ins, out, s| kernels::fused::build(code, ins.to_vec(), out, s, threads));
-                pending.push((id.index(), ext, out_req, scratch_req, build));
+                // Members that are graph outputs get buffers of their own, written by the group
+                // too; they follow the external operands in the step's operand list.
+                let members = &groups.members[&id.index()];
+                let mut extra = Vec::new();
+                let mut operands = ext.clone();
+                for (j, &m) in members.iter().enumerate() {
+                    if m != id.index() && g.outputs().iter().any(|o| o.index() == m) {
+                        reqs.push(BufferRequest { size: bytes, start: step, end: step });
+                        vals[m] = Val { buf: Buf::Arena(reqs.len() - 1), layout: dense, dtype };
+                        extra.push(j);
+                        operands.push(m);
+                    }
+                }
+                let n_ext = ext.len();
+                let build: kernels::Build = Box::new(move |ins, out, s| {
+                    let (ext_refs, extra_refs) = ins.split_at(n_ext);
+                    let extra = extra.into_iter().zip(extra_refs.iter().copied()).collect();
+                    kernels::fused::build(code, ext_refs.to_vec(), out, extra, s, threads)
+                });
+                pending.push((id.index(), operands, out_req, scratch_req, build));
                 Val { buf: Buf::Arena(out_req), layout: dense, dtype }
             }
             _ => {

@@ -126,8 +126,9 @@ fn a_dag_with_shared_intermediates_strided_and_scalar_operands_is_bit_identical_
 #[test]
 fn updates_bound_at_compile_time_run_in_place_with_the_same_values() {
     // An SGD-with-momentum step: v' = 0.9 v + g, p' = p - 0.1 v' - 0.01 p (p read densely by
-    // its own update and, before it, transposed by a matmul); `p2` is read after its update
-    // would be written, so it must not be updated in place.
+    // its own update and, before it, transposed by a matmul; v' is an extra result of p's
+    // group); a matmul reads `p2` after its update would be written, so that one must not be
+    // updated in place.
     let mut g = Graph::new("step");
     let x = g.input("x", Shape::new(&[3, 4], DType::F32));
     let p = g.param("p", Shape::new(&[4, 4], DType::F32));
@@ -149,14 +150,20 @@ fn updates_bound_at_compile_time_run_in_place_with_the_same_values() {
     let half = g.scalar(0.5, DType::F32);
     let hg = g.mul(gr, half);
     let np2 = g.add(p2, hg);
-    let late = g.mul(np2, p2); // reads p2 after np2 is computed
+    let late = g.matmul(np2, p2, Shape::new(&[4, 4], DType::F32)); // reads p2 after np2 is computed
     let loss = g.sum(late, &[0, 1], false);
     g.set_outputs(vec![loss, np, nv, np2]);
     let updates: Vec<(String, usize)> = vec![("p".into(), 1), ("v".into(), 2), ("p2".into(), 3)];
     let xv: Vec<f32> = (0..12).map(|i| (i as f32 - 5.0) / 7.0).collect();
     let pv: Vec<f32> = (0..16).map(|i| ((i * 7 % 11) as f32 - 5.0) / 9.0).collect();
-    let run = |in_place: bool| {
-        let mut prog = if in_place { rlx_cpu::compile_with_updates(&g, 2, &updates).unwrap() } else { compile_with_fusion(&g, 2, true).unwrap() };
+    // In place (fused, updates bound), fused without binding, and unfused.
+    let run = |mode: u8| {
+        let in_place = mode == 0;
+        let mut prog = match mode {
+            0 => rlx_cpu::compile_with_updates(&g, 2, &updates).unwrap(),
+            1 => compile_with_fusion(&g, 2, true).unwrap(),
+            _ => compile_with_fusion(&g, 2, false).unwrap(),
+        };
         if in_place {
             assert_eq!(prog.in_place_updates(), 2, "p and v in place, p2 not");
         }
@@ -180,5 +187,7 @@ fn updates_bound_at_compile_time_run_in_place_with_the_same_values() {
         }
         (losses, params)
     };
-    assert_eq!(run(true), run(false));
+    let in_place = run(0);
+    assert_eq!(in_place, run(1));
+    assert_eq!(in_place, run(2));
 }

@@ -76,9 +76,11 @@ struct Plan {
     /// When the output aliases an operand (a param updated in place): the slot the result is
     /// computed into before it is copied out, so no loop writes memory it is still reading.
     root_slot: Option<usize>,
+    /// Extra results: (slot, index into the extra outputs), stored once the block is done.
+    extra: Vec<(usize, usize)>,
 }
 
-fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef) -> Plan {
+fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef, extra: &[usize]) -> Plan {
     let dense = Layout::contiguous(dims);
     let layouts: Vec<Layout> = ins.iter().map(|t| t.layout.broadcast_to(dims)).collect();
     let mut gathers = 0;
@@ -107,6 +109,10 @@ fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef) -> Plan {
                 last[i] = j;
             }
         }
+    }
+    // Extra results stay in their slots until the end of the block.
+    for &j in extra {
+        last[j] = code.len();
     }
     let mut slot_of = vec![usize::MAX; code.len()];
     let mut free: Vec<usize> = Vec::new();
@@ -148,7 +154,8 @@ fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef) -> Plan {
         Some(Step::Binary(.., d) | Step::Unary(.., d)) => *d,
         None => None,
     };
-    Plan { kinds, layouts, steps, gathers, slots, root_slot }
+    let extra = extra.iter().enumerate().map(|(k, &j)| (slot_of[j], k)).collect();
+    Plan { kinds, layouts, steps, gathers, slots, root_slot, extra }
 }
 
 /// Scratch bytes a group needs for `threads` threads (an upper bound: one block per external
@@ -220,6 +227,8 @@ struct Ctx<'a> {
     ins: &'a [TRef],
     dims: &'a [usize],
     out: *mut f32,
+    /// Extra results (dense, from their offsets).
+    extra: &'a [Ptr],
     /// This thread's scratch: gather slots, then temporaries.
     scratch: *mut f32,
     n: usize,
@@ -278,9 +287,12 @@ unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
                 Step::Unary(act, a, d) => unary(act, view(a), target(d)),
             }
         }
+        // Every operand of this block has been read: results may overwrite operands now.
         if let Some(t) = p.root_slot {
-            // Every operand of this block has been read: the result may overwrite it now.
             std::ptr::copy_nonoverlapping(tmp.add(t * BLOCK), c.out.add(s), len);
+        }
+        for &(t, k) in &p.extra {
+            std::ptr::copy_nonoverlapping(tmp.add(t * BLOCK), (c.extra[k].0 as *mut f32).add(s), len);
         }
     }
 }
@@ -311,10 +323,14 @@ unsafe fn eval_best(c: &Ctx, blocks: std::ops::Range<usize>) {
 }
 
 /// The kernel: `ins` are the group's external operands (broadcast to `out`'s dims), `code` the
-/// instructions in order; the last one is the result, written to the dense `out`.
-pub fn build(code: Vec<Instr>, ins: Vec<TRef>, out: TRef, scratch: Ptr, threads: usize) -> Box<dyn Kernel> {
+/// instructions in order; the last one is the result, written to the dense `out`, and each
+/// `(instruction, buffer)` of `extra` is stored too (dense, `out`'s dims).
+pub fn build(code: Vec<Instr>, ins: Vec<TRef>, out: TRef, extra: Vec<(usize, TRef)>, scratch: Ptr, threads: usize) -> Box<dyn Kernel> {
     let dims = out.layout.dims().to_vec();
-    let plan = plan(&code, &ins, &dims, &out);
+    let extra_instrs: Vec<usize> = extra.iter().map(|e| e.0).collect();
+    let plan = plan(&code, &ins, &dims, &out, &extra_instrs);
+    // SAFETY: each extra result is a dense buffer of `out`'s dims from its offset.
+    let extra_ptrs: Vec<Ptr> = extra.iter().map(|(_, t)| Ptr(unsafe { t.base::<f32>().add(t.layout.offset) } as *mut u8)).collect();
     let per_thread = (plan.gathers + plan.slots) * BLOCK;
     let n = out.layout.numel();
     kernel(move |pool: &Pool| {
@@ -323,6 +339,7 @@ pub fn build(code: Vec<Instr>, ins: Vec<TRef>, out: TRef, scratch: Ptr, threads:
         let per_task = blocks.div_ceil(tasks);
         pool.run(tasks, &|t, th| {
             let c = Ctx {
+                extra: &extra_ptrs,
                 plan: &plan,
                 ins: &ins,
                 dims: &dims,

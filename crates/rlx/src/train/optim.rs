@@ -211,18 +211,24 @@ pub(crate) fn update(g: &mut Graph, opt: &Optimizer, lr: NodeId, step: NodeId, p
             let p2 = g.try_pow(b2, t)?;
             let bc1 = g.try_sub(one, p1)?;
             let bc2 = g.try_sub(one, p2)?;
-            let mhat = g.try_div(m, bc1)?;
-            let vhat = g.try_div(v, bc2)?;
-            let rt = g.try_activation(Activation::Sqrt, vhat)?;
+            // lr · (m / bc1) / (sqrt(v / bc2) + eps), arranged as PyTorch does so the bias
+            // corrections are scalars computed once per step: one division and one square root
+            // per element instead of three divisions and a root.
+            let step_size = g.try_div(lr, bc1)?;
+            let inv_sqrt_bc2 = g.try_activation(Activation::Rsqrt, bc2)?;
+            let rt = g.try_activation(Activation::Sqrt, v)?;
+            let rt = g.try_mul(rt, inv_sqrt_bc2)?;
             let e = c(g, eps as f64)?;
             let den = g.try_add(rt, e)?;
-            let mut dir = g.try_div(mhat, den)?;
+            let ratio = g.try_div(m, den)?;
+            let mut d = g.try_mul(step_size, ratio)?;
             if let Optimizer::AdamW { weight_decay, .. } = *opt {
+                // Decoupled weight decay: lr · wd · p.
                 let wd = c(g, weight_decay as f64)?;
-                let decay = g.try_mul(wd, p)?;
-                dir = g.try_add(dir, decay)?;
+                let lr_wd = g.try_mul(lr, wd)?;
+                let decay = g.try_mul(lr_wd, p)?;
+                d = g.try_add(d, decay)?;
             }
-            let d = g.try_mul(lr, dir)?;
             Ok((g.try_sub(p, d)?, vec![m, v]))
         }
     }

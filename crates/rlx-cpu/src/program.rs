@@ -391,7 +391,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
             Buf::Arena(r) => unsafe { arena.ptr().add(plan.offsets[r]) },
             Buf::Param(i) => param_bufs[i].ptr(),
             Buf::Const(i) => consts[i].ptr(),
-            Buf::Fused => unreachable!("fused values are only read inside their chain"),
+            Buf::Fused => unreachable!("fused intermediates are only read inside their group"),
         })
     };
     let tref = |v: &Val| TRef { ptr: base(v.buf), layout: v.layout, dtype: v.dtype };

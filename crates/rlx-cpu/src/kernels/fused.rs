@@ -1,7 +1,8 @@
 //! Fused elementwise groups: a DAG of f32 Binary / Activation nodes with the same dims, whose
-//! intermediate results are used only inside the group, runs as one loop over blocks of the
+//! intermediate results no step outside the group reads, runs as one loop over blocks of the
 //! result. Intermediates live in per-thread scratch blocks (reused once their last reader has
-//! run) instead of making a round trip through memory each; operands that are already dense are
+//! run) instead of making a round trip through memory each; members that are graph outputs are
+//! also stored, at the end of each block, as extra results. Operands that are already dense are
 //! read in place and broadcast scalars stay in a register.
 //!
 //! Every element goes through the same f32 operations, in the same order, as the separate

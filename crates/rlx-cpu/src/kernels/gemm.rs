@@ -179,7 +179,8 @@ unsafe fn block(isa: Isa, mc: usize, nc: usize, kc: usize, a: ABlock, pa: *mut f
         while ir < mc {
             let rows = (mc - ir).min(mr);
             let (ap, rs, cs) = if packed || rows == mr { (a.ptr.add(ir * a.step), a.rs, a.cs) } else { (pa as *const f32, 1, mr) };
-            micro(isa, kc, ap, rs, cs, pb.add(jr * kc), c.add(ir * ldc + jr), ldc, acc, rows, cols);
+            let next = if ir + mr < mc { c.add((ir + mr) * ldc + jr) } else if jr + nr < nc { c.add(jr + nr) } else { std::ptr::null_mut() };
+            micro(isa, kc, ap, rs, cs, pb.add(jr * kc), c.add(ir * ldc + jr), ldc, acc, rows, cols, next);
             ir += mr;
         }
         jr += nr;
@@ -300,15 +301,16 @@ unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: 
 }
 
 /// One `mr×nr` tile of C from A read at `a[i * ars + p * acs]` (packed: `ars = 1, acs = mr`)
-/// and a packed B sliver. Only the AVX-512 kernels read A in place.
+/// and a packed B sliver. Only the AVX-512 kernels read A in place; they also prefetch `next`,
+/// the C tile of the following call (null for none).
 #[allow(clippy::too_many_arguments)]
 #[inline]
-unsafe fn micro(isa: Isa, kc: usize, a: *const f32, ars: usize, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+unsafe fn micro(isa: Isa, kc: usize, a: *const f32, ars: usize, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if ars == 1 => x86::micro_12x32(kc, a, acs, b, c, ldc, acc, rows, cols),
+        Isa::Avx512 if ars == 1 => x86::micro_12x32(kc, a, acs, b, c, ldc, acc, rows, cols, next),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => x86::micro_12x32_rows(kc, a, ars, b, c, ldc, acc, rows, cols),
+        Isa::Avx512 => x86::micro_12x32_rows(kc, a, ars, b, c, ldc, acc, rows, cols, next),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => x86::micro_6x16(kc, a, b, c, ldc, acc, rows, cols),
         _ => micro_generic(kc, a, b, c, ldc, acc, rows, cols),
@@ -349,15 +351,15 @@ mod x86 {
 
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn micro_12x32(kc: usize, a: *const f32, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
-        micro_avx512::<12, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols)
+    pub(super) unsafe fn micro_12x32(kc: usize, a: *const f32, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
+        micro_avx512::<12, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols, next)
     }
 
     /// [`micro_12x32`] reading A in place from rows `ars` apart (row-major A).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn micro_12x32_rows(kc: usize, a: *const f32, ars: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
-        micro_avx512::<12, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols)
+    pub(super) unsafe fn micro_12x32_rows(kc: usize, a: *const f32, ars: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
+        micro_avx512::<12, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, next)
     }
 
     /// `MR` rows of C by `NV` vectors of 16 columns (`NR = 16 * NV`). A element `(i, p)` is
@@ -374,29 +376,38 @@ mod x86 {
         acc: bool,
         rows: usize,
         cols: usize,
+        next: *const f32,
     ) {
         let mut r = [[_mm512_setzero_ps(); NV]; MR];
-        if acc {
-            // C is read back at the end; with large row strides its rows share cache sets, so
-            // start fetching them before the k loop.
-            for i in 0..rows {
-                for v in 0..NV {
-                    _mm_prefetch::<_MM_HINT_T0>(c.add(i * ldc + 16 * v) as *const i8);
+        // The C tile of the next call (rows `ldc` apart, so they share L1 sets) is fetched one
+        // line per `chunk` k steps, spread over this call's loop: all at once they would fill
+        // the line-fill buffers the A and B streams need, and C's rows would evict B from L1
+        // long before they are read.
+        let lines = if next.is_null() { 0 } else { MR * NV };
+        let chunk = kc.checked_div(lines).unwrap_or(kc).max(1);
+        let mut line = 0;
+        let mut p0 = 0;
+        while p0 < kc {
+            if line < lines {
+                // `wrapping_add`: a partial next tile has fewer rows; prefetching past them is harmless.
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add((line / NV) * ldc + 16 * (line % NV)) as *const i8);
+                line += 1;
+            }
+            let end = (p0 + chunk).min(kc);
+            for p in p0..end {
+                let bp = b.add(p * NR);
+                let mut bv = [_mm512_setzero_ps(); NV];
+                for (v, x) in bv.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(bp.add(16 * v));
+                }
+                for (i, ri) in r.iter_mut().enumerate() {
+                    let av = _mm512_set1_ps(if ROWS { *a.add(i * lda + p) } else { *a.add(p * lda + i) });
+                    for v in 0..NV {
+                        ri[v] = _mm512_fmadd_ps(av, bv[v], ri[v]);
+                    }
                 }
             }
-        }
-        for p in 0..kc {
-            let bp = b.add(p * NR);
-            let mut bv = [_mm512_setzero_ps(); NV];
-            for (v, x) in bv.iter_mut().enumerate() {
-                *x = _mm512_loadu_ps(bp.add(16 * v));
-            }
-            for (i, ri) in r.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(if ROWS { *a.add(i * lda + p) } else { *a.add(p * lda + i) });
-                for v in 0..NV {
-                    ri[v] = _mm512_fmadd_ps(av, bv[v], ri[v]);
-                }
-            }
+            p0 = end;
         }
         if rows == MR && cols == NR {
             for (i, ri) in r.iter().enumerate() {

@@ -150,6 +150,14 @@ fn fill(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// `data` copied into a buffer allocated as the runtime's arena is (on Linux, buffers of 2 MiB
+/// and more get huge pages, as numpy's large arrays do), so the kernel timings see the memory
+/// a compiled graph's matmul sees.
+fn arena(data: &[f32]) -> rlx_cpu::buffer::Buffer {
+    // SAFETY: any f32 slice is valid as bytes.
+    rlx_cpu::buffer::Buffer::from_bytes(unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data)) })
+}
+
 fn gemm_suite(o: &Opts, py: Option<&numpy::Numpy>) {
     if !o.shapes.is_empty() {
         return gemm_shapes(o);
@@ -158,12 +166,11 @@ fn gemm_suite(o: &Opts, py: Option<&numpy::Numpy>) {
     println!("| n | threads | RLX | numpy (OpenBLAS) | RLX / numpy |");
     println!("|---:|---:|---:|---:|---:|");
     for &n in &o.sizes {
-        let a = fill(n * n, 1);
-        let b = fill(n * n, 2);
-        let mut c = vec![0f32; n * n];
+        let (a, b, c) = (arena(&fill(n * n, 1)), arena(&fill(n * n, 2)), arena(&vec![0f32; n * n]));
+        let (a, b, c) = (a.ptr() as *const f32, b.ptr() as *const f32, c.ptr() as *mut f32);
         for &t in &o.threads {
             let pool = Pool::shared(t);
-            let mut scratch = vec![0f32; gemm::scratch_len(n, n, n, t)];
+            let scratch = arena(&vec![0f32; gemm::scratch_len(n, n, n, t)]);
             let flops = 2.0 * (n as f64).powi(3);
             let mut run = || unsafe {
                 // SAFETY: buffers sized for n×n; scratch sized by scratch_len.
@@ -172,11 +179,11 @@ fn gemm_suite(o: &Opts, py: Option<&numpy::Numpy>) {
                     n,
                     n,
                     n,
-                    Mat { ptr: a.as_ptr(), rs: n, cs: 1 },
-                    Mat { ptr: b.as_ptr(), rs: n, cs: 1 },
-                    c.as_mut_ptr(),
+                    Mat { ptr: a, rs: n, cs: 1 },
+                    Mat { ptr: b, rs: n, cs: 1 },
+                    c,
                     n,
-                    scratch.as_mut_ptr(),
+                    scratch.ptr() as *mut f32,
                 )
             };
             run();
@@ -200,16 +207,15 @@ fn gemm_shapes(o: &Opts) {
     println!("| m×k×n | A | threads | RLX |");
     println!("|---|---|---:|---:|");
     for &(m, k, n, trans) in &o.shapes {
-        let a = fill(m * k, 1);
-        let b = fill(k * n, 2);
-        let mut c = vec![0f32; m * n];
-        let am = if trans { Mat { ptr: a.as_ptr(), rs: 1, cs: m } } else { Mat { ptr: a.as_ptr(), rs: k, cs: 1 } };
+        let (a, b, c) = (arena(&fill(m * k, 1)), arena(&fill(k * n, 2)), arena(&vec![0f32; m * n]));
+        let (a, b, c) = (a.ptr() as *const f32, b.ptr() as *const f32, c.ptr() as *mut f32);
+        let am = if trans { Mat { ptr: a, rs: 1, cs: m } } else { Mat { ptr: a, rs: k, cs: 1 } };
         for &t in &o.threads {
             let pool = Pool::shared(t);
-            let mut scratch = vec![0f32; gemm::scratch_len(m, n, k, t)];
+            let scratch = arena(&vec![0f32; gemm::scratch_len(m, n, k, t)]);
             let flops = 2.0 * (m * n * k) as f64;
             // SAFETY: buffers sized for the shape; scratch sized by scratch_len.
-            let mut run = || unsafe { gemm::sgemm(Some(&pool), m, n, k, am, Mat { ptr: b.as_ptr(), rs: n, cs: 1 }, c.as_mut_ptr(), n, scratch.as_mut_ptr()) };
+            let mut run = || unsafe { gemm::sgemm(Some(&pool), m, n, k, am, Mat { ptr: b, rs: n, cs: 1 }, c, n, scratch.ptr() as *mut f32) };
             run();
             let mut ours = Samples::default();
             for _ in 0..o.rounds {

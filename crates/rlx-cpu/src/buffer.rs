@@ -81,6 +81,11 @@ impl Buffer {
     pub fn len(&self) -> usize {
         self.len
     }
+
+    /// Whether the buffer has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 impl Drop for Buffer {

@@ -9,7 +9,7 @@
 
 #![deny(missing_docs)]
 
-mod buffer;
+pub mod buffer;
 pub mod elem;
 pub mod kernels;
 pub mod layout;

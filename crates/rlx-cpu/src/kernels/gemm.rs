@@ -12,7 +12,9 @@ fn blocking() -> (usize, usize, usize) {
     static B: std::sync::OnceLock<(usize, usize, usize)> = std::sync::OnceLock::new();
     *B.get_or_init(|| {
         let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).filter(|&v: &usize| v > 0).unwrap_or(d);
-        (env("RLX_GEMM_KC", 256), env("RLX_GEMM_MC", 96), env("RLX_GEMM_NC", 3072))
+        // Blocks of whole micro-tiles: a packed operand shared by threads is addressed by them.
+        let (mr, nr) = Isa::detect().tile();
+        (env("RLX_GEMM_KC", 256), env("RLX_GEMM_MC", 96).next_multiple_of(mr), env("RLX_GEMM_NC", 3072).next_multiple_of(nr))
     })
 }
 
@@ -77,9 +79,21 @@ pub fn scratch_per_thread(m: usize, n: usize, k: usize) -> usize {
     kc * (mc + nc) + 16
 }
 
-/// Total scratch floats for `threads` threads.
+/// Total scratch floats for `threads` threads: each thread's packing buffers, then (with
+/// several threads) room for one operand packed whole and shared by all of them.
 pub fn scratch_len(m: usize, n: usize, k: usize, threads: usize) -> usize {
-    scratch_per_thread(m, n, k) * threads.max(1)
+    let shared = if threads > 1 { shared_len(m, n, k) } else { 0 };
+    scratch_per_thread(m, n, k) * threads.max(1) + shared
+}
+
+/// Largest operand (floats, padded) packed once and shared between threads.
+const SHARED_MAX: usize = 1 << 20;
+
+/// Floats for the shared packed operand of an `m×n×k` product (0 when neither fits).
+fn shared_len(m: usize, n: usize, k: usize) -> usize {
+    let (mr, nr) = Isa::detect().tile();
+    let (b, a) = (k * n.div_ceil(nr) * nr, m.div_ceil(mr) * mr * k);
+    [a, b].into_iter().filter(|&x| x <= SHARED_MAX).max().unwrap_or(0)
 }
 
 #[derive(Clone, Copy)]
@@ -104,9 +118,12 @@ impl Job {
 /// `C = A·B`. `scratch` must hold [`scratch_len`]`(m, n, k, pool.threads())` floats when a pool
 /// is given (one thread's worth otherwise).
 ///
-/// With several threads, each takes a contiguous share of the longer side of C and runs the
-/// blocked product on it with its own packing buffers. (Sharing one packed B panel between
-/// threads costs an extra dispatch per panel and measured slower on 2 cores.)
+/// With several threads the longer side of C is cut into shares of whole micro-tiles. When the
+/// operand every share would pack (B when rows are split, A when columns are) fits in 4 MiB, it
+/// is packed once, in parallel, and shared; the shares are then four per thread, claimed as
+/// threads come free, so a thread on a slower or busier core simply takes fewer (on this
+/// project's shared 2-core machine one core is at times ~40% slower than the other). Larger
+/// products keep one share per thread, each packing its own panels.
 ///
 /// # Safety
 /// A, B and C must be valid for the given sizes and strides; C must not overlap A or B.
@@ -126,28 +143,112 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
     let per = scratch_per_thread(m, n, k);
     let threads = pool.map_or(1, |p| p.threads());
     let job = Job { a, b, c, ldc, scratch };
-    let parts = if threads > 1 && m * n * k >= 1 << 18 { threads } else { 1 };
-    // Split the longer side so every thread gets whole micro-tiles.
+    // Split the longer side so every task gets whole micro-tiles.
     let split_m = m / mr >= n / nr;
     let (len, step) = if split_m { (m, mr) } else { (n, nr) };
-    let chunk = len.div_ceil(parts).div_ceil(step) * step;
-    let tasks = len.div_ceil(chunk.max(1));
-    match pool {
-        Some(p) if tasks > 1 && split_m => p.run(tasks, &|t, th| {
+    let (kc_b, _, _) = blocking();
+    let (mpad, npad) = (m.div_ceil(mr) * mr, n.div_ceil(nr) * nr);
+    // The operand every task would otherwise pack for itself: B when splitting rows, A when
+    // splitting columns (unless A is read in place).
+    let shared = if split_m {
+        (k * npad <= SHARED_MAX).then_some(Shared::B(npad))
+    } else if direct_a(isa, &a, n) {
+        Some(Shared::None)
+    } else {
+        (mpad * k <= SHARED_MAX).then_some(Shared::A(mpad))
+    };
+    let parallel = threads > 1 && m * n * k >= 1 << 18;
+    let pool = pool.filter(|_| parallel);
+    let (Some(p), Some(shared)) = (pool, shared) else {
+        // One share per thread, each packing what it needs.
+        let parts = if parallel { threads } else { 1 };
+        let chunk = len.div_ceil(parts).div_ceil(step) * step;
+        let tasks = len.div_ceil(chunk.max(1));
+        match pool {
+            Some(p) if tasks > 1 => p.run(tasks, &|t, th| {
+                let j = job.get();
+                let s = t * chunk;
+                let e = (s + chunk).min(len);
+                j.share(isa, split_m, s, e, m, n, k, Shared::None, j.scratch.add(th * per));
+            }),
+            _ => gemm_serial(isa, m, n, k, a, b, c, ldc, scratch, Shared::None),
+        }
+        return;
+    };
+    // Several shares per thread, claimed as threads come free, so a thread on a slower (say,
+    // shared) core takes fewer. What every share would pack is packed once, in parallel, first.
+    let packed = scratch.add(threads * per) as *const f32;
+    let shared = match shared {
+        Shared::B(npad) => Shared::PackedB(packed, npad),
+        Shared::A(mpad) => Shared::PackedA(packed, mpad),
+        other => other,
+    };
+    let pcs = k.div_ceil(kc_b);
+    // Packing tasks: 4 slivers of the shared operand at one depth block each.
+    let (plen, piece) = if split_m { (n, nr * 4) } else { (m, mr * 4) };
+    let pieces = plen.div_ceil(piece);
+    if !matches!(shared, Shared::None) {
+        p.run(pcs * pieces, &|t, _| {
             let j = job.get();
-            let s = t * chunk;
-            let e = (s + chunk).min(len);
+            let (pc, i) = (t / pieces * kc_b, t % pieces * piece);
+            let kc = (k - pc).min(kc_b);
+            match shared.get() {
+                Shared::PackedB(dst, npad) => {
+                    let cols = (n - i).min(piece);
+                    pack_b(kc, cols, nr, j.b.ptr.add(pc * j.b.rs + i * j.b.cs), j.b.rs, j.b.cs, dst.add(pc * npad + i * kc) as *mut f32);
+                }
+                Shared::PackedA(dst, mpad) => {
+                    let rows = (m - i).min(piece);
+                    pack_a(rows, kc, mr, j.a.ptr.add(i * j.a.rs + pc * j.a.cs), j.a.rs, j.a.cs, dst.add(pc * mpad + i * kc) as *mut f32);
+                }
+                _ => {}
+            }
+        });
+    }
+    let chunk = len.div_ceil(threads * 4).div_ceil(step) * step;
+    let tasks = len.div_ceil(chunk);
+    p.run(tasks, &|t, th| {
+        let j = job.get();
+        let s = t * chunk;
+        let e = (s + chunk).min(len);
+        j.share(isa, split_m, s, e, m, n, k, shared.get(), j.scratch.add(th * per));
+    });
+}
+
+/// An operand packed once for all threads (`Packed*`: where, and the padded rows of A or
+/// columns of B), or to be packed (`A`, `B`).
+#[derive(Clone, Copy)]
+enum Shared {
+    None,
+    A(usize),
+    B(usize),
+    PackedA(*const f32, usize),
+    PackedB(*const f32, usize),
+}
+// SAFETY: the packed operand is written by disjoint tasks of one dispatch, then only read.
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    // A method, so closures capture the whole (Sync) value rather than its raw-pointer fields.
+    fn get(&self) -> Shared {
+        *self
+    }
+}
+
+impl Job {
+    /// Rows (`split_m`) or columns `s..e` of C; a shared packed operand covers all of the other
+    /// side, so it is passed on unchanged.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn share(&self, isa: Isa, split_m: bool, s: usize, e: usize, m: usize, n: usize, k: usize, shared: Shared, buf: *mut f32) {
+        let j = self;
+        if split_m {
             let a = Mat { ptr: j.a.ptr.add(s * j.a.rs), ..j.a };
-            gemm_serial(isa, e - s, n, k, a, j.b, j.c.add(s * j.ldc), j.ldc, j.scratch.add(th * per));
-        }),
-        Some(p) if tasks > 1 => p.run(tasks, &|t, th| {
-            let j = job.get();
-            let s = t * chunk;
-            let e = (s + chunk).min(len);
+            gemm_serial(isa, e - s, n, k, a, j.b, j.c.add(s * j.ldc), j.ldc, buf, shared);
+        } else {
             let b = Mat { ptr: j.b.ptr.add(s * j.b.cs), ..j.b };
-            gemm_serial(isa, m, e - s, k, j.a, b, j.c.add(s), j.ldc, j.scratch.add(th * per));
-        }),
-        _ => gemm_serial(isa, m, n, k, a, b, c, ldc, scratch),
+            gemm_serial(isa, m, e - s, k, j.a, b, j.c.add(s), j.ldc, buf, shared);
+        }
     }
 }
 
@@ -201,11 +302,11 @@ fn direct_a(isa: Isa, a: &Mat, n: usize) -> bool {
 const DIRECT_MAX_N: usize = 256;
 
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, buf: *mut f32) {
+unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, buf: *mut f32, shared: Shared) {
     let (mr, nr) = isa.tile();
     let (kc_b, mc_b, nc_b) = blocking();
     let pa = buf;
-    let pb = buf.add(k.min(kc_b) * m.min(mc_b).div_ceil(mr) * mr);
+    let own_b = buf.add(k.min(kc_b) * m.min(mc_b).div_ceil(mr) * mr);
     let direct = direct_a(isa, &a, n);
     let mut jc = 0;
     while jc < n {
@@ -213,12 +314,21 @@ unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c:
         let mut pc = 0;
         while pc < k {
             let kc = (k - pc).min(kc_b);
-            pack_b(kc, nc, nr, b.ptr.add(pc * b.rs + jc * b.cs), b.rs, b.cs, pb);
+            // A panel packed whole is laid out as consecutive `kc`-deep panels of all its
+            // slivers, so the block at (row or column `x`, depth `pc`) is at `pc * pad + x * kc`.
+            let pb = if let Shared::PackedB(p, npad) = shared {
+                p.add(pc * npad + jc * kc)
+            } else {
+                pack_b(kc, nc, nr, b.ptr.add(pc * b.rs + jc * b.cs), b.rs, b.cs, own_b);
+                own_b
+            };
             let mut ic = 0;
             while ic < m {
                 let mc = (m - ic).min(mc_b);
                 let src = a.ptr.add(ic * a.rs + pc * a.cs);
-                let ab = if direct {
+                let ab = if let Shared::PackedA(p, mpad) = shared {
+                    ABlock { ptr: p.add(pc * mpad + ic * kc), step: kc, rs: 1, cs: mr }
+                } else if direct {
                     ABlock { ptr: src, step: a.rs, rs: a.rs, cs: a.cs }
                 } else {
                     pack_a(mc, kc, mr, src, a.rs, a.cs, pa);
@@ -567,6 +677,17 @@ mod tests {
     fn matches_naive_on_edges_and_blocks() {
         for &(m, n, k) in &[(1, 1, 1), (13, 33, 7), (12, 32, 256), (25, 70, 300), (200, 65, 513), (3, 3100, 5)] {
             check(m, n, k, false, 1);
+            check(m, n, k, true, 2);
+        }
+    }
+
+    #[test]
+    fn parallel_shares_match_naive() {
+        // Two threads, several shares each: rows split with B packed once (several depth
+        // blocks), columns split with A packed once (row-major A wider than the in-place limit,
+        // transposed A, several column blocks), columns split with A read in place.
+        for &(m, n, k) in &[(400, 70, 600), (40, 1000, 600), (100, 3300, 300), (40, 200, 600), (2000, 40, 700)] {
+            check(m, n, k, false, 2);
             check(m, n, k, true, 2);
         }
     }

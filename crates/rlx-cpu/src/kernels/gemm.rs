@@ -346,18 +346,20 @@ unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c:
 /// Pack `mc×kc` of A into `mr`-row slivers: `dst[(s*kc + p)*mr + i]`, zero-padded.
 unsafe fn pack_a(mc: usize, kc: usize, mr: usize, a: *const f32, rs: usize, cs: usize, dst: *mut f32) {
     let mut s = 0;
+    #[cfg(target_arch = "x86_64")]
+    if rs == 1 && mr == 12 && Isa::detect() == Isa::Avx512 {
+        // Column-major A (a transposed operand): walk k outermost, so each column of the block
+        // is read once as one contiguous run and dealt out to the slivers (sliver by sliver,
+        // the k steps are `cs` floats apart and, at power-of-two strides, share a few L1 sets).
+        s = mc / mr;
+        x86::pack_a_columns(s, kc, a, cs, dst);
+    }
     while s * mr < mc {
         let rows = (mc - s * mr).min(mr);
         let d = dst.add(s * kc * mr);
         let src = a.add(s * mr * rs);
         if rows == mr && rs == 1 {
             // Column-major A (a transposed operand): each k step is `mr` contiguous floats.
-            #[cfg(target_arch = "x86_64")]
-            if mr == 12 && Isa::detect() == Isa::Avx512 {
-                x86::copy_rows::<12>(kc, src, cs, d);
-                s += 1;
-                continue;
-            }
             for p in 0..kc {
                 std::ptr::copy_nonoverlapping(src.add(p * cs), d.add(p * mr), mr);
             }
@@ -585,6 +587,20 @@ mod x86 {
             _mm512_mask_storeu_ps(dp, lo, _mm512_maskz_loadu_ps(lo, sp));
             if hi != 0 {
                 _mm512_mask_storeu_ps(dp.add(16), hi, _mm512_maskz_loadu_ps(hi, sp.add(16)));
+            }
+        }
+    }
+
+    /// Pack `slivers` full 12-row slivers of a column-major A (`a[i + p * cs]`) over `kc` k
+    /// steps as `dst[(s * kc + p) * 12 + i]`, reading each column's `12 * slivers` floats as
+    /// one run.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pack_a_columns(slivers: usize, kc: usize, a: *const f32, cs: usize, dst: *mut f32) {
+        const M: __mmask16 = 0x0fff;
+        for p in 0..kc {
+            let col = a.add(p * cs);
+            for s in 0..slivers {
+                _mm512_mask_storeu_ps(dst.add((s * kc + p) * 12), M, _mm512_maskz_loadu_ps(M, col.add(s * 12)));
             }
         }
     }

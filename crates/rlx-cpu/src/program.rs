@@ -485,7 +485,8 @@ impl Drop for Program {
             let mut order: Vec<usize> = (0..desc.len()).collect();
             order.sort_by_key(|&i| std::cmp::Reverse(prof[i].0));
             eprintln!("  slowest steps (of {}):", desc.len());
-            for &i in order.iter().take(30) {
+            let top = std::env::var("RLX_PROFILE_TOP").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
+            for &i in order.iter().take(top) {
                 let (ns, n) = prof[i];
                 eprintln!("  {:>9.3} ms/call {:>5.1}%  {}", ns as f64 / 1e6 / n.max(1) as f64, 100.0 * ns as f64 / total as f64, desc[i]);
             }

@@ -52,10 +52,19 @@ fn gather<T: Elem>(x: TRef, idx: TRef, out: TRef, axis: usize) -> Box<dyn Kernel
             (0..out.layout.numel()).for_each(|t| unsafe { *po.add(o + t) = T::zero() });
             return;
         }
+        // Rows (the trailing axes) stored densely are copied whole.
+        let row = post.is_contiguous().then(|| post.numel());
         each_offset(&pre, |pb| {
             each_offset(&idx.layout, |io| {
                 // SAFETY: the index is clamped into the axis; offsets come from layouts.
                 let v = unsafe { read_index(&idx, io) }.clamp(0, (n - 1).max(0)) as usize;
+                if let Some(len) = row {
+                    // SAFETY: a dense row of `len` elements at the gathered offset; the output
+                    // is dense from `o`.
+                    unsafe { std::ptr::copy_nonoverlapping(px.add(pb + v * sa), po.add(o), len) };
+                    o += len;
+                    return;
+                }
                 each_offset(&post, |q| {
                     unsafe { *po.add(o) = *px.add(pb + v * sa + q) };
                     o += 1;
@@ -75,6 +84,9 @@ fn scatter_add<T: Elem>(x: TRef, idx: TRef, upd: TRef, out: TRef, axis: usize) -
         let (pu, po) = (upd.base::<T>() as *const T, out.base::<T>());
         let (su, so) = (upd.layout.strides()[axis], out.layout.strides()[axis]);
         let dense_pre = Layout::contiguous(pre_o.dims());
+        let dense_post = Layout::contiguous(post_o.dims());
+        // Rows (the trailing axes) stored densely in both are added as slices.
+        let row = (post_u.is_contiguous() && post_o.is_contiguous()).then(|| post_o.numel());
         for_each_run(pre_o.dims(), [&dense_pre, &pre_u, &pre_o], 0..pre_o.numel(), |[_, ub, ob], len, [_, sub, sob]| {
             for t in 0..len {
                 let (ub, ob) = (ub + t * sub, ob + t * sob);
@@ -84,7 +96,16 @@ fn scatter_add<T: Elem>(x: TRef, idx: TRef, upd: TRef, out: TRef, axis: usize) -
                     let v = unsafe { read_index(&idx, io) };
                     if (0..n).contains(&v) {
                         let (ubase, obase) = (ub + j * su, ob + v as usize * so);
-                        let dense_post = Layout::contiguous(post_o.dims());
+                        if let Some(len) = row {
+                            // SAFETY: dense rows of `len` elements; an update row never
+                            // overlaps the output (they are different buffers).
+                            let (d, u) = unsafe { (std::slice::from_raw_parts_mut(po.add(obase), len), std::slice::from_raw_parts(pu.add(ubase), len)) };
+                            for (d, &u) in d.iter_mut().zip(u) {
+                                *d = (*d).add(u);
+                            }
+                            j += 1;
+                            return;
+                        }
                         for_each_run(post_o.dims(), [&dense_post, &post_u, &post_o], 0..post_o.numel(), |[_, u, o], l, [_, s1, s2]| {
                             for r in 0..l {
                                 unsafe {

@@ -1,10 +1,12 @@
-//! A small fork-join thread pool built for low dispatch latency: workers spin briefly on a
-//! generation counter before parking, and a dispatch allocates nothing.
+//! A small fork-join thread pool built for low dispatch latency: idle workers spin on a
+//! generation counter for up to 2 ms (`RLX_SPIN_US`) before parking, and a dispatch allocates
+//! nothing.
 //!
 //! Kernels call [`Pool::run`] with a task count and a closure `f(task, thread)`; the caller's
 //! thread takes part. On Linux, when the process may use a CPU per thread, each worker is pinned
-//! to its own CPU other than the first (`RLX_PIN=0` leaves them free). If the pool is already busy (another graph is running on it, or a task
-//! dispatches again), the work runs inline on the calling thread instead of waiting.
+//! to its own CPU other than the first (`RLX_PIN=0` leaves them free). If the pool is already
+//! busy (another graph is running on it, or a task dispatches again), the work runs inline on
+//! the calling thread instead of waiting.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -34,14 +36,29 @@ pub struct Pool {
 
 const SPIN: usize = 1 << 11;
 
+/// How long an idle worker spins before parking: `RLX_SPIN_US` microseconds (default 2000).
+fn idle_spin() -> std::time::Duration {
+    static S: OnceLock<u64> = OnceLock::new();
+    std::time::Duration::from_micros(*S.get_or_init(|| std::env::var("RLX_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)))
+}
+
 fn erase(f: Task<'_>) -> (usize, usize) {
     // SAFETY: a fat pointer is two words; it is rebuilt only while `f` is alive (see `run`).
     unsafe { std::mem::transmute::<Task<'_>, (usize, usize)>(f) }
 }
 
 impl Pool {
-    /// A pool with `threads` threads in total (the caller's included).
+    /// A pool with `threads` threads in total (the caller's included). Idle workers spin for
+    /// `RLX_SPIN_US` microseconds (default 2000, like OpenMP runtimes' default spin before
+    /// sleeping) before they park: across the host-side gap between two runs of a graph (a
+    /// training loop's bookkeeping) they stay awake, and a woken worker (on a VM, a halted
+    /// virtual CPU) costs tens of microseconds and runs slower for a while after.
     pub fn new(threads: usize) -> Pool {
+        Pool::with_idle_spin(threads, idle_spin())
+    }
+
+    /// [`Pool::new`] with idle workers spinning for `idle` before they park.
+    pub fn with_idle_spin(threads: usize, idle: std::time::Duration) -> Pool {
         let workers = threads.max(1) - 1;
         let shared = Arc::new(Shared {
             generation: AtomicUsize::new(0),
@@ -69,7 +86,7 @@ impl Pool {
                     if let Some(c) = cpu {
                         pin_to(c);
                     }
-                    worker(s, w)
+                    worker(s, w, idle)
                 })
                 .expect("spawning an RLX worker thread");
             handles.push(h);
@@ -187,10 +204,11 @@ fn pin_to(cpu: usize) {
     let _ = cpu;
 }
 
-fn worker(s: Arc<Shared>, me: usize) {
+fn worker(s: Arc<Shared>, me: usize, budget: std::time::Duration) {
     let mut seen = 0;
     loop {
-        let mut spins = 0;
+        let mut spins = 0u32;
+        let mut since = std::time::Instant::now();
         loop {
             let g = s.generation.load(Ordering::Acquire);
             if g != seen {
@@ -200,8 +218,8 @@ fn worker(s: Arc<Shared>, me: usize) {
             if s.stop.load(Ordering::Relaxed) {
                 return;
             }
-            spins += 1;
-            if spins < SPIN {
+            spins = spins.wrapping_add(1);
+            if !spins.is_multiple_of(64) || since.elapsed() < budget {
                 std::hint::spin_loop();
             } else {
                 s.sleeping[me].store(true, Ordering::SeqCst);
@@ -209,7 +227,7 @@ fn worker(s: Arc<Shared>, me: usize) {
                     thread::park();
                 }
                 s.sleeping[me].store(false, Ordering::Release);
-                spins = 0;
+                since = std::time::Instant::now();
             }
         }
         let job = *s.job.lock().unwrap_or_else(|e| e.into_inner());
@@ -250,9 +268,10 @@ mod tests {
 
     #[test]
     fn dispatches_after_the_workers_park_are_never_lost() {
-        // Alternate dispatches with pauses long enough for the workers to park, so the
-        // park / wake-up handshake runs thousands of times (a lost wake-up hangs this test).
-        let p = Pool::new(2);
+        // Alternate dispatches with pauses long enough for the workers to park (they spin for
+        // only 10 µs here), so the park / wake-up handshake runs thousands of times (a lost
+        // wake-up hangs this test).
+        let p = Pool::with_idle_spin(2, std::time::Duration::from_micros(10));
         let hits = AtomicUsize::new(0);
         for i in 0..3000 {
             p.run(2, &|_, _| {

@@ -194,12 +194,13 @@ macro_rules! with_float_fn {
         let c = |v: f64| <$R as R>::c(v);
         let (half, one, zero) = (c(0.5), c(1.0), c(0.0));
         let inv_sqrt2 = c(std::f64::consts::FRAC_1_SQRT_2);
-        let (k0, k1) = (c((2.0 / std::f64::consts::PI).sqrt()), c(0.044715));
-        let _ = (half, one, zero, inv_sqrt2, k0, k1);
+        let (k1, k2) = (c(0.044715), c(-2.0 * (2.0 / std::f64::consts::PI).sqrt()));
+        let _ = (half, one, zero, inv_sqrt2, k1, k2);
         $crate::with_float_fn!(@arms $a, $R, $f, $body,
             // Trait paths, not methods: on f32 the inherent methods would bypass RLX's SIMD math.
             Gelu => |v| half * v * (one + R::erf(v * inv_sqrt2)),
-            GeluApprox => |v| half * v * (one + R::tanh(k0 * (v + k1 * v * v * v))),
+            // x (1 + tanh(u)) / 2 written as x sigmoid(2u): one exp and one division, no tanh.
+            GeluApprox => |v| v / (one + R::exp(k2 * (v + k1 * v * v * v))),
             Silu => |v| v / (one + R::exp(-v)),
             Relu => |v| if v > zero { v } else { zero },
             Sigmoid => |v| one / (one + R::exp(-v)),

@@ -145,26 +145,24 @@ fn derivative(g: &mut Graph, a: Activation, x: NodeId, y: NodeId) -> Result<Opti
             g.try_add(cdf, xpdf)?
         }
         Activation::GeluApprox => {
-            // 0.5(1 + t) + 0.5 x (1 - t^2) k0 (1 + 3 k1 x^2), t = tanh(k0 (x + k1 x^3))
-            let k0v = (2.0 / std::f64::consts::PI).sqrt();
-            let (h, one, k0, k1, k3) = (c(g, 0.5)?, c(g, 1.0)?, c(g, k0v)?, c(g, 0.044715)?, c(g, 3.0 * 0.044715)?);
+            // With 0.5 (1 + tanh(u)) = sigmoid(2u), u = k0 (x + k1 x^3): gelu = x s, s =
+            // sigmoid(2u), and the derivative is s + x s (1 - s) 2 k0 (1 + 3 k1 x^2) — one
+            // sigmoid (an exp and a division) instead of a tanh.
+            let k0v = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
+            let (one, k0, k1, k3) = (c(g, 1.0)?, c(g, k0v)?, c(g, 0.044715)?, c(g, k0v * 3.0 * 0.044715)?);
             let x2 = g.try_mul(x, x)?;
             let x3 = g.try_mul(x2, x)?;
             let k1x3 = g.try_mul(k1, x3)?;
             let inner = g.try_add(x, k1x3)?;
-            let u = g.try_mul(k0, inner)?;
-            let t = g.try_activation(Activation::Tanh, u)?;
-            let opt = g.try_add(one, t)?;
-            let a1 = g.try_mul(h, opt)?;
-            let t2 = g.try_mul(t, t)?;
-            let sech2 = g.try_sub(one, t2)?;
+            let u2 = g.try_mul(k0, inner)?;
+            let s = g.try_activation(Activation::Sigmoid, u2)?;
+            let oms = g.try_sub(one, s)?;
             let k3x2 = g.try_mul(k3, x2)?;
-            let du = g.try_add(one, k3x2)?;
-            let du = g.try_mul(k0, du)?;
-            let hx = g.try_mul(h, x)?;
-            let a2 = g.try_mul(hx, sech2)?;
+            let du = g.try_add(k0, k3x2)?;
+            let xs = g.try_mul(x, s)?;
+            let a2 = g.try_mul(xs, oms)?;
             let a2 = g.try_mul(a2, du)?;
-            g.try_add(a1, a2)?
+            g.try_add(s, a2)?
         }
         Activation::Silu => {
             // s (1 + x (1 - s))

@@ -431,6 +431,8 @@ unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: 
 unsafe fn micro(isa: Isa, kc: usize, a: *const f32, ars: usize, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
     match isa {
         #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 if rows <= 8 => x86::micro_short(kc, a, ars, acs, b, c, ldc, acc, rows, cols),
+        #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if ars == 1 => x86::micro_12x32(kc, a, acs, b, c, ldc, acc, rows, cols, next),
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => x86::micro_12x32_rows(kc, a, ars, b, c, ldc, acc, rows, cols, next),
@@ -483,6 +485,20 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn micro_12x32_rows(kc: usize, a: *const f32, ars: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
         micro_avx512::<12, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, next)
+    }
+
+    /// A tile of at most 8 rows (the last of a block whose height is not a multiple of 12): a
+    /// 4- or 8-row kernel, so the missing rows cost no multiply-adds.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn micro_short(kc: usize, a: *const f32, ars: usize, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+        let null = std::ptr::null();
+        match (rows <= 4, ars == 1) {
+            (true, true) => micro_avx512::<4, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null),
+            (true, false) => micro_avx512::<4, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null),
+            (false, true) => micro_avx512::<8, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null),
+            (false, false) => micro_avx512::<8, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null),
+        }
     }
 
     /// `MR` rows of C by `NV` vectors of 16 columns (`NR = 16 * NV`). A element `(i, p)` is

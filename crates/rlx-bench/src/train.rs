@@ -154,7 +154,11 @@ pub fn suite(threads: &[usize], rounds: usize, reps: usize, py: Option<PathBuf>)
                 for turn in 0..3 {
                     match (round + turn) % 3 {
                         0 => {
-                            step(&mut m);
+                            // Three warm-up steps per block, as the reference script gives
+                            // JAX and PyTorch (train_ref.py --warmup 3).
+                            for _ in 0..3 {
+                                step(&mut m);
+                            }
                             for _ in 0..reps {
                                 let t0 = Instant::now();
                                 step(&mut m);

@@ -14,8 +14,9 @@ use crate::layout::{for_each_run, Layout};
 use crate::pool::Pool;
 use rlx_ir::{Activation, BinaryOp, Graph, NodeId, Op};
 
-/// Elements computed per block (per gathered operand and temporary).
-const BLOCK: usize = 1024;
+/// Elements computed per block (per gathered operand and temporary). At 512 the slots of a
+/// long group (AdamW's 15 instructions) stay in L1; 1024 measured 5% slower on the training MLP.
+const BLOCK: usize = 512;
 
 /// Where an instruction reads an operand.
 #[derive(Clone, Copy, Debug)]

@@ -150,12 +150,14 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
     let (mpad, npad) = (m.div_ceil(mr) * mr, n.div_ceil(nr) * nr);
     // The operand every task would otherwise pack for itself: B when splitting rows, A when
     // splitting columns (unless A is read in place).
+    // It goes after the threads' own buffers (see `scratch_len`; only used when it fits).
+    let packed = scratch.wrapping_add(threads * per) as *const f32;
     let shared = if split_m {
-        (k * npad <= SHARED_MAX).then_some(Shared::B(npad))
+        (k * npad <= SHARED_MAX).then_some(Shared::PackedB(packed, npad))
     } else if direct_a(isa, &a, n) {
         Some(Shared::None)
     } else {
-        (mpad * k <= SHARED_MAX).then_some(Shared::A(mpad))
+        (mpad * k <= SHARED_MAX).then_some(Shared::PackedA(packed, mpad))
     };
     let parallel = threads > 1 && m * n * k >= 1 << 18;
     let pool = pool.filter(|_| parallel);
@@ -177,12 +179,6 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
     };
     // Several shares per thread, claimed as threads come free, so a thread on a slower (say,
     // shared) core takes fewer. What every share would pack is packed once, in parallel, first.
-    let packed = scratch.add(threads * per) as *const f32;
-    let shared = match shared {
-        Shared::B(npad) => Shared::PackedB(packed, npad),
-        Shared::A(mpad) => Shared::PackedA(packed, mpad),
-        other => other,
-    };
     let pcs = k.div_ceil(kc_b);
     // Packing tasks: 4 slivers of the shared operand at one depth block each.
     let (plen, piece) = if split_m { (n, nr * 4) } else { (m, mr * 4) };
@@ -215,13 +211,10 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
     });
 }
 
-/// An operand packed once for all threads (`Packed*`: where, and the padded rows of A or
-/// columns of B), or to be packed (`A`, `B`).
+/// An operand packed once for all threads: where, and the padded rows of A or columns of B.
 #[derive(Clone, Copy)]
 enum Shared {
     None,
-    A(usize),
-    B(usize),
     PackedA(*const f32, usize),
     PackedB(*const f32, usize),
 }

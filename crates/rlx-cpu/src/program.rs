@@ -116,6 +116,7 @@ fn donations(g: &Graph, groups: &Groups, vals: &[Val], pending: &[Pending], para
         let reads_p = |i: usize| matches!(vals[i].buf, Buf::Param(q) if q == p);
         let dense_like_v = |i: usize| vals[i].layout.is_contiguous() && vals[i].layout.offset == 0 && vals[i].layout.dims() == vals[v].layout.dims();
         let ok = groups.members.contains_key(&owner)
+            && kernels::fused::row_sum(g, rlx_ir::NodeId(owner as u32)).is_none()
             && matches!(vals[v].buf, Buf::Arena(_))
             && params[p].shape == *g.shape(rlx_ir::NodeId(v as u32))
             && g.outputs().iter().filter(|x| x.index() == v).count() == 1
@@ -152,17 +153,29 @@ fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
             written[n.inputs[0].index()] = true;
         }
     }
-    // Root of each fusible node's group (itself when it starts one).
+    // Root of each fusible node's group (itself when it starts one). A row-summing Reduce
+    // starts a group of the elementwise nodes computing its operand; their dims are the
+    // operand's, and none of them may be a graph output (it would be stored at other dims).
     let mut root: Vec<Option<usize>> = vec![None; g.len()];
+    let is_output = |i: usize| g.outputs().iter().any(|o| o.index() == i);
+    let group_dims = |r: usize| {
+        let n = g.node(rlx_ir::NodeId(r as u32));
+        let d = if matches!(n.op, Op::Reduce { .. }) { n.inputs[0] } else { rlx_ir::NodeId(r as u32) };
+        g.shape(d).dims()
+    };
     for id in g.ids().collect::<Vec<_>>().into_iter().rev() {
         let i = id.index();
         if !kernels::fused::fusible(g, id) {
+            if kernels::fused::row_sum(g, id).is_some() {
+                root[i] = Some(i);
+            }
             continue;
         }
         let group = users[i].first().and_then(|&u| root[u]).filter(|&r| {
             !g.node(id).inputs.iter().any(|x| written[x.index()])
                 && users[i].iter().all(|&u| root[u] == Some(r))
-                && g.shape(id).dims() == g.shape(rlx_ir::NodeId(r as u32)).dims()
+                && g.shape(id).dims() == group_dims(r)
+                && (!matches!(g.node(rlx_ir::NodeId(r as u32)).op, Op::Reduce { .. }) || !is_output(i))
         });
         root[i] = Some(group.unwrap_or(i));
     }
@@ -173,7 +186,8 @@ fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
         }
     }
     // A lone activation also runs as a group: the group loop is compiled for the widest vector
-    // unit (the separate kernel for AVX2 at most), which pays for the transcendental ones.
+    // unit (the separate kernel for AVX2 at most), which pays for the transcendental ones. A
+    // Reduce no elementwise node joined stays a plain Reduce.
     members.retain(|&r, m| m.len() > 1 || matches!(g.node(rlx_ir::NodeId(r as u32)).op, Op::Activation(_)));
     for (&r, m) in &members {
         for &i in m {
@@ -287,7 +301,13 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                 Val { buf: Buf::Const(consts.len() - 1), layout: dense, dtype }
             }
             _ if groups.members.contains_key(&id.index()) => {
-                let (code, ext) = chain(g, &groups.members[&id.index()]);
+                // A group ending in a row sum: its members compute the Reduce's operand.
+                let rows = kernels::fused::row_sum(g, id);
+                let members = &groups.members[&id.index()];
+                let elementwise = if rows.is_some() { &members[..members.len() - 1] } else { &members[..] };
+                let (code, ext) = chain(g, elementwise);
+                let group_dims = g.shape(rlx_ir::NodeId(*elementwise.last().expect("a group has a member") as u32)).static_dims().expect("checked static");
+                let block = kernels::fused::block_len(rows.map(|r| r.row));
                 for &e in &ext {
                     if let Buf::Arena(r) = vals[e].buf {
                         reqs[r].end = reqs[r].end.max(step);
@@ -295,11 +315,10 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                 }
                 reqs.push(BufferRequest { size: bytes, start: step, end: step });
                 let out_req = reqs.len() - 1;
-                reqs.push(BufferRequest { size: kernels::fused::scratch_bytes(ext.len(), code.len(), threads), start: step, end: step });
+                reqs.push(BufferRequest { size: kernels::fused::scratch_bytes(ext.len(), code.len(), threads, block), start: step, end: step });
                 let scratch_req = Some(reqs.len() - 1);
                 // Members that are graph outputs get buffers of their own, written by the group
                 // too; they follow the external operands in the step's operand list.
-                let members = &groups.members[&id.index()];
                 let mut extra = Vec::new();
                 let mut operands = ext.clone();
                 for (j, &m) in members.iter().enumerate() {
@@ -314,7 +333,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                 let build: kernels::Build = Box::new(move |ins, out, s| {
                     let (ext_refs, extra_refs) = ins.split_at(n_ext);
                     let extra = extra.into_iter().zip(extra_refs.iter().copied()).collect();
-                    kernels::fused::build(code, ext_refs.to_vec(), out, extra, s, threads)
+                    kernels::fused::build(code, ext_refs.to_vec(), group_dims, out, rows, extra, s, threads)
                 });
                 pending.push((id.index(), operands, out_req, scratch_req, build));
                 Val { buf: Buf::Arena(out_req), layout: dense, dtype }

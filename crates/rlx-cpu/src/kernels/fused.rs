@@ -5,8 +5,13 @@
 //! also stored, at the end of each block, as extra results. Operands that are already dense are
 //! read in place and broadcast scalars stay in a register.
 //!
+//! A group may also end in a sum (or mean) over trailing axes of its result: the blocks then
+//! hold whole rows, and each row is summed as it is computed, so the elementwise result never
+//! goes to memory (the `x * y` that a softmax or norm backward pass sums, say).
+//!
 //! Every element goes through the same f32 operations, in the same order, as the separate
-//! kernels would apply, so fused and unfused programs give bit-identical results.
+//! kernels would apply (rows summed as the Reduce kernel sums them), so fused and unfused
+//! programs give bit-identical results.
 
 use super::{kernel, Kernel, Ptr, TRef};
 use crate::elem::Elem;
@@ -17,6 +22,29 @@ use rlx_ir::{Activation, BinaryOp, Graph, NodeId, Op};
 /// Elements computed per block (per gathered operand and temporary). At 512 the slots of a
 /// long group (AdamW's 15 instructions) stay in L1; 1024 measured 5% slower on the training MLP.
 const BLOCK: usize = 512;
+
+/// Longest row a group ending in a row sum handles (a block holds at least one whole row).
+pub const MAX_ROW: usize = 8192;
+
+/// Elements per block of a group: [`BLOCK`], or for a group ending in a sum over rows of `row`
+/// elements, the most whole rows that fit in it (one row when rows are longer).
+pub fn block_len(row: Option<usize>) -> usize {
+    match row {
+        Some(r) if r >= BLOCK => r,
+        Some(r) => BLOCK / r.max(1) * r.max(1),
+        None => BLOCK,
+    }
+}
+
+/// A group's final row reduction: the result, seen as rows of `row` elements, is summed per
+/// row in f64 (divided by `row` when `mean`) and each row's f32 value stored.
+#[derive(Clone, Copy, Debug)]
+pub struct RowSum {
+    /// Elements per row (the product of the reduced trailing axes).
+    pub row: usize,
+    /// Mean instead of sum.
+    pub mean: bool,
+}
 
 /// Where an instruction reads an operand.
 #[derive(Clone, Copy, Debug)]
@@ -41,6 +69,26 @@ pub fn fusible(g: &Graph, id: NodeId) -> bool {
     let n = g.node(id);
     let f32_ins = n.inputs.iter().all(|i| g.shape(*i).dtype() == rlx_ir::DType::F32);
     n.shape.dtype() == rlx_ir::DType::F32 && f32_ins && matches!(n.op, Op::Binary(_) | Op::Activation(_))
+}
+
+/// The row reduction a group may end in: an f32 Sum or Mean over trailing axes (not all of
+/// them, and rows of at most [`MAX_ROW`] elements), which the Reduce kernel computes row by
+/// row, each a contiguous f64 sum — so a fused group can sum its rows the same way.
+pub fn row_sum(g: &Graph, id: NodeId) -> Option<RowSum> {
+    let n = g.node(id);
+    let Op::Reduce { kind, axes, .. } = &n.op else { return None };
+    let mean = match kind {
+        rlx_ir::ReduceKind::Sum => false,
+        rlx_ir::ReduceKind::Mean => true,
+        _ => return None,
+    };
+    let x = g.shape(*n.inputs.first()?);
+    let dims = x.static_dims()?;
+    let r = dims.len();
+    let trailing = !axes.is_empty() && axes[0] > 0 && axes.iter().enumerate().all(|(i, &a)| a == r - axes.len() + i);
+    let row: usize = axes.iter().map(|&a| dims[a]).product();
+    let ok = trailing && x.dtype() == rlx_ir::DType::F32 && n.shape.dtype() == rlx_ir::DType::F32 && !dims.contains(&0);
+    (ok && row <= MAX_ROW).then_some(RowSum { row, mean })
 }
 
 /// How an external operand is read for a block.
@@ -80,9 +128,13 @@ struct Plan {
     root_slot: Option<usize>,
     /// Extra results: (slot, index into the extra outputs), stored once the block is done.
     extra: Vec<(usize, usize)>,
+    /// Elements per block.
+    block: usize,
+    /// The final row reduction, if the group ends in one (the result is then in `root_slot`).
+    rows: Option<RowSum>,
 }
 
-fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef, extra: &[usize]) -> Plan {
+fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef, extra: &[usize], rows: Option<RowSum>) -> Plan {
     let dense = Layout::contiguous(dims);
     let layouts: Vec<Layout> = ins.iter().map(|t| t.layout.broadcast_to(dims)).collect();
     let mut gathers = 0;
@@ -129,7 +181,8 @@ fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef, extra: &[usize
             Instr::Binary(_, a, b) => [loc(*a), loc(*b)],
             Instr::Unary(_, a) => [loc(*a), loc(*a)],
         };
-        let aliased = j + 1 == code.len() && ins.iter().any(|t| std::ptr::eq(t.ptr.0, out.ptr.0));
+        // A result that is summed into rows, or whose output aliases an operand, goes to a slot.
+        let aliased = j + 1 == code.len() && (rows.is_some() || ins.iter().any(|t| std::ptr::eq(t.ptr.0, out.ptr.0)));
         let dst = if j + 1 == code.len() && !aliased {
             None
         } else {
@@ -157,13 +210,14 @@ fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef, extra: &[usize
         None => None,
     };
     let extra = extra.iter().enumerate().map(|(k, &j)| (slot_of[j], k)).collect();
-    Plan { kinds, layouts, steps, gathers, slots, root_slot, extra }
+    let block = block_len(rows.map(|r| r.row));
+    Plan { kinds, layouts, steps, gathers, slots, root_slot, extra, block, rows }
 }
 
-/// Scratch bytes a group needs for `threads` threads (an upper bound: one block per external
-/// operand and per instruction).
-pub fn scratch_bytes(n_ext: usize, n_instr: usize, threads: usize) -> usize {
-    threads * (n_ext + n_instr) * BLOCK * 4
+/// Scratch bytes a group needs for `threads` threads (an upper bound: one block of `block`
+/// elements, see [`block_len`], per external operand and per instruction).
+pub fn scratch_bytes(n_ext: usize, n_instr: usize, threads: usize, block: usize) -> usize {
+    threads * (n_ext + n_instr) * block * 4
 }
 
 /// An operand of one block: a run of values or one broadcast value.
@@ -240,18 +294,20 @@ struct Ctx<'a> {
 ///
 /// # Safety
 /// The context's pointers are valid: operands inside their buffers, `out` dense with `n`
-/// elements, `scratch` holding `(gathers + slots) * BLOCK` floats owned by this thread.
+/// elements (one per row when the group sums rows), `scratch` holding `(gathers + slots) *
+/// block` floats owned by this thread.
 #[inline(always)]
 unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
     let p = c.plan;
+    let block = p.block;
     let dense = Layout::contiguous(c.dims);
-    let tmp = c.scratch.add(p.gathers * BLOCK);
+    let tmp = c.scratch.add(p.gathers * block);
     for blk in blocks {
-        let s = blk * BLOCK;
-        let len = BLOCK.min(c.n - s);
+        let s = blk * block;
+        let len = block.min(c.n - s);
         for (k, kind) in p.kinds.iter().enumerate() {
             let ExtKind::Gather(gi) = *kind else { continue };
-            let dst = std::slice::from_raw_parts_mut(c.scratch.add(gi * BLOCK), len);
+            let dst = std::slice::from_raw_parts_mut(c.scratch.add(gi * block), len);
             let src = c.ins[k].base::<f32>() as *const f32;
             for_each_run(c.dims, [&dense, &p.layouts[k]], s..s + len, |[o, i], m, [so, si]| {
                 let d = &mut dst[o - s..];
@@ -268,18 +324,18 @@ unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
         }
         let view = |l: Loc| -> V {
             match l {
-                Loc::Slot(t) => V::A(std::slice::from_raw_parts(tmp.add(t * BLOCK), len)),
+                Loc::Slot(t) => V::A(std::slice::from_raw_parts(tmp.add(t * block), len)),
                 Loc::Ext(k) => match p.kinds[k] {
                     // Read when the step runs: the operand's buffer changes between runs.
                     ExtKind::Scalar => V::S(*(c.ins[k].base::<f32>() as *const f32).add(p.layouts[k].offset)),
                     ExtKind::Dense => V::A(std::slice::from_raw_parts((c.ins[k].base::<f32>() as *const f32).add(p.layouts[k].offset + s), len)),
-                    ExtKind::Gather(gi) => V::A(std::slice::from_raw_parts(c.scratch.add(gi * BLOCK), len)),
+                    ExtKind::Gather(gi) => V::A(std::slice::from_raw_parts(c.scratch.add(gi * block), len)),
                 },
             }
         };
         let target = |d: Option<usize>| -> &mut [f32] {
             match d {
-                Some(t) => std::slice::from_raw_parts_mut(tmp.add(t * BLOCK), len),
+                Some(t) => std::slice::from_raw_parts_mut(tmp.add(t * block), len),
                 None => std::slice::from_raw_parts_mut(c.out.add(s), len),
             }
         };
@@ -290,11 +346,24 @@ unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
             }
         }
         // Every operand of this block has been read: results may overwrite operands now.
-        if let Some(t) = p.root_slot {
-            std::ptr::copy_nonoverlapping(tmp.add(t * BLOCK), c.out.add(s), len);
+        match (p.root_slot, p.rows) {
+            (Some(t), Some(RowSum { row, mean })) => {
+                // As the Reduce kernel sums a contiguous row: f64 lanes from 0, then rounded.
+                let res = std::slice::from_raw_parts(tmp.add(t * block), len);
+                for (r, x) in res.chunks_exact(row).enumerate() {
+                    let mut sum = 0f64;
+                    sum += crate::math::sum_f64(x);
+                    if mean {
+                        sum /= row as f64;
+                    }
+                    *c.out.add(s / row + r) = sum as f32;
+                }
+            }
+            (Some(t), None) => std::ptr::copy_nonoverlapping(tmp.add(t * block), c.out.add(s), len),
+            (None, _) => {}
         }
         for &(t, k) in &p.extra {
-            std::ptr::copy_nonoverlapping(tmp.add(t * BLOCK), (c.extra[k].0 as *mut f32).add(s), len);
+            std::ptr::copy_nonoverlapping(tmp.add(t * block), (c.extra[k].0 as *mut f32).add(s), len);
         }
     }
 }
@@ -324,19 +393,30 @@ unsafe fn eval_best(c: &Ctx, blocks: std::ops::Range<usize>) {
     eval(c, blocks)
 }
 
-/// The kernel: `ins` are the group's external operands (broadcast to `out`'s dims), `code` the
-/// instructions in order; the last one is the result, written to the dense `out`, and each
-/// `(instruction, buffer)` of `extra` is stored too (dense, `out`'s dims).
-pub fn build(code: Vec<Instr>, ins: Vec<TRef>, out: TRef, extra: Vec<(usize, TRef)>, scratch: Ptr, threads: usize) -> Box<dyn Kernel> {
-    let dims = out.layout.dims().to_vec();
+/// The kernel: `ins` are the group's external operands (broadcast to `dims`), `code` the
+/// instructions in order; the last one is the result, of dims `dims`, written to the dense
+/// `out` — or, with `rows`, summed per row into the dense `out` (one value per row) — and each
+/// `(instruction, buffer)` of `extra` is stored too (dense, of dims `dims`).
+#[allow(clippy::too_many_arguments)]
+pub fn build(
+    code: Vec<Instr>,
+    ins: Vec<TRef>,
+    dims: Vec<usize>,
+    out: TRef,
+    rows: Option<RowSum>,
+    extra: Vec<(usize, TRef)>,
+    scratch: Ptr,
+    threads: usize,
+) -> Box<dyn Kernel> {
     let extra_instrs: Vec<usize> = extra.iter().map(|e| e.0).collect();
-    let plan = plan(&code, &ins, &dims, &out, &extra_instrs);
-    // SAFETY: each extra result is a dense buffer of `out`'s dims from its offset.
+    let plan = plan(&code, &ins, &dims, &out, &extra_instrs, rows);
+    // SAFETY: each extra result is a dense buffer of `dims` from its offset.
     let extra_ptrs: Vec<Ptr> = extra.iter().map(|(_, t)| Ptr(unsafe { t.base::<f32>().add(t.layout.offset) } as *mut u8)).collect();
-    let per_thread = (plan.gathers + plan.slots) * BLOCK;
-    let n = out.layout.numel();
+    let block = plan.block;
+    let per_thread = (plan.gathers + plan.slots) * block;
+    let n: usize = dims.iter().product();
     kernel(move |pool: &Pool| {
-        let blocks = n.div_ceil(BLOCK);
+        let blocks = n.div_ceil(block);
         let tasks = blocks.min(threads * 4).max(1);
         let per_task = blocks.div_ceil(tasks);
         pool.run(tasks, &|t, th| {
@@ -345,7 +425,7 @@ pub fn build(code: Vec<Instr>, ins: Vec<TRef>, out: TRef, extra: Vec<(usize, TRe
                 plan: &plan,
                 ins: &ins,
                 dims: &dims,
-                // SAFETY: the output is dense with `n` elements from its offset.
+                // SAFETY: the output is dense (`n` elements, or one per row) from its offset.
                 out: unsafe { out.base::<f32>().add(out.layout.offset) },
                 // SAFETY: each thread owns `per_thread` floats of scratch.
                 scratch: unsafe { (scratch.get() as *mut f32).add(th * per_thread) },

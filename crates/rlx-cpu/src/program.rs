@@ -228,6 +228,30 @@ fn chain(g: &Graph, members: &[usize]) -> (Vec<kernels::fused::Instr>, Vec<usize
     (code, ext)
 }
 
+/// The layout a computed value is stored in: dense, except for an f32 MatMul whose one user
+/// is a Transpose that keeps the column axis last (attention's `[b, h, t, d] -> [b, t, h, d]`
+/// before heads are merged): the product is stored in the transposed order, so the Transpose
+/// is a dense view and the Reshape after it needs no copy. The GEMM writes C rows `ldc` apart.
+fn output_layout(g: &Graph, id: rlx_ir::NodeId, users: &[usize], dims: &[usize]) -> Layout {
+    let dense = Layout::contiguous(dims);
+    let n = g.node(id);
+    if !matches!(n.op, Op::MatMul) || n.shape.dtype() != DType::F32 || g.outputs().contains(&id) {
+        return dense;
+    }
+    let [u] = users else { return dense };
+    let Op::Transpose { perm } = &g.node(rlx_ir::NodeId(*u as u32)).op else { return dense };
+    let r = dims.len();
+    if perm.len() != r || r < 3 || perm[r - 1] != r - 1 {
+        return dense;
+    }
+    let transposed: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
+    let mut inverse = vec![0; r];
+    for (i, &p) in perm.iter().enumerate() {
+        inverse[p] = i;
+    }
+    Layout::contiguous(&transposed).permute(&inverse)
+}
+
 /// Whether elementwise fusion is on: yes unless `RLX_FUSION=0`.
 fn fusion_enabled() -> bool {
     std::env::var_os("RLX_FUSION").is_none_or(|v| v != "0")
@@ -269,6 +293,12 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
     let mut input_reqs = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
     let groups = fusion_groups(g, fuse);
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for i in &g.node(id).inputs {
+            users[i.index()].push(id.index());
+        }
+    }
     for id in g.ids() {
         if groups.member_of[id.index()].is_some() {
             vals.push(Val { buf: Buf::Fused, layout: Layout::contiguous(&[]), dtype: g.shape(id).dtype() });
@@ -385,7 +415,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                             reqs.len() - 1
                         });
                         pending.push((id.index(), node.inputs.iter().map(|i| i.index()).collect(), out_req, scratch_req, build));
-                        Val { buf: Buf::Arena(out_req), layout: dense, dtype }
+                        Val { buf: Buf::Arena(out_req), layout: output_layout(g, id, &users[id.index()], &dims), dtype }
                     }
                 }
             }

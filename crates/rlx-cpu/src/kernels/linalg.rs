@@ -51,7 +51,7 @@ fn mnk(a: &Layout, b: &Layout) -> (usize, usize, usize, usize, usize, usize, usi
 /// batched product is one `[batch * m, k] x [k, n]` GEMM: returns `a` seen as that matrix.
 fn fold_batches(a: &Layout, b: &Layout, out: &Layout) -> Option<Layout> {
     let ra = a.rank();
-    if ra <= 2 || b.rank() != 2 || out.rank() != ra {
+    if ra <= 2 || b.rank() != 2 || out.rank() != ra || !out.is_contiguous() {
         return None;
     }
     let (d, s) = (a.dims(), a.strides());
@@ -77,6 +77,11 @@ fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize) -> Box<
         return f32_matmul(a2, b, TRef { layout: ol, ..out }, scratch, threads);
     }
     let (m, n, k, ars, acs, brs, bcs) = mnk(&a.layout, &b.layout);
+    // Rows of C may be further apart than `n` (an output laid out for a transpose that
+    // follows, see `program::output_layout`); its columns are contiguous.
+    let ro = out.layout.rank();
+    debug_assert!(out.layout.strides()[ro - 1] == 1 || n == 1);
+    let ldc = out.layout.strides()[ro - 2];
     let batches = Batches::new(&a.layout, &b.layout, &out.layout);
     let per_thread = gemm::scratch_per_thread(m, n, k);
     let nb = batches.count();
@@ -94,7 +99,7 @@ fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize) -> Box<
                 Mat { ptr: pa.add(i), rs: ars, cs: acs },
                 Mat { ptr: pb.add(j), rs: brs, cs: bcs },
                 po.add(o),
-                n,
+                ldc,
                 ps.add(th * per_thread),
             )
         };

@@ -50,6 +50,10 @@ pub enum Activation {
     Gelu,
     /// The tanh approximation of GELU.
     GeluApprox,
+    /// The derivative of [`Activation::GeluApprox`]: what its differentiation rules multiply a
+    /// tangent or cotangent by, as one function (like PyTorch's `gelu_backward`) instead of a
+    /// dozen elementwise ops.
+    GeluApproxGrad,
     /// `x * sigmoid(x)`
     Silu,
     /// `max(x, 0)`
@@ -384,6 +388,7 @@ impl Op {
             Op::Activation(a) => match a {
                 Activation::Gelu => "gelu",
                 Activation::GeluApprox => "gelu_approx",
+                Activation::GeluApproxGrad => "gelu_approx_grad",
                 Activation::Silu => "silu",
                 Activation::Relu => "relu",
                 Activation::Sigmoid => "sigmoid",

@@ -195,12 +195,19 @@ macro_rules! with_float_fn {
         let (half, one, zero) = (c(0.5), c(1.0), c(0.0));
         let inv_sqrt2 = c(std::f64::consts::FRAC_1_SQRT_2);
         let (k1, k2) = (c(0.044715), c(-2.0 * (2.0 / std::f64::consts::PI).sqrt()));
-        let _ = (half, one, zero, inv_sqrt2, k1, k2);
+        let k3 = c(3.0 * 0.044715 * 2.0 * (2.0 / std::f64::consts::PI).sqrt());
+        let _ = (half, one, zero, inv_sqrt2, k1, k2, k3);
         $crate::with_float_fn!(@arms $a, $R, $f, $body,
             // Trait paths, not methods: on f32 the inherent methods would bypass RLX's SIMD math.
             Gelu => |v| half * v * (one + R::erf(v * inv_sqrt2)),
             // x (1 + tanh(u)) / 2 written as x sigmoid(2u): one exp and one division, no tanh.
             GeluApprox => |v| v / (one + R::exp(k2 * (v + k1 * v * v * v))),
+            // Its derivative s + x s (1 - s) (k0 + k3 x^2), s = sigmoid(2u) (k0 = -k2).
+            GeluApproxGrad => |v| {
+                let x2 = v * v;
+                let s = one / (one + R::exp(k2 * (v + k1 * x2 * v)));
+                s + v * s * (one - s) * (k3 * x2 - k2)
+            },
             Silu => |v| v / (one + R::exp(-v)),
             Relu => |v| if v > zero { v } else { zero },
             Sigmoid => |v| one / (one + R::exp(-v)),

@@ -144,12 +144,15 @@ fn derivative(g: &mut Graph, a: Activation, x: NodeId, y: NodeId) -> Result<Opti
             let xpdf = g.try_mul(x, pdf)?;
             g.try_add(cdf, xpdf)?
         }
-        Activation::GeluApprox => {
-            // With 0.5 (1 + tanh(u)) = sigmoid(2u), u = k0 (x + k1 x^3): gelu = x s, s =
-            // sigmoid(2u), and the derivative is s + x s (1 - s) 2 k0 (1 + 3 k1 x^2) — one
-            // sigmoid (an exp and a division) instead of a tanh.
+        // One function: see `GeluApproxGrad` below for its formula.
+        Activation::GeluApprox => g.try_activation(Activation::GeluApproxGrad, x)?,
+        Activation::GeluApproxGrad => {
+            // With 0.5 (1 + tanh(u)) = sigmoid(2u), u = k0 (x + k1 x^3) / 2: gelu = x s, s =
+            // sigmoid(2u), s' = s (1 - s) d, d = (2u)' = k0 + k3 x^2, so gelu' = s + x s (1 - s) d
+            // and gelu'' = s (1 - s) (2 d + x (1 - 2 s) d^2 + 2 k3 x^2).
             let k0v = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
-            let (one, k0, k1, k3) = (c(g, 1.0)?, c(g, k0v)?, c(g, 0.044715)?, c(g, k0v * 3.0 * 0.044715)?);
+            let k3v = k0v * 3.0 * 0.044715;
+            let (one, two, k0, k1, k3, k3x2c) = (c(g, 1.0)?, c(g, 2.0)?, c(g, k0v)?, c(g, 0.044715)?, c(g, k3v)?, c(g, 2.0 * k3v)?);
             let x2 = g.try_mul(x, x)?;
             let x3 = g.try_mul(x2, x)?;
             let k1x3 = g.try_mul(k1, x3)?;
@@ -157,12 +160,19 @@ fn derivative(g: &mut Graph, a: Activation, x: NodeId, y: NodeId) -> Result<Opti
             let u2 = g.try_mul(k0, inner)?;
             let s = g.try_activation(Activation::Sigmoid, u2)?;
             let oms = g.try_sub(one, s)?;
+            let q = g.try_mul(s, oms)?;
             let k3x2 = g.try_mul(k3, x2)?;
-            let du = g.try_add(k0, k3x2)?;
-            let xs = g.try_mul(x, s)?;
-            let a2 = g.try_mul(xs, oms)?;
-            let a2 = g.try_mul(a2, du)?;
-            g.try_add(s, a2)?
+            let d = g.try_add(k0, k3x2)?;
+            let twos = g.try_mul(two, s)?;
+            let om2s = g.try_sub(one, twos)?;
+            let d2 = g.try_mul(d, d)?;
+            let t = g.try_mul(x, om2s)?;
+            let t = g.try_mul(t, d2)?;
+            let twod = g.try_mul(two, d)?;
+            let t = g.try_add(twod, t)?;
+            let e = g.try_mul(k3x2c, x2)?;
+            let t = g.try_add(t, e)?;
+            g.try_mul(q, t)?
         }
         Activation::Silu => {
             // s (1 + x (1 - s))

@@ -37,6 +37,7 @@ pub fn op_of(name: &str, a: &Value) -> Op {
         "where" => Op::Where,
         "gelu" => act(Activation::Gelu),
         "gelu_approx" => act(Activation::GeluApprox),
+        "gelu_approx_grad" => act(Activation::GeluApproxGrad),
         "silu" => act(Activation::Silu),
         "relu" => act(Activation::Relu),
         "sigmoid" => act(Activation::Sigmoid),

@@ -1092,6 +1092,21 @@ def gen_pool(table):
                   "exact" if kind == "max" else "accumulate")
 
 
+def gelu_tanh_grad(x):
+    c = math.sqrt(2.0 / math.pi)
+    t = np.tanh(c * (x + 0.044715 * x**3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * c * (1.0 + 3.0 * 0.044715 * x**2)
+
+
+def gen_unary_grads(table):
+    """Derivative activations (what autodiff rules multiply by). Generated last, so adding
+    them moved no earlier case."""
+    for shape, perm, tag, dtype in UNARY_LAYOUTS:
+        x = normal(shape, 3.0, dtype)
+        table.add("gelu_approx_grad", tag, {}, [arg(x, dtype, perm)], gelu_tanh_grad(wide(x)), dtype,
+                  "transcendental")
+
+
 # ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
@@ -1101,7 +1116,7 @@ GENERATORS = [
     gen_dot_general, gen_reduce, gen_softmax, gen_norms, gen_reshape,
     gen_transpose, gen_narrow, gen_concat, gen_expand, gen_gather,
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
-    gen_pool,
+    gen_pool, gen_unary_grads,
 ]
 
 

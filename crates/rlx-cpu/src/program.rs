@@ -98,6 +98,8 @@ type Pending = (usize, Vec<usize>, usize, Option<usize>, kernels::Build);
 struct Groups {
     members: std::collections::HashMap<usize, Vec<usize>>,
     member_of: Vec<Option<usize>>,
+    /// Members stored as extra results: graph outputs, and members read by steps after the group.
+    stored: Vec<bool>,
 }
 
 /// The updates of `updates` that can be computed in place: `(node, param index)` for each
@@ -130,17 +132,19 @@ fn donations(g: &Graph, groups: &Groups, vals: &[Val], pending: &[Pending], para
     out
 }
 
-/// Form groups of fusible nodes, from the outputs back: a fusible node joins the group of its
-/// users when all of them belong to that one group, it has the group's dims, and it reads no
-/// param that a `CacheWrite` updates in place (members run at the root's position, so they must
-/// not read state written in between). A member that is also a graph output is stored by the
-/// group as an extra result (an optimizer's new moments beside the new param). Every path from
-/// a member leads to the root inside the group, so groups never form cycles with the rest of
-/// the graph.
+/// Form groups of fusible nodes, from the outputs back: a fusible node joins the (earliest)
+/// group of one of its users when every user outside that group runs after the group's root,
+/// it has the group's dims, and it reads no param that a `CacheWrite` updates in place (members
+/// run at the root's position, so they must not read state written in between). A member that
+/// is a graph output or has users outside the group is stored by the group as an extra result
+/// (an optimizer's new moments beside the new param; a normalized value beside its scaled
+/// one). Values outside a group that a member reads are computed before the root, and values
+/// of members read outside it only after, so groups never form cycles with the rest of the
+/// graph.
 fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
     let mut member_of = vec![None; g.len()];
     if !fuse {
-        return Groups { members: Default::default(), member_of };
+        return Groups { members: Default::default(), member_of, stored: Vec::new() };
     }
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.len()];
     let mut written: Vec<bool> = vec![false; g.len()];
@@ -171,11 +175,17 @@ fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
             }
             continue;
         }
-        let group = users[i].first().and_then(|&u| root[u]).filter(|&r| {
+        // Join the earliest group of a user such that every user outside it runs after it
+        // (the node is then also stored, for those users, as an extra result of the group).
+        let mut candidates: Vec<usize> = users[i].iter().filter_map(|&u| root[u]).collect();
+        candidates.sort_unstable();
+        let group = candidates.into_iter().find(|&r| {
+            let reduce = matches!(g.node(rlx_ir::NodeId(r as u32)).op, Op::Reduce { .. });
+            let outside = |u: usize| root[u] != Some(r);
             !g.node(id).inputs.iter().any(|x| written[x.index()])
-                && users[i].iter().all(|&u| root[u] == Some(r))
+                && users[i].iter().all(|&u| !outside(u) || (u > r && !reduce))
                 && g.shape(id).dims() == group_dims(r)
-                && (!matches!(g.node(rlx_ir::NodeId(r as u32)).op, Op::Reduce { .. }) || !is_output(i))
+                && (!reduce || !is_output(i))
         });
         root[i] = Some(group.unwrap_or(i));
     }
@@ -189,14 +199,16 @@ fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
     // unit (the separate kernel for AVX2 at most), which pays for the transcendental ones. A
     // Reduce no elementwise node joined stays a plain Reduce.
     members.retain(|&r, m| m.len() > 1 || matches!(g.node(rlx_ir::NodeId(r as u32)).op, Op::Activation(_)));
+    let mut stored = vec![false; g.len()];
     for (&r, m) in &members {
         for &i in m {
             if i != r {
                 member_of[i] = Some(r);
+                stored[i] = is_output(i) || users[i].iter().any(|&u| root[u] != Some(r));
             }
         }
     }
-    Groups { members, member_of }
+    Groups { members, member_of, stored }
 }
 
 /// The instructions of a group and its external operands (node indices, in first-use order).
@@ -352,7 +364,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                 let mut extra = Vec::new();
                 let mut operands = ext.clone();
                 for (j, &m) in members.iter().enumerate() {
-                    if m != id.index() && g.outputs().iter().any(|o| o.index() == m) {
+                    if m != id.index() && groups.stored[m] {
                         reqs.push(BufferRequest { size: bytes, start: step, end: step });
                         vals[m] = Val { buf: Buf::Arena(reqs.len() - 1), layout: dense, dtype };
                         extra.push(j);

@@ -233,3 +233,37 @@ fn row_sums_of_elementwise_groups_are_bit_identical_to_separate_kernels() {
     let got = f32::from_le_bytes(fused[0][..4].try_into().unwrap()) as f64;
     assert!((got - want).abs() < 1e-4 * (1.0 + want.abs()), "{got} vs {want}");
 }
+
+#[test]
+fn a_member_read_after_its_group_is_stored_by_the_group_bit_identically() {
+    // `n = (x - mean) * r` is read by `y = n * gamma` (fused with it) and, after y's group,
+    // by a matmul and a max-reduction: the group stores `n` as an extra result. `e` is read
+    // by a matmul *before* the group of its other user, so it must stay a step of its own.
+    use rlx_ir::ReduceKind;
+    let mut g = Graph::new("stored members");
+    let x = g.input("x", Shape::new(&[8, 96], DType::F32));
+    let mean = g.input("mean", Shape::new(&[8, 1], DType::F32));
+    let r = g.input("r", Shape::new(&[8, 1], DType::F32));
+    let gamma = g.input("gamma", Shape::new(&[96], DType::F32));
+    let w = g.input("w", Shape::new(&[96, 5], DType::F32));
+    let e = g.activation(Activation::Exp, x);
+    let early = g.dot(e, w);
+    let c = g.sub(x, mean);
+    let n = g.mul(c, r);
+    let y = g.mul(n, gamma);
+    let y = g.add(y, e);
+    let late = g.dot(n, w);
+    let m = g.reduce(ReduceKind::Max, n, &[1], false);
+    g.set_outputs(vec![y, early, late, m]);
+    let xv: Vec<f32> = (0..768).map(|i| ((i * 37 % 211) as f32 - 105.0) / 61.0).collect();
+    let mv: Vec<f32> = (0..8).map(|i| i as f32 / 9.0 - 0.3).collect();
+    let rv: Vec<f32> = (0..8).map(|i| 1.0 + i as f32 / 7.0).collect();
+    let gv: Vec<f32> = (0..96).map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0).collect();
+    let wv: Vec<f32> = (0..480).map(|i| ((i * 17 % 31) as f32 - 15.0) / 11.0).collect();
+    let ins: [&[f32]; 5] = [&xv, &mv, &rv, &gv, &wv];
+    let (fused_steps, fused) = run_bytes(&g, true, &ins);
+    let (steps, plain) = run_bytes(&g, false, &ins);
+    // exp alone, the group {sub, mul, mul, add} storing n, two matmuls, the max.
+    assert_eq!(fused_steps, 5, "{fused_steps} fused steps (unfused {steps})");
+    assert_eq!(fused, plain, "fused and separate kernels must agree bit for bit");
+}

@@ -264,6 +264,76 @@ fn output_layout(g: &Graph, id: rlx_ir::NodeId, users: &[usize], dims: &[usize])
     Layout::contiguous(&transposed).permute(&inverse)
 }
 
+/// For each node, `Some(off)` when its value is zero wherever (in its last two axes) the
+/// column is past the row by more than `off` — causal attention's probabilities (a softmax of
+/// scores plus a constant mask that is -inf exactly there) and what multiplies them (the
+/// softmax's gradient). Assumes the scores are finite (as attention kernels that skip the
+/// masked part do).
+fn causal_zeros(g: &Graph) -> Vec<Option<isize>> {
+    let tail = |id: rlx_ir::NodeId| -> Option<(usize, usize)> {
+        let d = g.shape(id).static_dims()?;
+        (d.len() >= 2).then(|| (d[d.len() - 2], d[d.len() - 1]))
+    };
+    // A constant [t, u] f32 mask: -inf exactly at columns past `row + off`, finite elsewhere.
+    let mask_off = |id: rlx_ir::NodeId| -> Option<isize> {
+        let n = g.node(id);
+        let Op::Constant { data } = &n.op else { return None };
+        let d = n.shape.static_dims()?;
+        if n.shape.dtype() != DType::F32 || d.len() != 2 || d[0] == 0 || d[1] == 0 {
+            return None;
+        }
+        let v = |i: usize, j: usize| f32::from_le_bytes(data[(i * d[1] + j) * 4..(i * d[1] + j) * 4 + 4].try_into().expect("4 bytes"));
+        let first = (0..d[1]).find(|&j| v(0, j) == f32::NEG_INFINITY).unwrap_or(d[1]);
+        let off = first as isize - 1;
+        let ok = (0..d[0]).all(|i| (0..d[1]).all(|j| if j as isize > i as isize + off { v(i, j) == f32::NEG_INFINITY } else { v(i, j).is_finite() }));
+        ok.then_some(off)
+    };
+    let mut z: Vec<Option<isize>> = vec![None; g.len()];
+    for id in g.ids() {
+        let n = g.node(id);
+        z[id.index()] = match &n.op {
+            Op::Softmax { axis } if *axis + 1 == n.shape.rank() => {
+                let x = g.node(n.inputs[0]);
+                match (&x.op, tail(n.inputs[0])) {
+                    (Op::Binary(rlx_ir::BinaryOp::Add), Some(t)) => x
+                        .inputs
+                        .iter()
+                        .find_map(|&c| mask_off(c).filter(|_| g.shape(c).static_dims().is_some_and(|d| (d[0], d[1]) == t))),
+                    _ => None,
+                }
+            }
+            Op::Binary(rlx_ir::BinaryOp::Mul) => {
+                let t = tail(id);
+                n.inputs.iter().find_map(|&a| z[a.index()].filter(|_| tail(a) == t))
+            }
+            _ => None,
+        };
+    }
+    z
+}
+
+/// How a MatMul's GEMM may skip depths, from [`causal_zeros`] of its operands.
+fn matmul_zeros(g: &Graph, id: rlx_ir::NodeId, z: &[Option<isize>]) -> kernels::gemm::Tri {
+    use kernels::gemm::Tri;
+    let n = g.node(id);
+    if !matches!(n.op, Op::MatMul) || n.shape.dtype() != DType::F32 {
+        return Tri::Full;
+    }
+    let (a, b) = (n.inputs[0], n.inputs[1]);
+    if let Some(off) = z[a.index()] {
+        return Tri::RowMax(off);
+    }
+    let an = g.node(a);
+    if let Op::Transpose { perm } = &an.op {
+        let r = perm.len();
+        let swaps_last = r >= 2 && perm[r - 1] == r - 2 && perm[r - 2] == r - 1 && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p);
+        if let Some(off) = z[an.inputs[0].index()].filter(|_| swaps_last) {
+            return Tri::RowMin(off);
+        }
+    }
+    z[b.index()].map_or(Tri::Full, Tri::ColMin)
+}
+
 /// Whether elementwise fusion is on: yes unless `RLX_FUSION=0`.
 fn fusion_enabled() -> bool {
     std::env::var_os("RLX_FUSION").is_none_or(|v| v != "0")
@@ -305,6 +375,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
     let mut input_reqs = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
     let groups = fusion_groups(g, fuse);
+    let zeros = if std::env::var_os("RLX_CAUSAL_SKIP").is_some_and(|v| v == "0") { vec![None; g.len()] } else { causal_zeros(g) };
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.len()];
     for id in g.ids() {
         for i in &g.node(id).inputs {
@@ -388,6 +459,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                     in_dtypes: node.inputs.iter().map(|i| vals[i.index()].dtype).collect(),
                     dims: dims.clone(),
                     threads,
+                    zeros: matmul_zeros(g, id, &zeros),
                 };
                 match kernels::lower(&info)? {
                     Lowered::View { src, layout } => {
@@ -467,7 +539,10 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
             let ins: Vec<String> = operands.iter().map(|&i| dims(i)).collect();
             let what = match groups.members.get(&node) {
                 Some(m) => format!("fused group of {} ending in {}", m.len(), n.op.name()),
-                None => n.op.name().to_string(),
+                None => match matmul_zeros(g, rlx_ir::NodeId(node as u32), &zeros) {
+                    kernels::gemm::Tri::Full => n.op.name().to_string(),
+                    tri => format!("{} (skipping zeros: {tri:?})", n.op.name()),
+                },
             };
             d.push(format!("{} {what} ({}) -> {}", rlx_ir::NodeId(node as u32), ins.join(", "), g.shape(rlx_ir::NodeId(node as u32))));
         }

@@ -173,7 +173,7 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
                 let e = (s + chunk).min(len);
                 j.share(isa, split_m, s, e, m, n, k, Shared::None, j.scratch.add(th * per));
             }),
-            _ => gemm_serial(isa, m, n, k, a, b, c, ldc, scratch, Shared::None),
+            _ => gemm_serial(isa, m, n, k, a, b, c, ldc, scratch, Shared::None, Tri::Full),
         }
         return;
     };
@@ -211,6 +211,50 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
     });
 }
 
+/// Which depths `p` of a product can contribute to an element of C, when one operand is zero
+/// on one side of a diagonal (causal attention's probabilities and their gradients): the
+/// micro-kernels skip the rest, and tiles with none are zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tri {
+    /// Every depth.
+    Full,
+    /// A is zero for `p > i + off`: row `i` of C sums depths `p <= i + off`.
+    RowMax(isize),
+    /// A is zero for `p < i - off`: row `i` sums depths `p >= i - off`.
+    RowMin(isize),
+    /// B is zero for `p < j - off`: column `j` sums depths `p >= j - off`.
+    ColMin(isize),
+}
+
+impl Tri {
+    /// Depths `lo..hi` a tile of rows `r0..r0 + rows` and columns `c0..c0 + cols` needs.
+    fn range(self, r0: usize, rows: usize, c0: usize, k: usize) -> (usize, usize) {
+        let clamp = |v: isize| v.clamp(0, k as isize) as usize;
+        match self {
+            Tri::Full => (0, k),
+            Tri::RowMax(off) => (0, clamp((r0 + rows) as isize + off)),
+            Tri::RowMin(off) => (clamp(r0 as isize - off), k),
+            Tri::ColMin(off) => (clamp(c0 as isize - off), k),
+        }
+    }
+}
+
+/// [`sgemm`] on one thread, for a product whose operands are zero where `tri` says: depths that
+/// cannot contribute are skipped (a depth is skipped only where its products are exactly zero,
+/// so the sums are those of the full product, up to the sign of a zero). Products deeper than
+/// one packed panel are computed whole.
+///
+/// # Safety
+/// As [`sgemm`] (one thread's scratch); the operands are zero where `tri` says.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn sgemm_tri(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, scratch: *mut f32, tri: Tri) {
+    let (kc_b, _, _) = blocking();
+    if m == 0 || n == 0 || k == 0 || k > kc_b || tri == Tri::Full {
+        return sgemm(None, m, n, k, a, b, c, ldc, scratch);
+    }
+    gemm_serial(Isa::detect(), m, n, k, a, b, c, ldc, scratch, Shared::None, tri);
+}
+
 /// An operand packed once for all threads: where, and the padded rows of A or columns of B.
 #[derive(Clone, Copy)]
 enum Shared {
@@ -237,10 +281,10 @@ impl Job {
         let j = self;
         if split_m {
             let a = Mat { ptr: j.a.ptr.add(s * j.a.rs), ..j.a };
-            gemm_serial(isa, e - s, n, k, a, j.b, j.c.add(s * j.ldc), j.ldc, buf, shared);
+            gemm_serial(isa, e - s, n, k, a, j.b, j.c.add(s * j.ldc), j.ldc, buf, shared, Tri::Full);
         } else {
             let b = Mat { ptr: j.b.ptr.add(s * j.b.cs), ..j.b };
-            gemm_serial(isa, m, e - s, k, j.a, b, j.c.add(s), j.ldc, buf, shared);
+            gemm_serial(isa, m, e - s, k, j.a, b, j.c.add(s), j.ldc, buf, shared, Tri::Full);
         }
     }
 }
@@ -255,11 +299,19 @@ struct ABlock {
     cs: usize,
 }
 
+/// A block's depth-range rule and the position of its first element in the whole C.
+#[derive(Clone, Copy)]
+struct Tile {
+    tri: Tri,
+    r0: usize,
+    c0: usize,
+}
+
 /// Multiply an `mc×kc` A block by a packed `kc×nc` B panel into C (adding when `acc`).
 /// Partial slivers of an A read in place are packed into `pa` first.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-unsafe fn block(isa: Isa, mc: usize, nc: usize, kc: usize, a: ABlock, pa: *mut f32, pb: *const f32, c: *mut f32, ldc: usize, acc: bool) {
+unsafe fn block(isa: Isa, mc: usize, nc: usize, kc: usize, a: ABlock, pa: *mut f32, pb: *const f32, c: *mut f32, ldc: usize, acc: bool, t: Tile) {
     let (mr, nr) = isa.tile();
     let packed = a.rs == 1 && a.cs == mr && a.step == kc;
     let tail = mc % mr;
@@ -274,7 +326,16 @@ unsafe fn block(isa: Isa, mc: usize, nc: usize, kc: usize, a: ABlock, pa: *mut f
             let rows = (mc - ir).min(mr);
             let (ap, rs, cs) = if packed || rows == mr { (a.ptr.add(ir * a.step), a.rs, a.cs) } else { (pa as *const f32, 1, mr) };
             let next = if ir + mr < mc { c.add((ir + mr) * ldc + jr) } else if jr + nr < nc { c.add(jr + nr) } else { std::ptr::null_mut() };
-            micro(isa, kc, ap, rs, cs, pb.add(jr * kc), c.add(ir * ldc + jr), ldc, acc, rows, cols, next);
+            let (lo, hi) = t.tri.range(t.r0 + ir, rows, t.c0 + jr, kc);
+            let ct = c.add(ir * ldc + jr);
+            if lo < hi {
+                micro(isa, hi - lo, ap.add(lo * cs), rs, cs, pb.add(jr * kc + lo * nr), ct, ldc, acc, rows, cols, next);
+            } else if !acc {
+                // No depth contributes: the tile is zero.
+                for i in 0..rows {
+                    std::ptr::write_bytes(ct.add(i * ldc), 0, cols);
+                }
+            }
             ir += mr;
         }
         jr += nr;
@@ -295,7 +356,7 @@ fn direct_a(isa: Isa, a: &Mat, n: usize) -> bool {
 const DIRECT_MAX_N: usize = 256;
 
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, buf: *mut f32, shared: Shared) {
+unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, buf: *mut f32, shared: Shared, tri: Tri) {
     let (mr, nr) = isa.tile();
     let (kc_b, mc_b, nc_b) = blocking();
     let pa = buf;
@@ -327,7 +388,9 @@ unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c:
                     pack_a(mc, kc, mr, src, a.rs, a.cs, pa);
                     ABlock { ptr: pa, step: kc, rs: 1, cs: mr }
                 };
-                block(isa, mc, nc, kc, ab, pa, pb, c.add(ic * ldc + jc), ldc, pc > 0);
+                // Depth ranges per tile only when the whole depth is one panel.
+                let tri = if kc == k { Tile { tri, r0: ic, c0: jc } } else { Tile { tri: Tri::Full, r0: 0, c0: 0 } };
+                block(isa, mc, nc, kc, ab, pa, pb, c.add(ic * ldc + jc), ldc, pc > 0, tri);
                 ic += mc;
             }
             pc += kc;
@@ -696,6 +759,52 @@ mod tests {
                 let want: f64 = (0..k).map(|p| a[i * ars + p * acs] as f64 * b[p * n + j] as f64).sum();
                 let got = c[i * n + j] as f64;
                 assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} at ({i},{j}): {got} vs {want}");
+            }
+        }
+    }
+
+    #[test]
+    fn triangular_depth_ranges_give_the_full_products_sums() {
+        // Operands zero on one side of a diagonal (as `tri` promises), in the layouts causal
+        // attention's products use: equal, bit for bit, to the full product (whose skipped
+        // terms are exact zeros), for tile-aligned and ragged sizes and several offsets.
+        for &(m, n, k) in &[(64usize, 32usize, 64usize), (64, 64, 64), (13, 40, 13), (50, 33, 47), (24, 64, 24)] {
+            for off in [-3isize, 0, 2, 17] {
+                for tri in [Tri::RowMax(off), Tri::RowMin(off), Tri::ColMin(off)] {
+                    let zero = |i: usize, j: usize, p: usize| match tri {
+                        Tri::RowMax(o) => p as isize > i as isize + o,
+                        Tri::RowMin(o) => (p as isize) < i as isize - o,
+                        Tri::ColMin(o) => (p as isize) < j as isize - o,
+                        Tri::Full => false,
+                    };
+                    // A row-major (read in place) or B row-major, with the promised zeros.
+                    let mut a: Vec<f32> = (0..m * k).map(|x| ((x * 7 % 13) as f32 - 6.0) / 7.0).collect();
+                    let mut b: Vec<f32> = (0..k * n).map(|x| ((x * 5 % 11) as f32 - 5.0) / 5.0).collect();
+                    for i in 0..m {
+                        for p in 0..k {
+                            if matches!(tri, Tri::RowMax(_) | Tri::RowMin(_)) && zero(i, 0, p) {
+                                a[i * k + p] = 0.0;
+                            }
+                        }
+                    }
+                    for p in 0..k {
+                        for j in 0..n {
+                            if matches!(tri, Tri::ColMin(_)) && zero(0, j, p) {
+                                b[p * n + j] = 0.0;
+                            }
+                        }
+                    }
+                    let run = |tri: Tri| {
+                        let mut c = vec![f32::NAN; m * n];
+                        let mut scratch = vec![0f32; scratch_len(m, n, k, 1)];
+                        let (am, bm) = (Mat { ptr: a.as_ptr(), rs: k, cs: 1 }, Mat { ptr: b.as_ptr(), rs: n, cs: 1 });
+                        unsafe { sgemm_tri(m, n, k, am, bm, c.as_mut_ptr(), n, scratch.as_mut_ptr(), tri) };
+                        c
+                    };
+                    let (skipped, full) = (run(tri), run(Tri::Full));
+                    let same = skipped.iter().zip(&full).all(|(x, y)| x == y);
+                    assert!(same, "{m}x{n}x{k} {tri:?}: {skipped:?} vs {full:?}");
+                }
             }
         }
     }

@@ -67,14 +67,14 @@ fn fold_batches(a: &Layout, b: &Layout, out: &Layout) -> Option<Layout> {
     Layout::strided(&[rows, d[ra - 1]], &[s[ra - 2], s[ra - 1]], a.offset)
 }
 
-fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize) -> Box<dyn Kernel> {
-    if let Some(fa) = fold_batches(&a.layout, &b.layout, &out.layout) {
+fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize, zeros: gemm::Tri) -> Box<dyn Kernel> {
+    if let Some(fa) = fold_batches(&a.layout, &b.layout, &out.layout).filter(|_| zeros == gemm::Tri::Full) {
         let rows = fa.dims()[0];
         let n = b.layout.dims()[1];
         let a2 = TRef { layout: fa, ..a };
         let mut ol = Layout::contiguous(&[rows, n]);
         ol.offset = out.layout.offset;
-        return f32_matmul(a2, b, TRef { layout: ol, ..out }, scratch, threads);
+        return f32_matmul(a2, b, TRef { layout: ol, ..out }, scratch, threads, zeros);
     }
     let (m, n, k, ars, acs, brs, bcs) = mnk(&a.layout, &b.layout);
     // Rows of C may be further apart than `n` (an output laid out for a transpose that
@@ -103,7 +103,26 @@ fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize) -> Box<
                 ps.add(th * per_thread),
             )
         };
-        if per_batch {
+        if per_batch && zeros != gemm::Tri::Full {
+            // Operands zero on one side of a diagonal: each product skips those depths.
+            pool.run(nb, &|t, th| {
+                batches.each(t..t + 1, |o, i, j| unsafe {
+                    let (pa, pb, po, ps) = (a.base::<f32>(), b.base::<f32>(), out.base::<f32>(), scratch.get() as *mut f32);
+                    // SAFETY: as in `one`; the planner proved the zeros `zeros` names.
+                    gemm::sgemm_tri(
+                        m,
+                        n,
+                        k,
+                        Mat { ptr: pa.add(i), rs: ars, cs: acs },
+                        Mat { ptr: pb.add(j), rs: brs, cs: bcs },
+                        po.add(o),
+                        ldc,
+                        ps.add(th * per_thread),
+                        zeros,
+                    )
+                })
+            });
+        } else if per_batch {
             pool.run(nb, &|t, th| batches.each(t..t + 1, |o, i, j| one(o, i, j, None, th)));
         } else {
             batches.each(0..nb, |o, i, j| one(o, i, j, Some(pool), 0));
@@ -160,7 +179,8 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         let out = Layout::contiguous(&info.dims);
         let m = fold_batches(a, b, &out).map_or(m, |f| f.dims()[0]);
         let scratch = gemm::scratch_len(m, n, k, threads) * 4;
-        return Ok(Lowered::Compute { scratch, build: Box::new(move |i, o, s| f32_matmul(i[0], i[1], o, s, threads)) });
+        let zeros = info.zeros;
+        return Ok(Lowered::Compute { scratch, build: Box::new(move |i, o, s| f32_matmul(i[0], i[1], o, s, threads, zeros)) });
     }
     let ok = with_dtype!(dt, T => { let _ = std::marker::PhantomData::<T>; dt != DType::Bool }, else false);
     if !ok {

@@ -119,6 +119,9 @@ pub struct NodeInfo<'a> {
     pub dims: Vec<usize>,
     /// Threads of the pool the program will run on.
     pub threads: usize,
+    /// For a MatMul: where an operand is known to be zero (causal attention), so the GEMM may
+    /// skip those depths; [`gemm::Tri::Full`] otherwise.
+    pub zeros: gemm::Tri,
 }
 
 impl NodeInfo<'_> {

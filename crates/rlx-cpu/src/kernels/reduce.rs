@@ -73,6 +73,9 @@ fn reduce_float<T: FloatElem>(kind: ReduceKind, x: TRef, out: TRef, axes: Vec<us
         && leading
         && x.layout.is_contiguous()
         && count > 1
+        // A reduction over every axis is one contiguous run: summed in f64 lanes below, not
+        // one row of one column at a time.
+        && kept.numel() > 1
     {
         return column_sums(x, out, count, kept.numel(), kind == ReduceKind::Mean);
     }

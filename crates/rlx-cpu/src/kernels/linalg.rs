@@ -90,39 +90,15 @@ fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize, zeros: 
     kernel(move |pool| {
         let one = |o: usize, i: usize, j: usize, p: Option<&crate::pool::Pool>, th: usize| unsafe {
             let (pa, pb, po, ps) = (a.base::<f32>(), b.base::<f32>(), out.base::<f32>(), scratch.get() as *mut f32);
-            // SAFETY: offsets come from the planned layouts; scratch holds `threads` slices.
-            gemm::sgemm(
-                p,
-                m,
-                n,
-                k,
-                Mat { ptr: pa.add(i), rs: ars, cs: acs },
-                Mat { ptr: pb.add(j), rs: brs, cs: bcs },
-                po.add(o),
-                ldc,
-                ps.add(th * per_thread),
-            )
+            let (am, bm) = (Mat { ptr: pa.add(i), rs: ars, cs: acs }, Mat { ptr: pb.add(j), rs: brs, cs: bcs });
+            // SAFETY: offsets come from the planned layouts; scratch holds `threads` slices; the
+            // compiler proved the zeros `zeros` names. A product on one thread skips them.
+            match p {
+                None => gemm::sgemm_tri(m, n, k, am, bm, po.add(o), ldc, ps.add(th * per_thread), zeros),
+                Some(_) => gemm::sgemm(p, m, n, k, am, bm, po.add(o), ldc, ps.add(th * per_thread)),
+            }
         };
-        if per_batch && zeros != gemm::Tri::Full {
-            // Operands zero on one side of a diagonal: each product skips those depths.
-            pool.run(nb, &|t, th| {
-                batches.each(t..t + 1, |o, i, j| unsafe {
-                    let (pa, pb, po, ps) = (a.base::<f32>(), b.base::<f32>(), out.base::<f32>(), scratch.get() as *mut f32);
-                    // SAFETY: as in `one`; the planner proved the zeros `zeros` names.
-                    gemm::sgemm_tri(
-                        m,
-                        n,
-                        k,
-                        Mat { ptr: pa.add(i), rs: ars, cs: acs },
-                        Mat { ptr: pb.add(j), rs: brs, cs: bcs },
-                        po.add(o),
-                        ldc,
-                        ps.add(th * per_thread),
-                        zeros,
-                    )
-                })
-            });
-        } else if per_batch {
+        if per_batch {
             pool.run(nb, &|t, th| batches.each(t..t + 1, |o, i, j| one(o, i, j, None, th)));
         } else {
             batches.each(0..nb, |o, i, j| one(o, i, j, Some(pool), 0));

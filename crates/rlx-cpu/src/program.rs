@@ -141,18 +141,14 @@ fn donations(g: &Graph, groups: &Groups, vals: &[Val], pending: &[Pending], para
 /// one). Values outside a group that a member reads are computed before the root, and values
 /// of members read outside it only after, so groups never form cycles with the rest of the
 /// graph.
-fn fusion_groups(g: &Graph, fuse: bool) -> Groups {
+fn fusion_groups(g: &Graph, users: &[Vec<usize>], fuse: bool) -> Groups {
     let mut member_of = vec![None; g.len()];
     if !fuse {
         return Groups { members: Default::default(), member_of, stored: Vec::new() };
     }
-    let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.len()];
     let mut written: Vec<bool> = vec![false; g.len()];
     for id in g.ids() {
         let n = g.node(id);
-        for i in &n.inputs {
-            users[i.index()].push(id.index());
-        }
         if matches!(n.op, Op::CacheWrite) {
             written[n.inputs[0].index()] = true;
         }
@@ -374,14 +370,15 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
     let (mut inputs, mut params) = (Vec::new(), Vec::new());
     let mut input_reqs = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
-    let groups = fusion_groups(g, fuse);
-    let zeros = if std::env::var_os("RLX_CAUSAL_SKIP").is_some_and(|v| v == "0") { vec![None; g.len()] } else { causal_zeros(g) };
+    // The steps reading each node, in node order (a node reading a value twice is listed twice).
     let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.len()];
     for id in g.ids() {
         for i in &g.node(id).inputs {
             users[i.index()].push(id.index());
         }
     }
+    let groups = fusion_groups(g, &users, fuse);
+    let zeros = if std::env::var_os("RLX_CAUSAL_SKIP").is_some_and(|v| v == "0") { vec![None; g.len()] } else { causal_zeros(g) };
     for id in g.ids() {
         if groups.member_of[id.index()].is_some() {
             vals.push(Val { buf: Buf::Fused, layout: Layout::contiguous(&[]), dtype: g.shape(id).dtype() });

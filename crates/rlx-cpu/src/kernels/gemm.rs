@@ -342,14 +342,14 @@ unsafe fn block(isa: Isa, mc: usize, nc: usize, kc: usize, a: ABlock, pa: *mut f
     }
 }
 
-/// Whether the AVX-512 kernels read this row-major A in place instead of packing it: when B is
-/// narrow, packing A (a strided pass over all of A per `kc` panel) costs a large share of the
-/// product, while reading 12 rows at a time in place stays in cache. (A transposed A packs with
+/// Whether the AVX-512 and AVX2 kernels read this row-major A in place instead of packing it:
+/// when B is narrow, packing A (a strided pass over all of A per `kc` panel) costs a large share
+/// of the product, while reading a tile's rows in place stays in cache. (A transposed A packs with
 /// contiguous copies and gains nothing.) `RLX_GEMM_DIRECT=0/1` forces the choice.
 fn direct_a(isa: Isa, a: &Mat, n: usize) -> bool {
     static FORCE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let force = *FORCE.get_or_init(|| std::env::var("RLX_GEMM_DIRECT").ok().map(|v| v != "0"));
-    isa == Isa::Avx512 && (a.cs == 1 || (a.rs == 1 && force == Some(true))) && force.unwrap_or(n <= DIRECT_MAX_N)
+    matches!(isa, Isa::Avx512 | Isa::Avx2) && (a.cs == 1 || (a.rs == 1 && force == Some(true))) && force.unwrap_or(n <= DIRECT_MAX_N)
 }
 
 /// Widest B (columns) for which A is read in place by default.
@@ -414,7 +414,12 @@ unsafe fn pack_a(mc: usize, kc: usize, mr: usize, a: *const f32, rs: usize, cs: 
         let rows = (mc - s * mr).min(mr);
         let d = dst.add(s * kc * mr);
         let src = a.add(s * mr * rs);
-        if rows == mr && rs == 1 {
+        if rows == mr && rs == 1 && mr == 6 {
+            // As below, with a constant length (inlined moves instead of a `memcpy` call each).
+            for p in 0..kc {
+                std::ptr::copy_nonoverlapping(src.add(p * cs), d.add(p * 6), 6);
+            }
+        } else if rows == mr && rs == 1 {
             // Column-major A (a transposed operand): each k step is `mr` contiguous floats.
             for p in 0..kc {
                 std::ptr::copy_nonoverlapping(src.add(p * cs), d.add(p * mr), mr);
@@ -457,8 +462,20 @@ unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: 
             x86::pack_b_transposed(p0, nr, src, cs, d);
         }
         #[cfg(target_arch = "x86_64")]
+        if rs == 1 && cols == nr && nr == 16 && Isa::detect() == Isa::Avx2 {
+            p0 = kc / 8 * 8;
+            x86::pack_b_transposed8(p0, src, cs, d);
+        }
+        #[cfg(target_arch = "x86_64")]
         if cs == 1 && cols == nr && nr == 32 && Isa::detect() == Isa::Avx512 {
             x86::copy_rows::<32>(kc - p0, src.add(p0 * rs), rs, d.add(p0 * nr));
+            p0 = kc;
+        }
+        if cs == 1 && cols == nr && nr == 16 {
+            // Constant-length copies, inlined (a runtime length calls `memcpy` per row).
+            for p in p0..kc {
+                std::ptr::copy_nonoverlapping(src.add(p * rs), d.add(p * 16), 16);
+            }
             p0 = kc;
         }
         for p in p0..kc {
@@ -480,8 +497,8 @@ unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: 
 }
 
 /// One `mr×nr` tile of C from A read at `a[i * ars + p * acs]` (packed: `ars = 1, acs = mr`)
-/// and a packed B sliver. Only the AVX-512 kernels read A in place; they also prefetch `next`,
-/// the C tile of the following call (null for none).
+/// and a packed B sliver. The AVX-512 and AVX2 kernels also read A in place, and prefetch
+/// `next`, the C tile of the following call (null for none).
 #[allow(clippy::too_many_arguments)]
 #[inline]
 unsafe fn micro(isa: Isa, kc: usize, a: *const f32, ars: usize, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
@@ -493,7 +510,7 @@ unsafe fn micro(isa: Isa, kc: usize, a: *const f32, ars: usize, acs: usize, b: *
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => x86::micro_12x32_rows(kc, a, ars, b, c, ldc, acc, rows, cols, next),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::micro_6x16(kc, a, b, c, ldc, acc, rows, cols),
+        Isa::Avx2 => x86::micro_avx2(kc, a, ars, acs, b, c, ldc, acc, rows, cols, next),
         _ => micro_generic(kc, a, b, c, ldc, acc, rows, cols),
     }
 }
@@ -706,27 +723,109 @@ mod x86 {
         }
     }
 
+    /// AVX2 tile of 16 columns: 6 rows, or a 2- or 4-row kernel for a short tile (the tail of
+    /// a block whose height is not a multiple of 6), so missing rows cost no multiply-adds. A
+    /// is packed (`ars = 1`, `acs = 6`) or read in place from rows `ars` apart (`acs = 1`).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro_6x16(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
-        let mut r = [[_mm256_setzero_ps(); 2]; 6];
-        for p in 0..kc {
-            let bp = b.add(p * 16);
-            let b0 = _mm256_loadu_ps(bp);
-            let b1 = _mm256_loadu_ps(bp.add(8));
-            let ap = a.add(p * 6);
-            for (i, ri) in r.iter_mut().enumerate() {
-                let av = _mm256_broadcast_ss(&*ap.add(i));
-                ri[0] = _mm256_fmadd_ps(av, b0, ri[0]);
-                ri[1] = _mm256_fmadd_ps(av, b1, ri[1]);
+    pub(super) unsafe fn micro_avx2(kc: usize, a: *const f32, ars: usize, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
+        let null = std::ptr::null();
+        match (rows, ars == 1) {
+            (5.., true) => micro_ymm::<6, false>(kc, a, acs, b, c, ldc, acc, rows, cols, next),
+            (5.., false) => micro_ymm::<6, true>(kc, a, ars, b, c, ldc, acc, rows, cols, next),
+            (3..=4, true) => micro_ymm::<4, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null),
+            (3..=4, false) => micro_ymm::<4, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null),
+            (_, true) => micro_ymm::<2, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null),
+            (_, false) => micro_ymm::<2, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null),
+        }
+    }
+
+    /// `MR` rows of C by 16 columns in 256-bit registers; A element `(i, p)` at `a[i * lda + p]`
+    /// when `ROWS`, else at `a[p * lda + i]`. The next call's C tile is prefetched one line
+    /// every few k steps, as in the AVX-512 kernel.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn micro_ymm<const MR: usize, const ROWS: bool>(kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
+        let mut r = [[_mm256_setzero_ps(); 2]; MR];
+        let lines = if next.is_null() { 0 } else { MR };
+        let chunk = kc.checked_div(lines).unwrap_or(kc).max(1);
+        let mut line = 0;
+        let mut p0 = 0;
+        while p0 < kc {
+            if line < lines {
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(line * ldc) as *const i8);
+                line += 1;
             }
+            let end = (p0 + chunk).min(kc);
+            for p in p0..end {
+                let bp = b.add(p * 16);
+                let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
+                for (i, ri) in r.iter_mut().enumerate() {
+                    let av = _mm256_broadcast_ss(&*if ROWS { a.add(i * lda + p) } else { a.add(p * lda + i) });
+                    ri[0] = _mm256_fmadd_ps(av, b0, ri[0]);
+                    ri[1] = _mm256_fmadd_ps(av, b1, ri[1]);
+                }
+            }
+            p0 = end;
         }
-        let mut t = [[0f32; 16]; 6];
-        for (i, ri) in r.iter().enumerate() {
-            _mm256_storeu_ps(t[i].as_mut_ptr(), ri[0]);
-            _mm256_storeu_ps(t[i].as_mut_ptr().add(8), ri[1]);
+        if rows == MR && cols == 16 {
+            for (i, ri) in r.iter().enumerate() {
+                let cp = c.add(i * ldc);
+                for (v, x) in ri.iter().enumerate() {
+                    let y = if acc { _mm256_add_ps(*x, _mm256_loadu_ps(cp.add(8 * v))) } else { *x };
+                    _mm256_storeu_ps(cp.add(8 * v), y);
+                }
+            }
+        } else {
+            let mut t = [[0f32; 16]; MR];
+            for (i, ri) in r.iter().enumerate() {
+                _mm256_storeu_ps(t[i].as_mut_ptr(), ri[0]);
+                _mm256_storeu_ps(t[i].as_mut_ptr().add(8), ri[1]);
+            }
+            store_tile(&t, c, ldc, acc, rows, cols);
         }
-        store_tile(&t, c, ldc, acc, rows, cols);
+    }
+
+    /// Pack rows `0..kc` (a multiple of 8) of a 16-column sliver of a B whose columns are
+    /// contiguous (`b[j * cs + p]`) as `dst[p * 16 + j]`, transposing 8×8 blocks in registers.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn pack_b_transposed8(kc: usize, b: *const f32, cs: usize, dst: *mut f32) {
+        let mut p = 0;
+        while p < kc {
+            for j0 in [0, 8] {
+                let mut r = [_mm256_setzero_ps(); 8];
+                for (j, x) in r.iter_mut().enumerate() {
+                    *x = _mm256_loadu_ps(b.add((j0 + j) * cs + p));
+                }
+                transpose8(&mut r);
+                for (q, x) in r.iter().enumerate() {
+                    _mm256_storeu_ps(dst.add((p + q) * 16 + j0), *x);
+                }
+            }
+            p += 8;
+        }
+    }
+
+    /// Transpose an 8×8 block held as 8 rows: afterwards `r[q]` holds column `q`.
+    #[inline(always)]
+    unsafe fn transpose8(r: &mut [__m256; 8]) {
+        let mut t = [_mm256_setzero_ps(); 8];
+        for i in 0..4 {
+            t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+        }
+        for k in 0..2 {
+            let (a, b, c, d) = (t[4 * k], t[4 * k + 1], t[4 * k + 2], t[4 * k + 3]);
+            r[4 * k] = _mm256_shuffle_ps::<0x44>(a, c);
+            r[4 * k + 1] = _mm256_shuffle_ps::<0xee>(a, c);
+            r[4 * k + 2] = _mm256_shuffle_ps::<0x44>(b, d);
+            r[4 * k + 3] = _mm256_shuffle_ps::<0xee>(b, d);
+        }
+        for k in 0..4 {
+            t[k] = _mm256_permute2f128_ps::<0x20>(r[k], r[k + 4]);
+            t[k + 4] = _mm256_permute2f128_ps::<0x31>(r[k], r[k + 4]);
+        }
+        *r = t;
     }
 }
 

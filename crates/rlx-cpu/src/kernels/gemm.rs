@@ -410,16 +410,21 @@ unsafe fn pack_a(mc: usize, kc: usize, mr: usize, a: *const f32, rs: usize, cs: 
         s = mc / mr;
         x86::pack_a_columns(s, kc, a, cs, dst);
     }
+    if rs == 1 && mr == 6 {
+        // The same walk for 6-row slivers (AVX2), with constant-length copies.
+        s = mc / 6;
+        for p in 0..kc {
+            let col = a.add(p * cs);
+            for t in 0..s {
+                std::ptr::copy_nonoverlapping(col.add(t * 6), dst.add((t * kc + p) * 6), 6);
+            }
+        }
+    }
     while s * mr < mc {
         let rows = (mc - s * mr).min(mr);
         let d = dst.add(s * kc * mr);
         let src = a.add(s * mr * rs);
-        if rows == mr && rs == 1 && mr == 6 {
-            // As below, with a constant length (inlined moves instead of a `memcpy` call each).
-            for p in 0..kc {
-                std::ptr::copy_nonoverlapping(src.add(p * cs), d.add(p * 6), 6);
-            }
-        } else if rows == mr && rs == 1 {
+        if rows == mr && rs == 1 {
             // Column-major A (a transposed operand): each k step is `mr` contiguous floats.
             for p in 0..kc {
                 std::ptr::copy_nonoverlapping(src.add(p * cs), d.add(p * mr), mr);

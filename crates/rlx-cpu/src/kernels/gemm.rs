@@ -455,6 +455,19 @@ unsafe fn pack_a(mc: usize, kc: usize, mr: usize, a: *const f32, rs: usize, cs: 
 /// Pack `kc×nc` of B into `nr`-column slivers: `dst[(t*kc + p)*nr + j]`, zero-padded.
 unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: usize, dst: *mut f32) {
     let mut t = 0;
+    if cs == 1 && nr == 16 {
+        // Row-major B, 16-column slivers (AVX2): walk k outermost, so each row of the panel is
+        // read once as one contiguous run and dealt out to the slivers. Sliver by sliver, the
+        // reads would be 64-byte pieces `rs` floats apart, which the prefetchers follow poorly
+        // (packing is bound by memory here: a large B is read from L3 or DRAM).
+        t = nc / 16;
+        for p in 0..kc {
+            let row = b.add(p * rs);
+            for q in 0..t {
+                std::ptr::copy_nonoverlapping(row.add(q * 16), dst.add((q * kc + p) * 16), 16);
+            }
+        }
+    }
     while t * nr < nc {
         let cols = (nc - t * nr).min(nr);
         let d = dst.add(t * kc * nr);
@@ -474,13 +487,6 @@ unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: 
         #[cfg(target_arch = "x86_64")]
         if cs == 1 && cols == nr && nr == 32 && Isa::detect() == Isa::Avx512 {
             x86::copy_rows::<32>(kc - p0, src.add(p0 * rs), rs, d.add(p0 * nr));
-            p0 = kc;
-        }
-        if cs == 1 && cols == nr && nr == 16 {
-            // Constant-length copies, inlined (a runtime length calls `memcpy` per row).
-            for p in p0..kc {
-                std::ptr::copy_nonoverlapping(src.add(p * rs), d.add(p * 16), 16);
-            }
             p0 = kc;
         }
         for p in p0..kc {

@@ -123,6 +123,9 @@ pub trait Real: Copy + Send + Sync + PartialOrd + 'static
     fn f64(self) -> f64;
     /// e^x
     fn exp(self) -> Self;
+    /// e^x where only inputs in `[-86, 88]` matter (see [`crate::math::exp_fast_f32`]); f64
+    /// computes `exp`.
+    fn exp_fast(self) -> Self;
     /// ln x
     fn ln(self) -> Self;
     /// sqrt
@@ -148,11 +151,12 @@ pub trait Real: Copy + Send + Sync + PartialOrd + 'static
 }
 
 macro_rules! real {
-    ($t:ty, $erf:path, $exp:path, $tanh:path) => {
+    ($t:ty, $erf:path, $exp:path, $exp_fast:path, $tanh:path) => {
         impl Real for $t {
             #[inline(always)] fn c(v: f64) -> Self { v as $t }
             #[inline(always)] fn f64(self) -> f64 { self as f64 }
             #[inline(always)] fn exp(self) -> Self { $exp(self) }
+            #[inline(always)] fn exp_fast(self) -> Self { $exp_fast(self) }
             #[inline(always)] fn ln(self) -> Self { <$t>::ln(self) }
             #[inline(always)] fn sqrt(self) -> Self { <$t>::sqrt(self) }
             #[inline(always)] fn tanh(self) -> Self { $tanh(self) }
@@ -167,8 +171,8 @@ macro_rules! real {
         }
     };
 }
-real!(f32, libm::erff, crate::math::exp_f32, crate::math::tanh_f32);
-real!(f64, libm::erf, f64::exp, f64::tanh);
+real!(f32, libm::erff, crate::math::exp_f32, crate::math::exp_fast_f32, crate::math::tanh_f32);
+real!(f64, libm::erf, f64::exp, f64::exp, f64::tanh);
 
 /// A floating-point storage type and its compute type.
 pub trait FloatElem: Elem {

@@ -14,27 +14,10 @@
 /// depend on the instruction set; hot loops are compiled with FMA enabled.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    // The constants, by their bit patterns (exact).
-    const SHIFT: f32 = 12_582_912.0; // 1.5 * 2^23: z - SHIFT is x / ln 2 rounded to an integer
-    const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
-    const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
-    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
-    const C: [f32; 5] = [
-        f32::from_bits(0x3f7f_fff6),
-        f32::from_bits(0x3eff_fedb),
-        f32::from_bits(0x3e2a_af33),
-        f32::from_bits(0x3d2b_9f17),
-        f32::from_bits(0x3c07_2010),
-    ];
-    let z = x.mul_add(LOG2E, SHIFT);
-    let n = z - SHIFT;
-    let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
-    let u = b * b;
-    let j = C[4].mul_add(b, C[3]).mul_add(u, C[2].mul_add(b, C[1])).mul_add(u, C[0].mul_add(b, 1.0));
+    let (j, n, ni) = exp_reduced(x);
     // j * 2^n with one rounding. For |n| <= 192 (all that is used) n sits in z's low mantissa
     // bits; split the power so both factors are normal floats and only the last product rounds
     // (into the subnormals, or to infinity, when it must).
-    let ni = (z.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
     let (n1, n2) = if ni > 127 {
         (127, ni.wrapping_sub(127))
     } else if ni < -126 {
@@ -52,6 +35,46 @@ pub fn exp_f32(x: f32) -> f32 {
         }
     } else {
         res
+    }
+}
+
+/// `x = n ln 2 + b` and the polynomial `j ≈ e^b` of [`exp_f32`]: `(j, n, n as i32)`.
+#[inline(always)]
+fn exp_reduced(x: f32) -> (f32, f32, i32) {
+    // The constants, by their bit patterns (exact).
+    const SHIFT: f32 = 12_582_912.0; // 1.5 * 2^23: z - SHIFT is x / ln 2 rounded to an integer
+    const LOG2E: f32 = f32::from_bits(0x3fb8_aa3b);
+    const LN2_HI: f32 = f32::from_bits(0x3f31_7200);
+    const LN2_LO: f32 = f32::from_bits(0x35bf_be8e);
+    const C: [f32; 5] = [
+        f32::from_bits(0x3f7f_fff6),
+        f32::from_bits(0x3eff_fedb),
+        f32::from_bits(0x3e2a_af33),
+        f32::from_bits(0x3d2b_9f17),
+        f32::from_bits(0x3c07_2010),
+    ];
+    let z = x.mul_add(LOG2E, SHIFT);
+    let n = z - SHIFT;
+    let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
+    let u = b * b;
+    let j = C[4].mul_add(b, C[3]).mul_add(u, C[2].mul_add(b, C[1])).mul_add(u, C[0].mul_add(b, 1.0));
+    (j, n, (z.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32))
+}
+
+/// `e^x` for f32 where only `x` in `[-86, 88]` matters: the input is clamped to that range, so
+/// `2^n` is applied by adding `n` to the exponent bits (about half the operations of
+/// [`exp_f32`]). Inside the range the result is bit-identical to [`exp_f32`]'s; below it is
+/// `e^-86` (~4e-38) instead of a smaller or zero value, above it `e^88` instead of a larger one
+/// or infinity. NaN stays NaN. For formulas such as the GELU's `x / (1 + e^t)`, where those
+/// differences are far below one ulp of the result.
+#[inline(always)]
+pub fn exp_fast_f32(x: f32) -> f32 {
+    let (j, _, ni) = exp_reduced(x.clamp(-86.0, 88.0));
+    let r = f32::from_bits((j.to_bits() as i32).wrapping_add(ni << 23) as u32);
+    if x.is_nan() {
+        x
+    } else {
+        r
     }
 }
 
@@ -73,7 +96,7 @@ pub fn tanh_f32(x: f32) -> f32 {
     p = p * z - 1.0 / 3.0;
     p = p * z + 1.0;
     let small = x * p;
-    let e = exp_f32(2.0 * ax.min(15.0));
+    let e = exp_fast_f32(2.0 * ax.min(15.0));
     let big = 1.0 - 2.0 / (e + 1.0);
     let big = if x < 0.0 { -big } else { big };
     if ax < 0.55 {
@@ -202,6 +225,20 @@ mod tests {
         assert!((got - want).abs() <= 2.0 * (want as f32) as f64 * f32::EPSILON as f64, "{got} vs {want}");
         assert_eq!(exp_f32(0.0), 1.0);
         assert!(exp_f32(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn fast_exp_equals_exp_inside_its_range_and_clamps_outside() {
+        let mut x = -86.0f32;
+        while x <= 88.0 {
+            assert_eq!(exp_fast_f32(x).to_bits(), exp_f32(x).to_bits(), "at {x}");
+            x += 0.0113;
+        }
+        for (x, at) in [(-87.5f32, -86.0f32), (-1e30, -86.0), (f32::NEG_INFINITY, -86.0), (88.5, 88.0), (1e30, 88.0), (f32::INFINITY, 88.0)] {
+            assert_eq!(exp_fast_f32(x), exp_f32(at), "at {x}");
+        }
+        assert!(exp_fast_f32(f32::NAN).is_nan());
+        assert!(exp_fast_f32(-f32::NAN).is_nan());
     }
 
     #[test]

@@ -201,11 +201,14 @@ macro_rules! with_float_fn {
             // Trait paths, not methods: on f32 the inherent methods would bypass RLX's SIMD math.
             Gelu => |v| half * v * (one + R::erf(v * inv_sqrt2)),
             // x (1 + tanh(u)) / 2 written as x sigmoid(2u): one exp and one division, no tanh.
-            GeluApprox => |v| v / (one + R::exp(k2 * (v + k1 * v * v * v))),
+            // The exponential's argument is clamped to [-86, 88] (`exp_fast`): beyond it the
+            // result is still x for large x, and x * ~6e-39 instead of -0 for very negative x
+            // (-inf instead of NaN at -inf).
+            GeluApprox => |v| v / (one + R::exp_fast(k2 * (v + k1 * v * v * v))),
             // Its derivative s + x s (1 - s) (k0 + k3 x^2), s = sigmoid(2u) (k0 = -k2).
             GeluApproxGrad => |v| {
                 let x2 = v * v;
-                let s = one / (one + R::exp(k2 * (v + k1 * x2 * v)));
+                let s = one / (one + R::exp_fast(k2 * (v + k1 * x2 * v)));
                 s + v * s * (one - s) * (k3 * x2 - k2)
             },
             Silu => |v| v / (one + R::exp(-v)),

@@ -257,7 +257,10 @@ fn stream_suite(o: &Opts, py: Option<&numpy::Numpy>, softmax: bool) {
     } else {
         let x = g.param("a", Shape::new(&[n], DType::F32));
         let y = g.param("b", Shape::new(&[n], DType::F32));
-        let z = g.add(x, y);
+        let z = match std::env::var("OPX").as_deref() {
+            Ok("bmm") => { let q = g.try_reshape(x, &[n / 2048, 64, 32]).unwrap(); let k = g.try_reshape(y, &[n / 2048, 64, 32]).unwrap(); let kt = g.try_transpose(k, &[0, 2, 1]).unwrap(); let s = g.try_dot(q, kt).unwrap(); g.try_reshape(s, &[n * 2]).unwrap() }
+            Ok("bmm2") => { let q = g.try_reshape(x, &[n / 2048, 64, 32]).unwrap(); let k = g.try_reshape(y, &[n / 2048, 32, 64]).unwrap(); let s = g.try_dot(q, k).unwrap(); g.try_reshape(s, &[n * 2]).unwrap() }
+            _ => g.add(x, y) };
         g.set_outputs(vec![z]);
         (12.0 * n as f64, vec![("a", &a), ("b", &b)])
     };

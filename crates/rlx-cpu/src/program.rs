@@ -535,7 +535,10 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
             let dims = |i: usize| format!("{:?}{}", vals[i].layout.dims(), if vals[i].layout.is_contiguous() { "" } else { "(strided)" });
             let ins: Vec<String> = operands.iter().map(|&i| dims(i)).collect();
             let what = match groups.members.get(&node) {
-                Some(m) => format!("fused group of {} ending in {}", m.len(), n.op.name()),
+                Some(m) => {
+                    let names: Vec<&str> = m.iter().map(|&i| g.node(rlx_ir::NodeId(i as u32)).op.name()).collect();
+                    format!("fused group of {} ({})", m.len(), names.join(" "))
+                }
                 None => match matmul_zeros(g, rlx_ir::NodeId(node as u32), &zeros) {
                     kernels::gemm::Tri::Full => n.op.name().to_string(),
                     tri => format!("{} (skipping zeros: {tri:?})", n.op.name()),

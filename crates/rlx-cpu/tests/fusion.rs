@@ -267,3 +267,44 @@ fn a_member_read_after_its_group_is_stored_by_the_group_bit_identically() {
     assert_eq!(fused_steps, 5, "{fused_steps} fused steps (unfused {steps})");
     assert_eq!(fused, plain, "fused and separate kernels must agree bit for bit");
 }
+
+#[test]
+fn operands_read_in_place_by_window_or_gathered_once_per_task_are_bit_identical() {
+    // `mask` [64, 64] broadcast over [3, 5] and `t` (a [5, 3, 64, 64] input seen as
+    // [3, 5, 64, 64]) are contiguous over 4096 elements, a multiple of the block: read in
+    // place per block (the second through its transposed outer strides). `w` [128] broadcast
+    // over [3, 40] repeats every 128 elements, which divides the block: gathered once per task.
+    // The last block of `z` (15360 elements) is partial.
+    let mut g = Graph::new("windows");
+    let x = g.input("x", Shape::new(&[3, 5, 64, 64], DType::F32));
+    let mask = g.input("mask", Shape::new(&[64, 64], DType::F32));
+    let t = g.input("t", Shape::new(&[5, 3, 64, 64], DType::F32));
+    let a = g.input("a", Shape::new(&[3, 40, 128], DType::F32));
+    let w = g.input("w", Shape::new(&[128], DType::F32));
+    let half = g.scalar(0.5, DType::F32);
+    let tt = g.transpose(t, &[1, 0, 2, 3]);
+    let y = g.mul(x, mask);
+    let y = g.add(y, tt);
+    let y = g.mul(y, half);
+    let y = g.activation(Activation::GeluApprox, y);
+    let z = g.mul(a, w);
+    let z = g.activation(Activation::Tanh, z);
+    let z = g.sub(z, w);
+    g.set_outputs(vec![y, z]);
+    let val = |n: usize, m: usize, d: f32| -> Vec<f32> { (0..n).map(|i| ((i * m % 97) as f32 - 48.0) / d).collect() };
+    let (xv, mv, tv, av, wv) = (val(61440, 37, 19.0), val(4096, 13, 23.0), val(61440, 29, 17.0), val(15360, 11, 21.0), val(128, 7, 29.0));
+    let ins: [&[f32]; 5] = [&xv, &mv, &tv, &av, &wv];
+    let (fused_steps, fused) = run_bytes(&g, true, &ins);
+    let (steps, plain) = run_bytes(&g, false, &ins);
+    assert!(fused_steps <= 2, "{fused_steps} fused steps (unfused {steps})");
+    assert_eq!(fused, plain, "fused and separate kernels must agree bit for bit");
+    // And against the formula, so a wrong window offset in both could not pass.
+    let y = &fused[0];
+    for i in (0..61440).step_by(97) {
+        let (b, h, r) = (i / 20480, i / 4096 % 5, i % 4096);
+        let u = (xv[i] * mv[r] + tv[(h * 3 + b) * 4096 + r]) * 0.5;
+        let want = u as f64 * 0.5 * (1.0 + (0.7978845608 * (u as f64 + 0.044715 * (u as f64).powi(3))).tanh());
+        let got = f32::from_le_bytes(y[i * 4..i * 4 + 4].try_into().unwrap()) as f64;
+        assert!((got - want).abs() < 1e-5 * (1.0 + want.abs()), "y[{i}]: {got} vs {want}");
+    }
+}

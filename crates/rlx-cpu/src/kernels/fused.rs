@@ -3,7 +3,9 @@
 //! result. Intermediates live in per-thread scratch blocks (reused once their last reader has
 //! run) instead of making a round trip through memory each; members that are graph outputs are
 //! also stored, at the end of each block, as extra results. Operands that are already dense are
-//! read in place and broadcast scalars stay in a register.
+//! read in place, broadcast scalars stay in a register, operands contiguous over a multiple of
+//! the block are read in place too, and ones repeating with a period that divides the block are
+//! gathered once per task rather than per block.
 //!
 //! A group may also end in a sum (or mean) over trailing axes of its result: the blocks then
 //! hold whole rows, and each row is summed as it is computed, so the elementwise result never
@@ -98,8 +100,27 @@ enum ExtKind {
     Dense,
     /// One value broadcast to every element.
     Scalar,
+    /// Contiguous over trailing axes spanning a multiple of the block (a `[64, 64]` mask
+    /// broadcast over batch and heads, say): each block lies in one contiguous run, read in
+    /// place at an offset found per block. Outer axes from `from` on are the contiguous run.
+    Window { span: usize, from: usize },
+    /// Broadcast over every outer axis, and contiguous over trailing axes whose span divides
+    /// the block (a `[128]` norm weight broadcast over rows): every block sees the same values,
+    /// copied into gather slot `g` once per task.
+    Periodic(usize),
     /// Strided or partly broadcast: copied into gather slot `g` per block.
     Gather(usize),
+}
+
+/// Elements of the longest run of trailing axes of `l` (broadcast to `dims`) that is
+/// contiguous, and the first axis of that run.
+fn trailing_run(l: &Layout, dims: &[usize]) -> (usize, usize) {
+    let (mut span, mut ax) = (1, dims.len());
+    while ax > 0 && (l.strides()[ax - 1] == span || dims[ax - 1] == 1) {
+        span *= dims[ax - 1];
+        ax -= 1;
+    }
+    (span, ax)
 }
 
 /// A resolved operand location.
@@ -137,14 +158,21 @@ struct Plan {
 fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef, extra: &[usize], rows: Option<RowSum>) -> Plan {
     let dense = Layout::contiguous(dims);
     let layouts: Vec<Layout> = ins.iter().map(|t| t.layout.broadcast_to(dims)).collect();
+    let block = block_len(rows.map(|r| r.row));
     let mut gathers = 0;
     let kinds = layouts
         .iter()
         .map(|l| {
+            let (span, from) = trailing_run(l, dims);
             if l.strides().iter().all(|&s| s == 0) {
                 ExtKind::Scalar
             } else if l.strides() == dense.strides() {
                 ExtKind::Dense
+            } else if span.is_multiple_of(block) {
+                ExtKind::Window { span, from }
+            } else if block.is_multiple_of(span) && l.strides()[..from].iter().all(|&s| s == 0) {
+                gathers += 1;
+                ExtKind::Periodic(gathers - 1)
             } else {
                 gathers += 1;
                 ExtKind::Gather(gathers - 1)
@@ -210,7 +238,6 @@ fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef, extra: &[usize
         None => None,
     };
     let extra = extra.iter().enumerate().map(|(k, &j)| (slot_of[j], k)).collect();
-    let block = block_len(rows.map(|r| r.row));
     Plan { kinds, layouts, steps, gathers, slots, root_slot, extra, block, rows }
 }
 
@@ -302,11 +329,32 @@ unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
     let block = p.block;
     let dense = Layout::contiguous(c.dims);
     let tmp = c.scratch.add(p.gathers * block);
+    let first = blocks.start;
+    // Offsets of the window operands' current blocks.
+    let mut window = vec![0usize; p.kinds.len()];
     for blk in blocks {
         let s = blk * block;
         let len = block.min(c.n - s);
         for (k, kind) in p.kinds.iter().enumerate() {
-            let ExtKind::Gather(gi) = *kind else { continue };
+            // A periodic operand's slot holds the same values for every block (the first block
+            // of a task is its longest).
+            let gi = match *kind {
+                ExtKind::Gather(gi) => gi,
+                ExtKind::Periodic(gi) if blk == first => gi,
+                ExtKind::Window { span, from } => {
+                    // The offset of element `s`: its run's outer index, then `s % span`.
+                    let l = &p.layouts[k];
+                    let mut q = s / span;
+                    let mut off = l.offset + s % span;
+                    for ax in (0..from).rev() {
+                        off += q % c.dims[ax] * l.strides()[ax];
+                        q /= c.dims[ax];
+                    }
+                    window[k] = off;
+                    continue;
+                }
+                _ => continue,
+            };
             let dst = std::slice::from_raw_parts_mut(c.scratch.add(gi * block), len);
             let src = c.ins[k].base::<f32>() as *const f32;
             for_each_run(c.dims, [&dense, &p.layouts[k]], s..s + len, |[o, i], m, [so, si]| {
@@ -329,7 +377,8 @@ unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
                     // Read when the step runs: the operand's buffer changes between runs.
                     ExtKind::Scalar => V::S(*(c.ins[k].base::<f32>() as *const f32).add(p.layouts[k].offset)),
                     ExtKind::Dense => V::A(std::slice::from_raw_parts((c.ins[k].base::<f32>() as *const f32).add(p.layouts[k].offset + s), len)),
-                    ExtKind::Gather(gi) => V::A(std::slice::from_raw_parts(c.scratch.add(gi * block), len)),
+                    ExtKind::Gather(gi) | ExtKind::Periodic(gi) => V::A(std::slice::from_raw_parts(c.scratch.add(gi * block), len)),
+                    ExtKind::Window { .. } => V::A(std::slice::from_raw_parts((c.ins[k].base::<f32>() as *const f32).add(window[k]), len)),
                 },
             }
         };

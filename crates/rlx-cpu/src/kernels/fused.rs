@@ -330,8 +330,16 @@ unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
     let dense = Layout::contiguous(c.dims);
     let tmp = c.scratch.add(p.gathers * block);
     let first = blocks.start;
-    // Offsets of the window operands' current blocks.
-    let mut window = vec![0usize; p.kinds.len()];
+    // Offsets of the window operands' current blocks: on the stack for up to 16 operands (no
+    // allocation per run), on the heap beyond.
+    let mut on_stack = [0usize; 16];
+    let mut on_heap = Vec::new();
+    let window: &mut [usize] = if p.kinds.len() <= on_stack.len() {
+        &mut on_stack[..p.kinds.len()]
+    } else {
+        on_heap.resize(p.kinds.len(), 0);
+        &mut on_heap
+    };
     for blk in blocks {
         let s = blk * block;
         let len = block.min(c.n - s);

@@ -68,6 +68,13 @@ impl Program {
     pub fn steps(&self) -> usize {
         self.steps.len()
     }
+
+    /// The kind of each step, in run order, as `RLX_PROFILE` names them: the op (`matmul`,
+    /// `softmax`, …), `fused` for an elementwise group, `adam` for a group run as the one-pass
+    /// Adam update.
+    pub fn step_kinds(&self) -> &[&'static str] {
+        &self.step_ops
+    }
 }
 
 fn check_node(g: &Graph, id: rlx_ir::NodeId) -> Result<Vec<usize>> {
@@ -531,13 +538,25 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
     let mut step_desc = by_node.then(Vec::new);
     for (node, operands, out_req, scratch_req, build) in pending {
         let n = g.node(rlx_ir::NodeId(node as u32));
+        // Whether the step is a group that runs as the one-pass Adam update (`fused::build`
+        // decides the same way).
+        let adam = groups.members.get(&node).is_some_and(|m| {
+            let id = rlx_ir::NodeId(node as u32);
+            kernels::fused::row_sum(g, id).is_none() && {
+                let (code, ext) = chain(g, m);
+                let layouts: Vec<Layout> = ext.iter().map(|&e| vals[e].layout).collect();
+                let extra: Vec<usize> = (0..m.len()).filter(|&j| m[j] != node && groups.stored[m[j]]).collect();
+                let dims = g.shape(id).static_dims().unwrap_or_default();
+                kernels::fused::as_adam(&code, &layouts, &dims, &extra, None).is_some()
+            }
+        });
         if let Some(d) = &mut step_desc {
             let dims = |i: usize| format!("{:?}{}", vals[i].layout.dims(), if vals[i].layout.is_contiguous() { "" } else { "(strided)" });
             let ins: Vec<String> = operands.iter().map(|&i| dims(i)).collect();
             let what = match groups.members.get(&node) {
                 Some(m) => {
                     let names: Vec<&str> = m.iter().map(|&i| g.node(rlx_ir::NodeId(i as u32)).op.name()).collect();
-                    format!("fused group of {} ({})", m.len(), names.join(" "))
+                    format!("fused group of {} ({}){}", m.len(), names.join(" "), if adam { " as one Adam pass" } else { "" })
                 }
                 None => match matmul_zeros(g, rlx_ir::NodeId(node as u32), &zeros) {
                     kernels::gemm::Tri::Full => n.op.name().to_string(),
@@ -547,6 +566,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
             d.push(format!("{} {what} ({}) -> {}", rlx_ir::NodeId(node as u32), ins.join(", "), g.shape(rlx_ir::NodeId(node as u32))));
         }
         step_ops.push(match &n.op {
+            _ if adam => "adam",
             _ if groups.members.contains_key(&node) => "fused",
             // Quantized products are told apart by weight format in the profile.
             Op::DequantMatMul { scheme } => kernels::quant::profile_name(*scheme),

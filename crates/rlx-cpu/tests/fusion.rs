@@ -2,7 +2,7 @@
 
 use rlx_cpu::compile_with_fusion;
 use rlx_driver::Executable;
-use rlx_ir::{Activation, DType, Graph, Shape};
+use rlx_ir::{Activation, BinaryOp, DType, Graph, Shape};
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -306,5 +306,85 @@ fn operands_read_in_place_by_window_or_gathered_once_per_task_are_bit_identical(
         let want = u as f64 * 0.5 * (1.0 + (0.7978845608 * (u as f64 + 0.044715 * (u as f64).powi(3))).tanh());
         let got = f32::from_le_bytes(y[i * 4..i * 4 + 4].try_into().unwrap()) as f64;
         assert!((got - want).abs() < 1e-5 * (1.0 + want.abs()), "y[{i}]: {got} vs {want}");
+    }
+}
+
+/// An Adam (or, with `decay`, AdamW) update of params `p`, `m`, `v` as `rlx::train` builds it,
+/// with the step's scalars as inputs; `eps_op` combines the root with epsilon (`Add` in Adam).
+fn adam_step(decay: bool, eps_op: BinaryOp) -> Graph {
+    let mut g = Graph::new("adam");
+    let shape = Shape::new(&[37, 29], DType::F32);
+    let gr = g.input("g", shape.clone());
+    let names = ["b1", "ob1", "b2", "ob2", "rsqrt_bc2", "eps", "step", "lr_wd"];
+    let s: Vec<_> = names.iter().map(|n| g.input(n, Shape::new(&[], DType::F32))).collect();
+    let (p, m, v) = (g.param("p", shape.clone()), g.param("m", shape.clone()), g.param("v", shape));
+    let m1 = g.mul(s[0], m);
+    let m2 = g.mul(s[1], gr);
+    let mn = g.add(m1, m2);
+    let g2 = g.mul(gr, gr);
+    let v1 = g.mul(s[2], v);
+    let v2 = g.mul(s[3], g2);
+    let vn = g.add(v1, v2);
+    let rt = g.activation(Activation::Sqrt, vn);
+    let rt = g.mul(rt, s[4]);
+    let den = g.binary(eps_op, rt, s[5]);
+    let ratio = g.div(mn, den);
+    let mut d = g.mul(s[6], ratio);
+    if decay {
+        let dec = g.mul(s[7], p);
+        d = g.add(d, dec);
+    }
+    let np = g.sub(p, d);
+    g.set_outputs(vec![np, mn, vn]);
+    g
+}
+
+#[test]
+fn adam_updates_run_as_one_pass_bit_identical_to_separate_kernels() {
+    let n = 37 * 29;
+    let shape_vals = |seed: usize, scale: f32| -> Vec<f32> { (0..n).map(|i| ((i * seed % 97) as f32 - 48.0) * scale).collect() };
+    let pv = shape_vals(13, 0.02);
+    let mv = shape_vals(7, 0.001);
+    let vv: Vec<f32> = shape_vals(5, 1e-4).iter().map(|x| x.abs()).collect();
+    for (decay, eps_op, one_pass) in [(true, BinaryOp::Add, true), (false, BinaryOp::Add, true), (true, BinaryOp::Max, false)] {
+        let g = adam_step(decay, eps_op);
+        let updates: Vec<(String, usize)> = vec![("p".into(), 0), ("m".into(), 1), ("v".into(), 2)];
+        // In place (updates bound), fused without binding, and unfused; three steps each with
+        // changing gradients and scalars.
+        let run = |mode: u8| {
+            let mut prog = match mode {
+                0 => rlx_cpu::compile_with_updates(&g, 2, &updates).unwrap(),
+                1 => compile_with_fusion(&g, 2, true).unwrap(),
+                _ => compile_with_fusion(&g, 2, false).unwrap(),
+            };
+            if mode < 2 {
+                assert_eq!(prog.step_kinds().contains(&"adam"), one_pass, "{:?}", prog.step_kinds());
+            }
+            for (i, x) in [&pv, &mv, &vv].into_iter().enumerate() {
+                prog.write_param(i, &f32_bytes(x));
+            }
+            for t in 1..=3 {
+                let gv = shape_vals(11 + t, 0.01 * t as f32);
+                let (b1, b2, lr) = (0.9f32, 0.999f32, 1e-3 * t as f32);
+                let scalars = [b1, 1.0 - b1, b2, 1.0 - b2, 1.0 / (1.0 - b2.powi(t as i32)).sqrt(), 1e-8, lr / (1.0 - b1.powi(t as i32)), lr * 0.01];
+                prog.write_input(0, &f32_bytes(&gv));
+                for (i, s) in scalars.iter().enumerate() {
+                    prog.write_input(i + 1, &f32_bytes(&[*s]));
+                }
+                prog.execute();
+                for k in 0..3 {
+                    prog.assign_param(k, k);
+                }
+            }
+            let mut params = vec![vec![0u8; n * 4]; 3];
+            for (i, b) in params.iter_mut().enumerate() {
+                prog.read_param(i, b);
+            }
+            params
+        };
+        let in_place = run(0);
+        assert_eq!(in_place, run(1), "decay {decay}");
+        assert_eq!(in_place, run(2), "decay {decay}");
+        assert_ne!(in_place[0], f32_bytes(&pv), "the params moved");
     }
 }

@@ -15,6 +15,7 @@
 //! kernels would apply (rows summed as the Reduce kernel sums them), so fused and unfused
 //! programs give bit-identical results.
 
+use super::adam::AdamGroup;
 use super::{kernel, Kernel, Ptr, TRef};
 use crate::elem::Elem;
 use crate::layout::{for_each_run, Layout};
@@ -450,6 +451,18 @@ unsafe fn eval_best(c: &Ctx, blocks: std::ops::Range<usize>) {
     eval(c, blocks)
 }
 
+/// The group as a single-pass Adam(W) update, when it is one (see [`super::adam`]): `layouts`
+/// are the external operands' (before broadcasting to `dims`), `extra` the instructions the
+/// group also stores.
+pub fn as_adam(code: &[Instr], layouts: &[Layout], dims: &[usize], extra: &[usize], rows: Option<RowSum>) -> Option<AdamGroup> {
+    if rows.is_some() || dims.contains(&0) || std::env::var_os("RLX_FUSED_ADAM").is_some_and(|v| v == "0") {
+        return None;
+    }
+    let dense = Layout::contiguous(dims);
+    let l = |k: usize| layouts[k].broadcast_to(dims);
+    AdamGroup::find(code, &|k| l(k).strides().iter().all(|&s| s == 0), &|k| l(k).strides() == dense.strides(), extra)
+}
+
 /// The kernel: `ins` are the group's external operands (broadcast to `dims`), `code` the
 /// instructions in order; the last one is the result, of dims `dims`, written to the dense
 /// `out` — or, with `rows`, summed per row into the dense `out` (one value per row) — and each
@@ -466,6 +479,11 @@ pub fn build(
     threads: usize,
 ) -> Box<dyn Kernel> {
     let extra_instrs: Vec<usize> = extra.iter().map(|e| e.0).collect();
+    let layouts: Vec<Layout> = ins.iter().map(|t| t.layout).collect();
+    if let Some(a) = as_adam(&code, &layouts, &dims, &extra_instrs, rows) {
+        let n = dims.iter().product();
+        return super::adam::build(a, ins, n, out, &extra, threads);
+    }
     let plan = plan(&code, &ins, &dims, &out, &extra_instrs, rows);
     // SAFETY: each extra result is a dense buffer of `dims` from its offset.
     let extra_ptrs: Vec<Ptr> = extra.iter().map(|(_, t)| Ptr(unsafe { t.base::<f32>().add(t.layout.offset) } as *mut u8)).collect();

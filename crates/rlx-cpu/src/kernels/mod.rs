@@ -2,6 +2,7 @@
 //! [`Layout`] over an operand's buffer, no work at run time) or a compute step whose kernel is
 //! built once the memory plan has fixed every buffer's address.
 
+pub mod adam;
 mod attention;
 mod elementwise;
 pub mod fused;

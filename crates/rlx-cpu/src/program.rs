@@ -267,6 +267,22 @@ fn output_layout(g: &Graph, id: rlx_ir::NodeId, users: &[usize], dims: &[usize])
     Layout::contiguous(&transposed).permute(&inverse)
 }
 
+/// For a constant `[t, u]` f32 mask that is -inf exactly at columns past `row + off` and
+/// finite elsewhere (causal attention's), `Some(off)`.
+fn mask_offset(g: &Graph, id: rlx_ir::NodeId) -> Option<isize> {
+    let n = g.node(id);
+    let Op::Constant { data } = &n.op else { return None };
+    let d = n.shape.static_dims()?;
+    if n.shape.dtype() != DType::F32 || d.len() != 2 || d[0] == 0 || d[1] == 0 {
+        return None;
+    }
+    let v = |i: usize, j: usize| f32::from_le_bytes(data[(i * d[1] + j) * 4..(i * d[1] + j) * 4 + 4].try_into().expect("4 bytes"));
+    let first = (0..d[1]).find(|&j| v(0, j) == f32::NEG_INFINITY).unwrap_or(d[1]);
+    let off = first as isize - 1;
+    let ok = (0..d[0]).all(|i| (0..d[1]).all(|j| if j as isize > i as isize + off { v(i, j) == f32::NEG_INFINITY } else { v(i, j).is_finite() }));
+    ok.then_some(off)
+}
+
 /// For each node, `Some(off)` when its value is zero wherever (in its last two axes) the
 /// column is past the row by more than `off` — causal attention's probabilities (a softmax of
 /// scores plus a constant mask that is -inf exactly there) and what multiplies them (the
@@ -277,20 +293,7 @@ fn causal_zeros(g: &Graph) -> Vec<Option<isize>> {
         let d = g.shape(id).static_dims()?;
         (d.len() >= 2).then(|| (d[d.len() - 2], d[d.len() - 1]))
     };
-    // A constant [t, u] f32 mask: -inf exactly at columns past `row + off`, finite elsewhere.
-    let mask_off = |id: rlx_ir::NodeId| -> Option<isize> {
-        let n = g.node(id);
-        let Op::Constant { data } = &n.op else { return None };
-        let d = n.shape.static_dims()?;
-        if n.shape.dtype() != DType::F32 || d.len() != 2 || d[0] == 0 || d[1] == 0 {
-            return None;
-        }
-        let v = |i: usize, j: usize| f32::from_le_bytes(data[(i * d[1] + j) * 4..(i * d[1] + j) * 4 + 4].try_into().expect("4 bytes"));
-        let first = (0..d[1]).find(|&j| v(0, j) == f32::NEG_INFINITY).unwrap_or(d[1]);
-        let off = first as isize - 1;
-        let ok = (0..d[0]).all(|i| (0..d[1]).all(|j| if j as isize > i as isize + off { v(i, j) == f32::NEG_INFINITY } else { v(i, j).is_finite() }));
-        ok.then_some(off)
-    };
+    let mask_off = |id: rlx_ir::NodeId| mask_offset(g, id);
     let mut z: Vec<Option<isize>> = vec![None; g.len()];
     for id in g.ids() {
         let n = g.node(id);
@@ -315,8 +318,54 @@ fn causal_zeros(g: &Graph) -> Vec<Option<isize>> {
     z
 }
 
-/// How a MatMul's GEMM may skip depths, from [`causal_zeros`] of its operands.
-fn matmul_zeros(g: &Graph, id: rlx_ir::NodeId, z: &[Option<isize>]) -> kernels::gemm::Tri {
+/// For each node, `Some(off)` when no reader needs its elements (in the last two axes) whose
+/// column is past the row by more than `off`: each reader adds causal attention's -inf mask
+/// there (`scores + mask`), multiplies by a value that is zero there (see [`causal_zeros`]), or
+/// is elementwise with such a value of its own (the scale before the mask, the `dP - s` of the
+/// softmax gradient before its product with the probabilities). A product may leave those
+/// elements out; under the same assumption of finite values, writing zeros there instead gives
+/// the same results.
+fn causal_unneeded(g: &Graph, zeros: &[Option<isize>]) -> Vec<Option<isize>> {
+    let tail = |id: rlx_ir::NodeId| -> Option<(usize, usize)> {
+        let d = g.shape(id).static_dims()?;
+        (d.len() >= 2).then(|| (d[d.len() - 2], d[d.len() - 1]))
+    };
+    let mut users: Vec<Vec<rlx_ir::NodeId>> = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for &i in &g.node(id).inputs {
+            users[i.index()].push(id);
+        }
+    }
+    let ids: Vec<rlx_ir::NodeId> = g.ids().collect();
+    let mut unneeded: Vec<Option<isize>> = vec![None; g.len()];
+    for &id in ids.iter().rev() {
+        let t = tail(id);
+        if t.is_none() || users[id.index()].is_empty() || g.outputs().contains(&id) || g.shape(id).dtype() != DType::F32 {
+            continue;
+        }
+        // The region every reader ignores is the intersection of theirs (the largest offset).
+        let reader = |u: rlx_ir::NodeId| -> Option<isize> {
+            let n = g.node(u);
+            let other = n.inputs.iter().copied().find(|&i| i != id);
+            let own = unneeded[u.index()].filter(|_| tail(u) == t);
+            match &n.op {
+                Op::Binary(rlx_ir::BinaryOp::Add) => other.and_then(|c| mask_offset(g, c)).filter(|_| other.and_then(tail) == t).or(own),
+                Op::Binary(rlx_ir::BinaryOp::Mul) => other.and_then(|y| zeros[y.index()].filter(|_| tail(y) == t)).or(own),
+                Op::Binary(_) | Op::Activation(_) => own,
+                _ => None,
+            }
+        };
+        unneeded[id.index()] = users[id.index()].iter().try_fold(None, |acc: Option<isize>, &u| {
+            let o = reader(u)?;
+            Some(Some(acc.map_or(o, |a| a.max(o))))
+        }).flatten();
+    }
+    unneeded
+}
+
+/// How a MatMul's GEMM may skip depths, from [`causal_zeros`] of its operands, or else tiles
+/// of its result, from [`causal_unneeded`].
+fn matmul_zeros(g: &Graph, id: rlx_ir::NodeId, z: &[Option<isize>], unneeded: &[Option<isize>]) -> kernels::gemm::Tri {
     use kernels::gemm::Tri;
     let n = g.node(id);
     if !matches!(n.op, Op::MatMul) || n.shape.dtype() != DType::F32 {
@@ -334,7 +383,7 @@ fn matmul_zeros(g: &Graph, id: rlx_ir::NodeId, z: &[Option<isize>]) -> kernels::
             return Tri::RowMin(off);
         }
     }
-    z[b.index()].map_or(Tri::Full, Tri::ColMin)
+    z[b.index()].map(Tri::ColMin).or(unneeded[id.index()].map(Tri::Unneeded)).unwrap_or(Tri::Full)
 }
 
 /// Whether elementwise fusion is on: yes unless `RLX_FUSION=0`.
@@ -385,7 +434,13 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
         }
     }
     let groups = fusion_groups(g, &users, fuse);
-    let zeros = if std::env::var_os("RLX_CAUSAL_SKIP").is_some_and(|v| v == "0") { vec![None; g.len()] } else { causal_zeros(g) };
+    let (zeros, unneeded) = if std::env::var_os("RLX_CAUSAL_SKIP").is_some_and(|v| v == "0") {
+        (vec![None; g.len()], vec![None; g.len()])
+    } else {
+        let z = causal_zeros(g);
+        let u = causal_unneeded(g, &z);
+        (z, u)
+    };
     for id in g.ids() {
         if groups.member_of[id.index()].is_some() {
             vals.push(Val { buf: Buf::Fused, layout: Layout::contiguous(&[]), dtype: g.shape(id).dtype() });
@@ -463,7 +518,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                     in_dtypes: node.inputs.iter().map(|i| vals[i.index()].dtype).collect(),
                     dims: dims.clone(),
                     threads,
-                    zeros: matmul_zeros(g, id, &zeros),
+                    zeros: matmul_zeros(g, id, &zeros, &unneeded),
                 };
                 match kernels::lower(&info)? {
                     Lowered::View { src, layout } => {
@@ -558,7 +613,7 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                     let names: Vec<&str> = m.iter().map(|&i| g.node(rlx_ir::NodeId(i as u32)).op.name()).collect();
                     format!("fused group of {} ({}){}", m.len(), names.join(" "), if adam { " as one Adam pass" } else { "" })
                 }
-                None => match matmul_zeros(g, rlx_ir::NodeId(node as u32), &zeros) {
+                None => match matmul_zeros(g, rlx_ir::NodeId(node as u32), &zeros, &unneeded) {
                     kernels::gemm::Tri::Full => n.op.name().to_string(),
                     tri => format!("{} (skipping zeros: {tri:?})", n.op.name()),
                 },

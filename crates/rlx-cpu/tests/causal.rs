@@ -1,5 +1,6 @@
 //! Causal attention's products skip the depths where the probabilities (and their gradient)
-//! are zero: the results equal, bit for bit, those of the same graph with a mask the skipping
+//! are zero, and the score tiles (and their gradient's) that the mask or a zero probability
+//! discards: the results equal, bit for bit, those of the same graph with a mask the skipping
 //! does not recognize (-1e30 instead of -inf, which zeroes the same probabilities).
 
 use rlx_cpu::compile;

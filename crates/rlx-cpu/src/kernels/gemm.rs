@@ -213,7 +213,8 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
 
 /// Which depths `p` of a product can contribute to an element of C, when one operand is zero
 /// on one side of a diagonal (causal attention's probabilities and their gradients): the
-/// micro-kernels skip the rest, and tiles with none are zero.
+/// micro-kernels skip the rest, and tiles with none are zero. Or which tiles of C no reader
+/// needs (causal attention's scores above the diagonal): those are zero too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tri {
     /// Every depth.
@@ -224,6 +225,9 @@ pub enum Tri {
     RowMin(isize),
     /// B is zero for `p < j - off`: column `j` sums depths `p >= j - off`.
     ColMin(isize),
+    /// No operand has zeros, but C is not needed where column `j > i + off`: tiles entirely
+    /// there are written as zeros instead of computed.
+    Unneeded(isize),
 }
 
 impl Tri {
@@ -235,14 +239,16 @@ impl Tri {
             Tri::RowMax(off) => (0, clamp((r0 + rows) as isize + off)),
             Tri::RowMin(off) => (clamp(r0 as isize - off), k),
             Tri::ColMin(off) => (clamp(c0 as isize - off), k),
+            Tri::Unneeded(off) if c0 as isize - off >= (r0 + rows) as isize => (0, 0),
+            Tri::Unneeded(_) => (0, k),
         }
     }
 }
 
 /// [`sgemm`] on one thread, for a product whose operands are zero where `tri` says: depths that
 /// cannot contribute are skipped (a depth is skipped only where its products are exactly zero,
-/// so the sums are those of the full product, up to the sign of a zero). Products deeper than
-/// one packed panel are computed whole.
+/// so the sums are those of the full product, up to the sign of a zero), and tiles of C that
+/// [`Tri::Unneeded`] names are zero. Products deeper than one packed panel are computed whole.
 ///
 /// # Safety
 /// As [`sgemm`] (one thread's scratch); the operands are zero where `tri` says.
@@ -876,18 +882,18 @@ mod tests {
     }
 
     #[test]
-    fn triangular_depth_ranges_give_the_full_products_sums() {
+    fn triangular_depth_ranges_and_unneeded_tiles_give_the_full_products_sums() {
         // Operands zero on one side of a diagonal (as `tri` promises), in the layouts causal
         // attention's products use: equal, bit for bit, to the full product (whose skipped
         // terms are exact zeros), for tile-aligned and ragged sizes and several offsets.
         for &(m, n, k) in &[(64usize, 32usize, 64usize), (64, 64, 64), (13, 40, 13), (50, 33, 47), (24, 64, 24)] {
             for off in [-3isize, 0, 2, 17] {
-                for tri in [Tri::RowMax(off), Tri::RowMin(off), Tri::ColMin(off)] {
+                for tri in [Tri::RowMax(off), Tri::RowMin(off), Tri::ColMin(off), Tri::Unneeded(off)] {
                     let zero = |i: usize, j: usize, p: usize| match tri {
                         Tri::RowMax(o) => p as isize > i as isize + o,
                         Tri::RowMin(o) => (p as isize) < i as isize - o,
                         Tri::ColMin(o) => (p as isize) < j as isize - o,
-                        Tri::Full => false,
+                        Tri::Full | Tri::Unneeded(_) => false,
                     };
                     // A row-major (read in place) or B row-major, with the promised zeros.
                     let mut a: Vec<f32> = (0..m * k).map(|x| ((x * 7 % 13) as f32 - 6.0) / 7.0).collect();
@@ -914,8 +920,19 @@ mod tests {
                         c
                     };
                     let (skipped, full) = (run(tri), run(Tri::Full));
-                    let same = skipped.iter().zip(&full).all(|(x, y)| x == y);
+                    // Elements no reader needs are the full product's or zero; the rest equal.
+                    let unneeded = |i: usize, j: usize| matches!(tri, Tri::Unneeded(o) if j as isize > i as isize + o);
+                    let same = (0..m * n).all(|e| skipped[e] == full[e] || (unneeded(e / n, e % n) && skipped[e] == 0.0));
                     assert!(same, "{m}x{n}x{k} {tri:?}: {skipped:?} vs {full:?}");
+                    if let Tri::Unneeded(o) = tri {
+                        // Whole tiles past the diagonal were left out (the first tile row's
+                        // last column tile, when it lies entirely past it).
+                        let (mr, nr) = Isa::detect().tile();
+                        let c0 = (n - 1) / nr * nr;
+                        if c0 as isize - o >= mr as isize {
+                            assert_eq!(skipped[n - 1], 0.0, "{m}x{n}x{k} {tri:?}");
+                        }
+                    }
                 }
             }
         }

@@ -134,9 +134,9 @@ macro_rules! multiversion {
     };
 }
 
-multiversion! {
 /// Maximum of a slice (−inf when empty), 16 lanes at a time.
-pub fn max_f32(x: &[f32]) -> f32 {
+#[inline(always)]
+fn max_lanes(x: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 16];
     let chunks = x.chunks_exact(16);
     let tail = chunks.remainder();
@@ -151,11 +151,17 @@ pub fn max_f32(x: &[f32]) -> f32 {
     }
     m
 }
-}
 
 multiversion! {
+/// Maximum of a slice (−inf when empty), 16 lanes at a time.
+pub fn max_f32(x: &[f32]) -> f32 {
+    max_lanes(x)
+}
+}
+
 /// `y = e^(x - m)` and the sum of `y`, 16 lanes at a time.
-pub fn exp_shift_sum(x: &[f32], m: f32, y: &mut [f32]) -> f32 {
+#[inline(always)]
+fn exp_shift_sum_lanes(x: &[f32], m: f32, y: &mut [f32]) -> f32 {
     let mut lanes = [0f32; 16];
     let n = x.len() / 16 * 16;
     for (xc, yc) in x[..n].chunks_exact(16).zip(y[..n].chunks_exact_mut(16)) {
@@ -172,6 +178,28 @@ pub fn exp_shift_sum(x: &[f32], m: f32, y: &mut [f32]) -> f32 {
         s += e;
     }
     s + lanes.iter().sum::<f32>()
+}
+
+multiversion! {
+/// `y = e^(x - m)` and the sum of `y`, 16 lanes at a time.
+pub fn exp_shift_sum(x: &[f32], m: f32, y: &mut [f32]) -> f32 {
+    exp_shift_sum_lanes(x, m, y)
+}
+}
+
+multiversion! {
+/// Softmax of each `n`-element row of `x` into `y` (both whole rows, dense): the row's
+/// maximum, [`exp_shift_sum`] from it, then every value times the reciprocal of the sum — the
+/// same operations as those three calls row by row, in one function compiled for the vector
+/// unit (no dispatch per row).
+pub fn softmax_rows(x: &[f32], y: &mut [f32], n: usize) -> () {
+    for (xs, ys) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+        let m = max_lanes(xs);
+        let inv = 1.0 / exp_shift_sum_lanes(xs, m, ys);
+        for y in ys.iter_mut() {
+            *y *= inv;
+        }
+    }
 }
 }
 
@@ -199,6 +227,24 @@ pub fn sum_f64(x: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn softmax_rows_equals_the_row_by_row_calls() {
+        for n in [1usize, 13, 16, 64, 100] {
+            let rows = 7;
+            let mut x: Vec<f32> = (0..rows * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 9.0).collect();
+            x[n / 2] = f32::NEG_INFINITY; // a masked entry
+            let mut fast = vec![f32::NAN; rows * n];
+            softmax_rows(&x, &mut fast, n);
+            let mut slow = vec![f32::NAN; rows * n];
+            for (xs, ys) in x.chunks_exact(n).zip(slow.chunks_exact_mut(n)) {
+                let m = max_f32(xs);
+                let inv = 1.0 / exp_shift_sum(xs, m, ys);
+                ys.iter_mut().for_each(|y| *y *= inv);
+            }
+            assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()), "n {n}");
+        }
+    }
 
     #[test]
     fn exp_is_within_two_ulp() {

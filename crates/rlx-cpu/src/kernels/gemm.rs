@@ -23,8 +23,6 @@ fn blocking() -> (usize, usize, usize) {
 pub enum Isa {
     /// AVX-512F, 12×32 tile.
     Avx512,
-
-
     /// AVX2 + FMA, 6×16 tile.
     Avx2,
     /// Portable, 4×8 tile.

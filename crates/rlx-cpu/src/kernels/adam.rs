@@ -208,7 +208,20 @@ unsafe fn range<const DECAY: bool>(c: &Consts, io: Io, s: usize, e: usize) {
     }
 }
 
-/// [`range`] compiled for the widest vector unit the CPU has.
+/// [`range`] with or without the decay term.
+///
+/// # Safety
+/// As [`range`].
+#[inline(always)]
+unsafe fn either(c: &Consts, io: Io, decay: bool, s: usize, e: usize) {
+    if decay {
+        range::<true>(c, io, s, e)
+    } else {
+        range::<false>(c, io, s, e)
+    }
+}
+
+/// [`either`] compiled for the widest vector unit the CPU has.
 ///
 /// # Safety
 /// As [`range`].
@@ -217,19 +230,11 @@ unsafe fn range_best(c: &Consts, io: Io, decay: bool, s: usize, e: usize) {
     {
         #[target_feature(enable = "avx512f,avx2,fma")]
         unsafe fn v512(c: &Consts, io: Io, decay: bool, s: usize, e: usize) {
-            if decay {
-                range::<true>(c, io, s, e)
-            } else {
-                range::<false>(c, io, s, e)
-            }
+            either(c, io, decay, s, e)
         }
         #[target_feature(enable = "avx2,fma")]
         unsafe fn v256(c: &Consts, io: Io, decay: bool, s: usize, e: usize) {
-            if decay {
-                range::<true>(c, io, s, e)
-            } else {
-                range::<false>(c, io, s, e)
-            }
+            either(c, io, decay, s, e)
         }
         if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
             return v512(c, io, decay, s, e);
@@ -238,11 +243,7 @@ unsafe fn range_best(c: &Consts, io: Io, decay: bool, s: usize, e: usize) {
             return v256(c, io, decay, s, e);
         }
     }
-    if decay {
-        range::<true>(c, io, s, e)
-    } else {
-        range::<false>(c, io, s, e)
-    }
+    either(c, io, decay, s, e)
 }
 
 // SAFETY: tasks touch disjoint element ranges of the buffers, which outlive the kernel.

@@ -95,13 +95,21 @@ const SCHEMES: &[(QuantScheme, GgmlType)] = &[
 #[test]
 fn dequant_matmul_matches_the_reference_for_every_gguf_scheme_and_kernel_level() {
     use rlx_cpu::kernels::quant::{set_kernel_level, KernelLevel};
+    let mut outputs = Vec::new();
     for level in [KernelLevel::Portable, KernelLevel::Avx2, KernelLevel::Native] {
         set_kernel_level(level);
-        check_all_schemes();
+        outputs.push(check_all_schemes());
     }
+    set_kernel_level(KernelLevel::Native);
+    // The integer dot products are exact whichever instruction forms them (AVX2 `maddubs`, VNNI
+    // in its VEX or EVEX encoding), and the float steps are shared: the best level the CPU has
+    // must give the AVX2 level's results bit for bit.
+    assert!(outputs[1] == outputs[2], "native (VNNI) and AVX2 kernels differ");
 }
 
-fn check_all_schemes() {
+/// Checks every scheme against the reference; returns every product's output bits, in order.
+fn check_all_schemes() -> Vec<u32> {
+    let mut all = Vec::new();
     let (k, n) = (512, 7);
     for &(scheme, ty) in SCHEMES {
         // 9 and 130 rows take the dequantize-then-GEMM path of prompt-sized products.
@@ -122,6 +130,7 @@ fn check_all_schemes() {
                 let mut out = vec![0u8; m * n * 4];
                 p.read_output(0, &mut out);
                 let got = to_f32(&out);
+                all.extend(got.iter().map(|v| v.to_bits()));
                 let mut dq = vec![0u8; n * k * 4];
                 p.read_output(1, &mut dq);
                 let wf = to_f32(&dq);
@@ -144,6 +153,7 @@ fn check_all_schemes() {
             }
         }
     }
+    all
 }
 
 #[test]

@@ -21,14 +21,35 @@ const ABLK: usize = 32;
 /// Weight rows decoded together (each activation row is loaded once per group).
 const ROWS: usize = 4;
 /// Software-prefetch distance (bytes) in the packed-row streams: 8 KiB gave 97 tok/s against
-/// 57 at 512 bytes and 79 at 32 KiB (SmolLM2 decode, one thread).
+/// 57 at 512 bytes and 79 at 32 KiB (SmolLM2 decode, one thread, Sapphire Rapids). The
+/// prefetches ask for the L2 (`T1`), not the L1: on AMD Zen 4 that took Gemma 3 decode from
+/// 36.5 to 62–64 tok/s (its LM head, a 178 MB Q8_0 matrix, from 9 to ~16 GB/s), where the
+/// distance mattered little (8 and 16 KiB alike, 4 KiB 48 tok/s).
 #[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 8192;
+
+/// Weight matrices of at least this many bytes are prefetched into the L2 instead of the L1
+/// (see [`prefetch_ahead`]).
+#[cfg(target_arch = "x86_64")]
+const FAR_BYTES: usize = 16 << 20;
+
+/// Software prefetch of the weight bytes at `p`: into the L2 when `far` (a matrix too large to
+/// stay in the caches between tokens, streamed from memory), else into the L1.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch_ahead(p: *const u8, far: bool) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+    if far {
+        _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
+    } else {
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+    }
+}
 
 /// Which integer kernels quantized matmuls compiled from now on may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelLevel {
-    /// The best the CPU supports (AVX-VNNI, else AVX2).
+    /// The best the CPU supports (VNNI in its VEX or EVEX form, else AVX2).
     Native = 0,
     /// AVX2 without VNNI.
     Avx2 = 1,
@@ -41,6 +62,35 @@ static LEVEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
 /// Restrict the kernels of quantized matmuls compiled after this call (a testing aid).
 pub fn set_kernel_level(level: KernelLevel) {
     LEVEL.store(level as u8, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Which encoding of the `u8 × i8 → i32` dot-product instruction `vpdpbusd` the packed-row
+/// kernels use.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Vnni {
+    /// None: `vpmaddubsw` + `vpmaddwd` (AVX2).
+    None = 0,
+    /// AVX-VNNI (VEX).
+    Vex = 1,
+    /// AVX-512 VNNI with VL (EVEX), on 256-bit registers.
+    Evex = 2,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Vnni {
+    /// The best form the CPU has, within the [`KernelLevel`] set.
+    fn detect() -> Vnni {
+        if level() != 0 {
+            Vnni::None
+        } else if std::is_x86_feature_detected!("avxvnni") {
+            Vnni::Vex
+        } else if std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl") {
+            Vnni::Evex
+        } else {
+            Vnni::None
+        }
+    }
 }
 
 fn level() -> u8 {
@@ -402,17 +452,17 @@ fn fused(ty: GgmlType) -> bool {
 /// Four rows share each activation load and keep four independent accumulator chains.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C (and AVX-VNNI when `vnni`); `rows` points at `n` rows of
+/// The CPU has AVX2, FMA and F16C, and the VNNI form `vnni` names; `rows` points at `n` rows of
 /// `row_bytes` bytes (`1 <= n <= 4`) holding `k / 32` blocks of `ty`; `out` has `n` slots.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_packed_rows(ty: GgmlType, vnni: bool, rows: *const u8, row_bytes: usize, n: usize, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+unsafe fn dot_packed_rows(ty: GgmlType, vnni: Vnni, far: bool, rows: *const u8, row_bytes: usize, n: usize, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
     macro_rules! go {
         ($f:literal) => {
-            if vnni {
-                dot_rows_vnni::<$f>(rows, row_bytes, n, qx, la, xs, out)
-            } else {
-                dot_rows_avx2::<$f>(rows, row_bytes, n, qx, la, xs, out)
+            match vnni {
+                Vnni::Vex => dot_rows_vnni::<$f>(rows, row_bytes, n, far, qx, la, xs, out),
+                Vnni::Evex => dot_rows_vnni512::<$f>(rows, row_bytes, n, far, qx, la, xs, out),
+                Vnni::None => dot_rows_avx2::<$f>(rows, row_bytes, n, far, qx, la, xs, out),
             }
         };
     }
@@ -425,7 +475,7 @@ unsafe fn dot_packed_rows(ty: GgmlType, vnni: bool, rows: *const u8, row_bytes: 
         _ => {
             for (r, o) in out.iter_mut().enumerate().take(n) {
                 let row = std::slice::from_raw_parts(rows.add(r * row_bytes), row_bytes);
-                *o = dot_kquant_avx2(ty, row, qx, la, xs);
+                *o = dot_kquant_avx2(ty, row, far, qx, la, xs);
             }
         }
     }
@@ -441,7 +491,7 @@ unsafe fn dot_packed_rows(ty: GgmlType, vnni: bool, rows: *const u8, row_bytes: 
 /// The CPU has AVX2, FMA and F16C; `row` holds whole super-blocks of `ty`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &[f32]) -> f32 {
+unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], far: bool, qx: &[i8], la: &[f32], xs: &[f32]) -> f32 {
     use std::arch::x86_64::*;
     let bb = ty.block_bytes();
     let mut acc = _mm256_setzero_ps();
@@ -453,7 +503,7 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &
     for sb in 0..row.len() / bb {
         let blk = p.add(sb * bb);
         for line in (0..bb).step_by(64) {
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH + line) as *const i8);
+            prefetch_ahead(blk.wrapping_add(PREFETCH + line), far);
         }
         let a = qx.as_ptr().add(sb * 256);
         // Integer sums of the 16 activation groups.
@@ -517,20 +567,28 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], qx: &[i8], la: &[f32], xs: &
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn dot_rows_vnni<const F: u8>(rows: *const u8, rb: usize, n: usize, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
-    dot_rows::<F, true>(rows, rb, n, qx, la, xs, out)
+unsafe fn dot_rows_vnni<const F: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+    dot_rows::<F, { Vnni::Vex as u8 }>(rows, rb, n, far, qx, la, xs, out)
+}
+
+/// [`dot_rows`] with the EVEX-encoded 256-bit `vpdpbusd` of AVX-512 VNNI + VL (CPUs such as
+/// AMD Zen 4 that have it but not the VEX form).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+unsafe fn dot_rows_vnni512<const F: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+    dot_rows::<F, { Vnni::Evex as u8 }>(rows, rb, n, far, qx, la, xs, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_rows_avx2<const F: u8>(rows: *const u8, rb: usize, n: usize, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
-    dot_rows::<F, false>(rows, rb, n, qx, la, xs, out)
+unsafe fn dot_rows_avx2<const F: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+    dot_rows::<F, { Vnni::None as u8 }>(rows, rb, n, far, qx, la, xs, out)
 }
 
 /// The body of [`dot_packed_rows`] for format `F` (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn dot_rows<const F: u8, const VNNI: bool>(rows: *const u8, rb: usize, n: usize, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+unsafe fn dot_rows<const F: u8, const VNNI: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
     use std::arch::x86_64::*;
     const R: usize = ROWS;
     let bb = [18, 20, 22, 24, 34][F as usize];
@@ -541,8 +599,11 @@ unsafe fn dot_rows<const F: u8, const VNNI: bool>(rows: *const u8, rb: usize, n:
     // Rows past `n` repeat the last one (computed, never stored).
     let rp: [*const u8; R] = std::array::from_fn(|r| rows.add(r.min(n - 1) * rb));
     let dot = |q: __m256i, a: __m256i| -> __m256i {
-        if VNNI {
+        // The same integer sums either way (exact, so any form gives identical results).
+        if VNNI == Vnni::Vex as u8 {
             _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q, a)
+        } else if VNNI == Vnni::Evex as u8 {
+            _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a)
         } else {
             _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), ones)
         }
@@ -561,9 +622,9 @@ unsafe fn dot_rows<const F: u8, const VNNI: bool>(rows: *const u8, rb: usize, n:
         for r in 0..R {
             let blk = rp[r].add(b * bb);
             // Decoding streams weights faster than the hardware prefetcher fetches them: ask for
-            // the bytes 8 KiB ahead (rows further down the matrix; measured best on this CPU).
+            // the bytes `PREFETCH` ahead (rows further down the matrix) into the L2.
             // Prefetches never fault, and `wrapping_add` keeps the address computation defined.
-            _mm_prefetch::<_MM_HINT_T0>(blk.wrapping_add(PREFETCH) as *const i8);
+            prefetch_ahead(blk.wrapping_add(PREFETCH), far);
             // d (and m) as f32 through F16C.
             let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()));
             let d = _mm_cvtss_f32(dm);
@@ -638,7 +699,9 @@ fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: us
     let packed = fused(ty);
     let mode = ActQuant::of(ty);
     #[cfg(target_arch = "x86_64")]
-    let vnni = level() == 0 && std::is_x86_feature_detected!("avxvnni");
+    let vnni = Vnni::detect();
+    #[cfg(target_arch = "x86_64")]
+    let far = n * row_bytes >= FAR_BYTES;
     let simd = level() < 2;
     kernel(move |pool: &Pool| {
         let axis = x.layout.rank() - 1;
@@ -702,7 +765,7 @@ fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: us
                         let mut res = [0f32; ROWS];
                         for r in 0..m {
                             let (qx, la, xs) = row_views(sp.get().add(r * z.row()), k, &z);
-                            dot_packed_rows(ty, vnni, wp.add(n0 * row_bytes), row_bytes, n1 - n0, qx, la, xs, &mut res);
+                            dot_packed_rows(ty, vnni, far, wp.add(n0 * row_bytes), row_bytes, n1 - n0, qx, la, xs, &mut res);
                             for j in n0..n1 {
                                 *op.add(out_index(&out, r, j, n)) = res[j - n0];
                             }
@@ -714,8 +777,7 @@ fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: us
                         let row = wp.add(j * row_bytes);
                         #[cfg(target_arch = "x86_64")]
                         for line in (0..row_bytes).step_by(64) {
-                            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(PREFETCH + line) as *const i8);
+                            prefetch_ahead(row.wrapping_add(PREFETCH + line), far);
                         }
                         unpack_row(ty, std::slice::from_raw_parts(row, row_bytes), q, ls, min);
                     }

@@ -567,6 +567,7 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], far: bool, qx: &[i8], la: &[
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn dot_rows_vnni<const F: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
     dot_rows::<F, { Vnni::Vex as u8 }>(rows, rb, n, far, qx, la, xs, out)
 }
@@ -575,12 +576,14 @@ unsafe fn dot_rows_vnni<const F: u8>(rows: *const u8, rb: usize, n: usize, far: 
 /// AMD Zen 4 that have it but not the VEX form).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn dot_rows_vnni512<const F: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
     dot_rows::<F, { Vnni::Evex as u8 }>(rows, rb, n, far, qx, la, xs, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn dot_rows_avx2<const F: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
     dot_rows::<F, { Vnni::None as u8 }>(rows, rb, n, far, qx, la, xs, out)
 }
@@ -588,6 +591,7 @@ unsafe fn dot_rows_avx2<const F: u8>(rows: *const u8, rb: usize, n: usize, far: 
 /// The body of [`dot_packed_rows`] for format `F` (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn dot_rows<const F: u8, const VNNI: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
     use std::arch::x86_64::*;
     const R: usize = ROWS;

@@ -252,7 +252,14 @@ impl<'a> Cursor<'a> {
                 }
                 let mut items = Vec::with_capacity(n as usize);
                 for i in 0..n {
-                    items.push(self.value(ety, &format!("{field}[{i}]"), depth + 1)?);
+                    // The element's name is only built for an error (a vocabulary has hundreds
+                    // of thousands of elements): `field[i]` followed by what the element added.
+                    let item = self.value(ety, field, depth + 1).map_err(|mut e| {
+                        let inner = e.field.strip_prefix(field).unwrap_or("");
+                        e.field = format!("{field}[{i}]{inner}");
+                        e
+                    })?;
+                    items.push(item);
                 }
                 Value::Array(items)
             }

@@ -168,3 +168,26 @@ fn a_data_section_past_the_end_is_an_error() {
     let e = GgufFile::from_bytes(bytes.to_vec()).unwrap_err();
     assert!(e.field == "data section" && e.msg.contains("file ends at 63"), "{e}");
 }
+
+#[test]
+fn an_error_inside_nested_arrays_names_each_index() {
+    // metadata["arr"] = [[true], [false, true, 2]]: the 2 is not a BOOL.
+    let mut w = W { b: Vec::new(), v1: false };
+    w.b.extend(b"GGUF");
+    w.b.extend(3u32.to_le_bytes());
+    w.size(0);
+    w.size(1);
+    w.str("arr");
+    w.b.extend(9u32.to_le_bytes()); // ARRAY of
+    w.b.extend(9u32.to_le_bytes()); // ARRAY
+    w.size(2);
+    w.b.extend(7u32.to_le_bytes()); // of BOOL
+    w.size(1);
+    w.b.push(1);
+    w.b.extend(7u32.to_le_bytes());
+    w.size(3);
+    w.b.extend([0, 1, 2]);
+    let e = parse_header(&w.b).unwrap_err();
+    assert_eq!(e.field, "metadata[\"arr\"][1][2]", "{e}");
+    assert!(e.msg.contains("BOOL must be 0 or 1, got 2") && e.offset == w.b.len() as u64 - 1, "{e}");
+}

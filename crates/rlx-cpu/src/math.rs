@@ -204,6 +204,45 @@ pub fn softmax_rows(x: &[f32], y: &mut [f32], n: usize) -> () {
 }
 
 multiversion! {
+/// RMSNorm of each `n`-element row of `x` into `y` (both whole rows, dense), times the gain
+/// `g` (`n` values): every row's squares summed in f64 one after the other, as llama.cpp does,
+/// then `1 / sqrt(mean + eps)` in f32 and `x * inv * g`. Four rows advance together, each in its
+/// own sequential chain, so a row's result is bit-identical to summing it alone while four
+/// additions are in flight instead of one (a lone chain waits on the adder's latency).
+pub fn rms_norm_rows(x: &[f32], g: &[f32], y: &mut [f32], n: usize, eps: f32) -> () {
+    let finish = |xs: &[f32], ys: &mut [f32], v: f64| {
+        let inv = 1.0f32 / ((v / n as f64) as f32 + eps).sqrt();
+        for ((y, &x), &g) in ys.iter_mut().zip(xs).zip(g) {
+            *y = x * inv * g;
+        }
+    };
+    let rows = x.len() / n.max(1);
+    let mut r = 0;
+    while r + 4 <= rows {
+        let xs: [&[f32]; 4] = std::array::from_fn(|l| &x[(r + l) * n..(r + l + 1) * n]);
+        let mut v = [0f64; 4];
+        for (((&a, &b), &c), &d) in xs[0].iter().zip(xs[1]).zip(xs[2]).zip(xs[3]) {
+            for (v, a) in v.iter_mut().zip([a, b, c, d]) {
+                *v += (a * a) as f64;
+            }
+        }
+        for l in 0..4 {
+            finish(xs[l], &mut y[(r + l) * n..(r + l + 1) * n], v[l]);
+        }
+        r += 4;
+    }
+    for r in r..rows {
+        let xs = &x[r * n..(r + 1) * n];
+        let mut v = 0f64;
+        for &a in xs {
+            v += (a * a) as f64;
+        }
+        finish(xs, &mut y[r * n..(r + 1) * n], v);
+    }
+}
+}
+
+multiversion! {
 /// Sum of a slice in f64 (as Reduce sums f32), in 16 interleaved lanes: a different order of
 /// additions than a sequential f64 sum, which moves the f64 result by a few of its own ulps —
 /// far below the f32 ulp the sum is rounded to, except after massive cancellation.
@@ -227,6 +266,27 @@ pub fn sum_f64(x: &[f32]) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rms_norm_rows_equals_a_sequential_f64_sum_per_row() {
+        for (rows, n) in [(1usize, 7usize), (4, 64), (9, 640), (6, 1)] {
+            let x: Vec<f32> = (0..rows * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0 + (i % 3) as f32 * 1e-3).collect();
+            let g: Vec<f32> = (0..n).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
+            let mut y = vec![0f32; rows * n];
+            rms_norm_rows(&x, &g, &mut y, n, 1e-6);
+            for r in 0..rows {
+                let xs = &x[r * n..(r + 1) * n];
+                let mut v = 0f64;
+                for &a in xs {
+                    v += (a * a) as f64;
+                }
+                let inv = 1.0f32 / ((v / n as f64) as f32 + 1e-6f32).sqrt();
+                for t in 0..n {
+                    assert_eq!(y[r * n + t].to_bits(), (xs[t] * inv * g[t]).to_bits(), "row {r} of {rows}, element {t}");
+                }
+            }
+        }
+    }
 
     #[test]
     fn softmax_rows_equals_the_row_by_row_calls() {

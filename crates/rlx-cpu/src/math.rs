@@ -188,6 +188,36 @@ pub fn exp_shift_sum(x: &[f32], m: f32, y: &mut [f32]) -> f32 {
 }
 
 multiversion! {
+/// Softmax of `x` in place after multiplying it by `scale`: `x = e^(scale x - max) / sum`,
+/// vectorized (the attention rows of prompt processing).
+pub fn scaled_softmax_in_place(x: &mut [f32], scale: f32) -> () {
+    for v in x.iter_mut() {
+        *v *= scale;
+    }
+    let m = max_lanes(x);
+    let mut lanes = [0f32; 16];
+    let n = x.len() / 16 * 16;
+    for c in x[..n].chunks_exact_mut(16) {
+        for (v, l) in c.iter_mut().zip(&mut lanes) {
+            let e = exp_f32(*v - m);
+            *v = e;
+            *l += e;
+        }
+    }
+    let mut s = 0f32;
+    for v in &mut x[n..] {
+        let e = exp_f32(*v - m);
+        *v = e;
+        s += e;
+    }
+    let inv = 1.0 / (s + lanes.iter().sum::<f32>());
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+}
+
+multiversion! {
 /// Softmax of each `n`-element row of `x` into `y` (both whole rows, dense): the row's
 /// maximum, [`exp_shift_sum`] from it, then every value times the reciprocal of the sum — the
 /// same operations as those three calls row by row, in one function compiled for the vector
@@ -284,6 +314,22 @@ mod tests {
                 for t in 0..n {
                     assert_eq!(y[r * n + t].to_bits(), (xs[t] * inv * g[t]).to_bits(), "row {r} of {rows}, element {t}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn scaled_softmax_in_place_matches_f64() {
+        for n in [1usize, 5, 16, 37, 300] {
+            let mut x: Vec<f32> = (0..n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0).collect();
+            let scale = 0.0625f32;
+            let xs: Vec<f64> = x.iter().map(|&v| (v * scale) as f64).collect();
+            let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = xs.iter().map(|v| (v - m).exp()).sum();
+            scaled_softmax_in_place(&mut x, scale);
+            for (got, v) in x.iter().zip(&xs) {
+                let want = (v - m).exp() / z;
+                assert!((*got as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-9, "n {n}: {got} vs {want}");
             }
         }
     }

@@ -243,27 +243,42 @@ fn cached_attention_per_query_and_blocked_paths_match_the_reference() {
         (1, Some(3), 70, 136),
         (2, None, 130, 64),
     ] {
-        let mut g = Graph::new("attn");
-        let q = g.input("q", Shape::new(&[s, hq, d], DType::F32));
-        let kc = g.param("k", Shape::new(&[t, hkv, d], DType::F32));
-        let vc = g.param("v", Shape::new(&[t, hkv, d], DType::F32));
-        let p = g.input("pos", Shape::new(&[1], DType::I32));
-        let a = g.cached_attention(q, kc, vc, p, 0.3, window);
-        g.set_outputs(vec![a]);
-        let mut prog = compile(&g, 2).unwrap();
-        let val = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i + seed) * 7919 % 1013) as f32 / 1013.0 - 0.5) * 2.0).collect() };
-        let (qv, kv, vv) = (val(s * hq * d, 1), val(t * hkv * d, 2), val(t * hkv * d, 3));
-        prog.write_input(0, &f32_bytes(&qv));
-        prog.write_input(1, &(pos as i32).to_le_bytes());
-        prog.write_param(0, &f32_bytes(&kv));
-        prog.write_param(1, &f32_bytes(&vv));
-        prog.execute();
-        let mut out = vec![0u8; s * hq * d * 4];
-        prog.read_output(0, &mut out);
-        let got = to_f32(&out);
-        let want = attention_reference(&qv, &kv, &vv, s, hq, hkv, d, pos, 0.3, window);
-        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            assert!((a - b).abs() < 1e-4, "s={s} window={window:?} element {i}: {a} vs {b}");
+        // An f16 cache (as the LLMs keep it) goes through the f16 loads and the f16 rounding of
+        // the probabilities; the reference reads the same f16 values.
+        for cache in [DType::F32, DType::F16] {
+            check_cached_attention(t, hq, hkv, s, window, pos, d, cache);
         }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_cached_attention(t: usize, hq: usize, hkv: usize, s: usize, window: Option<usize>, pos: usize, d: usize, cache: DType) {
+    let mut g = Graph::new("attn");
+    let q = g.input("q", Shape::new(&[s, hq, d], DType::F32));
+    let kc = g.param("k", Shape::new(&[t, hkv, d], cache));
+    let vc = g.param("v", Shape::new(&[t, hkv, d], cache));
+    let p = g.input("pos", Shape::new(&[1], DType::I32));
+    let a = g.cached_attention(q, kc, vc, p, 0.3, window);
+    g.set_outputs(vec![a]);
+    let mut prog = compile(&g, 2).unwrap();
+    let val = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i + seed) * 7919 % 1013) as f32 / 1013.0 - 0.5) * 2.0).collect() };
+    let (qv, mut kv, mut vv) = (val(s * hq * d, 1), val(t * hkv * d, 2), val(t * hkv * d, 3));
+    let f16 = cache == DType::F16;
+    if f16 {
+        kv.iter_mut().chain(vv.iter_mut()).for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+    }
+    let bytes = |v: &[f32]| if f16 { v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect() } else { f32_bytes(v) };
+    let tol = if f16 { 2e-3 } else { 1e-4 };
+    prog.write_input(0, &f32_bytes(&qv));
+    prog.write_input(1, &(pos as i32).to_le_bytes());
+    prog.write_param(0, &bytes(&kv));
+    prog.write_param(1, &bytes(&vv));
+    prog.execute();
+    let mut out = vec![0u8; s * hq * d * 4];
+    prog.read_output(0, &mut out);
+    let got = to_f32(&out);
+    let want = attention_reference(&qv, &kv, &vv, s, hq, hkv, d, pos, 0.3, window);
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!((a - b).abs() < tol, "{cache} cache, s={s} window={window:?} element {i}: {a} vs {b}");
     }
 }

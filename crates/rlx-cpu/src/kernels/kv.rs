@@ -29,6 +29,32 @@ unsafe fn load(p: &TRef, i: usize) -> f32 {
     }
 }
 
+/// `dst.len()` consecutive elements of `p` from element `at`, as f32 (an f16 row eight at a
+/// time through F16C).
+///
+/// # Safety
+/// The elements lie inside `p`'s buffer and are contiguous.
+unsafe fn load_row(p: &TRef, at: usize, dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if p.dtype == DType::F16 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+        #[target_feature(enable = "avx2,f16c")]
+        unsafe fn f16c(src: *const f16, dst: &mut [f32]) {
+            use std::arch::x86_64::*;
+            let n = dst.len() / 8 * 8;
+            for i in (0..n).step_by(8) {
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(src.add(i) as *const __m128i)));
+            }
+            for (i, d) in dst.iter_mut().enumerate().skip(n) {
+                *d = (*src.add(i)).to_f32();
+            }
+        }
+        return f16c(p.base::<f16>().add(at), dst);
+    }
+    for (i, d) in dst.iter_mut().enumerate() {
+        *d = load(p, at + i);
+    }
+}
+
 #[inline(always)]
 unsafe fn store(p: &TRef, i: usize, v: f32) {
     match p.dtype {
@@ -46,6 +72,33 @@ fn round_to(dt: DType, v: f32) -> f32 {
         DType::F16 => f16::from_f32(v).to_f32(),
         DType::BF16 => half::bf16::from_f32(v).to_f32(),
         _ => v,
+    }
+}
+
+/// [`round_to`] over a slice, eight values at a time through F16C when the cache is f16.
+fn round_slice(dt: DType, x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if dt == DType::F16 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+        #[target_feature(enable = "avx2,f16c")]
+        unsafe fn f16c(x: &mut [f32]) {
+            use std::arch::x86_64::*;
+            let mut c = x.chunks_exact_mut(8);
+            for c in &mut c {
+                let v = _mm256_loadu_ps(c.as_ptr());
+                let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+                _mm256_storeu_ps(c.as_mut_ptr(), r);
+            }
+            for v in c.into_remainder() {
+                *v = f16::from_f32(*v).to_f32();
+            }
+        }
+        // SAFETY: the CPU has the features.
+        return unsafe { f16c(x) };
+    }
+    if dt != DType::F32 {
+        for v in x.iter_mut() {
+            *v = round_to(dt, *v);
+        }
     }
 }
 
@@ -412,14 +465,10 @@ fn cached_attention_gemm(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratc
             super::par_ranges(pool, filled * hkv, 64, |r| {
                 for row in r {
                     let (j, kh) = (row / hkv, row % hkv);
-                    let kdst = (kp.get() as *mut f32).add((kh * t_len + j) * dh);
-                    for d in 0..dh {
-                        *kdst.add(d) = load(&k, k.layout.offset + j * ks[0] + kh * ks[1] + d * ks[2]);
-                    }
-                    let vdst = (vp.get() as *mut f32).add((kh * t_len + j) * dv);
-                    for d in 0..dv {
-                        *vdst.add(d) = load(&v, v.layout.offset + j * vs[0] + kh * vs[1] + d * vs[2]);
-                    }
+                    let kdst = std::slice::from_raw_parts_mut((kp.get() as *mut f32).add((kh * t_len + j) * dh), dh);
+                    load_row(&k, k.layout.offset + j * ks[0] + kh * ks[1], kdst);
+                    let vdst = std::slice::from_raw_parts_mut((vp.get() as *mut f32).add((kh * t_len + j) * dv), dv);
+                    load_row(&v, v.layout.offset + j * vs[0] + kh * vs[1], vdst);
                 }
             });
             let blocks = s_len.div_ceil(QB);
@@ -444,20 +493,10 @@ fn cached_attention_gemm(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratc
                     let row = std::slice::from_raw_parts_mut(sm.add(i * tb), tb);
                     let last = (p + i0 + i).min(t_len - 1);
                     let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
-                    let mut mx = f32::NEG_INFINITY;
-                    for s in &mut row[first..=last] {
-                        *s *= scale;
-                        mx = mx.max(*s);
-                    }
-                    let mut sum = 0f32;
-                    for s in &mut row[first..=last] {
-                        *s = (*s - mx).exp();
-                        sum += *s;
-                    }
-                    let inv = 1.0 / sum;
-                    for (j, s) in row.iter_mut().enumerate() {
-                        *s = if j < first || j > last { 0.0 } else { round_to(cdt, *s * inv) };
-                    }
+                    crate::math::scaled_softmax_in_place(&mut row[first..=last], scale);
+                    round_slice(cdt, &mut row[first..=last]);
+                    row[..first].fill(0.0);
+                    row[last + 1..].fill(0.0);
                 }
                 let op = out.base::<f32>().add(out.layout.offset + i0 * os[0] + h * os[1]);
                 sgemm(None, qb, dv, tb, Mat { ptr: sm, rs: tb, cs: 1 }, Mat { ptr: vh32, rs: dv, cs: 1 }, op, os[0], gs);

@@ -135,6 +135,32 @@ pub fn map2<A: Elem, B: Elem, O: Elem>(
     })
 }
 
+/// One dense run of [`map3`], `o[k] = f(a[k], b[k], c[k])`, compiled with AVX2 where the CPU
+/// has it (so a select becomes a vector blend).
+///
+/// # Safety
+/// The four ranges hold `n` elements each.
+#[inline(always)]
+unsafe fn apply3<A: Elem, B: Elem, C: Elem, O: Elem>(a: *const A, b: *const B, c: *const C, o: *mut O, n: usize, f: impl Fn(A, B, C) -> O) {
+    #[inline(always)]
+    unsafe fn plain<A: Elem, B: Elem, C: Elem, O: Elem>(a: *const A, b: *const B, c: *const C, o: *mut O, n: usize, f: impl Fn(A, B, C) -> O) {
+        for k in 0..n {
+            *o.add(k) = f(*a.add(k), *b.add(k), *c.add(k));
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn fma<A: Elem, B: Elem, C: Elem, O: Elem>(a: *const A, b: *const B, c: *const C, o: *mut O, n: usize, f: impl Fn(A, B, C) -> O) {
+            plain(a, b, c, o, n, f)
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            return fma(a, b, c, o, n, f);
+        }
+    }
+    plain(a, b, c, o, n, f)
+}
+
 /// `out = f(a, b, c)` over broadcast operands.
 pub fn map3<A: Elem, B: Elem, C: Elem, O: Elem>(
     a: TRef,
@@ -148,6 +174,13 @@ pub fn map3<A: Elem, B: Elem, C: Elem, O: Elem>(
         par_ranges(pool, out.layout.numel(), MIN_CHUNK, |r| {
             let (pa, pb, pc, po) = (a.base::<A>() as *const A, b.base::<B>() as *const B, c.base::<C>() as *const C, out.base::<O>());
             for_each_run(out.layout.dims(), [&out.layout, &la, &lb, &lc], r, |[o, i, j, l], n, [so, si, sj, sl]| {
+                if (so, si, sj, sl) == (1, 1, 1, 1) {
+                    // SAFETY: four dense runs of `n` elements inside the planned buffers (the
+                    // output may alias an operand exactly, which a slice loop reads before it
+                    // writes each element).
+                    unsafe { apply3(pa.add(i), pb.add(j), pc.add(l), po.add(o), n, f) };
+                    return;
+                }
                 for k in 0..n {
                     // SAFETY: offsets come from layouts inside the planned buffers.
                     unsafe { *po.add(o + k * so) = f(*pa.add(i + k * si), *pb.add(j + k * sj), *pc.add(l + k * sl)) };

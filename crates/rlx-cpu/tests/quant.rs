@@ -110,10 +110,11 @@ fn dequant_matmul_matches_the_reference_for_every_gguf_scheme_and_kernel_level()
 /// Checks every scheme against the reference; returns every product's output bits, in order.
 fn check_all_schemes() -> Vec<u32> {
     let mut all = Vec::new();
-    let (k, n) = (512, 7);
+    let k = 512;
     for &(scheme, ty) in SCHEMES {
-        // 9 and 130 rows take the dequantize-then-GEMM path of prompt-sized products.
-        for m in [1usize, 3, 9, 130] {
+        // 9 and 130 rows take the dequantize-then-GEMM path of prompt-sized products; 150
+        // output columns span several weight panels (and threads).
+        for (m, n) in [(1usize, 7usize), (3, 7), (9, 7), (130, 7), (9, 150), (2, 150)] {
             let w = random_rows(ty, n, k, 7 + m as u64);
             let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
             let mut g = Graph::new("q");

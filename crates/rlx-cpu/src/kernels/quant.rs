@@ -840,7 +840,23 @@ const PANEL: usize = 256;
 
 /// Scratch bytes of [`dequant_gemm`].
 fn gemm_scratch(m: usize, k: usize, threads: usize) -> usize {
-    (PANEL * k + super::gemm::scratch_len(m, PANEL, k, threads)) * 4 + 64
+    let shared = PANEL * k + super::gemm::scratch_len(m, PANEL, k, threads);
+    let own = if threads > 1 && m <= OWN_PANELS_MAX_M { threads * own_panel_floats(m, k) } else { 0 };
+    shared.max(own) * 4 + 64
+}
+
+/// Up to this many activation rows, a multi-threaded prompt product gives each thread whole
+/// panels of its own (decoded and multiplied without waiting for the other threads) instead of
+/// splitting every panel's decoding and then its product between the threads (two waits per
+/// panel). On 2 cores (Gemma 3 270M) that took prefill from 491 to 575 tok/s at 32 tokens and
+/// from 730 to 795 at 512.
+const OWN_PANELS_MAX_M: usize = 1024;
+/// Weight rows per panel when each thread takes its own panels.
+const OWN_PANEL: usize = 64;
+
+/// Floats of one thread's panel and serial GEMM scratch in the own-panels mode.
+fn own_panel_floats(m: usize, k: usize) -> usize {
+    OWN_PANEL * k + super::gemm::scratch_len(m, OWN_PANEL, k, 1)
 }
 
 /// Prompt-sized products: dequantize `PANEL` weight rows at a time to f32 and multiply with the
@@ -857,17 +873,33 @@ fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usiz
             let gs = panel.add(PANEL * k);
             let xp = x.base::<f32>().add(x.layout.offset) as *const f32;
             let op = out.base::<f32>().add(out.layout.offset);
+            let dequant_rows = |panel: *mut f32, n0: usize, rows: std::ops::Range<usize>| {
+                for j in rows {
+                    let src = std::slice::from_raw_parts(w.base::<u8>().add(w.layout.offset + (n0 + j) * row_bytes) as *const u8, row_bytes);
+                    let dst = std::slice::from_raw_parts_mut(panel.add(j * k), k);
+                    rlx_gguf::dequantize(ty, src, dst).expect("sizes checked");
+                }
+            };
+            let a = super::gemm::Mat { ptr: xp, rs: k, cs: 1 };
+            if pool.threads() > 1 && m <= OWN_PANELS_MAX_M {
+                let (sp, opp, xpp) = (scratch, Ptr(op as *mut u8), Ptr(xp as *mut u8));
+                let per = own_panel_floats(m, k);
+                pool.run(n.div_ceil(OWN_PANEL), &|t, thread| {
+                    // SAFETY: each thread's panel and GEMM scratch are its own slice of the
+                    // scratch; each task writes output columns n0..n0 + nb only.
+                    let panel = (sp.get() as *mut f32).add(thread * per);
+                    let (n0, nb) = (t * OWN_PANEL, OWN_PANEL.min(n - t * OWN_PANEL));
+                    dequant_rows(panel, n0, 0..nb);
+                    let a = super::gemm::Mat { ptr: xpp.get() as *const f32, rs: k, cs: 1 };
+                    let b = super::gemm::Mat { ptr: panel, rs: 1, cs: k };
+                    super::gemm::sgemm(None, m, nb, k, a, b, (opp.get() as *mut f32).add(n0), n, panel.add(OWN_PANEL * k));
+                });
+                return;
+            }
             for n0 in (0..n).step_by(PANEL) {
                 let nb = PANEL.min(n - n0);
                 let pp = Ptr(panel as *mut u8);
-                super::par_ranges(pool, nb, 16, |rows| {
-                    for j in rows {
-                        let src = std::slice::from_raw_parts(w.base::<u8>().add(w.layout.offset + (n0 + j) * row_bytes) as *const u8, row_bytes);
-                        let dst = std::slice::from_raw_parts_mut((pp.get() as *mut f32).add(j * k), k);
-                        rlx_gguf::dequantize(ty, src, dst).expect("sizes checked");
-                    }
-                });
-                let a = super::gemm::Mat { ptr: xp, rs: k, cs: 1 };
+                super::par_ranges(pool, nb, 16, |rows| dequant_rows(pp.get() as *mut f32, n0, rows));
                 let b = super::gemm::Mat { ptr: panel, rs: 1, cs: k };
                 super::gemm::sgemm(Some(pool), m, nb, k, a, b, op.add(n0), n, gs);
             }

@@ -841,7 +841,7 @@ const PANEL: usize = 256;
 /// Scratch bytes of [`dequant_gemm`].
 fn gemm_scratch(m: usize, k: usize, threads: usize) -> usize {
     let shared = PANEL * k + super::gemm::scratch_len(m, PANEL, k, threads);
-    let own = if threads > 1 && m <= OWN_PANELS_MAX_M { threads * own_panel_floats(m, k) } else { 0 };
+    let own = if own_panels(m, threads) { threads * own_panel_floats(m, k) } else { 0 };
     shared.max(own) * 4 + 64
 }
 
@@ -851,6 +851,12 @@ fn gemm_scratch(m: usize, k: usize, threads: usize) -> usize {
 /// panel). On 2 cores (Gemma 3 270M) that took prefill from 491 to 575 tok/s at 32 tokens and
 /// from 730 to 795 at 512.
 const OWN_PANELS_MAX_M: usize = 1024;
+
+/// Whether an `m`-row prompt product on `threads` threads uses per-thread panels.
+fn own_panels(m: usize, threads: usize) -> bool {
+    threads > 1 && m <= OWN_PANELS_MAX_M
+}
+
 /// Weight rows per panel when each thread takes its own panels.
 const OWN_PANEL: usize = 64;
 
@@ -863,7 +869,7 @@ fn own_panel_floats(m: usize, k: usize) -> usize {
 /// packed f32 GEMM (many activation rows amortize the decoding, and the GEMM beats int8 dot
 /// products once every weight is reused that often).
 #[allow(clippy::too_many_arguments)]
-fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usize, k: usize, n: usize) -> Box<dyn Kernel> {
+fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usize, k: usize, n: usize, threads: usize) -> Box<dyn Kernel> {
     let row_bytes = ty.row_bytes(k).expect("checked by shape inference");
     kernel(move |pool: &Pool| {
         // SAFETY: the panel and GEMM scratch lie in this step's scratch; x is dense [m, k] and
@@ -881,7 +887,8 @@ fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usiz
                 }
             };
             let a = super::gemm::Mat { ptr: xp, rs: k, cs: 1 };
-            if pool.threads() > 1 && m <= OWN_PANELS_MAX_M {
+            // The scratch was sized for the compiled thread count (the pool's).
+            if own_panels(m, threads) {
                 let (sp, opp, xpp) = (scratch, Ptr(op as *mut u8), Ptr(xp as *mut u8));
                 let per = own_panel_floats(m, k);
                 pool.run(n.div_ceil(OWN_PANEL), &|t, thread| {
@@ -922,9 +929,10 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let n = *info.dims.last().unwrap_or(&0);
             let m = info.ins[0].numel() / k.max(1);
             if m >= GEMM_MIN_M && info.ins[0].is_contiguous() {
+                let threads = info.threads;
                 return Ok(Lowered::Compute {
-                    scratch: gemm_scratch(m, k, info.threads),
-                    build: Box::new(move |ins, out, s| dequant_gemm(ty, ins[0], ins[1], out, s, m, k, n)),
+                    scratch: gemm_scratch(m, k, threads),
+                    build: Box::new(move |ins, out, s| dequant_gemm(ty, ins[0], ins[1], out, s, m, k, n, threads)),
                 });
             }
             let z = Sizes::new(k);

@@ -29,6 +29,17 @@ impl W {
     }
 }
 
+/// The start of a version-3 file with no tensors and one metadata entry, up to its key.
+fn one_entry_v3(key: &str) -> W {
+    let mut w = W { b: Vec::new(), v1: false };
+    w.b.extend(b"GGUF");
+    w.b.extend(3u32.to_le_bytes());
+    w.size(0);
+    w.size(1);
+    w.str(key);
+    w
+}
+
 /// A file with one metadata entry of every type and two tensors (F32 [2,3] and Q8_0 [32]).
 fn sample(version: u32) -> Vec<u8> {
     let mut w = W { b: Vec::new(), v1: version == 1 };
@@ -141,12 +152,7 @@ fn hostile_headers_are_rejected_with_offsets() {
     huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
     assert!(parse_header(&huge).is_err());
     // An array claiming 2^60 elements must not try to allocate them.
-    let mut w = W { b: Vec::new(), v1: false };
-    w.b.extend(b"GGUF");
-    w.b.extend(3u32.to_le_bytes());
-    w.size(0);
-    w.size(1);
-    w.str("arr");
+    let mut w = one_entry_v3("arr");
     w.b.extend(9u32.to_le_bytes());
     w.b.extend(0u32.to_le_bytes());
     w.size(1 << 60);
@@ -172,12 +178,7 @@ fn a_data_section_past_the_end_is_an_error() {
 #[test]
 fn an_error_inside_nested_arrays_names_each_index() {
     // metadata["arr"] = [[true], [false, true, 2]]: the 2 is not a BOOL.
-    let mut w = W { b: Vec::new(), v1: false };
-    w.b.extend(b"GGUF");
-    w.b.extend(3u32.to_le_bytes());
-    w.size(0);
-    w.size(1);
-    w.str("arr");
+    let mut w = one_entry_v3("arr");
     w.b.extend(9u32.to_le_bytes()); // ARRAY of
     w.b.extend(9u32.to_le_bytes()); // ARRAY
     w.size(2);

@@ -327,7 +327,7 @@ fn f32_to_f16(src: &[f32], dst: &mut [half::f16], f: fn(f32) -> half::f16) {
 }
 
 /// f16 → f32 (exact) on dense runs, 8 at a time with F16C where the CPU has it.
-fn f16_to_f32(src: &[half::f16], dst: &mut [f32], f: fn(half::f16) -> f32) {
+pub(super) fn f16_to_f32(src: &[half::f16], dst: &mut [f32], f: fn(half::f16) -> f32) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("f16c") && std::is_x86_feature_detected!("avx") {

@@ -35,20 +35,9 @@ unsafe fn load(p: &TRef, i: usize) -> f32 {
 /// # Safety
 /// The elements lie inside `p`'s buffer and are contiguous.
 unsafe fn load_row(p: &TRef, at: usize, dst: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if p.dtype == DType::F16 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
-        #[target_feature(enable = "avx2,f16c")]
-        unsafe fn f16c(src: *const f16, dst: &mut [f32]) {
-            use std::arch::x86_64::*;
-            let n = dst.len() / 8 * 8;
-            for i in (0..n).step_by(8) {
-                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm_loadu_si128(src.add(i) as *const __m128i)));
-            }
-            for (i, d) in dst.iter_mut().enumerate().skip(n) {
-                *d = (*src.add(i)).to_f32();
-            }
-        }
-        return f16c(p.base::<f16>().add(at), dst);
+    if p.dtype == DType::F16 {
+        let src = std::slice::from_raw_parts(p.base::<f16>().add(at) as *const f16, dst.len());
+        return super::elementwise::f16_to_f32(src, dst, f16::to_f32);
     }
     for (i, d) in dst.iter_mut().enumerate() {
         *d = load(p, at + i);

@@ -21,10 +21,11 @@ const ABLK: usize = 32;
 /// Weight rows decoded together (each activation row is loaded once per group).
 const ROWS: usize = 4;
 /// Software-prefetch distance (bytes) in the packed-row streams: 8 KiB gave 97 tok/s against
-/// 57 at 512 bytes and 79 at 32 KiB (SmolLM2 decode, one thread, Sapphire Rapids). The
-/// prefetches ask for the L2 (`T1`), not the L1: on AMD Zen 4 that took Gemma 3 decode from
-/// 36.5 to 62–64 tok/s (its LM head, a 178 MB Q8_0 matrix, from 9 to ~16 GB/s), where the
-/// distance mattered little (8 and 16 KiB alike, 4 KiB 48 tok/s).
+/// 57 at 512 bytes and 79 at 32 KiB (SmolLM2 decode, one thread, Sapphire Rapids). For
+/// matrices of [`FAR_BYTES`] and more the prefetches ask for the L2 (`T1`), not the L1: on AMD
+/// Zen 4 that took Gemma 3 decode from 36.5 to 62–64 tok/s (its LM head, a 178 MB Q8_0
+/// matrix, from 9 to ~16 GB/s), where the distance mattered little (8 and 16 KiB alike, 4 KiB
+/// 48 tok/s).
 #[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 8192;
 
@@ -626,7 +627,7 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8>(rows: *const u8, rb: usize, n: u
         for r in 0..R {
             let blk = rp[r].add(b * bb);
             // Decoding streams weights faster than the hardware prefetcher fetches them: ask for
-            // the bytes `PREFETCH` ahead (rows further down the matrix) into the L2.
+            // the bytes `PREFETCH` ahead (rows further down the matrix).
             // Prefetches never fault, and `wrapping_add` keeps the address computation defined.
             prefetch_ahead(blk.wrapping_add(PREFETCH), far);
             // d (and m) as f32 through F16C.
@@ -867,7 +868,8 @@ fn own_panel_floats(m: usize, k: usize) -> usize {
 
 /// Prompt-sized products: dequantize `PANEL` weight rows at a time to f32 and multiply with the
 /// packed f32 GEMM (many activation rows amortize the decoding, and the GEMM beats int8 dot
-/// products once every weight is reused that often).
+/// products once every weight is reused that often); with several threads, each takes
+/// `OWN_PANEL`-row panels of its own ([`OWN_PANELS_MAX_M`]).
 #[allow(clippy::too_many_arguments)]
 fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usize, k: usize, n: usize, threads: usize) -> Box<dyn Kernel> {
     let row_bytes = ty.row_bytes(k).expect("checked by shape inference");

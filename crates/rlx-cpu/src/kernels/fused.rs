@@ -29,7 +29,7 @@ const BLOCK: usize = 512;
 /// Longest row a group ending in a row sum handles (a block holds at least one whole row).
 pub const MAX_ROW: usize = 8192;
 
-/// Elements per block of a group: [`BLOCK`], or for a group ending in a sum over rows of `row`
+/// Elements per block of a group: `BLOCK` (512), or for a group ending in a sum over rows of `row`
 /// elements, the most whole rows that fit in it (one row when rows are longer).
 pub fn block_len(row: Option<usize>) -> usize {
     match row {

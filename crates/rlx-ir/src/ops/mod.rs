@@ -2,7 +2,7 @@
 //!
 //! Each family file owns the shape/dtype inference of its ops (and, where an op is a composite,
 //! its decomposition into simpler ops). This module only dispatches to them, so adding an op means
-//! one variant in [`crate::op`] plus its rules in one family file.
+//! one variant in [`crate::Op`] plus its rules in one family file.
 
 mod ad;
 mod batch;

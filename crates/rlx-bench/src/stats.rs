@@ -53,7 +53,7 @@ pub fn machine_report() -> String {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load1: f64 = load.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let isa = rlx_cpu::gemm::Isa::detect();
+    let isa = rlx_cpu::gemm::Isa::current();
     let mut s = format!("machine: {cpu}, {cores} cores, load average {}; RLX GEMM kernel: {isa:?}", load.trim());
     if load1 > 0.5 {
         s.push_str("\nwarning: the machine is not idle (1-minute load > 0.5); numbers will be noisy");

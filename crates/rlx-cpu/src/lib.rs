@@ -11,6 +11,7 @@
 
 pub mod buffer;
 pub mod elem;
+pub mod isa;
 pub mod kernels;
 pub mod layout;
 pub mod math;

@@ -120,11 +120,11 @@ macro_rules! multiversion {
                 unsafe fn v512($($a: $t),*) -> $r { imp($($a),*) }
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn v256($($a: $t),*) -> $r { imp($($a),*) }
-                if std::is_x86_feature_detected!("avx512f") {
+                if crate::isa::avx512() {
                     // SAFETY: the CPU has the feature.
                     return unsafe { v512($($a),*) };
                 }
-                if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                if crate::isa::avx2() {
                     // SAFETY: the CPU has the features.
                     return unsafe { v256($($a),*) };
                 }
@@ -299,57 +299,63 @@ mod tests {
 
     #[test]
     fn rms_norm_rows_equals_a_sequential_f64_sum_per_row() {
-        for (rows, n) in [(1usize, 7usize), (4, 64), (9, 640), (6, 1)] {
-            let x: Vec<f32> = (0..rows * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0 + (i % 3) as f32 * 1e-3).collect();
-            let g: Vec<f32> = (0..n).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
-            let mut y = vec![0f32; rows * n];
-            rms_norm_rows(&x, &g, &mut y, n, 1e-6);
-            for r in 0..rows {
-                let xs = &x[r * n..(r + 1) * n];
-                let mut v = 0f64;
-                for &a in xs {
-                    v += (a * a) as f64;
-                }
-                let inv = 1.0f32 / ((v / n as f64) as f32 + 1e-6f32).sqrt();
-                for t in 0..n {
-                    assert_eq!(y[r * n + t].to_bits(), (xs[t] * inv * g[t]).to_bits(), "row {r} of {rows}, element {t}");
+        crate::isa::for_each_level(|_| {
+            for (rows, n) in [(1usize, 7usize), (4, 64), (9, 640), (6, 1)] {
+                let x: Vec<f32> = (0..rows * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0 + (i % 3) as f32 * 1e-3).collect();
+                let g: Vec<f32> = (0..n).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
+                let mut y = vec![0f32; rows * n];
+                rms_norm_rows(&x, &g, &mut y, n, 1e-6);
+                for r in 0..rows {
+                    let xs = &x[r * n..(r + 1) * n];
+                    let mut v = 0f64;
+                    for &a in xs {
+                        v += (a * a) as f64;
+                    }
+                    let inv = 1.0f32 / ((v / n as f64) as f32 + 1e-6f32).sqrt();
+                    for t in 0..n {
+                        assert_eq!(y[r * n + t].to_bits(), (xs[t] * inv * g[t]).to_bits(), "row {r} of {rows}, element {t}");
+                    }
                 }
             }
-        }
+        });
     }
 
     #[test]
     fn scaled_softmax_in_place_matches_f64() {
-        for n in [1usize, 5, 16, 37, 300] {
-            let mut x: Vec<f32> = (0..n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0).collect();
-            let scale = 0.0625f32;
-            let xs: Vec<f64> = x.iter().map(|&v| (v * scale) as f64).collect();
-            let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = xs.iter().map(|v| (v - m).exp()).sum();
-            scaled_softmax_in_place(&mut x, scale);
-            for (got, v) in x.iter().zip(&xs) {
-                let want = (v - m).exp() / z;
-                assert!((*got as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-9, "n {n}: {got} vs {want}");
+        crate::isa::for_each_level(|_| {
+            for n in [1usize, 5, 16, 37, 300] {
+                let mut x: Vec<f32> = (0..n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0).collect();
+                let scale = 0.0625f32;
+                let xs: Vec<f64> = x.iter().map(|&v| (v * scale) as f64).collect();
+                let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = xs.iter().map(|v| (v - m).exp()).sum();
+                scaled_softmax_in_place(&mut x, scale);
+                for (got, v) in x.iter().zip(&xs) {
+                    let want = (v - m).exp() / z;
+                    assert!((*got as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-9, "n {n}: {got} vs {want}");
+                }
             }
-        }
+        });
     }
 
     #[test]
     fn softmax_rows_equals_the_row_by_row_calls() {
-        for n in [1usize, 13, 16, 64, 100] {
-            let rows = 7;
-            let mut x: Vec<f32> = (0..rows * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 9.0).collect();
-            x[n / 2] = f32::NEG_INFINITY; // a masked entry
-            let mut fast = vec![f32::NAN; rows * n];
-            softmax_rows(&x, &mut fast, n);
-            let mut slow = vec![f32::NAN; rows * n];
-            for (xs, ys) in x.chunks_exact(n).zip(slow.chunks_exact_mut(n)) {
-                let m = max_f32(xs);
-                let inv = 1.0 / exp_shift_sum(xs, m, ys);
-                ys.iter_mut().for_each(|y| *y *= inv);
+        crate::isa::for_each_level(|_| {
+            for n in [1usize, 13, 16, 64, 100] {
+                let rows = 7;
+                let mut x: Vec<f32> = (0..rows * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 9.0).collect();
+                x[n / 2] = f32::NEG_INFINITY; // a masked entry
+                let mut fast = vec![f32::NAN; rows * n];
+                softmax_rows(&x, &mut fast, n);
+                let mut slow = vec![f32::NAN; rows * n];
+                for (xs, ys) in x.chunks_exact(n).zip(slow.chunks_exact_mut(n)) {
+                    let m = max_f32(xs);
+                    let inv = 1.0 / exp_shift_sum(xs, m, ys);
+                    ys.iter_mut().for_each(|y| *y *= inv);
+                }
+                assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()), "n {n}");
             }
-            assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()), "n {n}");
-        }
+        });
     }
 
     #[test]
@@ -412,14 +418,16 @@ mod tests {
 
     #[test]
     fn reductions_match_scalar() {
-        let x: Vec<f32> = (0..37).map(|i| ((i * 13 % 17) as f32 - 8.0) / 3.0).collect();
-        assert_eq!(max_f32(&x), x.iter().cloned().fold(f32::MIN, f32::max));
-        let mut y = vec![0f32; x.len()];
-        let s = exp_shift_sum(&x, 1.0, &mut y);
-        let want: f64 = x.iter().map(|v| ((v - 1.0) as f64).exp()).sum();
-        assert!((s as f64 - want).abs() < 1e-5 * want);
-        let seq: f64 = x.iter().map(|&v| v as f64).sum();
-        assert!((sum_f64(&x) - seq).abs() <= 1e-12 * seq.abs().max(1.0));
-        assert_eq!(sum_f64(&x[..5]), x[..5].iter().map(|&v| v as f64).sum::<f64>());
+        crate::isa::for_each_level(|_| {
+            let x: Vec<f32> = (0..37).map(|i| ((i * 13 % 17) as f32 - 8.0) / 3.0).collect();
+            assert_eq!(max_f32(&x), x.iter().cloned().fold(f32::MIN, f32::max));
+            let mut y = vec![0f32; x.len()];
+            let s = exp_shift_sum(&x, 1.0, &mut y);
+            let want: f64 = x.iter().map(|v| ((v - 1.0) as f64).exp()).sum();
+            assert!((s as f64 - want).abs() < 1e-5 * want);
+            let seq: f64 = x.iter().map(|&v| v as f64).sum();
+            assert!((sum_f64(&x) - seq).abs() <= 1e-12 * seq.abs().max(1.0));
+            assert_eq!(sum_f64(&x[..5]), x[..5].iter().map(|&v| v as f64).sum::<f64>());
+        });
     }
 }

@@ -8,7 +8,7 @@
 //! busy (another graph is running on it, or a task dispatches again), the work runs inline on
 //! the calling thread instead of waiting.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{self, JoinHandle, Thread};
 
@@ -19,6 +19,8 @@ struct Shared {
     /// Type-erased `Task` of the current dispatch (valid while `done < workers`).
     job: Mutex<Option<(usize, usize)>>,
     tasks: AtomicUsize,
+    /// The dispatching thread's instruction-set cap ([`crate::isa::with_level`]).
+    cap: AtomicU8,
     next: AtomicUsize,
     done: AtomicUsize,
     stop: AtomicBool,
@@ -64,6 +66,7 @@ impl Pool {
             generation: AtomicUsize::new(0),
             job: Mutex::new(None),
             tasks: AtomicUsize::new(0),
+            cap: AtomicU8::new(u8::MAX),
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
@@ -129,6 +132,7 @@ impl Pool {
         let s = &*self.shared;
         *s.job.lock().unwrap_or_else(|e| e.into_inner()) = Some(erase(f));
         s.tasks.store(tasks, Ordering::Relaxed);
+        s.cap.store(crate::isa::thread_cap(), Ordering::Relaxed);
         s.next.store(0, Ordering::Relaxed);
         s.done.store(0, Ordering::Relaxed);
         // SeqCst on both sides of the sleep handshake: the worker stores `sleeping` then loads
@@ -235,6 +239,7 @@ fn worker(s: Arc<Shared>, me: usize, budget: std::time::Duration) {
             // SAFETY: the dispatcher keeps the closure alive until every worker reports done.
             let f: Task<'_> = unsafe { std::mem::transmute::<(usize, usize), Task<'_>>(raw) };
             let tasks = s.tasks.load(Ordering::Relaxed);
+            crate::isa::set_thread_cap(s.cap.load(Ordering::Relaxed));
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| loop {
                 let t = s.next.fetch_add(1, Ordering::Relaxed);
                 if t >= tasks {

@@ -32,35 +32,37 @@ fn run(g: &Graph, input: &[u8]) -> Vec<u8> {
 
 #[test]
 fn f32_to_f16_and_back_match_half_bit_for_bit() {
-    let x = samples();
-    let n = x.len();
-    // Dense: F32 -> F16 -> F32 (the f16 values come back exactly).
-    let mut g = Graph::new("cast");
-    let i = g.input("x", Shape::new(&[n], DType::F32));
-    let h = g.cast(i, DType::F16);
-    let back = g.cast(h, DType::F32);
-    g.set_outputs(vec![back]);
-    let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let out = run(&g, &bytes);
-    for (k, c) in out.chunks_exact(4).enumerate() {
-        let got = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        let want = f16::from_f32(x[k]).to_f32();
-        assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{}: {got} vs {want}", x[k]);
-    }
-    // Strided: the transpose of a [2, n/2] matrix goes through the per-element path.
-    let half_n = n / 2;
-    let mut g = Graph::new("cast_t");
-    let i = g.input("x", Shape::new(&[2, half_n], DType::F32));
-    let t = g.transpose(i, &[1, 0]);
-    let h = g.cast(t, DType::F16);
-    let back = g.cast(h, DType::F32);
-    g.set_outputs(vec![back]);
-    let out = run(&g, &bytes[..2 * half_n * 4]);
-    for (k, c) in out.chunks_exact(4).enumerate() {
-        let (r, col) = (k / 2, k % 2);
-        let src = x[col * half_n + r];
-        let got = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        let want = f16::from_f32(src).to_f32();
-        assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{src}: {got} vs {want}");
-    }
+    rlx_cpu::isa::for_each_level(|_| {
+        let x = samples();
+        let n = x.len();
+        // Dense: F32 -> F16 -> F32 (the f16 values come back exactly).
+        let mut g = Graph::new("cast");
+        let i = g.input("x", Shape::new(&[n], DType::F32));
+        let h = g.cast(i, DType::F16);
+        let back = g.cast(h, DType::F32);
+        g.set_outputs(vec![back]);
+        let bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let out = run(&g, &bytes);
+        for (k, c) in out.chunks_exact(4).enumerate() {
+            let got = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            let want = f16::from_f32(x[k]).to_f32();
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{}: {got} vs {want}", x[k]);
+        }
+        // Strided: the transpose of a [2, n/2] matrix goes through the per-element path.
+        let half_n = n / 2;
+        let mut g = Graph::new("cast_t");
+        let i = g.input("x", Shape::new(&[2, half_n], DType::F32));
+        let t = g.transpose(i, &[1, 0]);
+        let h = g.cast(t, DType::F16);
+        let back = g.cast(h, DType::F32);
+        g.set_outputs(vec![back]);
+        let out = run(&g, &bytes[..2 * half_n * 4]);
+        for (k, c) in out.chunks_exact(4).enumerate() {
+            let (r, col) = (k / 2, k % 2);
+            let src = x[col * half_n + r];
+            let got = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            let want = f16::from_f32(src).to_f32();
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{src}: {got} vs {want}");
+        }
+    });
 }

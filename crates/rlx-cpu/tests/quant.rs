@@ -1,7 +1,8 @@
-//! Quantized kernels against the reference decoder: `DequantMatMul` for every GGUF scheme
-//! (fused AVX2/VNNI path and portable path alike) equals `x @ dequantize(w)^T` up to the int8
-//! activation rounding, `Dequantize` is exact, and the KV-cache ops write in place and attend
-//! causally over the cache.
+//! Quantized kernels against references: `DequantMatMul` for every GGUF scheme at every
+//! instruction-set level the CPU can run equals llama.cpp's product (activations quantized as
+//! its x86 code does, weights decoded by the reference decoder) within float rounding, and
+//! `x @ dequantize(w)^T` for prompt-sized and float products; `Dequantize` is exact; the KV-cache
+//! ops write in place and attend causally over the cache.
 
 use rlx_cpu::compile;
 use rlx_driver::Executable;
@@ -94,35 +95,139 @@ const SCHEMES: &[(QuantScheme, GgmlType)] = &[
 
 #[test]
 fn dequant_matmul_matches_the_reference_for_every_gguf_scheme_and_kernel_level() {
-    use rlx_cpu::kernels::quant::{set_kernel_level, KernelLevel};
+    use rlx_cpu::isa::{levels, with_level, Level};
     let mut outputs = Vec::new();
-    for level in [KernelLevel::Portable, KernelLevel::Avx2, KernelLevel::Native] {
-        set_kernel_level(level);
-        outputs.push(check_all_schemes());
+    for level in levels() {
+        outputs.push((level, with_level(level, check_all_schemes)));
     }
-    set_kernel_level(KernelLevel::Native);
     // The integer dot products are exact whichever instruction forms them (AVX2 `maddubs`, VNNI
-    // in its VEX or EVEX encoding), and the float steps are shared: the best level the CPU has
-    // must give the AVX2 level's results bit for bit.
-    assert!(outputs[1] == outputs[2], "native (VNNI) and AVX2 kernels differ");
+    // in its VEX or EVEX encoding), and the float steps are shared: every SIMD level must give
+    // the AVX2 level's results bit for bit.
+    let avx2 = outputs.iter().find(|(l, _)| *l == Level::Avx2).map(|(_, o)| o.clone());
+    for (level, out) in &outputs {
+        if let (Some(a), true) = (&avx2, *level > Level::Avx2) {
+            assert!(a == out, "the {level} kernels differ from the AVX2 ones");
+        }
+    }
 }
+
+/// Activations quantized as llama.cpp's x86 code does for a weight type's `vec_dot_type`
+/// (written here from its definition, independently of the kernels): each element's integer
+/// quant and scale, and for `Q8_1` each 32-block's stored sum.
+struct ActQ {
+    q: Vec<i32>,
+    /// Scale of each element's block.
+    d: Vec<f64>,
+    /// `Q8_1`'s per-block `s = f16(d * sum(q))` (empty for the other forms).
+    s: Vec<f64>,
+}
+
+fn f16r(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
+}
+
+/// llama.cpp's activation quantization for a weight type: `Q8_0` (blocks of 32, `d = amax / 127`
+/// rounded to f16, `q = round_even(x * 127 / amax)`), `Q8_1` (the same plus `s`), `Q8_K` (blocks
+/// of 256, `iscale = -127 / signed max`, `q = min(127, round_even(iscale * x))`, `d = 1 / iscale`).
+fn quantize_like_llama_cpp(ty: GgmlType, x: &[f32]) -> ActQ {
+    let mut a = ActQ { q: vec![0; x.len()], d: vec![0.0; x.len()], s: Vec::new() };
+    match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_1 | GgmlType::Q5_1 => {
+            for (b, blk) in x.chunks(32).enumerate() {
+                let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+                let mut sum = 0;
+                for (i, v) in blk.iter().enumerate() {
+                    let q = (v * id).round_ties_even() as i32;
+                    a.q[b * 32 + i] = q;
+                    a.d[b * 32 + i] = f16r(d) as f64;
+                    sum += q;
+                }
+                a.s.push(f16r(d * sum as f32) as f64);
+            }
+            if !matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                a.s.clear();
+            }
+        }
+        _ => {
+            for (b, blk) in x.chunks(256).enumerate() {
+                let (mut amax, mut max) = (0f32, 0f32);
+                for &v in blk {
+                    if v.abs() > amax {
+                        (amax, max) = (v.abs(), v);
+                    }
+                }
+                if amax == 0.0 {
+                    continue;
+                }
+                let iscale = -127.0 / max;
+                for (i, v) in blk.iter().enumerate() {
+                    a.q[b * 256 + i] = ((iscale * v).round_ties_even() as i32).min(127);
+                    a.d[b * 256 + i] = (1.0 / iscale) as f64;
+                }
+            }
+        }
+    }
+    a
+}
+
+/// The value llama.cpp's `vec_dot` of a weight row (decoded by the reference decoder: `w`, and
+/// the `Q4_1`/`Q5_1` block mins `mins`) with a quantized activation row has in exact
+/// arithmetic, and the sum of the magnitudes of its terms (which bounds its float rounding).
+fn reference_dot(w: &[f32], mins: &[f64], a: &ActQ) -> (f64, f64) {
+    let (mut v, mut mag) = (0f64, 0f64);
+    for (i, &wi) in w.iter().enumerate() {
+        // `Q8_1` weights: the min's share goes through the block's stored sum `s` instead.
+        let wi = wi as f64 - if a.s.is_empty() { 0.0 } else { mins[i / 32] };
+        let t = wi * a.d[i] * a.q[i] as f64;
+        v += t;
+        mag += t.abs();
+    }
+    for (b, s) in a.s.iter().enumerate() {
+        v += mins[b] * s;
+        mag += (mins[b] * s).abs();
+    }
+    (v, mag)
+}
+
+/// The `Q4_1`/`Q5_1` block mins of a row (the f16 at byte 2 of every 32-element block).
+fn block_mins(ty: GgmlType, row: &[u8]) -> Vec<f64> {
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => row.chunks(ty.block_bytes()).map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f64()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Bound on the float rounding of the products, in units of f32 epsilon times the sum of term
+/// magnitudes: the integer parts are exact and the remaining float steps (scales, block sums,
+/// lane and thread reductions) number far fewer than 32 per term chain. A 0.1% error in any
+/// product exceeds it (shown by scaling the kernels' outputs by 1.001, which fails this test).
+const ULPS: f64 = 32.0;
 
 /// Checks every scheme against the reference; returns every product's output bits, in order.
 fn check_all_schemes() -> Vec<u32> {
     let mut all = Vec::new();
     let k = 512;
+    let eps = f32::EPSILON as f64 / 2.0;
     for &(scheme, ty) in SCHEMES {
+        // Up to 7 rows take the int8 dot products (1, 3: several rows of one weight group);
         // 9 and 130 rows take the dequantize-then-GEMM path of prompt-sized products; 150
         // output columns span several weight panels (and threads).
         for (m, n) in [(1usize, 7usize), (3, 7), (9, 7), (130, 7), (9, 150), (2, 150)] {
             let w = random_rows(ty, n, k, 7 + m as u64);
-            let x: Vec<f32> = (0..m * k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+            let x: Vec<f32> = (0..m * k).map(|i| (((i * 37 + m) % 101) as f32 - 50.0) / 40.0 * (1.0 + (i % 7) as f32 * 0.1)).collect();
             let mut g = Graph::new("q");
             let xi = g.input("x", Shape::new(&[m, k], DType::F32));
-            let wp = g.param("w", Shape::new(&[n, ty.row_bytes(k).unwrap()], DType::U8));
+            let row_bytes = ty.row_bytes(k).unwrap();
+            let wp = g.param("w", Shape::new(&[n, row_bytes], DType::U8));
             let y = g.dequant_matmul(xi, wp, scheme);
             let d = g.dequantize(wp, scheme);
             g.set_outputs(vec![y, d]);
+            let mut reference = vec![0f32; n * k];
+            rlx_gguf::dequantize(ty, &w, &mut reference).unwrap();
+            let float = matches!(ty, GgmlType::F16 | GgmlType::BF16);
+            let int8 = !float && m < rlx_cpu::kernels::quant::GEMM_MIN_M;
             for threads in [1, 2] {
                 let mut p = compile(&g, threads).unwrap();
                 p.write_param(0, &w);
@@ -134,21 +239,27 @@ fn check_all_schemes() -> Vec<u32> {
                 all.extend(got.iter().map(|v| v.to_bits()));
                 let mut dq = vec![0u8; n * k * 4];
                 p.read_output(1, &mut dq);
-                let wf = to_f32(&dq);
-                let mut reference = vec![0f32; n * k];
-                rlx_gguf::dequantize(ty, &w, &mut reference).unwrap();
-                assert_eq!(wf, reference, "{ty}: Dequantize differs from the reference decoder");
+                assert_eq!(to_f32(&dq), reference, "{ty}: Dequantize differs from the reference decoder");
                 for r in 0..m {
+                    let xr = &x[r * k..(r + 1) * k];
+                    // Int8 products quantize the activations as llama.cpp does; float weights
+                    // and prompt products (f32 GEMM over decoded rows) use them as they are.
+                    let act = if int8 { quantize_like_llama_cpp(ty, xr) } else { ActQ { q: Vec::new(), d: Vec::new(), s: Vec::new() } };
                     for j in 0..n {
-                        let (mut exact, mut bound) = (0f64, 0f64);
-                        for i in 0..k {
-                            let p = wf[j * k + i] as f64 * x[r * k + i] as f64;
-                            exact += p;
-                            bound += p.abs();
-                        }
-                        let err = (got[r * n + j] as f64 - exact).abs();
-                        let tol = if matches!(ty, GgmlType::F16 | GgmlType::BF16) { 1e-5 } else { 1.5e-2 } * bound + 1e-6;
-                        assert!(err <= tol, "{ty} m={m} t={threads} [{r},{j}]: {} vs {exact} (bound {bound})", got[r * n + j]);
+                        let wr = &reference[j * k..(j + 1) * k];
+                        let (want, mag) = if int8 {
+                            reference_dot(wr, &block_mins(ty, &w[j * row_bytes..(j + 1) * row_bytes]), &act)
+                        } else {
+                            wr.iter().zip(xr).fold((0f64, 0f64), |(v, m), (&a, &b)| (v + a as f64 * b as f64, m + (a as f64 * b as f64).abs()))
+                        };
+                        let err = (got[r * n + j] as f64 - want).abs();
+                        let path = if int8 { "int8 dot" } else { "f32" };
+                        assert!(
+                            err <= ULPS * eps * mag,
+                            "{ty} {path} m={m} t={threads} [{r},{j}]: {} vs {want} (error {:.2} eps of the term magnitudes {mag})",
+                            got[r * n + j],
+                            err / (eps * mag)
+                        );
                     }
                 }
             }
@@ -159,50 +270,52 @@ fn check_all_schemes() -> Vec<u32> {
 
 #[test]
 fn cache_write_updates_the_param_in_place_and_attention_reads_only_the_prefix() {
-    // Cache of 6 rows, 1 head of size 2; write 2 rows at position 3, attend with 2 queries.
-    let mut g = Graph::new("kv");
-    let kc = g.param("k", Shape::new(&[6, 1, 2], DType::F32));
-    let vc = g.param("v", Shape::new(&[6, 1, 2], DType::F32));
-    let knew = g.input("kn", Shape::new(&[2, 1, 2], DType::F32));
-    let vnew = g.input("vn", Shape::new(&[2, 1, 2], DType::F32));
-    let q = g.input("q", Shape::new(&[2, 1, 2], DType::F32));
-    let pos = g.input("pos", Shape::new(&[1], DType::I32));
-    let k2 = g.cache_write(kc, knew, pos);
-    let v2 = g.cache_write(vc, vnew, pos);
-    let a = g.cached_attention(q, k2, v2, pos, 1.0, None);
-    g.set_outputs(vec![a]);
-    let mut p = compile(&g, 2).unwrap();
-    let kv: Vec<f32> = (0..12).map(|i| i as f32 * 0.1).collect();
-    p.write_param(0, &f32_bytes(&kv));
-    p.write_param(1, &f32_bytes(&kv.iter().map(|v| v * 10.0).collect::<Vec<_>>()));
-    p.write_input(0, &f32_bytes(&[1.0, 1.0, 2.0, 2.0]));
-    p.write_input(1, &f32_bytes(&[10.0, 10.0, 20.0, 20.0]));
-    p.write_input(2, &f32_bytes(&[0.5, -0.5, 1.0, 0.0]));
-    p.write_input(3, &3i32.to_le_bytes());
-    p.execute();
-    let mut kb = vec![0u8; 48];
-    p.read_param(0, &mut kb);
-    let k = to_f32(&kb);
-    assert_eq!(&k[6..10], &[1.0, 1.0, 2.0, 2.0], "rows 3 and 4 written in place");
-    assert_eq!(k[10], kv[10], "row 5 untouched");
-    // Reference: query i at position 3 + i attends to rows 0..=3+i.
-    let mut vcache: Vec<f32> = kv.iter().map(|v| v * 10.0).collect();
-    vcache[6..10].copy_from_slice(&[10.0, 10.0, 20.0, 20.0]);
-    let qs = [[0.5f32, -0.5], [1.0, 0.0]];
-    let mut out = vec![0u8; 16];
-    p.read_output(0, &mut out);
-    let got = to_f32(&out);
-    for (i, q) in qs.iter().enumerate() {
-        let last = 3 + i;
-        let s: Vec<f32> = (0..=last).map(|j| q[0] * k[2 * j] + q[1] * k[2 * j + 1]).collect();
-        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
-        let e: Vec<f32> = s.iter().map(|v| (v - m).exp()).collect();
-        let z: f32 = e.iter().sum();
-        for d in 0..2 {
-            let want: f32 = (0..=last).map(|j| e[j] / z * vcache[2 * j + d]).sum();
-            assert!((got[2 * i + d] - want).abs() < 1e-5, "query {i} dim {d}: {} vs {want}", got[2 * i + d]);
+    rlx_cpu::isa::for_each_level(|_| {
+        // Cache of 6 rows, 1 head of size 2; write 2 rows at position 3, attend with 2 queries.
+        let mut g = Graph::new("kv");
+        let kc = g.param("k", Shape::new(&[6, 1, 2], DType::F32));
+        let vc = g.param("v", Shape::new(&[6, 1, 2], DType::F32));
+        let knew = g.input("kn", Shape::new(&[2, 1, 2], DType::F32));
+        let vnew = g.input("vn", Shape::new(&[2, 1, 2], DType::F32));
+        let q = g.input("q", Shape::new(&[2, 1, 2], DType::F32));
+        let pos = g.input("pos", Shape::new(&[1], DType::I32));
+        let k2 = g.cache_write(kc, knew, pos);
+        let v2 = g.cache_write(vc, vnew, pos);
+        let a = g.cached_attention(q, k2, v2, pos, 1.0, None);
+        g.set_outputs(vec![a]);
+        let mut p = compile(&g, 2).unwrap();
+        let kv: Vec<f32> = (0..12).map(|i| i as f32 * 0.1).collect();
+        p.write_param(0, &f32_bytes(&kv));
+        p.write_param(1, &f32_bytes(&kv.iter().map(|v| v * 10.0).collect::<Vec<_>>()));
+        p.write_input(0, &f32_bytes(&[1.0, 1.0, 2.0, 2.0]));
+        p.write_input(1, &f32_bytes(&[10.0, 10.0, 20.0, 20.0]));
+        p.write_input(2, &f32_bytes(&[0.5, -0.5, 1.0, 0.0]));
+        p.write_input(3, &3i32.to_le_bytes());
+        p.execute();
+        let mut kb = vec![0u8; 48];
+        p.read_param(0, &mut kb);
+        let k = to_f32(&kb);
+        assert_eq!(&k[6..10], &[1.0, 1.0, 2.0, 2.0], "rows 3 and 4 written in place");
+        assert_eq!(k[10], kv[10], "row 5 untouched");
+        // Reference: query i at position 3 + i attends to rows 0..=3+i.
+        let mut vcache: Vec<f32> = kv.iter().map(|v| v * 10.0).collect();
+        vcache[6..10].copy_from_slice(&[10.0, 10.0, 20.0, 20.0]);
+        let qs = [[0.5f32, -0.5], [1.0, 0.0]];
+        let mut out = vec![0u8; 16];
+        p.read_output(0, &mut out);
+        let got = to_f32(&out);
+        for (i, q) in qs.iter().enumerate() {
+            let last = 3 + i;
+            let s: Vec<f32> = (0..=last).map(|j| q[0] * k[2 * j] + q[1] * k[2 * j + 1]).collect();
+            let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let e: Vec<f32> = s.iter().map(|v| (v - m).exp()).collect();
+            let z: f32 = e.iter().sum();
+            for d in 0..2 {
+                let want: f32 = (0..=last).map(|j| e[j] / z * vcache[2 * j + d]).sum();
+                assert!((got[2 * i + d] - want).abs() < 1e-5, "query {i} dim {d}: {} vs {want}", got[2 * i + d]);
+            }
         }
-    }
+    });
 }
 
 /// Reference causal attention of `s` queries at positions `pos..pos+s` over `k`, `v`
@@ -230,26 +343,28 @@ fn attention_reference(q: &[f32], k: &[f32], v: &[f32], s: usize, hq: usize, hkv
 
 #[test]
 fn cached_attention_per_query_and_blocked_paths_match_the_reference() {
-    let (t, hq, hkv) = (160, 4, 2);
-    // 3 queries take the per-query path, 70 the blocked GEMM path (two blocks of queries). The
-    // per-query path sums in lanes of 64 positions and 64 head elements: cover ranges inside one
-    // lane block, across blocks, windows across a block edge, and head sizes past 64.
-    for (s, window, pos, d) in [
-        (3usize, None, 7, 8),
-        (70, None, 7, 8),
-        (70, Some(5), 7, 8),
-        (3, Some(4), 7, 8),
-        (3, None, 80, 72),
-        (3, Some(5), 62, 8),
-        (1, Some(3), 70, 136),
-        (2, None, 130, 64),
-    ] {
-        // An f16 cache (as the LLMs keep it) goes through the f16 loads and the f16 rounding of
-        // the probabilities; the reference reads the same f16 values.
-        for cache in [DType::F32, DType::F16] {
-            check_cached_attention(t, hq, hkv, s, window, pos, d, cache);
+    rlx_cpu::isa::for_each_level(|_| {
+        let (t, hq, hkv) = (160, 4, 2);
+        // 3 queries take the per-query path, 70 the blocked GEMM path (two blocks of queries). The
+        // per-query path sums in lanes of 64 positions and 64 head elements: cover ranges inside one
+        // lane block, across blocks, windows across a block edge, and head sizes past 64.
+        for (s, window, pos, d) in [
+            (3usize, None, 7, 8),
+            (70, None, 7, 8),
+            (70, Some(5), 7, 8),
+            (3, Some(4), 7, 8),
+            (3, None, 80, 72),
+            (3, Some(5), 62, 8),
+            (1, Some(3), 70, 136),
+            (2, None, 130, 64),
+        ] {
+            // An f16 cache (as the LLMs keep it) goes through the f16 loads and the f16 rounding of
+            // the probabilities; the reference reads the same f16 values.
+            for cache in [DType::F32, DType::F16] {
+                check_cached_attention(t, hq, hkv, s, window, pos, d, cache);
+            }
         }
-    }
+    });
 }
 
 #[allow(clippy::too_many_arguments)]

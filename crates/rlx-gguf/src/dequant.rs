@@ -174,7 +174,19 @@ pub fn dequantize_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
 }
 
 /// Decode `data` (whole blocks of `ty`) into `out`, which must hold exactly its elements.
+/// Uses AVX2 where the CPU has it (bit-identical to [`dequantize_portable`]).
 pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
+    dequantize_with(ty, data, out, true)
+}
+
+/// [`dequantize`] through the portable code only, whatever the CPU has: what runs on CPUs
+/// without AVX2, for tests and for callers restricted to a lower instruction-set level.
+pub fn dequantize_portable(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
+    dequantize_with(ty, data, out, false)
+}
+
+/// [`dequantize`], using SIMD code only when `simd` is set and the CPU has it.
+pub fn dequantize_with(ty: GgmlType, data: &[u8], out: &mut [f32], simd: bool) -> Result<()> {
     if !ty.can_dequantize() {
         return Err(GgufError::new(0, "dequantize", format!("decoding {ty} is not supported")));
     }
@@ -187,7 +199,7 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<()> {
         ));
     }
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+    if simd && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
         // SAFETY: the CPU has the features; `data` and `out` hold whole blocks (checked above).
         match ty {
             Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => {

@@ -1,7 +1,7 @@
 //! Dequantization is bit-exact with the `gguf` Python package (`tests/golden/gen_dequant.py`
 //! writes `dequant.json`; `scripts/regen-llm-goldens.sh` regenerates it).
 
-use rlx_gguf::{dequantize, GgmlType};
+use rlx_gguf::{dequantize, dequantize_portable, GgmlType};
 
 fn unhex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
@@ -17,11 +17,14 @@ fn every_block_type_matches_the_gguf_package_bit_for_bit() {
         let ty = GgmlType::all().find(|t| t.to_string() == name).unwrap_or_else(|| panic!("unknown type {name}"));
         let data = unhex(case["data_hex"].as_str().expect("hex"));
         let want: Vec<u32> = case["values_bits"].as_array().expect("bits").iter().map(|b| b.as_u64().expect("u32") as u32).collect();
-        let mut got = vec![0f32; want.len()];
-        dequantize(ty, &data, &mut got).unwrap_or_else(|e| panic!("{name}: {e}"));
-        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            let w = f32::from_bits(*w);
-            assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{name} element {i}: got {g} ({:#x}), want {w} ({:#x})", g.to_bits(), w.to_bits());
+        // The SIMD decoder (where the CPU has AVX2) and the portable one, each against the golden.
+        for (path, decode) in [("simd", dequantize as fn(_, &_, &mut _) -> _), ("portable", dequantize_portable)] {
+            let mut got = vec![0f32; want.len()];
+            decode(ty, &data, &mut got).unwrap_or_else(|e| panic!("{name}: {e}"));
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                let w = f32::from_bits(*w);
+                assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{name} ({path}) element {i}: got {g} ({:#x}), want {w} ({:#x})", g.to_bits(), w.to_bits());
+            }
         }
         seen.push(ty);
     }

@@ -236,10 +236,10 @@ unsafe fn range_best(c: &Consts, io: Io, decay: bool, s: usize, e: usize) {
         unsafe fn v256(c: &Consts, io: Io, decay: bool, s: usize, e: usize) {
             either(c, io, decay, s, e)
         }
-        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+        if crate::isa::avx512() {
             return v512(c, io, decay, s, e);
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if crate::isa::avx2() {
             return v256(c, io, decay, s, e);
         }
     }

@@ -119,7 +119,7 @@ fn rope<T: FloatElem>(x: TRef, pos: TRef, out: TRef, theta: f32, interleaved: bo
         let tab = unsafe { std::slice::from_raw_parts_mut(table.get() as *mut (f64, f64), s_len * half) };
         let f32_table = T::DTYPE == rlx_ir::DType::F32;
         #[cfg(target_arch = "x86_64")]
-        let fma = std::is_x86_feature_detected!("fma");
+        let fma = crate::isa::avx2();
         #[cfg(not(target_arch = "x86_64"))]
         let fma = false;
         let step = (theta).powf(-2.0 / d as f32);

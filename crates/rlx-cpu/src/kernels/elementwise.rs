@@ -62,7 +62,7 @@ fn apply1<A: Elem, O: Elem>(src: &[A], dst: &mut [O], f: impl Fn(A) -> O) {
         unsafe fn fma<A: Elem, O: Elem>(src: &[A], dst: &mut [O], f: impl Fn(A) -> O) {
             plain(src, dst, f)
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if crate::isa::avx2() {
             // SAFETY: the CPU has the features.
             return unsafe { fma(src, dst, f) };
         }
@@ -109,7 +109,7 @@ unsafe fn apply2<A: Elem, B: Elem, O: Elem>(a: *const A, sa: usize, b: *const B,
         unsafe fn fma<A: Elem, B: Elem, O: Elem>(a: *const A, sa: usize, b: *const B, sb: usize, o: *mut O, so: usize, n: usize, f: impl Fn(A, B) -> O) {
             plain(a, sa, b, sb, o, so, n, f)
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if crate::isa::avx2() {
             return fma(a, sa, b, sb, o, so, n, f);
         }
     }
@@ -154,7 +154,7 @@ unsafe fn apply3<A: Elem, B: Elem, C: Elem, O: Elem>(a: *const A, b: *const B, c
         unsafe fn fma<A: Elem, B: Elem, C: Elem, O: Elem>(a: *const A, b: *const B, c: *const C, o: *mut O, n: usize, f: impl Fn(A, B, C) -> O) {
             plain(a, b, c, o, n, f)
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if crate::isa::avx2() {
             return fma(a, b, c, o, n, f);
         }
     }
@@ -307,7 +307,7 @@ fn activation_int<T: Elem>(a: Activation, x: TRef, out: TRef) -> Box<dyn Kernel>
 fn f32_to_f16(src: &[f32], dst: &mut [half::f16], f: fn(f32) -> half::f16) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("f16c") && std::is_x86_feature_detected!("avx") {
+    if crate::isa::avx2() {
         #[target_feature(enable = "avx,f16c")]
         unsafe fn simd(src: &[f32], dst: &mut [half::f16]) -> usize {
             use std::arch::x86_64::*;
@@ -330,7 +330,7 @@ fn f32_to_f16(src: &[f32], dst: &mut [half::f16], f: fn(f32) -> half::f16) {
 pub(super) fn f16_to_f32(src: &[half::f16], dst: &mut [f32], f: fn(half::f16) -> f32) {
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("f16c") && std::is_x86_feature_detected!("avx") {
+    if crate::isa::avx2() {
         #[target_feature(enable = "avx,f16c")]
         unsafe fn simd(src: &[half::f16], dst: &mut [f32]) -> usize {
             use std::arch::x86_64::*;

@@ -441,10 +441,10 @@ unsafe fn eval_best(c: &Ctx, blocks: std::ops::Range<usize>) {
         unsafe fn v256(c: &Ctx, blocks: std::ops::Range<usize>) {
             eval(c, blocks)
         }
-        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+        if crate::isa::avx512() {
             return v512(c, blocks);
         }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        if crate::isa::avx2() {
             return v256(c, blocks);
         }
     }

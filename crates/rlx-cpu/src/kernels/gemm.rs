@@ -12,8 +12,9 @@ fn blocking() -> (usize, usize, usize) {
     static B: std::sync::OnceLock<(usize, usize, usize)> = std::sync::OnceLock::new();
     *B.get_or_init(|| {
         let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).filter(|&v: &usize| v > 0).unwrap_or(d);
-        // Blocks of whole micro-tiles: a packed operand shared by threads is addressed by them.
-        let (mr, nr) = Isa::detect().tile();
+        // Blocks of whole micro-tiles of every instruction set (12 and 32 are multiples of the
+        // smaller tiles): a packed operand shared by threads is addressed by them.
+        let (mr, nr) = Isa::Avx512.tile();
         (env("RLX_GEMM_KC", 256), env("RLX_GEMM_MC", 96).next_multiple_of(mr), env("RLX_GEMM_NC", 3072).next_multiple_of(nr))
     })
 }
@@ -30,21 +31,25 @@ pub enum Isa {
 }
 
 impl Isa {
-    /// The best instruction set this CPU has.
-    pub fn detect() -> Isa {
-        static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *ISA.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                if std::env::var_os("RLX_NO_AVX512").is_none() && is_x86_feature_detected!("avx512f") {
-                    return Isa::Avx512;
-                }
-                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                    return Isa::Avx2;
-                }
-            }
-            Isa::Generic
-        })
+    /// The instruction set the micro-kernels use now: [`crate::isa::current`] (the best this
+    /// CPU has unless lowered, e.g. by `RLX_ISA` or a test's [`crate::isa::with_level`]).
+    pub fn current() -> Isa {
+        Isa::of(crate::isa::current())
+    }
+
+    fn of(level: crate::isa::Level) -> Isa {
+        use crate::isa::Level;
+        match level {
+            Level::Avx512 => Isa::Avx512,
+            Level::Avx2 | Level::Avx2Vnni => Isa::Avx2,
+            Level::Portable => Isa::Generic,
+        }
+    }
+
+    /// Every instruction set this CPU may run: scratch is sized for the largest need among
+    /// them, so a product compiled at one level may run at another.
+    fn runnable() -> impl Iterator<Item = Isa> {
+        crate::isa::levels().map(Isa::of)
     }
 
     fn tile(self) -> (usize, usize) {
@@ -69,12 +74,17 @@ pub struct Mat {
 
 /// Scratch floats one thread needs for an `m×n×k` product.
 pub fn scratch_per_thread(m: usize, n: usize, k: usize) -> usize {
-    let (mr, nr) = Isa::detect().tile();
     let (kc_b, mc_b, nc_b) = blocking();
     let kc = k.clamp(1, kc_b);
-    let mc = m.min(mc_b).div_ceil(mr) * mr;
-    let nc = n.min(nc_b).div_ceil(nr) * nr;
-    kc * (mc + nc) + 16
+    Isa::runnable()
+        .map(|isa| {
+            let (mr, nr) = isa.tile();
+            let mc = m.min(mc_b).div_ceil(mr) * mr;
+            let nc = n.min(nc_b).div_ceil(nr) * nr;
+            kc * (mc + nc) + 16
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// Total scratch floats for `threads` threads: each thread's packing buffers, then (with
@@ -89,9 +99,14 @@ const SHARED_MAX: usize = 1 << 20;
 
 /// Floats for the shared packed operand of an `m×n×k` product (0 when neither fits).
 fn shared_len(m: usize, n: usize, k: usize) -> usize {
-    let (mr, nr) = Isa::detect().tile();
-    let (b, a) = (k * n.div_ceil(nr) * nr, m.div_ceil(mr) * mr * k);
-    [a, b].into_iter().filter(|&x| x <= SHARED_MAX).max().unwrap_or(0)
+    Isa::runnable()
+        .flat_map(|isa| {
+            let (mr, nr) = isa.tile();
+            [k * n.div_ceil(nr) * nr, m.div_ceil(mr) * mr * k]
+        })
+        .filter(|&x| x <= SHARED_MAX)
+        .max()
+        .unwrap_or(0)
 }
 
 #[derive(Clone, Copy)]
@@ -136,7 +151,7 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
         }
         return;
     }
-    let isa = Isa::detect();
+    let isa = Isa::current();
     let (mr, nr) = isa.tile();
     let per = scratch_per_thread(m, n, k);
     let threads = pool.map_or(1, |p| p.threads());
@@ -256,7 +271,7 @@ pub unsafe fn sgemm_tri(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f3
     if m == 0 || n == 0 || k == 0 || k > kc_b || tri == Tri::Full {
         return sgemm(None, m, n, k, a, b, c, ldc, scratch);
     }
-    gemm_serial(Isa::detect(), m, n, k, a, b, c, ldc, scratch, Shared::None, tri);
+    gemm_serial(Isa::current(), m, n, k, a, b, c, ldc, scratch, Shared::None, tri);
 }
 
 /// An operand packed once for all threads: where, and the padded rows of A or columns of B.
@@ -409,7 +424,7 @@ unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c:
 unsafe fn pack_a(mc: usize, kc: usize, mr: usize, a: *const f32, rs: usize, cs: usize, dst: *mut f32) {
     let mut s = 0;
     #[cfg(target_arch = "x86_64")]
-    if rs == 1 && mr == 12 && Isa::detect() == Isa::Avx512 {
+    if rs == 1 && mr == 12 && Isa::current() == Isa::Avx512 {
         // Column-major A (a transposed operand): walk k outermost, so each column of the block
         // is read once as one contiguous run and dealt out to the slivers (sliver by sliver,
         // the k steps are `cs` floats apart and, at power-of-two strides, share a few L1 sets).
@@ -480,18 +495,18 @@ unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: 
         let src = b.add(t * nr * cs);
         let mut p0 = 0;
         #[cfg(target_arch = "x86_64")]
-        if rs == 1 && cols == nr && nr.is_multiple_of(16) && Isa::detect() == Isa::Avx512 {
+        if rs == 1 && cols == nr && nr.is_multiple_of(16) && Isa::current() == Isa::Avx512 {
             // A transposed B (each column contiguous): 16×16 blocks transposed in registers.
             p0 = kc / 16 * 16;
             x86::pack_b_transposed(p0, nr, src, cs, d);
         }
         #[cfg(target_arch = "x86_64")]
-        if rs == 1 && cols == nr && nr == 16 && Isa::detect() == Isa::Avx2 {
+        if rs == 1 && cols == nr && nr == 16 && Isa::current() == Isa::Avx2 {
             p0 = kc / 8 * 8;
             x86::pack_b_transposed8(p0, src, cs, d);
         }
         #[cfg(target_arch = "x86_64")]
-        if cs == 1 && cols == nr && nr == 32 && Isa::detect() == Isa::Avx512 {
+        if cs == 1 && cols == nr && nr == 32 && Isa::current() == Isa::Avx512 {
             x86::copy_rows::<32>(kc - p0, src.add(p0 * rs), rs, d.add(p0 * nr));
             p0 = kc;
         }
@@ -881,101 +896,109 @@ mod tests {
 
     #[test]
     fn triangular_depth_ranges_and_unneeded_tiles_give_the_full_products_sums() {
-        // Operands zero on one side of a diagonal (as `tri` promises), in the layouts causal
-        // attention's products use: equal, bit for bit, to the full product (whose skipped
-        // terms are exact zeros), for tile-aligned and ragged sizes and several offsets.
-        for &(m, n, k) in &[(64usize, 32usize, 64usize), (64, 64, 64), (13, 40, 13), (50, 33, 47), (24, 64, 24)] {
-            for off in [-3isize, 0, 2, 17] {
-                for tri in [Tri::RowMax(off), Tri::RowMin(off), Tri::ColMin(off), Tri::Unneeded(off)] {
-                    let zero = |i: usize, j: usize, p: usize| match tri {
-                        Tri::RowMax(o) => p as isize > i as isize + o,
-                        Tri::RowMin(o) => (p as isize) < i as isize - o,
-                        Tri::ColMin(o) => (p as isize) < j as isize - o,
-                        Tri::Full | Tri::Unneeded(_) => false,
-                    };
-                    // A row-major (read in place) or B row-major, with the promised zeros.
-                    let mut a: Vec<f32> = (0..m * k).map(|x| ((x * 7 % 13) as f32 - 6.0) / 7.0).collect();
-                    let mut b: Vec<f32> = (0..k * n).map(|x| ((x * 5 % 11) as f32 - 5.0) / 5.0).collect();
-                    for i in 0..m {
+        crate::isa::for_each_level(|_| {
+            // Operands zero on one side of a diagonal (as `tri` promises), in the layouts causal
+            // attention's products use: equal, bit for bit, to the full product (whose skipped
+            // terms are exact zeros), for tile-aligned and ragged sizes and several offsets.
+            for &(m, n, k) in &[(64usize, 32usize, 64usize), (64, 64, 64), (13, 40, 13), (50, 33, 47), (24, 64, 24)] {
+                for off in [-3isize, 0, 2, 17] {
+                    for tri in [Tri::RowMax(off), Tri::RowMin(off), Tri::ColMin(off), Tri::Unneeded(off)] {
+                        let zero = |i: usize, j: usize, p: usize| match tri {
+                            Tri::RowMax(o) => p as isize > i as isize + o,
+                            Tri::RowMin(o) => (p as isize) < i as isize - o,
+                            Tri::ColMin(o) => (p as isize) < j as isize - o,
+                            Tri::Full | Tri::Unneeded(_) => false,
+                        };
+                        // A row-major (read in place) or B row-major, with the promised zeros.
+                        let mut a: Vec<f32> = (0..m * k).map(|x| ((x * 7 % 13) as f32 - 6.0) / 7.0).collect();
+                        let mut b: Vec<f32> = (0..k * n).map(|x| ((x * 5 % 11) as f32 - 5.0) / 5.0).collect();
+                        for i in 0..m {
+                            for p in 0..k {
+                                if matches!(tri, Tri::RowMax(_) | Tri::RowMin(_)) && zero(i, 0, p) {
+                                    a[i * k + p] = 0.0;
+                                }
+                            }
+                        }
                         for p in 0..k {
-                            if matches!(tri, Tri::RowMax(_) | Tri::RowMin(_)) && zero(i, 0, p) {
-                                a[i * k + p] = 0.0;
+                            for j in 0..n {
+                                if matches!(tri, Tri::ColMin(_)) && zero(0, j, p) {
+                                    b[p * n + j] = 0.0;
+                                }
                             }
                         }
-                    }
-                    for p in 0..k {
-                        for j in 0..n {
-                            if matches!(tri, Tri::ColMin(_)) && zero(0, j, p) {
-                                b[p * n + j] = 0.0;
+                        let run = |tri: Tri| {
+                            let mut c = vec![f32::NAN; m * n];
+                            let mut scratch = vec![0f32; scratch_len(m, n, k, 1)];
+                            let (am, bm) = (Mat { ptr: a.as_ptr(), rs: k, cs: 1 }, Mat { ptr: b.as_ptr(), rs: n, cs: 1 });
+                            unsafe { sgemm_tri(m, n, k, am, bm, c.as_mut_ptr(), n, scratch.as_mut_ptr(), tri) };
+                            c
+                        };
+                        let (skipped, full) = (run(tri), run(Tri::Full));
+                        // Elements no reader needs are the full product's or zero; the rest equal.
+                        let unneeded = |i: usize, j: usize| matches!(tri, Tri::Unneeded(o) if j as isize > i as isize + o);
+                        let same = (0..m * n).all(|e| skipped[e] == full[e] || (unneeded(e / n, e % n) && skipped[e] == 0.0));
+                        assert!(same, "{m}x{n}x{k} {tri:?}: {skipped:?} vs {full:?}");
+                        if let Tri::Unneeded(o) = tri {
+                            // Whole tiles past the diagonal were left out (the first tile row's
+                            // last column tile, when it lies entirely past it).
+                            let (mr, nr) = Isa::current().tile();
+                            let c0 = (n - 1) / nr * nr;
+                            if c0 as isize - o >= mr as isize {
+                                assert_eq!(skipped[n - 1], 0.0, "{m}x{n}x{k} {tri:?}");
                             }
-                        }
-                    }
-                    let run = |tri: Tri| {
-                        let mut c = vec![f32::NAN; m * n];
-                        let mut scratch = vec![0f32; scratch_len(m, n, k, 1)];
-                        let (am, bm) = (Mat { ptr: a.as_ptr(), rs: k, cs: 1 }, Mat { ptr: b.as_ptr(), rs: n, cs: 1 });
-                        unsafe { sgemm_tri(m, n, k, am, bm, c.as_mut_ptr(), n, scratch.as_mut_ptr(), tri) };
-                        c
-                    };
-                    let (skipped, full) = (run(tri), run(Tri::Full));
-                    // Elements no reader needs are the full product's or zero; the rest equal.
-                    let unneeded = |i: usize, j: usize| matches!(tri, Tri::Unneeded(o) if j as isize > i as isize + o);
-                    let same = (0..m * n).all(|e| skipped[e] == full[e] || (unneeded(e / n, e % n) && skipped[e] == 0.0));
-                    assert!(same, "{m}x{n}x{k} {tri:?}: {skipped:?} vs {full:?}");
-                    if let Tri::Unneeded(o) = tri {
-                        // Whole tiles past the diagonal were left out (the first tile row's
-                        // last column tile, when it lies entirely past it).
-                        let (mr, nr) = Isa::detect().tile();
-                        let c0 = (n - 1) / nr * nr;
-                        if c0 as isize - o >= mr as isize {
-                            assert_eq!(skipped[n - 1], 0.0, "{m}x{n}x{k} {tri:?}");
                         }
                     }
                 }
             }
-        }
+        });
     }
 
     #[test]
     fn transposed_b_packs_like_the_scalar_loop() {
-        // Column-major B (rs = 1): the register-transposing path must write exactly what the
-        // element-by-element loop writes, for kc with and without a remainder of 16.
-        for &(kc, nc) in &[(16usize, 32usize), (48, 64), (37, 70), (256, 96)] {
-            let cs = kc + 3;
-            let b: Vec<f32> = (0..nc * cs).map(|i| i as f32).collect();
-            let nr = Isa::detect().tile().1;
-            let len = kc * nc.div_ceil(nr) * nr;
-            let mut fast = vec![f32::NAN; len];
-            unsafe { pack_b(kc, nc, nr, b.as_ptr(), 1, cs, fast.as_mut_ptr()) };
-            let mut want = vec![f32::NAN; len];
-            for t in 0..nc.div_ceil(nr) {
-                for p in 0..kc {
-                    for j in 0..nr {
-                        let col = t * nr + j;
-                        want[(t * kc + p) * nr + j] = if col < nc { b[col * cs + p] } else { 0.0 };
+        crate::isa::for_each_level(|_| {
+            // Column-major B (rs = 1): the register-transposing path must write exactly what the
+            // element-by-element loop writes, for kc with and without a remainder of 16.
+            for &(kc, nc) in &[(16usize, 32usize), (48, 64), (37, 70), (256, 96)] {
+                let cs = kc + 3;
+                let b: Vec<f32> = (0..nc * cs).map(|i| i as f32).collect();
+                let nr = Isa::current().tile().1;
+                let len = kc * nc.div_ceil(nr) * nr;
+                let mut fast = vec![f32::NAN; len];
+                unsafe { pack_b(kc, nc, nr, b.as_ptr(), 1, cs, fast.as_mut_ptr()) };
+                let mut want = vec![f32::NAN; len];
+                for t in 0..nc.div_ceil(nr) {
+                    for p in 0..kc {
+                        for j in 0..nr {
+                            let col = t * nr + j;
+                            want[(t * kc + p) * nr + j] = if col < nc { b[col * cs + p] } else { 0.0 };
+                        }
                     }
                 }
+                assert_eq!(fast, want, "kc {kc} nc {nc}");
             }
-            assert_eq!(fast, want, "kc {kc} nc {nc}");
-        }
+        });
     }
 
     #[test]
     fn matches_naive_on_edges_and_blocks() {
-        for &(m, n, k) in &[(1, 1, 1), (13, 33, 7), (12, 32, 256), (25, 70, 300), (200, 65, 513), (3, 3100, 5)] {
-            check(m, n, k, false, 1);
-            check(m, n, k, true, 2);
-        }
+        crate::isa::for_each_level(|_| {
+            for &(m, n, k) in &[(1, 1, 1), (13, 33, 7), (12, 32, 256), (25, 70, 300), (200, 65, 513), (3, 3100, 5)] {
+                check(m, n, k, false, 1);
+                check(m, n, k, true, 2);
+            }
+        });
     }
 
     #[test]
     fn parallel_shares_match_naive() {
-        // Two threads, several shares each: rows split with B packed once (several depth
-        // blocks), columns split with A packed once (row-major A wider than the in-place limit,
-        // transposed A, several column blocks), columns split with A read in place.
-        for &(m, n, k) in &[(400, 70, 600), (40, 1000, 600), (100, 3300, 300), (40, 200, 600), (2000, 40, 700)] {
-            check(m, n, k, false, 2);
-            check(m, n, k, true, 2);
-        }
+        crate::isa::for_each_level(|_| {
+            // Two threads, several shares each: rows split with B packed once (several depth
+            // blocks), columns split with A packed once (row-major A wider than the in-place limit,
+            // transposed A, several column blocks), columns split with A read in place.
+            for &(m, n, k) in &[(400, 70, 600), (40, 1000, 600), (100, 3300, 300), (40, 200, 600), (2000, 40, 700)] {
+                check(m, n, k, false, 2);
+                check(m, n, k, true, 2);
+            }
+        });
     }
 }

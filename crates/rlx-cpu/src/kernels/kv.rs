@@ -67,7 +67,7 @@ fn round_to(dt: DType, v: f32) -> f32 {
 /// [`round_to`] over a slice, eight values at a time through F16C when the cache is f16.
 fn round_slice(dt: DType, x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if dt == DType::F16 && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+    if dt == DType::F16 && crate::isa::avx2() {
         #[target_feature(enable = "avx2,f16c")]
         unsafe fn f16c(x: &mut [f32]) {
             use std::arch::x86_64::*;
@@ -324,7 +324,7 @@ fn cached_attention(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratch: su
     let cdt = k.dtype;
     let (kr, vr) = (Rows::of(&k).expect("checked at lowering"), Rows::of(&v).expect("checked at lowering"));
     #[cfg(target_arch = "x86_64")]
-    let simd = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c");
+    let simd = crate::isa::avx2();
     #[cfg(not(target_arch = "x86_64"))]
     let simd = false;
     let slot = scratch_floats(t_len, dh, dv);

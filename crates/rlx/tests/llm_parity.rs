@@ -1,6 +1,7 @@
 //! LLM parity with llama.cpp on the real model files (fetched once from PyPI into the cache):
-//! greedy continuations token for token, teacher-forced top-1 agreement (batched, and token by
-//! token with bit-identical logits), and prompt token ids.
+//! greedy continuations token for token (SmolLM2 5 of 5, Gemma 3 at least 3 of 5; any other
+//! only diverging at a near-tie), teacher-forced top-1 agreement when batched, bit-identical
+//! logits token by token, and prompt token ids.
 //! References: `tests/golden/llm/*.json`, written by `gen_llama_cpp.py` through
 //! llama-cpp-python (flash attention off); regenerate with `scripts/regen-llm-goldens.sh`.
 
@@ -9,17 +10,13 @@ use rlx::llm::{Llm, LoadOptions};
 use serde_json::Value;
 
 /// A divergence from llama.cpp is accepted only where the two candidates are this close, in
-/// llama.cpp's logits and in RLX's. Token by token RLX computes llama.cpp's logits exactly
-/// ([`forced_stepwise`]); prompts, though, are evaluated in batches, where both sides use other
-/// kernels (RLX an f32 GEMM on dequantized weights, llama.cpp tiled GEMMs) and quantizing
-/// activations to int8 turns last-bit differences into whole quantization steps, so logits move
-/// by ~0.1 — llama.cpp's own batched and token-by-token runs of the teacher-forced text below
-/// differ by 0.13 on average and agree on 302 of 310 top-1 tokens.
+/// llama.cpp's logits (its top token against the token RLX chose) and in RLX's. Token by token RLX
+/// computes llama.cpp's logits exactly ([`forced_stepwise`] asserts it); prompts, though, are
+/// evaluated in batches, where both sides use other kernels (RLX an f32 GEMM on dequantized
+/// weights, llama.cpp tiled GEMMs with int8 activations), so logits move by ~0.1 — llama.cpp's
+/// own batched and token-by-token runs of the teacher-forced text below differ by 0.13 on
+/// average and agree on 302 of 310 top-1 tokens.
 const NEAR_TIE: f32 = 0.5;
-
-/// Teacher-forced top-1 agreement required where llama.cpp's margin is at least [`NEAR_TIE`]
-/// (batched), and everywhere (token by token).
-const DECISIVE_AGREEMENT: f64 = 0.99;
 
 /// Batched teacher-forced top-1 agreement required over all positions (llama.cpp's batched run
 /// against its own token-by-token run: 97.4%).
@@ -47,14 +44,16 @@ fn load(m: KnownModel) -> Llm {
     Llm::load(path, LoadOptions { ctx: Some(512), threads: Some(2), ..LoadOptions::default() }).expect("model loads")
 }
 
-/// Greedy continuations: equal to llama.cpp's, or diverging only at a near-tie.
-fn greedy(llm: &mut Llm, g: &Value) {
+/// Greedy continuations: each equal to llama.cpp's token for token, or diverging once at a
+/// near-tie where RLX picked llama.cpp's runner-up; at least `min_exact` of them equal in full.
+fn greedy(llm: &mut Llm, g: &Value, min_exact: usize) {
     let mut exact = 0;
     let cases = g["greedy"].as_array().expect("cases");
     for case in cases {
         let prompt = ids(&case["prompt_ids"]);
         let want = ids(&case["generated_ids"]);
         let margins = floats(&case["margins"]);
+        let runner_up = ids(&case["runner_up_ids"]);
         assert_eq!(llm.tokenizer.encode(case["prompt"].as_str().unwrap(), llm.tokenizer.add_bos(), true), prompt, "prompt ids");
         llm.reset();
         let mut logits = llm.forward(&prompt).unwrap();
@@ -62,11 +61,14 @@ fn greedy(llm: &mut Llm, g: &Value) {
         for (i, &w) in want.iter().enumerate() {
             let got = argmax(&logits) as u32;
             if got != w {
+                // llama.cpp's margin between its token and RLX's is known when RLX's is its
+                // runner-up (the golden's top-1 - top-2 margin); any other token is further away.
                 let ours = logits[got as usize] - logits[w as usize];
                 assert!(
-                    margins[i] < NEAR_TIE && ours < NEAR_TIE,
-                    "{:?} step {i}: RLX picked {got}, llama.cpp {w}: not a near-tie (llama.cpp margin {}, RLX margin {ours})",
+                    got == runner_up[i] && margins[i] < NEAR_TIE && ours < NEAR_TIE,
+                    "{:?} step {i}: RLX picked {got}, llama.cpp {w} (its runner-up {}): not a near-tie (llama.cpp margin {}, RLX margin {ours})",
                     case["prompt"],
+                    runner_up[i],
                     margins[i]
                 );
                 eprintln!("{:?}: near-tie at step {i} (llama.cpp margin {:.4}, RLX {ours:.4})", case["prompt"], margins[i]);
@@ -80,86 +82,76 @@ fn greedy(llm: &mut Llm, g: &Value) {
         exact += !diverged as usize;
     }
     eprintln!("{exact} of {} greedy continuations equal llama.cpp's token for token", cases.len());
-    assert!(exact >= 2, "only {exact} of {} greedy continuations match llama.cpp exactly", cases.len());
+    assert!(exact >= min_exact, "only {exact} of {} greedy continuations match llama.cpp exactly (want {min_exact})", cases.len());
 }
 
-/// Teacher-forced: every top-1 difference from llama.cpp is a near-tie, top-1 agrees at >= 99%
-/// of the positions llama.cpp is decisive about and at >= 95% overall.
+/// Teacher-forced: every top-1 difference from llama.cpp is a near-tie (RLX's token within
+/// [`NEAR_TIE`] of llama.cpp's top logit, by llama.cpp's own top-5 logits, and of RLX's top
+/// logit), and top-1 agrees at >= 95% of all positions.
 fn forced(llm: &mut Llm, g: &Value) {
     let f = &g["forced"];
-    let tokens = ids(&f["ids"]);
-    let top1 = ids(&f["top1"]);
-    let margins = floats(&f["margins"]);
-    llm.reset();
-    let logits = llm.forward_all(&tokens).unwrap();
-    let v = llm.config.vocab;
-    let (mut agree, mut decisive, mut decisive_agree) = (0, 0, 0);
-    for (i, &w) in top1.iter().enumerate() {
-        let row = &logits[i * v..(i + 1) * v];
-        let got = argmax(row);
-        let ok = got as u32 == w;
-        agree += ok as usize;
-        if margins[i] >= NEAR_TIE {
-            decisive += 1;
-            decisive_agree += ok as usize;
-        }
-        if !ok {
-            let ours = row[got] - row[w as usize];
-            assert!(
-                margins[i] < NEAR_TIE && ours < NEAR_TIE,
-                "position {i}: RLX {got} vs llama.cpp {w}: not a near-tie (llama.cpp margin {}, RLX margin {ours})",
-                margins[i]
-            );
-        }
-    }
-    let rate = agree as f64 / top1.len() as f64;
-    let decisive_rate = decisive_agree as f64 / decisive.max(1) as f64;
-    eprintln!(
-        "teacher-forced top-1 agreement: {agree}/{} overall ({:.1}%), {decisive_agree}/{decisive} where llama.cpp's margin >= {NEAR_TIE}",
-        top1.len(),
-        100.0 * rate
-    );
-    assert!(decisive_rate >= DECISIVE_AGREEMENT, "agreement on decisive positions {decisive_rate:.4} < {DECISIVE_AGREEMENT}");
-    assert!(rate >= OVERALL_AGREEMENT, "overall teacher-forced agreement {rate:.4} < {OVERALL_AGREEMENT}");
-}
-
-/// Teacher-forced one token at a time, as llama.cpp decodes: RLX reproduces llama.cpp's decode
-/// arithmetic operation for operation (activation quantization, the order of every float sum,
-/// its `expf`, RoPE's fused multiply-adds, f16 rounding in attention), so the logits are
-/// expected to be bit-identical; the test requires the top-5 logits within 1e-3 everywhere and
-/// the same top-1 token at >= 99% of the positions.
-fn forced_stepwise(llm: &mut Llm, g: &Value) {
-    let f = &g["forced_stepwise"];
     let tokens = ids(&f["ids"]);
     let top1 = ids(&f["top1"]);
     let top5 = f["top5_ids"].as_array().expect("top5 ids");
     let top5_logits = f["top5_logits"].as_array().expect("top5 logits");
     llm.reset();
-    let (mut agree, mut exact, mut worst) = (0, 0, 0f32);
-    for (i, &t) in tokens.iter().enumerate() {
-        let row = llm.forward(&[t]).unwrap();
-        agree += (argmax(&row) as u32 == top1[i]) as usize;
-        let (want_ids, want) = (ids(&top5[i]), floats(&top5_logits[i]));
-        let diff = want_ids.iter().zip(&want).map(|(&id, &w)| (row[id as usize] - w).abs()).fold(0f32, f32::max);
-        exact += (diff == 0.0) as usize;
-        worst = worst.max(diff);
+    let logits = llm.forward_all(&tokens).unwrap();
+    let v = llm.config.vocab;
+    let mut agree = 0;
+    for (i, &w) in top1.iter().enumerate() {
+        let row = &logits[i * v..(i + 1) * v];
+        let got = argmax(row);
+        if got as u32 == w {
+            agree += 1;
+            continue;
+        }
+        let (ids5, l5) = (ids(&top5[i]), floats(&top5_logits[i]));
+        // llama.cpp's margin between its top token and the one RLX chose (beyond its top 5: at
+        // least the top-1 - top-5 margin, and then not a near-tie).
+        let theirs = ids5.iter().position(|&t| t == got as u32).map(|p| l5[0] - l5[p]);
+        let ours = row[got] - row[w as usize];
+        assert!(
+            theirs.is_some_and(|m| m < NEAR_TIE) && ours < NEAR_TIE,
+            "position {i}: RLX {got} vs llama.cpp {w}: not a near-tie (llama.cpp margin {theirs:?}, RLX margin {ours})"
+        );
     }
-    let rate = agree as f64 / tokens.len() as f64;
-    eprintln!(
-        "stepwise teacher-forced: top-1 {agree}/{} ({:.1}%), top-5 logits bit-identical at {exact}/{} positions, largest difference {worst}",
-        tokens.len(),
-        100.0 * rate,
-        tokens.len()
-    );
-    assert!(worst <= 1e-3, "stepwise logits differ from llama.cpp's by {worst}");
-    assert!(rate >= DECISIVE_AGREEMENT, "stepwise teacher-forced agreement {rate:.4} < {DECISIVE_AGREEMENT}");
+    let rate = agree as f64 / top1.len() as f64;
+    eprintln!("teacher-forced (batched) top-1 agreement: {agree}/{} ({:.1}%), every difference a near-tie", top1.len(), 100.0 * rate);
+    assert!(rate >= OVERALL_AGREEMENT, "overall teacher-forced agreement {rate:.4} < {OVERALL_AGREEMENT}");
+}
+
+/// Teacher-forced one token at a time, as llama.cpp decodes: RLX reproduces llama.cpp's decode
+/// arithmetic operation for operation (activation quantization, the order of every float sum,
+/// its `expf`, RoPE's fused multiply-adds, f16 rounding in attention), so llama.cpp's top-5
+/// logits must be bit-identical in RLX's logits at every position.
+fn forced_stepwise(llm: &mut Llm, g: &Value) {
+    let f = &g["forced_stepwise"];
+    let tokens = ids(&f["ids"]);
+    let top5 = f["top5_ids"].as_array().expect("top5 ids");
+    let top5_logits = f["top5_logits"].as_array().expect("top5 logits");
+    llm.reset();
+    let (mut differ, mut exact) = (Vec::new(), 0);
+    for (i, &t) in tokens.iter().enumerate() {
+        let before = differ.len();
+        let row = llm.forward(&[t]).unwrap();
+        let (want_ids, want) = (ids(&top5[i]), floats(&top5_logits[i]));
+        assert_eq!(argmax(&row) as u32, want_ids[0], "position {i}: top-1 token");
+        for (&id, &w) in want_ids.iter().zip(&want) {
+            if row[id as usize].to_bits() != w.to_bits() {
+                differ.push(format!("position {i} token {id}: {} vs llama.cpp {w}", row[id as usize]));
+            }
+        }
+        exact += (differ.len() == before) as usize;
+    }
+    eprintln!("stepwise teacher-forced: top-5 logits bit-identical at {exact} of {} positions", tokens.len());
+    assert!(differ.is_empty(), "{} logits differ from llama.cpp's:\n  {}", differ.len(), differ.join("\n  "));
 }
 
 #[test]
 fn smollm2_matches_llama_cpp() {
     let g = golden("smollm2");
     let mut llm = load(KnownModel::SmolLM2);
-    greedy(&mut llm, &g);
+    greedy(&mut llm, &g, 5);
     forced(&mut llm, &g);
     forced_stepwise(&mut llm, &g);
 }
@@ -168,7 +160,21 @@ fn smollm2_matches_llama_cpp() {
 fn gemma3_matches_llama_cpp() {
     let g = golden("gemma3");
     let mut llm = load(KnownModel::Gemma3);
-    greedy(&mut llm, &g);
+    greedy(&mut llm, &g, 3);
     forced(&mut llm, &g);
     forced_stepwise(&mut llm, &g);
+}
+
+/// The bit-identical decoding holds at every x86 SIMD level the CPU can run, not only the best:
+/// SmolLM2 teacher-forced token by token through the AVX2 kernels (and AVX-VNNI where present)
+/// on an AVX-512 machine. (The portable level is not held to it: its sums run in another order,
+/// and SmolLM2's greedy continuations then part from llama.cpp's at near-ties.)
+#[test]
+fn smollm2_decodes_bit_identically_at_every_simd_level() {
+    use rlx_cpu::isa::{best, levels, with_level, Level};
+    let g = golden("smollm2");
+    for level in levels().filter(|l| *l >= Level::Avx2 && *l != best()) {
+        eprintln!("instruction-set level {level}:");
+        with_level(level, || forced_stepwise(&mut load(KnownModel::SmolLM2), &g));
+    }
 }

@@ -3,7 +3,7 @@
 
 Writes ``tokenizer_extra.json`` next to this file: for each target model, a list
 of strings and the ids llama.cpp's ``llama_tokenize`` gives them, through
-llama-cpp-python with ``vocab_only=True``. ``tests/tokenizer.rs`` compares
+llama-cpp-python with ``vocab_only=True``. ``crates/rlx/tests/gguf_tokenizer.rs`` compares
 ``Tokenizer::encode`` with every entry (the 40 strings of
 ``crates/rlx/tests/golden/llm/*.json`` are checked there too).
 
@@ -37,7 +37,7 @@ by llama.cpp's ``ignore_merges``, i.e. only when the splitter cut exactly that
 word; some are decoys that a correct splitter never cuts). A second copy
 without ``tokenizer.ggml.add_bos_token`` and ``tokenizer.ggml.bos_token_id``
 gives the defaults llama.cpp ties to the name.
-``tests/tokenizer.rs`` builds the same copies from the model file and the
+``crates/rlx/tests/gguf_tokenizer.rs`` builds the same copies from the model file and the
 appended tokens and merges recorded here, and compares.
 
 File format::

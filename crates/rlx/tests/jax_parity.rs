@@ -266,53 +266,57 @@ fn a_mlp_mse_grads() {
 /// (b) Softmax cross-entropy with integer labels, built from ops.
 #[test]
 fn b_softmax_cross_entropy_grads() {
-    let s = scenario("softmax_xent");
-    let c = s.cfg_usize("classes");
-    let n = s.input("labels").shape[0];
-    assert_eq!(s.input("labels").dtype, DType::I64);
-    let mut g = Graph::new("softmax_xent");
-    let x = input(&mut g, &s, "x");
-    let labels = input(&mut g, &s, "labels");
-    let w = param(&mut g, &s, "w");
-    let b = param(&mut g, &s, "b");
-    let logits = linear(&mut g, x, w, b);
-    // log-softmax: z - log(sum(exp(z))), z = x - max(x)
-    let m = g.reduce(ReduceKind::Max, logits, &[1], true);
-    let z = g.sub(logits, m);
-    let e = g.activation(Activation::Exp, z);
-    let se = g.sum(e, &[1], true);
-    let lse = g.activation(Activation::Log, se);
-    let logp = g.sub(z, lse);
-    // one-hot of the labels: labels[:, None] == iota(C)
-    let iota: Vec<f64> = (0..c).map(|i| i as f64).collect();
-    let iota = g.constant_bytes(Shape::new(&[c], DType::I64), encode(&iota, DType::I64));
-    let lab = g.reshape(labels, &[n, 1]);
-    let hit = g.compare(CmpOp::Eq, lab, iota);
-    let onehot = g.cast(hit, F);
-    let picked = g.mul(onehot, logp);
-    let picked = g.sum(picked, &[1], false);
-    let nll = g.mean(picked, &[0], false);
-    let loss = g.activation(Activation::Neg, nll);
-    g.set_outputs(vec![loss]);
-    check_loss_and_grads(&s, &g, &["x", "w", "b"], &["w", "b"], &["x", "labels"], RTOL);
+    rlx_cpu::isa::for_each_level(|_| {
+        let s = scenario("softmax_xent");
+        let c = s.cfg_usize("classes");
+        let n = s.input("labels").shape[0];
+        assert_eq!(s.input("labels").dtype, DType::I64);
+        let mut g = Graph::new("softmax_xent");
+        let x = input(&mut g, &s, "x");
+        let labels = input(&mut g, &s, "labels");
+        let w = param(&mut g, &s, "w");
+        let b = param(&mut g, &s, "b");
+        let logits = linear(&mut g, x, w, b);
+        // log-softmax: z - log(sum(exp(z))), z = x - max(x)
+        let m = g.reduce(ReduceKind::Max, logits, &[1], true);
+        let z = g.sub(logits, m);
+        let e = g.activation(Activation::Exp, z);
+        let se = g.sum(e, &[1], true);
+        let lse = g.activation(Activation::Log, se);
+        let logp = g.sub(z, lse);
+        // one-hot of the labels: labels[:, None] == iota(C)
+        let iota: Vec<f64> = (0..c).map(|i| i as f64).collect();
+        let iota = g.constant_bytes(Shape::new(&[c], DType::I64), encode(&iota, DType::I64));
+        let lab = g.reshape(labels, &[n, 1]);
+        let hit = g.compare(CmpOp::Eq, lab, iota);
+        let onehot = g.cast(hit, F);
+        let picked = g.mul(onehot, logp);
+        let picked = g.sum(picked, &[1], false);
+        let nll = g.mean(picked, &[0], false);
+        let loss = g.activation(Activation::Neg, nll);
+        g.set_outputs(vec![loss]);
+        check_loss_and_grads(&s, &g, &["x", "w", "b"], &["w", "b"], &["x", "labels"], RTOL);
+    });
 }
 
 /// (c) LayerNorm + exact GELU, loss = sum(y * r): grads w.r.t. input, gamma, beta.
 #[test]
 fn c_layernorm_gelu_grads() {
-    let s = scenario("layernorm_gelu");
-    let eps = s.cfg_f32("eps");
-    let mut g = Graph::new("layernorm_gelu");
-    let x = input(&mut g, &s, "x");
-    let r = input(&mut g, &s, "r");
-    let gamma = param(&mut g, &s, "gamma");
-    let beta = param(&mut g, &s, "beta");
-    let y = g.layer_norm(x, gamma, beta, eps);
-    let y = g.activation(Activation::Gelu, y);
-    let yr = g.mul(y, r);
-    let loss = sum_all(&mut g, yr);
-    g.set_outputs(vec![loss]);
-    check_loss_and_grads(&s, &g, &["x", "gamma", "beta"], &["gamma", "beta"], &["x", "r"], RTOL);
+    rlx_cpu::isa::for_each_level(|_| {
+        let s = scenario("layernorm_gelu");
+        let eps = s.cfg_f32("eps");
+        let mut g = Graph::new("layernorm_gelu");
+        let x = input(&mut g, &s, "x");
+        let r = input(&mut g, &s, "r");
+        let gamma = param(&mut g, &s, "gamma");
+        let beta = param(&mut g, &s, "beta");
+        let y = g.layer_norm(x, gamma, beta, eps);
+        let y = g.activation(Activation::Gelu, y);
+        let yr = g.mul(y, r);
+        let loss = sum_all(&mut g, yr);
+        g.set_outputs(vec![loss]);
+        check_loss_and_grads(&s, &g, &["x", "gamma", "beta"], &["gamma", "beta"], &["x", "r"], RTOL);
+    });
 }
 
 fn attention_case(name: &str) {
@@ -335,13 +339,17 @@ fn attention_case(name: &str) {
 /// projection weights.
 #[test]
 fn d_causal_attention_grads() {
-    attention_case("causal_attention");
+    rlx_cpu::isa::for_each_level(|_| {
+        attention_case("causal_attention");
+    });
 }
 
 /// (d') The same with grouped-query attention: 4 query heads sharing 2 kv heads.
 #[test]
 fn d_causal_attention_grouped_query_grads() {
-    attention_case("causal_attention_gqa");
+    rlx_cpu::isa::for_each_level(|_| {
+        attention_case("causal_attention_gqa");
+    });
 }
 
 const TRANSFORMER_PARAMS: [&str; 9] = ["g1", "wq", "wk", "wv", "wo", "g2", "wg", "wu", "wd"];
@@ -373,9 +381,11 @@ fn transformer_graph(s: &Scenario) -> Graph {
 /// (e) Pre-norm transformer block (2 heads): grads w.r.t. every param.
 #[test]
 fn e_transformer_block_grads() {
-    let s = scenario("transformer_block");
-    let g = transformer_graph(&s);
-    check_loss_and_grads(&s, &g, &TRANSFORMER_PARAMS, &TRANSFORMER_PARAMS, &["x"], RTOL);
+    rlx_cpu::isa::for_each_level(|_| {
+        let s = scenario("transformer_block");
+        let g = transformer_graph(&s);
+        check_loss_and_grads(&s, &g, &TRANSFORMER_PARAMS, &TRANSFORMER_PARAMS, &["x"], RTOL);
+    });
 }
 
 /// (f) Hessian-vector product of (a)'s loss w.r.t. w1 along a fixed v, vs

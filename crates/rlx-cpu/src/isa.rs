@@ -102,7 +102,7 @@ pub fn current() -> Level {
 }
 
 /// Run `f` with kernels restricted to `level` (or to [`best`], if that is lower) on this thread
-/// and on the pool workers that run its dispatches. Graphs compiled and run inside `f` use only
+/// and on the pool workers that run its dispatches. Graphs run inside `f` (wherever compiled) use only
 /// that level's instructions. Nested calls restore the outer level when they return.
 pub fn with_level<R>(level: Level, f: impl FnOnce() -> R) -> R {
     struct Restore(u8);

@@ -111,6 +111,33 @@ fn dequant_matmul_matches_the_reference_for_every_gguf_scheme_and_kernel_level()
     }
 }
 
+#[test]
+fn the_level_in_force_at_run_time_decides_the_kernels() {
+    // Compiled at the best level, run at the portable one: the portable kernels' result (whose
+    // float order differs from the packed-row SIMD kernels'), not the compiled-in level's.
+    use rlx_cpu::isa::{with_level, Level};
+    let (k, n, ty, scheme) = (512, 7, GgmlType::Q4_0, QuantScheme::GgufQ4_0);
+    let w = random_rows(ty, n, k, 3);
+    let x: Vec<f32> = (0..k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+    let mut g = Graph::new("q");
+    let xi = g.input("x", Shape::new(&[1, k], DType::F32));
+    let wp = g.param("w", Shape::new(&[n, ty.row_bytes(k).unwrap()], DType::U8));
+    let y = g.dequant_matmul(xi, wp, scheme);
+    g.set_outputs(vec![y]);
+    let run = |p: &mut rlx_cpu::Program| {
+        p.write_param(0, &w);
+        p.write_input(0, &f32_bytes(&x));
+        p.execute();
+        let mut out = vec![0u8; n * 4];
+        p.read_output(0, &mut out);
+        out
+    };
+    let mut best = compile(&g, 1).unwrap();
+    let late = with_level(Level::Portable, || run(&mut best));
+    let portable = with_level(Level::Portable, || run(&mut compile(&g, 1).unwrap()));
+    assert_eq!(late, portable);
+}
+
 /// Activations quantized as llama.cpp's x86 code does for a weight type's `vec_dot_type`
 /// (written here from its definition, independently of the kernels): each element's integer
 /// quant and scale, and for `Q8_1` each 32-block's stored sum.

@@ -676,14 +676,16 @@ fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: us
     let float = matches!(ty, GgmlType::F16 | GgmlType::BF16);
     let act_bytes = if float { 0 } else { m * z.row() };
     let per_thread = if float { ROWS * k * 4 } else { ROWS * z.row() };
-    let packed = fused(ty);
     let mode = ActQuant::of(ty);
     #[cfg(target_arch = "x86_64")]
-    let vnni = Vnni::detect();
-    #[cfg(target_arch = "x86_64")]
     let far = n * row_bytes >= FAR_BYTES;
-    let simd = crate::isa::avx2();
     kernel(move |pool: &Pool| {
+        // The instruction-set choices are made per run, like every other kernel's, so a graph
+        // runs at the level in force when it runs (`crate::isa::with_level`).
+        let packed = fused(ty);
+        #[cfg(target_arch = "x86_64")]
+        let vnni = Vnni::detect();
+        let simd = crate::isa::avx2();
         let axis = x.layout.rank() - 1;
         let xstride = x.layout.strides()[axis];
         let mut row_off = Vec::new();

@@ -14,6 +14,7 @@ mod builders;
 pub mod convert;
 mod dtype;
 mod error;
+pub mod eval;
 mod graph;
 mod op;
 pub mod ops;
@@ -26,7 +27,7 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::{Graph, Node, NodeId};
 pub use op::{
-    Activation, BinaryOp, CmpOp, ConvAttrs, CustomFn, DotDims, MaskKind, Op, PoolAttrs, PoolKind, ReduceKind, TopKOutput,
+    Activation, BinaryOp, CmpOp, ConvAttrs, CustomFn, DotDims, MaskKind, Op, OpKind, PoolAttrs, PoolKind, ReduceKind, TopKOutput,
 };
 pub use quant::QuantScheme;
 pub use shape::{broadcast_dims, Dim, Shape};

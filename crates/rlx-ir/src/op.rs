@@ -360,78 +360,239 @@ pub struct CustomFn {
     pub jvp: Option<Box<crate::Graph>>,
 }
 
+/// Declares [`OpKind`] and its list of every kind from one table, so the list cannot miss one.
+macro_rules! op_kinds {
+    ($($(#[$m:meta])* $kind:ident = $name:literal,)*) => {
+        /// Every op of the IR, one kind per name (each binary, compare and activation function
+        /// counts on its own). [`OpKind::ALL`] enumerates them, so tables that must cover every
+        /// op (the op test table, a backend's support list) can check themselves.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub enum OpKind {
+            $($(#[$m])* $kind,)*
+        }
+
+        impl OpKind {
+            /// Every kind, in declaration order.
+            pub const ALL: &'static [OpKind] = &[$(OpKind::$kind,)*];
+
+            /// The op's lowercase name, as printed and parsed.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(OpKind::$kind => $name,)*
+                }
+            }
+
+            /// The kind named `name`.
+            pub fn from_name(name: &str) -> Option<OpKind> {
+                OpKind::ALL.iter().copied().find(|k| k.name() == name)
+            }
+        }
+    };
+}
+
+op_kinds! {
+    /// `input`
+    Input = "input",
+    /// `param`
+    Param = "param",
+    /// `constant`
+    Constant = "constant",
+    /// `add`
+    Add = "add",
+    /// `sub`
+    Sub = "sub",
+    /// `mul`
+    Mul = "mul",
+    /// `div`
+    Div = "div",
+    /// `max`
+    Max = "max",
+    /// `min`
+    Min = "min",
+    /// `pow`
+    Pow = "pow",
+    /// `eq`
+    Eq = "eq",
+    /// `ne`
+    Ne = "ne",
+    /// `lt`
+    Lt = "lt",
+    /// `le`
+    Le = "le",
+    /// `gt`
+    Gt = "gt",
+    /// `ge`
+    Ge = "ge",
+    /// `where`
+    Where = "where",
+    /// `gelu`
+    Gelu = "gelu",
+    /// `gelu_approx`
+    GeluApprox = "gelu_approx",
+    /// `gelu_approx_grad`
+    GeluApproxGrad = "gelu_approx_grad",
+    /// `silu`
+    Silu = "silu",
+    /// `relu`
+    Relu = "relu",
+    /// `sigmoid`
+    Sigmoid = "sigmoid",
+    /// `tanh`
+    Tanh = "tanh",
+    /// `exp`
+    Exp = "exp",
+    /// `log`
+    Log = "log",
+    /// `sqrt`
+    Sqrt = "sqrt",
+    /// `rsqrt`
+    Rsqrt = "rsqrt",
+    /// `neg`
+    Neg = "neg",
+    /// `abs`
+    Abs = "abs",
+    /// `sin`
+    Sin = "sin",
+    /// `cos`
+    Cos = "cos",
+    /// `tan`
+    Tan = "tan",
+    /// `atan`
+    Atan = "atan",
+    /// `round`
+    Round = "round",
+    /// `erf`
+    Erf = "erf",
+    /// `cast`
+    Cast = "cast",
+    /// `matmul`
+    MatMul = "matmul",
+    /// `dot_general`
+    DotGeneral = "dot_general",
+    /// `reduce`
+    Reduce = "reduce",
+    /// `softmax`
+    Softmax = "softmax",
+    /// `layer_norm`
+    LayerNorm = "layer_norm",
+    /// `rms_norm`
+    RmsNorm = "rms_norm",
+    /// `reshape`
+    Reshape = "reshape",
+    /// `transpose`
+    Transpose = "transpose",
+    /// `narrow`
+    Narrow = "narrow",
+    /// `concat`
+    Concat = "concat",
+    /// `expand`
+    Expand = "expand",
+    /// `gather`
+    Gather = "gather",
+    /// `scatter_add`
+    ScatterAdd = "scatter_add",
+    /// `cumsum`
+    Cumsum = "cumsum",
+    /// `topk`
+    TopK = "topk",
+    /// `attention`
+    Attention = "attention",
+    /// `rope`
+    Rope = "rope",
+    /// `conv`
+    Conv = "conv",
+    /// `pool`
+    Pool = "pool",
+    /// `custom`
+    Custom = "custom",
+    /// `dequant_matmul`
+    DequantMatMul = "dequant_matmul",
+    /// `dequantize`
+    Dequantize = "dequantize",
+    /// `cache_write`
+    CacheWrite = "cache_write",
+    /// `cached_attention`
+    CachedAttention = "cached_attention",
+}
+
 impl Op {
-    /// Short lowercase name used in errors and the printer.
-    pub fn name(&self) -> &'static str {
+    /// The op's kind (its name without attributes).
+    pub fn kind(&self) -> OpKind {
+        use OpKind as K;
         match self {
-            Op::Input { .. } => "input",
-            Op::Param { .. } => "param",
-            Op::Constant { .. } => "constant",
+            Op::Input { .. } => K::Input,
+            Op::Param { .. } => K::Param,
+            Op::Constant { .. } => K::Constant,
             Op::Binary(b) => match b {
-                BinaryOp::Add => "add",
-                BinaryOp::Sub => "sub",
-                BinaryOp::Mul => "mul",
-                BinaryOp::Div => "div",
-                BinaryOp::Max => "max",
-                BinaryOp::Min => "min",
-                BinaryOp::Pow => "pow",
+                BinaryOp::Add => K::Add,
+                BinaryOp::Sub => K::Sub,
+                BinaryOp::Mul => K::Mul,
+                BinaryOp::Div => K::Div,
+                BinaryOp::Max => K::Max,
+                BinaryOp::Min => K::Min,
+                BinaryOp::Pow => K::Pow,
             },
             Op::Compare(c) => match c {
-                CmpOp::Eq => "eq",
-                CmpOp::Ne => "ne",
-                CmpOp::Lt => "lt",
-                CmpOp::Le => "le",
-                CmpOp::Gt => "gt",
-                CmpOp::Ge => "ge",
+                CmpOp::Eq => K::Eq,
+                CmpOp::Ne => K::Ne,
+                CmpOp::Lt => K::Lt,
+                CmpOp::Le => K::Le,
+                CmpOp::Gt => K::Gt,
+                CmpOp::Ge => K::Ge,
             },
-            Op::Where => "where",
+            Op::Where => K::Where,
             Op::Activation(a) => match a {
-                Activation::Gelu => "gelu",
-                Activation::GeluApprox => "gelu_approx",
-                Activation::GeluApproxGrad => "gelu_approx_grad",
-                Activation::Silu => "silu",
-                Activation::Relu => "relu",
-                Activation::Sigmoid => "sigmoid",
-                Activation::Tanh => "tanh",
-                Activation::Exp => "exp",
-                Activation::Log => "log",
-                Activation::Sqrt => "sqrt",
-                Activation::Rsqrt => "rsqrt",
-                Activation::Neg => "neg",
-                Activation::Abs => "abs",
-                Activation::Sin => "sin",
-                Activation::Cos => "cos",
-                Activation::Tan => "tan",
-                Activation::Atan => "atan",
-                Activation::Round => "round",
-                Activation::Erf => "erf",
+                Activation::Gelu => K::Gelu,
+                Activation::GeluApprox => K::GeluApprox,
+                Activation::GeluApproxGrad => K::GeluApproxGrad,
+                Activation::Silu => K::Silu,
+                Activation::Relu => K::Relu,
+                Activation::Sigmoid => K::Sigmoid,
+                Activation::Tanh => K::Tanh,
+                Activation::Exp => K::Exp,
+                Activation::Log => K::Log,
+                Activation::Sqrt => K::Sqrt,
+                Activation::Rsqrt => K::Rsqrt,
+                Activation::Neg => K::Neg,
+                Activation::Abs => K::Abs,
+                Activation::Sin => K::Sin,
+                Activation::Cos => K::Cos,
+                Activation::Tan => K::Tan,
+                Activation::Atan => K::Atan,
+                Activation::Round => K::Round,
+                Activation::Erf => K::Erf,
             },
-            Op::Cast { .. } => "cast",
-            Op::MatMul => "matmul",
-            Op::DotGeneral(_) => "dot_general",
-            Op::Reduce { .. } => "reduce",
-            Op::Softmax { .. } => "softmax",
-            Op::LayerNorm { .. } => "layer_norm",
-            Op::RmsNorm { .. } => "rms_norm",
-            Op::Reshape { .. } => "reshape",
-            Op::Transpose { .. } => "transpose",
-            Op::Narrow { .. } => "narrow",
-            Op::Concat { .. } => "concat",
-            Op::Expand { .. } => "expand",
-            Op::Gather { .. } => "gather",
-            Op::ScatterAdd { .. } => "scatter_add",
-            Op::Cumsum { .. } => "cumsum",
-            Op::TopK { .. } => "topk",
-            Op::Attention { .. } => "attention",
-            Op::Rope { .. } => "rope",
-            Op::Conv(_) => "conv",
-            Op::Pool(_) => "pool",
-            Op::Custom(_) => "custom",
-            Op::DequantMatMul { .. } => "dequant_matmul",
-            Op::Dequantize { .. } => "dequantize",
-            Op::CacheWrite => "cache_write",
-            Op::CachedAttention { .. } => "cached_attention",
+            Op::Cast { .. } => K::Cast,
+            Op::MatMul => K::MatMul,
+            Op::DotGeneral(_) => K::DotGeneral,
+            Op::Reduce { .. } => K::Reduce,
+            Op::Softmax { .. } => K::Softmax,
+            Op::LayerNorm { .. } => K::LayerNorm,
+            Op::RmsNorm { .. } => K::RmsNorm,
+            Op::Reshape { .. } => K::Reshape,
+            Op::Transpose { .. } => K::Transpose,
+            Op::Narrow { .. } => K::Narrow,
+            Op::Concat { .. } => K::Concat,
+            Op::Expand { .. } => K::Expand,
+            Op::Gather { .. } => K::Gather,
+            Op::ScatterAdd { .. } => K::ScatterAdd,
+            Op::Cumsum { .. } => K::Cumsum,
+            Op::TopK { .. } => K::TopK,
+            Op::Attention { .. } => K::Attention,
+            Op::Rope { .. } => K::Rope,
+            Op::Conv(_) => K::Conv,
+            Op::Pool(_) => K::Pool,
+            Op::Custom(_) => K::Custom,
+            Op::DequantMatMul { .. } => K::DequantMatMul,
+            Op::Dequantize { .. } => K::Dequantize,
+            Op::CacheWrite => K::CacheWrite,
+            Op::CachedAttention { .. } => K::CachedAttention,
         }
+    }
+
+    /// Short lowercase name used in errors and the printer.
+    pub fn name(&self) -> &'static str {
+        self.kind().name()
     }
 
     /// Leaves have no operands and carry their shape themselves.

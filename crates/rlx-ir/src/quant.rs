@@ -111,4 +111,26 @@ impl QuantScheme {
             _ => None,
         }
     }
+
+    /// The ggml block type of a GGUF scheme (`None` for the others).
+    pub fn ggml_type(self) -> Option<rlx_gguf::GgmlType> {
+        use rlx_gguf::GgmlType as G;
+        use QuantScheme::*;
+        Some(match self {
+            GgufF16 => G::F16,
+            GgufBF16 => G::BF16,
+            GgufQ4_0 => G::Q4_0,
+            GgufQ4_1 => G::Q4_1,
+            GgufQ5_0 => G::Q5_0,
+            GgufQ5_1 => G::Q5_1,
+            GgufQ8_0 => G::Q8_0,
+            GgufQ2K => G::Q2_K,
+            GgufQ3K => G::Q3_K,
+            GgufQ4K => G::Q4_K,
+            GgufQ5K => G::Q5_K,
+            GgufQ6K => G::Q6_K,
+            GgufQ8K => G::Q8_K,
+            Int8Block { .. } | Int8BlockAsym { .. } | Int4Block { .. } | Fp8E4m3 | Fp8E5m2 => return None,
+        })
+    }
 }

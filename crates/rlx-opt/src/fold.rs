@@ -1,24 +1,19 @@
-//! Constant folding through an evaluator supplied by the runtime.
+//! Constant folding with the reference evaluator ([`rlx_ir::eval`]).
 
 use crate::{rewrite, Pass, Rewrite};
+use rlx_ir::eval::{evaluate, Tensor};
 use rlx_ir::{Graph, Op, Result};
+use std::collections::BTreeMap;
 
-/// Evaluates a small graph of constants. The runtime implements it with a real backend, so
-/// folding computes exactly what execution would.
-pub trait ConstEval {
-    /// Run `g` (whose leaves are all constants) and return each output's bytes.
-    fn eval(&self, g: &Graph) -> Result<Vec<Vec<u8>>>;
-}
-
-/// Replaces every node whose operands are all constants by a constant holding its value.
-pub struct ConstantFolding<'a> {
-    /// The evaluator.
-    pub eval: &'a dyn ConstEval,
+/// Replaces every node whose operands are all constants by a constant holding its value,
+/// computed by the reference evaluator (exactly, or in f64 rounded once to the node's dtype),
+/// so every backend folds to the same bytes.
+pub struct ConstantFolding {
     /// Largest result (in elements) worth folding; bigger ones stay as computations.
     pub max_elements: usize,
 }
 
-impl Pass for ConstantFolding<'_> {
+impl Pass for ConstantFolding {
     fn name(&self) -> &str {
         "const_fold"
     }
@@ -40,9 +35,12 @@ impl Pass for ConstantFolding<'_> {
             }
             let r = tiny.push_unchecked(op.clone(), args, shape.clone());
             tiny.set_outputs_unchecked(vec![r]);
-            let mut vals = self.eval.eval(&tiny)?;
-            let data = vals.pop().unwrap_or_default();
-            Ok(Rewrite::Replace(out.try_constant_bytes(shape.clone(), data)?))
+            let value: Tensor = match evaluate(&tiny, &BTreeMap::new()) {
+                Ok(mut v) => v.remove(0),
+                // Ops the evaluator cannot compute (c64) stay as computations.
+                Err(_) => return Ok(Rewrite::Keep),
+            };
+            Ok(Rewrite::Replace(out.try_constant_bytes(shape.clone(), value.to_bytes())?))
         })
     }
 }

@@ -17,7 +17,7 @@ pub mod simplify;
 pub mod vmap;
 
 pub use autodiff::{grad, grad_with_loss, hvp, jvp, nth_order_grad};
-pub use fold::{ConstEval, ConstantFolding};
+pub use fold::ConstantFolding;
 pub use memory::{plan_memory, BufferRequest, MemoryPlan};
 pub use passes::{Cse, DeadCodeElimination, Decompose};
 pub use pipeline::{CompilePipeline, CompileResult, Pass, PassRecord};

@@ -3,7 +3,7 @@
 use crate::CompiledGraph;
 use rlx_driver::{registered_backend, Backend, CompileOptions, Device};
 use rlx_ir::{Error, Graph, Result};
-use rlx_opt::{AlgebraicSimplify, CompilePipeline, ConstEval, ConstantFolding, Cse, DeadCodeElimination, Decompose, Pass};
+use rlx_opt::{AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose};
 use std::sync::Arc;
 
 /// Compiles graphs for one device.
@@ -23,26 +23,6 @@ pub(crate) fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
         #[cfg(feature = "cpu")]
         Device::Cpu => Ok(Arc::new(rlx_cpu::CpuBackend)),
         d => Err(Error::DeviceUnavailable { device: d.to_string(), hint: d.availability_hint() }),
-    }
-}
-
-/// Evaluates constant subgraphs on the session's backend, so folding matches execution.
-struct BackendEval(Arc<dyn Backend>);
-
-impl ConstEval for BackendEval {
-    fn eval(&self, g: &Graph) -> Result<Vec<Vec<u8>>> {
-        let b = self.0.clone();
-        let supports = |g: &Graph, id| b.supports(g, id);
-        let (g, _) = Decompose { backend: b.name(), supports: &supports }.run(g)?;
-        let mut exe = self.0.compile(&g, &CompileOptions { threads: Some(1), ..Default::default() })?;
-        exe.execute();
-        let mut outs = Vec::new();
-        for i in 0..exe.outputs().len() {
-            let mut buf = vec![0u8; exe.outputs()[i].shape.size_bytes().unwrap_or(0)];
-            exe.read_output(i, &mut buf);
-            outs.push(buf);
-        }
-        Ok(outs)
     }
 }
 
@@ -106,7 +86,6 @@ impl Session {
             )));
         }
         let backend = backend_for(self.device)?;
-        let eval = BackendEval(backend.clone());
         let b = backend.clone();
         let supports = move |g: &Graph, id| b.supports(g, id);
         let mut pipe = CompilePipeline::new();
@@ -114,7 +93,7 @@ impl Session {
             pipe = pipe
                 .with_pass(AlgebraicSimplify)
                 .with_pass(Cse)
-                .with_pass(ConstantFolding { eval: &eval, max_elements: 1 << 16 })
+                .with_pass(ConstantFolding { max_elements: 1 << 16 })
                 .with_pass(DeadCodeElimination);
         }
         pipe = pipe.with_pass(Decompose { backend: backend.name(), supports: &supports }).rounds(4);

@@ -36,7 +36,7 @@ pub use rlx_opt as opt;
 pub use rlx_runtime as runtime;
 
 pub use rlx_driver::Device;
-pub use rlx_ir::{DType, Dim, Error, Graph, Node, NodeId, Op, Result, Shape};
+pub use rlx_ir::{DType, Dim, Error, Graph, Node, NodeId, Op, OpKind, Result, Shape};
 pub use rlx_opt::{CompilePipeline, CompileResult, Pass, PassRecord};
 pub use rlx_runtime::{CompiledGraph, Session};
 
@@ -71,6 +71,6 @@ pub mod train;
 pub mod prelude {
     pub use crate::ops::*;
     pub use rlx_driver::Device;
-    pub use rlx_ir::{DType, Dim, Error, Graph, NodeId, Op, Result, Shape};
+    pub use rlx_ir::{DType, Dim, Error, Graph, NodeId, Op, OpKind, Result, Shape};
     pub use rlx_runtime::{CompiledGraph, Session};
 }

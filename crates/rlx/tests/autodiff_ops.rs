@@ -25,6 +25,10 @@ const NOT_DIFFERENTIABLE: &[(&str, &str)] = &[
     ("gt", "bool result"),
     ("ge", "bool result"),
     ("topk_indices", "integer result"),
+    ("dequantize", "inference-only: decodes packed integer weights"),
+    ("dequant_matmul", "inference-only: the weights are packed integers"),
+    ("cache_write", "inference-only: updates the KV cache in place"),
+    ("cached_attention", "inference-only: reads the KV cache"),
 ];
 
 /// A small deterministic generator (tests must not depend on a crate's RNG stream).
@@ -57,6 +61,9 @@ struct Built {
 /// and custom attention masks stay constants from the table. The loss is `sum(op(...) * w)`.
 fn build(case: &Value, rng: &mut Rng) -> Option<Built> {
     let op_name = case["op"].as_str().unwrap();
+    if NOT_DIFFERENTIABLE.iter().any(|(o, _)| *o == op_name) {
+        return None;
+    }
     let mut g = Graph::new(case["name"].as_str().unwrap());
     let mut args = Vec::new();
     let mut params = Vec::new();
@@ -223,7 +230,8 @@ fn decompositions_match_native_kernels() {
     let mut n = 0;
     for c in cases() {
         let op = op_of(c["op"].as_str().unwrap(), &c["attrs"]);
-        if rlx::ir::ops::has_ad_rules(&op) {
+        let excused = NOT_DIFFERENTIABLE.iter().any(|(o, _)| *o == c["op"].as_str().unwrap());
+        if rlx::ir::ops::has_ad_rules(&op) || excused {
             continue;
         }
         let mut g = Graph::new("native");

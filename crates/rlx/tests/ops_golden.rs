@@ -10,16 +10,30 @@ use rlx::prelude::*;
 use serde_json::Value;
 use std::collections::BTreeSet;
 
-/// Build, compile and run one case; `Err` describes a mismatch.
-fn run_case(case: &Value, optimize: bool) -> Result<(), String> {
+/// A case as a one-op graph with its feeds (name, bytes, dtype).
+struct Built {
+    g: Graph,
+    feeds: Vec<(String, Vec<u8>, DType)>,
+    /// Values of params (the cache a `cache_write` updates in place must be one).
+    params: Vec<(String, Vec<u8>, DType)>,
+}
+
+fn build(case: &Value) -> Result<Built, String> {
     let name = case["name"].as_str().expect("name");
     let mut g = Graph::new(name);
     let mut args = Vec::new();
     let mut feeds = Vec::new();
+    let mut params = Vec::new();
+    let op_name = case["op"].as_str().expect("op");
     for (i, inp) in case["inputs"].as_array().expect("inputs").iter().enumerate() {
         let dt = dtype(&inp["dtype"]);
         let dims = usizes(&inp["shape"]);
         let data: Vec<f64> = inp["data"].as_array().expect("data").iter().map(|v| v.as_f64().expect("number")).collect();
+        if op_name == "cache_write" && i == 0 {
+            args.push(g.param(&format!("in{i}"), Shape::new(&dims, dt)));
+            params.push((format!("in{i}"), encode(&data, dt), dt));
+            continue;
+        }
         let id = g.input(&format!("in{i}"), Shape::new(&dims, dt));
         let id = match inp.get("perm") {
             Some(p) => g.transpose(id, &usizes(p)),
@@ -28,33 +42,68 @@ fn run_case(case: &Value, optimize: bool) -> Result<(), String> {
         args.push(id);
         feeds.push((format!("in{i}"), encode(&data, dt), dt));
     }
-    let op = op_of(case["op"].as_str().expect("op"), &case["attrs"]);
+    let op = op_of(op_name, &case["attrs"]);
     let out = g.try_op(op, &args).map_err(|e| format!("building: {e}"))?;
     g.set_outputs(vec![out]);
     let want = &case["expected"];
-    let want_dt = dtype(&want["dtype"]);
-    let want_dims = usizes(&want["shape"]);
+    let (want_dt, want_dims) = (dtype(&want["dtype"]), usizes(&want["shape"]));
     if *g.shape(out) != Shape::new(&want_dims, want_dt) {
         return Err(format!("shape {} but reference is {want_dt}{want_dims:?}", g.shape(out)));
     }
-    let session = if optimize { Session::new(Device::Cpu) } else { Session::new(Device::Cpu).without_optimizations() };
-    let mut c = session.try_compile(g).map_err(|e| format!("compiling: {e}"))?;
-    let feeds_ref: Vec<(&str, &[u8], DType)> = feeds.iter().map(|(n, b, d)| (n.as_str(), b.as_slice(), *d)).collect();
-    let outs = c.try_run_typed(&feeds_ref).map_err(|e| format!("running: {e}"))?;
-    let got = decode(&outs[0].0, outs[0].1);
+    Ok(Built { g, feeds, params })
+}
+
+/// The case's expected values, rounded back to the result dtype (the file holds the shortest
+/// decimal of each value in its dtype).
+fn expected(case: &Value) -> Vec<f64> {
+    let want = &case["expected"];
+    let dt = dtype(&want["dtype"]);
     let exp: Vec<f64> = want["data"].as_array().expect("data").iter().map(|v| v.as_f64().expect("number")).collect();
-    // The file holds the shortest decimal of each value in its dtype; round it back to that dtype.
-    let exp = decode(&encode(&exp, want_dt), want_dt);
+    decode(&encode(&exp, dt), dt)
+}
+
+/// Compare `got` with `want` within the case's tolerance.
+fn compare(case: &Value, got: &[f64], want: &[f64], what: &str) -> Result<(), String> {
     let (rtol, atol) = (case["rtol"].as_f64().unwrap_or(0.0), case["atol"].as_f64().unwrap_or(0.0));
-    if got.len() != exp.len() {
-        return Err(format!("{} values, reference has {}", got.len(), exp.len()));
+    if got.len() != want.len() {
+        return Err(format!("{} values, {what} has {}", got.len(), want.len()));
     }
-    for (i, (g, e)) in got.iter().zip(&exp).enumerate() {
-        if (g - e).abs() > atol + rtol * e.abs() || g.is_nan() {
-            return Err(format!("element {i}: got {g}, reference {e} (rtol {rtol}, atol {atol})"));
+    for (i, (g, e)) in got.iter().zip(want).enumerate() {
+        if (g - e).abs() > atol + rtol * e.abs() || g.is_nan() != e.is_nan() {
+            return Err(format!("element {i}: got {g}, {what} {e} (rtol {rtol}, atol {atol})"));
         }
     }
     Ok(())
+}
+
+/// Run a built case on the CPU backend.
+fn run_cpu(b: &Built, optimize: bool) -> Result<Vec<f64>, String> {
+    let session = if optimize { Session::new(Device::Cpu) } else { Session::new(Device::Cpu).without_optimizations() };
+    let mut c = session.try_compile(b.g.clone()).map_err(|e| format!("compiling: {e}"))?;
+    for (name, bytes, dt) in &b.params {
+        c.try_set_param_typed(name, bytes, *dt).map_err(|e| format!("setting {name}: {e}"))?;
+    }
+    let feeds_ref: Vec<(&str, &[u8], DType)> = b.feeds.iter().map(|(n, b, d)| (n.as_str(), b.as_slice(), *d)).collect();
+    let outs = c.try_run_typed(&feeds_ref).map_err(|e| format!("running: {e}"))?;
+    Ok(decode(&outs[0].0, outs[0].1))
+}
+
+/// Run a built case on the reference evaluator.
+fn run_reference(b: &Built) -> Result<Vec<f64>, String> {
+    let mut leaves = std::collections::BTreeMap::new();
+    for (name, bytes, dt) in b.feeds.iter().chain(&b.params) {
+        let dims = b.g.nodes().iter().find(|n| matches!(&n.op, Op::Input { name: m } | Op::Param { name: m } if m == name)).expect("a leaf").shape.dims().to_vec();
+        let shape = Shape::with_dims(dims, *dt);
+        leaves.insert(name.clone(), rlx::ir::eval::Tensor::from_bytes(&shape, bytes).map_err(|e| e.to_string())?);
+    }
+    let out = rlx::ir::eval::evaluate(&b.g, &leaves).map_err(|e| format!("evaluating: {e}"))?;
+    Ok(decode(&out[0].to_bytes(), out[0].dtype()))
+}
+
+/// Build, compile and run one case on the CPU; `Err` describes a mismatch with the golden.
+fn run_case(case: &Value, optimize: bool) -> Result<(), String> {
+    let b = build(case)?;
+    compare(case, &run_cpu(&b, optimize)?, &expected(case), "reference")
 }
 
 /// Every case, at every instruction-set level the CPU can run (AVX-512, AVX2, portable), so
@@ -80,16 +129,44 @@ fn every_case_matches_without_optimizations() {
     check_all(false);
 }
 
-/// Every op of the IR appears in the table (a new op needs its row).
+/// The reference evaluator meets the numpy/JAX goldens on every case, so it can be the oracle
+/// of backend tests.
+#[test]
+fn the_reference_evaluator_matches_every_case() {
+    let cases = cases();
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|c| build(c).and_then(|b| compare(c, &run_reference(&b)?, &expected(c), "golden")).err().map(|e| format!("{}: {e}", c["name"].as_str().unwrap_or("?"))))
+        .collect();
+    assert!(failures.is_empty(), "{} of {} cases fail on the reference evaluator:\n{}", failures.len(), cases.len(), failures.join("\n"));
+}
+
+/// The backend test (ggml `test-backend-ops`): every case on the CPU backend, optimized, against
+/// the reference evaluator, at every instruction-set level.
+#[test]
+fn the_cpu_backend_matches_the_reference_evaluator() {
+    let cases = cases();
+    rlx_cpu::isa::for_each_level(|level| {
+        let failures: Vec<String> = cases
+            .iter()
+            .filter_map(|c| {
+                build(c)
+                    .and_then(|b| compare(c, &run_cpu(&b, true)?, &run_reference(&b)?, "reference evaluator"))
+                    .err()
+                    .map(|e| format!("{}: {e}", c["name"].as_str().unwrap_or("?")))
+            })
+            .collect();
+        assert!(failures.is_empty(), "{} of {} cases differ at level {level}:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    });
+}
+
+/// Every op kind of the IR has golden cases (a new op needs its rows). The list comes from
+/// [`OpKind::ALL`], so it cannot drift from the IR; only the leaves are exempt, and every case
+/// has them.
 #[test]
 fn the_table_covers_every_op() {
-    let covered: BTreeSet<String> = cases().iter().map(|c| op_of(c["op"].as_str().unwrap(), &c["attrs"]).name().to_string()).collect();
-    let ops = [
-        "add", "sub", "mul", "div", "max", "min", "pow", "eq", "ne", "lt", "le", "gt", "ge", "where", "gelu", "gelu_approx", "silu",
-        "relu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "neg", "abs", "sin", "cos", "tan", "atan", "round", "erf", "cast",
-        "matmul", "dot_general", "reduce", "softmax", "layer_norm", "rms_norm", "reshape", "transpose", "narrow", "concat",
-        "expand", "gather", "scatter_add", "cumsum", "topk", "attention", "rope", "conv", "pool",
-    ];
-    let missing: Vec<&str> = ops.iter().copied().filter(|o| !covered.contains(*o)).collect();
+    let covered: BTreeSet<OpKind> = cases().iter().map(|c| op_of(c["op"].as_str().unwrap(), &c["attrs"]).kind()).collect();
+    let leaves = [OpKind::Input, OpKind::Param, OpKind::Constant];
+    let missing: Vec<&str> = OpKind::ALL.iter().filter(|k| !leaves.contains(k) && !covered.contains(k)).map(|k| k.name()).collect();
     assert!(missing.is_empty(), "ops without golden cases: {missing:?}");
 }

@@ -99,23 +99,7 @@ pub fn profile_name(scheme: QuantScheme) -> &'static str {
 
 /// The ggml type of a GGUF scheme.
 pub fn ggml_type(s: QuantScheme) -> Option<GgmlType> {
-    use QuantScheme::*;
-    Some(match s {
-        GgufF16 => GgmlType::F16,
-        GgufBF16 => GgmlType::BF16,
-        GgufQ4_0 => GgmlType::Q4_0,
-        GgufQ4_1 => GgmlType::Q4_1,
-        GgufQ5_0 => GgmlType::Q5_0,
-        GgufQ5_1 => GgmlType::Q5_1,
-        GgufQ8_0 => GgmlType::Q8_0,
-        GgufQ2K => GgmlType::Q2_K,
-        GgufQ3K => GgmlType::Q3_K,
-        GgufQ4K => GgmlType::Q4_K,
-        GgufQ5K => GgmlType::Q5_K,
-        GgufQ6K => GgmlType::Q6_K,
-        GgufQ8K => GgmlType::Q8_K,
-        _ => return None,
-    })
+    s.ggml_type()
 }
 
 #[inline(always)]
@@ -396,8 +380,10 @@ unsafe fn dot_avx2(q: &[i8], ls: &[f32], qx: &[i8], la: &[f32]) -> f32 {
     for b in 0..q.len() / ABLK {
         let w = _mm256_loadu_si256(q.as_ptr().add(b * ABLK) as *const __m256i);
         let a = _mm256_loadu_si256(qx.as_ptr().add(b * ABLK) as *const __m256i);
-        // |a| * (w * sign(a)) pairs: u8 x i8 products summed in i16 (|a| <= 127, |w| <= 127).
-        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(a, a), _mm256_sign_epi8(w, a));
+        // |w| * (a * sign(w)) pairs: u8 x i8 products summed in i16. The weight takes the
+        // absolute value (a -128 quant becomes 128 as u8) and the activation the sign (|a| <= 127,
+        // so negating it never overflows), as llama.cpp orders them.
+        let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
         let p32 = _mm256_madd_epi16(p16, ones);
         let scale = _mm256_mul_ps(_mm256_loadu_ps(ls.as_ptr().add(8 * b)), _mm256_loadu_ps(la.as_ptr().add(8 * b)));
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), scale, acc);
@@ -592,7 +578,6 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8>(rows: *const u8, rb: usize, n: u
         let dx = *la.get_unchecked(8 * b);
         let sx = *xs.get_unchecked(2 * b) + *xs.get_unchecked(2 * b + 1);
         let a = _mm256_loadu_si256(qx.as_ptr().add(b * 32) as *const __m256i);
-        let abs_a = _mm256_sign_epi8(a, a);
         // 8 or 16 times the activation's sum per 4-byte lane (zero for the other formats).
         let a_off = match F {
             0 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), a), 3),
@@ -610,7 +595,8 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8>(rows: *const u8, rb: usize, n: u
             let d = _mm_cvtss_f32(dm);
             let p32 = if F == 4 {
                 let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                dot(abs_a, _mm256_sign_epi8(w, a))
+                // |w| and a * sign(w): a -128 weight is 128 as u8 (see `dot_avx2`).
+                dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
             } else {
                 let mut q = rlx_gguf::simd::nibbles32(blk.add([2, 4, 6, 8][F as usize]));
                 if F == 2 || F == 3 {
@@ -786,12 +772,20 @@ fn dequantize_rows(ty: GgmlType, w: TRef, out: TRef, rows: usize, row_bytes: usi
     kernel(move |pool: &Pool| {
         let axis = w.layout.rank() - 1;
         let strided = !w.layout.is_contiguous();
+        // A row whose bytes are not adjacent (a batch axis moved last by vmap) is gathered first.
+        let step = w.layout.strides().last().copied().unwrap_or(1);
         super::par_ranges(pool, rows, 64, |range| {
             // SAFETY: rows lie inside the buffers; each output row is written by one task.
             unsafe {
                 let op = out.base::<f32>();
                 let emit = |i: usize, r: usize| {
-                    let src = std::slice::from_raw_parts(w.base::<u8>().add(i) as *const u8, row_bytes);
+                    let gathered: Vec<u8>;
+                    let src = if step == 1 {
+                        std::slice::from_raw_parts(w.base::<u8>().add(i) as *const u8, row_bytes)
+                    } else {
+                        gathered = (0..row_bytes).map(|j| *w.base::<u8>().add(i + j * step)).collect();
+                        &gathered
+                    };
                     let dst = std::slice::from_raw_parts_mut(op.add(out.layout.offset + r * k), k);
                     rlx_gguf::dequantize_with(ty, src, dst, crate::isa::avx2()).expect("sizes checked");
                 };
@@ -927,9 +921,6 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let row_bytes = *info.ins[0].dims().last().unwrap_or(&0);
             let k = *info.dims.last().unwrap_or(&0);
             let rows = info.ins[0].numel() / row_bytes.max(1);
-            if info.ins[0].strides().last() != Some(&1) {
-                return Err(info.unsupported("packed rows must be contiguous along the last axis"));
-            }
             Ok(super::compute(move |ins, out| dequantize_rows(ty, ins[0], out, rows, row_bytes, k)))
         }
         _ => unreachable!("dispatched by op"),

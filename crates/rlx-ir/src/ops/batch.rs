@@ -55,7 +55,29 @@ pub fn batch_supported(op: &Op, batched: &[bool]) -> bool {
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => !batched[1..].iter().any(|&b| b),
         Op::Conv(_) => !batched[1],
         Op::Rope { .. } => !batched[1],
-        _ => true,
+        Op::Input { .. }
+        | Op::Param { .. }
+        | Op::Constant { .. }
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Where
+        | Op::Activation(_)
+        | Op::Cast { .. }
+        | Op::MatMul
+        | Op::Reduce { .. }
+        | Op::Softmax { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Concat { .. }
+        | Op::Expand { .. }
+        | Op::Gather { .. }
+        | Op::ScatterAdd { .. }
+        | Op::Cumsum { .. }
+        | Op::TopK { .. }
+        | Op::Attention { .. }
+        | Op::Pool(_)
+        | Op::Dequantize { .. } => true,
     }
 }
 
@@ -179,9 +201,13 @@ pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size
             args.extend_from_slice(&ins[1..]);
             g.try_op(op.clone(), &args)?
         }
-        Op::Dequantize { .. } => return Ok((g.try_op(op.clone(), ins)?, bds[0])),
+        // Packed bytes are the last axis: the batch axis moves to the front, out of the rows.
+        Op::Dequantize { .. } => {
+            let x = front(g, 0)?;
+            g.try_op(op.clone(), &[x])?
+        }
         Op::DotGeneral(_) | Op::Custom(_) | Op::CacheWrite | Op::CachedAttention { .. } => {
-            unreachable!("rejected by batch_supported")
+            return Err(Error::op(op.name(), "has no batching rule; vmap batches its decomposition"));
         }
     };
     Ok((y, Some(0)))

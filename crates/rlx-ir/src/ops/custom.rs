@@ -92,3 +92,8 @@ pub(super) fn jvp(g: &mut Graph, f: &CustomFn, ins: &[NodeId], t: &[Option<NodeI
     }
     Ok(Some(inline(g, rule, &bind)?[0]))
 }
+
+/// Cost of a custom function: the sum of its body's nodes.
+pub(super) fn cost(f: &CustomFn) -> super::Cost {
+    super::graph_cost(&f.body)
+}

@@ -254,7 +254,7 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeI
                 Ok(vec![None])
             }
         }
-        _ => unreachable!("not an elementwise op"),
+        other => Err(Error::op(other.name(), "is not an elementwise op")),
     }
 }
 
@@ -351,7 +351,159 @@ pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, t: &[Opti
             Some(tx) if differentiable(*to) => Some(g.try_cast(tx, *to)?),
             _ => None,
         },
-        _ => unreachable!("not an elementwise op"),
+        other => return Err(Error::op(other.name(), "is not an elementwise op")),
     };
     r.map(|x| fit(g, x, &od)).transpose()
+}
+
+// ---------------------------------------------------------------- reference evaluation
+
+use super::static_dims;
+use crate::eval::{Data, Tensor};
+
+/// `f(x)` of a float activation, in f64.
+fn activate(a: Activation, x: f64) -> f64 {
+    const K0: f64 = 0.797_884_560_802_865_4; // sqrt(2 / pi)
+    const K1: f64 = 0.044715;
+    match a {
+        Activation::Gelu => 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
+        Activation::GeluApprox => 0.5 * x * (1.0 + (K0 * (x + K1 * x * x * x)).tanh()),
+        Activation::GeluApproxGrad => {
+            let t = (K0 * (x + K1 * x * x * x)).tanh();
+            0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * K0 * (1.0 + 3.0 * K1 * x * x)
+        }
+        Activation::Silu => x / (1.0 + (-x).exp()),
+        Activation::Relu => x.max(0.0),
+        Activation::Sigmoid => 1.0 / (1.0 + (-x).exp()),
+        Activation::Tanh => x.tanh(),
+        Activation::Exp => x.exp(),
+        Activation::Log => x.ln(),
+        Activation::Sqrt => x.sqrt(),
+        Activation::Rsqrt => 1.0 / x.sqrt(),
+        Activation::Neg => -x,
+        Activation::Abs => x.abs(),
+        Activation::Sin => x.sin(),
+        Activation::Cos => x.cos(),
+        Activation::Tan => x.tan(),
+        Activation::Atan => x.atan(),
+        Activation::Round => x.round_ties_even(),
+        Activation::Erf => libm::erf(x),
+    }
+}
+
+/// `max`/`min` where NaN wins, as the backends compute them.
+fn max_nan(a: f64, b: f64) -> f64 {
+    if a >= b || a.is_nan() {
+        a
+    } else {
+        b
+    }
+}
+
+fn min_nan(a: f64, b: f64) -> f64 {
+    if a <= b || a.is_nan() {
+        a
+    } else {
+        b
+    }
+}
+
+fn binary_float(b: BinaryOp, x: f64, y: f64) -> f64 {
+    match b {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div => x / y,
+        BinaryOp::Max => max_nan(x, y),
+        BinaryOp::Min => min_nan(x, y),
+        BinaryOp::Pow => x.powf(y),
+    }
+}
+
+/// Integer arithmetic before wrapping to the dtype (`x / 0` is all bits set, i.e. -1).
+fn binary_int(b: BinaryOp, x: i128, y: i128) -> i128 {
+    match b {
+        BinaryOp::Add => x + y,
+        BinaryOp::Sub => x - y,
+        BinaryOp::Mul => x * y,
+        BinaryOp::Div if y == 0 => -1,
+        BinaryOp::Div => x / y,
+        BinaryOp::Max => x.max(y),
+        BinaryOp::Min => x.min(y),
+        // Rejected by shape inference (floats only); zero keeps the evaluator total.
+        BinaryOp::Pow => 0,
+    }
+}
+
+fn holds<T: PartialOrd>(c: CmpOp, x: T, y: T) -> bool {
+    match c {
+        CmpOp::Eq => x == y,
+        CmpOp::Ne => x != y,
+        CmpOp::Lt => x < y,
+        CmpOp::Le => x <= y,
+        CmpOp::Gt => x > y,
+        CmpOp::Ge => x >= y,
+    }
+}
+
+/// Reference evaluation of Binary, Compare, Where, Activation and Cast.
+pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+    let od = static_dims(op.name(), "result", out)?;
+    let dt = out.dtype();
+    let bc: Vec<Tensor> = ins.iter().map(|t| if matches!(op, Op::Activation(_) | Op::Cast { .. }) { (*t).clone() } else { t.broadcast_to(&od) }).collect();
+    Ok(match op {
+        Op::Binary(b) => match (bc[0].data(), bc[1].data()) {
+            (Data::Float(x), Data::Float(y)) => Tensor::from_f64(&od, dt, x.iter().zip(y).map(|(&x, &y)| binary_float(*b, x, y)).collect()),
+            (Data::Int(x), Data::Int(y)) => {
+                Tensor::from_i128(&od, dt, x.iter().zip(y).map(|(&x, &y)| binary_int(*b, x as i128, y as i128)).collect())
+            }
+            _ => return Err(Error::op(op.name(), "operands of one dtype hold different element kinds")),
+        },
+        Op::Compare(c) => {
+            let v: Vec<i64> = match (bc[0].data(), bc[1].data()) {
+                (Data::Float(x), Data::Float(y)) => x.iter().zip(y).map(|(&x, &y)| holds(*c, x, y) as i64).collect(),
+                (Data::Int(x), Data::Int(y)) => x.iter().zip(y).map(|(&x, &y)| holds(*c, x, y) as i64).collect(),
+                _ => return Err(Error::op(op.name(), "operands of one dtype hold different element kinds")),
+            };
+            Tensor::from_i64(&od, DType::Bool, v)
+        }
+        Op::Where => {
+            let cond = bc[0].i64s();
+            let src: Vec<usize> = (0..cond.len()).map(|i| if cond[i] != 0 { i } else { cond.len() + i }).collect();
+            let both = match (bc[1].data(), bc[2].data()) {
+                (Data::Float(a), Data::Float(b)) => Tensor::from_f64(&[2 * cond.len()], dt, [a.as_slice(), b].concat()),
+                (Data::Int(a), Data::Int(b)) => Tensor::from_i64(&[2 * cond.len()], dt, [a.as_slice(), b].concat()),
+                _ => return Err(Error::op(op.name(), "operands of one dtype hold different element kinds")),
+            };
+            both.pick(&od, &src)
+        }
+        Op::Activation(a) => match bc[0].data() {
+            Data::Float(x) => Tensor::from_f64(&od, dt, x.iter().map(|&x| activate(*a, x)).collect()),
+            Data::Int(x) => {
+                let f = |v: i64| -> i128 {
+                    match a {
+                        Activation::Neg => -(v as i128),
+                        Activation::Abs => (v as i128).abs(),
+                        _ => (v as i128).max(0),
+                    }
+                };
+                Tensor::from_i128(&od, dt, x.iter().map(|&v| f(v)).collect())
+            }
+        },
+        Op::Cast { .. } => match bc[0].data() {
+            Data::Float(x) => Tensor::from_f64(&od, dt, x.clone()),
+            Data::Int(x) => Tensor::from_i64(&od, dt, x.clone()),
+        },
+        other => return Err(Error::op(other.name(), "is not an elementwise op")),
+    })
+}
+
+/// Cost of an elementwise op: one operation per result element (a transcendental function
+/// counts as ten), each operand read once and the result written once.
+pub(super) fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> super::Cost {
+    let per = match op {
+        Op::Activation(a) if !matches!(a, Activation::Relu | Activation::Neg | Activation::Abs | Activation::Round) => 10,
+        _ => 1,
+    };
+    super::Cost::streaming(ins, out, per)
 }

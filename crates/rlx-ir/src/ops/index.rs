@@ -62,7 +62,7 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], ct: NodeId) -> Result<
             vec![Some(g.try_scatter_add(z, flat, upd, *axis)?), None]
         }
         Op::ScatterAdd { axis } => vec![Some(ct), None, Some(g.try_gather(ct, ins[1], *axis)?)],
-        _ => unreachable!("not an indexing op"),
+        other => return Err(Error::op(other.name(), "is not an indexing op")),
     })
 }
 
@@ -89,6 +89,83 @@ pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], t: &[Option<NodeId>]) 
             };
             Some(g.try_scatter_add(tx, ins[1], tu, *axis)?)
         }
-        _ => unreachable!("not an indexing op"),
+        other => return Err(Error::op(other.name(), "is not an indexing op")),
     })
+}
+
+// ---------------------------------------------------------------- reference evaluation
+
+use super::static_dims;
+use crate::eval::{strides, unravel, Data, Tensor};
+
+/// Reference Gather (out-of-range indices clamp into the axis) and ScatterAdd (out-of-range
+/// updates are dropped), JAX's defaults.
+pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+    let od = static_dims(op.name(), "result", out)?;
+    let (x, idx) = (ins[0], ins[1].i64s());
+    let xd = x.dims();
+    let xs = strides(xd);
+    Ok(match op {
+        Op::Gather { axis } => {
+            let ir = ins[1].dims().len();
+            let n: usize = od.iter().product();
+            let is = strides(ins[1].dims());
+            if n > 0 && xd[*axis] == 0 {
+                return Err(Error::op("gather", format!("indexes an empty axis {axis} of {}", x.shape())));
+            }
+            let src: Vec<usize> = (0..n)
+                .map(|i| {
+                    let o = unravel(i, &od);
+                    let k: usize = o[*axis..*axis + ir].iter().zip(&is).map(|(a, b)| a * b).sum();
+                    let row = idx[k].min(xd[*axis] as i64 - 1).max(0) as usize;
+                    let mut at: usize = o[..*axis].iter().zip(&xs).map(|(a, b)| a * b).sum();
+                    at += row * xs[*axis];
+                    at + o[*axis + ir..].iter().zip(&xs[*axis + 1..]).map(|(a, b)| a * b).sum::<usize>()
+                })
+                .collect();
+            x.pick(&od, &src)
+        }
+        Op::ScatterAdd { axis } => {
+            let upd = ins[2];
+            let mut acc = x.clone();
+            let m = upd.numel();
+            let mut targets = Vec::with_capacity(m);
+            for i in 0..m {
+                let mut u = unravel(i, upd.dims());
+                let row = idx[u[*axis]];
+                if row < 0 || row as usize >= xd[*axis] {
+                    continue;
+                }
+                u[*axis] = row as usize;
+                targets.push((i, u.iter().zip(&xs).map(|(a, b)| a * b).sum::<usize>()));
+            }
+            match (acc.data(), upd.data()) {
+                (Data::Float(base), Data::Float(uv)) => {
+                    let mut v = base.clone();
+                    for (i, t) in targets {
+                        v[t] += uv[i];
+                    }
+                    acc = Tensor::from_f64(&od, x.dtype(), v);
+                }
+                (Data::Int(base), Data::Int(uv)) => {
+                    let mut v: Vec<i128> = base.iter().map(|&b| b as i128).collect();
+                    for (i, t) in targets {
+                        v[t] = crate::eval::wrap_int(x.dtype(), v[t] + uv[i] as i128) as i128;
+                    }
+                    acc = Tensor::from_i128(&od, x.dtype(), v);
+                }
+                _ => return Err(Error::op("scatter_add", "operands of one dtype hold different element kinds")),
+            }
+            acc
+        }
+        other => return Err(Error::op(other.name(), "is not an indexing op")),
+    })
+}
+
+/// Cost of Gather (reads what it writes, plus the indices) and ScatterAdd (an add per update).
+pub(super) fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> super::Cost {
+    match op {
+        Op::ScatterAdd { .. } => super::Cost::streaming(ins, out, 0).with_flops(super::numel(ins[2])),
+        _ => super::Cost { flops: 0, bytes: 2 * super::bytes(out) + super::bytes(ins[1]) },
+    }
 }

@@ -57,3 +57,63 @@ pub(super) fn cached_attention(window: Option<usize>, ins: &[&Shape]) -> Result<
     }
     Ok(Shape::new(&[qd[0], qd[1], vd[2]], q.dtype()))
 }
+
+// ---------------------------------------------------------------- reference evaluation
+
+use crate::eval::{strides, Tensor};
+
+/// Reference CacheWrite (rows past the cache are dropped; a negative position counts as 0).
+pub(super) fn eval_cache_write(ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+    let (cache, upd) = (ins[0], ins[1]);
+    let pos = ins[2].i64s()[0].max(0) as usize;
+    let row = strides(cache.dims()).first().copied().unwrap_or(1);
+    let mut v = cache.f64s();
+    let u = upd.f64s();
+    for r in 0..upd.dims()[0] {
+        if pos + r < cache.dims()[0] {
+            v[(pos + r) * row..(pos + r + 1) * row].copy_from_slice(&u[r * row..(r + 1) * row]);
+        }
+    }
+    Ok(Tensor::from_f64(cache.dims(), out.dtype(), v))
+}
+
+/// Reference CachedAttention in f64: query `i` at position `pos + i` over keys `j <= pos + i`
+/// (clamped to the cache) and inside the window, if any.
+pub(super) fn eval_cached_attention(ins: &[&Tensor], out: &Shape, scale: f32, window: Option<usize>) -> Result<Tensor> {
+    let (q, k, v) = (ins[0].f64s(), ins[1].f64s(), ins[2].f64s());
+    let pos = ins[3].i64s()[0].max(0) as usize;
+    let (qd, kd, vd) = (ins[0].dims(), ins[1].dims(), ins[2].dims());
+    let (s, hq, d, t, hkv, dv) = (qd[0], qd[1], qd[2], kd[0], kd[1], vd[2]);
+    let group = hq / hkv;
+    let mut o = vec![0.0; s * hq * dv];
+    for i in 0..s {
+        let last = (pos + i).min(t - 1);
+        let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
+        for h in 0..hq {
+            let kh = h / group;
+            let qv = &q[(i * hq + h) * d..(i * hq + h + 1) * d];
+            let scores: Vec<f64> =
+                (first..=last).map(|j| scale as f64 * (0..d).map(|c| qv[c] * k[(j * hkv + kh) * d + c]).sum::<f64>()).collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for c in 0..dv {
+                o[(i * hq + h) * dv + c] = (first..=last).zip(&e).map(|(j, w)| w * v[(j * hkv + kh) * dv + c]).sum::<f64>() / z;
+            }
+        }
+    }
+    Ok(Tensor::from_f64(&[s, hq, dv], out.dtype(), o))
+}
+
+/// Cost of CacheWrite (copies the update's rows; the cache is updated in place) and
+/// CachedAttention (scores against every cache row at worst).
+pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
+    match op {
+        crate::Op::CacheWrite => super::Cost { flops: 0, bytes: 2 * super::bytes(ins[1]) },
+        _ => {
+            let d = |s: &Shape, i: usize| s.dims().get(i).and_then(|d| d.as_static()).unwrap_or(0) as u64;
+            let (s, hq, dk, t, dv) = (d(ins[0], 0), d(ins[0], 1), d(ins[0], 2), d(ins[1], 0), d(ins[2], 2));
+            super::Cost::streaming(ins, out, 0).with_flops(s * hq * t * (2 * dk + 2 * dv + 5))
+        }
+    }
+}

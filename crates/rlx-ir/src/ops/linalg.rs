@@ -142,3 +142,52 @@ pub(super) fn jvp_matmul(g: &mut Graph, ins: &[NodeId], out: NodeId, t: &[Option
     let od = super::ad::dims(g, out);
     add_opt(g, x, y)?.map(|r| fit(g, r, &od)).transpose()
 }
+
+// ---------------------------------------------------------------- reference evaluation
+
+use crate::eval::{broadcast_map, Data, Tensor};
+
+/// Reference MatMul: batch axes broadcast, each dot product summed exactly (f64 for floats,
+/// i128 for integers) and rounded once.
+pub(super) fn eval_matmul(ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+    let od = static_dims("matmul", "result", out)?;
+    let (a, b) = (ins[0], ins[1]);
+    let (ad, bd) = (a.dims(), b.dims());
+    let (m, k, n) = (ad[ad.len() - 2], ad[ad.len() - 1], bd[bd.len() - 1]);
+    let batch = &od[..od.len() - 2];
+    // The first element of each broadcast batch matrix of a and b.
+    let amap = broadcast_map(&ad[..ad.len() - 2], batch);
+    let bmap = broadcast_map(&bd[..bd.len() - 2], batch);
+    let nb = amap.len();
+    let mut idx = Vec::with_capacity(nb * m * n);
+    for t in 0..nb {
+        for i in 0..m {
+            for j in 0..n {
+                idx.push((amap[t] * m * k + i * k, bmap[t] * k * n + j));
+            }
+        }
+    }
+    Ok(match (a.data(), b.data()) {
+        (Data::Float(x), Data::Float(y)) => {
+            Tensor::from_f64(&od, out.dtype(), idx.iter().map(|&(ai, bj)| (0..k).map(|p| x[ai + p] * y[bj + p * n]).sum()).collect())
+        }
+        (Data::Int(x), Data::Int(y)) => Tensor::from_i128(
+            &od,
+            out.dtype(),
+            idx.iter().map(|&(ai, bj)| (0..k).map(|p| x[ai + p] as i128 * y[bj + p * n] as i128).sum()).collect(),
+        ),
+        _ => return Err(Error::op("matmul", "operands of one dtype hold different element kinds")),
+    })
+}
+
+/// Cost of MatMul: `2 m n k` per batch matrix.
+pub(super) fn cost_matmul(ins: &[&Shape], out: &Shape) -> super::Cost {
+    let k = ins[0].dims().last().and_then(|d| d.as_static()).unwrap_or(0) as u64;
+    super::Cost::streaming(ins, out, 0).with_flops(2 * super::numel(out) * k)
+}
+
+/// Cost of DotGeneral: `2` times the result size times the contracted size.
+pub(super) fn cost_dot_general(d: &DotDims, ins: &[&Shape], out: &Shape) -> super::Cost {
+    let k: u64 = d.lhs_contract.iter().map(|&a| ins[0].dims().get(a).and_then(|d| d.as_static()).unwrap_or(0) as u64).product();
+    super::Cost::streaming(ins, out, 0).with_flops(2 * super::numel(out) * k)
+}

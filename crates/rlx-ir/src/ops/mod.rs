@@ -83,6 +83,114 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
     }
 }
 
+/// Evaluate `op` on host values `ins` (the reference evaluator's rule; see [`crate::eval`]).
+/// `out` is the result shape shape inference gave. Composites without a rule of their own are
+/// evaluated through their decomposition.
+pub fn eval(op: &Op, ins: &[&crate::eval::Tensor], out: &Shape) -> Result<crate::eval::Tensor> {
+    use crate::eval::through_decomposition as decomposed;
+    match op {
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => {
+            Err(Error::op(op.name(), "leaves are given to the evaluator, not computed"))
+        }
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => elementwise::eval(op, ins, out),
+        Op::MatMul => linalg::eval_matmul(ins, out),
+        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => reduce::eval(op, ins, out),
+        Op::LayerNorm { eps } => nn::eval_norm(ins, out, *eps, false),
+        Op::RmsNorm { eps } => nn::eval_norm(ins, out, *eps, true),
+        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => {
+            movement::eval(op, ins, out)
+        }
+        Op::Gather { .. } | Op::ScatterAdd { .. } => index::eval(op, ins, out),
+        Op::DequantMatMul { scheme } if scheme.is_gguf() => quant::eval_dequant_matmul(*scheme, ins, out),
+        Op::Dequantize { scheme } => quant::eval_dequantize(*scheme, ins, out),
+        Op::CacheWrite => kv::eval_cache_write(ins, out),
+        Op::CachedAttention { scale, window } => kv::eval_cached_attention(ins, out, *scale, *window),
+        Op::DotGeneral(_)
+        | Op::Attention { .. }
+        | Op::Rope { .. }
+        | Op::Conv(_)
+        | Op::Pool(_)
+        | Op::Custom(_)
+        | Op::DequantMatMul { .. } => decomposed(op, ins),
+    }
+}
+
+/// An op's estimated work: arithmetic operations and bytes moved to and from memory (each
+/// operand read once, the result written once, unless the op says otherwise). Fusion and the
+/// reports use it to compare alternatives; it is an estimate, not a measurement.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Cost {
+    /// Arithmetic operations (a multiply-add counts two).
+    pub flops: u64,
+    /// Bytes read and written.
+    pub bytes: u64,
+}
+
+impl Cost {
+    /// `per` operations per result element, every operand read and the result written.
+    pub fn streaming(ins: &[&Shape], out: &Shape, per: u64) -> Cost {
+        Cost { flops: per * numel(out), bytes: bytes(out) }.with_reads(ins, 0)
+    }
+
+    /// The same cost with `flops` operations.
+    pub fn with_flops(self, flops: u64) -> Cost {
+        Cost { flops, ..self }
+    }
+
+    /// The cost plus reading every operand of `ins` and `flops` more operations.
+    pub fn with_reads(self, ins: &[&Shape], flops: u64) -> Cost {
+        Cost { flops: self.flops + flops, bytes: self.bytes + ins.iter().map(|s| bytes(s)).sum::<u64>() }
+    }
+}
+
+impl std::ops::Add for Cost {
+    type Output = Cost;
+    fn add(self, o: Cost) -> Cost {
+        Cost { flops: self.flops + o.flops, bytes: self.bytes + o.bytes }
+    }
+}
+
+/// Elements of a shape (symbolic dimensions count as 1).
+pub(crate) fn numel(s: &Shape) -> u64 {
+    s.dims().iter().map(|d| d.as_static().unwrap_or(1) as u64).product()
+}
+
+/// Bytes of a shape's elements.
+pub(crate) fn bytes(s: &Shape) -> u64 {
+    numel(s) * s.dtype().size_bytes() as u64
+}
+
+/// The estimated cost of `op` with operands `ins` and result `out` (leaves cost nothing).
+pub fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> Cost {
+    match op {
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => Cost::default(),
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => elementwise::cost(op, ins, out),
+        Op::MatMul => linalg::cost_matmul(ins, out),
+        Op::DotGeneral(d) => linalg::cost_dot_general(d, ins, out),
+        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => reduce::cost(op, ins, out),
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Rope { .. } => nn::cost(op, ins, out),
+        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => {
+            movement::cost(op, ins, out)
+        }
+        Op::Gather { .. } | Op::ScatterAdd { .. } => index::cost(op, ins, out),
+        Op::Conv(_) | Op::Pool(_) => spatial::cost(op, ins, out),
+        Op::Custom(f) => custom::cost(f),
+        Op::DequantMatMul { .. } | Op::Dequantize { .. } => quant::cost(op, ins, out),
+        Op::CacheWrite | Op::CachedAttention { .. } => kv::cost(op, ins, out),
+    }
+}
+
+/// The summed [`cost`] of every node of `g`.
+pub fn graph_cost(g: &Graph) -> Cost {
+    g.ids()
+        .map(|id| {
+            let n = g.node(id);
+            let ins: Vec<&Shape> = n.inputs.iter().map(|&i| g.shape(i)).collect();
+            cost(&n.op, &ins, &n.shape)
+        })
+        .fold(Cost::default(), |a, b| a + b)
+}
+
 /// Operand count bounds `(min, max)`; `None` for leaves.
 pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
     Some(match op {
@@ -108,7 +216,18 @@ pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
             let n = custom::arity(f);
             (n, n)
         }
-        _ => (1, 1),
+        Op::Activation(_)
+        | Op::Cast { .. }
+        | Op::Reduce { .. }
+        | Op::Softmax { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Expand { .. }
+        | Op::Cumsum { .. }
+        | Op::TopK { .. }
+        | Op::Pool(_)
+        | Op::Dequantize { .. } => (1, 1),
     })
 }
 
@@ -127,7 +246,30 @@ pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<Nod
         Op::Rope { theta, interleaved } => nn::decompose_rope(g, *theta, *interleaved, inputs),
         Op::Custom(f) => custom::inline(g, &f.body, inputs).map(|o| o[0]),
         Op::DequantMatMul { scheme } => return quant::decompose(g, *scheme, inputs),
-        _ => return None,
+        // Primitives: every backend runs them (or reports it cannot).
+        Op::Input { .. }
+        | Op::Param { .. }
+        | Op::Constant { .. }
+        | Op::Binary(_)
+        | Op::Compare(_)
+        | Op::Where
+        | Op::Activation(_)
+        | Op::Cast { .. }
+        | Op::MatMul
+        | Op::Reduce { .. }
+        | Op::Softmax { .. }
+        | Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Concat { .. }
+        | Op::Expand { .. }
+        | Op::Gather { .. }
+        | Op::ScatterAdd { .. }
+        | Op::Cumsum { .. }
+        | Op::TopK { .. }
+        | Op::Dequantize { .. }
+        | Op::CacheWrite
+        | Op::CachedAttention { .. } => return None,
     })
 }
 
@@ -145,6 +287,23 @@ fn composite(op: &Op) -> bool {
 /// (autodiff reports them by name).
 fn inference_only(op: &Op) -> bool {
     matches!(op, Op::DequantMatMul { .. } | Op::Dequantize { .. } | Op::CacheWrite | Op::CachedAttention { .. })
+}
+
+/// The ops without derivative rules of their own: composites (differentiated through their
+/// decomposition) and inference-only ops. A pattern, so [`vjp`] and [`jvp`] stay exhaustive.
+macro_rules! without_ad_rules {
+    () => {
+        Op::DotGeneral(_)
+            | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Attention { .. }
+            | Op::Conv(_)
+            | Op::Pool(_)
+            | Op::DequantMatMul { .. }
+            | Op::Dequantize { .. }
+            | Op::CacheWrite
+            | Op::CachedAttention { .. }
+    };
 }
 
 /// Whether [`vjp`] has a rule for `op` (a custom function needs its own `vjp` graph).
@@ -184,7 +343,7 @@ pub fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> O
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::vjp(g, op, ins, ct),
         Op::Rope { .. } => nn::vjp_rope(g, op, ins, ct),
         Op::Custom(f) => custom::vjp(g, f, ins, out, ct),
-        _ => unreachable!("has_vjp_rule covers the rest"),
+        without_ad_rules!() => Err(no_rule(op, "reverse-mode (VJP)")),
     })
 }
 
@@ -212,8 +371,14 @@ pub fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, tangents: &[Opti
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::jvp(g, op, ins, tangents),
         Op::Rope { .. } => nn::jvp_rope(g, op, ins, tangents),
         Op::Custom(f) => custom::jvp(g, f, ins, tangents),
-        _ => unreachable!("has_jvp_rule covers the rest"),
+        without_ad_rules!() => Err(no_rule(op, "forward-mode (JVP)")),
     })
+}
+
+/// "Attention has no reverse-mode (VJP) rule": composites are differentiated through their
+/// decomposition and inference-only ops not at all, so the rule functions never get them.
+fn no_rule(op: &Op, which: &str) -> Error {
+    Error::op(op.name(), format!("has no {which} rule of its own; differentiate its decomposition"))
 }
 
 /// Static dimensions of an operand, or an error naming the op.
@@ -252,4 +417,27 @@ pub(crate) fn same_dtype(op: &str, a: &Shape, b: &Shape) -> Result<()> {
 
 pub(crate) fn dims_of(v: &[usize]) -> Vec<Dim> {
     v.iter().map(|&d| Dim::Static(d)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::DType;
+
+    #[test]
+    fn costs_count_flops_and_bytes() {
+        let (a, b) = (Shape::new(&[2, 3, 4], DType::F32), Shape::new(&[4, 5], DType::F32));
+        let out = infer(&Op::MatMul, &[&a, &b]).unwrap();
+        assert_eq!(cost(&Op::MatMul, &[&a, &b], &out), Cost { flops: 2 * 2 * 3 * 5 * 4, bytes: (24 + 20 + 30) * 4 });
+        let r = Op::Reshape { shape: vec![6, 4] };
+        assert_eq!(cost(&r, &[&a], &infer(&r, &[&a]).unwrap()), Cost::default());
+        let e = Op::Activation(crate::Activation::Exp);
+        assert_eq!(cost(&e, &[&a], &a).flops, 10 * 24);
+        let mut g = Graph::new("g");
+        let x = g.input("x", a.clone());
+        let y = g.activation(crate::Activation::Exp, x);
+        let z = g.add(y, x);
+        g.set_outputs(vec![z]);
+        assert_eq!(graph_cost(&g), Cost { flops: 11 * 24, bytes: 5 * 24 * 4 });
+    }
 }

@@ -145,7 +145,7 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], ct: NodeId) -> Result<
             let s = g.shape(x).clone();
             vec![Some(unbroadcast(g, ct, &s)?)]
         }
-        _ => unreachable!("not a movement op"),
+        other => return Err(Error::op(other.name(), "is not a movement op")),
     })
 }
 
@@ -169,4 +169,68 @@ pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], t: &[Option<NodeId>]) 
             g.try_op(op.clone(), &[tx])?
         }
     }))
+}
+
+// ---------------------------------------------------------------- reference evaluation
+
+use crate::eval::{broadcast_map, strides, unravel, Tensor};
+
+/// Reference evaluation of the movement ops: each picks elements of its operands.
+pub(super) fn eval(op: &crate::Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+    let od = static_dims(op.name(), "result", out)?;
+    let x = ins[0];
+    let xs = strides(x.dims());
+    let n: usize = od.iter().product();
+    Ok(match op {
+        crate::Op::Reshape { .. } => x.reshaped(&od),
+        crate::Op::Transpose { perm } => {
+            let src: Vec<usize> = (0..n).map(|i| unravel(i, &od).iter().enumerate().map(|(a, &j)| j * xs[perm[a]]).sum()).collect();
+            x.pick(&od, &src)
+        }
+        crate::Op::Narrow { axis, start, .. } => {
+            let src: Vec<usize> = (0..n)
+                .map(|i| unravel(i, &od).iter().enumerate().map(|(a, &j)| (j + if a == *axis { *start } else { 0 }) * xs[a]).sum())
+                .collect();
+            x.pick(&od, &src)
+        }
+        crate::Op::Expand { .. } => x.pick(&od, &broadcast_map(x.dims(), &od)),
+        crate::Op::Concat { axis } => {
+            // Stack the operands' elements, then pick each result element from its operand.
+            let mut all = Vec::new();
+            let mut base = Vec::new();
+            for t in ins {
+                base.push(all.len());
+                all.extend(t.f64s());
+            }
+            let joined = match x.data() {
+                crate::eval::Data::Float(_) => Tensor::from_f64(&[all.len()], x.dtype(), all),
+                crate::eval::Data::Int(_) => {
+                    Tensor::from_i64(&[all.len()], x.dtype(), ins.iter().flat_map(|t| t.i64s()).collect())
+                }
+            };
+            let src: Vec<usize> = (0..n)
+                .map(|i| {
+                    let mut idx = unravel(i, &od);
+                    let mut t = 0;
+                    while idx[*axis] >= ins[t].dims()[*axis] {
+                        idx[*axis] -= ins[t].dims()[*axis];
+                        t += 1;
+                    }
+                    base[t] + idx.iter().zip(strides(ins[t].dims())).map(|(&j, s)| j * s).sum::<usize>()
+                })
+                .collect();
+            joined.pick(&od, &src)
+        }
+        other => return Err(Error::op(other.name(), "is not a movement op")),
+    })
+}
+
+/// Cost of a movement op: no arithmetic; a reshape moves nothing (it is a view), the others
+/// read and write every result element at worst (a view costs nothing).
+pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
+    let _ = ins;
+    match op {
+        crate::Op::Reshape { .. } => super::Cost::default(),
+        _ => super::Cost { flops: 0, bytes: 2 * super::bytes(out) },
+    }
 }

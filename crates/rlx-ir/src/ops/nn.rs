@@ -230,3 +230,42 @@ pub(super) fn decompose_rope(g: &mut Graph, theta: f32, interleaved: bool, ins: 
         g.try_concat(&[o1, o2], r - 1)
     }
 }
+
+// ---------------------------------------------------------------- reference evaluation
+
+use crate::eval::{reduce_groups, Tensor};
+
+/// Reference LayerNorm / RmsNorm over the last axis, in f64.
+pub(super) fn eval_norm(ins: &[&Tensor], out: &Shape, eps: f32, rms: bool) -> Result<Tensor> {
+    let x = ins[0];
+    let v = x.f64s();
+    let gamma = ins[1].f64s();
+    let beta = if rms { vec![0.0; gamma.len()] } else { ins[2].f64s() };
+    let mut o = vec![0.0; v.len()];
+    for g in reduce_groups(x.dims(), &[x.dims().len() - 1]) {
+        let n = g.len() as f64;
+        let mean = if rms { 0.0 } else { g.iter().map(|&i| v[i]).sum::<f64>() / n };
+        let var = g.iter().map(|&i| (v[i] - mean) * (v[i] - mean)).sum::<f64>() / n;
+        let inv = 1.0 / (var + eps as f64).sqrt();
+        for (j, &i) in g.iter().enumerate() {
+            o[i] = (v[i] - mean) * inv * gamma[j] + beta[j];
+        }
+    }
+    Ok(Tensor::from_f64(x.dims(), out.dtype(), o))
+}
+
+/// Cost of the norms (about eight operations per element), attention (two products of
+/// `Sq x Sk` scores plus a softmax over them) and RoPE (six per element).
+pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
+    let base = super::Cost::streaming(ins, out, 0);
+    let d = |s: &Shape, i: usize| s.dims().get(i).and_then(|d| d.as_static()).unwrap_or(0) as u64;
+    match op {
+        crate::Op::Attention { .. } => {
+            let (b, h, sq, dk) = (d(ins[0], 0), d(ins[0], 1), d(ins[0], 2), d(ins[0], 3));
+            let (sk, dv) = (d(ins[1], 2), d(ins[2], 3));
+            base.with_flops(b * h * sq * sk * (2 * dk + 2 * dv + 5))
+        }
+        crate::Op::Rope { .. } => base.with_flops(6 * super::numel(out)),
+        _ => base.with_flops(8 * super::numel(out)),
+    }
+}

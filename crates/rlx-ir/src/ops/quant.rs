@@ -152,7 +152,7 @@ pub(super) fn decompose(g: &mut Graph, scheme: QuantScheme, ins: &[NodeId]) -> O
                 let t = lut(g, fp8_table(scheme == QuantScheme::Fp8E5m2))?;
                 g.try_gather(t, idx, 0)?
             }
-            _ => unreachable!("GGUF schemes returned above"),
+            gguf => return Err(Error::op("dequant_matmul", format!("{gguf:?} rows need a native decoder; they have no decomposition"))),
         };
         let k = g.shape(q).static_dims().unwrap_or_default()[1];
         let w = match scheme.block_size() {
@@ -170,4 +170,56 @@ pub(super) fn decompose(g: &mut Graph, scheme: QuantScheme, ins: &[NodeId]) -> O
         let wt = g.try_transpose(w, &[1, 0])?;
         g.try_dot(x, wt)
     })())
+}
+
+// ---------------------------------------------------------------- reference evaluation
+
+use crate::eval::Tensor;
+
+/// Packed GGUF rows decoded with the portable reference decoder (bit-exact to the `gguf`
+/// Python package), as f64.
+fn decode_rows(scheme: QuantScheme, packed: &Tensor) -> Result<Vec<f64>> {
+    let ty = scheme.ggml_type().ok_or_else(|| Error::op("dequantize", format!("{scheme:?} is not a GGUF scheme")))?;
+    let bytes = packed.to_bytes();
+    let (be, bb) = scheme.gguf_block().unwrap_or((1, 1));
+    let mut out = vec![0f32; bytes.len() / bb * be];
+    rlx_gguf::dequantize_portable(ty, &bytes, &mut out).map_err(|e| Error::op("dequantize", e.to_string()))?;
+    Ok(out.into_iter().map(f64::from).collect())
+}
+
+/// Reference Dequantize: the decoded rows.
+pub(super) fn eval_dequantize(scheme: QuantScheme, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+    let od = static_dims("dequantize", "result", out)?;
+    Ok(Tensor::from_f64(&od, out.dtype(), decode_rows(scheme, ins[0])?))
+}
+
+/// Reference DequantMatMul of a GGUF scheme: `x @ decode(w)^T` summed in f64. Other schemes
+/// are evaluated through their decomposition.
+pub(super) fn eval_dequant_matmul(scheme: QuantScheme, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+    let od = static_dims("dequant_matmul", "result", out)?;
+    let w = decode_rows(scheme, ins[1])?;
+    let x = ins[0].f64s();
+    let k = *ins[0].dims().last().unwrap_or(&1);
+    let n = *od.last().unwrap_or(&1);
+    let rows = x.len().checked_div(k).unwrap_or_else(|| od.iter().product::<usize>() / n.max(1));
+    let mut o = Vec::with_capacity(rows * n);
+    for r in 0..rows {
+        for j in 0..n {
+            o.push((0..k).map(|p| x[r * k + p] * w[j * k + p]).sum());
+        }
+    }
+    Ok(Tensor::from_f64(&od, out.dtype(), o))
+}
+
+/// Cost of the quantized ops: a multiply-add per weight and activation row (DequantMatMul,
+/// reading the packed bytes once), or a few operations per decoded element (Dequantize).
+pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
+    let base = super::Cost::streaming(ins, out, 0);
+    match op {
+        crate::Op::DequantMatMul { .. } => {
+            let k = ins[0].dims().last().and_then(|d| d.as_static()).unwrap_or(0) as u64;
+            base.with_flops(2 * super::numel(out) * k)
+        }
+        _ => base.with_flops(2 * super::numel(out)),
+    }
 }

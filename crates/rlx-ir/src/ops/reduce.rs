@@ -150,7 +150,7 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeI
             g.try_sum(p, &[r], false)?
         }
         Op::TopK { .. } => return Ok(vec![None]),
-        _ => unreachable!("not a reduction"),
+        other => return Err(Error::op(other.name(), "is not a reduction")),
     };
     Ok(vec![Some(r)])
 }
@@ -202,6 +202,151 @@ pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, t: &[Opti
             g.try_sum(p, &[r], false)?
         }
         Op::TopK { .. } => return Ok(None),
-        _ => unreachable!("not a reduction"),
+        other => return Err(Error::op(other.name(), "is not a reduction")),
     }))
+}
+
+// ---------------------------------------------------------------- reference evaluation
+
+use crate::eval::{reduce_groups, Data, Tensor};
+
+/// Reference evaluation of Reduce, Softmax, Cumsum and TopK.
+pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+    let x = ins[0];
+    let od = static_dims(op.name(), "result", out)?;
+    let dt = out.dtype();
+    let along = |axis: usize| reduce_groups(x.dims(), &[axis]);
+    Ok(match op {
+        Op::Reduce { kind, axes, .. } => {
+            let groups = reduce_groups(x.dims(), axes);
+            match x.data() {
+                Data::Float(v) => Tensor::from_f64(
+                    &od,
+                    dt,
+                    groups
+                        .iter()
+                        .map(|g| {
+                            let it = g.iter().map(|&i| v[i]);
+                            match kind {
+                                ReduceKind::Sum => it.sum(),
+                                ReduceKind::Mean => it.sum::<f64>() / g.len() as f64,
+                                ReduceKind::Prod => it.product(),
+                                // NaN wins; an empty max is -inf, an empty min +inf.
+                                ReduceKind::Max => it.fold(f64::NEG_INFINITY, |a, b| if a >= b || a.is_nan() { a } else { b }),
+                                ReduceKind::Min => it.fold(f64::INFINITY, |a, b| if a <= b || a.is_nan() { a } else { b }),
+                            }
+                        })
+                        .collect(),
+                ),
+                Data::Int(v) => {
+                    let (lo, hi) = int_range(x.dtype());
+                    Tensor::from_i128(
+                        &od,
+                        dt,
+                        groups
+                            .iter()
+                            .map(|g| {
+                                let it = g.iter().map(|&i| v[i] as i128);
+                                match kind {
+                                    ReduceKind::Sum | ReduceKind::Mean => it.sum(),
+                                    // Wrap after every step: the product of many values leaves i128.
+                                    ReduceKind::Prod => it.fold(1i128, |a, b| crate::eval::wrap_int(x.dtype(), a * b) as i128),
+                                    ReduceKind::Max => it.fold(lo, i128::max),
+                                    ReduceKind::Min => it.fold(hi, i128::min),
+                                }
+                            })
+                            .collect(),
+                    )
+                }
+            }
+        }
+        Op::Softmax { axis } => {
+            let v = x.f64s();
+            let mut o = vec![0.0; v.len()];
+            for g in along(*axis) {
+                let m = g.iter().map(|&i| v[i]).fold(f64::NEG_INFINITY, f64::max);
+                let s: f64 = g.iter().map(|&i| (v[i] - m).exp()).sum();
+                for &i in &g {
+                    o[i] = (v[i] - m).exp() / s;
+                }
+            }
+            Tensor::from_f64(&od, dt, o)
+        }
+        Op::Cumsum { axis } => {
+            let groups = along(*axis);
+            match x.data() {
+                Data::Float(v) => {
+                    let mut o = vec![0.0; v.len()];
+                    for g in groups {
+                        let mut acc = 0.0;
+                        for &i in &g {
+                            acc += v[i];
+                            o[i] = acc;
+                        }
+                    }
+                    Tensor::from_f64(&od, dt, o)
+                }
+                Data::Int(v) => {
+                    let mut o = vec![0i128; v.len()];
+                    for g in groups {
+                        let mut acc = 0i128;
+                        for &i in &g {
+                            acc = crate::eval::wrap_int(dt, acc + v[i] as i128) as i128;
+                            o[i] = acc;
+                        }
+                    }
+                    Tensor::from_i128(&od, dt, o)
+                }
+            }
+        }
+        Op::TopK { k, output } => {
+            let v = x.f64s();
+            let last = x.dims().len() - 1;
+            let mut src = Vec::new();
+            let mut pos = Vec::new();
+            for g in along(last) {
+                // Descending by value (NaN first, as the largest), lower index first among ties.
+                let mut order: Vec<usize> = (0..g.len()).collect();
+                order.sort_by(|&a, &b| {
+                    let (x, y) = (v[g[a]], v[g[b]]);
+                    let key = |z: f64| if z.is_nan() { f64::INFINITY } else { z };
+                    key(y).partial_cmp(&key(x)).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b))
+                });
+                for &j in &order[..*k] {
+                    src.push(g[j]);
+                    pos.push(j as i64);
+                }
+            }
+            match output {
+                TopKOutput::Values => x.pick(&od, &src),
+                TopKOutput::Indices => Tensor::from_i64(&od, DType::I32, pos),
+            }
+        }
+        other => return Err(Error::op(other.name(), "is not a reduction")),
+    })
+}
+
+/// The smallest and largest value of an integer dtype (identities of max and min).
+fn int_range(dt: DType) -> (i128, i128) {
+    match dt {
+        DType::I8 => (i8::MIN as i128, i8::MAX as i128),
+        DType::I16 => (i16::MIN as i128, i16::MAX as i128),
+        DType::I32 => (i32::MIN as i128, i32::MAX as i128),
+        DType::U8 => (0, u8::MAX as i128),
+        DType::U32 => (0, u32::MAX as i128),
+        DType::Bool => (0, 1),
+        _ => (i64::MIN as i128, i64::MAX as i128),
+    }
+}
+
+/// Cost of a reduction, softmax (five operations per element: max, subtract, exp, sum,
+/// divide), cumsum or top-k (a comparison per element and output).
+pub(super) fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> super::Cost {
+    let n = super::numel(ins[0]);
+    let flops = match op {
+        Op::Softmax { .. } => 5 * n,
+        Op::TopK { .. } => n * (super::numel(out) / ins[0].dims().last().and_then(|d| d.as_static()).unwrap_or(1).max(1) as u64).max(1),
+        _ => n,
+    };
+    super::Cost::streaming(ins, out, 0).with_flops(flops)
 }

@@ -230,3 +230,18 @@ pub(super) fn decompose_pool(g: &mut Graph, a: &PoolAttrs, ins: &[NodeId]) -> Re
         Ok(y)
     }
 }
+
+/// Cost of Conv (`2 * C/groups * prod(kernel)` per result element) and Pool (one operation per
+/// window element per result).
+pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
+    let base = super::Cost::streaming(ins, out, 0);
+    let d = |s: &Shape, i: usize| s.dims().get(i).and_then(|d| d.as_static()).unwrap_or(0) as u64;
+    match op {
+        crate::Op::Conv(_) => {
+            let window: u64 = (1..ins[1].rank()).map(|i| d(ins[1], i)).product();
+            base.with_flops(2 * super::numel(out) * window)
+        }
+        crate::Op::Pool(a) => base.with_flops(super::numel(out) * a.kernel.iter().product::<usize>() as u64),
+        _ => base,
+    }
+}

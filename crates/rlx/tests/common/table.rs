@@ -15,6 +15,24 @@ pub fn dtype(v: &Value) -> DType {
     DType::from_name(v.as_str().expect("dtype")).expect("known dtype")
 }
 
+/// A scheme by its IR name (`"GgufQ4_0"`).
+pub fn scheme(v: &Value) -> rlx::ir::QuantScheme {
+    serde_json::from_value(v.clone()).expect("a quantization scheme")
+}
+
+/// `log(1 + exp(x))` as a custom function of one argument of `shape` (a body graph is typed).
+fn softplus(shape: Shape) -> rlx::ir::CustomFn {
+    let mut body = Graph::new("softplus");
+    let dt = shape.dtype();
+    let x = body.input("x", shape);
+    let e = body.activation(Activation::Exp, x);
+    let one = body.scalar(1.0, dt);
+    let s = body.add(e, one);
+    let y = body.activation(Activation::Log, s);
+    body.set_outputs(vec![y]);
+    rlx::ir::CustomFn { name: "softplus".into(), body: Box::new(body), vjp: None, jvp: None }
+}
+
 /// The op a case names.
 pub fn op_of(name: &str, a: &Value) -> Op {
     let u = |k: &str| a[k].as_u64().unwrap_or_else(|| panic!("attr {k}")) as usize;
@@ -110,6 +128,14 @@ pub fn op_of(name: &str, a: &Value) -> Op {
             stride: usizes(&a["stride"]),
             padding: pairs(&a["padding"]),
         }),
+        "dequantize" => Op::Dequantize { scheme: scheme(&a["scheme"]) },
+        "dequant_matmul" => Op::DequantMatMul { scheme: scheme(&a["scheme"]) },
+        "cache_write" => Op::CacheWrite,
+        "cached_attention" => Op::CachedAttention { scale: f("scale"), window: a["window"].as_u64().map(|w| w as usize) },
+        "custom" => {
+            assert_eq!(a["fn"], "softplus", "the table's custom functions");
+            Op::Custom(softplus(Shape::new(&usizes(&a["shape"]), dtype(&a["dtype"]))))
+        }
         other => panic!("the op table names an unknown op {other}"),
     }
 }

@@ -1108,6 +1108,98 @@ def gen_unary_grads(table):
 
 
 # ---------------------------------------------------------------------------
+# Quantized weights, the KV cache and custom functions. Generated after every
+# earlier group, so adding them moved no earlier case.
+# ---------------------------------------------------------------------------
+
+GGUF_GOLDEN = Path(__file__).resolve().parents[3] / "rlx-gguf/tests/golden/dequant.json"
+# The IR's scheme name of each ggml type the golden file holds (F32 rows are plain f32).
+GGUF_SCHEMES = {"F16": "GgufF16", "BF16": "GgufBF16", "Q4_0": "GgufQ4_0", "Q4_1": "GgufQ4_1",
+                "Q5_0": "GgufQ5_0", "Q5_1": "GgufQ5_1", "Q8_0": "GgufQ8_0", "Q2_K": "GgufQ2K",
+                "Q3_K": "GgufQ3K", "Q4_K": "GgufQ4K", "Q5_K": "GgufQ5K", "Q6_K": "GgufQ6K",
+                "Q8_K": "GgufQ8K"}
+
+
+def gguf_rows():
+    """(scheme, packed U8 [N, row_bytes], decoded f32 [N, K]) for every GGUF scheme, from the
+    blocks and values the `gguf` Python package decoded (crates/rlx-gguf/tests/golden). Rows
+    holding a non-finite value (the f16/bf16 special cases) are left out."""
+    cases = json.loads(GGUF_GOLDEN.read_text())["cases"]
+    out = []
+    for c in cases:
+        if c["type"] not in GGUF_SCHEMES:
+            continue
+        raw = np.frombuffer(bytes.fromhex(c["data_hex"]), dtype=np.uint8)
+        vals = np.array(c["values_bits"], dtype=np.uint32).view(np.float32)
+        rows = 4 if c["type"] in ("F16", "BF16") else 2
+        packed = raw.reshape(rows, -1)
+        dec = vals.reshape(rows, -1)
+        keep = np.all(np.isfinite(dec), axis=1) & np.all(np.abs(dec) < 1e30, axis=1)
+        out.append((GGUF_SCHEMES[c["type"]], packed[keep], dec[keep]))
+    return out
+
+
+def gen_gguf(table):
+    """Dequantize (decoded rows, exact) and DequantMatMul (x @ W^T). The product's tolerance is
+    that of llama.cpp's arithmetic, which rounds activations to 8 bits (Q8_0 / Q8_1 / Q8_K) for
+    the integer dot products: 1% of the sum of the terms' magnitudes."""
+    for scheme, packed, dec in gguf_rows():
+        table.add("dequantize", scheme.lower(), {"scheme": scheme}, [arg(packed.copy(), "u8")], dec, "f32", "exact")
+        x = normal([3, dec.shape[1]], 1.0, "f32")
+        want = wide(x) @ wide(dec).T
+        table.add("dequant_matmul", scheme.lower(), {"scheme": scheme}, [arg(x, "f32"), arg(packed.copy(), "u8")], want,
+                  "f32", "accumulate")
+        terms = np.abs(wide(x)) @ np.abs(wide(dec)).T
+        table.cases[-1]["atol"] = float(0.01 * terms.max())
+
+
+def cached_attention_ref(q, k, v, pos, scale, window):
+    s, hq, _ = q.shape
+    t, hkv, dv = v.shape
+    out = np.zeros((s, hq, dv))
+    for i in range(s):
+        last = min(pos + i, t - 1)
+        first = 0 if window is None else max(last + 1 - window, 0)
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            sc = scale * (k[first:last + 1, kh] @ q[i, h])
+            w = np.exp(sc - sc.max())
+            out[i, h] = (w / w.sum()) @ v[first:last + 1, kh]
+    return out
+
+
+def gen_kv(table):
+    """CacheWrite (rows past the cache dropped; an f16 cache takes f32 rows) and
+    CachedAttention (causal from a position, grouped heads, a sliding window)."""
+    for cache_dt, t, s, pos, tag in [("f32", 6, 2, 3, "mid"), ("f32", 6, 3, 4, "past_end"), ("f16", 5, 1, 0, "f16")]:
+        cache = normal([t, 2, 3], 1.0, cache_dt)
+        upd = normal([s, 2, 3], 1.0, "f32")
+        want = wide(cache).copy()
+        rows = min(s, t - pos)
+        want[pos:pos + rows] = wide(upd)[:rows]
+        table.add("cache_write", tag, {}, [arg(cache, cache_dt), arg(upd, "f32"), arg(np.array([pos], np.int32), "i32")],
+                  want, cache_dt, "exact")
+    for s, hq, hkv, t, pos, window, tag in [(1, 4, 2, 8, 5, None, "decode"), (3, 2, 2, 8, 2, None, "prompt"),
+                                             (2, 4, 1, 9, 6, 3, "window")]:
+        q = normal([s, hq, 4], 1.0, "f32")
+        k = normal([t, hkv, 4], 1.0, "f32")
+        v = normal([t, hkv, 5], 1.0, "f32")
+        scale = 0.5
+        want = cached_attention_ref(wide(q), wide(k), wide(v), pos, scale, window)
+        table.add("cached_attention", tag, {"scale": scale, "window": window},
+                  [arg(q, "f32"), arg(k, "f32"), arg(v, "f32"), arg(np.array([pos], np.int32), "i32")], want, "f32",
+                  "accumulate")
+
+
+def gen_custom(table):
+    """A custom function (softplus, given to the op as a body graph)."""
+    for shape, dtype in [([2, 5], "f32"), ([7], "f64")]:
+        x = normal(shape, 2.0, dtype)
+        table.add("custom", "softplus", {"fn": "softplus", "shape": shape, "dtype": dtype}, [arg(x, dtype)], np.log1p(np.exp(wide(x))), dtype,
+                  "transcendental")
+
+
+# ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
 
@@ -1116,7 +1208,7 @@ GENERATORS = [
     gen_dot_general, gen_reduce, gen_softmax, gen_norms, gen_reshape,
     gen_transpose, gen_narrow, gen_concat, gen_expand, gen_gather,
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
-    gen_pool, gen_unary_grads,
+    gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
 ]
 
 

@@ -1,7 +1,7 @@
 //! Quantized kernels against references: `DequantMatMul` for every GGUF scheme at every
 //! instruction-set level the CPU can run equals llama.cpp's product (activations quantized as
 //! its x86 code does, weights decoded by the reference decoder) within float rounding, and
-//! `x @ dequantize(w)^T` for prompt-sized and float products; `Dequantize` is exact; the KV-cache
+//! `x @ dequantize(w)^T` for prompt-sized and float products; `DequantizeRows` is exact; the KV-cache
 //! ops write in place and attend causally over the cache.
 
 use rlx_cpu::compile;
@@ -249,7 +249,7 @@ fn check_all_schemes() -> Vec<u32> {
             let row_bytes = ty.row_bytes(k).unwrap();
             let wp = g.param("w", Shape::new(&[n, row_bytes], DType::U8));
             let y = g.dequant_matmul(xi, wp, scheme);
-            let d = g.dequantize(wp, scheme);
+            let d = g.dequantize_rows(wp, scheme);
             g.set_outputs(vec![y, d]);
             let mut reference = vec![0f32; n * k];
             rlx_gguf::dequantize(ty, &w, &mut reference).unwrap();
@@ -266,7 +266,7 @@ fn check_all_schemes() -> Vec<u32> {
                 all.extend(got.iter().map(|v| v.to_bits()));
                 let mut dq = vec![0u8; n * k * 4];
                 p.read_output(1, &mut dq);
-                assert_eq!(to_f32(&dq), reference, "{ty}: Dequantize differs from the reference decoder");
+                assert_eq!(to_f32(&dq), reference, "{ty}: DequantizeRows differs from the reference decoder");
                 for r in 0..m {
                     let xr = &x[r * k..(r + 1) * k];
                     // Int8 products quantize the activations as llama.cpp does; float weights

@@ -200,8 +200,8 @@ impl Graph {
         self.try_op(Op::DequantMatMul { scheme }, &[x, w])
     }
     /// Packed GGUF rows decoded to f32.
-    pub fn try_dequantize(&mut self, w: NodeId, scheme: crate::QuantScheme) -> Result<NodeId> {
-        self.try_op(Op::Dequantize { scheme }, &[w])
+    pub fn try_dequantize_rows(&mut self, w: NodeId, scheme: crate::QuantScheme) -> Result<NodeId> {
+        self.try_op(Op::DequantizeRows { scheme }, &[w])
     }
     /// Write `update [S, ...]` into the param `cache [T, ...]` at rows `pos..pos + S`.
     pub fn try_cache_write(&mut self, cache: NodeId, update: NodeId, pos: NodeId) -> Result<NodeId> {
@@ -215,7 +215,7 @@ impl Graph {
 
 short_forms! {
     fn dequant_matmul => try_dequant_matmul(x: NodeId, w: NodeId, scheme: crate::QuantScheme) -> NodeId;
-    fn dequantize => try_dequantize(w: NodeId, scheme: crate::QuantScheme) -> NodeId;
+    fn dequantize_rows => try_dequantize_rows(w: NodeId, scheme: crate::QuantScheme) -> NodeId;
     fn cache_write => try_cache_write(cache: NodeId, update: NodeId, pos: NodeId) -> NodeId;
     fn cached_attention => try_cached_attention(q: NodeId, k: NodeId, v: NodeId, pos: NodeId, scale: f32, window: Option<usize>) -> NodeId;
 }

@@ -323,9 +323,29 @@ pub enum Op {
     },
     /// Packed GGUF rows `U8 [..., row_bytes]` decoded to `F32 [..., K]` (e.g. an embedding
     /// lookup of a quantized table: gather rows, then dequantize).
-    Dequantize {
+    DequantizeRows {
         /// Row layout (a GGUF scheme).
         scheme: crate::QuantScheme,
+    },
+    /// `(x, scale, zero_point)`: `saturate(round_half_even(x / scale) + zero_point)` as int8 or
+    /// uint8 (the zero point's dtype), per tensor (`axis: None`, scalar scale and zero point) or
+    /// per channel along `axis` (both of length `x.dims[axis]`), as ONNX `QuantizeLinear`.
+    Quantize {
+        /// Channel axis of per-channel parameters; `None` for per-tensor.
+        axis: Option<usize>,
+    },
+    /// `(q, scale, zero_point)`: `(q - zero_point) * scale` in the scale's float dtype, per
+    /// tensor or per channel as [`Op::Quantize`].
+    Dequantize {
+        /// Channel axis of per-channel parameters; `None` for per-tensor.
+        axis: Option<usize>,
+    },
+    /// `(x, scale, zero_point)`: [`Op::Quantize`] then [`Op::Dequantize`] without leaving
+    /// floats. Differentiated with the straight-through estimator (the cotangent passes where
+    /// the value was not clamped).
+    FakeQuantize {
+        /// Channel axis of per-channel parameters; `None` for per-tensor.
+        axis: Option<usize>,
     },
     /// `(cache [T, ...], update [S, ...], pos I32 [1])`: the cache with rows `[pos, pos + S)`
     /// replaced. `cache` must be a param used only here: backends update it in place, which is
@@ -508,7 +528,13 @@ op_kinds! {
     /// `dequant_matmul`
     DequantMatMul = "dequant_matmul",
     /// `dequantize`
+    DequantizeRows = "dequantize_rows",
+    /// `quantize`
+    Quantize = "quantize",
+    /// `dequantize`
     Dequantize = "dequantize",
+    /// `fake_quantize`
+    FakeQuantize = "fake_quantize",
     /// `cache_write`
     CacheWrite = "cache_write",
     /// `cached_attention`
@@ -584,7 +610,10 @@ impl Op {
             Op::Pool(_) => K::Pool,
             Op::Custom(_) => K::Custom,
             Op::DequantMatMul { .. } => K::DequantMatMul,
+            Op::DequantizeRows { .. } => K::DequantizeRows,
+            Op::Quantize { .. } => K::Quantize,
             Op::Dequantize { .. } => K::Dequantize,
+            Op::FakeQuantize { .. } => K::FakeQuantize,
             Op::CacheWrite => K::CacheWrite,
             Op::CachedAttention { .. } => K::CachedAttention,
         }

@@ -26,7 +26,8 @@ fn attrs(op: &Op) -> String {
         Op::Conv(a) => format!(" stride={:?} pad={:?} dil={:?} groups={}", a.stride, a.padding, a.dilation, a.groups),
         Op::Custom(f) => format!(" \"{}\" ({} nodes{}{})", f.name, f.body.len(), if f.vjp.is_some() { ", vjp" } else { "" }, if f.jvp.is_some() { ", jvp" } else { "" }),
         Op::Pool(a) => format!(" {:?} kernel={:?} stride={:?} pad={:?}", a.kind, a.kernel, a.stride, a.padding),
-        Op::DequantMatMul { scheme } | Op::Dequantize { scheme } => format!(" {scheme:?}"),
+        Op::DequantMatMul { scheme } | Op::DequantizeRows { scheme } => format!(" {scheme:?}"),
+        Op::Quantize { axis } | Op::Dequantize { axis } | Op::FakeQuantize { axis } => format!(" axis={axis:?}"),
         Op::CachedAttention { scale, window } => format!(" scale={scale} window={window:?}"),
         _ => String::new(),
     }

@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The layout of a quantized weight consumed by [`crate::Op::DequantMatMul`] and
-/// [`crate::Op::Dequantize`].
+/// [`crate::Op::DequantizeRows`].
 ///
 /// GGUF schemes store each weight row as consecutive llama.cpp blocks (scales inside the bytes):
 /// the packed operand is `U8 [N, row_bytes]`. The other schemes keep quants and scales apart

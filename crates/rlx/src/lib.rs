@@ -46,7 +46,7 @@ pub mod ops {
 }
 
 /// Quantization metadata: the layouts of packed weights taken by `Op::DequantMatMul` and
-/// `Op::Dequantize`.
+/// `Op::DequantizeRows`.
 pub mod quant {
     pub use rlx_ir::QuantScheme;
 }

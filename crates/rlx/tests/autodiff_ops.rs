@@ -25,7 +25,9 @@ const NOT_DIFFERENTIABLE: &[(&str, &str)] = &[
     ("gt", "bool result"),
     ("ge", "bool result"),
     ("topk_indices", "integer result"),
-    ("dequantize", "inference-only: decodes packed integer weights"),
+    ("quantize", "integer result"),
+    ("fake_quantize", "a step function: its gradient is the straight-through estimator, checked by fake_quantize_passes_gradients_straight_through"),
+    ("dequantize_rows", "inference-only: decodes packed integer weights"),
     ("dequant_matmul", "inference-only: the weights are packed integers"),
     ("cache_write", "inference-only: updates the KV cache in place"),
     ("cached_attention", "inference-only: reads the KV cache"),
@@ -281,4 +283,52 @@ fn pow_exponent_derivative_at_zero_base() {
     let one = encode(&[1.0], DType::F64);
     let o = j.run_typed(&[("a", &fa, DType::F64), ("b", &fb, DType::F64), (tangent_name("b").as_str(), &one, DType::F64)]);
     assert_eq!(decode(&o[1].0, DType::F64)[0], 0.0);
+}
+
+/// FakeQuantize's gradient is the straight-through estimator, not the derivative of the step
+/// function finite differences would see: the cotangent passes exactly where the value was not
+/// clamped (forward and reverse mode), and scale and zero point get none.
+#[test]
+fn fake_quantize_passes_gradients_straight_through() {
+    for axis in [None, Some(1)] {
+        let mut g = Graph::new("fq");
+        let x = g.input("x", Shape::new(&[2, 3], DType::F32));
+        let (sd, sv, zv): (Vec<usize>, Vec<f32>, Vec<f64>) =
+            if axis.is_some() { (vec![3], vec![0.5, 0.25, 1.0], vec![0.0, 3.0, -2.0]) } else { (vec![], vec![0.5], vec![0.0]) };
+        let s = g.constant_f32(&sd, &sv);
+        let z = g.try_constant_bytes(Shape::new(&sd, DType::I8), encode(&zv, DType::I8)).unwrap();
+        let y = g.op(Op::FakeQuantize { axis }, &[x, s, z]);
+        let w = g.constant_f32(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let l = g.mul(y, w);
+        let l = g.sum(l, &[0, 1], false);
+        g.set_outputs(vec![l]);
+        // In range, clamped above (x / s + zp > 127), clamped below, in range...
+        let xs = [0.3f32, 100.0, -100.0, -0.7, 1.2, 60.0];
+        let dx = rlx::autodiff::grad(&g, &[x]).unwrap();
+        let mut c = Session::new(Device::Cpu).compile(dx);
+        let got = c.run(&[("x", &xs)]).remove(0);
+        let (lo, hi) = (-128.0f64, 127.0f64);
+        let want: Vec<f32> = xs
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| {
+                let ch = i % 3;
+                let (s, z) = if axis.is_some() { (sv[ch] as f64, zv[ch]) } else { (sv[0] as f64, zv[0]) };
+                let q = (v as f64 / s).round_ties_even() + z;
+                if (lo..=hi).contains(&q) { (i + 1) as f32 } else { 0.0 }
+            })
+            .collect();
+        assert_eq!(got, want, "axis {axis:?}");
+        assert!(want.contains(&0.0) && want.iter().any(|&v| v != 0.0), "the case exercises both sides");
+        // Forward mode gives the same directional derivative along every unit tangent.
+        let jv = rlx::autodiff::jvp(&g, &["x"]).unwrap();
+        let mut cj = Session::new(Device::Cpu).compile(jv);
+        for i in 0..6 {
+            let mut t = [0f32; 6];
+            t[i] = 1.0;
+            let tn = rlx::autodiff::tangent_name("x");
+            let out = cj.run(&[("x", &xs), (tn.as_str(), &t)]);
+            assert_eq!(*out.last().unwrap(), vec![want[i]], "jvp along x[{i}], axis {axis:?}");
+        }
+    }
 }

@@ -145,7 +145,8 @@ pub fn compute(build: impl FnOnce(&[TRef], TRef) -> Box<dyn Kernel> + 'static) -
 /// Whether the CPU backend has a native kernel for `op`.
 pub fn supports(op: &Op) -> bool {
     match op {
-        Op::DotGeneral(_) | Op::Custom(_) => false,
+        // Decomposed into primitives before lowering.
+        Op::DotGeneral(_) | Op::Custom(_) | Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => false,
         Op::DequantMatMul { scheme } => scheme.is_gguf(),
         _ => true,
     }
@@ -164,7 +165,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::lower(info),
         Op::Attention { .. } | Op::Rope { .. } => attention::lower(info),
         Op::Conv(_) | Op::Pool(_) => spatial::lower(info),
-        Op::DequantMatMul { .. } | Op::Dequantize { .. } => quant::lower(info),
+        Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => quant::lower(info),
         Op::CacheWrite | Op::CachedAttention { .. } => kv::lower(info),
         op => Err(info.unsupported(format!("{} has no CPU kernel", op.name()))),
     }

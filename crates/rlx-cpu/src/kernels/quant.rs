@@ -887,7 +887,7 @@ fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usiz
     })
 }
 
-/// Lower DequantMatMul / Dequantize with a GGUF scheme (others are decomposed before lowering).
+/// Lower DequantMatMul / DequantizeRows with a GGUF scheme (others are decomposed before lowering).
 pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     match &info.node.op {
         Op::DequantMatMul { scheme } => {
@@ -916,7 +916,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 build: Box::new(move |ins, out, s| dequant_matmul(ty, ins[0], ins[1], out, s, m, k, n)),
             })
         }
-        Op::Dequantize { scheme } => {
+        Op::DequantizeRows { scheme } => {
             let ty = ggml_type(*scheme).ok_or_else(|| info.unsupported(format!("{scheme:?} is not a GGUF scheme")))?;
             let row_bytes = *info.ins[0].dims().last().unwrap_or(&0);
             let k = *info.dims.last().unwrap_or(&0);

@@ -55,6 +55,8 @@ pub fn batch_supported(op: &Op, batched: &[bool]) -> bool {
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => !batched[1..].iter().any(|&b| b),
         Op::Conv(_) => !batched[1],
         Op::Rope { .. } => !batched[1],
+        // Batched parameters: vmap batches the decomposition.
+        Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => !batched[1..].iter().any(|&b| b),
         Op::Input { .. }
         | Op::Param { .. }
         | Op::Constant { .. }
@@ -77,7 +79,7 @@ pub fn batch_supported(op: &Op, batched: &[bool]) -> bool {
         | Op::TopK { .. }
         | Op::Attention { .. }
         | Op::Pool(_)
-        | Op::Dequantize { .. } => true,
+        | Op::DequantizeRows { .. } => true,
     }
 }
 
@@ -201,8 +203,12 @@ pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size
             args.extend_from_slice(&ins[1..]);
             g.try_op(op.clone(), &args)?
         }
+        Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => {
+            let x = front(g, 0)?;
+            g.try_op(super::quantize::batched(op)?, &[x, ins[1], ins[2]])?
+        }
         // Packed bytes are the last axis: the batch axis moves to the front, out of the rows.
-        Op::Dequantize { .. } => {
+        Op::DequantizeRows { .. } => {
             let x = front(g, 0)?;
             g.try_op(op.clone(), &[x])?
         }

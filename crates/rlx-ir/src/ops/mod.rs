@@ -7,6 +7,8 @@
 mod ad;
 mod batch;
 mod custom;
+mod dequantize;
+mod fake_quantize;
 mod elementwise;
 mod index;
 mod kv;
@@ -14,6 +16,7 @@ mod linalg;
 mod movement;
 mod nn;
 mod quant;
+mod quantize;
 mod reduce;
 mod spatial;
 
@@ -77,7 +80,10 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
         Op::Pool(a) => spatial::pool(a, inputs),
         Op::Custom(f) => custom::infer(f, inputs),
         Op::DequantMatMul { scheme } => quant::dequant_matmul(*scheme, inputs),
-        Op::Dequantize { scheme } => quant::dequantize(*scheme, inputs),
+        Op::DequantizeRows { scheme } => quant::dequantize(*scheme, inputs),
+        Op::Quantize { axis } => quantize::infer(*axis, inputs),
+        Op::Dequantize { axis } => dequantize::infer(*axis, inputs),
+        Op::FakeQuantize { axis } => fake_quantize::infer(*axis, inputs),
         Op::CacheWrite => kv::cache_write(inputs),
         Op::CachedAttention { window, .. } => kv::cached_attention(*window, inputs),
     }
@@ -102,7 +108,10 @@ pub fn eval(op: &Op, ins: &[&crate::eval::Tensor], out: &Shape) -> Result<crate:
         }
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::eval(op, ins, out),
         Op::DequantMatMul { scheme } if scheme.is_gguf() => quant::eval_dequant_matmul(*scheme, ins, out),
-        Op::Dequantize { scheme } => quant::eval_dequantize(*scheme, ins, out),
+        Op::DequantizeRows { scheme } => quant::eval_dequantize(*scheme, ins, out),
+        Op::Quantize { axis } => quantize::eval(*axis, ins, out),
+        Op::Dequantize { axis } => dequantize::eval(*axis, ins, out),
+        Op::FakeQuantize { axis } => fake_quantize::eval(*axis, ins, out),
         Op::CacheWrite => kv::eval_cache_write(ins, out),
         Op::CachedAttention { scale, window } => kv::eval_cached_attention(ins, out, *scale, *window),
         Op::DotGeneral(_)
@@ -175,7 +184,10 @@ pub fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> Cost {
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::cost(op, ins, out),
         Op::Conv(_) | Op::Pool(_) => spatial::cost(op, ins, out),
         Op::Custom(f) => custom::cost(f),
-        Op::DequantMatMul { .. } | Op::Dequantize { .. } => quant::cost(op, ins, out),
+        Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => quant::cost(op, ins, out),
+        Op::Quantize { .. } => quantize::cost(ins, out),
+        Op::Dequantize { .. } => dequantize::cost(ins, out),
+        Op::FakeQuantize { .. } => fake_quantize::cost(ins, out),
         Op::CacheWrite | Op::CachedAttention { .. } => kv::cost(op, ins, out),
     }
 }
@@ -197,6 +209,7 @@ pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => (0, 0),
         Op::Binary(_) | Op::Compare(_) | Op::MatMul | Op::DotGeneral(_) => (2, 2),
         Op::Where | Op::LayerNorm { .. } | Op::ScatterAdd { .. } => (3, 3),
+        Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => (3, 3),
         Op::RmsNorm { .. } | Op::Gather { .. } | Op::Rope { .. } | Op::Conv(_) => (2, 2),
         Op::Attention { mask, .. } => {
             if matches!(mask, crate::MaskKind::Custom) {
@@ -227,7 +240,7 @@ pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
         | Op::Cumsum { .. }
         | Op::TopK { .. }
         | Op::Pool(_)
-        | Op::Dequantize { .. } => (1, 1),
+        | Op::DequantizeRows { .. } => (1, 1),
     })
 }
 
@@ -246,6 +259,9 @@ pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<Nod
         Op::Rope { theta, interleaved } => nn::decompose_rope(g, *theta, *interleaved, inputs),
         Op::Custom(f) => custom::inline(g, &f.body, inputs).map(|o| o[0]),
         Op::DequantMatMul { scheme } => return quant::decompose(g, *scheme, inputs),
+        Op::Quantize { axis } => quantize::decompose(g, *axis, inputs),
+        Op::Dequantize { axis } => dequantize::decompose(g, *axis, inputs),
+        Op::FakeQuantize { axis } => fake_quantize::decompose(g, *axis, inputs),
         // Primitives: every backend runs them (or reports it cannot).
         Op::Input { .. }
         | Op::Param { .. }
@@ -267,7 +283,7 @@ pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<Nod
         | Op::ScatterAdd { .. }
         | Op::Cumsum { .. }
         | Op::TopK { .. }
-        | Op::Dequantize { .. }
+        | Op::DequantizeRows { .. }
         | Op::CacheWrite
         | Op::CachedAttention { .. } => return None,
     })
@@ -286,7 +302,7 @@ fn composite(op: &Op) -> bool {
 /// Inference-only ops: quantized weights and the stateful KV cache have no derivative rules
 /// (autodiff reports them by name).
 fn inference_only(op: &Op) -> bool {
-    matches!(op, Op::DequantMatMul { .. } | Op::Dequantize { .. } | Op::CacheWrite | Op::CachedAttention { .. })
+    matches!(op, Op::DequantMatMul { .. } | Op::DequantizeRows { .. } | Op::CacheWrite | Op::CachedAttention { .. })
 }
 
 /// The ops without derivative rules of their own: composites (differentiated through their
@@ -300,7 +316,7 @@ macro_rules! without_ad_rules {
             | Op::Conv(_)
             | Op::Pool(_)
             | Op::DequantMatMul { .. }
-            | Op::Dequantize { .. }
+            | Op::DequantizeRows { .. }
             | Op::CacheWrite
             | Op::CachedAttention { .. }
     };
@@ -343,6 +359,9 @@ pub fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> O
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::vjp(g, op, ins, ct),
         Op::Rope { .. } => nn::vjp_rope(g, op, ins, ct),
         Op::Custom(f) => custom::vjp(g, f, ins, out, ct),
+        Op::Quantize { .. } => quantize::vjp(ins),
+        Op::Dequantize { axis } => dequantize::vjp(g, *axis, ins, ct),
+        Op::FakeQuantize { axis } => fake_quantize::vjp(g, *axis, ins, ct),
         without_ad_rules!() => Err(no_rule(op, "reverse-mode (VJP)")),
     })
 }
@@ -371,6 +390,9 @@ pub fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, tangents: &[Opti
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::jvp(g, op, ins, tangents),
         Op::Rope { .. } => nn::jvp_rope(g, op, ins, tangents),
         Op::Custom(f) => custom::jvp(g, f, ins, tangents),
+        Op::Quantize { .. } => Ok(None),
+        Op::Dequantize { axis } => dequantize::jvp(g, *axis, ins, tangents),
+        Op::FakeQuantize { axis } => fake_quantize::jvp(g, *axis, ins, tangents),
         without_ad_rules!() => Err(no_rule(op, "forward-mode (JVP)")),
     })
 }

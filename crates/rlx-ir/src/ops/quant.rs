@@ -1,4 +1,4 @@
-//! Rules of the quantized ops: DequantMatMul and Dequantize.
+//! Rules of the quantized ops: DequantMatMul and DequantizeRows.
 //!
 //! GGUF schemes have no decomposition into primitive ops (their bit layouts need a native
 //! decoder, which the CPU backend has). The other schemes decompose into casts, lookups and a
@@ -72,7 +72,7 @@ fn legacy_shapes(scheme: QuantScheme, k: usize, ins: &[&Shape]) -> Result<usize>
 
 /// `dequant(w) -> F32 [..., K]` for packed GGUF rows `U8 [..., row_bytes]`.
 pub(super) fn dequantize(scheme: QuantScheme, ins: &[&Shape]) -> Result<Shape> {
-    const OP: &str = "dequantize";
+    const OP: &str = "dequantize_rows";
     let w = ins[0];
     if !scheme.is_gguf() {
         return Err(Error::op(OP, format!("takes GGUF schemes; {scheme:?} weights dequantize inside dequant_matmul")));
@@ -179,17 +179,17 @@ use crate::eval::Tensor;
 /// Packed GGUF rows decoded with the portable reference decoder (bit-exact to the `gguf`
 /// Python package), as f64.
 fn decode_rows(scheme: QuantScheme, packed: &Tensor) -> Result<Vec<f64>> {
-    let ty = scheme.ggml_type().ok_or_else(|| Error::op("dequantize", format!("{scheme:?} is not a GGUF scheme")))?;
+    let ty = scheme.ggml_type().ok_or_else(|| Error::op("dequantize_rows", format!("{scheme:?} is not a GGUF scheme")))?;
     let bytes = packed.to_bytes();
     let (be, bb) = scheme.gguf_block().unwrap_or((1, 1));
     let mut out = vec![0f32; bytes.len() / bb * be];
-    rlx_gguf::dequantize_portable(ty, &bytes, &mut out).map_err(|e| Error::op("dequantize", e.to_string()))?;
+    rlx_gguf::dequantize_portable(ty, &bytes, &mut out).map_err(|e| Error::op("dequantize_rows", e.to_string()))?;
     Ok(out.into_iter().map(f64::from).collect())
 }
 
-/// Reference Dequantize: the decoded rows.
+/// Reference DequantizeRows: the decoded rows.
 pub(super) fn eval_dequantize(scheme: QuantScheme, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
-    let od = static_dims("dequantize", "result", out)?;
+    let od = static_dims("dequantize_rows", "result", out)?;
     Ok(Tensor::from_f64(&od, out.dtype(), decode_rows(scheme, ins[0])?))
 }
 
@@ -212,7 +212,7 @@ pub(super) fn eval_dequant_matmul(scheme: QuantScheme, ins: &[&Tensor], out: &Sh
 }
 
 /// Cost of the quantized ops: a multiply-add per weight and activation row (DequantMatMul,
-/// reading the packed bytes once), or a few operations per decoded element (Dequantize).
+/// reading the packed bytes once), or a few operations per decoded element (DequantizeRows).
 pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
     let base = super::Cost::streaming(ins, out, 0);
     match op {

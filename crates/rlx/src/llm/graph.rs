@@ -125,7 +125,7 @@ impl Builder<'_> {
         let table = self.param(name)?;
         let rows = self.g.try_gather(table, tokens, 0)?;
         match scheme_of(ty) {
-            Some(s) => self.g.try_dequantize(rows, s),
+            Some(s) => self.g.try_dequantize_rows(rows, s),
             None => Ok(rows),
         }
     }

@@ -128,8 +128,11 @@ pub fn op_of(name: &str, a: &Value) -> Op {
             stride: usizes(&a["stride"]),
             padding: pairs(&a["padding"]),
         }),
-        "dequantize" => Op::Dequantize { scheme: scheme(&a["scheme"]) },
+        "dequantize_rows" => Op::DequantizeRows { scheme: scheme(&a["scheme"]) },
         "dequant_matmul" => Op::DequantMatMul { scheme: scheme(&a["scheme"]) },
+        "quantize" => Op::Quantize { axis: a["axis"].as_u64().map(|v| v as usize) },
+        "dequantize" => Op::Dequantize { axis: a["axis"].as_u64().map(|v| v as usize) },
+        "fake_quantize" => Op::FakeQuantize { axis: a["axis"].as_u64().map(|v| v as usize) },
         "cache_write" => Op::CacheWrite,
         "cached_attention" => Op::CachedAttention { scale: f("scale"), window: a["window"].as_u64().map(|w| w as usize) },
         "custom" => {

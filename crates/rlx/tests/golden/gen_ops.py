@@ -70,6 +70,7 @@ NP_DTYPE = {
     "i32": np.int32,
     "i64": np.int64,
     "u8": np.uint8,
+    "i8": np.int8,
     "bool": np.bool_,
 }
 FLOATS = ("f32", "f64", "f16", "bf16")
@@ -1144,7 +1145,7 @@ def gen_gguf(table):
     that of llama.cpp's arithmetic, which rounds activations to 8 bits (Q8_0 / Q8_1 / Q8_K) for
     the integer dot products: 1% of the sum of the terms' magnitudes."""
     for scheme, packed, dec in gguf_rows():
-        table.add("dequantize", scheme.lower(), {"scheme": scheme}, [arg(packed.copy(), "u8")], dec, "f32", "exact")
+        table.add("dequantize_rows", scheme.lower(), {"scheme": scheme}, [arg(packed.copy(), "u8")], dec, "f32", "exact")
         x = normal([3, dec.shape[1]], 1.0, "f32")
         want = wide(x) @ wide(dec).T
         table.add("dequant_matmul", scheme.lower(), {"scheme": scheme}, [arg(x, "f32"), arg(packed.copy(), "u8")], want,
@@ -1199,6 +1200,60 @@ def gen_custom(table):
                   "transcendental")
 
 
+def affine_params(shape, axis, qdtype, fdtype):
+    """Positive scales and in-range zero points, scalar (axis None) or one per channel."""
+    n = [] if axis is None else [shape[axis]]
+    scale = uniform(n, 0.05, 0.5, fdtype)
+    lo, hi = (0, 255) if qdtype == "u8" else (-128, 127)
+    zp = integers(n, lo // 4, hi // 4 + 1, qdtype)
+    return scale, zp
+
+
+def bcast_param(p, shape, axis):
+    p = np.asarray(p)
+    if axis is None:
+        return p
+    d = [1] * len(shape)
+    d[axis] = shape[axis]
+    return p.reshape(d)
+
+
+def quantize_ref(x, scale, zp, axis, qdtype):
+    """ONNX QuantizeLinear: round half to even of x / scale (divided in x's dtype), plus the
+    zero point, saturated to the quantized range."""
+    lo, hi = (0, 255) if qdtype == "u8" else (-128, 127)
+    q = np.round(x / bcast_param(scale, x.shape, axis)).astype(np.float64)
+    return np.clip(q + bcast_param(zp, x.shape, axis).astype(np.float64), lo, hi)
+
+
+AFFINE_LAYOUTS = [([2, 7], None, "tensor"), ([3, 4], 0, "channel0"), ([2, 3, 5], 1, "channel1")]
+
+
+def gen_affine_quant(table):
+    """Quantize / Dequantize / FakeQuantize, int8 and uint8, per tensor and per channel. The
+    inputs include exact ties (x / scale = k + 0.5) and values far outside the range."""
+    for (shape, axis, tag), qdtype, fdtype in itertools.product(AFFINE_LAYOUTS, ["i8", "u8"], ["f32", "f64"]):
+        if fdtype == "f64" and tag != "channel1":
+            continue
+        scale, zp = affine_params(shape, axis, qdtype, fdtype)
+        x = normal(shape, 8.0, fdtype)
+        flat = x.reshape(-1)
+        scale.reshape(-1)[0] = 0.25  # channel 0 (the first element's): exact ties below
+        flat[0] = 0.625  # x / scale = 2.5 exactly: rounds to 2
+        flat[1] = -0.875  # also channel 0 (no layout has the channel axis last): -3.5 rounds to -4
+        flat[-1] = 1e4  # saturates
+        q = quantize_ref(x, scale, zp, axis, qdtype)
+        attrs = {"axis": axis}
+        args = [arg(x, fdtype), arg(scale, fdtype), arg(zp, qdtype)]
+        table.add("quantize", tag, attrs, args, q, qdtype, "exact")
+        fq = (q - bcast_param(zp, shape, axis).astype(np.float64)) * bcast_param(wide(scale), shape, axis)
+        table.add("fake_quantize", tag, attrs, args, fq, fdtype, "elementwise")
+        qv = q.astype(NP_DTYPE[qdtype])
+        deq = (wide(qv) - bcast_param(wide(zp), shape, axis)) * bcast_param(wide(scale), shape, axis)
+        table.add("dequantize", tag, attrs, [arg(qv, qdtype), arg(scale, fdtype), arg(zp, qdtype)], deq, fdtype,
+                  "elementwise")
+
+
 # ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
@@ -1209,6 +1264,7 @@ GENERATORS = [
     gen_transpose, gen_narrow, gen_concat, gen_expand, gen_gather,
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
     gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
+    gen_affine_quant,
 ]
 
 

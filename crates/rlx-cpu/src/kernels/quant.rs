@@ -579,9 +579,11 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8>(rows: *const u8, rb: usize, n: u
         let sx = *xs.get_unchecked(2 * b) + *xs.get_unchecked(2 * b + 1);
         let a = _mm256_loadu_si256(qx.as_ptr().add(b * 32) as *const __m256i);
         // 8 or 16 times the activation's sum per 4-byte lane (zero for the other formats).
+        // For Q8_0 with VNNI, 128 times it (see below).
         let a_off = match F {
             0 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), a), 3),
             2 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), a), 4),
+            4 if VNNI != Vnni::None as u8 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), a), 7),
             _ => _mm256_setzero_si256(),
         };
         for r in 0..R {
@@ -595,8 +597,14 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8>(rows: *const u8, rb: usize, n: u
             let d = _mm_cvtss_f32(dm);
             let p32 = if F == 4 {
                 let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                // |w| and a * sign(w): a -128 weight is 128 as u8 (see `dot_avx2`).
-                dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+                if VNNI != Vnni::None as u8 {
+                    // `vpdpbusd` has no i16 saturation: take w + 128 (a u8) and subtract 128 sum(a),
+                    // exact for every weight byte, -128 included.
+                    _mm256_sub_epi32(dot(_mm256_xor_si256(w, _mm256_set1_epi8(-128)), a), a_off)
+                } else {
+                    // |w| and a * sign(w): a -128 weight is 128 as u8 (see `dot_avx2`).
+                    dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+                }
             } else {
                 let mut q = rlx_gguf::simd::nibbles32(blk.add([2, 4, 6, 8][F as usize]));
                 if F == 2 || F == 3 {

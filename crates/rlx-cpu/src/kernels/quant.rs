@@ -97,11 +97,6 @@ pub fn profile_name(scheme: QuantScheme) -> &'static str {
     }
 }
 
-/// The ggml type of a GGUF scheme.
-pub fn ggml_type(s: QuantScheme) -> Option<GgmlType> {
-    s.ggml_type()
-}
-
 #[inline(always)]
 fn f16(b: &[u8], i: usize) -> f32 {
     half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
@@ -899,7 +894,7 @@ fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usiz
 pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     match &info.node.op {
         Op::DequantMatMul { scheme } => {
-            let ty = ggml_type(*scheme).ok_or_else(|| info.unsupported(format!("{scheme:?} is decomposed, not lowered")))?;
+            let ty = scheme.ggml_type().ok_or_else(|| info.unsupported(format!("{scheme:?} is decomposed, not lowered")))?;
             if info.in_dtypes[0] != rlx_ir::DType::F32 {
                 return Err(info.unsupported(format!("x must be f32, got {}", info.in_dtypes[0])));
             }
@@ -925,7 +920,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             })
         }
         Op::DequantizeRows { scheme } => {
-            let ty = ggml_type(*scheme).ok_or_else(|| info.unsupported(format!("{scheme:?} is not a GGUF scheme")))?;
+            let ty = scheme.ggml_type().ok_or_else(|| info.unsupported(format!("{scheme:?} is not a GGUF scheme")))?;
             let row_bytes = *info.ins[0].dims().last().unwrap_or(&0);
             let k = *info.dims.last().unwrap_or(&0);
             let rows = info.ins[0].numel() / row_bytes.max(1);

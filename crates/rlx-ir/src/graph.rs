@@ -134,6 +134,12 @@ impl Graph {
         id
     }
 
+    /// Remove and return the nodes from index `start` on (a rewrite engine takes back the nodes
+    /// a rule appended, to pass them through its rules). Outputs must not refer to them.
+    pub fn split_off(&mut self, start: usize) -> Vec<Node> {
+        self.nodes.split_off(start.min(self.nodes.len()))
+    }
+
     /// Replace the output list without checking it.
     pub fn set_outputs_unchecked(&mut self, outputs: Vec<NodeId>) {
         self.outputs = outputs;

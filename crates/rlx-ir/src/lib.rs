@@ -5,8 +5,9 @@
 //!   one family file each under [`ops`].
 //! - [`Graph`] is an arena of [`Node`]s addressed by [`NodeId`], built with checked methods
 //!   (`try_add`, `try_matmul`, ...) that return structured [`Error`]s naming op and shapes.
-//! - [`verify`] checks all invariants at once; `Display` prints a readable form; [`Graph::to_json`]
-//!   and [`Graph::from_json`] round-trip (and verify what they read).
+//! - [`verify`] checks all invariants at once. The [`text`] form prints (`Display`) and parses
+//!   ([`Graph::parse`]); [`Graph::to_json`] and [`Graph::from_json`] round-trip too. Both readers
+//!   verify what they read.
 
 #![deny(missing_docs)]
 
@@ -18,9 +19,9 @@ pub mod eval;
 mod graph;
 mod op;
 pub mod ops;
-mod print;
 pub mod quant;
 mod shape;
+pub mod text;
 mod verify;
 
 pub use dtype::DType;

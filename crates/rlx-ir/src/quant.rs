@@ -61,6 +61,23 @@ pub enum QuantScheme {
 }
 
 impl QuantScheme {
+    /// Every GGUF scheme.
+    pub const GGUF: [QuantScheme; 13] = [
+        QuantScheme::GgufF16,
+        QuantScheme::GgufBF16,
+        QuantScheme::GgufQ4_0,
+        QuantScheme::GgufQ4_1,
+        QuantScheme::GgufQ5_0,
+        QuantScheme::GgufQ5_1,
+        QuantScheme::GgufQ8_0,
+        QuantScheme::GgufQ2K,
+        QuantScheme::GgufQ3K,
+        QuantScheme::GgufQ4K,
+        QuantScheme::GgufQ5K,
+        QuantScheme::GgufQ6K,
+        QuantScheme::GgufQ8K,
+    ];
+
     /// Whether the scheme is a GGUF block format (packed operand `U8 [N, row_bytes]`).
     pub fn is_gguf(self) -> bool {
         !matches!(

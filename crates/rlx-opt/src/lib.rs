@@ -1,9 +1,11 @@
 //! RLX optimizer: graph-to-graph passes, the compile pipeline that runs them, and the memory
 //! planner backends use to pack intermediates into one arena.
 //!
-//! Passes rebuild the graph through [`rewrite()`]: a rule sees each node with its operands already
-//! rewritten and either keeps it or returns a replacement. Nothing here is specific to one op
-//! except the algebraic rules, which are a list of small patterns in [`simplify`].
+//! Most passes are rule lists ([`RuleSet`]): named rules indexed by the op kind at their
+//! pattern's root, applied to a fixed point while the graph is rebuilt, with optional CSE by
+//! structural hash and a count of the rules that fired (see [`rewrite`]). Simplification
+//! ([`simplify::rules`]), CSE, decomposition and constant folding are such lists; nothing here is
+//! specific to one op except the algebraic rules.
 
 #![deny(missing_docs)]
 
@@ -21,6 +23,6 @@ pub use fold::ConstantFolding;
 pub use memory::{plan_memory, BufferRequest, MemoryPlan};
 pub use passes::{Cse, DeadCodeElimination, Decompose};
 pub use pipeline::{CompilePipeline, CompileResult, Pass, PassRecord};
-pub use rewrite::{rewrite, Rewrite};
+pub use rewrite::{rewrite, Rewrite, Rule, RuleSet, Site};
 pub use simplify::AlgebraicSimplify;
 pub use vmap::{vmap, vmap_axes};

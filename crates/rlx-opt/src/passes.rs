@@ -1,9 +1,8 @@
 //! Structural passes: dead-code elimination, common-subexpression elimination, and decomposition
 //! of ops a backend lacks.
 
-use crate::{rewrite, Pass, Rewrite};
-use rlx_ir::{ops, Error, Graph, NodeId, Op, Result};
-use std::collections::HashMap;
+use crate::{Pass, Rule, RuleSet, Site};
+use rlx_ir::{ops, Error, Graph, NodeId, Op, OpKind, Result};
 
 /// Removes nodes no output depends on. Inputs and params stay, so their names remain valid.
 pub struct DeadCodeElimination;
@@ -42,7 +41,8 @@ impl Pass for DeadCodeElimination {
     }
 }
 
-/// Merges structurally equal nodes (same op, attributes, operands and shape).
+/// Merges structurally equal nodes (same op, attributes, operands and shape), found by a
+/// structural hash ([`crate::rewrite::structural_hash`]).
 pub struct Cse;
 
 impl Pass for Cse {
@@ -51,28 +51,46 @@ impl Pass for Cse {
     }
 
     fn run(&self, g: &Graph) -> Result<(Graph, usize)> {
-        let mut seen: HashMap<String, NodeId> = HashMap::new();
-        rewrite(g, |out, op, ins, shape| {
-            if matches!(op, Op::Input { .. } | Op::Param { .. }) {
-                return Ok(Rewrite::Keep);
-            }
-            let key = format!("{op:?}|{ins:?}|{shape:?}");
-            if let Some(&prev) = seen.get(&key) {
-                return Ok(Rewrite::Replace(prev));
-            }
-            seen.insert(key, NodeId(out.len() as u32));
-            Ok(Rewrite::Keep)
-        })
+        RuleSet::new("cse").with_cse().run(g)
     }
 }
 
-/// Replaces every node a backend cannot run by the op's decomposition, repeatedly, so that the
-/// decomposition may itself use composite ops the backend does run.
+/// Replaces every node a backend cannot run by the op's decomposition. Decompositions go
+/// through the rules again, so one may use composite ops that are themselves decomposed (or that
+/// the backend runs). Each op's rule is counted as `decompose:<op>`.
 pub struct Decompose<'a> {
     /// Backend name for errors.
     pub backend: &'a str,
     /// Whether the backend runs a node natively.
     pub supports: &'a dyn Fn(&Graph, NodeId) -> bool,
+}
+
+impl Decompose<'_> {
+    /// One rule per op kind: decompose a node the backend does not run.
+    pub fn rules(&self) -> RuleSet<'_> {
+        let mut set = RuleSet::new("decompose");
+        for &kind in OpKind::ALL {
+            set = set.with(Rule::new(format!("decompose:{}", kind.name()), &[kind], move |g: &mut Graph, s: &Site| {
+                // Ask the backend about the node as it would stand, then take it back.
+                let probe = g.push_unchecked(s.op.clone(), s.ins.to_vec(), s.shape.clone());
+                let runs = (self.supports)(g, probe);
+                g.split_off(probe.index());
+                if runs {
+                    return Ok(None);
+                }
+                match ops::decompose(g, s.op, s.ins) {
+                    Some(r) => r.map(Some),
+                    None => Err(Error::Unsupported {
+                        backend: self.backend.to_string(),
+                        op: s.op.name().to_string(),
+                        node: s.source,
+                        msg: "no kernel and no decomposition".to_string(),
+                    }),
+                }
+            }));
+        }
+        set
+    }
 }
 
 impl Pass for Decompose<'_> {
@@ -81,34 +99,10 @@ impl Pass for Decompose<'_> {
     }
 
     fn run(&self, g: &Graph) -> Result<(Graph, usize)> {
-        let mut cur = g.clone();
-        let mut total = 0;
-        for _ in 0..8 {
-            let unsupported: Vec<bool> = cur.ids().map(|id| !(self.supports)(&cur, id)).collect();
-            if !unsupported.iter().any(|&u| u) {
-                return Ok((cur, total));
-            }
-            let mut idx = 0;
-            let (next, n) = rewrite(&cur, |out, op, ins, _| {
-                let bad = unsupported[idx];
-                let id = NodeId(idx as u32);
-                idx += 1;
-                if !bad {
-                    return Ok(Rewrite::Keep);
-                }
-                match ops::decompose(out, op, ins) {
-                    Some(r) => Ok(Rewrite::Replace(r.map_err(|e| e.at(id))?)),
-                    None => Err(Error::Unsupported {
-                        backend: self.backend.to_string(),
-                        op: op.name().to_string(),
-                        node: id,
-                        msg: "no kernel and no decomposition".to_string(),
-                    }),
-                }
-            })?;
-            total += n;
-            cur = next;
-        }
-        Err(Error::Invalid(format!("decomposition for {} did not converge", self.backend)))
+        self.rules().run(g)
+    }
+
+    fn run_counted(&self, g: &Graph) -> Result<(Graph, std::collections::BTreeMap<String, usize>)> {
+        self.rules().apply(g)
     }
 }

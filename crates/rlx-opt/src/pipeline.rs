@@ -1,6 +1,7 @@
 //! The compile pipeline: passes run in order with verification and an optional IR dump.
 
 use rlx_ir::{verify, Graph, Result};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 /// A graph-to-graph transformation.
@@ -9,6 +10,13 @@ pub trait Pass {
     fn name(&self) -> &str;
     /// Transform `g`, returning the new graph and how many rewrites happened.
     fn run(&self, g: &Graph) -> Result<(Graph, usize)>;
+    /// [`Pass::run`] with the count of each rule that fired (a pass that is not a rule list
+    /// counts its rewrites under its own name).
+    fn run_counted(&self, g: &Graph) -> Result<(Graph, BTreeMap<String, usize>)> {
+        let (out, n) = self.run(g)?;
+        let fired = if n > 0 { BTreeMap::from([(self.name().to_string(), n)]) } else { BTreeMap::new() };
+        Ok((out, fired))
+    }
 }
 
 /// What one pass did.
@@ -22,6 +30,8 @@ pub struct PassRecord {
     pub nodes_after: usize,
     /// Rewrites reported by the pass.
     pub rewrites: usize,
+    /// How often each rule fired (rule name → count; rules that never fired are absent).
+    pub fired: BTreeMap<String, usize>,
 }
 
 /// The optimized graph and the record of every pass.
@@ -57,6 +67,12 @@ impl<'a> CompilePipeline<'a> {
     /// Append a pass.
     pub fn with_pass(mut self, p: impl Pass + 'a) -> Self {
         self.passes.push(Box::new(p));
+        self
+    }
+
+    /// Append a boxed pass (a pass list chosen at run time).
+    pub fn with_boxed_pass(mut self, p: Box<dyn Pass + 'a>) -> Self {
+        self.passes.push(p);
         self
     }
 
@@ -99,7 +115,8 @@ impl<'a> CompilePipeline<'a> {
             let mut any = false;
             for p in &self.passes {
                 self.dump(step, p.name(), "before", &cur);
-                let (next, rewrites) = p.run(&cur)?;
+                let (next, fired) = p.run_counted(&cur)?;
+                let rewrites = fired.values().sum();
                 if self.verify_each {
                     verify(&next)?;
                 }
@@ -109,6 +126,7 @@ impl<'a> CompilePipeline<'a> {
                     nodes_before: cur.len(),
                     nodes_after: next.len(),
                     rewrites,
+                    fired,
                 });
                 any |= rewrites > 0;
                 cur = next;

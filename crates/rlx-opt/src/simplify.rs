@@ -11,10 +11,10 @@
 //!   both splits, when only constant splats need cutting (the sum of narrows' cotangents, each
 //!   padded with zeros, becomes one concat of the pieces)
 
-use crate::{rewrite, Pass, Rewrite};
-use rlx_ir::{convert, Activation, BinaryOp, Graph, NodeId, Op, Result, Shape};
+use crate::{Pass, Rule, RuleSet, Site};
+use rlx_ir::{convert, Activation, Graph, NodeId, Op, OpKind, Result, Shape};
 
-/// The algebraic rule list as a pass, run to a fixed point by the pipeline.
+/// The algebraic rule list ([`rules`]) as a pass.
 pub struct AlgebraicSimplify;
 
 /// If `id` is a constant whose elements all equal one value (or an expand of one), that value.
@@ -30,57 +30,73 @@ fn splat(g: &Graph, id: NodeId) -> Option<f64> {
     chunks.all(|c| c == first).then(|| convert::bytes_to_f64(first, n.shape.dtype()))
 }
 
-fn simplify_node(g: &mut Graph, op: &Op, ins: &[NodeId], shape: &Shape) -> Result<Option<NodeId>> {
-    let same = |g: &Graph, x: NodeId| g.shape(x) == shape;
-    Ok(match op {
-        Op::Binary(b) => {
-            let (x, y) = (ins[0], ins[1]);
-            let (sx, sy) = (splat(g, x), splat(g, y));
-            let float = shape.dtype().is_float();
-            // The additive identity: -0.0 for floats (x + 0.0 turns -0.0 into +0.0), 0 for ints.
-            let add_id = |v: Option<f64>| v.is_some_and(|v| v == 0.0 && (!float || v.is_sign_negative()));
-            match b {
-                BinaryOp::Add if same(g, x) && same(g, y) && concat_axis(g, x).is_some() && concat_axis(g, x) == concat_axis(g, y) => {
-                    add_concats(g, x, y, shape)?
-                }
-                BinaryOp::Add if add_id(sy) && same(g, x) => Some(x),
-                BinaryOp::Add if add_id(sx) && same(g, y) => Some(y),
-                BinaryOp::Sub if sy == Some(0.0) && same(g, x) => Some(x),
-                BinaryOp::Mul if sy == Some(1.0) && same(g, x) => Some(x),
-                BinaryOp::Mul if sx == Some(1.0) && same(g, y) => Some(y),
-                BinaryOp::Div if sy == Some(1.0) && same(g, x) => Some(x),
-                _ => None,
+/// Whether `id` has exactly the result shape of the site (so using it adds no broadcast).
+fn same(g: &Graph, id: NodeId, s: &Site) -> bool {
+    g.shape(id) == s.shape
+}
+
+/// The additive identity test: `-0.0` for floats (`x + 0.0` turns `-0.0` into `+0.0`), 0 for
+/// integers.
+fn is_add_identity(v: Option<f64>, s: &Site) -> bool {
+    v.is_some_and(|v| v == 0.0 && (!s.shape.dtype().is_float() || v.is_sign_negative()))
+}
+
+/// The algebraic rules, tried in this order for each node.
+pub fn rules() -> RuleSet<'static> {
+    use OpKind as K;
+    RuleSet::new("simplify")
+        .with(Rule::new("add_concats", &[K::Add], |g, s| {
+            let (x, y) = (s.ins[0], s.ins[1]);
+            if !(same(g, x, s) && same(g, y, s)) || concat_axis(g, x).is_none() || concat_axis(g, x) != concat_axis(g, y) {
+                return Ok(None);
             }
-        }
-        Op::Activation(Activation::Neg) => match &g.node(ins[0]).op {
-            Op::Activation(Activation::Neg) => Some(g.node(ins[0]).inputs[0]),
-            _ => None,
-        },
-        Op::Transpose { perm } => {
-            if perm.iter().enumerate().all(|(i, &p)| i == p) {
-                Some(ins[0])
-            } else if let Op::Transpose { perm: inner } = &g.node(ins[0]).op {
-                let src = g.node(ins[0]).inputs[0];
-                let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
-                Some(g.try_transpose(src, &composed)?)
+            add_concats(g, x, y, s.shape)
+        }))
+        .with(Rule::new("add_zero", &[K::Add], |g, s| {
+            let (x, y) = (s.ins[0], s.ins[1]);
+            Ok(if is_add_identity(splat(g, y), s) && same(g, x, s) {
+                Some(x)
+            } else if is_add_identity(splat(g, x), s) && same(g, y, s) {
+                Some(y)
             } else {
                 None
-            }
-        }
-        Op::Reshape { shape: dims } => {
-            if same(g, ins[0]) {
-                Some(ins[0])
-            } else if let Op::Reshape { .. } = &g.node(ins[0]).op {
-                let src = g.node(ins[0]).inputs[0];
-                Some(g.try_reshape(src, dims)?)
+            })
+        }))
+        .with(Rule::new("sub_zero", &[K::Sub], |g, s| Ok((splat(g, s.ins[1]) == Some(0.0) && same(g, s.ins[0], s)).then_some(s.ins[0]))))
+        .with(Rule::new("mul_one", &[K::Mul], |g, s| {
+            let (x, y) = (s.ins[0], s.ins[1]);
+            Ok(if splat(g, y) == Some(1.0) && same(g, x, s) {
+                Some(x)
+            } else if splat(g, x) == Some(1.0) && same(g, y, s) {
+                Some(y)
             } else {
                 None
-            }
-        }
-        Op::Expand { .. } | Op::Cast { .. } if same(g, ins[0]) => Some(ins[0]),
-        Op::Narrow { .. } if same(g, ins[0]) => Some(ins[0]),
-        _ => None,
-    })
+            })
+        }))
+        .with(Rule::new("div_one", &[K::Div], |g, s| Ok((splat(g, s.ins[1]) == Some(1.0) && same(g, s.ins[0], s)).then_some(s.ins[0]))))
+        .with(Rule::new("neg_neg", &[K::Neg], |g, s| {
+            let inner = g.node(s.ins[0]);
+            Ok(matches!(inner.op, Op::Activation(Activation::Neg)).then(|| inner.inputs[0]))
+        }))
+        .with(Rule::new("transpose_identity", &[K::Transpose], |_, s| {
+            let Op::Transpose { perm } = s.op else { return Ok(None) };
+            Ok(perm.iter().enumerate().all(|(i, &p)| i == p).then_some(s.ins[0]))
+        }))
+        .with(Rule::new("transpose_transpose", &[K::Transpose], |g, s| {
+            let (Op::Transpose { perm }, Op::Transpose { perm: inner }) = (s.op, &g.node(s.ins[0]).op) else { return Ok(None) };
+            let src = g.node(s.ins[0]).inputs[0];
+            let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
+            Ok(Some(g.try_transpose(src, &composed)?))
+        }))
+        .with(Rule::new("reshape_same", &[K::Reshape], |g, s| Ok(same(g, s.ins[0], s).then_some(s.ins[0]))))
+        .with(Rule::new("reshape_reshape", &[K::Reshape], |g, s| {
+            let (Op::Reshape { shape: dims }, Op::Reshape { .. }) = (s.op, &g.node(s.ins[0]).op) else { return Ok(None) };
+            let src = g.node(s.ins[0]).inputs[0];
+            Ok(Some(g.try_reshape(src, dims)?))
+        }))
+        .with(Rule::new("expand_same", &[K::Expand], |g, s| Ok(same(g, s.ins[0], s).then_some(s.ins[0]))))
+        .with(Rule::new("cast_same", &[K::Cast], |g, s| Ok(same(g, s.ins[0], s).then_some(s.ins[0]))))
+        .with(Rule::new("narrow_full", &[K::Narrow], |g, s| Ok(same(g, s.ins[0], s).then_some(s.ins[0]))))
 }
 
 /// The axis of a concat node.
@@ -138,12 +154,8 @@ fn add_concats(g: &mut Graph, x: NodeId, y: NodeId, shape: &Shape) -> Result<Opt
         let pb = piece(g, &b, s, e)?;
         let mut d = dims.clone();
         d[axis] = e - s;
-        // Apply the identity rules to each segment's sum right away (padding drops out).
-        let seg = match simplify_node(g, &Op::Binary(BinaryOp::Add), &[pa, pb], &Shape::new(&d, shape.dtype()))? {
-            Some(r) => r,
-            None => g.try_add(pa, pb)?,
-        };
-        sums.push(seg);
+        // The engine offers each segment's sum to the rules again, so zero padding drops out.
+        sums.push(g.try_add(pa, pb)?);
     }
     Ok(Some(g.try_concat(&sums, axis)?))
 }
@@ -154,11 +166,10 @@ impl Pass for AlgebraicSimplify {
     }
 
     fn run(&self, g: &Graph) -> Result<(Graph, usize)> {
-        rewrite(g, |out, op, ins, shape| {
-            Ok(match simplify_node(out, op, ins, shape)? {
-                Some(r) => Rewrite::Replace(r),
-                None => Rewrite::Keep,
-            })
-        })
+        rules().run(g)
+    }
+
+    fn run_counted(&self, g: &Graph) -> Result<(Graph, std::collections::BTreeMap<String, usize>)> {
+        rules().apply(g)
     }
 }

@@ -160,6 +160,19 @@ fn the_cpu_backend_matches_the_reference_evaluator() {
     });
 }
 
+/// The text form prints and parses back every case of the op table (every op kind, with its
+/// attributes), and the parsed graph prints the same text.
+#[test]
+fn the_text_form_round_trips_every_case() {
+    for c in &cases() {
+        let g = build(c).map(|b| b.g).unwrap_or_else(|e| panic!("{}: {e}", c["name"]));
+        let text = g.to_string();
+        let back = Graph::parse(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", c["name"]));
+        assert_eq!(back, g, "{text}");
+        assert_eq!(back.to_string(), text);
+    }
+}
+
 /// Every op kind of the IR has golden cases (a new op needs its rows). The list comes from
 /// [`OpKind::ALL`], so it cannot drift from the IR; only the leaves are exempt, and every case
 /// has them.

@@ -1,6 +1,7 @@
 //! Rules of [`Op::Custom`]: a graph used as an op, with optional custom derivative graphs.
 
 use super::ad::{differentiable, zeros_like};
+use crate::text::{Attr, Attrs};
 use crate::{CustomFn, Error, Graph, NodeId, Op, Result, Shape};
 
 /// The argument leaves of a body graph, in definition order.
@@ -96,4 +97,17 @@ pub(super) fn jvp(g: &mut Graph, f: &CustomFn, ins: &[NodeId], t: &[Option<NodeI
 /// Cost of a custom function: the sum of its body's nodes.
 pub(super) fn cost(f: &CustomFn) -> super::Cost {
     super::graph_cost(&f.body)
+}
+
+/// Text-form attributes of a custom function: its name, body and derivative graphs.
+pub fn attrs(f: &CustomFn) -> Vec<(&'static str, Attr)> {
+    let graph = |g: &Option<Box<Graph>>| g.as_ref().map_or(Attr::word("none"), |g| Attr::Graph(g.clone()));
+    vec![("name", Attr::Str(f.name.clone())), ("body", Attr::Graph(f.body.clone())), ("vjp", graph(&f.vjp)), ("jvp", graph(&f.jvp))]
+}
+
+/// A custom function from its text-form attributes.
+pub fn from_attrs(a: &mut Attrs) -> Result<CustomFn> {
+    let name = a.string("name")?;
+    let body = a.graph("body", false)?.ok_or_else(|| Error::op("custom", "missing body"))?;
+    Ok(CustomFn { name, body: Box::new(body), vjp: a.graph("vjp", true)?.map(Box::new), jvp: a.graph("jvp", true)?.map(Box::new) })
 }

@@ -68,3 +68,8 @@ pub(super) fn jvp(g: &mut Graph, axis: Option<usize>, ins: &[NodeId], t: &[Optio
 pub(super) fn cost(ins: &[&Shape], out: &Shape) -> Cost {
     Cost::streaming(ins, out, 2)
 }
+
+/// Text-form attributes: the channel axis, or `none` per tensor (as [`super::quantize::attrs`]).
+pub fn attrs(axis: Option<usize>) -> Vec<(&'static str, crate::text::Attr)> {
+    super::quantize::attrs(axis)
+}

@@ -1,7 +1,8 @@
 //! Rules of elementwise ops: Binary, Compare, Where, Activation.
 
 use super::{require_float, same_dtype};
-use crate::{broadcast_dims, Activation, BinaryOp, DType, Error, Op, Result, Shape};
+use crate::text::{Attr, Attrs};
+use crate::{broadcast_dims, Activation, BinaryOp, DType, Error, Op, OpKind, Result, Shape};
 
 fn broadcast(op: &str, a: &Shape, b: &Shape) -> Result<Vec<crate::Dim>> {
     broadcast_dims(a.dims(), b.dims()).ok_or_else(|| {
@@ -506,4 +507,47 @@ pub(super) fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> super::Cost {
         _ => 1,
     };
     super::Cost::streaming(ins, out, per)
+}
+
+const BINARY: [BinaryOp; 7] = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min, BinaryOp::Pow];
+const COMPARE: [crate::CmpOp; 6] = [crate::CmpOp::Eq, crate::CmpOp::Ne, crate::CmpOp::Lt, crate::CmpOp::Le, crate::CmpOp::Gt, crate::CmpOp::Ge];
+const ACTIVATION: [Activation; 19] = [
+    Activation::Gelu,
+    Activation::GeluApprox,
+    Activation::GeluApproxGrad,
+    Activation::Silu,
+    Activation::Relu,
+    Activation::Sigmoid,
+    Activation::Tanh,
+    Activation::Exp,
+    Activation::Log,
+    Activation::Sqrt,
+    Activation::Rsqrt,
+    Activation::Neg,
+    Activation::Abs,
+    Activation::Sin,
+    Activation::Cos,
+    Activation::Tan,
+    Activation::Atan,
+    Activation::Round,
+    Activation::Erf,
+];
+
+/// Text-form attributes: only a cast has one (its target dtype); the function is the op's name.
+pub fn attrs(op: &Op) -> Vec<(&'static str, Attr)> {
+    match op {
+        Op::Cast { to } => vec![("to", Attr::word(to.name()))],
+        _ => Vec::new(),
+    }
+}
+
+/// The elementwise op of `kind` from its text-form attributes.
+pub fn from_attrs(kind: OpKind, a: &mut Attrs) -> Result<Op> {
+    match kind {
+        OpKind::Cast => return Ok(Op::Cast { to: a.dtype("to")? }),
+        OpKind::Where => return Ok(Op::Where),
+        _ => {}
+    }
+    let ops = BINARY.map(Op::Binary).into_iter().chain(COMPARE.map(Op::Compare)).chain(ACTIVATION.map(Op::Activation));
+    ops.into_iter().find(|op| op.kind() == kind).ok_or_else(|| Error::op(kind.name(), "is not an elementwise op"))
 }

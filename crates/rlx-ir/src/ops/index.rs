@@ -1,6 +1,7 @@
 //! Rules of indexing ops: Gather, ScatterAdd.
 
 use super::{check_axis, same_dtype};
+use crate::text::{Attr, Attrs};
 use crate::{Dim, Error, Result, Shape};
 
 fn require_index(op: &str, idx: &Shape) -> Result<()> {
@@ -168,4 +169,19 @@ pub(super) fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> super::Cost {
         Op::ScatterAdd { .. } => super::Cost::streaming(ins, out, 0).with_flops(super::numel(ins[2])),
         _ => super::Cost { flops: 0, bytes: 2 * super::bytes(out) + super::bytes(ins[1]) },
     }
+}
+
+/// Text-form attributes of gather and scatter_add: the axis.
+pub fn attrs(axis: usize) -> Vec<(&'static str, Attr)> {
+    vec![("axis", axis.into())]
+}
+
+/// A gather or scatter_add from its text-form attributes.
+pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
+    use crate::{Op, OpKind as K};
+    Ok(match kind {
+        K::Gather => Op::Gather { axis: a.usize("axis")? },
+        K::ScatterAdd => Op::ScatterAdd { axis: a.usize("axis")? },
+        _ => return Err(Error::op(kind.name(), "is not an indexing op")),
+    })
 }

@@ -117,3 +117,13 @@ pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
         }
     }
 }
+
+/// Text-form attributes of cached_attention (cache_write has none).
+pub fn attrs(scale: f32, window: Option<usize>) -> Vec<(&'static str, crate::text::Attr)> {
+    vec![("scale", scale.into()), ("window", window.into())]
+}
+
+/// A cached_attention from its text-form attributes.
+pub fn from_attrs(a: &mut crate::text::Attrs) -> Result<crate::Op> {
+    Ok(crate::Op::CachedAttention { scale: a.f32("scale")?, window: a.opt_usize("window")? })
+}

@@ -1,6 +1,7 @@
 //! Rules of MatMul and DotGeneral (and DotGeneral's decomposition into MatMul).
 
 use super::{dims_of, same_dtype, static_dims};
+use crate::text::{Attr, Attrs};
 use crate::{broadcast_dims, DotDims, Error, Graph, NodeId, Result, Shape};
 
 pub(super) fn matmul(ins: &[&Shape]) -> Result<Shape> {
@@ -190,4 +191,19 @@ pub(super) fn cost_matmul(ins: &[&Shape], out: &Shape) -> super::Cost {
 pub(super) fn cost_dot_general(d: &DotDims, ins: &[&Shape], out: &Shape) -> super::Cost {
     let k: u64 = d.lhs_contract.iter().map(|&a| ins[0].dims().get(a).and_then(|d| d.as_static()).unwrap_or(0) as u64).product();
     super::Cost::streaming(ins, out, 0).with_flops(2 * super::numel(out) * k)
+}
+
+/// Text-form attributes of a dot_general (a matmul has none).
+pub fn attrs(d: &DotDims) -> Vec<(&'static str, Attr)> {
+    vec![
+        ("lhs_contract", d.lhs_contract.as_slice().into()),
+        ("rhs_contract", d.rhs_contract.as_slice().into()),
+        ("lhs_batch", d.lhs_batch.as_slice().into()),
+        ("rhs_batch", d.rhs_batch.as_slice().into()),
+    ]
+}
+
+/// A dot_general from its text-form attributes.
+pub fn from_attrs(a: &mut Attrs) -> Result<DotDims> {
+    Ok(DotDims { lhs_contract: a.usizes("lhs_contract")?, rhs_contract: a.usizes("rhs_contract")?, lhs_batch: a.usizes("lhs_batch")?, rhs_batch: a.usizes("rhs_batch")? })
 }

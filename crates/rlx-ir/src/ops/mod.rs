@@ -441,6 +441,66 @@ pub(crate) fn dims_of(v: &[usize]) -> Vec<Dim> {
     v.iter().map(|&d| Dim::Static(d)).collect()
 }
 
+/// The attributes of `op` in the text form ([`crate::text`]), in print order.
+pub fn attrs(op: &Op) -> Vec<(&'static str, crate::text::Attr)> {
+    use crate::text::Attr;
+    match op {
+        Op::Input { name } | Op::Param { name } => vec![("name", Attr::Str(name.clone()))],
+        Op::Constant { data } => vec![("data", Attr::Bytes(data.clone()))],
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => elementwise::attrs(op),
+        Op::MatMul => Vec::new(),
+        Op::DotGeneral(d) => linalg::attrs(d),
+        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => reduce::attrs(op),
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Rope { .. } => nn::attrs(op),
+        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => movement::attrs(op),
+        Op::Gather { axis } | Op::ScatterAdd { axis } => index::attrs(*axis),
+        Op::Conv(_) | Op::Pool(_) => spatial::attrs(op),
+        Op::Custom(f) => custom::attrs(f),
+        Op::DequantMatMul { scheme } | Op::DequantizeRows { scheme } => vec![("scheme", quant::scheme_attr(*scheme))],
+        Op::Quantize { axis } => quantize::attrs(*axis),
+        Op::Dequantize { axis } => dequantize::attrs(*axis),
+        Op::FakeQuantize { axis } => fake_quantize::attrs(*axis),
+        Op::CacheWrite => Vec::new(),
+        Op::CachedAttention { scale, window } => kv::attrs(*scale, *window),
+    }
+}
+
+/// The op of `kind` from its text-form attributes; a missing, mistyped or unknown attribute is
+/// an error naming the op.
+pub fn from_attrs(kind: crate::OpKind, mut a: crate::text::Attrs) -> Result<Op> {
+    use crate::OpKind as K;
+    let op = match kind {
+        K::Input => Op::Input { name: a.string("name")? },
+        K::Param => Op::Param { name: a.string("name")? },
+        K::Constant => Op::Constant { data: a.bytes("data")? },
+        K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow => elementwise::from_attrs(kind, &mut a)?,
+        K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Where | K::Cast => elementwise::from_attrs(kind, &mut a)?,
+        K::Gelu | K::GeluApprox | K::GeluApproxGrad | K::Silu | K::Relu | K::Sigmoid | K::Tanh | K::Exp | K::Log => {
+            elementwise::from_attrs(kind, &mut a)?
+        }
+        K::Sqrt | K::Rsqrt | K::Neg | K::Abs | K::Sin | K::Cos | K::Tan | K::Atan | K::Round | K::Erf => {
+            elementwise::from_attrs(kind, &mut a)?
+        }
+        K::MatMul => Op::MatMul,
+        K::DotGeneral => Op::DotGeneral(linalg::from_attrs(&mut a)?),
+        K::Reduce | K::Softmax | K::Cumsum | K::TopK => reduce::from_attrs(kind, &mut a)?,
+        K::LayerNorm | K::RmsNorm | K::Attention | K::Rope => nn::from_attrs(kind, &mut a)?,
+        K::Reshape | K::Transpose | K::Narrow | K::Concat | K::Expand => movement::from_attrs(kind, &mut a)?,
+        K::Gather | K::ScatterAdd => index::from_attrs(kind, &mut a)?,
+        K::Conv | K::Pool => spatial::from_attrs(kind, &mut a)?,
+        K::Custom => Op::Custom(custom::from_attrs(&mut a)?),
+        K::DequantMatMul => Op::DequantMatMul { scheme: quant::scheme_from_attrs("dequant_matmul", &mut a)? },
+        K::DequantizeRows => Op::DequantizeRows { scheme: quant::scheme_from_attrs("dequantize_rows", &mut a)? },
+        K::Quantize => Op::Quantize { axis: quantize::from_attrs(&mut a)? },
+        K::Dequantize => Op::Dequantize { axis: quantize::from_attrs(&mut a)? },
+        K::FakeQuantize => Op::FakeQuantize { axis: quantize::from_attrs(&mut a)? },
+        K::CacheWrite => Op::CacheWrite,
+        K::CachedAttention => kv::from_attrs(&mut a)?,
+    };
+    a.finish()?;
+    Ok(op)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

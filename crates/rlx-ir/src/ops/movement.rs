@@ -1,6 +1,7 @@
 //! Rules of data-movement ops: Reshape, Transpose, Narrow, Concat, Expand.
 
 use super::{check_axis, dims_of, static_dims};
+use crate::text::{Attr, Attrs};
 use crate::{Dim, Error, Result, Shape};
 
 pub(super) fn reshape(target: &[usize], x: &Shape) -> Result<Shape> {
@@ -233,4 +234,29 @@ pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
         crate::Op::Reshape { .. } => super::Cost::default(),
         _ => super::Cost { flops: 0, bytes: 2 * super::bytes(out) },
     }
+}
+
+/// Text-form attributes of the movement ops.
+pub fn attrs(op: &crate::Op) -> Vec<(&'static str, Attr)> {
+    use crate::Op;
+    match op {
+        Op::Reshape { shape } | Op::Expand { shape } => vec![("shape", shape.as_slice().into())],
+        Op::Transpose { perm } => vec![("perm", perm.as_slice().into())],
+        Op::Narrow { axis, start, len } => vec![("axis", (*axis).into()), ("start", (*start).into()), ("len", (*len).into())],
+        Op::Concat { axis } => vec![("axis", (*axis).into())],
+        _ => Vec::new(),
+    }
+}
+
+/// A movement op of `kind` from its text-form attributes.
+pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
+    use crate::{Op, OpKind as K};
+    Ok(match kind {
+        K::Reshape => Op::Reshape { shape: a.usizes("shape")? },
+        K::Expand => Op::Expand { shape: a.usizes("shape")? },
+        K::Transpose => Op::Transpose { perm: a.usizes("perm")? },
+        K::Narrow => Op::Narrow { axis: a.usize("axis")?, start: a.usize("start")?, len: a.usize("len")? },
+        K::Concat => Op::Concat { axis: a.usize("axis")? },
+        _ => return Err(Error::op(kind.name(), "is not a movement op")),
+    })
 }

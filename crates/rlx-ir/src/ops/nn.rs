@@ -1,6 +1,7 @@
 //! Rules of the neural-network ops: LayerNorm, RmsNorm, Attention, Rope.
 
 use super::{require_float, same_dtype, static_dims};
+use crate::text::{Attr, Attrs};
 use crate::{broadcast_dims, Dim, Error, MaskKind, Result, Shape};
 
 fn norm_param(op: &str, what: &str, x: &Shape, p: &Shape) -> Result<()> {
@@ -268,4 +269,47 @@ pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
         crate::Op::Rope { .. } => base.with_flops(6 * super::numel(out)),
         _ => base.with_flops(8 * super::numel(out)),
     }
+}
+
+/// Text-form attributes of the norms, attention and rope.
+pub fn attrs(op: &crate::Op) -> Vec<(&'static str, Attr)> {
+    use crate::Op;
+    match op {
+        Op::LayerNorm { eps } | Op::RmsNorm { eps } => vec![("eps", (*eps).into())],
+        Op::Attention { mask, scale } => {
+            let m = match mask {
+                MaskKind::None => Attr::word("none"),
+                MaskKind::Causal => Attr::word("causal"),
+                MaskKind::SlidingWindow(w) => Attr::Tagged("sliding_window".into(), Box::new((*w).into())),
+                MaskKind::Custom => Attr::word("custom"),
+            };
+            vec![("mask", m), ("scale", (*scale).into())]
+        }
+        Op::Rope { theta, interleaved } => vec![("theta", (*theta).into()), ("interleaved", (*interleaved).into())],
+        _ => Vec::new(),
+    }
+}
+
+/// A norm, attention or rope of `kind` from its text-form attributes.
+pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
+    use crate::{Op, OpKind as K};
+    Ok(match kind {
+        K::LayerNorm => Op::LayerNorm { eps: a.f32("eps")? },
+        K::RmsNorm => Op::RmsNorm { eps: a.f32("eps")? },
+        K::Attention => {
+            let mask = match a.take("mask")? {
+                Attr::Word(w) if w == "none" => MaskKind::None,
+                Attr::Word(w) if w == "causal" => MaskKind::Causal,
+                Attr::Word(w) if w == "custom" => MaskKind::Custom,
+                Attr::Tagged(w, n) if w == "sliding_window" => match *n {
+                    Attr::Int(n) => MaskKind::SlidingWindow(n as usize),
+                    _ => return Err(Error::op("attention", "sliding_window(n) takes an integer")),
+                },
+                _ => return Err(Error::op("attention", "attribute `mask` must be none, causal, custom or sliding_window(n)")),
+            };
+            Op::Attention { mask, scale: a.f32("scale")? }
+        }
+        K::Rope => Op::Rope { theta: a.f32("theta")?, interleaved: a.bool("interleaved")? },
+        _ => return Err(Error::op(kind.name(), "is not a norm, attention or rope")),
+    })
 }

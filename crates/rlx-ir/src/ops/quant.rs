@@ -5,6 +5,7 @@
 //! plain matmul, so every backend can run them.
 
 use super::{require_float, static_dims};
+use crate::text::{Attr, Attrs};
 use crate::{DType, Error, Graph, NodeId, QuantScheme, Result, Shape};
 
 fn gguf_rows(op: &str, scheme: QuantScheme, w: &Shape) -> Result<(usize, usize)> {
@@ -222,4 +223,39 @@ pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
         }
         _ => base.with_flops(2 * super::numel(out)),
     }
+}
+
+/// A scheme's text-form name: `q4_k`, `f16`, `int8_block(32)`, `fp8_e4m3`.
+pub fn scheme_attr(s: QuantScheme) -> Attr {
+    use QuantScheme::*;
+    let tagged = |w: &str, n: usize| Attr::Tagged(w.to_string(), Box::new(n.into()));
+    match s {
+        Int8Block { block_size } => tagged("int8_block", block_size),
+        Int8BlockAsym { block_size } => tagged("int8_block_asym", block_size),
+        Int4Block { block_size } => tagged("int4_block", block_size),
+        Fp8E4m3 => Attr::word("fp8_e4m3"),
+        Fp8E5m2 => Attr::word("fp8_e5m2"),
+        gguf => Attr::Word(gguf.ggml_type().map_or_else(|| "?".to_string(), |t| t.to_string().to_lowercase())),
+    }
+}
+
+/// The `scheme` attribute of a dequant_matmul or dequantize_rows.
+pub fn scheme_from_attrs(op: &'static str, a: &mut Attrs) -> Result<QuantScheme> {
+    let bad = || Error::op(op, "attribute `scheme` must be a GGUF type (q4_0, q4_k, f16, ...), int8_block(n), int8_block_asym(n), int4_block(n), fp8_e4m3 or fp8_e5m2");
+    Ok(match a.take("scheme")? {
+        Attr::Word(w) if w == "fp8_e4m3" => QuantScheme::Fp8E4m3,
+        Attr::Word(w) if w == "fp8_e5m2" => QuantScheme::Fp8E5m2,
+        w @ Attr::Word(_) => QuantScheme::GGUF.into_iter().find(|&s| scheme_attr(s) == w).ok_or_else(bad)?,
+        Attr::Tagged(w, n) => {
+            let Attr::Int(n) = *n else { return Err(bad()) };
+            let block_size = n as usize;
+            match w.as_str() {
+                "int8_block" => QuantScheme::Int8Block { block_size },
+                "int8_block_asym" => QuantScheme::Int8BlockAsym { block_size },
+                "int4_block" => QuantScheme::Int4Block { block_size },
+                _ => return Err(bad()),
+            }
+        }
+        _ => return Err(bad()),
+    })
 }

@@ -135,3 +135,13 @@ pub(super) fn batched(op: &Op) -> Result<Op> {
 pub(super) fn cost(ins: &[&Shape], out: &Shape) -> Cost {
     Cost::streaming(ins, out, 4)
 }
+
+/// Text-form attributes: the channel axis, or `none` per tensor.
+pub fn attrs(axis: Option<usize>) -> Vec<(&'static str, crate::text::Attr)> {
+    vec![("axis", axis.into())]
+}
+
+/// The channel axis from the text-form attributes.
+pub fn from_attrs(a: &mut crate::text::Attrs) -> Result<Option<usize>> {
+    a.opt_usize("axis")
+}

@@ -1,6 +1,7 @@
 //! Rules of reductions along axes: Reduce, Softmax, Cumsum, TopK.
 
 use super::{check_axis, dims_of, require_float, static_dims};
+use crate::text::{Attr, Attrs};
 use crate::{DType, Dim, Error, ReduceKind, Result, Shape, TopKOutput};
 
 pub(super) fn reduce(kind: ReduceKind, axes: &[usize], keepdims: bool, x: &Shape) -> Result<Shape> {
@@ -349,4 +350,50 @@ pub(super) fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> super::Cost {
         _ => n,
     };
     super::Cost::streaming(ins, out, 0).with_flops(flops)
+}
+
+const REDUCE_KINDS: [(ReduceKind, &str); 5] =
+    [(ReduceKind::Sum, "sum"), (ReduceKind::Mean, "mean"), (ReduceKind::Max, "max"), (ReduceKind::Min, "min"), (ReduceKind::Prod, "prod")];
+
+/// Text-form attributes of the reductions.
+pub fn attrs(op: &crate::Op) -> Vec<(&'static str, Attr)> {
+    use crate::Op;
+    match op {
+        Op::Reduce { kind, axes, keepdims } => {
+            let name = REDUCE_KINDS.iter().find(|k| k.0 == *kind).map_or("sum", |k| k.1);
+            vec![("kind", Attr::word(name)), ("axes", axes.as_slice().into()), ("keepdims", (*keepdims).into())]
+        }
+        Op::Softmax { axis } | Op::Cumsum { axis } => vec![("axis", (*axis).into())],
+        Op::TopK { k, output } => {
+            let out = match output {
+                TopKOutput::Values => "values",
+                TopKOutput::Indices => "indices",
+            };
+            vec![("k", (*k).into()), ("output", Attr::word(out))]
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// A reduction of `kind` from its text-form attributes.
+pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
+    use crate::{Op, OpKind as K};
+    Ok(match kind {
+        K::Reduce => Op::Reduce {
+            kind: a.word("kind", "sum, mean, max, min, prod", |w| REDUCE_KINDS.iter().find(|k| k.1 == w).map(|k| k.0))?,
+            axes: a.usizes("axes")?,
+            keepdims: a.bool("keepdims")?,
+        },
+        K::Softmax => Op::Softmax { axis: a.usize("axis")? },
+        K::Cumsum => Op::Cumsum { axis: a.usize("axis")? },
+        K::TopK => Op::TopK {
+            k: a.usize("k")?,
+            output: a.word("output", "values, indices", |w| match w {
+                "values" => Some(TopKOutput::Values),
+                "indices" => Some(TopKOutput::Indices),
+                _ => None,
+            })?,
+        },
+        _ => return Err(Error::op(kind.name(), "is not a reduction")),
+    })
 }

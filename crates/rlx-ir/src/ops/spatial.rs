@@ -1,6 +1,7 @@
 //! Rules of the windowed spatial ops: Conv, Pool (channels first, 1-d or 2-d).
 
 use super::{dims_of, require_float, same_dtype, static_dims};
+use crate::text::{Attr, Attrs};
 use crate::{ConvAttrs, Error, PoolAttrs, Result, Shape};
 
 /// Output length of one spatial axis, or `None` if the window does not fit.
@@ -244,4 +245,43 @@ pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
         crate::Op::Pool(a) => base.with_flops(super::numel(out) * a.kernel.iter().product::<usize>() as u64),
         _ => base,
     }
+}
+
+/// Text-form attributes of conv and pool.
+pub fn attrs(op: &crate::Op) -> Vec<(&'static str, Attr)> {
+    use crate::{Op, PoolKind};
+    match op {
+        Op::Conv(c) => vec![
+            ("stride", c.stride.as_slice().into()),
+            ("padding", Attr::pairs(&c.padding)),
+            ("dilation", c.dilation.as_slice().into()),
+            ("groups", c.groups.into()),
+        ],
+        Op::Pool(p) => vec![
+            ("kind", Attr::word(if p.kind == PoolKind::Max { "max" } else { "mean" })),
+            ("kernel", p.kernel.as_slice().into()),
+            ("stride", p.stride.as_slice().into()),
+            ("padding", Attr::pairs(&p.padding)),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// A conv or pool from its text-form attributes.
+pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
+    use crate::{Op, OpKind as K, PoolKind};
+    Ok(match kind {
+        K::Conv => Op::Conv(ConvAttrs { stride: a.usizes("stride")?, padding: a.pairs("padding")?, dilation: a.usizes("dilation")?, groups: a.usize("groups")? }),
+        K::Pool => Op::Pool(PoolAttrs {
+            kind: a.word("kind", "max, mean", |w| match w {
+                "max" => Some(PoolKind::Max),
+                "mean" => Some(PoolKind::Mean),
+                _ => None,
+            })?,
+            kernel: a.usizes("kernel")?,
+            stride: a.usizes("stride")?,
+            padding: a.pairs("padding")?,
+        }),
+        _ => return Err(Error::op(kind.name(), "is not a conv or pool")),
+    })
 }

@@ -361,6 +361,71 @@ pub enum Op {
         /// Sliding-window length, if any.
         window: Option<usize>,
     },
+    /// A fused region made by a fusion pass; see [`FusedRegion`].
+    Fused(FusedRegion),
+}
+
+/// What a fused region computes; a backend that has a kernel for a kind runs the region as one
+/// step, any other inlines its body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum FusionKind {
+    /// A chain of elementwise, broadcast and cast ops over one iteration space.
+    Elementwise,
+    /// A matmul followed by elementwise work on its result (bias, activation).
+    MatMulEpilogue,
+    /// A residual add followed by RMSNorm or LayerNorm.
+    ResidualNorm,
+    /// `act(x W_gate) * (x W_up)`: SwiGLU (SiLU) or GeGLU (GELU).
+    GatedMlp,
+    /// Scores, mask, softmax and the weighted sum of one attention block.
+    Attention,
+    /// An optimizer's per-parameter update (SGD, Adam, AdamW).
+    Optimizer,
+    /// Elementwise work feeding a reduction (softmax and norm backward).
+    MultiplyReduce,
+}
+
+impl FusionKind {
+    /// Every kind.
+    pub const ALL: [FusionKind; 7] = [
+        FusionKind::Elementwise,
+        FusionKind::MatMulEpilogue,
+        FusionKind::ResidualNorm,
+        FusionKind::GatedMlp,
+        FusionKind::Attention,
+        FusionKind::Optimizer,
+        FusionKind::MultiplyReduce,
+    ];
+
+    /// The kind's name in the text form and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            FusionKind::Elementwise => "elementwise",
+            FusionKind::MatMulEpilogue => "matmul_epilogue",
+            FusionKind::ResidualNorm => "residual_norm",
+            FusionKind::GatedMlp => "gated_mlp",
+            FusionKind::Attention => "attention",
+            FusionKind::Optimizer => "optimizer",
+            FusionKind::MultiplyReduce => "multiply_reduce",
+        }
+    }
+
+    /// The kind named `name`.
+    pub fn from_name(name: &str) -> Option<FusionKind> {
+        FusionKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+/// A fused region: its kind and its body, a graph in ordinary ops whose `Input` nodes (in
+/// definition order) are the operands and whose first output is the result. The body is the
+/// region's meaning: the evaluator, autodiff, vmap and every backend without a kernel for the
+/// kind use it (MLX's `fast::Custom` fallback).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FusedRegion {
+    /// What the region computes.
+    pub kind: FusionKind,
+    /// The region as a graph.
+    pub body: Box<crate::Graph>,
 }
 
 /// A function given as a graph, usable as one op. The body's `Input` nodes, in definition order,
@@ -539,6 +604,8 @@ op_kinds! {
     CacheWrite = "cache_write",
     /// `cached_attention`
     CachedAttention = "cached_attention",
+    /// `fused`
+    Fused = "fused",
 }
 
 impl Op {
@@ -616,6 +683,7 @@ impl Op {
             Op::FakeQuantize { .. } => K::FakeQuantize,
             Op::CacheWrite => K::CacheWrite,
             Op::CachedAttention { .. } => K::CachedAttention,
+            Op::Fused(_) => K::Fused,
         }
     }
 

@@ -69,6 +69,7 @@ fn op_of(kind: OpKind, v: &[usize], x: f32, s: &str, body: &Graph) -> Op {
         K::Dequantize => Op::Dequantize { axis: opt(0) },
         K::FakeQuantize => Op::FakeQuantize { axis: opt(0) },
         K::CachedAttention => Op::CachedAttention { scale: x, window: opt(0) },
+        K::Fused => Op::Fused(FusedRegion { kind: FusionKind::ALL[pick(0, FusionKind::ALL.len())], body: Box::new(body.clone()) }),
     }
 }
 

@@ -11,6 +11,7 @@
 
 pub mod autodiff;
 pub mod fold;
+pub mod fusion;
 pub mod memory;
 pub mod passes;
 pub mod pipeline;
@@ -20,6 +21,7 @@ pub mod vmap;
 
 pub use autodiff::{grad, grad_with_loss, hvp, jvp, nth_order_grad};
 pub use fold::ConstantFolding;
+pub use fusion::{FuseElementwise, FusionOptions, FusionReport, MissReason};
 pub use memory::{plan_memory, BufferRequest, MemoryPlan};
 pub use passes::{Cse, DeadCodeElimination, Decompose};
 pub use pipeline::{CompilePipeline, CompileResult, Pass, PassRecord};

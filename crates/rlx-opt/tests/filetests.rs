@@ -5,12 +5,13 @@
 //! `RLX_BLESS=1 cargo test -p rlx-opt --test filetests` rewrites the files with what the passes
 //! produce now (review the diff before committing it).
 //!
-//! Passes by name: `simplify`, `cse`, `dce`, `const_fold`, and `decompose=op+op` (the
-//! decomposition a backend lacking those ops gets). Rule lists must never make a graph worse:
+//! Passes by name: `simplify`, `cse`, `dce`, `const_fold`, `fuse_elementwise` (a file starting
+//! with it also shows the fusion report), and `decompose=op+op` (the decomposition a backend
+//! lacking those ops gets; `decompose=fused` inlines fused regions). Rule lists must never make a graph worse:
 //! unless a file decomposes, its cost after may not exceed its cost before.
 
 use rlx_ir::{ops, Graph, NodeId, OpKind};
-use rlx_opt::{AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose, Pass};
+use rlx_opt::{AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose, FuseElementwise, FusionOptions, Pass};
 use std::fmt::Write;
 use std::path::Path;
 
@@ -22,6 +23,7 @@ fn pass_of<'a>(name: &str, supports: &'a dyn Fn(&Graph, NodeId) -> bool) -> Resu
         "cse" => Box::new(Cse),
         "dce" => Box::new(DeadCodeElimination),
         "const_fold" => Box::new(ConstantFolding { max_elements: 1 << 16 }),
+        "fuse_elementwise" => Box::new(FuseElementwise { options: FusionOptions::default() }),
         _ if name.starts_with("decompose=") => Box::new(Decompose { backend: "filetest", supports }),
         other => return Err(format!("unknown pass `{other}`")),
     })
@@ -31,7 +33,14 @@ fn pass_of<'a>(name: &str, supports: &'a dyn Fn(&Graph, NodeId) -> bool) -> Resu
 fn run_file(text: &str) -> Result<String, String> {
     let passes_line = text.lines().find_map(|l| l.strip_prefix("; passes:")).ok_or("no `; passes:` line")?;
     let input = text.split(OUTPUT).next().unwrap_or(text);
-    let graph_text = &input[input.find("graph ").ok_or("no input graph")?..];
+    // The graph starts at the first line that begins with `graph`.
+    let start = input.lines().scan(0, |off, l| {
+        let at = *off;
+        *off += l.len() + 1;
+        Some((at, l))
+    });
+    let at = start.filter(|(_, l)| l.starts_with("graph ")).map(|(a, _)| a).next().ok_or("no input graph")?;
+    let graph_text = &input[at..];
     let g = Graph::parse(graph_text).map_err(|e| format!("input: {e}"))?;
     // The ops named by `decompose=a+b` are the ones the imagined backend lacks.
     let mut lacks: Vec<OpKind> = Vec::new();
@@ -56,6 +65,13 @@ fn run_file(text: &str) -> Result<String, String> {
     let _ = writeln!(out, "; cost: {} -> {} flops, {} -> {} bytes", before.flops, after.flops, before.bytes, after.bytes);
     if !decomposes && (after.flops > before.flops || after.bytes > before.bytes) {
         return Err(format!("the passes made the graph worse:\n{out}{}", res.graph));
+    }
+    // A file that starts by fusing also shows the fusion report (decisions and reasons).
+    if passes_line.split_whitespace().next() == Some("fuse_elementwise") {
+        let (_, report) = FuseElementwise { options: FusionOptions::default() }.fuse(&g).map_err(|e| e.to_string())?;
+        for line in report.to_string().lines() {
+            let _ = writeln!(out, "; {line}");
+        }
     }
     let _ = writeln!(out, "{}", res.graph);
     Ok(out)

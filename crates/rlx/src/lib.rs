@@ -42,7 +42,7 @@ pub use rlx_runtime::{CompiledGraph, Session};
 
 /// Op attribute enums taken by the builder methods (`g.binary`, `g.activation`, ...).
 pub mod ops {
-    pub use rlx_ir::{Activation, BinaryOp, CmpOp, ConvAttrs, DotDims, MaskKind, PoolAttrs, PoolKind, ReduceKind, TopKOutput};
+    pub use rlx_ir::{Activation, BinaryOp, CmpOp, ConvAttrs, DotDims, FusedRegion, FusionKind, MaskKind, PoolAttrs, PoolKind, ReduceKind, TopKOutput};
 }
 
 /// Quantization metadata: the layouts of packed weights taken by `Op::DequantMatMul` and

@@ -142,13 +142,21 @@ pub fn compute(build: impl FnOnce(&[TRef], TRef) -> Box<dyn Kernel> + 'static) -
     Lowered::Compute { scratch: 0, build: Box::new(move |ins, out, _| build(ins, out)) }
 }
 
-/// Whether the CPU backend has a native kernel for `op`.
+/// Whether the CPU backend has a native kernel for `op`: a positive list, so a new op is
+/// decomposed (or reported) until it gets a kernel here.
 pub fn supports(op: &Op) -> bool {
     match op {
-        // Decomposed into primitives before lowering.
-        Op::DotGeneral(_) | Op::Custom(_) | Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => false,
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => true,
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => true,
+        Op::MatMul | Op::Reduce { .. } | Op::Cumsum { .. } | Op::TopK { .. } => true,
+        Op::Softmax { .. } | Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Rope { .. } => true,
+        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => true,
+        Op::Gather { .. } | Op::ScatterAdd { .. } | Op::Conv(_) | Op::Pool(_) => true,
+        Op::DequantizeRows { .. } | Op::CacheWrite | Op::CachedAttention { .. } => true,
         Op::DequantMatMul { scheme } => scheme.is_gguf(),
-        _ => true,
+        // Decomposed into primitives before lowering. Fused regions are inlined: the CPU backend
+        // still forms its own elementwise groups in `program.rs` (to move into rlx-opt).
+        Op::DotGeneral(_) | Op::Custom(_) | Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } | Op::Fused(_) => false,
     }
 }
 

@@ -49,7 +49,7 @@ fn align(g: &mut Graph, x: NodeId, rank: usize) -> Result<NodeId> {
 /// When it does not, vmap batches the op's decomposition.
 pub fn batch_supported(op: &Op, batched: &[bool]) -> bool {
     match op {
-        Op::DotGeneral(_) | Op::Custom(_) | Op::CacheWrite | Op::CachedAttention { .. } => false,
+        Op::DotGeneral(_) | Op::Custom(_) | Op::Fused(_) | Op::CacheWrite | Op::CachedAttention { .. } => false,
         // Weights shared by the batch: the op maps over x's leading axes already.
         Op::DequantMatMul { .. } => !batched[1..].iter().any(|&b| b),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => !batched[1..].iter().any(|&b| b),
@@ -212,7 +212,7 @@ pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size
             let x = front(g, 0)?;
             g.try_op(op.clone(), &[x])?
         }
-        Op::DotGeneral(_) | Op::Custom(_) | Op::CacheWrite | Op::CachedAttention { .. } => {
+        Op::DotGeneral(_) | Op::Custom(_) | Op::Fused(_) | Op::CacheWrite | Op::CachedAttention { .. } => {
             return Err(Error::op(op.name(), "has no batching rule; vmap batches its decomposition"));
         }
     };

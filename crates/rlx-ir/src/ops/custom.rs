@@ -5,7 +5,7 @@ use crate::text::{Attr, Attrs};
 use crate::{CustomFn, Error, Graph, NodeId, Op, Result, Shape};
 
 /// The argument leaves of a body graph, in definition order.
-fn args(body: &Graph) -> Vec<NodeId> {
+pub(super) fn args(body: &Graph) -> Vec<NodeId> {
     body.ids().filter(|&i| matches!(body.node(i).op, Op::Input { .. })).collect()
 }
 

@@ -9,6 +9,7 @@ mod batch;
 mod custom;
 mod dequantize;
 mod fake_quantize;
+mod fused;
 mod elementwise;
 mod index;
 mod kv;
@@ -86,6 +87,7 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
         Op::FakeQuantize { axis } => fake_quantize::infer(*axis, inputs),
         Op::CacheWrite => kv::cache_write(inputs),
         Op::CachedAttention { window, .. } => kv::cached_attention(*window, inputs),
+        Op::Fused(r) => fused::infer(r, inputs),
     }
 }
 
@@ -120,6 +122,7 @@ pub fn eval(op: &Op, ins: &[&crate::eval::Tensor], out: &Shape) -> Result<crate:
         | Op::Conv(_)
         | Op::Pool(_)
         | Op::Custom(_)
+        | Op::Fused(_)
         | Op::DequantMatMul { .. } => decomposed(op, ins),
     }
 }
@@ -189,6 +192,7 @@ pub fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> Cost {
         Op::Dequantize { .. } => dequantize::cost(ins, out),
         Op::FakeQuantize { .. } => fake_quantize::cost(ins, out),
         Op::CacheWrite | Op::CachedAttention { .. } => kv::cost(op, ins, out),
+        Op::Fused(r) => fused::cost(r, ins, out),
     }
 }
 
@@ -229,6 +233,10 @@ pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
             let n = custom::arity(f);
             (n, n)
         }
+        Op::Fused(r) => {
+            let n = fused::arity(r);
+            (n, n)
+        }
         Op::Activation(_)
         | Op::Cast { .. }
         | Op::Reduce { .. }
@@ -258,6 +266,7 @@ pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<Nod
         Op::Pool(a) => spatial::decompose_pool(g, a, inputs),
         Op::Rope { theta, interleaved } => nn::decompose_rope(g, *theta, *interleaved, inputs),
         Op::Custom(f) => custom::inline(g, &f.body, inputs).map(|o| o[0]),
+        Op::Fused(r) => fused::decompose(g, r, inputs),
         Op::DequantMatMul { scheme } => return quant::decompose(g, *scheme, inputs),
         Op::Quantize { axis } => quantize::decompose(g, *axis, inputs),
         Op::Dequantize { axis } => dequantize::decompose(g, *axis, inputs),
@@ -296,7 +305,7 @@ pub fn has_ad_rules(op: &Op) -> bool {
 }
 
 fn composite(op: &Op) -> bool {
-    matches!(op, Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Conv(_) | Op::Pool(_))
+    matches!(op, Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Conv(_) | Op::Pool(_) | Op::Fused(_))
 }
 
 /// Inference-only ops: quantized weights and the stateful KV cache have no derivative rules
@@ -315,6 +324,7 @@ macro_rules! without_ad_rules {
             | Op::Attention { .. }
             | Op::Conv(_)
             | Op::Pool(_)
+            | Op::Fused(_)
             | Op::DequantMatMul { .. }
             | Op::DequantizeRows { .. }
             | Op::CacheWrite
@@ -462,6 +472,7 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, crate::text::Attr)> {
         Op::FakeQuantize { axis } => fake_quantize::attrs(*axis),
         Op::CacheWrite => Vec::new(),
         Op::CachedAttention { scale, window } => kv::attrs(*scale, *window),
+        Op::Fused(r) => fused::attrs(r),
     }
 }
 
@@ -496,6 +507,7 @@ pub fn from_attrs(kind: crate::OpKind, mut a: crate::text::Attrs) -> Result<Op> 
         K::FakeQuantize => Op::FakeQuantize { axis: quantize::from_attrs(&mut a)? },
         K::CacheWrite => Op::CacheWrite,
         K::CachedAttention => kv::from_attrs(&mut a)?,
+        K::Fused => Op::Fused(fused::from_attrs(&mut a)?),
     };
     a.finish()?;
     Ok(op)

@@ -139,6 +139,10 @@ pub fn op_of(name: &str, a: &Value) -> Op {
             assert_eq!(a["fn"], "softplus", "the table's custom functions");
             Op::Custom(softplus(Shape::new(&usizes(&a["shape"]), dtype(&a["dtype"]))))
         }
+        "fused" => Op::Fused(FusedRegion {
+            kind: FusionKind::from_name(a["kind"].as_str().expect("kind")).expect("a fusion kind"),
+            body: Box::new(Graph::parse(a["body"].as_str().expect("body text")).unwrap_or_else(|e| panic!("fused body: {e}"))),
+        }),
         other => panic!("the op table names an unknown op {other}"),
     }
 }

@@ -1200,6 +1200,38 @@ def gen_custom(table):
                   "transcendental")
 
 
+def fused_body(name, inputs, lines, out):
+    """An RLX graph in its text form: `inputs` as (name, dtype, shape), then node lines."""
+    dims = lambda sh: ", ".join(str(d) for d in sh)
+    text = [f'graph "{name}" {{']
+    for i, (n, dt, sh) in enumerate(inputs):
+        text.append(f'  %{i} = input {{name = "{n}"}} : {dt}[{dims(sh)}]')
+    text += ["  " + l for l in lines]
+    text.append(f"  return {out}")
+    text.append("}")
+    return "\n".join(text)
+
+
+def gen_fused(table):
+    """Fused regions (an elementwise body as the rlx text form): silu(a) * b, and
+    exp(a - b) * c with b and c broadcast."""
+    for dtype in ["f32", "f64"]:
+        a, b = normal([3, 4], 1.5, dtype), normal([3, 4], 1.0, dtype)
+        body = fused_body("swiglu", [("a", dtype, [3, 4]), ("b", dtype, [3, 4])],
+                          [f"%2 = silu %0 : {dtype}[3, 4]", f"%3 = mul %2, %1 : {dtype}[3, 4]"], "%3")
+        wa = wide(a)
+        table.add("fused", "swiglu", {"kind": "elementwise", "body": body}, [arg(a, dtype), arg(b, dtype)],
+                  wa / (1 + np.exp(-wa)) * wide(b), dtype, "transcendental")
+        c = normal([1], 1.0, dtype)
+        b = normal([4], 0.5, dtype)
+        body = fused_body("exp_sub_mul", [("a", dtype, [2, 3, 4]), ("b", dtype, [4]), ("c", dtype, [1])],
+                          [f"%3 = sub %0, %1 : {dtype}[2, 3, 4]", f"%4 = exp %3 : {dtype}[2, 3, 4]",
+                           f"%5 = mul %4, %2 : {dtype}[2, 3, 4]"], "%5")
+        a = normal([2, 3, 4], 1.0, dtype)
+        table.add("fused", "exp_sub_mul", {"kind": "elementwise", "body": body}, [arg(a, dtype), arg(b, dtype), arg(c, dtype)],
+                  np.exp(wide(a) - wide(b)) * wide(c), dtype, "transcendental")
+
+
 def affine_params(shape, axis, qdtype, fdtype):
     """Positive scales and in-range zero points, scalar (axis None) or one per channel."""
     n = [] if axis is None else [shape[axis]]
@@ -1264,7 +1296,7 @@ GENERATORS = [
     gen_transpose, gen_narrow, gen_concat, gen_expand, gen_gather,
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
     gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
-    gen_affine_quant,
+    gen_affine_quant, gen_fused,
 ]
 
 

@@ -1,0 +1,54 @@
+//! Rules of [`Op::Fused`]: a fused region is its body. Inference checks the operands against the
+//! body's inputs; evaluation, differentiation, batching and any backend without a kernel for the
+//! region's kind go through the inlined body; the cost is the body's arithmetic with only the
+//! operands read and the result written (what fusing saves).
+
+use super::custom::{args, inline};
+use super::Cost;
+use crate::text::{Attr, Attrs};
+use crate::{Error, FusedRegion, FusionKind, Graph, NodeId, Op, Result, Shape};
+
+fn err(r: &FusedRegion, msg: impl std::fmt::Display) -> Error {
+    Error::op("fused", format!("{} region: {msg}", r.kind.name()))
+}
+
+pub(super) fn arity(r: &FusedRegion) -> usize {
+    args(&r.body).len()
+}
+
+pub(super) fn infer(r: &FusedRegion, ins: &[&Shape]) -> Result<Shape> {
+    if r.body.ids().any(|i| matches!(r.body.node(i).op, Op::Param { .. })) {
+        return Err(err(r, "the body must not declare params; pass them as operands"));
+    }
+    let Some(&out) = r.body.outputs().first() else { return Err(err(r, "the body has no outputs")) };
+    crate::verify(&r.body)?;
+    for (i, (a, s)) in args(&r.body).iter().zip(ins).enumerate() {
+        if r.body.shape(*a) != *s {
+            return Err(err(r, format!("operand {i} is {s}, the body expects {}", r.body.shape(*a))));
+        }
+    }
+    Ok(r.body.shape(out).clone())
+}
+
+/// The body inlined into `g` on `ins`: the region's decomposition.
+pub(super) fn decompose(g: &mut Graph, r: &FusedRegion, ins: &[NodeId]) -> Result<NodeId> {
+    Ok(inline(g, &r.body, ins)?[0])
+}
+
+/// The body's arithmetic, reading each operand once and writing the result once.
+pub(super) fn cost(r: &FusedRegion, ins: &[&Shape], out: &Shape) -> Cost {
+    Cost { flops: super::graph_cost(&r.body).flops, bytes: super::bytes(out) }.with_reads(ins, 0)
+}
+
+/// Text-form attributes: the kind and the body.
+pub fn attrs(r: &FusedRegion) -> Vec<(&'static str, Attr)> {
+    vec![("kind", Attr::word(r.kind.name())), ("body", Attr::Graph(r.body.clone()))]
+}
+
+/// A fused region from its text-form attributes.
+pub fn from_attrs(a: &mut Attrs) -> Result<FusedRegion> {
+    let names: Vec<&str> = FusionKind::ALL.iter().map(|k| k.name()).collect();
+    let kind = a.word("kind", &names.join(", "), FusionKind::from_name)?;
+    let body = a.graph("body", false)?.ok_or_else(|| Error::op("fused", "missing body"))?;
+    Ok(FusedRegion { kind, body: Box::new(body) })
+}

@@ -8,8 +8,8 @@ mod numpy;
 mod stats;
 mod train;
 
-use rlx::prelude::*;
 use rlx::driver::Executable;
+use rlx::prelude::*;
 use rlx_cpu::gemm::{self, Mat};
 use rlx_cpu::pool::Pool;
 use stats::Samples;
@@ -64,7 +64,13 @@ struct Opts {
 }
 
 fn list(v: &str) -> Vec<usize> {
-    v.split(',').map(|x| x.trim().parse().unwrap_or_else(|_| die(&format!("not a number: {x}")))).collect()
+    v.split(',')
+        .map(|x| {
+            x.trim()
+                .parse()
+                .unwrap_or_else(|_| die(&format!("not a number: {x}")))
+        })
+        .collect()
 }
 
 /// `MxKxN` with an optional trailing `t` (A transposed).
@@ -103,7 +109,10 @@ fn parse() -> Opts {
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        let mut val = || args.next().unwrap_or_else(|| die(&format!("{a} needs a value")));
+        let mut val = || {
+            args.next()
+                .unwrap_or_else(|| die(&format!("{a} needs a value")))
+        };
         match a.as_str() {
             "-h" | "--help" => {
                 println!("{HELP}");
@@ -141,10 +150,14 @@ fn time_reps(reps: usize, mut f: impl FnMut()) -> Vec<f64> {
 }
 
 fn fill(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
         })
         .collect()
@@ -155,19 +168,32 @@ fn fill(n: usize, seed: u64) -> Vec<f32> {
 /// a compiled graph's matmul sees.
 fn arena(data: &[f32]) -> rlx_cpu::buffer::Buffer {
     // SAFETY: any f32 slice is valid as bytes.
-    rlx_cpu::buffer::Buffer::from_bytes(unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data)) })
+    rlx_cpu::buffer::Buffer::from_bytes(unsafe {
+        std::slice::from_raw_parts(data.as_ptr() as *const u8, std::mem::size_of_val(data))
+    })
 }
 
 fn gemm_suite(o: &Opts, py: Option<&numpy::Numpy>) {
     if !o.shapes.is_empty() {
         return gemm_shapes(o);
     }
-    println!("\n### f32 GEMM (C = A·B, square), GFLOP/s: median [min–max] of {} samples\n", o.rounds * o.reps);
+    println!(
+        "\n### f32 GEMM (C = A·B, square), GFLOP/s: median [min–max] of {} samples\n",
+        o.rounds * o.reps
+    );
     println!("| n | threads | RLX | numpy (OpenBLAS) | RLX / numpy |");
     println!("|---:|---:|---:|---:|---:|");
     for &n in &o.sizes {
-        let (a, b, c) = (arena(&fill(n * n, 1)), arena(&fill(n * n, 2)), arena(&vec![0f32; n * n]));
-        let (a, b, c) = (a.ptr() as *const f32, b.ptr() as *const f32, c.ptr() as *mut f32);
+        let (a, b, c) = (
+            arena(&fill(n * n, 1)),
+            arena(&fill(n * n, 2)),
+            arena(&vec![0f32; n * n]),
+        );
+        let (a, b, c) = (
+            a.ptr() as *const f32,
+            b.ptr() as *const f32,
+            c.ptr() as *mut f32,
+        );
         for &t in &o.threads {
             let pool = Pool::shared(t);
             let scratch = arena(&vec![0f32; gemm::scratch_len(n, n, n, t)]);
@@ -179,24 +205,45 @@ fn gemm_suite(o: &Opts, py: Option<&numpy::Numpy>) {
                     n,
                     n,
                     n,
-                    Mat { ptr: a, rs: n, cs: 1 },
-                    Mat { ptr: b, rs: n, cs: 1 },
+                    Mat {
+                        ptr: a,
+                        rs: n,
+                        cs: 1,
+                    },
+                    Mat {
+                        ptr: b,
+                        rs: n,
+                        cs: 1,
+                    },
                     c,
                     n,
                     scratch.ptr() as *mut f32,
                 )
             };
             run();
-            let reps = if n >= 2048 { o.reps.clamp(1, 2) } else { o.reps };
+            let reps = if n >= 2048 {
+                o.reps.clamp(1, 2)
+            } else {
+                o.reps
+            };
             let mut ours = Samples::default();
             let mut theirs = Samples::default();
             for _ in 0..o.rounds {
-                ours.extend(time_reps(reps, &mut run).into_iter().map(|s| flops / s / 1e9));
+                ours.extend(
+                    time_reps(reps, &mut run)
+                        .into_iter()
+                        .map(|s| flops / s / 1e9),
+                );
                 if let Some(py) = py {
                     theirs.extend(py.run(&["--op", "gemm", "--size", &n.to_string()], t, reps));
                 }
             }
-            println!("| {n} | {t} | {} | {} | {} |", ours.show(1), theirs.show(1), stats::ratio(&ours, &theirs));
+            println!(
+                "| {n} | {t} | {} | {} | {} |",
+                ours.show(1),
+                theirs.show(1),
+                stats::ratio(&ours, &theirs)
+            );
         }
     }
 }
@@ -207,21 +254,65 @@ fn gemm_shapes(o: &Opts) {
     println!("| m×k×n | A | threads | RLX |");
     println!("|---|---|---:|---:|");
     for &(m, k, n, trans) in &o.shapes {
-        let (a, b, c) = (arena(&fill(m * k, 1)), arena(&fill(k * n, 2)), arena(&vec![0f32; m * n]));
-        let (a, b, c) = (a.ptr() as *const f32, b.ptr() as *const f32, c.ptr() as *mut f32);
-        let am = if trans { Mat { ptr: a, rs: 1, cs: m } } else { Mat { ptr: a, rs: k, cs: 1 } };
+        let (a, b, c) = (
+            arena(&fill(m * k, 1)),
+            arena(&fill(k * n, 2)),
+            arena(&vec![0f32; m * n]),
+        );
+        let (a, b, c) = (
+            a.ptr() as *const f32,
+            b.ptr() as *const f32,
+            c.ptr() as *mut f32,
+        );
+        let am = if trans {
+            Mat {
+                ptr: a,
+                rs: 1,
+                cs: m,
+            }
+        } else {
+            Mat {
+                ptr: a,
+                rs: k,
+                cs: 1,
+            }
+        };
         for &t in &o.threads {
             let pool = Pool::shared(t);
             let scratch = arena(&vec![0f32; gemm::scratch_len(m, n, k, t)]);
             let flops = 2.0 * (m * n * k) as f64;
             // SAFETY: buffers sized for the shape; scratch sized by scratch_len.
-            let mut run = || unsafe { gemm::sgemm(Some(&pool), m, n, k, am, Mat { ptr: b, rs: n, cs: 1 }, c, n, scratch.ptr() as *mut f32) };
+            let mut run = || unsafe {
+                gemm::sgemm(
+                    Some(&pool),
+                    m,
+                    n,
+                    k,
+                    am,
+                    Mat {
+                        ptr: b,
+                        rs: n,
+                        cs: 1,
+                    },
+                    c,
+                    n,
+                    scratch.ptr() as *mut f32,
+                )
+            };
             run();
             let mut ours = Samples::default();
             for _ in 0..o.rounds {
-                ours.extend(time_reps(o.reps, &mut run).into_iter().map(|s| flops / s / 1e9));
+                ours.extend(
+                    time_reps(o.reps, &mut run)
+                        .into_iter()
+                        .map(|s| flops / s / 1e9),
+                );
             }
-            println!("| {m}×{k}×{n} | {} | {t} | {} |", if trans { "transposed" } else { "row-major" }, ours.show(1));
+            println!(
+                "| {m}×{k}×{n} | {} | {t} | {} |",
+                if trans { "transposed" } else { "row-major" },
+                ours.show(1)
+            );
         }
     }
 }
@@ -230,7 +321,11 @@ fn gemm_shapes(o: &Opts) {
 fn program(g: &Graph, threads: usize, params: &[(&str, &[f32])]) -> rlx_cpu::Program {
     let mut p = rlx_cpu::compile(g, threads).unwrap_or_else(|e| die(&e.to_string()));
     for (name, v) in params {
-        let i = p.params().iter().position(|s| s.name == *name).expect("param");
+        let i = p
+            .params()
+            .iter()
+            .position(|s| s.name == *name)
+            .expect("param");
         let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
         p.write_param(i, &bytes);
     }
@@ -239,11 +334,20 @@ fn program(g: &Graph, threads: usize, params: &[(&str, &[f32])]) -> rlx_cpu::Pro
 
 fn stream_suite(o: &Opts, py: Option<&numpy::Numpy>, softmax: bool) {
     let (title, n) = if softmax {
-        (format!("f32 softmax over rows of [{}, {}]", o.rows, o.cols), o.rows * o.cols)
+        (
+            format!("f32 softmax over rows of [{}, {}]", o.rows, o.cols),
+            o.rows * o.cols,
+        )
     } else {
-        (format!("f32 add of two vectors of {} elements", o.elems), o.elems)
+        (
+            format!("f32 add of two vectors of {} elements", o.elems),
+            o.elems,
+        )
     };
-    println!("\n### {title}, GB/s: median [min–max] of {} samples\n", o.rounds * o.reps);
+    println!(
+        "\n### {title}, GB/s: median [min–max] of {} samples\n",
+        o.rounds * o.reps
+    );
     if softmax {
         println!("numpy's softmax is six passes over the rows (max, subtract, exp, sum, reciprocal, multiply); RLX's is one kernel.\n");
     }
@@ -272,10 +376,21 @@ fn stream_suite(o: &Opts, py: Option<&numpy::Numpy>, softmax: bool) {
         let mut ours = Samples::default();
         let mut theirs = Samples::default();
         for _ in 0..o.rounds {
-            ours.extend(time_reps(o.reps, || p.execute()).into_iter().map(|s| bytes / s / 1e9));
+            ours.extend(
+                time_reps(o.reps, || p.execute())
+                    .into_iter()
+                    .map(|s| bytes / s / 1e9),
+            );
             if let Some(py) = py {
                 let args: Vec<String> = if softmax {
-                    vec!["--op".into(), "softmax".into(), "--rows".into(), o.rows.to_string(), "--cols".into(), o.cols.to_string()]
+                    vec![
+                        "--op".into(),
+                        "softmax".into(),
+                        "--rows".into(),
+                        o.rows.to_string(),
+                        "--cols".into(),
+                        o.cols.to_string(),
+                    ]
                 } else {
                     vec!["--op".into(), "add".into(), "--elems".into(), n.to_string()]
                 };
@@ -283,7 +398,12 @@ fn stream_suite(o: &Opts, py: Option<&numpy::Numpy>, softmax: bool) {
                 theirs.extend(py.run(&args, 1, o.reps));
             }
         }
-        println!("| {t} | {} | {} | {} |", ours.show(2), theirs.show(2), stats::ratio(&ours, &theirs));
+        println!(
+            "| {t} | {} | {} | {} |",
+            ours.show(2),
+            theirs.show(2),
+            stats::ratio(&ours, &theirs)
+        );
     }
 }
 
@@ -317,10 +437,23 @@ fn main() {
     let o = parse();
     if o.suite == "train" {
         println!("{}", stats::machine_report());
-        train::suite(&o.threads, o.rounds, o.reps, if o.numpy { Some(train::reference_python(o.train_python.as_deref())) } else { None });
+        train::suite(
+            &o.threads,
+            o.rounds,
+            o.reps,
+            if o.numpy {
+                Some(train::reference_python(o.train_python.as_deref()))
+            } else {
+                None
+            },
+        );
         return;
     }
-    let py = if o.numpy { Some(numpy::Numpy::find(o.python.as_deref())) } else { None };
+    let py = if o.numpy {
+        Some(numpy::Numpy::find(o.python.as_deref()))
+    } else {
+        None
+    };
     println!("{}", stats::machine_report());
     if let Some(p) = &py {
         println!("numpy reference: {}", p.describe());

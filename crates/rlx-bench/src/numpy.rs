@@ -22,7 +22,11 @@ impl Numpy {
                 let venv = root.join(".venv/bin/python");
                 if !venv.exists() {
                     eprintln!("rlx-bench: creating the Python venv with numpy (scripts/setup-pyenv.sh)...");
-                    let ok = Command::new("bash").arg(root.join("scripts/setup-pyenv.sh")).status().map(|s| s.success()).unwrap_or(false);
+                    let ok = Command::new("bash")
+                        .arg(root.join("scripts/setup-pyenv.sh"))
+                        .status()
+                        .map(|s| s.success())
+                        .unwrap_or(false);
                     if !ok {
                         eprintln!("rlx-bench: could not create the venv; pass --python PATH or --no-numpy");
                         std::process::exit(1);
@@ -31,21 +35,32 @@ impl Numpy {
                 venv
             }
         };
-        Numpy { python, script: root.join("crates/rlx-bench/python/numpy_ref.py") }
+        Numpy {
+            python,
+            script: root.join("crates/rlx-bench/python/numpy_ref.py"),
+        }
     }
 
     fn call(&self, args: &[&str], threads: usize, reps: usize) -> serde_json::Value {
         let out = Command::new(&self.python)
             .arg(&self.script)
             .args(args)
-            .args(["--threads", &threads.to_string(), "--reps", &reps.to_string()])
+            .args([
+                "--threads",
+                &threads.to_string(),
+                "--reps",
+                &reps.to_string(),
+            ])
             // This machine's OpenBLAS overrides slow a current numpy; measure it as shipped.
             .env_remove("OPENBLAS_CORETYPE")
             .env_remove("OPENBLAS_L2_SIZE")
             .output()
             .unwrap_or_else(|e| panic!("running {}: {e}", self.python.display()));
         if !out.status.success() {
-            panic!("numpy_ref.py failed: {}", String::from_utf8_lossy(&out.stderr));
+            panic!(
+                "numpy_ref.py failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         serde_json::from_slice(&out.stdout).expect("numpy_ref.py prints one JSON object")
     }
@@ -53,7 +68,12 @@ impl Numpy {
     /// Per-repetition metric values (GFLOP/s or GB/s).
     pub fn run(&self, args: &[&str], threads: usize, reps: usize) -> Vec<f64> {
         let v = self.call(args, threads, reps);
-        v["values"].as_array().expect("values").iter().filter_map(|x| x.as_f64()).collect()
+        v["values"]
+            .as_array()
+            .expect("values")
+            .iter()
+            .filter_map(|x| x.as_f64())
+            .collect()
     }
 
     /// numpy version and BLAS build, from a tiny run.

@@ -20,7 +20,11 @@ impl Samples {
         let mut v = self.0.clone();
         v.sort_by(|a, b| a.total_cmp(b));
         let n = v.len();
-        Some(if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 })
+        Some(if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2.0
+        })
     }
 
     /// `median [min–max]`, or `–` when empty.
@@ -48,15 +52,30 @@ pub fn ratio(a: &Samples, b: &Samples) -> String {
 pub fn machine_report() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    let load1: f64 = load.split_whitespace().next().and_then(|x| x.parse().ok()).unwrap_or(0.0);
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let load1: f64 = load
+        .split_whitespace()
+        .next()
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(0.0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let isa = rlx_cpu::gemm::Isa::current();
-    let mut s = format!("machine: {cpu}, {cores} cores, load average {}; RLX GEMM kernel: {isa:?}", load.trim());
+    let mut s = format!(
+        "machine: {cpu}, {cores} cores, load average {}; RLX GEMM kernel: {isa:?}",
+        load.trim()
+    );
     if load1 > 0.5 {
-        s.push_str("\nwarning: the machine is not idle (1-minute load > 0.5); numbers will be noisy");
+        s.push_str(
+            "\nwarning: the machine is not idle (1-minute load > 0.5); numbers will be noisy",
+        );
     }
     s
 }

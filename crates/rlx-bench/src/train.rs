@@ -26,7 +26,11 @@ pub fn reference_python(given: Option<&str>) -> PathBuf {
 }
 
 fn config() -> TrainConfig {
-    TrainConfig { optimizer: Optimizer::adamw(0.01), schedule: Schedule::Constant { lr: 1e-3 }, clip_norm: None }
+    TrainConfig {
+        optimizer: Optimizer::adamw(0.01),
+        schedule: Schedule::Constant { lr: 1e-3 },
+        clip_norm: None,
+    }
 }
 
 /// The benchmark MLP: 256 → 512 → 512 → 10, GELU (tanh), softmax cross-entropy, batch 64.
@@ -83,21 +87,48 @@ fn build(name: &'static str, threads: usize) -> Model {
     let (g, params, feeds): (Graph, Vec<(String, Vec<usize>)>, Feeds) = match name {
         "mlp" => {
             let (g, p) = mlp_graph();
-            let x: Vec<u8> = fill(64 * 256, 3, 1.0).iter().flat_map(|v| v.to_le_bytes()).collect();
+            let x: Vec<u8> = fill(64 * 256, 3, 1.0)
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect();
             let y = i32_bytes((0..64).map(|i| i * 7 % 10));
-            (g, p, vec![("x".into(), x, DType::F32), ("labels".into(), y, DType::I32)])
+            (
+                g,
+                p,
+                vec![
+                    ("x".into(), x, DType::F32),
+                    ("labels".into(), y, DType::I32),
+                ],
+            )
         }
         _ => {
-            let m = Gpt::new(GptConfig { vocab: 60, ctx: 64, dim: 128, heads: 4, layers: 2 }).expect("valid config");
+            let m = Gpt::new(GptConfig {
+                vocab: 60,
+                ctx: 64,
+                dim: 128,
+                heads: 4,
+                layers: 2,
+            })
+            .expect("valid config");
             let g = m.training_graph(16).expect("valid graph");
             let p = m.params().into_iter().map(|(n, s, _)| (n, s)).collect();
             let t = i32_bytes((0..16 * 64).map(|i| i * 13 % 60));
             let y = i32_bytes((0..16 * 64).map(|i| (i + 1) * 13 % 60));
-            (g, p, vec![("tokens".into(), t, DType::I32), ("targets".into(), y, DType::I32)])
+            (
+                g,
+                p,
+                vec![
+                    ("tokens".into(), t, DType::I32),
+                    ("targets".into(), y, DType::I32),
+                ],
+            )
         }
     };
     // Time the gradient transform alone, then the whole trainer build (transform + compile).
-    let wrt: Vec<NodeId> = params.iter().map(|(n, _)| g.find_leaf(n).expect("param")).collect();
+    let wrt: Vec<NodeId> = params
+        .iter()
+        .map(|(n, _)| g.find_leaf(n).expect("param"))
+        .collect();
     let t0 = Instant::now();
     let gg = rlx::autodiff::grad_with_loss(&g, &wrt).expect("differentiable");
     let grad_build_s = t0.elapsed().as_secs_f64();
@@ -108,15 +139,33 @@ fn build(name: &'static str, threads: usize) -> Model {
     let compile_s = t1.elapsed().as_secs_f64();
     for (i, (n, s)) in params.iter().enumerate() {
         let count: usize = s.iter().product();
-        let scale = if s.len() == 1 { 0.0 } else { 1.0 / (s[0] as f32).sqrt() };
-        let v = if n.contains("norm") { vec![1.0; count] } else { fill(count, 100 + i as u64, scale) };
+        let scale = if s.len() == 1 {
+            0.0
+        } else {
+            1.0 / (s[0] as f32).sqrt()
+        };
+        let v = if n.contains("norm") {
+            vec![1.0; count]
+        } else {
+            fill(count, 100 + i as u64, scale)
+        };
         trainer.set_param(n, &v).expect("param");
     }
-    Model { name, trainer, feeds, grad_build_s, compile_s }
+    Model {
+        name,
+        trainer,
+        feeds,
+        grad_build_s,
+        compile_s,
+    }
 }
 
 fn step(m: &mut Model) -> f32 {
-    let f: Vec<(&str, &[u8], DType)> = m.feeds.iter().map(|(n, b, d)| (n.as_str(), b.as_slice(), *d)).collect();
+    let f: Vec<(&str, &[u8], DType)> = m
+        .feeds
+        .iter()
+        .map(|(n, b, d)| (n.as_str(), b.as_slice(), *d))
+        .collect();
     m.trainer.step_typed(&f).expect("step")
 }
 
@@ -124,14 +173,32 @@ fn reference(py: &Path, framework: &str, model: &str, threads: usize, steps: usi
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/train_ref.py");
     let out = Command::new(py)
         .arg(&script)
-        .args(["--framework", framework, "--model", model, "--threads", &threads.to_string(), "--steps", &steps.to_string()])
+        .args([
+            "--framework",
+            framework,
+            "--model",
+            model,
+            "--threads",
+            &threads.to_string(),
+            "--steps",
+            &steps.to_string(),
+        ])
         .output()
         .unwrap_or_else(|e| panic!("running {}: {e}", py.display()));
     if !out.status.success() {
-        panic!("train_ref.py {framework} {model} failed: {}", String::from_utf8_lossy(&out.stderr));
+        panic!(
+            "train_ref.py {framework} {model} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
-    v["times_s"].as_array().expect("times").iter().filter_map(|x| x.as_f64()).map(|s| s * 1e3).collect()
+    v["times_s"]
+        .as_array()
+        .expect("times")
+        .iter()
+        .filter_map(|x| x.as_f64())
+        .map(|s| s * 1e3)
+        .collect()
 }
 
 /// Run the suite for each thread count.
@@ -147,7 +214,8 @@ pub fn suite(threads: &[usize], rounds: usize, reps: usize, py: Option<PathBuf>)
             for _ in 0..3 {
                 step(&mut m);
             }
-            let (mut ours, mut jax, mut torch) = (Samples::default(), Samples::default(), Samples::default());
+            let (mut ours, mut jax, mut torch) =
+                (Samples::default(), Samples::default(), Samples::default());
             // The order rotates every round, so no framework always runs right after another
             // (the host may slow whatever follows a heavy process).
             for round in 0..rounds {
@@ -179,7 +247,15 @@ pub fn suite(threads: &[usize], rounds: usize, reps: usize, py: Option<PathBuf>)
                 }
             }
             let inv = |a: &Samples, b: &Samples| crate::stats::ratio(a, b);
-            println!("| {} | {t} | {} | {} | {} | {} | {} |", m.name, ours.show(2), jax.show(2), torch.show(2), inv(&jax, &ours), inv(&torch, &ours));
+            println!(
+                "| {} | {t} | {} | {} | {} | {} | {} |",
+                m.name,
+                ours.show(2),
+                jax.show(2),
+                torch.show(2),
+                inv(&jax, &ours),
+                inv(&torch, &ours)
+            );
         }
     }
     println!("\n### Building the training step (RLX)\n");

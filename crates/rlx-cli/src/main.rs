@@ -149,8 +149,17 @@ fn model_path(arg: &Option<String>) -> rlx::Result<PathBuf> {
 
 fn load(args: &ModelArgs, need: usize) -> rlx::Result<Llm> {
     let path = model_path(&args.model)?;
-    let ctx = args.ctx.unwrap_or_else(|| need.next_multiple_of(256).max(512));
-    Llm::load(&path, LoadOptions { threads: args.threads, ctx: Some(ctx), ..LoadOptions::default() })
+    let ctx = args
+        .ctx
+        .unwrap_or_else(|| need.next_multiple_of(256).max(512));
+    Llm::load(
+        &path,
+        LoadOptions {
+            threads: args.threads,
+            ctx: Some(ctx),
+            ..LoadOptions::default()
+        },
+    )
 }
 
 /// Streams token bytes to stdout, holding back an incomplete UTF-8 sequence.
@@ -178,7 +187,13 @@ struct Generation {
 }
 
 /// Feed `prompt`, then sample up to `n` tokens, calling `emit` with each.
-fn generate(llm: &mut Llm, prompt: &[u32], n: usize, sampler: &mut Sampler, mut emit: impl FnMut(&Llm, u32)) -> rlx::Result<Generation> {
+fn generate(
+    llm: &mut Llm,
+    prompt: &[u32],
+    n: usize,
+    sampler: &mut Sampler,
+    mut emit: impl FnMut(&Llm, u32),
+) -> rlx::Result<Generation> {
     for &t in prompt {
         sampler.accept(t);
     }
@@ -198,20 +213,33 @@ fn generate(llm: &mut Llm, prompt: &[u32], n: usize, sampler: &mut Sampler, mut 
             logits = llm.forward(&[tok])?;
         }
     }
-    Ok(Generation { ids, prefill_s, decode_s: t1.elapsed().as_secs_f64() })
+    Ok(Generation {
+        ids,
+        prefill_s,
+        decode_s: t1.elapsed().as_secs_f64(),
+    })
 }
 
 fn cmd_generate(a: GenerateArgs) -> rlx::Result<()> {
     let path = model_path(&a.model.model)?;
     let text = if a.chat {
-        let probe = rlx::gguf::GgufFile::open(&path).map_err(|e| rlx::Error::Invalid(e.to_string()))?;
-        let tmpl = probe.get("tokenizer.chat_template").and_then(|v| v.as_str());
-        let arch = probe.get("general.architecture").and_then(|v| v.as_str()).unwrap_or("");
+        let probe =
+            rlx::gguf::GgufFile::open(&path).map_err(|e| rlx::Error::Invalid(e.to_string()))?;
+        let tmpl = probe
+            .get("tokenizer.chat_template")
+            .and_then(|v| v.as_str());
+        let arch = probe
+            .get("general.architecture")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
         ChatTemplate::detect(tmpl, arch).render(&[ChatMessage::new("user", &a.prompt)])
     } else {
         a.prompt.clone()
     };
-    let margs = ModelArgs { model: Some(path.display().to_string()), ..a.model.clone() };
+    let margs = ModelArgs {
+        model: Some(path.display().to_string()),
+        ..a.model.clone()
+    };
     let mut llm = load(&margs, text.len() + a.n + 16)?;
     let prompt = llm.tokenizer.encode(&text, llm.tokenizer.add_bos(), true);
     if prompt.len() + a.n > llm.ctx() {
@@ -223,7 +251,9 @@ fn cmd_generate(a: GenerateArgs) -> rlx::Result<()> {
         )));
     }
     let mut sampler = Sampler::new(a.sampling.config());
-    let mut stream = Stream { pending: Vec::new() };
+    let mut stream = Stream {
+        pending: Vec::new(),
+    };
     let mut out = std::io::stdout().lock();
     if !a.json && !a.chat {
         let _ = write!(out, "{}", a.prompt);
@@ -239,7 +269,14 @@ fn cmd_generate(a: GenerateArgs) -> rlx::Result<()> {
     })?;
     let text = llm.tokenizer.decode(&g.ids, false);
     let decoded = g.ids.len().saturating_sub(1);
-    let (pp, tg) = (prompt.len() as f64 / g.prefill_s, if g.decode_s > 0.0 { decoded as f64 / g.decode_s } else { 0.0 });
+    let (pp, tg) = (
+        prompt.len() as f64 / g.prefill_s,
+        if g.decode_s > 0.0 {
+            decoded as f64 / g.decode_s
+        } else {
+            0.0
+        },
+    );
     if a.json {
         let v = serde_json::json!({
             "model": path.display().to_string(),
@@ -253,7 +290,11 @@ fn cmd_generate(a: GenerateArgs) -> rlx::Result<()> {
         let _ = writeln!(out, "{v}");
     } else {
         let _ = writeln!(out);
-        eprintln!("[{} prompt tokens at {pp:.1} tok/s, {} generated at {tg:.1} tok/s]", prompt.len(), g.ids.len());
+        eprintln!(
+            "[{} prompt tokens at {pp:.1} tok/s, {} generated at {tg:.1} tok/s]",
+            prompt.len(),
+            g.ids.len()
+        );
     }
     Ok(())
 }
@@ -268,17 +309,28 @@ fn cmd_chat(a: ChatArgs) -> rlx::Result<()> {
     if let Some(s) = &a.system {
         messages.push(ChatMessage::new("system", s));
     }
-    eprintln!("rlx chat: {} ({} layers). Type a message; an empty line or Ctrl-D quits.", llm.config.arch_name, llm.config.n_layer);
+    eprintln!(
+        "rlx chat: {} ({} layers). Type a message; an empty line or Ctrl-D quits.",
+        llm.config.arch_name, llm.config.n_layer
+    );
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");
         let mut line = String::new();
-        if stdin.lock().read_line(&mut line).map_err(|e| rlx::Error::Invalid(e.to_string()))? == 0 || line.trim().is_empty() {
+        if stdin
+            .lock()
+            .read_line(&mut line)
+            .map_err(|e| rlx::Error::Invalid(e.to_string()))?
+            == 0
+            || line.trim().is_empty()
+        {
             return Ok(());
         }
         messages.push(ChatMessage::new("user", line.trim_end()));
         // Re-encode the whole conversation; the cached prefix is reused.
-        let ids = llm.tokenizer.encode(&tmpl.render(&messages), llm.tokenizer.add_bos(), true);
+        let ids = llm
+            .tokenizer
+            .encode(&tmpl.render(&messages), llm.tokenizer.add_bos(), true);
         let cached = &history[..history.len().min(llm.position())];
         let keep = common_prefix(&ids, cached).min(ids.len() - 1);
         llm.truncate(keep);
@@ -289,17 +341,28 @@ fn cmd_chat(a: ChatArgs) -> rlx::Result<()> {
             llm.reset();
             continue;
         }
-        let mut stream = Stream { pending: Vec::new() };
+        let mut stream = Stream {
+            pending: Vec::new(),
+        };
         let mut out = std::io::stdout().lock();
-        let g = generate(&mut llm, &ids[keep..], a.n.min(room), &mut sampler, |llm, tok| {
-            let s = stream.push(&llm.tokenizer.token_bytes(tok, false));
-            let _ = write!(out, "{s}");
-            let _ = out.flush();
-        })?;
+        let g = generate(
+            &mut llm,
+            &ids[keep..],
+            a.n.min(room),
+            &mut sampler,
+            |llm, tok| {
+                let s = stream.push(&llm.tokenizer.token_bytes(tok, false));
+                let _ = write!(out, "{s}");
+                let _ = out.flush();
+            },
+        )?;
         let _ = writeln!(out);
         history = ids.clone();
         history.extend(&g.ids);
-        messages.push(ChatMessage::new("assistant", &llm.tokenizer.decode(&g.ids, false)));
+        messages.push(ChatMessage::new(
+            "assistant",
+            &llm.tokenizer.decode(&g.ids, false),
+        ));
     }
 }
 
@@ -311,7 +374,8 @@ fn stats(v: &[f64]) -> (f64, f64, f64, f64) {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     let mean = s.iter().sum::<f64>() / s.len() as f64;
-    let sd = (s.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (s.len().max(2) - 1) as f64).sqrt();
+    let sd = (s.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (s.len().max(2) - 1) as f64)
+        .sqrt();
     (mean, sd, s[s.len() / 2], s[s.len() - 1] - s[0])
 }
 
@@ -371,14 +435,23 @@ fn cmd_bench(a: BenchArgs) -> rlx::Result<()> {
     }
     let threads = a.model.threads.unwrap_or_else(rlx_threads);
     let bytes: u64 = llm.file().tensors().iter().map(|t| t.size).sum();
-    let name = llm.file().get("general.name").and_then(|v| v.as_str()).unwrap_or("?").to_string();
+    let name = llm
+        .file()
+        .get("general.name")
+        .and_then(|v| v.as_str())
+        .unwrap_or("?")
+        .to_string();
     if a.json {
         let summary = |v: &[f64]| {
             if v.is_empty() {
                 return serde_json::Value::Null;
             }
             let (_, _, med, _) = stats(v);
-            let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+            let (lo, hi) = v
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| {
+                    (a.min(x), b.max(x))
+                });
             serde_json::json!({ "samples": v, "median": med, "min": lo, "max": hi })
         };
         let v = serde_json::json!({
@@ -403,18 +476,29 @@ fn cmd_bench(a: BenchArgs) -> rlx::Result<()> {
         let (m, sd, med, range) = stats(v);
         println!("| {name} | {:.1} MiB | {threads} | {test} | {m:.2} ± {sd:.2} | {med:.2} | {range:.2} |", bytes as f64 / 1048576.0);
     }
-    eprintln!("load {load_s:.3} s, peak RSS {} KiB", peak_rss_kib().unwrap_or(0));
+    eprintln!(
+        "load {load_s:.3} s, peak RSS {} KiB",
+        peak_rss_kib().unwrap_or(0)
+    );
     Ok(())
 }
 
 fn rlx_threads() -> usize {
-    std::env::var("RLX_NUM_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    std::env::var("RLX_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Peak resident memory of this process (Linux `VmHWM`).
 fn peak_rss_kib() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    s.lines().find(|l| l.starts_with("VmHWM:"))?.split_whitespace().nth(1)?.parse().ok()
+    s.lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 fn main() -> ExitCode {
@@ -425,9 +509,13 @@ fn main() -> ExitCode {
         Cmd::Bench(a) => cmd_bench(a),
         Cmd::Fetch { name } => match KnownModel::from_name(&name) {
             Some(m) => hub::ensure(m, true).map(|p| println!("{}", p.display())),
-            None => Err(rlx::Error::Invalid(format!("unknown model \"{name}\"; known: smollm2, gemma3"))),
+            None => Err(rlx::Error::Invalid(format!(
+                "unknown model \"{name}\"; known: smollm2, gemma3"
+            ))),
         },
-        Cmd::Inspect { path } => rlx::gguf::GgufFile::open(&path).map(|f| print!("{}", f.describe())).map_err(|e| rlx::Error::Invalid(e.to_string())),
+        Cmd::Inspect { path } => rlx::gguf::GgufFile::open(&path)
+            .map(|f| print!("{}", f.describe()))
+            .map_err(|e| rlx::Error::Invalid(e.to_string())),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -28,7 +28,11 @@ impl Buffer {
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> Buffer {
         if len == 0 {
-            return Buffer { ptr: ALIGN as *mut u8, len: 0, map: None };
+            return Buffer {
+                ptr: ALIGN as *mut u8,
+                len: 0,
+                map: None,
+            };
         }
         #[cfg(target_os = "linux")]
         if len >= HUGE {
@@ -42,7 +46,11 @@ impl Buffer {
         if ptr.is_null() {
             std::alloc::handle_alloc_error(layout);
         }
-        Buffer { ptr, len, map: None }
+        Buffer {
+            ptr,
+            len,
+            map: None,
+        }
     }
 
     /// `len` zero bytes in a 2 MiB-aligned anonymous mapping advised for huge pages (`None` if
@@ -52,7 +60,14 @@ impl Buffer {
         let map_len = len.checked_add(HUGE)?;
         // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
         let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), map_len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
         };
         if base == libc::MAP_FAILED {
             return None;
@@ -61,7 +76,11 @@ impl Buffer {
         // SAFETY: `ptr..ptr + len` lies inside the mapping. The advice is only a hint: if the
         // kernel declines it, the buffer works with normal pages.
         unsafe { libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
-        Some(Buffer { ptr, len, map: Some((base as *mut u8, map_len)) })
+        Some(Buffer {
+            ptr,
+            len,
+            map: Some((base as *mut u8, map_len)),
+        })
     }
 
     /// A copy of `data`.

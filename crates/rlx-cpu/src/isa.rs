@@ -40,7 +40,9 @@ impl Level {
     fn supported(self) -> bool {
         #[cfg(target_arch = "x86_64")]
         {
-            let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("f16c");
+            let avx2 = std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c");
             match self {
                 Level::Portable => true,
                 Level::Avx2 => avx2,
@@ -72,7 +74,11 @@ pub fn best() -> Level {
             _ if std::env::var_os("RLX_NO_AVX512").is_some() => Level::Avx2Vnni,
             _ => Level::Avx512,
         };
-        Level::ALL.into_iter().rev().find(|l| *l <= cap && l.supported()).unwrap_or(Level::Portable)
+        Level::ALL
+            .into_iter()
+            .rev()
+            .find(|l| *l <= cap && l.supported())
+            .unwrap_or(Level::Portable)
     })
 }
 
@@ -80,7 +86,9 @@ pub fn best() -> Level {
 /// runs: [`Level::Avx2Vnni`] appears only where the CPU has AVX-VNNI.
 pub fn levels() -> impl Iterator<Item = Level> + Clone {
     let best = best();
-    Level::ALL.into_iter().filter(move |l| *l <= best && l.supported())
+    Level::ALL
+        .into_iter()
+        .filter(move |l| *l <= best && l.supported())
 }
 
 thread_local! {
@@ -95,7 +103,12 @@ pub fn current() -> Level {
     if (cap as usize) < best as usize {
         // Below the best: the highest supported level under the cap (a machine without AVX-VNNI
         // asked for `Avx2Vnni` runs `Avx2`).
-        Level::ALL[..=cap as usize].iter().rev().copied().find(|l| l.supported()).unwrap_or(Level::Portable)
+        Level::ALL[..=cap as usize]
+            .iter()
+            .rev()
+            .copied()
+            .find(|l| l.supported())
+            .unwrap_or(Level::Portable)
     } else {
         best
     }
@@ -119,7 +132,9 @@ pub fn with_level<R>(level: Level, f: impl FnOnce() -> R) -> R {
 /// AVX-512, AVX2 and portable kernels on one machine. A failure names the level.
 pub fn for_each_level(mut f: impl FnMut(Level)) {
     for level in levels() {
-        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| with_level(level, || f(level))));
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            with_level(level, || f(level))
+        }));
         if let Err(e) = r {
             eprintln!("(the failure above ran at instruction-set level {level})");
             std::panic::resume_unwind(e);
@@ -160,7 +175,9 @@ mod tests {
         with_level(Level::Portable, || {
             assert_eq!(current(), Level::Portable);
             assert!(!avx2() && !avx512());
-            with_level(Level::Avx512, || assert_eq!(current(), best, "a cap above the best is the best"));
+            with_level(Level::Avx512, || {
+                assert_eq!(current(), best, "a cap above the best is the best")
+            });
             assert_eq!(current(), Level::Portable);
         });
         assert_eq!(current(), best);
@@ -168,23 +185,35 @@ mod tests {
         assert_eq!(all.first(), Some(&Level::Portable));
         assert_eq!(all.last(), Some(&best));
         for l in all {
-            assert_eq!(with_level(l, current), l, "every listed level runs as itself");
+            assert_eq!(
+                with_level(l, current),
+                l,
+                "every listed level runs as itself"
+            );
         }
     }
 
     #[test]
     fn pool_workers_run_the_dispatching_threads_level() {
         let pool = crate::pool::Pool::new(2);
-        let seen: Vec<std::sync::atomic::AtomicU8> = (0..64).map(|_| std::sync::atomic::AtomicU8::new(9)).collect();
+        let seen: Vec<std::sync::atomic::AtomicU8> = (0..64)
+            .map(|_| std::sync::atomic::AtomicU8::new(9))
+            .collect();
         with_level(Level::Portable, || {
             pool.run(64, &|t, _| {
                 seen[t].store(current() as u8, std::sync::atomic::Ordering::Relaxed);
                 std::thread::sleep(std::time::Duration::from_micros(50));
             })
         });
-        assert!(seen.iter().all(|s| s.load(std::sync::atomic::Ordering::Relaxed) == Level::Portable as u8));
+        assert!(seen
+            .iter()
+            .all(|s| s.load(std::sync::atomic::Ordering::Relaxed) == Level::Portable as u8));
         // And after the scope, the workers are back at the best level.
-        pool.run(64, &|t, _| seen[t].store(current() as u8, std::sync::atomic::Ordering::Relaxed));
-        assert!(seen.iter().all(|s| s.load(std::sync::atomic::Ordering::Relaxed) == best() as u8));
+        pool.run(64, &|t, _| {
+            seen[t].store(current() as u8, std::sync::atomic::Ordering::Relaxed)
+        });
+        assert!(seen
+            .iter()
+            .all(|s| s.load(std::sync::atomic::Ordering::Relaxed) == best() as u8));
     }
 }

@@ -17,7 +17,12 @@ pub struct Layout {
 impl Layout {
     /// Row-major contiguous layout of `dims` (rank ≤ [`MAX_RANK`], checked by the compiler).
     pub fn contiguous(dims: &[usize]) -> Layout {
-        let mut l = Layout { rank: dims.len(), dims: [0; MAX_RANK], strides: [0; MAX_RANK], offset: 0 };
+        let mut l = Layout {
+            rank: dims.len(),
+            dims: [0; MAX_RANK],
+            strides: [0; MAX_RANK],
+            offset: 0,
+        };
         let mut s = 1;
         for i in (0..dims.len()).rev() {
             l.dims[i] = dims[i];
@@ -32,7 +37,12 @@ impl Layout {
         if dims.len() > MAX_RANK || strides.len() != dims.len() {
             return None;
         }
-        let mut l = Layout { rank: dims.len(), dims: [0; MAX_RANK], strides: [0; MAX_RANK], offset };
+        let mut l = Layout {
+            rank: dims.len(),
+            dims: [0; MAX_RANK],
+            strides: [0; MAX_RANK],
+            offset,
+        };
         l.dims[..dims.len()].copy_from_slice(dims);
         l.strides[..dims.len()].copy_from_slice(strides);
         Some(l)
@@ -90,11 +100,20 @@ impl Layout {
 
     /// Broadcast to `dims` (right-aligned; size-1 and new axes get stride 0).
     pub fn broadcast_to(&self, dims: &[usize]) -> Layout {
-        let mut l = Layout { rank: dims.len(), dims: [0; MAX_RANK], strides: [0; MAX_RANK], offset: self.offset };
+        let mut l = Layout {
+            rank: dims.len(),
+            dims: [0; MAX_RANK],
+            strides: [0; MAX_RANK],
+            offset: self.offset,
+        };
         let shift = dims.len() - self.rank;
         for (i, &d) in dims.iter().enumerate() {
             l.dims[i] = d;
-            l.strides[i] = if i < shift || self.dims[i - shift] != d { 0 } else { self.strides[i - shift] };
+            l.strides[i] = if i < shift || self.dims[i - shift] != d {
+                0
+            } else {
+                self.strides[i - shift]
+            };
         }
         l
     }
@@ -113,7 +132,10 @@ impl Layout {
             return None;
         }
         // Size-1 axes carry no stride information; match the rest in groups of equal product.
-        let old: Vec<(usize, usize)> = (0..self.rank).filter(|&i| self.dims[i] != 1).map(|i| (self.dims[i], self.strides[i])).collect();
+        let old: Vec<(usize, usize)> = (0..self.rank)
+            .filter(|&i| self.dims[i] != 1)
+            .map(|i| (self.dims[i], self.strides[i]))
+            .collect();
         let mut strides = [0usize; MAX_RANK];
         let (mut oi, mut ni) = (0, 0);
         while ni < dims.len() {
@@ -267,7 +289,9 @@ mod tests {
     fn offsets(l: &Layout) -> Vec<usize> {
         let d = Layout::contiguous(l.dims());
         let mut v = Vec::new();
-        for_each_run(l.dims(), [&d, l], 0..l.numel(), |[_, i], n, [_, si]| v.extend((0..n).map(|j| i + j * si)));
+        for_each_run(l.dims(), [&d, l], 0..l.numel(), |[_, i], n, [_, si]| {
+            v.extend((0..n).map(|j| i + j * si))
+        });
         v
     }
 
@@ -275,7 +299,9 @@ mod tests {
     fn strided_reshapes_are_views_exactly_when_the_merged_axes_are_contiguous() {
         // [16, 64, 384] narrowed to 128 columns, split into 4 heads of 32 (a view), and back.
         let q = Layout::contiguous(&[16, 64, 384]).narrow(2, 128, 128);
-        let heads = q.reshape(&[16, 64, 4, 32]).expect("splitting a contiguous axis is a view");
+        let heads = q
+            .reshape(&[16, 64, 4, 32])
+            .expect("splitting a contiguous axis is a view");
         assert_eq!(offsets(&heads), offsets(&q));
         let back = heads.reshape(&[16, 64, 128]).expect("merging it back too");
         assert_eq!(offsets(&back), offsets(&q));

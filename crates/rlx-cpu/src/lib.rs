@@ -30,7 +30,9 @@ pub struct CpuBackend;
 
 /// Threads used when none are requested: one per available core.
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
 }
 
 impl Backend for CpuBackend {
@@ -44,14 +46,32 @@ impl Backend for CpuBackend {
 
     fn compile(&self, graph: &Graph, opts: &CompileOptions) -> Result<Box<dyn Executable>> {
         let threads = opts.threads.unwrap_or_else(default_threads);
-        Ok(Box::new(program::compile_with_updates(graph, threads, &opts.updates)?))
+        Ok(Box::new(program::compile_with_updates(
+            graph,
+            threads,
+            &opts.updates,
+        )?))
     }
 
-    fn compile_sharing(&self, graph: &Graph, opts: &CompileOptions, other: &dyn Executable) -> Result<Box<dyn Executable>> {
+    fn compile_sharing(
+        &self,
+        graph: &Graph,
+        opts: &CompileOptions,
+        other: &dyn Executable,
+    ) -> Result<Box<dyn Executable>> {
         let threads = opts.threads.unwrap_or_else(default_threads);
-        let other = other.as_any().and_then(|a| a.downcast_ref::<Program>()).ok_or_else(|| {
-            rlx_ir::Error::Invalid("params can only be shared with another graph compiled for the CPU".into())
-        })?;
-        Ok(Box::new(program::compile_shared(graph, threads, Some(other))?))
+        let other = other
+            .as_any()
+            .and_then(|a| a.downcast_ref::<Program>())
+            .ok_or_else(|| {
+                rlx_ir::Error::Invalid(
+                    "params can only be shared with another graph compiled for the CPU".into(),
+                )
+            })?;
+        Ok(Box::new(program::compile_shared(
+            graph,
+            threads,
+            Some(other),
+        )?))
     }
 }

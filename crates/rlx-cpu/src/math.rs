@@ -57,8 +57,15 @@ fn exp_reduced(x: f32) -> (f32, f32, i32) {
     let n = z - SHIFT;
     let b = (-n).mul_add(LN2_LO, (-n).mul_add(LN2_HI, x));
     let u = b * b;
-    let j = C[4].mul_add(b, C[3]).mul_add(u, C[2].mul_add(b, C[1])).mul_add(u, C[0].mul_add(b, 1.0));
-    (j, n, (z.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32))
+    let j = C[4]
+        .mul_add(b, C[3])
+        .mul_add(u, C[2].mul_add(b, C[1]))
+        .mul_add(u, C[0].mul_add(b, 1.0));
+    (
+        j,
+        n,
+        (z.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32),
+    )
 }
 
 /// `e^x` for f32 where only `x` in `[-86, 88]` matters: the input is clamped to that range, so
@@ -145,7 +152,9 @@ fn max_lanes(x: &[f32]) -> f32 {
             *l = if *v > *l { *v } else { *l };
         }
     }
-    let mut m = tail.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
+    let mut m = tail
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a });
     for l in lanes {
         m = if l > m { l } else { m };
     }
@@ -301,7 +310,9 @@ mod tests {
     fn rms_norm_rows_equals_a_sequential_f64_sum_per_row() {
         crate::isa::for_each_level(|_| {
             for (rows, n) in [(1usize, 7usize), (4, 64), (9, 640), (6, 1)] {
-                let x: Vec<f32> = (0..rows * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0 + (i % 3) as f32 * 1e-3).collect();
+                let x: Vec<f32> = (0..rows * n)
+                    .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0 + (i % 3) as f32 * 1e-3)
+                    .collect();
                 let g: Vec<f32> = (0..n).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
                 let mut y = vec![0f32; rows * n];
                 rms_norm_rows(&x, &g, &mut y, n, 1e-6);
@@ -313,7 +324,11 @@ mod tests {
                     }
                     let inv = 1.0f32 / ((v / n as f64) as f32 + 1e-6f32).sqrt();
                     for t in 0..n {
-                        assert_eq!(y[r * n + t].to_bits(), (xs[t] * inv * g[t]).to_bits(), "row {r} of {rows}, element {t}");
+                        assert_eq!(
+                            y[r * n + t].to_bits(),
+                            (xs[t] * inv * g[t]).to_bits(),
+                            "row {r} of {rows}, element {t}"
+                        );
                     }
                 }
             }
@@ -324,7 +339,9 @@ mod tests {
     fn scaled_softmax_in_place_matches_f64() {
         crate::isa::for_each_level(|_| {
             for n in [1usize, 5, 16, 37, 300] {
-                let mut x: Vec<f32> = (0..n).map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0).collect();
+                let mut x: Vec<f32> = (0..n)
+                    .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
+                    .collect();
                 let scale = 0.0625f32;
                 let xs: Vec<f64> = x.iter().map(|&v| (v * scale) as f64).collect();
                 let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -332,7 +349,10 @@ mod tests {
                 scaled_softmax_in_place(&mut x, scale);
                 for (got, v) in x.iter().zip(&xs) {
                     let want = (v - m).exp() / z;
-                    assert!((*got as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-9, "n {n}: {got} vs {want}");
+                    assert!(
+                        (*got as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-9,
+                        "n {n}: {got} vs {want}"
+                    );
                 }
             }
         });
@@ -343,7 +363,9 @@ mod tests {
         crate::isa::for_each_level(|_| {
             for n in [1usize, 13, 16, 64, 100] {
                 let rows = 7;
-                let mut x: Vec<f32> = (0..rows * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 9.0).collect();
+                let mut x: Vec<f32> = (0..rows * n)
+                    .map(|i| ((i * 37 % 101) as f32 - 50.0) / 9.0)
+                    .collect();
                 x[n / 2] = f32::NEG_INFINITY; // a masked entry
                 let mut fast = vec![f32::NAN; rows * n];
                 softmax_rows(&x, &mut fast, n);
@@ -353,7 +375,12 @@ mod tests {
                     let inv = 1.0 / exp_shift_sum(xs, m, ys);
                     ys.iter_mut().for_each(|y| *y *= inv);
                 }
-                assert!(fast.iter().zip(&slow).all(|(a, b)| a.to_bits() == b.to_bits()), "n {n}");
+                assert!(
+                    fast.iter()
+                        .zip(&slow)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "n {n}"
+                );
             }
         });
     }
@@ -372,7 +399,10 @@ mod tests {
         assert!(worst <= 2.0, "worst error {worst} ulp");
         // Subnormal results, underflow, overflow.
         let tiny = exp_f32(-100.0) as f64;
-        assert!((tiny - (-100f64).exp()).abs() <= f32::from_bits(1) as f64, "{tiny}");
+        assert!(
+            (tiny - (-100f64).exp()).abs() <= f32::from_bits(1) as f64,
+            "{tiny}"
+        );
         assert_eq!(exp_f32(-200.0), 0.0);
         assert_eq!(exp_f32(-1e30), 0.0);
         assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
@@ -380,7 +410,10 @@ mod tests {
         assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
         // Near the top (2^n needs its factor split in two): still within 2 ulp.
         let (got, want) = (exp_f32(88.7) as f64, (88.7f32 as f64).exp());
-        assert!((got - want).abs() <= 2.0 * (want as f32) as f64 * f32::EPSILON as f64, "{got} vs {want}");
+        assert!(
+            (got - want).abs() <= 2.0 * (want as f32) as f64 * f32::EPSILON as f64,
+            "{got} vs {want}"
+        );
         assert_eq!(exp_f32(0.0), 1.0);
         assert!(exp_f32(f32::NAN).is_nan());
     }
@@ -392,7 +425,14 @@ mod tests {
             assert_eq!(exp_fast_f32(x).to_bits(), exp_f32(x).to_bits(), "at {x}");
             x += 0.0113;
         }
-        for (x, at) in [(-87.5f32, -86.0f32), (-1e30, -86.0), (f32::NEG_INFINITY, -86.0), (88.5, 88.0), (1e30, 88.0), (f32::INFINITY, 88.0)] {
+        for (x, at) in [
+            (-87.5f32, -86.0f32),
+            (-1e30, -86.0),
+            (f32::NEG_INFINITY, -86.0),
+            (88.5, 88.0),
+            (1e30, 88.0),
+            (f32::INFINITY, 88.0),
+        ] {
             assert_eq!(exp_fast_f32(x), exp_f32(at), "at {x}");
         }
         assert!(exp_fast_f32(f32::NAN).is_nan());
@@ -419,7 +459,9 @@ mod tests {
     #[test]
     fn reductions_match_scalar() {
         crate::isa::for_each_level(|_| {
-            let x: Vec<f32> = (0..37).map(|i| ((i * 13 % 17) as f32 - 8.0) / 3.0).collect();
+            let x: Vec<f32> = (0..37)
+                .map(|i| ((i * 13 % 17) as f32 - 8.0) / 3.0)
+                .collect();
             assert_eq!(max_f32(&x), x.iter().cloned().fold(f32::MIN, f32::max));
             let mut y = vec![0f32; x.len()];
             let s = exp_shift_sum(&x, 1.0, &mut y);
@@ -427,7 +469,10 @@ mod tests {
             assert!((s as f64 - want).abs() < 1e-5 * want);
             let seq: f64 = x.iter().map(|&v| v as f64).sum();
             assert!((sum_f64(&x) - seq).abs() <= 1e-12 * seq.abs().max(1.0));
-            assert_eq!(sum_f64(&x[..5]), x[..5].iter().map(|&v| v as f64).sum::<f64>());
+            assert_eq!(
+                sum_f64(&x[..5]),
+                x[..5].iter().map(|&v| v as f64).sum::<f64>()
+            );
         });
     }
 }

@@ -41,7 +41,12 @@ const SPIN: usize = 1 << 11;
 /// How long an idle worker spins before parking: `RLX_SPIN_US` microseconds (default 2000).
 fn idle_spin() -> std::time::Duration {
     static S: OnceLock<u64> = OnceLock::new();
-    std::time::Duration::from_micros(*S.get_or_init(|| std::env::var("RLX_SPIN_US").ok().and_then(|v| v.parse().ok()).unwrap_or(2000)))
+    std::time::Duration::from_micros(*S.get_or_init(|| {
+        std::env::var("RLX_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(2000)
+    }))
 }
 
 fn erase(f: Task<'_>) -> (usize, usize) {
@@ -95,7 +100,12 @@ impl Pool {
             handles.push(h);
         }
         let threads = handles.iter().map(|h| h.thread().clone()).collect();
-        Pool { shared, threads, handles, busy: Mutex::new(()) }
+        Pool {
+            shared,
+            threads,
+            handles,
+            busy: Mutex::new(()),
+        }
     }
 
     /// Shared pool with `threads` threads, created on first use.
@@ -122,7 +132,11 @@ impl Pool {
         if tasks == 0 {
             return;
         }
-        let guard = if tasks > 1 && !self.handles.is_empty() { self.busy.try_lock().ok() } else { None };
+        let guard = if tasks > 1 && !self.handles.is_empty() {
+            self.busy.try_lock().ok()
+        } else {
+            None
+        };
         let Some(_guard) = guard else {
             for t in 0..tasks {
                 f(t, 0);
@@ -186,8 +200,12 @@ fn allowed_cpus() -> Vec<usize> {
     {
         // SAFETY: `set` is a plain bit set the call fills in.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } == 0 {
-            return (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
+        if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
+            == 0
+        {
+            return (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+                .collect();
         }
     }
     Vec::new()

@@ -83,14 +83,20 @@ fn check_node(g: &Graph, id: rlx_ir::NodeId) -> Result<Vec<usize>> {
         backend: "cpu".into(),
         op: n.op.name().into(),
         node: id,
-        msg: format!("shape {} has symbolic dimensions; bind them before compiling", n.shape),
+        msg: format!(
+            "shape {} has symbolic dimensions; bind them before compiling",
+            n.shape
+        ),
     })?;
     if dims.len() > MAX_RANK || n.shape.dtype() == DType::C64 {
         return Err(Error::Unsupported {
             backend: "cpu".into(),
             op: n.op.name().into(),
             node: id,
-            msg: format!("shape {} (the CPU backend handles rank <= {MAX_RANK} and no c64)", n.shape),
+            msg: format!(
+                "shape {} (the CPU backend handles rank <= {MAX_RANK} and no c64)",
+                n.shape
+            ),
         });
     }
     Ok(dims)
@@ -114,16 +120,33 @@ struct Groups {
 /// operand) such that every step reading the param runs no later than that group, and the
 /// group itself reads it only densely, element for element. The output's planned arena buffer
 /// then goes unused.
-fn donations(g: &Graph, groups: &Groups, vals: &[Val], pending: &[Pending], params: &[IoSlot], updates: &[(String, usize)]) -> Vec<(usize, usize)> {
+fn donations(
+    g: &Graph,
+    groups: &Groups,
+    vals: &[Val],
+    pending: &[Pending],
+    params: &[IoSlot],
+    updates: &[(String, usize)],
+) -> Vec<(usize, usize)> {
     let mut out = Vec::new();
     for (name, o) in updates {
-        let Some(v) = g.outputs().get(*o).map(|v| v.index()) else { continue };
-        let Some(p) = params.iter().position(|s| s.name == *name) else { continue };
+        let Some(v) = g.outputs().get(*o).map(|v| v.index()) else {
+            continue;
+        };
+        let Some(p) = params.iter().position(|s| s.name == *name) else {
+            continue;
+        };
         // The step computing `v`: its own, or its group's (an extra result of a fused group).
         let owner = groups.member_of[v].unwrap_or(v);
-        let Some(sv) = pending.iter().position(|e| e.0 == owner) else { continue };
+        let Some(sv) = pending.iter().position(|e| e.0 == owner) else {
+            continue;
+        };
         let reads_p = |i: usize| matches!(vals[i].buf, Buf::Param(q) if q == p);
-        let dense_like_v = |i: usize| vals[i].layout.is_contiguous() && vals[i].layout.offset == 0 && vals[i].layout.dims() == vals[v].layout.dims();
+        let dense_like_v = |i: usize| {
+            vals[i].layout.is_contiguous()
+                && vals[i].layout.offset == 0
+                && vals[i].layout.dims() == vals[v].layout.dims()
+        };
         let ok = groups.members.contains_key(&owner)
             && kernels::fused::row_sum(g, rlx_ir::NodeId(owner as u32)).is_none()
             && matches!(vals[v].buf, Buf::Arena(_))
@@ -131,7 +154,10 @@ fn donations(g: &Graph, groups: &Groups, vals: &[Val], pending: &[Pending], para
             && g.outputs().iter().filter(|x| x.index() == v).count() == 1
             && !g.outputs().iter().any(|x| reads_p(x.index()))
             && !out.iter().any(|&(w, q)| w == v || q == p)
-            && pending.iter().enumerate().all(|(s, e)| e.1.iter().all(|&i| !reads_p(i) || s < sv || (s == sv && dense_like_v(i))));
+            && pending.iter().enumerate().all(|(s, e)| {
+                e.1.iter()
+                    .all(|&i| !reads_p(i) || s < sv || (s == sv && dense_like_v(i)))
+            });
         if ok {
             out.push((v, p));
         }
@@ -151,7 +177,11 @@ fn donations(g: &Graph, groups: &Groups, vals: &[Val], pending: &[Pending], para
 fn fusion_groups(g: &Graph, users: &[Vec<usize>], fuse: bool) -> Groups {
     let mut member_of = vec![None; g.len()];
     if !fuse {
-        return Groups { members: Default::default(), member_of, stored: Vec::new() };
+        return Groups {
+            members: Default::default(),
+            member_of,
+            stored: Vec::new(),
+        };
     }
     let mut written: Vec<bool> = vec![false; g.len()];
     for id in g.ids() {
@@ -167,7 +197,11 @@ fn fusion_groups(g: &Graph, users: &[Vec<usize>], fuse: bool) -> Groups {
     let is_output = |i: usize| g.outputs().iter().any(|o| o.index() == i);
     let group_dims = |r: usize| {
         let n = g.node(rlx_ir::NodeId(r as u32));
-        let d = if matches!(n.op, Op::Reduce { .. }) { n.inputs[0] } else { rlx_ir::NodeId(r as u32) };
+        let d = if matches!(n.op, Op::Reduce { .. }) {
+            n.inputs[0]
+        } else {
+            rlx_ir::NodeId(r as u32)
+        };
         g.shape(d).dims()
     };
     for id in g.ids().collect::<Vec<_>>().into_iter().rev() {
@@ -201,7 +235,9 @@ fn fusion_groups(g: &Graph, users: &[Vec<usize>], fuse: bool) -> Groups {
     // A lone activation also runs as a group: the group loop is compiled for the widest vector
     // unit (the separate kernel for AVX2 at most), which pays for the transcendental ones. A
     // Reduce no elementwise node joined stays a plain Reduce.
-    members.retain(|&r, m| m.len() > 1 || matches!(g.node(rlx_ir::NodeId(r as u32)).op, Op::Activation(_)));
+    members.retain(|&r, m| {
+        m.len() > 1 || matches!(g.node(rlx_ir::NodeId(r as u32)).op, Op::Activation(_))
+    });
     let mut stored = vec![false; g.len()];
     for (&r, m) in &members {
         for &i in m {
@@ -211,7 +247,11 @@ fn fusion_groups(g: &Graph, users: &[Vec<usize>], fuse: bool) -> Groups {
             }
         }
     }
-    Groups { members, member_of, stored }
+    Groups {
+        members,
+        member_of,
+        stored,
+    }
 }
 
 /// The instructions of a group and its external operands (node indices, in first-use order).
@@ -254,7 +294,9 @@ fn output_layout(g: &Graph, id: rlx_ir::NodeId, users: &[usize], dims: &[usize])
         return dense;
     }
     let [u] = users else { return dense };
-    let Op::Transpose { perm } = &g.node(rlx_ir::NodeId(*u as u32)).op else { return dense };
+    let Op::Transpose { perm } = &g.node(rlx_ir::NodeId(*u as u32)).op else {
+        return dense;
+    };
     let r = dims.len();
     if perm.len() != r || r < 3 || perm[r - 1] != r - 1 {
         return dense;
@@ -271,15 +313,33 @@ fn output_layout(g: &Graph, id: rlx_ir::NodeId, users: &[usize], dims: &[usize])
 /// finite elsewhere (causal attention's), `Some(off)`.
 fn mask_offset(g: &Graph, id: rlx_ir::NodeId) -> Option<isize> {
     let n = g.node(id);
-    let Op::Constant { data } = &n.op else { return None };
+    let Op::Constant { data } = &n.op else {
+        return None;
+    };
     let d = n.shape.static_dims()?;
     if n.shape.dtype() != DType::F32 || d.len() != 2 || d[0] == 0 || d[1] == 0 {
         return None;
     }
-    let v = |i: usize, j: usize| f32::from_le_bytes(data[(i * d[1] + j) * 4..(i * d[1] + j) * 4 + 4].try_into().expect("4 bytes"));
-    let first = (0..d[1]).find(|&j| v(0, j) == f32::NEG_INFINITY).unwrap_or(d[1]);
+    let v = |i: usize, j: usize| {
+        f32::from_le_bytes(
+            data[(i * d[1] + j) * 4..(i * d[1] + j) * 4 + 4]
+                .try_into()
+                .expect("4 bytes"),
+        )
+    };
+    let first = (0..d[1])
+        .find(|&j| v(0, j) == f32::NEG_INFINITY)
+        .unwrap_or(d[1]);
     let off = first as isize - 1;
-    let ok = (0..d[0]).all(|i| (0..d[1]).all(|j| if j as isize > i as isize + off { v(i, j) == f32::NEG_INFINITY } else { v(i, j).is_finite() }));
+    let ok = (0..d[0]).all(|i| {
+        (0..d[1]).all(|j| {
+            if j as isize > i as isize + off {
+                v(i, j) == f32::NEG_INFINITY
+            } else {
+                v(i, j).is_finite()
+            }
+        })
+    });
     ok.then_some(off)
 }
 
@@ -301,16 +361,21 @@ fn causal_zeros(g: &Graph) -> Vec<Option<isize>> {
             Op::Softmax { axis } if *axis + 1 == n.shape.rank() => {
                 let x = g.node(n.inputs[0]);
                 match (&x.op, tail(n.inputs[0])) {
-                    (Op::Binary(rlx_ir::BinaryOp::Add), Some(t)) => x
-                        .inputs
-                        .iter()
-                        .find_map(|&c| mask_off(c).filter(|_| g.shape(c).static_dims().is_some_and(|d| (d[0], d[1]) == t))),
+                    (Op::Binary(rlx_ir::BinaryOp::Add), Some(t)) => {
+                        x.inputs.iter().find_map(|&c| {
+                            mask_off(c).filter(|_| {
+                                g.shape(c).static_dims().is_some_and(|d| (d[0], d[1]) == t)
+                            })
+                        })
+                    }
                     _ => None,
                 }
             }
             Op::Binary(rlx_ir::BinaryOp::Mul) => {
                 let t = tail(id);
-                n.inputs.iter().find_map(|&a| z[a.index()].filter(|_| tail(a) == t))
+                n.inputs
+                    .iter()
+                    .find_map(|&a| z[a.index()].filter(|_| tail(a) == t))
             }
             _ => None,
         };
@@ -340,7 +405,11 @@ fn causal_unneeded(g: &Graph, zeros: &[Option<isize>]) -> Vec<Option<isize>> {
     let mut unneeded: Vec<Option<isize>> = vec![None; g.len()];
     for &id in ids.iter().rev() {
         let t = tail(id);
-        if t.is_none() || users[id.index()].is_empty() || g.outputs().contains(&id) || g.shape(id).dtype() != DType::F32 {
+        if t.is_none()
+            || users[id.index()].is_empty()
+            || g.outputs().contains(&id)
+            || g.shape(id).dtype() != DType::F32
+        {
             continue;
         }
         // The region every reader ignores is the intersection of theirs (the largest offset).
@@ -349,23 +418,36 @@ fn causal_unneeded(g: &Graph, zeros: &[Option<isize>]) -> Vec<Option<isize>> {
             let other = n.inputs.iter().copied().find(|&i| i != id);
             let own = unneeded[u.index()].filter(|_| tail(u) == t);
             match &n.op {
-                Op::Binary(rlx_ir::BinaryOp::Add) => other.and_then(|c| mask_offset(g, c)).filter(|_| other.and_then(tail) == t).or(own),
-                Op::Binary(rlx_ir::BinaryOp::Mul) => other.and_then(|y| zeros[y.index()].filter(|_| tail(y) == t)).or(own),
+                Op::Binary(rlx_ir::BinaryOp::Add) => other
+                    .and_then(|c| mask_offset(g, c))
+                    .filter(|_| other.and_then(tail) == t)
+                    .or(own),
+                Op::Binary(rlx_ir::BinaryOp::Mul) => other
+                    .and_then(|y| zeros[y.index()].filter(|_| tail(y) == t))
+                    .or(own),
                 Op::Binary(_) | Op::Activation(_) => own,
                 _ => None,
             }
         };
-        unneeded[id.index()] = users[id.index()].iter().try_fold(None, |acc: Option<isize>, &u| {
-            let o = reader(u)?;
-            Some(Some(acc.map_or(o, |a| a.max(o))))
-        }).flatten();
+        unneeded[id.index()] = users[id.index()]
+            .iter()
+            .try_fold(None, |acc: Option<isize>, &u| {
+                let o = reader(u)?;
+                Some(Some(acc.map_or(o, |a| a.max(o))))
+            })
+            .flatten();
     }
     unneeded
 }
 
 /// How a MatMul's GEMM may skip depths, from [`causal_zeros`] of its operands, or else tiles
 /// of its result, from [`causal_unneeded`].
-fn matmul_zeros(g: &Graph, id: rlx_ir::NodeId, z: &[Option<isize>], unneeded: &[Option<isize>]) -> kernels::gemm::Tri {
+fn matmul_zeros(
+    g: &Graph,
+    id: rlx_ir::NodeId,
+    z: &[Option<isize>],
+    unneeded: &[Option<isize>],
+) -> kernels::gemm::Tri {
     use kernels::gemm::Tri;
     let n = g.node(id);
     if !matches!(n.op, Op::MatMul) || n.shape.dtype() != DType::F32 {
@@ -378,12 +460,18 @@ fn matmul_zeros(g: &Graph, id: rlx_ir::NodeId, z: &[Option<isize>], unneeded: &[
     let an = g.node(a);
     if let Op::Transpose { perm } = &an.op {
         let r = perm.len();
-        let swaps_last = r >= 2 && perm[r - 1] == r - 2 && perm[r - 2] == r - 1 && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p);
+        let swaps_last = r >= 2
+            && perm[r - 1] == r - 2
+            && perm[r - 2] == r - 1
+            && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p);
         if let Some(off) = z[an.inputs[0].index()].filter(|_| swaps_last) {
             return Tri::RowMin(off);
         }
     }
-    z[b.index()].map(Tri::ColMin).or(unneeded[id.index()].map(Tri::Unneeded)).unwrap_or(Tri::Full)
+    z[b.index()]
+        .map(Tri::ColMin)
+        .or(unneeded[id.index()].map(Tri::Unneeded))
+        .unwrap_or(Tri::Full)
 }
 
 /// Whether elementwise fusion is on: yes unless `RLX_FUSION=0`.
@@ -413,11 +501,21 @@ pub fn compile_with_fusion(g: &Graph, threads: usize, fuse: bool) -> Result<Prog
 /// group, when no later step reads the param's old value and the group reads it only at the
 /// element it writes, is written straight into the param's storage. The program's outputs
 /// then already are the params, and `assign_param` has nothing to copy.
-pub fn compile_with_updates(g: &Graph, threads: usize, updates: &[(String, usize)]) -> Result<Program> {
+pub fn compile_with_updates(
+    g: &Graph,
+    threads: usize,
+    updates: &[(String, usize)],
+) -> Result<Program> {
     compile_inner(g, threads, fusion_enabled(), None, updates)
 }
 
-fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>, updates: &[(String, usize)]) -> Result<Program> {
+fn compile_inner(
+    g: &Graph,
+    threads: usize,
+    fuse: bool,
+    share: Option<&Program>,
+    updates: &[(String, usize)],
+) -> Result<Program> {
     let threads = threads.max(1);
     let mut vals: Vec<Val> = Vec::with_capacity(g.len());
     let mut reqs: Vec<BufferRequest> = Vec::new();
@@ -443,7 +541,11 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
     };
     for id in g.ids() {
         if groups.member_of[id.index()].is_some() {
-            vals.push(Val { buf: Buf::Fused, layout: Layout::contiguous(&[]), dtype: g.shape(id).dtype() });
+            vals.push(Val {
+                buf: Buf::Fused,
+                layout: Layout::contiguous(&[]),
+                dtype: g.shape(id).dtype(),
+            });
             continue;
         }
         let dims = check_node(g, id)?;
@@ -454,40 +556,82 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
         let step = pending.len();
         let val = match &node.op {
             Op::Input { name } => {
-                reqs.push(BufferRequest { size: bytes, start: 0, end: 0 });
-                inputs.push(IoSlot { name: name.clone(), shape: node.shape.clone() });
+                reqs.push(BufferRequest {
+                    size: bytes,
+                    start: 0,
+                    end: 0,
+                });
+                inputs.push(IoSlot {
+                    name: name.clone(),
+                    shape: node.shape.clone(),
+                });
                 input_reqs.push(reqs.len() - 1);
-                Val { buf: Buf::Arena(reqs.len() - 1), layout: dense, dtype }
+                Val {
+                    buf: Buf::Arena(reqs.len() - 1),
+                    layout: dense,
+                    dtype,
+                }
             }
             Op::Param { name } => {
-                params.push(IoSlot { name: name.clone(), shape: node.shape.clone() });
+                params.push(IoSlot {
+                    name: name.clone(),
+                    shape: node.shape.clone(),
+                });
                 let shared = share.and_then(|p| {
-                    let i = p.params.iter().position(|s| s.name == *name && s.shape == node.shape)?;
+                    let i = p
+                        .params
+                        .iter()
+                        .position(|s| s.name == *name && s.shape == node.shape)?;
                     Some(p.param_bufs[i].clone())
                 });
                 param_bufs.push(shared.unwrap_or_else(|| Arc::new(Buffer::zeroed(bytes))));
-                Val { buf: Buf::Param(param_bufs.len() - 1), layout: dense, dtype }
+                Val {
+                    buf: Buf::Param(param_bufs.len() - 1),
+                    layout: dense,
+                    dtype,
+                }
             }
             Op::Constant { data } => {
                 consts.push(Buffer::from_bytes(data));
-                Val { buf: Buf::Const(consts.len() - 1), layout: dense, dtype }
+                Val {
+                    buf: Buf::Const(consts.len() - 1),
+                    layout: dense,
+                    dtype,
+                }
             }
             _ if groups.members.contains_key(&id.index()) => {
                 // A group ending in a row sum: its members compute the Reduce's operand.
                 let rows = kernels::fused::row_sum(g, id);
                 let members = &groups.members[&id.index()];
-                let elementwise = if rows.is_some() { &members[..members.len() - 1] } else { &members[..] };
+                let elementwise = if rows.is_some() {
+                    &members[..members.len() - 1]
+                } else {
+                    &members[..]
+                };
                 let (code, ext) = chain(g, elementwise);
-                let group_dims = g.shape(rlx_ir::NodeId(*elementwise.last().expect("a group has a member") as u32)).static_dims().expect("checked static");
+                let group_dims = g
+                    .shape(rlx_ir::NodeId(
+                        *elementwise.last().expect("a group has a member") as u32,
+                    ))
+                    .static_dims()
+                    .expect("checked static");
                 let block = kernels::fused::block_len(rows.map(|r| r.row));
                 for &e in &ext {
                     if let Buf::Arena(r) = vals[e].buf {
                         reqs[r].end = reqs[r].end.max(step);
                     }
                 }
-                reqs.push(BufferRequest { size: bytes, start: step, end: step });
+                reqs.push(BufferRequest {
+                    size: bytes,
+                    start: step,
+                    end: step,
+                });
                 let out_req = reqs.len() - 1;
-                reqs.push(BufferRequest { size: kernels::fused::scratch_bytes(ext.len(), code.len(), threads, block), start: step, end: step });
+                reqs.push(BufferRequest {
+                    size: kernels::fused::scratch_bytes(ext.len(), code.len(), threads, block),
+                    start: step,
+                    end: step,
+                });
                 let scratch_req = Some(reqs.len() - 1);
                 // Members that are graph outputs get buffers of their own, written by the group
                 // too; they follow the external operands in the step's operand list.
@@ -495,8 +639,16 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                 let mut operands = ext.clone();
                 for (j, &m) in members.iter().enumerate() {
                     if m != id.index() && groups.stored[m] {
-                        reqs.push(BufferRequest { size: bytes, start: step, end: step });
-                        vals[m] = Val { buf: Buf::Arena(reqs.len() - 1), layout: dense, dtype };
+                        reqs.push(BufferRequest {
+                            size: bytes,
+                            start: step,
+                            end: step,
+                        });
+                        vals[m] = Val {
+                            buf: Buf::Arena(reqs.len() - 1),
+                            layout: dense,
+                            dtype,
+                        };
                         extra.push(j);
                         operands.push(m);
                     }
@@ -505,10 +657,23 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                 let build: kernels::Build = Box::new(move |ins, out, s| {
                     let (ext_refs, extra_refs) = ins.split_at(n_ext);
                     let extra = extra.into_iter().zip(extra_refs.iter().copied()).collect();
-                    kernels::fused::build(code, ext_refs.to_vec(), group_dims, out, rows, extra, s, threads)
+                    kernels::fused::build(
+                        code,
+                        ext_refs.to_vec(),
+                        group_dims,
+                        out,
+                        rows,
+                        extra,
+                        s,
+                        threads,
+                    )
                 });
                 pending.push((id.index(), operands, out_req, scratch_req, build));
-                Val { buf: Buf::Arena(out_req), layout: dense, dtype }
+                Val {
+                    buf: Buf::Arena(out_req),
+                    layout: dense,
+                    dtype,
+                }
             }
             _ => {
                 let info = NodeInfo {
@@ -523,7 +688,11 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                 match kernels::lower(&info)? {
                     Lowered::View { src, layout } => {
                         let s = vals[node.inputs[src].index()];
-                        Val { buf: s.buf, layout, dtype }
+                        Val {
+                            buf: s.buf,
+                            layout,
+                            dtype,
+                        }
                     }
                     Lowered::InPlace { src, build } => {
                         let s = vals[node.inputs[src].index()];
@@ -532,7 +701,10 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                                 backend: "cpu".into(),
                                 op: node.op.name().into(),
                                 node: id,
-                                msg: format!("operand {} is updated in place and must be a param", node.inputs[src]),
+                                msg: format!(
+                                    "operand {} is updated in place and must be a param",
+                                    node.inputs[src]
+                                ),
                             });
                         }
                         for i in &node.inputs {
@@ -541,7 +713,13 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                             }
                         }
                         let build: kernels::Build = Box::new(move |ins, out, _| build(ins, out));
-                        pending.push((id.index(), node.inputs.iter().map(|i| i.index()).collect(), usize::MAX, None, build));
+                        pending.push((
+                            id.index(),
+                            node.inputs.iter().map(|i| i.index()).collect(),
+                            usize::MAX,
+                            None,
+                            build,
+                        ));
                         s
                     }
                     Lowered::Compute { scratch, build } => {
@@ -551,14 +729,32 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
                                 reqs[r].end = reqs[r].end.max(step);
                             }
                         }
-                        reqs.push(BufferRequest { size: bytes, start: step, end: step });
+                        reqs.push(BufferRequest {
+                            size: bytes,
+                            start: step,
+                            end: step,
+                        });
                         let out_req = reqs.len() - 1;
                         let scratch_req = (scratch > 0).then(|| {
-                            reqs.push(BufferRequest { size: scratch, start: step, end: step });
+                            reqs.push(BufferRequest {
+                                size: scratch,
+                                start: step,
+                                end: step,
+                            });
                             reqs.len() - 1
                         });
-                        pending.push((id.index(), node.inputs.iter().map(|i| i.index()).collect(), out_req, scratch_req, build));
-                        Val { buf: Buf::Arena(out_req), layout: output_layout(g, id, &users[id.index()], &dims), dtype }
+                        pending.push((
+                            id.index(),
+                            node.inputs.iter().map(|i| i.index()).collect(),
+                            out_req,
+                            scratch_req,
+                            build,
+                        ));
+                        Val {
+                            buf: Buf::Arena(out_req),
+                            layout: output_layout(g, id, &users[id.index()], &dims),
+                            dtype,
+                        }
                     }
                 }
             }
@@ -586,7 +782,11 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
             Buf::Fused => unreachable!("fused intermediates are only read inside their group"),
         })
     };
-    let tref = |v: &Val| TRef { ptr: base(v.buf), layout: v.layout, dtype: v.dtype };
+    let tref = |v: &Val| TRef {
+        ptr: base(v.buf),
+        layout: v.layout,
+        dtype: v.dtype,
+    };
     let mut steps = Vec::with_capacity(nsteps);
     let mut step_ops = Vec::with_capacity(nsteps);
     let by_node = std::env::var_os("RLX_PROFILE").is_some_and(|v| v == "nodes");
@@ -600,25 +800,50 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
             kernels::fused::row_sum(g, id).is_none() && {
                 let (code, ext) = chain(g, m);
                 let layouts: Vec<Layout> = ext.iter().map(|&e| vals[e].layout).collect();
-                let extra: Vec<usize> = (0..m.len()).filter(|&j| m[j] != node && groups.stored[m[j]]).collect();
+                let extra: Vec<usize> = (0..m.len())
+                    .filter(|&j| m[j] != node && groups.stored[m[j]])
+                    .collect();
                 let dims = g.shape(id).static_dims().unwrap_or_default();
                 kernels::fused::as_adam(&code, &layouts, &dims, &extra, None).is_some()
             }
         });
         if let Some(d) = &mut step_desc {
-            let dims = |i: usize| format!("{:?}{}", vals[i].layout.dims(), if vals[i].layout.is_contiguous() { "" } else { "(strided)" });
+            let dims = |i: usize| {
+                format!(
+                    "{:?}{}",
+                    vals[i].layout.dims(),
+                    if vals[i].layout.is_contiguous() {
+                        ""
+                    } else {
+                        "(strided)"
+                    }
+                )
+            };
             let ins: Vec<String> = operands.iter().map(|&i| dims(i)).collect();
             let what = match groups.members.get(&node) {
                 Some(m) => {
-                    let names: Vec<&str> = m.iter().map(|&i| g.node(rlx_ir::NodeId(i as u32)).op.name()).collect();
-                    format!("fused group of {} ({}){}", m.len(), names.join(" "), if adam { " as one Adam pass" } else { "" })
+                    let names: Vec<&str> = m
+                        .iter()
+                        .map(|&i| g.node(rlx_ir::NodeId(i as u32)).op.name())
+                        .collect();
+                    format!(
+                        "fused group of {} ({}){}",
+                        m.len(),
+                        names.join(" "),
+                        if adam { " as one Adam pass" } else { "" }
+                    )
                 }
                 None => match matmul_zeros(g, rlx_ir::NodeId(node as u32), &zeros, &unneeded) {
                     kernels::gemm::Tri::Full => n.op.name().to_string(),
                     tri => format!("{} (skipping zeros: {tri:?})", n.op.name()),
                 },
             };
-            d.push(format!("{} {what} ({}) -> {}", rlx_ir::NodeId(node as u32), ins.join(", "), g.shape(rlx_ir::NodeId(node as u32))));
+            d.push(format!(
+                "{} {what} ({}) -> {}",
+                rlx_ir::NodeId(node as u32),
+                ins.join(", "),
+                g.shape(rlx_ir::NodeId(node as u32))
+            ));
         }
         step_ops.push(match &n.op {
             _ if adam => "adam",
@@ -629,7 +854,11 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
         });
         let ins: Vec<TRef> = operands.iter().map(|&i| tref(&vals[i])).collect();
         let out = tref(&vals[node]);
-        debug_assert!(out_req == usize::MAX || matches!(vals[node].buf, Buf::Param(_)) || matches!(vals[node].buf, Buf::Arena(r) if r == out_req));
+        debug_assert!(
+            out_req == usize::MAX
+                || matches!(vals[node].buf, Buf::Param(_))
+                || matches!(vals[node].buf, Buf::Arena(r) if r == out_req)
+        );
         let scratch = scratch_req.map_or(Ptr(std::ptr::null_mut()), |r| base(Buf::Arena(r)));
         steps.push(build(&ins, out, scratch));
     }
@@ -637,7 +866,10 @@ fn compile_inner(g: &Graph, threads: usize, fuse: bool, share: Option<&Program>,
         .outputs()
         .iter()
         .enumerate()
-        .map(|(i, o)| IoSlot { name: format!("out{i}"), shape: g.shape(*o).clone() })
+        .map(|(i, o)| IoSlot {
+            name: format!("out{i}"),
+            shape: g.shape(*o).clone(),
+        })
         .collect();
     let output_refs = g.outputs().iter().map(|o| tref(&vals[o.index()])).collect();
     let input_ptrs = input_reqs.iter().map(|&r| base(Buf::Arena(r))).collect();
@@ -665,7 +897,9 @@ impl Program {
     /// Time per op kind accumulated over all runs (`RLX_PROFILE=1`): `(op, total ns, calls)`,
     /// slowest first. Empty when profiling is off.
     pub fn profile(&self) -> Vec<(&'static str, u64, u64)> {
-        let Some(prof) = &self.profile else { return Vec::new() };
+        let Some(prof) = &self.profile else {
+            return Vec::new();
+        };
         let mut by: Vec<(&'static str, u64, u64)> = Vec::new();
         for (op, (ns, n)) in self.step_ops.iter().zip(prof) {
             match by.iter_mut().find(|e| e.0 == *op) {
@@ -688,18 +922,34 @@ impl Drop for Program {
         if total == 0 {
             return;
         }
-        eprintln!("rlx profile ({} steps per run, {:.3} ms in total):", self.steps.len(), total as f64 / 1e6);
+        eprintln!(
+            "rlx profile ({} steps per run, {:.3} ms in total):",
+            self.steps.len(),
+            total as f64 / 1e6
+        );
         for (op, ns, n) in by {
-            eprintln!("  {op:<14} {:>10.3} ms {:>5.1}%  {n} calls", ns as f64 / 1e6, 100.0 * ns as f64 / total as f64);
+            eprintln!(
+                "  {op:<14} {:>10.3} ms {:>5.1}%  {n} calls",
+                ns as f64 / 1e6,
+                100.0 * ns as f64 / total as f64
+            );
         }
         if let (Some(desc), Some(prof)) = (&self.step_desc, &self.profile) {
             let mut order: Vec<usize> = (0..desc.len()).collect();
             order.sort_by_key(|&i| std::cmp::Reverse(prof[i].0));
             eprintln!("  slowest steps (of {}):", desc.len());
-            let top = std::env::var("RLX_PROFILE_TOP").ok().and_then(|v| v.parse().ok()).unwrap_or(30);
+            let top = std::env::var("RLX_PROFILE_TOP")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30);
             for &i in order.iter().take(top) {
                 let (ns, n) = prof[i];
-                eprintln!("  {:>9.3} ms/call {:>5.1}%  {}", ns as f64 / 1e6 / n.max(1) as f64, 100.0 * ns as f64 / total as f64, desc[i]);
+                eprintln!(
+                    "  {:>9.3} ms/call {:>5.1}%  {}",
+                    ns as f64 / 1e6 / n.max(1) as f64,
+                    100.0 * ns as f64 / total as f64,
+                    desc[i]
+                );
             }
         }
     }
@@ -724,21 +974,32 @@ impl Executable for Program {
 
     fn write_input(&mut self, idx: usize, bytes: &[u8]) {
         let want = self.inputs[idx].shape.size_bytes().unwrap_or(0);
-        assert_eq!(bytes.len(), want, "input byte length checked by the runtime");
+        assert_eq!(
+            bytes.len(),
+            want,
+            "input byte length checked by the runtime"
+        );
         // SAFETY: the arena slot has exactly `want` bytes.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.input_ptrs[idx].0, want) };
     }
 
     fn write_param(&mut self, idx: usize, bytes: &[u8]) {
         let b = &self.param_bufs[idx];
-        assert_eq!(bytes.len(), b.len(), "param byte length checked by the runtime");
+        assert_eq!(
+            bytes.len(),
+            b.len(),
+            "param byte length checked by the runtime"
+        );
         // SAFETY: the param buffer has exactly `b.len()` bytes.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.ptr(), b.len()) };
     }
 
     fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
         let b = &self.param_bufs[idx];
-        assert!(offset + bytes.len() <= b.len(), "param range checked by the runtime");
+        assert!(
+            offset + bytes.len() <= b.len(),
+            "param range checked by the runtime"
+        );
         // SAFETY: the range lies inside the param buffer.
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.ptr().add(offset), bytes.len()) };
     }

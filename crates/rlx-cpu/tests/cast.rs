@@ -9,12 +9,30 @@ use rlx_ir::{DType, Graph, Shape};
 
 /// Values around every hard case: ties, subnormals, the largest finite f16, overflow, NaN.
 fn samples() -> Vec<f32> {
-    let mut v = vec![0.0, -0.0, 1.0, -1.0, 65504.0, 65519.0, 65520.0, 1e9, -1e9, f32::INFINITY, f32::NEG_INFINITY, f32::NAN];
+    let mut v = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        65504.0,
+        65519.0,
+        65520.0,
+        1e9,
+        -1e9,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
     v.extend([6.1e-5, 6.0e-8, 2.9e-8, 3.0e-8, 1e-10, -5.96e-8]);
     // Exact ties between two f16 values (odd and even mantissa below) and their neighbours.
     for m in [1024u32, 1025, 1500, 2047] {
         let tie = (m as f32 + 0.5) / 1024.0;
-        v.extend([tie, f32::from_bits(tie.to_bits() + 1), f32::from_bits(tie.to_bits() - 1), -tie]);
+        v.extend([
+            tie,
+            f32::from_bits(tie.to_bits() + 1),
+            f32::from_bits(tie.to_bits() - 1),
+            -tie,
+        ]);
     }
     v.extend((0..41).map(|i| (i as f32 * 0.37).sin() * 300.0));
     v
@@ -46,7 +64,11 @@ fn f32_to_f16_and_back_match_half_bit_for_bit() {
         for (k, c) in out.chunks_exact(4).enumerate() {
             let got = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             let want = f16::from_f32(x[k]).to_f32();
-            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{}: {got} vs {want}", x[k]);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{}: {got} vs {want}",
+                x[k]
+            );
         }
         // Strided: the transpose of a [2, n/2] matrix goes through the per-element path.
         let half_n = n / 2;
@@ -62,7 +84,10 @@ fn f32_to_f16_and_back_match_half_bit_for_bit() {
             let src = x[col * half_n + r];
             let got = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
             let want = f16::from_f32(src).to_f32();
-            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{src}: {got} vs {want}");
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{src}: {got} vs {want}"
+            );
         }
     });
 }

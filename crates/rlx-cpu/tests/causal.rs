@@ -20,8 +20,12 @@ fn attention(t: usize, u: usize, masked: f32) -> Graph {
     let k = g.input("k", Shape::new(&[b, h, u, d], DType::F32));
     let v = g.input("v", Shape::new(&[b, h, u, d], DType::F32));
     let dy = g.input("dy", Shape::new(&[b, h, t, d], DType::F32));
-    let mask: Vec<u8> = (0..t * u).flat_map(|x| if x % u > x / u + (u - t) { masked } else { 0.0 }.to_le_bytes()).collect();
-    let mask = g.try_constant_bytes(Shape::new(&[t, u], DType::F32), mask).unwrap();
+    let mask: Vec<u8> = (0..t * u)
+        .flat_map(|x| if x % u > x / u + (u - t) { masked } else { 0.0 }.to_le_bytes())
+        .collect();
+    let mask = g
+        .try_constant_bytes(Shape::new(&[t, u], DType::F32), mask)
+        .unwrap();
     let scale = g.scalar(0.35, DType::F32);
     let kt = g.transpose(k, &[0, 1, 3, 2]);
     let s = g.dot(q, kt);
@@ -50,7 +54,9 @@ fn run(g: &Graph, threads: usize) -> Vec<Vec<u8>> {
     let mut p = compile(g, threads).unwrap();
     for i in 0..4 {
         let n = g.shape(g.inputs()[i].1).size_bytes().unwrap() / 4;
-        let v: Vec<f32> = (0..n).map(|x| ((x * (31 + 7 * i) % 97) as f32 - 48.0) / 29.0).collect();
+        let v: Vec<f32> = (0..n)
+            .map(|x| ((x * (31 + 7 * i) % 97) as f32 - 48.0) / 29.0)
+            .collect();
         p.write_input(i, &bytes(&v));
     }
     p.execute();
@@ -71,10 +77,18 @@ fn causal_products_skip_zero_depths_with_the_same_results() {
                 let skipped = run(&attention(t, u, f32::NEG_INFINITY), threads);
                 let full = run(&attention(t, u, -1e30), threads);
                 for (o, (a, b)) in skipped.iter().zip(&full).enumerate() {
-                    let fa = a.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()));
-                    let fb: Vec<f32> = b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+                    let fa = a
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().unwrap()));
+                    let fb: Vec<f32> = b
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                        .collect();
                     for (i, (x, y)) in fa.zip(fb).enumerate() {
-                        assert!(x == y, "t {t} u {u} threads {threads} output {o} [{i}]: {x} vs {y}");
+                        assert!(
+                            x == y,
+                            "t {t} u {u} threads {threads} output {o} [{i}]: {x} vs {y}"
+                        );
                     }
                 }
             }

@@ -29,10 +29,18 @@ fn a_chain_with_broadcasts_and_shared_values_fuses_and_matches() {
         g.set_outputs(vec![y, z]);
         let mut p = compile_with_fusion(&g, 2, true).unwrap();
         let unfused = compile_with_fusion(&g, 2, false).unwrap().steps();
-        assert!(p.steps() < unfused, "{} fused steps vs {unfused}", p.steps());
+        assert!(
+            p.steps() < unfused,
+            "{} fused steps vs {unfused}",
+            p.steps()
+        );
         assert!(p.steps() <= 4, "expected fused steps, got {}", p.steps());
-        let av: Vec<f32> = (0..2100).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
-        let bv: Vec<f32> = (0..700).map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0).collect();
+        let av: Vec<f32> = (0..2100)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
+        let bv: Vec<f32> = (0..700)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0)
+            .collect();
         let cv = [0.1f32, -0.7, 1.3];
         p.write_input(0, &f32_bytes(&av));
         p.write_input(1, &f32_bytes(&bv));
@@ -48,7 +56,10 @@ fn a_chain_with_broadcasts_and_shared_values_fuses_and_matches() {
             let x = av[i] as f64;
             let want = (x * 0.5 + bv[col] as f64).tanh() * sig(x) - (cv[r] as f64).exp();
             let got = f32::from_le_bytes(y[i * 4..i * 4 + 4].try_into().unwrap()) as f64;
-            assert!((got - want).abs() < 1e-5 * (1.0 + want.abs()), "y[{i}]: {got} vs {want}");
+            assert!(
+                (got - want).abs() < 1e-5 * (1.0 + want.abs()),
+                "y[{i}]: {got} vs {want}"
+            );
             let gz = f32::from_le_bytes(z[i * 4..i * 4 + 4].try_into().unwrap()) as f64;
             assert!((gz - 2.0 * sig(x)).abs() < 1e-5, "z[{i}]");
         }
@@ -72,7 +83,8 @@ fn run_bytes(g: &Graph, fuse: bool, inputs: &[&[f32]]) -> (usize, Vec<Vec<u8>>) 
 }
 
 #[test]
-fn a_dag_with_shared_intermediates_strided_and_scalar_operands_is_bit_identical_to_separate_kernels() {
+fn a_dag_with_shared_intermediates_strided_and_scalar_operands_is_bit_identical_to_separate_kernels(
+) {
     rlx_cpu::isa::for_each_level(|_| {
         // The backward of tanh-GELU (the shape autodiff produces): `x` and the inner `tanh` are
         // read by several members; `xt` is a transposed view (gathered), `k` a broadcast scalar,
@@ -112,15 +124,29 @@ fn a_dag_with_shared_intermediates_strided_and_scalar_operands_is_bit_identical_
         let y = g.activation(Activation::GeluApprox, y);
         let z = g.activation(Activation::Silu, t); // `t` also feeds a second output group
         g.set_outputs(vec![y, z]);
-        let xv: Vec<f32> = (0..4500).map(|i| ((i * 37 % 211) as f32 - 105.0) / 31.0).collect();
-        let gv: Vec<f32> = (0..4500).map(|i| ((i * 17 % 53) as f32 - 26.0) / 13.0).collect();
-        let tv: Vec<f32> = (0..4500).map(|i| ((i * 29 % 97) as f32 - 48.0) / 19.0).collect();
-        let bv: Vec<f32> = (0..1500).map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0).collect();
+        let xv: Vec<f32> = (0..4500)
+            .map(|i| ((i * 37 % 211) as f32 - 105.0) / 31.0)
+            .collect();
+        let gv: Vec<f32> = (0..4500)
+            .map(|i| ((i * 17 % 53) as f32 - 26.0) / 13.0)
+            .collect();
+        let tv: Vec<f32> = (0..4500)
+            .map(|i| ((i * 29 % 97) as f32 - 48.0) / 19.0)
+            .collect();
+        let bv: Vec<f32> = (0..1500)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0)
+            .collect();
         let ins: [&[f32]; 5] = [&xv, &gv, &tv, &bv, &[1.5]];
         let (fused_steps, fused) = run_bytes(&g, true, &ins);
         let (steps, plain) = run_bytes(&g, false, &ins);
-        assert!(fused_steps <= 4, "{fused_steps} fused steps (unfused {steps})");
-        assert_eq!(fused, plain, "fused and separate kernels must agree bit for bit");
+        assert!(
+            fused_steps <= 4,
+            "{fused_steps} fused steps (unfused {steps})"
+        );
+        assert_eq!(
+            fused, plain,
+            "fused and separate kernels must agree bit for bit"
+        );
         // And the values are right (spot check against f64).
         let y0 = f32::from_le_bytes(fused[0][..4].try_into().unwrap());
         assert!(y0.is_finite());
@@ -158,7 +184,8 @@ fn updates_bound_at_compile_time_run_in_place_with_the_same_values() {
         let late = g.matmul(np2, p2, Shape::new(&[4, 4], DType::F32)); // reads p2 after np2 is computed
         let loss = g.sum(late, &[0, 1], false);
         g.set_outputs(vec![loss, np, nv, np2]);
-        let updates: Vec<(String, usize)> = vec![("p".into(), 1), ("v".into(), 2), ("p2".into(), 3)];
+        let updates: Vec<(String, usize)> =
+            vec![("p".into(), 1), ("v".into(), 2), ("p2".into(), 3)];
         let xv: Vec<f32> = (0..12).map(|i| (i as f32 - 5.0) / 7.0).collect();
         let pv: Vec<f32> = (0..16).map(|i| ((i * 7 % 11) as f32 - 5.0) / 9.0).collect();
         // In place (fused, updates bound), fused without binding, and unfused.
@@ -225,20 +252,38 @@ fn row_sums_of_elementwise_groups_are_bit_identical_to_separate_kernels() {
         let out_too = g.mul(b, b);
         let s5 = g.sum(out_too, &[2], false);
         g.set_outputs(vec![s1, s2, s3, s4, s5, out_too]);
-        let av: Vec<f32> = (0..1800).map(|i| ((i * 37 % 211) as f32 - 105.0) / 31.0).collect();
-        let bv: Vec<f32> = (0..1800).map(|i| ((i * 17 % 53) as f32 - 26.0) / 13.0).collect();
-        let cv: Vec<f32> = (0..2800).map(|i| ((i * 29 % 97) as f32 - 48.0) / 19.0).collect();
-        let tv: Vec<f32> = (0..2800).map(|i| ((i * 13 % 89) as f32 - 44.0) / 23.0).collect();
+        let av: Vec<f32> = (0..1800)
+            .map(|i| ((i * 37 % 211) as f32 - 105.0) / 31.0)
+            .collect();
+        let bv: Vec<f32> = (0..1800)
+            .map(|i| ((i * 17 % 53) as f32 - 26.0) / 13.0)
+            .collect();
+        let cv: Vec<f32> = (0..2800)
+            .map(|i| ((i * 29 % 97) as f32 - 48.0) / 19.0)
+            .collect();
+        let tv: Vec<f32> = (0..2800)
+            .map(|i| ((i * 13 % 89) as f32 - 44.0) / 23.0)
+            .collect();
         let ins: [&[f32]; 4] = [&av, &bv, &cv, &tv];
         let (fused_steps, fused) = run_bytes(&g, true, &ins);
         let (steps, plain) = run_bytes(&g, false, &ins);
         // Three sums absorb their operands; the leading sum and the one of an output do not.
-        assert_eq!(fused_steps, steps - 5, "{fused_steps} fused steps (unfused {steps})");
-        assert_eq!(fused, plain, "fused and separate kernels must agree bit for bit");
+        assert_eq!(
+            fused_steps,
+            steps - 5,
+            "{fused_steps} fused steps (unfused {steps})"
+        );
+        assert_eq!(
+            fused, plain,
+            "fused and separate kernels must agree bit for bit"
+        );
         // And the values are right (spot check of the first row sum against f64).
         let want: f64 = (0..60).map(|j| av[j] as f64 * bv[j] as f64).sum();
         let got = f32::from_le_bytes(fused[0][..4].try_into().unwrap()) as f64;
-        assert!((got - want).abs() < 1e-4 * (1.0 + want.abs()), "{got} vs {want}");
+        assert!(
+            (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+            "{got} vs {want}"
+        );
     });
 }
 
@@ -264,17 +309,29 @@ fn a_member_read_after_its_group_is_stored_by_the_group_bit_identically() {
         let late = g.dot(n, w);
         let m = g.reduce(ReduceKind::Max, n, &[1], false);
         g.set_outputs(vec![y, early, late, m]);
-        let xv: Vec<f32> = (0..768).map(|i| ((i * 37 % 211) as f32 - 105.0) / 61.0).collect();
+        let xv: Vec<f32> = (0..768)
+            .map(|i| ((i * 37 % 211) as f32 - 105.0) / 61.0)
+            .collect();
         let mv: Vec<f32> = (0..8).map(|i| i as f32 / 9.0 - 0.3).collect();
         let rv: Vec<f32> = (0..8).map(|i| 1.0 + i as f32 / 7.0).collect();
-        let gv: Vec<f32> = (0..96).map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0).collect();
-        let wv: Vec<f32> = (0..480).map(|i| ((i * 17 % 31) as f32 - 15.0) / 11.0).collect();
+        let gv: Vec<f32> = (0..96)
+            .map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0)
+            .collect();
+        let wv: Vec<f32> = (0..480)
+            .map(|i| ((i * 17 % 31) as f32 - 15.0) / 11.0)
+            .collect();
         let ins: [&[f32]; 5] = [&xv, &mv, &rv, &gv, &wv];
         let (fused_steps, fused) = run_bytes(&g, true, &ins);
         let (steps, plain) = run_bytes(&g, false, &ins);
         // exp alone, the group {sub, mul, mul, add} storing n, two matmuls, the max.
-        assert_eq!(fused_steps, 5, "{fused_steps} fused steps (unfused {steps})");
-        assert_eq!(fused, plain, "fused and separate kernels must agree bit for bit");
+        assert_eq!(
+            fused_steps, 5,
+            "{fused_steps} fused steps (unfused {steps})"
+        );
+        assert_eq!(
+            fused, plain,
+            "fused and separate kernels must agree bit for bit"
+        );
     });
 }
 
@@ -302,21 +359,40 @@ fn operands_read_in_place_by_window_or_gathered_once_per_task_are_bit_identical(
         let z = g.activation(Activation::Tanh, z);
         let z = g.sub(z, w);
         g.set_outputs(vec![y, z]);
-        let val = |n: usize, m: usize, d: f32| -> Vec<f32> { (0..n).map(|i| ((i * m % 97) as f32 - 48.0) / d).collect() };
-        let (xv, mv, tv, av, wv) = (val(61440, 37, 19.0), val(4096, 13, 23.0), val(61440, 29, 17.0), val(15360, 11, 21.0), val(128, 7, 29.0));
+        let val = |n: usize, m: usize, d: f32| -> Vec<f32> {
+            (0..n).map(|i| ((i * m % 97) as f32 - 48.0) / d).collect()
+        };
+        let (xv, mv, tv, av, wv) = (
+            val(61440, 37, 19.0),
+            val(4096, 13, 23.0),
+            val(61440, 29, 17.0),
+            val(15360, 11, 21.0),
+            val(128, 7, 29.0),
+        );
         let ins: [&[f32]; 5] = [&xv, &mv, &tv, &av, &wv];
         let (fused_steps, fused) = run_bytes(&g, true, &ins);
         let (steps, plain) = run_bytes(&g, false, &ins);
-        assert!(fused_steps <= 2, "{fused_steps} fused steps (unfused {steps})");
-        assert_eq!(fused, plain, "fused and separate kernels must agree bit for bit");
+        assert!(
+            fused_steps <= 2,
+            "{fused_steps} fused steps (unfused {steps})"
+        );
+        assert_eq!(
+            fused, plain,
+            "fused and separate kernels must agree bit for bit"
+        );
         // And against the formula, so a wrong window offset in both could not pass.
         let y = &fused[0];
         for i in (0..61440).step_by(97) {
             let (b, h, r) = (i / 20480, i / 4096 % 5, i % 4096);
             let u = (xv[i] * mv[r] + tv[(h * 3 + b) * 4096 + r]) * 0.5;
-            let want = u as f64 * 0.5 * (1.0 + (0.7978845608 * (u as f64 + 0.044715 * (u as f64).powi(3))).tanh());
+            let want = u as f64
+                * 0.5
+                * (1.0 + (0.7978845608 * (u as f64 + 0.044715 * (u as f64).powi(3))).tanh());
             let got = f32::from_le_bytes(y[i * 4..i * 4 + 4].try_into().unwrap()) as f64;
-            assert!((got - want).abs() < 1e-5 * (1.0 + want.abs()), "y[{i}]: {got} vs {want}");
+            assert!(
+                (got - want).abs() < 1e-5 * (1.0 + want.abs()),
+                "y[{i}]: {got} vs {want}"
+            );
         }
     });
 }
@@ -327,9 +403,25 @@ fn adam_step(decay: bool, eps_op: BinaryOp) -> Graph {
     let mut g = Graph::new("adam");
     let shape = Shape::new(&[37, 29], DType::F32);
     let gr = g.input("g", shape.clone());
-    let names = ["b1", "ob1", "b2", "ob2", "rsqrt_bc2", "eps", "step", "lr_wd"];
-    let s: Vec<_> = names.iter().map(|n| g.input(n, Shape::new(&[], DType::F32))).collect();
-    let (p, m, v) = (g.param("p", shape.clone()), g.param("m", shape.clone()), g.param("v", shape));
+    let names = [
+        "b1",
+        "ob1",
+        "b2",
+        "ob2",
+        "rsqrt_bc2",
+        "eps",
+        "step",
+        "lr_wd",
+    ];
+    let s: Vec<_> = names
+        .iter()
+        .map(|n| g.input(n, Shape::new(&[], DType::F32)))
+        .collect();
+    let (p, m, v) = (
+        g.param("p", shape.clone()),
+        g.param("m", shape.clone()),
+        g.param("v", shape),
+    );
     let m1 = g.mul(s[0], m);
     let m2 = g.mul(s[1], gr);
     let mn = g.add(m1, m2);
@@ -355,13 +447,22 @@ fn adam_step(decay: bool, eps_op: BinaryOp) -> Graph {
 fn adam_updates_run_as_one_pass_bit_identical_to_separate_kernels() {
     rlx_cpu::isa::for_each_level(|_| {
         let n = 37 * 29;
-        let shape_vals = |seed: usize, scale: f32| -> Vec<f32> { (0..n).map(|i| ((i * seed % 97) as f32 - 48.0) * scale).collect() };
+        let shape_vals = |seed: usize, scale: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * seed % 97) as f32 - 48.0) * scale)
+                .collect()
+        };
         let pv = shape_vals(13, 0.02);
         let mv = shape_vals(7, 0.001);
         let vv: Vec<f32> = shape_vals(5, 1e-4).iter().map(|x| x.abs()).collect();
-        for (decay, eps_op, one_pass) in [(true, BinaryOp::Add, true), (false, BinaryOp::Add, true), (true, BinaryOp::Max, false)] {
+        for (decay, eps_op, one_pass) in [
+            (true, BinaryOp::Add, true),
+            (false, BinaryOp::Add, true),
+            (true, BinaryOp::Max, false),
+        ] {
             let g = adam_step(decay, eps_op);
-            let updates: Vec<(String, usize)> = vec![("p".into(), 0), ("m".into(), 1), ("v".into(), 2)];
+            let updates: Vec<(String, usize)> =
+                vec![("p".into(), 0), ("m".into(), 1), ("v".into(), 2)];
             // In place (updates bound), fused without binding, and unfused; three steps each with
             // changing gradients and scalars.
             let run = |mode: u8| {
@@ -371,7 +472,12 @@ fn adam_updates_run_as_one_pass_bit_identical_to_separate_kernels() {
                     _ => compile_with_fusion(&g, 2, false).unwrap(),
                 };
                 if mode < 2 {
-                    assert_eq!(prog.step_kinds().contains(&"adam"), one_pass, "{:?}", prog.step_kinds());
+                    assert_eq!(
+                        prog.step_kinds().contains(&"adam"),
+                        one_pass,
+                        "{:?}",
+                        prog.step_kinds()
+                    );
                 }
                 for (i, x) in [&pv, &mv, &vv].into_iter().enumerate() {
                     prog.write_param(i, &f32_bytes(x));
@@ -379,7 +485,16 @@ fn adam_updates_run_as_one_pass_bit_identical_to_separate_kernels() {
                 for t in 1..=3 {
                     let gv = shape_vals(11 + t, 0.01 * t as f32);
                     let (b1, b2, lr) = (0.9f32, 0.999f32, 1e-3 * t as f32);
-                    let scalars = [b1, 1.0 - b1, b2, 1.0 - b2, 1.0 / (1.0 - b2.powi(t as i32)).sqrt(), 1e-8, lr / (1.0 - b1.powi(t as i32)), lr * 0.01];
+                    let scalars = [
+                        b1,
+                        1.0 - b1,
+                        b2,
+                        1.0 - b2,
+                        1.0 / (1.0 - b2.powi(t as i32)).sqrt(),
+                        1e-8,
+                        lr / (1.0 - b1.powi(t as i32)),
+                        lr * 0.01,
+                    ];
                     prog.write_input(0, &f32_bytes(&gv));
                     for (i, s) in scalars.iter().enumerate() {
                         prog.write_input(i + 1, &f32_bytes(&[*s]));

@@ -22,15 +22,22 @@ fn check(perm: Option<&[usize]>) {
     let y = g.dot(av, w);
     g.set_outputs(vec![y]);
     let mut p = compile(&g, 2).unwrap();
-    let ad: Vec<f32> = (0..3 * 50 * 7).map(|i| ((i * 31 % 23) as f32 - 11.0) / 7.0).collect();
-    let wd: Vec<f32> = (0..7 * 40).map(|i| ((i * 17 % 13) as f32 - 6.0) / 5.0).collect();
+    let ad: Vec<f32> = (0..3 * 50 * 7)
+        .map(|i| ((i * 31 % 23) as f32 - 11.0) / 7.0)
+        .collect();
+    let wd: Vec<f32> = (0..7 * 40)
+        .map(|i| ((i * 17 % 13) as f32 - 6.0) / 5.0)
+        .collect();
     p.write_input(0, &bytes(&ad));
     p.write_input(1, &bytes(&wd));
     p.execute();
     let od = g.shape(y).static_dims().unwrap();
     let mut out = vec![0u8; od.iter().product::<usize>() * 4];
     p.read_output(0, &mut out);
-    let got: Vec<f32> = out.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    let got: Vec<f32> = out
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     // Reference on the (possibly permuted) view.
     let view_dims: Vec<usize> = match perm {
         Some(p) => p.iter().map(|&i| dims_in[i]).collect(),
@@ -47,9 +54,14 @@ fn check(perm: Option<&[usize]>) {
     for b in 0..view_dims[0] {
         for r in 0..view_dims[1] {
             for c in 0..40 {
-                let want: f32 = (0..7).map(|k| ad[src_index([b, r, k])] * wd[k * 40 + c]).sum();
+                let want: f32 = (0..7)
+                    .map(|k| ad[src_index([b, r, k])] * wd[k * 40 + c])
+                    .sum();
                 let g = got[(b * view_dims[1] + r) * 40 + c];
-                assert!((g - want).abs() < 1e-4 * (1.0 + want.abs()), "{perm:?} [{b},{r},{c}]: {g} vs {want}");
+                assert!(
+                    (g - want).abs() < 1e-4 * (1.0 + want.abs()),
+                    "{perm:?} [{b},{r},{c}]: {g} vs {want}"
+                );
             }
         }
     }
@@ -82,18 +94,42 @@ fn a_product_read_through_a_head_merging_transpose_is_stored_transposed_and_need
                 let out = g.activation(rlx_ir::Activation::Tanh, merged);
                 g.set_outputs(vec![out]);
                 let mut p = compile(&g, threads).unwrap();
-                assert_eq!(p.steps(), 2, "matmul and tanh only (shared weight: {shared})");
-                let xd: Vec<f32> = (0..b * h * t * k).map(|i| ((i * 31 % 23) as f32 - 11.0) / 7.0).collect();
-                let wv: Vec<f32> = (0..wd.iter().product::<usize>()).map(|i| ((i * 17 % 13) as f32 - 6.0) / 5.0).collect();
+                assert_eq!(
+                    p.steps(),
+                    2,
+                    "matmul and tanh only (shared weight: {shared})"
+                );
+                let xd: Vec<f32> = (0..b * h * t * k)
+                    .map(|i| ((i * 31 % 23) as f32 - 11.0) / 7.0)
+                    .collect();
+                let wv: Vec<f32> = (0..wd.iter().product::<usize>())
+                    .map(|i| ((i * 17 % 13) as f32 - 6.0) / 5.0)
+                    .collect();
                 p.write_input(0, &bytes(&xd));
                 p.write_input(1, &bytes(&wv));
                 p.execute();
                 let mut o = vec![0u8; b * t * h * d * 4];
                 p.read_output(0, &mut o);
-                let got: Vec<f32> = o.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-                for (bi, ti, hi, di) in (0..b).flat_map(|bi| (0..t).flat_map(move |ti| (0..h).flat_map(move |hi| (0..d).map(move |di| (bi, ti, hi, di))))) {
-                    let wi = |kk: usize| if shared { kk * d + di } else { ((bi * h + hi) * k + kk) * d + di };
-                    let want: f32 = (0..k).map(|kk| xd[((bi * h + hi) * t + ti) * k + kk] * wv[wi(kk)]).sum::<f32>().tanh();
+                let got: Vec<f32> = o
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                for (bi, ti, hi, di) in (0..b).flat_map(|bi| {
+                    (0..t).flat_map(move |ti| {
+                        (0..h).flat_map(move |hi| (0..d).map(move |di| (bi, ti, hi, di)))
+                    })
+                }) {
+                    let wi = |kk: usize| {
+                        if shared {
+                            kk * d + di
+                        } else {
+                            ((bi * h + hi) * k + kk) * d + di
+                        }
+                    };
+                    let want: f32 = (0..k)
+                        .map(|kk| xd[((bi * h + hi) * t + ti) * k + kk] * wv[wi(kk)])
+                        .sum::<f32>()
+                        .tanh();
                     let v = got[((bi * t + ti) * h + hi) * d + di];
                     assert!((v - want).abs() < 1e-5, "[{bi}, {ti}, {hi}, {di}]: {v} vs {want} (threads {threads}, shared {shared})");
                 }

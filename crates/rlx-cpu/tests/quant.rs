@@ -14,7 +14,9 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 fn to_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 /// Deterministic pseudo-random bytes.
@@ -38,7 +40,9 @@ fn random_rows(ty: GgmlType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
     for (i, b) in data.chunks_exact_mut(bb).enumerate() {
         let d = 0.01 + (i % 7) as f32 * 0.003;
         let scale_at: &[usize] = match ty {
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K => &[0],
+            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q5_K => {
+                &[0]
+            }
             GgmlType::Q4_1 | GgmlType::Q5_1 => &[0, 2],
             GgmlType::Q2_K => &[80, 82],
             GgmlType::Q3_K => &[108],
@@ -103,7 +107,10 @@ fn dequant_matmul_matches_the_reference_for_every_gguf_scheme_and_kernel_level()
     // The integer dot products are exact whichever instruction forms them (AVX2 `maddubs`, VNNI
     // in its VEX or EVEX encoding), and the float steps are shared: every SIMD level must give
     // the AVX2 level's results bit for bit.
-    let avx2 = outputs.iter().find(|(l, _)| *l == Level::Avx2).map(|(_, o)| o.clone());
+    let avx2 = outputs
+        .iter()
+        .find(|(l, _)| *l == Level::Avx2)
+        .map(|(_, o)| o.clone());
     for (level, out) in &outputs {
         if let (Some(a), true) = (&avx2, *level > Level::Avx2) {
             assert!(a == out, "the {level} kernels differ from the AVX2 ones");
@@ -118,7 +125,9 @@ fn the_level_in_force_at_run_time_decides_the_kernels() {
     use rlx_cpu::isa::{with_level, Level};
     let (k, n, ty, scheme) = (512, 7, GgmlType::Q4_0, QuantScheme::GgufQ4_0);
     let w = random_rows(ty, n, k, 3);
-    let x: Vec<f32> = (0..k).map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0).collect();
+    let x: Vec<f32> = (0..k)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 40.0)
+        .collect();
     let mut g = Graph::new("q");
     let xi = g.input("x", Shape::new(&[1, k], DType::F32));
     let wp = g.param("w", Shape::new(&[n, ty.row_bytes(k).unwrap()], DType::U8));
@@ -157,7 +166,11 @@ fn f16r(v: f32) -> f32 {
 /// rounded to f16, `q = round_even(x * 127 / amax)`), `Q8_1` (the same plus `s`), `Q8_K` (blocks
 /// of 256, `iscale = -127 / signed max`, `q = min(127, round_even(iscale * x))`, `d = 1 / iscale`).
 fn quantize_like_llama_cpp(ty: GgmlType, x: &[f32]) -> ActQ {
-    let mut a = ActQ { q: vec![0; x.len()], d: vec![0.0; x.len()], s: Vec::new() };
+    let mut a = ActQ {
+        q: vec![0; x.len()],
+        d: vec![0.0; x.len()],
+        s: Vec::new(),
+    };
     match ty {
         GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 | GgmlType::Q4_1 | GgmlType::Q5_1 => {
             for (b, blk) in x.chunks(32).enumerate() {
@@ -221,7 +234,10 @@ fn reference_dot(w: &[f32], mins: &[f64], a: &ActQ) -> (f64, f64) {
 /// The `Q4_1`/`Q5_1` block mins of a row (the f16 at byte 2 of every 32-element block).
 fn block_mins(ty: GgmlType, row: &[u8]) -> Vec<f64> {
     match ty {
-        GgmlType::Q4_1 | GgmlType::Q5_1 => row.chunks(ty.block_bytes()).map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f64()).collect(),
+        GgmlType::Q4_1 | GgmlType::Q5_1 => row
+            .chunks(ty.block_bytes())
+            .map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f64())
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -241,9 +257,18 @@ fn check_all_schemes() -> Vec<u32> {
         // Up to 7 rows take the int8 dot products (1, 3: several rows of one weight group);
         // 9 and 130 rows take the dequantize-then-GEMM path of prompt-sized products; 150
         // output columns span several weight panels (and threads).
-        for (m, n) in [(1usize, 7usize), (3, 7), (9, 7), (130, 7), (9, 150), (2, 150)] {
+        for (m, n) in [
+            (1usize, 7usize),
+            (3, 7),
+            (9, 7),
+            (130, 7),
+            (9, 150),
+            (2, 150),
+        ] {
             let w = random_rows(ty, n, k, 7 + m as u64);
-            let x: Vec<f32> = (0..m * k).map(|i| (((i * 37 + m) % 101) as f32 - 50.0) / 40.0 * (1.0 + (i % 7) as f32 * 0.1)).collect();
+            let x: Vec<f32> = (0..m * k)
+                .map(|i| (((i * 37 + m) % 101) as f32 - 50.0) / 40.0 * (1.0 + (i % 7) as f32 * 0.1))
+                .collect();
             let mut g = Graph::new("q");
             let xi = g.input("x", Shape::new(&[m, k], DType::F32));
             let row_bytes = ty.row_bytes(k).unwrap();
@@ -266,18 +291,36 @@ fn check_all_schemes() -> Vec<u32> {
                 all.extend(got.iter().map(|v| v.to_bits()));
                 let mut dq = vec![0u8; n * k * 4];
                 p.read_output(1, &mut dq);
-                assert_eq!(to_f32(&dq), reference, "{ty}: DequantizeRows differs from the reference decoder");
+                assert_eq!(
+                    to_f32(&dq),
+                    reference,
+                    "{ty}: DequantizeRows differs from the reference decoder"
+                );
                 for r in 0..m {
                     let xr = &x[r * k..(r + 1) * k];
                     // Int8 products quantize the activations as llama.cpp does; float weights
                     // and prompt products (f32 GEMM over decoded rows) use them as they are.
-                    let act = if int8 { quantize_like_llama_cpp(ty, xr) } else { ActQ { q: Vec::new(), d: Vec::new(), s: Vec::new() } };
+                    let act = if int8 {
+                        quantize_like_llama_cpp(ty, xr)
+                    } else {
+                        ActQ {
+                            q: Vec::new(),
+                            d: Vec::new(),
+                            s: Vec::new(),
+                        }
+                    };
                     for j in 0..n {
                         let wr = &reference[j * k..(j + 1) * k];
                         let (want, mag) = if int8 {
-                            reference_dot(wr, &block_mins(ty, &w[j * row_bytes..(j + 1) * row_bytes]), &act)
+                            reference_dot(
+                                wr,
+                                &block_mins(ty, &w[j * row_bytes..(j + 1) * row_bytes]),
+                                &act,
+                            )
                         } else {
-                            wr.iter().zip(xr).fold((0f64, 0f64), |(v, m), (&a, &b)| (v + a as f64 * b as f64, m + (a as f64 * b as f64).abs()))
+                            wr.iter().zip(xr).fold((0f64, 0f64), |(v, m), (&a, &b)| {
+                                (v + a as f64 * b as f64, m + (a as f64 * b as f64).abs())
+                            })
                         };
                         let err = (got[r * n + j] as f64 - want).abs();
                         let path = if int8 { "int8 dot" } else { "f32" };
@@ -313,7 +356,10 @@ fn cache_write_updates_the_param_in_place_and_attention_reads_only_the_prefix() 
         let mut p = compile(&g, 2).unwrap();
         let kv: Vec<f32> = (0..12).map(|i| i as f32 * 0.1).collect();
         p.write_param(0, &f32_bytes(&kv));
-        p.write_param(1, &f32_bytes(&kv.iter().map(|v| v * 10.0).collect::<Vec<_>>()));
+        p.write_param(
+            1,
+            &f32_bytes(&kv.iter().map(|v| v * 10.0).collect::<Vec<_>>()),
+        );
         p.write_input(0, &f32_bytes(&[1.0, 1.0, 2.0, 2.0]));
         p.write_input(1, &f32_bytes(&[10.0, 10.0, 20.0, 20.0]));
         p.write_input(2, &f32_bytes(&[0.5, -0.5, 1.0, 0.0]));
@@ -322,7 +368,11 @@ fn cache_write_updates_the_param_in_place_and_attention_reads_only_the_prefix() 
         let mut kb = vec![0u8; 48];
         p.read_param(0, &mut kb);
         let k = to_f32(&kb);
-        assert_eq!(&k[6..10], &[1.0, 1.0, 2.0, 2.0], "rows 3 and 4 written in place");
+        assert_eq!(
+            &k[6..10],
+            &[1.0, 1.0, 2.0, 2.0],
+            "rows 3 and 4 written in place"
+        );
         assert_eq!(k[10], kv[10], "row 5 untouched");
         // Reference: query i at position 3 + i attends to rows 0..=3+i.
         let mut vcache: Vec<f32> = kv.iter().map(|v| v * 10.0).collect();
@@ -333,13 +383,19 @@ fn cache_write_updates_the_param_in_place_and_attention_reads_only_the_prefix() 
         let got = to_f32(&out);
         for (i, q) in qs.iter().enumerate() {
             let last = 3 + i;
-            let s: Vec<f32> = (0..=last).map(|j| q[0] * k[2 * j] + q[1] * k[2 * j + 1]).collect();
+            let s: Vec<f32> = (0..=last)
+                .map(|j| q[0] * k[2 * j] + q[1] * k[2 * j + 1])
+                .collect();
             let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let e: Vec<f32> = s.iter().map(|v| (v - m).exp()).collect();
             let z: f32 = e.iter().sum();
             for d in 0..2 {
                 let want: f32 = (0..=last).map(|j| e[j] / z * vcache[2 * j + d]).sum();
-                assert!((got[2 * i + d] - want).abs() < 1e-5, "query {i} dim {d}: {} vs {want}", got[2 * i + d]);
+                assert!(
+                    (got[2 * i + d] - want).abs() < 1e-5,
+                    "query {i} dim {d}: {} vs {want}",
+                    got[2 * i + d]
+                );
             }
         }
     });
@@ -348,7 +404,18 @@ fn cache_write_updates_the_param_in_place_and_attention_reads_only_the_prefix() 
 /// Reference causal attention of `s` queries at positions `pos..pos+s` over `k`, `v`
 /// (`[t, hkv, d]`), with an optional sliding window.
 #[allow(clippy::too_many_arguments)]
-fn attention_reference(q: &[f32], k: &[f32], v: &[f32], s: usize, hq: usize, hkv: usize, d: usize, pos: usize, scale: f32, window: Option<usize>) -> Vec<f32> {
+fn attention_reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    s: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+    pos: usize,
+    scale: f32,
+    window: Option<usize>,
+) -> Vec<f32> {
     let mut out = vec![0f32; s * hq * d];
     for i in 0..s {
         for h in 0..hq {
@@ -356,12 +423,19 @@ fn attention_reference(q: &[f32], k: &[f32], v: &[f32], s: usize, hq: usize, hkv
             let last = pos + i;
             let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
             let sc: Vec<f32> = (first..=last)
-                .map(|j| (0..d).map(|e| q[(i * hq + h) * d + e] * k[(j * hkv + kh) * d + e]).sum::<f32>() * scale)
+                .map(|j| {
+                    (0..d)
+                        .map(|e| q[(i * hq + h) * d + e] * k[(j * hkv + kh) * d + e])
+                        .sum::<f32>()
+                        * scale
+                })
                 .collect();
             let m = sc.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let z: f32 = sc.iter().map(|x| (x - m).exp()).sum();
             for e in 0..d {
-                out[(i * hq + h) * d + e] = (first..=last).map(|j| (sc[j - first] - m).exp() / z * v[(j * hkv + kh) * d + e]).sum();
+                out[(i * hq + h) * d + e] = (first..=last)
+                    .map(|j| (sc[j - first] - m).exp() / z * v[(j * hkv + kh) * d + e])
+                    .sum();
             }
         }
     }
@@ -395,7 +469,16 @@ fn cached_attention_per_query_and_blocked_paths_match_the_reference() {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn check_cached_attention(t: usize, hq: usize, hkv: usize, s: usize, window: Option<usize>, pos: usize, d: usize, cache: DType) {
+fn check_cached_attention(
+    t: usize,
+    hq: usize,
+    hkv: usize,
+    s: usize,
+    window: Option<usize>,
+    pos: usize,
+    d: usize,
+    cache: DType,
+) {
     let mut g = Graph::new("attn");
     let q = g.input("q", Shape::new(&[s, hq, d], DType::F32));
     let kc = g.param("k", Shape::new(&[t, hkv, d], cache));
@@ -404,13 +487,27 @@ fn check_cached_attention(t: usize, hq: usize, hkv: usize, s: usize, window: Opt
     let a = g.cached_attention(q, kc, vc, p, 0.3, window);
     g.set_outputs(vec![a]);
     let mut prog = compile(&g, 2).unwrap();
-    let val = |n: usize, seed: usize| -> Vec<f32> { (0..n).map(|i| (((i + seed) * 7919 % 1013) as f32 / 1013.0 - 0.5) * 2.0).collect() };
+    let val = |n: usize, seed: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i + seed) * 7919 % 1013) as f32 / 1013.0 - 0.5) * 2.0)
+            .collect()
+    };
     let (qv, mut kv, mut vv) = (val(s * hq * d, 1), val(t * hkv * d, 2), val(t * hkv * d, 3));
     let f16 = cache == DType::F16;
     if f16 {
-        kv.iter_mut().chain(vv.iter_mut()).for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+        kv.iter_mut()
+            .chain(vv.iter_mut())
+            .for_each(|x| *x = half::f16::from_f32(*x).to_f32());
     }
-    let bytes = |v: &[f32]| if f16 { v.iter().flat_map(|x| half::f16::from_f32(*x).to_le_bytes()).collect() } else { f32_bytes(v) };
+    let bytes = |v: &[f32]| {
+        if f16 {
+            v.iter()
+                .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+                .collect()
+        } else {
+            f32_bytes(v)
+        }
+    };
     let tol = if f16 { 2e-3 } else { 1e-4 };
     prog.write_input(0, &f32_bytes(&qv));
     prog.write_input(1, &(pos as i32).to_le_bytes());
@@ -422,6 +519,9 @@ fn check_cached_attention(t: usize, hq: usize, hkv: usize, s: usize, window: Opt
     let got = to_f32(&out);
     let want = attention_reference(&qv, &kv, &vv, s, hq, hkv, d, pos, 0.3, window);
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-        assert!((a - b).abs() < tol, "{cache} cache, s={s} window={window:?} element {i}: {a} vs {b}");
+        assert!(
+            (a - b).abs() < tol,
+            "{cache} cache, s={s} window={window:?} element {i}: {a} vs {b}"
+        );
     }
 }

@@ -39,9 +39,17 @@ pub trait Backend: Send + Sync {
     /// executable of this backend) that have the same name and shape: a model's weights are
     /// then held once by several programs, e.g. a prefill and a decode graph. Backends that
     /// cannot share return an error.
-    fn compile_sharing(&self, graph: &Graph, opts: &CompileOptions, other: &dyn Executable) -> Result<Box<dyn Executable>> {
+    fn compile_sharing(
+        &self,
+        graph: &Graph,
+        opts: &CompileOptions,
+        other: &dyn Executable,
+    ) -> Result<Box<dyn Executable>> {
         let _ = (graph, opts, other);
-        Err(rlx_ir::Error::Invalid(format!("the {} backend cannot share params between compiled graphs", self.name())))
+        Err(rlx_ir::Error::Invalid(format!(
+            "the {} backend cannot share params between compiled graphs",
+            self.name()
+        )))
     }
 }
 

@@ -58,7 +58,9 @@ impl Device {
             Device::Cuda => "cuda",
             Device::Rocm => "rocm",
             Device::Tpu => "tpu",
-            Device::Gpu | Device::Vulkan | Device::OpenGl | Device::DirectX | Device::WebGpu => "gpu",
+            Device::Gpu | Device::Vulkan | Device::OpenGl | Device::DirectX | Device::WebGpu => {
+                "gpu"
+            }
         }
     }
 

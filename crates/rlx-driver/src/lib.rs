@@ -9,5 +9,7 @@
 mod backend;
 mod device;
 
-pub use backend::{register_backend, registered_backend, Backend, CompileOptions, Executable, IoSlot};
+pub use backend::{
+    register_backend, registered_backend, Backend, CompileOptions, Executable, IoSlot,
+};
 pub use device::Device;

@@ -19,7 +19,10 @@ pub fn k4_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {
-        ((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4), (s[j + 4] >> 4) | ((s[j] >> 6) << 4))
+        (
+            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
     }
 }
 
@@ -115,7 +118,8 @@ pub fn dequantize_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
                         let dl = d * scales[n * 8 + j * 2 + half] as f32;
                         for l in 0..16 {
                             let i = half * 16 + l;
-                            let q = ((qs[n * 32 + i] >> (2 * j)) & 3) as i32 - if hm[i] & bit != 0 { 0 } else { 4 };
+                            let q = ((qs[n * 32 + i] >> (2 * j)) & 3) as i32
+                                - if hm[i] & bit != 0 { 0 } else { 4 };
                             y[n * 128 + j * 32 + i] = dl * q as f32;
                         }
                     }
@@ -125,7 +129,11 @@ pub fn dequantize_block(ty: GgmlType, b: &[u8], y: &mut [f32]) {
         Q4_K | Q5_K => {
             let (d, dmin) = (h(b, 0), h(b, 2));
             let sc = &b[4..16];
-            let (qh, qs) = if ty == Q5_K { (Some(&b[16..48]), &b[48..176]) } else { (None, &b[16..144]) };
+            let (qh, qs) = if ty == Q5_K {
+                (Some(&b[16..48]), &b[48..176])
+            } else {
+                (None, &b[16..144])
+            };
             for j in 0..4 {
                 let (s1, m1) = k4_scale_min(2 * j, sc);
                 let (s2, m2) = k4_scale_min(2 * j + 1, sc);
@@ -188,14 +196,22 @@ pub fn dequantize_portable(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result
 /// [`dequantize`], using SIMD code only when `simd` is set and the CPU has it.
 pub fn dequantize_with(ty: GgmlType, data: &[u8], out: &mut [f32], simd: bool) -> Result<()> {
     if !ty.can_dequantize() {
-        return Err(GgufError::new(0, "dequantize", format!("decoding {ty} is not supported")));
+        return Err(GgufError::new(
+            0,
+            "dequantize",
+            format!("decoding {ty} is not supported"),
+        ));
     }
     let (be, bb) = (ty.block_elems(), ty.block_bytes());
     if !data.len().is_multiple_of(bb) || data.len() / bb * be != out.len() {
         return Err(GgufError::new(
             0,
             "dequantize",
-            format!("{} bytes of {ty} do not hold exactly {} elements ({bb}-byte blocks of {be})", data.len(), out.len()),
+            format!(
+                "{} bytes of {ty} do not hold exactly {} elements ({bb}-byte blocks of {be})",
+                data.len(),
+                out.len()
+            ),
         ));
     }
     #[cfg(target_arch = "x86_64")]
@@ -245,18 +261,29 @@ unsafe fn dequantize_32_avx2(ty: GgmlType, data: &[u8], out: &mut [f32]) {
                     Q4_0 => (2, None, 8, None),
                     Q4_1 => (4, None, 0, Some(f16::from_le_bytes([b[2], b[3]]).to_f32())),
                     Q5_0 => (6, Some(2), 16, None),
-                    _ => (8, Some(4), 0, Some(f16::from_le_bytes([b[2], b[3]]).to_f32())),
+                    _ => (
+                        8,
+                        Some(4),
+                        0,
+                        Some(f16::from_le_bytes([b[2], b[3]]).to_f32()),
+                    ),
                 };
                 let mut q = nibbles32(p.add(qs));
                 if let Some(h) = hbits {
                     q = with_fifth_bits(q, (p.add(h) as *const i32).read_unaligned());
                 }
-                (_mm256_sub_epi8(q, _mm256_set1_epi8(off)), m.map(|m| _mm256_set1_ps(m)))
+                (
+                    _mm256_sub_epi8(q, _mm256_set1_epi8(off)),
+                    m.map(|m| _mm256_set1_ps(m)),
+                )
             }
         };
         let lo = _mm256_castsi256_si128(q);
         let hi = _mm256_extracti128_si256(q, 1);
-        for (j, part) in [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)].into_iter().enumerate() {
+        for (j, part) in [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)]
+            .into_iter()
+            .enumerate()
+        {
             let f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(part));
             let mut v = _mm256_mul_ps(d, f);
             if let Some(m) = m {
@@ -276,10 +303,20 @@ unsafe fn store32(y: *mut f32, q: std::arch::x86_64::__m256i, scale: f32, bias: 
     let (s, b) = (_mm256_set1_ps(scale), _mm256_set1_ps(bias));
     let lo = _mm256_castsi256_si128(q);
     let hi = _mm256_extracti128_si256(q, 1);
-    for (j, part) in [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)].into_iter().enumerate() {
-        let i = if signed { _mm256_cvtepi8_epi32(part) } else { _mm256_cvtepu8_epi32(part) };
+    for (j, part) in [lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)]
+        .into_iter()
+        .enumerate()
+    {
+        let i = if signed {
+            _mm256_cvtepi8_epi32(part)
+        } else {
+            _mm256_cvtepu8_epi32(part)
+        };
         let v = _mm256_mul_ps(s, _mm256_cvtepi32_ps(i));
-        _mm256_storeu_ps(y.add(8 * j), if bias != 0.0 { _mm256_sub_ps(v, b) } else { v });
+        _mm256_storeu_ps(
+            y.add(8 * j),
+            if bias != 0.0 { _mm256_sub_ps(v, b) } else { v },
+        );
     }
 }
 
@@ -301,9 +338,17 @@ unsafe fn dequantize_k_avx2(ty: GgmlType, data: &[u8], out: &mut [f32]) {
             for j in 0..4 {
                 let (s1, m1) = k4_scale_min(2 * j, &b[4..16]);
                 let (s2, m2) = k4_scale_min(2 * j + 1, &b[4..16]);
-                let (lo, hi) = crate::simd::split_nibbles(_mm256_loadu_si256(p.add(16 + 32 * j) as *const __m256i));
+                let (lo, hi) = crate::simd::split_nibbles(_mm256_loadu_si256(
+                    p.add(16 + 32 * j) as *const __m256i
+                ));
                 store32(y.add(64 * j), lo, d * s1 as f32, dmin * m1 as f32, false);
-                store32(y.add(64 * j + 32), hi, d * s2 as f32, dmin * m2 as f32, false);
+                store32(
+                    y.add(64 * j + 32),
+                    hi,
+                    d * s2 as f32,
+                    dmin * m2 as f32,
+                    false,
+                );
             }
         } else {
             let d = h(b, 208);
@@ -315,7 +360,10 @@ unsafe fn dequantize_k_avx2(ty: GgmlType, data: &[u8], out: &mut [f32]) {
                     // `d * sc * (q - 32)` with the scale of each 16-element half.
                     let signed = _mm256_sub_epi8(qk, m32);
                     let base = y.add(128 * n + 32 * k);
-                    let (sa, sb) = (sc[n * 8 + 2 * k] as i8 as f32, sc[n * 8 + 2 * k + 1] as i8 as f32);
+                    let (sa, sb) = (
+                        sc[n * 8 + 2 * k] as i8 as f32,
+                        sc[n * 8 + 2 * k + 1] as i8 as f32,
+                    );
                     let mut tmp = [0f32; 32];
                     store32(tmp.as_mut_ptr(), signed, 1.0, 0.0, true);
                     for (l, t) in tmp.iter().enumerate() {

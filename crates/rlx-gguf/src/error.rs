@@ -16,13 +16,21 @@ pub struct GgufError {
 impl GgufError {
     /// An error at `offset` while reading `field`.
     pub fn new(offset: u64, field: impl Into<String>, msg: impl Into<String>) -> GgufError {
-        GgufError { offset, field: field.into(), msg: msg.into() }
+        GgufError {
+            offset,
+            field: field.into(),
+            msg: msg.into(),
+        }
     }
 }
 
 impl fmt::Display for GgufError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "GGUF: {} at byte offset {}: {}", self.field, self.offset, self.msg)
+        write!(
+            f,
+            "GGUF: {} at byte offset {}: {}",
+            self.field, self.offset, self.msg
+        )
     }
 }
 

@@ -20,8 +20,12 @@ pub mod simd;
 pub mod tokenizer;
 mod types;
 
-pub use dequant::{dequantize, dequantize_block, dequantize_portable, dequantize_with, k4_scale_min, q3k_scales};
+pub use dequant::{
+    dequantize, dequantize_block, dequantize_portable, dequantize_with, k4_scale_min, q3k_scales,
+};
 pub use error::{GgufError, Result};
-pub use reader::{parse_header, GgufFile, Header, MetadataEntry, TensorInfo, Value, DEFAULT_ALIGNMENT};
+pub use reader::{
+    parse_header, GgufFile, Header, MetadataEntry, TensorInfo, Value, DEFAULT_ALIGNMENT,
+};
 pub use tokenizer::{Tokenizer, TokenizerKind};
 pub use types::GgmlType;

@@ -178,7 +178,10 @@ impl<'a> Cursor<'a> {
     fn take(&mut self, n: u64, field: &str) -> Result<&'a [u8]> {
         let left = (self.buf.len() - self.pos) as u64;
         if n > left {
-            return Err(self.err(field, format!("needs {n} bytes but the file ends after {left}")));
+            return Err(self.err(
+                field,
+                format!("needs {n} bytes but the file ends after {left}"),
+            ));
         }
         let s = &self.buf[self.pos..self.pos + n as usize];
         self.pos += n as usize;
@@ -232,14 +235,21 @@ impl<'a> Cursor<'a> {
             7 => {
                 let b = self.array::<1>(field)?[0];
                 if b > 1 {
-                    return Err(GgufError::new(self.pos as u64 - 1, field, format!("BOOL must be 0 or 1, got {b}")));
+                    return Err(GgufError::new(
+                        self.pos as u64 - 1,
+                        field,
+                        format!("BOOL must be 0 or 1, got {b}"),
+                    ));
                 }
                 Value::Bool(b == 1)
             }
             8 => Value::String(self.string(field)?),
             9 => {
                 if depth >= MAX_DEPTH {
-                    return Err(self.err(field, format!("arrays nested deeper than {MAX_DEPTH} levels")));
+                    return Err(self.err(
+                        field,
+                        format!("arrays nested deeper than {MAX_DEPTH} levels"),
+                    ));
                 }
                 let ety = self.u32(field)?;
                 let at = self.pos as u64;
@@ -248,7 +258,11 @@ impl<'a> Cursor<'a> {
                 // checking first keeps a hostile count from reserving memory.
                 let left = (self.buf.len() - self.pos) as u64;
                 if n > left {
-                    return Err(GgufError::new(at, field, format!("array claims {n} elements but only {left} bytes remain")));
+                    return Err(GgufError::new(
+                        at,
+                        field,
+                        format!("array claims {n} elements but only {left} bytes remain"),
+                    ));
                 }
                 let mut items = Vec::with_capacity(n as usize);
                 for i in 0..n {
@@ -266,7 +280,13 @@ impl<'a> Cursor<'a> {
             10 => Value::U64(self.u64(field)?),
             11 => Value::I64(i64::from_le_bytes(self.array(field)?)),
             12 => Value::F64(f64::from_le_bytes(self.array(field)?)),
-            t => return Err(GgufError::new(self.pos as u64 - 4, field, format!("unknown metadata value type {t}"))),
+            t => {
+                return Err(GgufError::new(
+                    self.pos as u64 - 4,
+                    field,
+                    format!("unknown metadata value type {t}"),
+                ))
+            }
         })
     }
 }
@@ -274,14 +294,26 @@ impl<'a> Cursor<'a> {
 /// Parse the header and tensor table of a GGUF file held in `buf`, checking that every tensor
 /// lies inside the data section.
 pub fn parse_header(buf: &[u8]) -> Result<Header> {
-    let mut c = Cursor { buf, pos: 0, version: 3 };
+    let mut c = Cursor {
+        buf,
+        pos: 0,
+        version: 3,
+    };
     let magic = c.u32("magic")?;
     if magic != MAGIC {
-        return Err(GgufError::new(0, "magic", format!("expected \"GGUF\", found {:?}", &buf[..4])));
+        return Err(GgufError::new(
+            0,
+            "magic",
+            format!("expected \"GGUF\", found {:?}", &buf[..4]),
+        ));
     }
     let version = c.u32("version")?;
     if !(1..=3).contains(&version) {
-        return Err(GgufError::new(4, "version", format!("unsupported GGUF version {version} (RLX reads 1, 2 and 3)")));
+        return Err(GgufError::new(
+            4,
+            "version",
+            format!("unsupported GGUF version {version} (RLX reads 1, 2 and 3)"),
+        ));
     }
     c.version = version;
     let n_tensors = c.size("tensor_count")?;
@@ -297,7 +329,13 @@ pub fn parse_header(buf: &[u8]) -> Result<Header> {
         if key == "general.alignment" {
             alignment = match value {
                 Value::U32(a) if a.is_power_of_two() => a.into(),
-                ref v => return Err(GgufError::new(offset, field, format!("must be a power-of-two UINT32, got {v:?}"))),
+                ref v => {
+                    return Err(GgufError::new(
+                        offset,
+                        field,
+                        format!("must be a power-of-two UINT32, got {v:?}"),
+                    ))
+                }
             };
         }
         metadata.push(MetadataEntry { key, value, offset });
@@ -313,7 +351,11 @@ pub fn parse_header(buf: &[u8]) -> Result<Header> {
         let at = c.pos as u64;
         let n_dims = c.u32(&format!("{field}.n_dims"))?;
         if n_dims > MAX_DIMS {
-            return Err(GgufError::new(at, format!("{field}.n_dims"), format!("{n_dims} dimensions (ggml allows at most {MAX_DIMS})")));
+            return Err(GgufError::new(
+                at,
+                format!("{field}.n_dims"),
+                format!("{n_dims} dimensions (ggml allows at most {MAX_DIMS})"),
+            ));
         }
         let mut dims = Vec::new();
         for _ in 0..n_dims {
@@ -321,12 +363,21 @@ pub fn parse_header(buf: &[u8]) -> Result<Header> {
         }
         let at = c.pos as u64;
         let tid = c.u32(&format!("{field}.type"))?;
-        let ty = GgmlType::from_id(tid)
-            .ok_or_else(|| GgufError::new(at, format!("{field}.type"), format!("unknown ggml type id {tid}")))?;
+        let ty = GgmlType::from_id(tid).ok_or_else(|| {
+            GgufError::new(
+                at,
+                format!("{field}.type"),
+                format!("unknown ggml type id {tid}"),
+            )
+        })?;
         let at = c.pos as u64;
         let offset = c.u64(&format!("{field}.offset"))?;
         if offset % alignment != 0 {
-            return Err(GgufError::new(at, format!("{field}.offset"), format!("offset {offset} is not a multiple of the alignment {alignment}")));
+            return Err(GgufError::new(
+                at,
+                format!("{field}.offset"),
+                format!("offset {offset} is not a multiple of the alignment {alignment}"),
+            ));
         }
         let numel = dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
         let size = numel.and_then(|n| {
@@ -335,9 +386,22 @@ pub fn parse_header(buf: &[u8]) -> Result<Header> {
             (row % be == 0).then(|| (n / be).checked_mul(bb)).flatten()
         });
         let size = size.ok_or_else(|| {
-            GgufError::new(at, format!("{field}.dims"), format!("dims {dims:?} do not form whole {ty} blocks of {} elements (or overflow)", ty.block_elems()))
+            GgufError::new(
+                at,
+                format!("{field}.dims"),
+                format!(
+                    "dims {dims:?} do not form whole {ty} blocks of {} elements (or overflow)",
+                    ty.block_elems()
+                ),
+            )
         })?;
-        tensors.push(TensorInfo { name, dims, ty, offset, size });
+        tensors.push(TensorInfo {
+            name,
+            dims,
+            ty,
+            offset,
+            size,
+        });
     }
     let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
     if !tensors.is_empty() && data_offset > buf.len() as u64 {
@@ -349,15 +413,27 @@ pub fn parse_header(buf: &[u8]) -> Result<Header> {
     }
     let data_len = (buf.len() as u64).saturating_sub(data_offset);
     for (i, t) in tensors.iter().enumerate() {
-        if t.offset.checked_add(t.size).is_none_or(|end| end > data_len) {
+        if t.offset
+            .checked_add(t.size)
+            .is_none_or(|end| end > data_len)
+        {
             return Err(GgufError::new(
                 data_offset.saturating_add(t.offset),
                 format!("tensor_info[{i}] (\"{}\").offset", t.name),
-                format!("{} bytes of data at {} run past the end of the file ({data_len} data bytes)", t.size, t.offset),
+                format!(
+                    "{} bytes of data at {} run past the end of the file ({data_len} data bytes)",
+                    t.size, t.offset
+                ),
             ));
         }
     }
-    Ok(Header { version, metadata, tensors, alignment, data_offset })
+    Ok(Header {
+        version,
+        metadata,
+        tensors,
+        alignment,
+        data_offset,
+    })
 }
 
 enum Source {
@@ -375,7 +451,9 @@ pub struct GgufFile {
 
 impl std::fmt::Debug for GgufFile {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GgufFile").field("header", &self.header).finish_non_exhaustive()
+        f.debug_struct("GgufFile")
+            .field("header", &self.header)
+            .finish_non_exhaustive()
     }
 }
 
@@ -402,9 +480,24 @@ impl GgufFile {
             Source::Owned(v) => v,
         };
         let header = parse_header(bytes)?;
-        let index = header.metadata.iter().enumerate().map(|(i, e)| (e.key.clone(), i)).collect();
-        let tensor_index = header.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect();
-        Ok(GgufFile { source, header, index, tensor_index })
+        let index = header
+            .metadata
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.key.clone(), i))
+            .collect();
+        let tensor_index = header
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Ok(GgufFile {
+            source,
+            header,
+            index,
+            tensor_index,
+        })
     }
 
     /// The whole file.
@@ -441,19 +534,32 @@ impl GgufFile {
     }
 
     fn require(&self, key: &str) -> Result<&MetadataEntry> {
-        self.entry(key).ok_or_else(|| GgufError::new(0, format!("metadata[\"{key}\"]"), "required key is missing"))
+        self.entry(key).ok_or_else(|| {
+            GgufError::new(0, format!("metadata[\"{key}\"]"), "required key is missing")
+        })
     }
 
-    fn typed<'a, T>(&'a self, key: &str, want: &str, f: impl FnOnce(&'a Value) -> Option<T>) -> Result<T> {
+    fn typed<'a, T>(
+        &'a self,
+        key: &str,
+        want: &str,
+        f: impl FnOnce(&'a Value) -> Option<T>,
+    ) -> Result<T> {
         let e = self.require(key)?;
         f(&e.value).ok_or_else(|| {
-            GgufError::new(e.offset, format!("metadata[\"{key}\"]"), format!("expected {want}, found {}", e.value.type_name()))
+            GgufError::new(
+                e.offset,
+                format!("metadata[\"{key}\"]"),
+                format!("expected {want}, found {}", e.value.type_name()),
+            )
         })
     }
 
     /// A required non-negative integer that fits `usize`.
     pub fn get_usize(&self, key: &str) -> Result<usize> {
-        self.typed(key, "a non-negative integer", |v| v.as_int().and_then(|i| usize::try_from(i).ok()))
+        self.typed(key, "a non-negative integer", |v| {
+            v.as_int().and_then(|i| usize::try_from(i).ok())
+        })
     }
 
     /// A required number as `f32`.
@@ -473,12 +579,20 @@ impl GgufFile {
 
     /// The tensor called `name`.
     pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
-        self.tensor_index.get(name).map(|&i| &self.header.tensors[i])
+        self.tensor_index
+            .get(name)
+            .map(|&i| &self.header.tensors[i])
     }
 
     /// The tensor called `name`, or an error saying it is missing.
     pub fn require_tensor(&self, name: &str) -> Result<&TensorInfo> {
-        self.tensor(name).ok_or_else(|| GgufError::new(0, format!("tensor \"{name}\""), "required tensor is missing from the file"))
+        self.tensor(name).ok_or_else(|| {
+            GgufError::new(
+                0,
+                format!("tensor \"{name}\""),
+                "required tensor is missing from the file",
+            )
+        })
     }
 
     /// The stored bytes of a tensor (bounds were checked when the file was opened).
@@ -490,12 +604,11 @@ impl GgufFile {
     /// A tensor decoded to f32 (row-major, [`TensorInfo::shape`]).
     pub fn dequantize_tensor(&self, t: &TensorInfo) -> Result<Vec<f32>> {
         let mut out = vec![0f32; t.numel() as usize];
-        crate::dequantize(t.ty, self.tensor_data(t), &mut out)
-            .map_err(|mut e| {
-                e.offset += self.header.data_offset + t.offset;
-                e.field = format!("tensor \"{}\"", t.name);
-                e
-            })?;
+        crate::dequantize(t.ty, self.tensor_data(t), &mut out).map_err(|mut e| {
+            e.offset += self.header.data_offset + t.offset;
+            e.field = format!("tensor \"{}\"", t.name);
+            e
+        })?;
         Ok(out)
     }
 
@@ -522,7 +635,9 @@ impl GgufFile {
             if e > s {
                 // SAFETY: the map is a read-only file mapping, so dropped pages are re-read from
                 // the file on the next access; no data is lost.
-                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, s, e - s) };
+                let _ = unsafe {
+                    m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, s, e - s)
+                };
             }
         }
     }
@@ -532,7 +647,9 @@ impl std::fmt::Display for Value {
     /// Scalars as they are; strings quoted; arrays show their length and first few items.
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Value::String(s) if s.chars().count() > 80 => write!(f, "{:?}…", s.chars().take(80).collect::<String>()),
+            Value::String(s) if s.chars().count() > 80 => {
+                write!(f, "{:?}…", s.chars().take(80).collect::<String>())
+            }
             Value::String(s) => write!(f, "{s:?}"),
             Value::Array(a) => {
                 write!(f, "[{} items: ", a.len())?;
@@ -563,16 +680,34 @@ impl GgufFile {
         let h = &self.header;
         let mut s = String::new();
         let total: u64 = h.tensors.iter().map(|t| t.size).sum();
-        let _ = writeln!(s, "GGUF v{}, {} metadata entries, {} tensors ({:.1} MiB of data, alignment {})",
-            h.version, h.metadata.len(), h.tensors.len(), total as f64 / (1 << 20) as f64, h.alignment);
+        let _ = writeln!(
+            s,
+            "GGUF v{}, {} metadata entries, {} tensors ({:.1} MiB of data, alignment {})",
+            h.version,
+            h.metadata.len(),
+            h.tensors.len(),
+            total as f64 / (1 << 20) as f64,
+            h.alignment
+        );
         let _ = writeln!(s, "\nmetadata:");
         for e in &h.metadata {
             let _ = writeln!(s, "  {:<44} {:<8} {}", e.key, e.value.type_name(), e.value);
         }
         let _ = writeln!(s, "\ntensors:");
-        let _ = writeln!(s, "  {:<40} {:<8} {:>22} {:>12}", "name", "type", "shape", "bytes");
+        let _ = writeln!(
+            s,
+            "  {:<40} {:<8} {:>22} {:>12}",
+            "name", "type", "shape", "bytes"
+        );
         for t in &h.tensors {
-            let _ = writeln!(s, "  {:<40} {:<8} {:>22} {:>12}", t.name, t.ty.to_string(), format!("{:?}", t.shape()), t.size);
+            let _ = writeln!(
+                s,
+                "  {:<40} {:<8} {:>22} {:>12}",
+                t.name,
+                t.ty.to_string(),
+                format!("{:?}", t.shape()),
+                t.size
+            );
         }
         s
     }

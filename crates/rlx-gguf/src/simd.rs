@@ -13,7 +13,10 @@ use std::arch::x86_64::*;
 pub unsafe fn nibbles32(qs: *const u8) -> __m256i {
     let raw = _mm_loadu_si128(qs as *const __m128i);
     let low4 = _mm_set1_epi8(0x0F);
-    _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4))
+    _mm256_set_m128i(
+        _mm_and_si128(_mm_srli_epi16(raw, 4), low4),
+        _mm_and_si128(raw, low4),
+    )
 }
 
 /// `q` with 16 added to byte `i` wherever bit `i` of `bits` is set (the fifth bit of Q5 quants).
@@ -23,7 +26,10 @@ pub unsafe fn nibbles32(qs: *const u8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 pub unsafe fn with_fifth_bits(q: __m256i, bits: i32) -> __m256i {
-    let spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    let spread = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
     let bitsel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let v = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), spread);
     let set = _mm256_cmpeq_epi8(_mm256_and_si256(v, bitsel), bitsel);
@@ -38,7 +44,10 @@ pub unsafe fn with_fifth_bits(q: __m256i, bits: i32) -> __m256i {
 #[target_feature(enable = "avx2")]
 pub unsafe fn split_nibbles(raw: __m256i) -> (__m256i, __m256i) {
     let low4 = _mm256_set1_epi8(0x0F);
-    (_mm256_and_si256(raw, low4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4))
+    (
+        _mm256_and_si256(raw, low4),
+        _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4),
+    )
 }
 
 /// The 128 unsigned 6-bit quants (0..64, before the -32 offset) of one half `n` of a Q6_K

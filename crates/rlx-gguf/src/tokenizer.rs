@@ -126,18 +126,57 @@ const EOT_TEXTS: &[&str] = &[
 const FIM_TEXTS: &[(&str, &[&str])] = &[
     (
         "tokenizer.ggml.fim_pre_token_id",
-        &["<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>", "<|code_prefix|>", "<|prefix|>"],
+        &[
+            "<|fim_prefix|>",
+            "<fim-prefix>",
+            "<fim_prefix>",
+            "<｜fim▁begin｜>",
+            "<PRE>",
+            "▁<PRE>",
+            "<|code_prefix|>",
+            "<|prefix|>",
+        ],
     ),
     (
         "tokenizer.ggml.fim_suf_token_id",
-        &["<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>"],
+        &[
+            "<|fim_suffix|>",
+            "<fim-suffix>",
+            "<fim_suffix>",
+            "<｜fim▁hole｜>",
+            "<SUF>",
+            "▁<SUF>",
+            "<|code_suffix|>",
+            "<|suffix|>",
+        ],
     ),
     (
         "tokenizer.ggml.fim_mid_token_id",
-        &["<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"],
+        &[
+            "<|fim_middle|>",
+            "<fim-middle>",
+            "<fim_middle>",
+            "<｜fim▁end｜>",
+            "<MID>",
+            "▁<MID>",
+            "<|code_middle|>",
+            "<|middle|>",
+        ],
     ),
-    ("tokenizer.ggml.fim_pad_token_id", &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"]),
-    ("tokenizer.ggml.fim_rep_token_id", &["<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"]),
+    (
+        "tokenizer.ggml.fim_pad_token_id",
+        &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"],
+    ),
+    (
+        "tokenizer.ggml.fim_rep_token_id",
+        &[
+            "<|fim_repo|>",
+            "<|repo_name|>",
+            "<fim-repo>",
+            "<REPO>",
+            "<reponame>",
+        ],
+    ),
     ("tokenizer.ggml.fim_sep_token_id", &["<|file_sep|>"]),
 ];
 
@@ -203,7 +242,11 @@ fn opt_bool(f: &GgufFile, key: &str) -> Result<Option<bool>> {
     match f.get(key) {
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => Err(GgufError::new(offset_of(f, key), field(key), format!("expected BOOL, found {}", v.type_name()))),
+        Some(v) => Err(GgufError::new(
+            offset_of(f, key),
+            field(key),
+            format!("expected BOOL, found {}", v.type_name()),
+        )),
     }
 }
 
@@ -212,7 +255,11 @@ fn opt_str<'a>(f: &'a GgufFile, key: &str) -> Result<Option<&'a str>> {
     match f.get(key) {
         None => Ok(None),
         Some(v) => v.as_str().map(Some).ok_or_else(|| {
-            GgufError::new(offset_of(f, key), field(key), format!("expected STRING, found {}", v.type_name()))
+            GgufError::new(
+                offset_of(f, key),
+                field(key),
+                format!("expected STRING, found {}", v.type_name()),
+            )
         }),
     }
 }
@@ -227,14 +274,24 @@ fn opt_array<T>(
 ) -> Result<Option<Vec<T>>> {
     let Some(v) = f.get(key) else { return Ok(None) };
     let err = |msg: String| GgufError::new(offset_of(f, key), field(key), msg);
-    let items = v.as_array().ok_or_else(|| err(format!("expected an ARRAY of {want}, found {}", v.type_name())))?;
+    let items = v.as_array().ok_or_else(|| {
+        err(format!(
+            "expected an ARRAY of {want}, found {}",
+            v.type_name()
+        ))
+    })?;
     if items.len() < min_len {
-        return Err(err(format!("has {} elements but the vocabulary has {min_len} tokens", items.len())));
+        return Err(err(format!(
+            "has {} elements but the vocabulary has {min_len} tokens",
+            items.len()
+        )));
     }
     items
         .iter()
         .enumerate()
-        .map(|(i, x)| conv(x).ok_or_else(|| err(format!("element {i} is {}, expected {want}", x.type_name()))))
+        .map(|(i, x)| {
+            conv(x).ok_or_else(|| err(format!("element {i} is {}, expected {want}", x.type_name())))
+        })
         .collect::<Result<Vec<T>>>()
         .map(Some)
 }
@@ -285,18 +342,32 @@ impl Tokenizer {
         // Vocabulary.
         let raw = f.get_array(TOKENS)?;
         if raw.is_empty() || raw.len() > u32::MAX as usize {
-            return Err(GgufError::new(offset_of(f, TOKENS), field(TOKENS), format!("{} tokens is not a usable vocabulary", raw.len())));
+            return Err(GgufError::new(
+                offset_of(f, TOKENS),
+                field(TOKENS),
+                format!("{} tokens is not a usable vocabulary", raw.len()),
+            ));
         }
         let n = raw.len();
         let mut tokens = Vec::with_capacity(n);
         for (i, v) in raw.iter().enumerate() {
             let s = v.as_str().ok_or_else(|| {
-                GgufError::new(offset_of(f, TOKENS), field(TOKENS), format!("element {i} is {}, expected STRING", v.type_name()))
+                GgufError::new(
+                    offset_of(f, TOKENS),
+                    field(TOKENS),
+                    format!("element {i} is {}, expected STRING", v.type_name()),
+                )
             })?;
-            tokens.push(if s.is_empty() { format!("[EMPTY_{i}]") } else { s.to_owned() });
+            tokens.push(if s.is_empty() {
+                format!("[EMPTY_{i}]")
+            } else {
+                s.to_owned()
+            });
         }
-        let scores = opt_array(f, "tokenizer.ggml.scores", n, "numbers", |v| v.as_f64().map(|x| x as f32))?
-            .unwrap_or_else(|| vec![0.0; n]);
+        let scores = opt_array(f, "tokenizer.ggml.scores", n, "numbers", |v| {
+            v.as_f64().map(|x| x as f32)
+        })?
+        .unwrap_or_else(|| vec![0.0; n]);
         let types = opt_array(f, "tokenizer.ggml.token_type", n, "integers", Value::as_int)?;
         let mut attrs: Vec<u16> = match &types {
             Some(t) => t.iter().take(n).map(|&t| attr::from_type(t)).collect(),
@@ -312,7 +383,13 @@ impl Tokenizer {
         if kind == TokenizerKind::Bpe {
             const MERGES: &str = "tokenizer.ggml.merges";
             let list = opt_array(f, MERGES, 0, "STRING", |v| v.as_str().map(str::to_owned))?
-                .ok_or_else(|| GgufError::new(0, field(MERGES), "missing: a \"gpt2\" vocabulary needs its BPE merges"))?;
+                .ok_or_else(|| {
+                    GgufError::new(
+                        0,
+                        field(MERGES),
+                        "missing: a \"gpt2\" vocabulary needs its BPE merges",
+                    )
+                })?;
             merges.reserve(list.len());
             let mut key = Vec::new();
             for (rank, m) in list.iter().enumerate() {
@@ -331,7 +408,8 @@ impl Tokenizer {
             TokenizerKind::Spm => (true, true),
             TokenizerKind::Bpe => (pre.is_some_and(|p| p.add_bos), false),
         };
-        add_space_prefix = opt_bool(f, "tokenizer.ggml.add_space_prefix")?.unwrap_or(add_space_prefix);
+        add_space_prefix =
+            opt_bool(f, "tokenizer.ggml.add_space_prefix")?.unwrap_or(add_space_prefix);
         add_bos = opt_bool(f, "tokenizer.ggml.add_bos_token")?.unwrap_or(add_bos);
         let add_eos = opt_bool(f, "tokenizer.ggml.add_eos_token")?.unwrap_or(false);
         let special_id = |key: &str, default: Option<u32>| -> Result<Option<u32>> {
@@ -340,8 +418,16 @@ impl Tokenizer {
                 None => Ok(default),
                 Some(v) => match v.as_int() {
                     // An id outside the vocabulary keeps the default, as in llama.cpp.
-                    Some(id) => Ok(usize::try_from(id).ok().filter(|&id| id < n).map(|id| id as u32).or(default)),
-                    None => Err(GgufError::new(offset_of(f, key), field(key), format!("expected an integer token id, found {}", v.type_name()))),
+                    Some(id) => Ok(usize::try_from(id)
+                        .ok()
+                        .filter(|&id| id < n)
+                        .map(|id| id as u32)
+                        .or(default)),
+                    None => Err(GgufError::new(
+                        offset_of(f, key),
+                        field(key),
+                        format!("expected an integer token id, found {}", v.type_name()),
+                    )),
                 },
             }
         };
@@ -360,9 +446,13 @@ impl Tokenizer {
             fim.push(special_id(key, None)?);
         }
         // The deprecated prefix/suffix/middle keys override fim_pre/suf/mid when present.
-        for (i, key) in ["tokenizer.ggml.prefix_token_id", "tokenizer.ggml.suffix_token_id", "tokenizer.ggml.middle_token_id"]
-            .into_iter()
-            .enumerate()
+        for (i, key) in [
+            "tokenizer.ggml.prefix_token_id",
+            "tokenizer.ggml.suffix_token_id",
+            "tokenizer.ggml.middle_token_id",
+        ]
+        .into_iter()
+        .enumerate()
         {
             fim[i] = special_id(key, fim[i])?;
         }
@@ -393,12 +483,17 @@ impl Tokenizer {
                 eog.insert(id as u32);
                 attrs[id] |= attr::CONTROL;
             }
-            if matches!(text.as_str(), "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>") {
+            if matches!(
+                text.as_str(),
+                "<|channel|>" | "<|message|>" | "<|start|>" | "<|constrain|>"
+            ) {
                 attrs[id] = attr::USER_DEFINED;
             }
         }
         eog.extend([eos, eot, eom].into_iter().flatten());
-        let eog_with = |eog: &BTreeSet<u32>, t: &str| eog.iter().find(|&&id| tokens[id as usize] == t).copied();
+        let eog_with = |eog: &BTreeSet<u32>, t: &str| {
+            eog.iter().find(|&&id| tokens[id as usize] == t).copied()
+        };
         // With <|return|> and <|call|> (or <|calls|> and <|flush|>), <|end|> does not end generation.
         if let Some(end) = eog_with(&eog, "<|end|>") {
             let has = |t| eog_with(&eog, t).is_some();
@@ -409,7 +504,9 @@ impl Tokenizer {
         }
         // Next to <|tool_response> or <|plamo:eos|>, </s> is an ordinary token.
         if let Some(s) = eog_with(&eog, "</s>") {
-            if eog_with(&eog, "<|tool_response>").is_some() || eog_with(&eog, "<|plamo:eos|>").is_some() {
+            if eog_with(&eog, "<|tool_response>").is_some()
+                || eog_with(&eog, "<|plamo:eos|>").is_some()
+            {
                 eog.remove(&s);
                 attrs[s as usize] = attr::NORMAL;
             }
@@ -417,16 +514,29 @@ impl Tokenizer {
 
         // Special tokens, longest first (llama.cpp's sort is unstable; ties go by id here).
         let mut special: Vec<u32> = (0..n as u32)
-            .filter(|&id| attrs[id as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
+            .filter(|&id| {
+                attrs[id as usize] & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0
+            })
             .collect();
-        special.sort_by(|&a, &b| tokens[b as usize].len().cmp(&tokens[a as usize].len()).then(a.cmp(&b)));
+        special.sort_by(|&a, &b| {
+            tokens[b as usize]
+                .len()
+                .cmp(&tokens[a as usize].len())
+                .then(a.cmp(&b))
+        });
 
         // Per-model strip attributes, keyed on names as llama.cpp does.
-        let name = opt_str(f, "general.name")?.unwrap_or("").to_ascii_lowercase();
+        let name = opt_str(f, "general.name")?
+            .unwrap_or("")
+            .to_ascii_lowercase();
         let arch = opt_str(f, "general.architecture")?.unwrap_or("");
         let pre_str = pre_name.unwrap_or("");
-        if ["jina-v2-de", "jina-v2-es", "jina-v2-code"].iter().any(|p| pre_str.contains(p))
-            || ["nomic-bert-moe", "jina-bert-v3"].iter().any(|p| arch.contains(p))
+        if ["jina-v2-de", "jina-v2-es", "jina-v2-code"]
+            .iter()
+            .any(|p| pre_str.contains(p))
+            || ["nomic-bert-moe", "jina-bert-v3"]
+                .iter()
+                .any(|p| arch.contains(p))
         {
             set_attr(&mut attrs, &token_to_id, "<mask>", attr::LSTRIP, true);
         } else if name.contains("phi-3") || name.contains("phi3") {
@@ -445,11 +555,19 @@ impl Tokenizer {
             .map(|b| {
                 token_to_id
                     .get(&format!("<0x{b:02X}>"))
-                    .or_else(|| std::str::from_utf8(&[b]).ok().and_then(|s| token_to_id.get(s)))
+                    .or_else(|| {
+                        std::str::from_utf8(&[b])
+                            .ok()
+                            .and_then(|s| token_to_id.get(s))
+                    })
                     .copied()
             })
             .collect();
-        let trie = Trie::new(special.iter().map(|&id| (tokens[id as usize].as_bytes(), id)));
+        let trie = Trie::new(
+            special
+                .iter()
+                .map(|&id| (tokens[id as usize].as_bytes(), id)),
+        );
         Ok(Tokenizer {
             kind,
             pre,
@@ -489,7 +607,11 @@ impl Tokenizer {
     /// User-defined tokens are matched in the text either way, as llama.cpp does.
     pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Vec<u32> {
         let mut out = Vec::new();
-        let fragments = if text.is_empty() { Vec::new() } else { self.partition(text, parse_special) };
+        let fragments = if text.is_empty() {
+            Vec::new()
+        } else {
+            self.partition(text, parse_special)
+        };
         if add_special && self.add_bos {
             out.extend(self.bos);
         }
@@ -605,7 +727,9 @@ impl Tokenizer {
     }
 
     fn append_token_bytes(&self, id: u32, special: bool, out: &mut Vec<u8>) {
-        let Some(text) = self.tokens.get(id as usize) else { return };
+        let Some(text) = self.tokens.get(id as usize) else {
+            return;
+        };
         let a = self.attrs[id as usize];
         if a & (attr::CONTROL | attr::UNKNOWN) != 0 {
             if special {
@@ -714,7 +838,10 @@ struct Trie {
 
 impl Trie {
     fn new<'a>(words: impl Iterator<Item = (&'a [u8], u32)>) -> Trie {
-        let mut t = Trie { children: vec![Vec::new()], token: vec![None] };
+        let mut t = Trie {
+            children: vec![Vec::new()],
+            token: vec![None],
+        };
         for (w, id) in words {
             let mut node = 0usize;
             for &b in w {

@@ -78,7 +78,10 @@ const TABLE: &[(GgmlType, u32, usize, usize)] = &[
 
 impl GgmlType {
     fn row(self) -> &'static (GgmlType, u32, usize, usize) {
-        TABLE.iter().find(|r| r.0 == self).expect("every variant is in the table")
+        TABLE
+            .iter()
+            .find(|r| r.0 == self)
+            .expect("every variant is in the table")
     }
 
     /// The type with GGUF id `id`, if known.
@@ -103,13 +106,30 @@ impl GgmlType {
 
     /// Bytes of a row of `n` elements, or `None` when `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Option<usize> {
-        n.is_multiple_of(self.block_elems()).then(|| n / self.block_elems() * self.block_bytes())
+        n.is_multiple_of(self.block_elems())
+            .then(|| n / self.block_elems() * self.block_bytes())
     }
 
     /// Whether [`crate::dequantize`] decodes this type.
     pub fn can_dequantize(self) -> bool {
         use GgmlType::*;
-        matches!(self, F32 | F16 | BF16 | F64 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K)
+        matches!(
+            self,
+            F32 | F16
+                | BF16
+                | F64
+                | Q4_0
+                | Q4_1
+                | Q5_0
+                | Q5_1
+                | Q8_0
+                | Q2_K
+                | Q3_K
+                | Q4_K
+                | Q5_K
+                | Q6_K
+                | Q8_K
+        )
     }
 
     /// Every known type.

@@ -4,26 +4,48 @@
 use rlx_gguf::{dequantize, dequantize_portable, GgmlType};
 
 fn unhex(s: &str) -> Vec<u8> {
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex")).collect()
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).expect("hex"))
+        .collect()
 }
 
 #[test]
 fn every_block_type_matches_the_gguf_package_bit_for_bit() {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/dequant.json")).expect("golden file");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/golden/dequant.json"
+    ))
+    .expect("golden file");
     let v: serde_json::Value = serde_json::from_str(&text).expect("json");
     let mut seen = Vec::new();
     for case in v["cases"].as_array().expect("cases") {
         let name = case["type"].as_str().expect("type");
-        let ty = GgmlType::all().find(|t| t.to_string() == name).unwrap_or_else(|| panic!("unknown type {name}"));
+        let ty = GgmlType::all()
+            .find(|t| t.to_string() == name)
+            .unwrap_or_else(|| panic!("unknown type {name}"));
         let data = unhex(case["data_hex"].as_str().expect("hex"));
-        let want: Vec<u32> = case["values_bits"].as_array().expect("bits").iter().map(|b| b.as_u64().expect("u32") as u32).collect();
+        let want: Vec<u32> = case["values_bits"]
+            .as_array()
+            .expect("bits")
+            .iter()
+            .map(|b| b.as_u64().expect("u32") as u32)
+            .collect();
         // The SIMD decoder (where the CPU has AVX2) and the portable one, each against the golden.
-        for (path, decode) in [("simd", dequantize as fn(_, &_, &mut _) -> _), ("portable", dequantize_portable)] {
+        for (path, decode) in [
+            ("simd", dequantize as fn(_, &_, &mut _) -> _),
+            ("portable", dequantize_portable),
+        ] {
             let mut got = vec![0f32; want.len()];
             decode(ty, &data, &mut got).unwrap_or_else(|e| panic!("{name}: {e}"));
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 let w = f32::from_bits(*w);
-                assert!(g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()), "{name} ({path}) element {i}: got {g} ({:#x}), want {w} ({:#x})", g.to_bits(), w.to_bits());
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "{name} ({path}) element {i}: got {g} ({:#x}), want {w} ({:#x})",
+                    g.to_bits(),
+                    w.to_bits()
+                );
             }
         }
         seen.push(ty);

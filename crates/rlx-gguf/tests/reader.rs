@@ -31,7 +31,10 @@ impl W {
 
 /// The start of a version-3 file with no tensors and one metadata entry, up to its key.
 fn one_entry_v3(key: &str) -> W {
-    let mut w = W { b: Vec::new(), v1: false };
+    let mut w = W {
+        b: Vec::new(),
+        v1: false,
+    };
     w.b.extend(b"GGUF");
     w.b.extend(3u32.to_le_bytes());
     w.size(0);
@@ -42,7 +45,10 @@ fn one_entry_v3(key: &str) -> W {
 
 /// A file with one metadata entry of every type and two tensors (F32 [2,3] and Q8_0 [32]).
 fn sample(version: u32) -> Vec<u8> {
-    let mut w = W { b: Vec::new(), v1: version == 1 };
+    let mut w = W {
+        b: Vec::new(),
+        v1: version == 1,
+    };
     w.b.extend(b"GGUF");
     w.b.extend(version.to_le_bytes());
     w.size(2);
@@ -55,10 +61,16 @@ fn sample(version: u32) -> Vec<u8> {
     w.kv("i32", 5, &(-70000i32).to_le_bytes());
     w.kv("f32", 6, &1.5f32.to_le_bytes());
     w.kv("bool", 7, &[1]);
-    let mut s = W { b: Vec::new(), v1: version == 1 };
+    let mut s = W {
+        b: Vec::new(),
+        v1: version == 1,
+    };
     s.str("héllo");
     w.kv("str", 8, &s.b);
-    let mut a = W { b: Vec::new(), v1: version == 1 };
+    let mut a = W {
+        b: Vec::new(),
+        v1: version == 1,
+    };
     a.b.extend(4u32.to_le_bytes());
     a.size(3);
     for x in [1u32, 2, 3] {
@@ -107,15 +119,23 @@ fn reads_every_value_type_in_every_version() {
         assert_eq!(f.get_usize("u32").unwrap(), 70000);
         assert_eq!(f.get_f32("f64").unwrap(), 0.25);
         assert_eq!(f.get_str("str").unwrap(), "héllo");
-        assert_eq!(f.get_array("arr").unwrap(), &[Value::U32(1), Value::U32(2), Value::U32(3)]);
+        assert_eq!(
+            f.get_array("arr").unwrap(),
+            &[Value::U32(1), Value::U32(2), Value::U32(3)]
+        );
         assert_eq!(f.header().alignment, 64);
         let a = f.tensor("a").unwrap();
         assert_eq!((a.shape(), a.ty, a.size), (vec![2, 3], GgmlType::F32, 24));
-        assert_eq!(f.dequantize_tensor(a).unwrap(), vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(
+            f.dequantize_tensor(a).unwrap(),
+            vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        );
         let q = f.tensor("q").unwrap();
         let want: Vec<f32> = (0..32).map(|i| i as f32 * 0.5).collect();
         assert_eq!(f.dequantize_tensor(q).unwrap(), want);
-        assert!(f.describe().contains("q                                        Q8_0"));
+        assert!(f
+            .describe()
+            .contains("q                                        Q8_0"));
     }
 }
 
@@ -123,10 +143,19 @@ fn reads_every_value_type_in_every_version() {
 fn type_errors_name_the_key_and_offset() {
     let f = GgufFile::from_bytes(sample(3)).unwrap();
     let e = f.get_str("u8").unwrap_err();
-    assert!(e.field.contains("\"u8\"") && e.msg.contains("expected a string, found UINT8") && e.offset > 0, "{e}");
+    assert!(
+        e.field.contains("\"u8\"")
+            && e.msg.contains("expected a string, found UINT8")
+            && e.offset > 0,
+        "{e}"
+    );
     let e = f.get_usize("i8").unwrap_err();
     assert!(e.msg.contains("non-negative"), "{e}");
-    assert!(f.get_usize("missing").unwrap_err().to_string().contains("required key is missing"));
+    assert!(f
+        .get_usize("missing")
+        .unwrap_err()
+        .to_string()
+        .contains("required key is missing"));
 }
 
 #[test]
@@ -135,7 +164,11 @@ fn every_truncation_is_an_error_never_a_panic() {
     for n in 0..full.len() - 1 {
         let r = parse_header(&full[..n]);
         // Cutting inside the data section is caught by the tensor bounds check.
-        assert!(r.is_err(), "a file cut at {n} of {} bytes was accepted", full.len());
+        assert!(
+            r.is_err(),
+            "a file cut at {n} of {} bytes was accepted",
+            full.len()
+        );
     }
 }
 
@@ -143,10 +176,16 @@ fn every_truncation_is_an_error_never_a_panic() {
 fn hostile_headers_are_rejected_with_offsets() {
     let mut bad_magic = sample(3);
     bad_magic[0] = b'X';
-    assert!(parse_header(&bad_magic).unwrap_err().to_string().contains("magic"));
+    assert!(parse_header(&bad_magic)
+        .unwrap_err()
+        .to_string()
+        .contains("magic"));
     let mut bad_version = sample(3);
     bad_version[4] = 9;
-    assert!(parse_header(&bad_version).unwrap_err().to_string().contains("unsupported GGUF version 9"));
+    assert!(parse_header(&bad_version)
+        .unwrap_err()
+        .to_string()
+        .contains("unsupported GGUF version 9"));
     // A huge tensor count with no data behind it.
     let mut huge = sample(3);
     huge[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
@@ -163,7 +202,10 @@ fn hostile_headers_are_rejected_with_offsets() {
     let len = past.len();
     past.truncate(len - 10);
     let e = parse_header(&past).unwrap_err();
-    assert!(e.field.contains("\"q\"") && e.msg.contains("run past the end"), "{e}");
+    assert!(
+        e.field.contains("\"q\"") && e.msg.contains("run past the end"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -172,7 +214,10 @@ fn a_data_section_past_the_end_is_an_error() {
     // beyond the end of a 63-byte file.
     let bytes = include_bytes!("../../../fuzz/seeds/gguf/regression-data-offset-past-end.gguf");
     let e = GgufFile::from_bytes(bytes.to_vec()).unwrap_err();
-    assert!(e.field == "data section" && e.msg.contains("file ends at 63"), "{e}");
+    assert!(
+        e.field == "data section" && e.msg.contains("file ends at 63"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -190,5 +235,8 @@ fn an_error_inside_nested_arrays_names_each_index() {
     w.b.extend([0, 1, 2]);
     let e = parse_header(&w.b).unwrap_err();
     assert_eq!(e.field, "metadata[\"arr\"][1][2]", "{e}");
-    assert!(e.msg.contains("BOOL must be 0 or 1, got 2") && e.offset == w.b.len() as u64 - 1, "{e}");
+    assert!(
+        e.msg.contains("BOOL must be 0 or 1, got 2") && e.offset == w.b.len() as u64 - 1,
+        "{e}"
+    );
 }

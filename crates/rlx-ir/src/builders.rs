@@ -2,8 +2,8 @@
 //! that panics with the same message; a macro writes the short forms.
 
 use crate::{
-    Activation, BinaryOp, CmpOp, ConvAttrs, CustomFn, DType, DotDims, Graph, MaskKind, NodeId, Op, PoolAttrs,
-    ReduceKind, Result, Shape,
+    Activation, BinaryOp, CmpOp, ConvAttrs, CustomFn, DType, DotDims, Graph, MaskKind, NodeId, Op,
+    PoolAttrs, ReduceKind, Result, Shape,
 };
 
 /// Writes the panicking short form of each listed `try_` builder.
@@ -121,8 +121,21 @@ impl Graph {
         self.try_op(Op::DotGeneral(dims), &[lhs, rhs])
     }
     /// Reduce over sorted, distinct `axes`.
-    pub fn try_reduce(&mut self, kind: ReduceKind, x: NodeId, axes: &[usize], keepdims: bool) -> Result<NodeId> {
-        self.try_op(Op::Reduce { kind, axes: axes.to_vec(), keepdims }, &[x])
+    pub fn try_reduce(
+        &mut self,
+        kind: ReduceKind,
+        x: NodeId,
+        axes: &[usize],
+        keepdims: bool,
+    ) -> Result<NodeId> {
+        self.try_op(
+            Op::Reduce {
+                kind,
+                axes: axes.to_vec(),
+                keepdims,
+            },
+            &[x],
+        )
     }
     /// Sum over `axes`.
     pub fn try_sum(&mut self, x: NodeId, axes: &[usize], keepdims: bool) -> Result<NodeId> {
@@ -137,7 +150,13 @@ impl Graph {
         self.try_op(Op::Softmax { axis }, &[x])
     }
     /// Layer normalization over the last axis.
-    pub fn try_layer_norm(&mut self, x: NodeId, gamma: NodeId, beta: NodeId, eps: f32) -> Result<NodeId> {
+    pub fn try_layer_norm(
+        &mut self,
+        x: NodeId,
+        gamma: NodeId,
+        beta: NodeId,
+        eps: f32,
+    ) -> Result<NodeId> {
         self.try_op(Op::LayerNorm { eps }, &[x, gamma, beta])
     }
     /// RMS normalization over the last axis.
@@ -145,7 +164,13 @@ impl Graph {
         self.try_op(Op::RmsNorm { eps }, &[x, gamma])
     }
     /// Slice `[start, start + len)` of `axis`.
-    pub fn try_narrow(&mut self, x: NodeId, axis: usize, start: usize, len: usize) -> Result<NodeId> {
+    pub fn try_narrow(
+        &mut self,
+        x: NodeId,
+        axis: usize,
+        start: usize,
+        len: usize,
+    ) -> Result<NodeId> {
         self.try_op(Op::Narrow { axis, start, len }, &[x])
     }
     /// Join along `axis`.
@@ -154,14 +179,25 @@ impl Graph {
     }
     /// Broadcast to `dims`.
     pub fn try_expand(&mut self, x: NodeId, dims: &[usize]) -> Result<NodeId> {
-        self.try_op(Op::Expand { shape: dims.to_vec() }, &[x])
+        self.try_op(
+            Op::Expand {
+                shape: dims.to_vec(),
+            },
+            &[x],
+        )
     }
     /// `take(x, indices, axis)`.
     pub fn try_gather(&mut self, x: NodeId, indices: NodeId, axis: usize) -> Result<NodeId> {
         self.try_op(Op::Gather { axis }, &[x, indices])
     }
     /// `x` with `updates` added at `indices` along `axis`.
-    pub fn try_scatter_add(&mut self, x: NodeId, indices: NodeId, updates: NodeId, axis: usize) -> Result<NodeId> {
+    pub fn try_scatter_add(
+        &mut self,
+        x: NodeId,
+        indices: NodeId,
+        updates: NodeId,
+        axis: usize,
+    ) -> Result<NodeId> {
         self.try_op(Op::ScatterAdd { axis }, &[x, indices, updates])
     }
     /// Inclusive cumulative sum.
@@ -169,15 +205,41 @@ impl Graph {
         self.try_op(Op::Cumsum { axis }, &[x])
     }
     /// Attention with a built-in mask kind (use [`Graph::try_attention_masked`] for a custom mask).
-    pub fn try_attention(&mut self, q: NodeId, k: NodeId, v: NodeId, mask: MaskKind, scale: f32) -> Result<NodeId> {
+    pub fn try_attention(
+        &mut self,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        mask: MaskKind,
+        scale: f32,
+    ) -> Result<NodeId> {
         self.try_op(Op::Attention { mask, scale }, &[q, k, v])
     }
     /// Attention with an additive mask tensor.
-    pub fn try_attention_masked(&mut self, q: NodeId, k: NodeId, v: NodeId, mask: NodeId, scale: f32) -> Result<NodeId> {
-        self.try_op(Op::Attention { mask: MaskKind::Custom, scale }, &[q, k, v, mask])
+    pub fn try_attention_masked(
+        &mut self,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        mask: NodeId,
+        scale: f32,
+    ) -> Result<NodeId> {
+        self.try_op(
+            Op::Attention {
+                mask: MaskKind::Custom,
+                scale,
+            },
+            &[q, k, v, mask],
+        )
     }
     /// Rotary embedding of `x [..., S, D]` at integer `positions [S]`.
-    pub fn try_rope(&mut self, x: NodeId, positions: NodeId, theta: f32, interleaved: bool) -> Result<NodeId> {
+    pub fn try_rope(
+        &mut self,
+        x: NodeId,
+        positions: NodeId,
+        theta: f32,
+        interleaved: bool,
+    ) -> Result<NodeId> {
         self.try_op(Op::Rope { theta, interleaved }, &[x, positions])
     }
     /// Convolution (channels first).
@@ -196,7 +258,12 @@ impl Graph {
 
 impl Graph {
     /// `x [..., K] @ dequant(w)^T` for a packed GGUF weight `U8 [N, row_bytes]`.
-    pub fn try_dequant_matmul(&mut self, x: NodeId, w: NodeId, scheme: crate::QuantScheme) -> Result<NodeId> {
+    pub fn try_dequant_matmul(
+        &mut self,
+        x: NodeId,
+        w: NodeId,
+        scheme: crate::QuantScheme,
+    ) -> Result<NodeId> {
         self.try_op(Op::DequantMatMul { scheme }, &[x, w])
     }
     /// Packed GGUF rows decoded to f32.
@@ -204,11 +271,24 @@ impl Graph {
         self.try_op(Op::DequantizeRows { scheme }, &[w])
     }
     /// Write `update [S, ...]` into the param `cache [T, ...]` at rows `pos..pos + S`.
-    pub fn try_cache_write(&mut self, cache: NodeId, update: NodeId, pos: NodeId) -> Result<NodeId> {
+    pub fn try_cache_write(
+        &mut self,
+        cache: NodeId,
+        update: NodeId,
+        pos: NodeId,
+    ) -> Result<NodeId> {
         self.try_op(Op::CacheWrite, &[cache, update, pos])
     }
     /// Causal attention of `q [S, Hq, D]` over cache `k`, `v` at position `pos`.
-    pub fn try_cached_attention(&mut self, q: NodeId, k: NodeId, v: NodeId, pos: NodeId, scale: f32, window: Option<usize>) -> Result<NodeId> {
+    pub fn try_cached_attention(
+        &mut self,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        pos: NodeId,
+        scale: f32,
+        window: Option<usize>,
+    ) -> Result<NodeId> {
         self.try_op(Op::CachedAttention { scale, window }, &[q, k, v, pos])
     }
 }

@@ -21,9 +21,15 @@ pub fn f64_to_bytes(v: f64, dt: DType, out: &mut [u8]) -> Result<()> {
         DType::Bool => out[0] = (v != 0.0) as u8,
         DType::I8 if int_ok(i8::MIN as f64, i8::MAX as f64) => out[0] = v as i8 as u8,
         DType::U8 if int_ok(0.0, u8::MAX as f64) => out[0] = v as u8,
-        DType::I16 if int_ok(i16::MIN as f64, i16::MAX as f64) => out.copy_from_slice(&(v as i16).to_le_bytes()),
-        DType::I32 if int_ok(i32::MIN as f64, i32::MAX as f64) => out.copy_from_slice(&(v as i32).to_le_bytes()),
-        DType::U32 if int_ok(0.0, u32::MAX as f64) => out.copy_from_slice(&(v as u32).to_le_bytes()),
+        DType::I16 if int_ok(i16::MIN as f64, i16::MAX as f64) => {
+            out.copy_from_slice(&(v as i16).to_le_bytes())
+        }
+        DType::I32 if int_ok(i32::MIN as f64, i32::MAX as f64) => {
+            out.copy_from_slice(&(v as i32).to_le_bytes())
+        }
+        DType::U32 if int_ok(0.0, u32::MAX as f64) => {
+            out.copy_from_slice(&(v as u32).to_le_bytes())
+        }
         DType::I64 if int_ok(-9.223372036854776e18, 9.223372036854775e18) => {
             out.copy_from_slice(&(v as i64).to_le_bytes())
         }

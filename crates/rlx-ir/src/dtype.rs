@@ -67,7 +67,10 @@ impl DType {
 
     /// Integer type, signed or unsigned (not Bool).
     pub fn is_int(self) -> bool {
-        matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::U8 | DType::U32)
+        matches!(
+            self,
+            DType::I8 | DType::I16 | DType::I32 | DType::I64 | DType::U8 | DType::U32
+        )
     }
 
     /// Signed integer or float.

@@ -97,13 +97,25 @@ pub enum Error {
 impl Error {
     /// Shorthand for [`Error::Op`] without a node.
     pub fn op(op: impl Into<String>, msg: impl Into<String>) -> Error {
-        Error::Op { op: op.into(), node: None, msg: msg.into() }
+        Error::Op {
+            op: op.into(),
+            node: None,
+            msg: msg.into(),
+        }
     }
 
     /// Attach the node id to an [`Error::Op`] that lacks one.
     pub fn at(self, id: NodeId) -> Error {
         match self {
-            Error::Op { op, node: None, msg } => Error::Op { op, node: Some(id), msg },
+            Error::Op {
+                op,
+                node: None,
+                msg,
+            } => Error::Op {
+                op,
+                node: Some(id),
+                msg,
+            },
             e => e,
         }
     }
@@ -112,8 +124,16 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::Op { op, node: Some(n), msg } => write!(f, "{op} (node {n}): {msg}"),
-            Error::Op { op, node: None, msg } => write!(f, "{op}: {msg}"),
+            Error::Op {
+                op,
+                node: Some(n),
+                msg,
+            } => write!(f, "{op} (node {n}): {msg}"),
+            Error::Op {
+                op,
+                node: None,
+                msg,
+            } => write!(f, "{op}: {msg}"),
             Error::Verify(errs) => {
                 write!(f, "graph verification failed with {} error(s):", errs.len())?;
                 for e in errs {
@@ -131,27 +151,63 @@ impl fmt::Display for Error {
                 }
             }
             Error::MissingInput { name } => {
-                write!(f, "missing input \"{name}\": pass a value for every graph input to run")
+                write!(
+                    f,
+                    "missing input \"{name}\": pass a value for every graph input to run"
+                )
             }
-            Error::Length { kind, name, shape, expected, actual } => {
-                let given = if *actual == 1 { "1 element was given".to_string() } else { format!("{actual} elements were given") };
-                write!(f, "{kind} \"{name}\" has shape {shape} ({expected} elements) but {given}")
+            Error::Length {
+                kind,
+                name,
+                shape,
+                expected,
+                actual,
+            } => {
+                let given = if *actual == 1 {
+                    "1 element was given".to_string()
+                } else {
+                    format!("{actual} elements were given")
+                };
+                write!(
+                    f,
+                    "{kind} \"{name}\" has shape {shape} ({expected} elements) but {given}"
+                )
             }
-            Error::DType { kind, name, expected, actual, msg } => {
-                write!(f, "{kind} \"{name}\" is declared {expected} but got {actual}")?;
+            Error::DType {
+                kind,
+                name,
+                expected,
+                actual,
+                msg,
+            } => {
+                write!(
+                    f,
+                    "{kind} \"{name}\" is declared {expected} but got {actual}"
+                )?;
                 if !msg.is_empty() {
                     write!(f, ": {msg}")?;
                 }
                 Ok(())
             }
             Error::BadOutput { node, nodes } => {
-                write!(f, "output {node} is not a node of the graph (it has {nodes} nodes)")
+                write!(
+                    f,
+                    "output {node} is not a node of the graph (it has {nodes} nodes)"
+                )
             }
             Error::DeviceUnavailable { device, hint } => {
                 write!(f, "device {device} is not available in this build: {hint}")
             }
-            Error::Unsupported { backend, op, node, msg } => {
-                write!(f, "the {backend} backend cannot run {op} (node {node}): {msg}")
+            Error::Unsupported {
+                backend,
+                op,
+                node,
+                msg,
+            } => {
+                write!(
+                    f,
+                    "the {backend} backend cannot run {op} (node {node}): {msg}"
+                )
             }
             Error::Parse(m) => write!(f, "cannot parse RLX IR: {m}"),
             Error::Invalid(m) => f.write_str(m),

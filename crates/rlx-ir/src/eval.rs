@@ -81,7 +81,11 @@ impl Tensor {
         } else {
             Data::Int(vals.into_iter().map(|v| saturate_int(dtype, v)).collect())
         };
-        Tensor { dims: dims.to_vec(), dtype, data }
+        Tensor {
+            dims: dims.to_vec(),
+            dtype,
+            data,
+        }
     }
 
     /// A tensor from integers, converted to `dtype`: integers wrap, floats round.
@@ -92,16 +96,26 @@ impl Tensor {
     /// [`Tensor::from_i64`] from wider intermediates (products and sums before wrapping).
     pub fn from_i128(dims: &[usize], dtype: DType, vals: Vec<i128>) -> Tensor {
         let data = if dtype.is_float() {
-            Data::Float(vals.into_iter().map(|v| round_float(dtype, v as f64)).collect())
+            Data::Float(
+                vals.into_iter()
+                    .map(|v| round_float(dtype, v as f64))
+                    .collect(),
+            )
         } else {
             Data::Int(vals.into_iter().map(|v| wrap_int(dtype, v)).collect())
         };
-        Tensor { dims: dims.to_vec(), dtype, data }
+        Tensor {
+            dims: dims.to_vec(),
+            dtype,
+            data,
+        }
     }
 
     /// Decode little-endian bytes of `shape` (which must be static and not C64).
     pub fn from_bytes(shape: &Shape, bytes: &[u8]) -> Result<Tensor> {
-        let dims = shape.static_dims().ok_or_else(|| Error::Invalid(format!("cannot evaluate symbolic shape {shape}")))?;
+        let dims = shape
+            .static_dims()
+            .ok_or_else(|| Error::Invalid(format!("cannot evaluate symbolic shape {shape}")))?;
         let dt = shape.dtype();
         if dt == DType::C64 {
             return Err(unsupported_dtype(dt));
@@ -109,17 +123,40 @@ impl Tensor {
         let n: usize = dims.iter().product();
         let w = dt.size_bytes();
         if bytes.len() != n * w {
-            return Err(Error::Invalid(format!("{} bytes given for {shape}, which holds {}", bytes.len(), n * w)));
+            return Err(Error::Invalid(format!(
+                "{} bytes given for {shape}, which holds {}",
+                bytes.len(),
+                n * w
+            )));
         }
         let data = if dt.is_float() {
-            Data::Float(bytes.chunks_exact(w).map(|b| crate::convert::bytes_to_f64(b, dt)).collect())
+            Data::Float(
+                bytes
+                    .chunks_exact(w)
+                    .map(|b| crate::convert::bytes_to_f64(b, dt))
+                    .collect(),
+            )
         } else if dt == DType::I64 {
-            Data::Int(bytes.chunks_exact(8).map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes"))).collect())
+            Data::Int(
+                bytes
+                    .chunks_exact(8)
+                    .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                    .collect(),
+            )
         } else {
             // Every other integer fits f64 exactly.
-            Data::Int(bytes.chunks_exact(w).map(|b| wrap_int(dt, crate::convert::bytes_to_f64(b, dt) as i128)).collect())
+            Data::Int(
+                bytes
+                    .chunks_exact(w)
+                    .map(|b| wrap_int(dt, crate::convert::bytes_to_f64(b, dt) as i128))
+                    .collect(),
+            )
         };
-        Ok(Tensor { dims, dtype: dt, data })
+        Ok(Tensor {
+            dims,
+            dtype: dt,
+            data,
+        })
     }
 
     /// The little-endian bytes of the elements.
@@ -130,7 +167,9 @@ impl Tensor {
             match (&self.data, self.dtype) {
                 (Data::Float(v), DType::F32) => o.copy_from_slice(&(v[i] as f32).to_le_bytes()),
                 (Data::Float(v), DType::F64) => o.copy_from_slice(&v[i].to_le_bytes()),
-                (Data::Float(v), DType::F16) => o.copy_from_slice(&f16::from_f64(v[i]).to_le_bytes()),
+                (Data::Float(v), DType::F16) => {
+                    o.copy_from_slice(&f16::from_f64(v[i]).to_le_bytes())
+                }
                 (Data::Float(v), _) => o.copy_from_slice(&bf16::from_f64(v[i]).to_le_bytes()),
                 (Data::Int(v), _) => o.copy_from_slice(&v[i].to_le_bytes()[..w]),
             }
@@ -181,7 +220,11 @@ impl Tensor {
 
     /// The same elements under new dims (same count).
     pub fn reshaped(&self, dims: &[usize]) -> Tensor {
-        Tensor { dims: dims.to_vec(), dtype: self.dtype, data: self.data.clone() }
+        Tensor {
+            dims: dims.to_vec(),
+            dtype: self.dtype,
+            data: self.data.clone(),
+        }
     }
 
     /// The elements picked by `src` (flat indices into `self`), as a tensor of `dims`.
@@ -190,7 +233,11 @@ impl Tensor {
             Data::Float(v) => Data::Float(src.iter().map(|&i| v[i]).collect()),
             Data::Int(v) => Data::Int(src.iter().map(|&i| v[i]).collect()),
         };
-        Tensor { dims: dims.to_vec(), dtype: self.dtype, data }
+        Tensor {
+            dims: dims.to_vec(),
+            dtype: self.dtype,
+            data,
+        }
     }
 
     /// Broadcast to `dims` (numpy rules; the caller has checked they broadcast).
@@ -232,7 +279,10 @@ pub fn broadcast_map(from: &[usize], to: &[usize]) -> Vec<usize> {
     (0..n)
         .map(|i| {
             let idx = unravel(i, to);
-            from.iter().enumerate().map(|(a, &d)| if d == 1 { 0 } else { idx[a + off] * fs[a] }).sum()
+            from.iter()
+                .enumerate()
+                .map(|(a, &d)| if d == 1 { 0 } else { idx[a + off] * fs[a] })
+                .sum()
         })
         .collect()
 }
@@ -261,26 +311,50 @@ pub fn evaluate(g: &Graph, leaves: &BTreeMap<String, Tensor>) -> Result<Vec<Tens
         let at = |e: Error| e.at(id);
         let v = match &n.op {
             Op::Input { name } | Op::Param { name } => {
-                let t = leaves.get(name).ok_or_else(|| Error::MissingInput { name: name.clone() })?;
+                let t = leaves
+                    .get(name)
+                    .ok_or_else(|| Error::MissingInput { name: name.clone() })?;
                 if t.shape() != n.shape {
-                    return Err(Error::Invalid(format!("value for {name} has shape {}, the graph declares {}", t.shape(), n.shape)));
+                    return Err(Error::Invalid(format!(
+                        "value for {name} has shape {}, the graph declares {}",
+                        t.shape(),
+                        n.shape
+                    )));
                 }
                 t.clone()
             }
             Op::Constant { data } => Tensor::from_bytes(&n.shape, data).map_err(at)?,
             op => {
-                let ins: Vec<&Tensor> = n.inputs.iter().map(|i| vals[i.index()].as_ref().expect("operands come first")).collect();
+                let ins: Vec<&Tensor> = n
+                    .inputs
+                    .iter()
+                    .map(|i| vals[i.index()].as_ref().expect("operands come first"))
+                    .collect();
                 if let Some(t) = ins.iter().find(|t| t.dtype() == DType::C64) {
-                    return Err(at(Error::op(op.name(), format!("the reference evaluator has no c64 arithmetic (operand {})", t.shape()))));
+                    return Err(at(Error::op(
+                        op.name(),
+                        format!(
+                            "the reference evaluator has no c64 arithmetic (operand {})",
+                            t.shape()
+                        ),
+                    )));
                 }
                 let out = crate::ops::eval(op, &ins, &n.shape).map_err(at)?;
-                debug_assert_eq!(out.shape(), n.shape, "{} evaluated to the wrong shape", op.name());
+                debug_assert_eq!(
+                    out.shape(),
+                    n.shape,
+                    "{} evaluated to the wrong shape",
+                    op.name()
+                );
                 out
             }
         };
         vals[id.index()] = Some(v);
     }
-    Ok(g.outputs().iter().map(|o| vals[o.index()].clone().expect("outputs evaluated")).collect())
+    Ok(g.outputs()
+        .iter()
+        .map(|o| vals[o.index()].clone().expect("outputs evaluated"))
+        .collect())
 }
 
 /// Evaluate `op` on `ins` through its decomposition (for composites without a rule of their

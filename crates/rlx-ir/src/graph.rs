@@ -10,7 +10,9 @@ pub(crate) fn bad_bool_data(shape: &Shape, data: &[u8]) -> Option<String> {
         return None;
     }
     let (at, b) = data.iter().enumerate().find(|(_, &b)| b > 1)?;
-    Some(format!("{shape} data holds byte {b} at index {at}; bools must be 0 or 1"))
+    Some(format!(
+        "{shape} data holds byte {b} at index {at}; bools must be 0 or 1"
+    ))
 }
 
 /// Identifier of a node: its index in the graph's arena. Ids are never reused.
@@ -55,7 +57,11 @@ pub struct Graph {
 impl Graph {
     /// An empty graph.
     pub fn new(name: &str) -> Graph {
-        Graph { name: name.to_string(), nodes: Vec::new(), outputs: Vec::new() }
+        Graph {
+            name: name.to_string(),
+            nodes: Vec::new(),
+            outputs: Vec::new(),
+        }
     }
 
     /// The graph's name.
@@ -116,7 +122,9 @@ impl Graph {
     fn leaves(&self, pick: impl Fn(&Op) -> bool) -> Vec<(&str, NodeId)> {
         self.ids()
             .filter_map(|id| match &self.node(id).op {
-                op @ (Op::Input { name } | Op::Param { name }) if pick(op) => Some((name.as_str(), id)),
+                op @ (Op::Input { name } | Op::Param { name }) if pick(op) => {
+                    Some((name.as_str(), id))
+                }
                 _ => None,
             })
             .collect()
@@ -149,7 +157,11 @@ impl Graph {
         if id.index() >= self.nodes.len() {
             return Err(Error::op(
                 op.name(),
-                format!("operand {id} is not a node of graph \"{}\" (it has {} nodes)", self.name, self.nodes.len()),
+                format!(
+                    "operand {id} is not a node of graph \"{}\" (it has {} nodes)",
+                    self.name,
+                    self.nodes.len()
+                ),
             ));
         }
         Ok(())
@@ -158,7 +170,10 @@ impl Graph {
     fn add_leaf(&mut self, op: Op, shape: Shape) -> Result<NodeId> {
         if let Op::Input { name } | Op::Param { name } = &op {
             if self.find_leaf(name).is_some() {
-                return Err(Error::op(op.name(), format!("name \"{name}\" is already used by an input or param")));
+                return Err(Error::op(
+                    op.name(),
+                    format!("name \"{name}\" is already used by an input or param"),
+                ));
             }
         }
         Ok(self.push_unchecked(op, Vec::new(), shape))
@@ -176,19 +191,34 @@ impl Graph {
 
     /// Declare a graph input named `name`.
     pub fn try_input(&mut self, name: &str, shape: Shape) -> Result<NodeId> {
-        self.add_leaf(Op::Input { name: name.to_string() }, shape)
+        self.add_leaf(
+            Op::Input {
+                name: name.to_string(),
+            },
+            shape,
+        )
     }
 
     /// Declare a parameter (weight) named `name`.
     pub fn try_param(&mut self, name: &str, shape: Shape) -> Result<NodeId> {
-        self.add_leaf(Op::Param { name: name.to_string() }, shape)
+        self.add_leaf(
+            Op::Param {
+                name: name.to_string(),
+            },
+            shape,
+        )
     }
 
     /// A constant holding raw little-endian bytes of `shape`'s dtype.
     pub fn try_constant_bytes(&mut self, shape: Shape, data: Vec<u8>) -> Result<NodeId> {
-        let want = shape.size_bytes().ok_or_else(|| Error::op("constant", format!("shape {shape} must be static")))?;
+        let want = shape
+            .size_bytes()
+            .ok_or_else(|| Error::op("constant", format!("shape {shape} must be static")))?;
         if data.len() != want {
-            return Err(Error::op("constant", format!("{shape} needs {want} bytes, got {}", data.len())));
+            return Err(Error::op(
+                "constant",
+                format!("{shape} needs {want} bytes, got {}", data.len()),
+            ));
         }
         if let Some(msg) = bad_bool_data(&shape, &data) {
             return Err(Error::op("constant", msg));
@@ -205,7 +235,8 @@ impl Graph {
     /// A rank-0 constant `value` converted to `dtype`.
     pub fn try_scalar(&mut self, value: f64, dtype: DType) -> Result<NodeId> {
         let mut data = vec![0u8; dtype.size_bytes()];
-        crate::convert::f64_to_bytes(value, dtype, &mut data).map_err(|e| Error::op("constant", e.to_string()))?;
+        crate::convert::f64_to_bytes(value, dtype, &mut data)
+            .map_err(|e| Error::op("constant", e.to_string()))?;
         self.try_constant_bytes(Shape::scalar(dtype), data)
     }
 
@@ -234,25 +265,50 @@ impl Graph {
 
     /// Reshape to static `dims`.
     pub fn try_reshape(&mut self, x: NodeId, dims: &[usize]) -> Result<NodeId> {
-        self.try_op(Op::Reshape { shape: dims.to_vec() }, &[x])
+        self.try_op(
+            Op::Reshape {
+                shape: dims.to_vec(),
+            },
+            &[x],
+        )
     }
 
     /// Permute axes.
     pub fn try_transpose(&mut self, x: NodeId, perm: &[usize]) -> Result<NodeId> {
-        self.try_op(Op::Transpose { perm: perm.to_vec() }, &[x])
+        self.try_op(
+            Op::Transpose {
+                perm: perm.to_vec(),
+            },
+            &[x],
+        )
     }
 
     /// Both halves of a top-k along the last axis: `(values, indices)`.
     pub fn try_topk(&mut self, x: NodeId, k: usize) -> Result<(NodeId, NodeId)> {
-        let v = self.try_op(Op::TopK { k, output: crate::TopKOutput::Values }, &[x])?;
-        let i = self.try_op(Op::TopK { k, output: crate::TopKOutput::Indices }, &[x])?;
+        let v = self.try_op(
+            Op::TopK {
+                k,
+                output: crate::TopKOutput::Values,
+            },
+            &[x],
+        )?;
+        let i = self.try_op(
+            Op::TopK {
+                k,
+                output: crate::TopKOutput::Indices,
+            },
+            &[x],
+        )?;
         Ok((v, i))
     }
 
     /// Declare the graph's outputs; each must be a node of this graph.
     pub fn try_set_outputs(&mut self, outputs: Vec<NodeId>) -> Result<()> {
         if let Some(&bad) = outputs.iter().find(|o| o.index() >= self.nodes.len()) {
-            return Err(Error::BadOutput { node: bad, nodes: self.nodes.len() });
+            return Err(Error::BadOutput {
+                node: bad,
+                nodes: self.nodes.len(),
+            });
         }
         self.outputs = outputs;
         Ok(())
@@ -260,7 +316,8 @@ impl Graph {
 
     /// Short form of [`Graph::try_set_outputs`]; panics with its error.
     pub fn set_outputs(&mut self, outputs: Vec<NodeId>) {
-        self.try_set_outputs(outputs).unwrap_or_else(|e| panic!("{e}"))
+        self.try_set_outputs(outputs)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Short form of [`Graph::try_topk`]; panics with its error.
@@ -270,6 +327,7 @@ impl Graph {
 
     /// Short form of [`Graph::try_constant_f32`]; panics with its error.
     pub fn constant_f32(&mut self, dims: &[usize], values: &[f32]) -> NodeId {
-        self.try_constant_f32(dims, values).unwrap_or_else(|e| panic!("{e}"))
+        self.try_constant_f32(dims, values)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 }

@@ -28,7 +28,8 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use graph::{Graph, Node, NodeId};
 pub use op::{
-    Activation, BinaryOp, CmpOp, ConvAttrs, CustomFn, DotDims, FusedRegion, FusionKind, MaskKind, Op, OpKind, PoolAttrs, PoolKind, ReduceKind, TopKOutput,
+    Activation, BinaryOp, CmpOp, ConvAttrs, CustomFn, DotDims, FusedRegion, FusionKind, MaskKind,
+    Op, OpKind, PoolAttrs, PoolKind, ReduceKind, TopKOutput,
 };
 pub use quant::QuantScheme;
 pub use shape::{broadcast_dims, Dim, Shape};

@@ -694,6 +694,9 @@ impl Op {
 
     /// Leaves have no operands and carry their shape themselves.
     pub fn is_leaf(&self) -> bool {
-        matches!(self, Op::Input { .. } | Op::Param { .. } | Op::Constant { .. })
+        matches!(
+            self,
+            Op::Input { .. } | Op::Param { .. } | Op::Constant { .. }
+        )
     }
 }

@@ -82,7 +82,11 @@ impl QuantScheme {
     pub fn is_gguf(self) -> bool {
         !matches!(
             self,
-            QuantScheme::Int8Block { .. } | QuantScheme::Int8BlockAsym { .. } | QuantScheme::Int4Block { .. } | QuantScheme::Fp8E4m3 | QuantScheme::Fp8E5m2
+            QuantScheme::Int8Block { .. }
+                | QuantScheme::Int8BlockAsym { .. }
+                | QuantScheme::Int4Block { .. }
+                | QuantScheme::Fp8E4m3
+                | QuantScheme::Fp8E5m2
         )
     }
 
@@ -122,9 +126,9 @@ impl QuantScheme {
     /// Elements sharing one scale, for the blocked non-GGUF schemes.
     pub fn block_size(self) -> Option<usize> {
         match self {
-            QuantScheme::Int8Block { block_size } | QuantScheme::Int8BlockAsym { block_size } | QuantScheme::Int4Block { block_size } => {
-                Some(block_size)
-            }
+            QuantScheme::Int8Block { block_size }
+            | QuantScheme::Int8BlockAsym { block_size }
+            | QuantScheme::Int4Block { block_size } => Some(block_size),
             _ => None,
         }
     }
@@ -147,7 +151,9 @@ impl QuantScheme {
             GgufQ5K => G::Q5_K,
             GgufQ6K => G::Q6_K,
             GgufQ8K => G::Q8_K,
-            Int8Block { .. } | Int8BlockAsym { .. } | Int4Block { .. } | Fp8E4m3 | Fp8E5m2 => return None,
+            Int8Block { .. } | Int8BlockAsym { .. } | Int4Block { .. } | Fp8E4m3 | Fp8E5m2 => {
+                return None
+            }
         })
     }
 }

@@ -42,12 +42,18 @@ pub struct Shape {
 impl Shape {
     /// A shape with static dimensions.
     pub fn new(dims: &[usize], dtype: DType) -> Shape {
-        Shape { dims: dims.iter().map(|&d| Dim::Static(d)).collect(), dtype }
+        Shape {
+            dims: dims.iter().map(|&d| Dim::Static(d)).collect(),
+            dtype,
+        }
     }
 
     /// A rank-0 (scalar) shape.
     pub fn scalar(dtype: DType) -> Shape {
-        Shape { dims: Vec::new(), dtype }
+        Shape {
+            dims: Vec::new(),
+            dtype,
+        }
     }
 
     /// A shape whose dimensions may be symbolic.
@@ -72,7 +78,10 @@ impl Shape {
 
     /// Same dimensions, another dtype.
     pub fn with_dtype(&self, dtype: DType) -> Shape {
-        Shape { dims: self.dims.clone(), dtype }
+        Shape {
+            dims: self.dims.clone(),
+            dtype,
+        }
     }
 
     /// True when every dimension is static.
@@ -92,12 +101,15 @@ impl Shape {
 
     /// Element count, if static.
     pub fn numel(&self) -> Option<usize> {
-        self.dims.iter().try_fold(1usize, |acc, d| d.as_static().and_then(|n| acc.checked_mul(n)))
+        self.dims.iter().try_fold(1usize, |acc, d| {
+            d.as_static().and_then(|n| acc.checked_mul(n))
+        })
     }
 
     /// Byte size of a dense buffer holding this shape, if static.
     pub fn size_bytes(&self) -> Option<usize> {
-        self.numel().and_then(|n| n.checked_mul(self.dtype.size_bytes()))
+        self.numel()
+            .and_then(|n| n.checked_mul(self.dtype.size_bytes()))
     }
 
     /// Replace each named symbolic dimension found in `bindings` by its size.
@@ -114,7 +126,10 @@ impl Shape {
                 s => s.clone(),
             })
             .collect();
-        Shape { dims, dtype: self.dtype }
+        Shape {
+            dims,
+            dtype: self.dtype,
+        }
     }
 }
 
@@ -136,8 +151,16 @@ pub fn broadcast_dims(a: &[Dim], b: &[Dim]) -> Option<Vec<Dim>> {
     let n = a.len().max(b.len());
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let da = if i + a.len() >= n { Some(&a[i + a.len() - n]) } else { None };
-        let db = if i + b.len() >= n { Some(&b[i + b.len() - n]) } else { None };
+        let da = if i + a.len() >= n {
+            Some(&a[i + a.len() - n])
+        } else {
+            None
+        };
+        let db = if i + b.len() >= n {
+            Some(&b[i + b.len() - n])
+        } else {
+            None
+        };
         let d = match (da, db) {
             (Some(x), None) | (None, Some(x)) => x.clone(),
             (Some(x), Some(y)) if x == y => x.clone(),

@@ -18,7 +18,7 @@
 //! nested graphs. Which attributes an op has is its family file's business (`ops::attrs` and
 //! `ops::from_attrs`); this module only reads and writes the syntax.
 
-use crate::{ops, Dim, DType, Error, Graph, NodeId, OpKind, Result, Shape};
+use crate::{ops, DType, Dim, Error, Graph, NodeId, OpKind, Result, Shape};
 use std::collections::HashMap;
 use std::fmt::{self, Write};
 
@@ -83,7 +83,11 @@ impl Attr {
 
     /// `(low, high)` pairs as a list of two-element lists.
     pub fn pairs(v: &[(usize, usize)]) -> Attr {
-        Attr::List(v.iter().map(|&(a, b)| Attr::List(vec![a.into(), b.into()])).collect())
+        Attr::List(
+            v.iter()
+                .map(|&(a, b)| Attr::List(vec![a.into(), b.into()]))
+                .collect(),
+        )
     }
 
     fn write(&self, out: &mut String, indent: usize) {
@@ -157,12 +161,19 @@ impl Attrs {
     }
 
     fn bad(&self, key: &str, want: &str, got: &Attr) -> Error {
-        Error::op(self.op, format!("attribute `{key}` must be {want}, got {}", got.kind()))
+        Error::op(
+            self.op,
+            format!("attribute `{key}` must be {want}, got {}", got.kind()),
+        )
     }
 
     /// Remove and return attribute `key`.
     pub fn take(&mut self, key: &str) -> Result<Attr> {
-        let i = self.items.iter().position(|(k, _)| k == key).ok_or_else(|| Error::op(self.op, format!("missing attribute `{key}`")))?;
+        let i = self
+            .items
+            .iter()
+            .position(|(k, _)| k == key)
+            .ok_or_else(|| Error::op(self.op, format!("missing attribute `{key}`")))?;
         Ok(self.items.remove(i).1)
     }
 
@@ -174,7 +185,12 @@ impl Attrs {
 
     fn as_usize(&self, key: &str, a: &Attr) -> Result<usize> {
         match a {
-            Attr::Int(v) => usize::try_from(*v).map_err(|_| Error::op(self.op, format!("attribute `{key}` = {v} does not fit usize"))),
+            Attr::Int(v) => usize::try_from(*v).map_err(|_| {
+                Error::op(
+                    self.op,
+                    format!("attribute `{key}` = {v} does not fit usize"),
+                )
+            }),
             other => Err(self.bad(key, "an integer", other)),
         }
     }
@@ -201,7 +217,9 @@ impl Attrs {
             Attr::List(items) => items
                 .iter()
                 .map(|p| match p {
-                    Attr::List(ab) if ab.len() == 2 => Ok((self.as_usize(key, &ab[0])?, self.as_usize(key, &ab[1])?)),
+                    Attr::List(ab) if ab.len() == 2 => {
+                        Ok((self.as_usize(key, &ab[0])?, self.as_usize(key, &ab[1])?))
+                    }
                     other => Err(self.bad(key, "a list of [low, high] pairs", other)),
                 })
                 .collect(),
@@ -247,14 +265,32 @@ impl Attrs {
         match self.take(key)? {
             Attr::Graph(g) => Ok(Some(*g)),
             Attr::Word(w) if optional && w == "none" => Ok(None),
-            other => Err(self.bad(key, if optional { "a graph or none" } else { "a graph" }, &other)),
+            other => Err(self.bad(
+                key,
+                if optional {
+                    "a graph or none"
+                } else {
+                    "a graph"
+                },
+                &other,
+            )),
         }
     }
 
     /// A word, mapped by `pick` (whose `None` is an error listing `choices`).
-    pub fn word<T>(&mut self, key: &str, choices: &str, pick: impl FnOnce(&str) -> Option<T>) -> Result<T> {
+    pub fn word<T>(
+        &mut self,
+        key: &str,
+        choices: &str,
+        pick: impl FnOnce(&str) -> Option<T>,
+    ) -> Result<T> {
         match self.take(key)? {
-            Attr::Word(w) => pick(&w).ok_or_else(|| Error::op(self.op, format!("attribute `{key}` = {w} is not one of {choices}"))),
+            Attr::Word(w) => pick(&w).ok_or_else(|| {
+                Error::op(
+                    self.op,
+                    format!("attribute `{key}` = {w} is not one of {choices}"),
+                )
+            }),
             other => Err(self.bad(key, &format!("one of {choices}"), &other)),
         }
     }
@@ -344,7 +380,10 @@ impl<'a> Parser<'a> {
     fn err(&self, msg: impl fmt::Display) -> Error {
         let before = &self.src[..self.pos];
         let line = before.matches('\n').count() + 1;
-        let col = before.rfind('\n').map_or(before.chars().count(), |i| before[i + 1..].chars().count()) + 1;
+        let col = before
+            .rfind('\n')
+            .map_or(before.chars().count(), |i| before[i + 1..].chars().count())
+            + 1;
         Error::Parse(format!("line {line}, column {col}: {msg}"))
     }
 
@@ -384,7 +423,9 @@ impl<'a> Parser<'a> {
         if self.eat(c) {
             Ok(())
         } else {
-            let got = self.peek().map_or("the end of the text".to_string(), |g| format!("`{g}`"));
+            let got = self
+                .peek()
+                .map_or("the end of the text".to_string(), |g| format!("`{g}`"));
             Err(self.err(format!("expected `{c}`, found {got}")))
         }
     }
@@ -393,7 +434,9 @@ impl<'a> Parser<'a> {
     fn word(&mut self) -> Result<&'a str> {
         self.skip_space();
         let r = self.rest();
-        let len = r.find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '.' | '-' | '+'))).unwrap_or(r.len());
+        let len = r
+            .find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '.' | '-' | '+')))
+            .unwrap_or(r.len());
         if len == 0 {
             return Err(self.err("expected a word"));
         }
@@ -433,11 +476,23 @@ impl<'a> Parser<'a> {
                         Some('0') => '\0',
                         Some(q @ ('\\' | '"' | '\'')) => q,
                         Some('u') => {
-                            let body: String = chars.by_ref().map(|x| x.1).take_while(|&c| c != '}').collect();
+                            let body: String = chars
+                                .by_ref()
+                                .map(|x| x.1)
+                                .take_while(|&c| c != '}')
+                                .collect();
                             let hex = body.strip_prefix('{').unwrap_or("");
-                            u32::from_str_radix(hex, 16).ok().and_then(char::from_u32).ok_or_else(|| self.err(format!("bad escape \\u{body}}}")))?
+                            u32::from_str_radix(hex, 16)
+                                .ok()
+                                .and_then(char::from_u32)
+                                .ok_or_else(|| self.err(format!("bad escape \\u{body}}}")))?
                         }
-                        other => return Err(self.err(format!("unknown escape \\{}", other.map_or(String::new(), String::from)))),
+                        other => {
+                            return Err(self.err(format!(
+                                "unknown escape \\{}",
+                                other.map_or(String::new(), String::from)
+                            )))
+                        }
                     });
                 }
                 c => out.push(c),
@@ -450,7 +505,9 @@ impl<'a> Parser<'a> {
     fn node_name(&mut self) -> Result<String> {
         self.expect('%')?;
         let r = self.rest();
-        let len = r.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(r.len());
+        let len = r
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(r.len());
         if len == 0 {
             return Err(self.err("expected a node name after `%`"));
         }
@@ -460,9 +517,14 @@ impl<'a> Parser<'a> {
 
     fn number(&mut self, w: &str) -> Result<Attr> {
         if w.bytes().all(|b| b.is_ascii_digit()) {
-            return w.parse().map(Attr::Int).map_err(|_| self.err(format!("integer {w} is too large")));
+            return w
+                .parse()
+                .map(Attr::Int)
+                .map_err(|_| self.err(format!("integer {w} is too large")));
         }
-        w.parse::<f32>().map(Attr::Float).map_err(|_| self.err(format!("`{w}` is not a number")))
+        w.parse::<f32>()
+            .map(Attr::Float)
+            .map_err(|_| self.err(format!("`{w}` is not a number")))
     }
 
     fn attr(&mut self) -> Result<Attr> {
@@ -500,10 +562,19 @@ impl<'a> Parser<'a> {
                 if hex.len() % 2 != 0 {
                     return Err(self.err("a byte string needs an even number of hex digits"));
                 }
-                let bytes: Option<Vec<u8>> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok()).collect();
-                Attr::Bytes(bytes.ok_or_else(|| self.err(format!("`{w}` is not a hex byte string")))?)
+                let bytes: Option<Vec<u8>> = (0..hex.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                    .collect();
+                Attr::Bytes(
+                    bytes.ok_or_else(|| self.err(format!("`{w}` is not a hex byte string")))?,
+                )
             }
-            _ if w.starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+' || c == '.') => self.number(&w)?,
+            _ if w
+                .starts_with(|c: char| c.is_ascii_digit() || c == '-' || c == '+' || c == '.') =>
+            {
+                self.number(&w)?
+            }
             _ if self.eat('(') => {
                 let inner = self.attr()?;
                 self.expect(')')?;
@@ -528,7 +599,10 @@ impl<'a> Parser<'a> {
                     dims.push(Dim::Dynamic(self.word()?.to_string()));
                 } else {
                     let w = self.word()?.to_string();
-                    dims.push(Dim::Static(w.parse().map_err(|_| self.err(format!("`{w}` is not a dimension")))?));
+                    dims.push(Dim::Static(
+                        w.parse()
+                            .map_err(|_| self.err(format!("`{w}` is not a dimension")))?,
+                    ));
                 }
                 if self.eat(']') {
                     break;
@@ -545,7 +619,11 @@ impl<'a> Parser<'a> {
         if self.peek() == Some('%') {
             loop {
                 let n = self.node_name()?;
-                ids.push(*names.get(&n).ok_or_else(|| self.err(format!("%{n} is not defined before this use")))?);
+                ids.push(
+                    *names
+                        .get(&n)
+                        .ok_or_else(|| self.err(format!("%{n} is not defined before this use")))?,
+                );
                 if !self.eat(',') {
                     break;
                 }

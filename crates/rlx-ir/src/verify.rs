@@ -11,7 +11,9 @@ pub fn verify(g: &Graph) -> Result<()> {
         let n = g.node(id);
         let here = format!("{id} ({})", n.op.name());
         if let Some(bad) = n.inputs.iter().find(|i| i.index() >= id.index()) {
-            errs.push(format!("{here}: operand {bad} is not defined before its use"));
+            errs.push(format!(
+                "{here}: operand {bad} is not defined before its use"
+            ));
             continue;
         }
         if n.op.is_leaf() && !n.inputs.is_empty() {
@@ -29,17 +31,34 @@ pub fn verify(g: &Graph) -> Result<()> {
                         errs.push(format!("{here}: {msg}"));
                     }
                 }
-                Some(want) => errs.push(format!("{here}: {} needs {want} bytes, holds {}", n.shape, data.len())),
-                None => errs.push(format!("{here}: shape {} must be static with a byte size that fits usize", n.shape)),
+                Some(want) => errs.push(format!(
+                    "{here}: {} needs {want} bytes, holds {}",
+                    n.shape,
+                    data.len()
+                )),
+                None => errs.push(format!(
+                    "{here}: shape {} must be static with a byte size that fits usize",
+                    n.shape
+                )),
             },
             op => {
-                if matches!(op, Op::CacheWrite) && n.inputs.first().is_some_and(|c| !matches!(g.node(*c).op, Op::Param { .. })) {
-                    errs.push(format!("{here}: the cache operand {} must be a param (it is updated in place)", n.inputs[0]));
+                if matches!(op, Op::CacheWrite)
+                    && n.inputs
+                        .first()
+                        .is_some_and(|c| !matches!(g.node(*c).op, Op::Param { .. }))
+                {
+                    errs.push(format!(
+                        "{here}: the cache operand {} must be a param (it is updated in place)",
+                        n.inputs[0]
+                    ));
                 }
                 let shapes: Vec<_> = n.inputs.iter().map(|&i| g.shape(i)).collect();
                 match ops::infer(op, &shapes) {
                     Ok(s) if s == n.shape => {}
-                    Ok(s) => errs.push(format!("{here}: stored shape {} but operands give {s}", n.shape)),
+                    Ok(s) => errs.push(format!(
+                        "{here}: stored shape {} but operands give {s}",
+                        n.shape
+                    )),
                     Err(e) => errs.push(format!("{here}: {e}")),
                 }
             }
@@ -47,7 +66,10 @@ pub fn verify(g: &Graph) -> Result<()> {
     }
     for o in g.outputs() {
         if o.index() >= g.len() {
-            errs.push(format!("output {o} is not a node (graph has {} nodes)", g.len()));
+            errs.push(format!(
+                "output {o} is not a node (graph has {} nodes)",
+                g.len()
+            ));
         }
     }
     if errs.is_empty() {

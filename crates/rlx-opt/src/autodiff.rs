@@ -25,7 +25,12 @@ pub fn prepare_for_ad(g: &Graph) -> Result<Graph> {
 
 fn prepare(g: &Graph, has_rule: fn(&Op) -> bool) -> Result<Graph> {
     let supports = |g: &Graph, id: NodeId| has_rule(&g.node(id).op);
-    Ok(Decompose { backend: "autodiff", supports: &supports }.run(g)?.0)
+    Ok(Decompose {
+        backend: "autodiff",
+        supports: &supports,
+    }
+    .run(g)?
+    .0)
 }
 
 /// Names of the leaves `wrt` (each an input or param of a floating-point dtype).
@@ -49,7 +54,8 @@ fn leaf_names(g: &Graph, wrt: &[NodeId]) -> Result<Vec<String>> {
 }
 
 fn find(g: &Graph, name: &str) -> Result<NodeId> {
-    g.find_leaf(name).ok_or_else(|| Error::Invalid(format!("no input or param named \"{name}\"")))
+    g.find_leaf(name)
+        .ok_or_else(|| Error::Invalid(format!("no input or param named \"{name}\"")))
 }
 
 /// Nodes that depend on any of `from`.
@@ -69,24 +75,35 @@ fn dependents(g: &Graph, from: &[NodeId]) -> Vec<bool> {
 /// Accumulate cotangents from `seed` (the cotangent of node `root`) back through the first
 /// `n_forward` nodes of `g`, appending the backward computation to `g`. Only nodes that depend
 /// on `wrt` are visited.
-fn backprop(g: &mut Graph, n_forward: usize, root: NodeId, seed: NodeId, wrt: &[NodeId]) -> Result<Vec<Option<NodeId>>> {
+fn backprop(
+    g: &mut Graph,
+    n_forward: usize,
+    root: NodeId,
+    seed: NodeId,
+    wrt: &[NodeId],
+) -> Result<Vec<Option<NodeId>>> {
     let dep = dependents(g, wrt);
     let mut ct: Vec<Option<NodeId>> = vec![None; n_forward];
     ct[root.index()] = Some(seed);
     for i in (0..=root.index()).rev() {
-        let (Some(c), true) = (ct[i], dep[i]) else { continue };
+        let (Some(c), true) = (ct[i], dep[i]) else {
+            continue;
+        };
         let node = g.node(NodeId(i as u32)).clone();
         if node.op.is_leaf() {
             continue;
         }
-        let rule = ops::vjp(g, &node.op, &node.inputs, NodeId(i as u32), c).ok_or_else(|| Error::Op {
-            op: node.op.name().into(),
-            node: Some(NodeId(i as u32)),
-            msg: "no reverse-mode rule (and the graph was not prepared for autodiff)".into(),
-        })?;
+        let rule =
+            ops::vjp(g, &node.op, &node.inputs, NodeId(i as u32), c).ok_or_else(|| Error::Op {
+                op: node.op.name().into(),
+                node: Some(NodeId(i as u32)),
+                msg: "no reverse-mode rule (and the graph was not prepared for autodiff)".into(),
+            })?;
         let cts = rule.map_err(|e| e.at(NodeId(i as u32)))?;
         for (inp, c) in node.inputs.iter().zip(cts) {
-            let (Some(c), true) = (c, dep[inp.index()]) else { continue };
+            let (Some(c), true) = (c, dep[inp.index()]) else {
+                continue;
+            };
             ct[inp.index()] = Some(match ct[inp.index()] {
                 Some(prev) => g.try_add(prev, c)?,
                 None => c,
@@ -111,9 +128,14 @@ fn zeros(g: &mut Graph, s: &Shape) -> Result<NodeId> {
 /// `[loss, d loss / d wrt[0], ...]`. `wrt` are inputs or params of `g`.
 pub fn grad_with_loss(g: &Graph, wrt: &[NodeId]) -> Result<Graph> {
     let names = leaf_names(g, wrt)?;
-    let loss = *g.outputs().first().ok_or_else(|| Error::Invalid("grad_with_loss needs the loss as the graph's first output".into()))?;
+    let loss = *g.outputs().first().ok_or_else(|| {
+        Error::Invalid("grad_with_loss needs the loss as the graph's first output".into())
+    })?;
     if !g.shape(loss).dtype().is_float() {
-        return Err(Error::Invalid(format!("the loss must be floating point, got {}", g.shape(loss))));
+        return Err(Error::Invalid(format!(
+            "the loss must be floating point, got {}",
+            g.shape(loss)
+        )));
     }
     let mut out = prepare(g, ops::has_vjp_rule)?;
     let n = out.len();
@@ -141,7 +163,11 @@ pub fn bake_input(g: &Graph, name: &str, value: f64) -> Result<Graph> {
         Op::Input { name: n } if n == name => {
             let c = out.try_scalar(value, shape.dtype())?;
             let d = shape.static_dims().unwrap_or_default();
-            Ok(Rewrite::Replace(if d.is_empty() { c } else { out.try_expand(c, &d)? }))
+            Ok(Rewrite::Replace(if d.is_empty() {
+                c
+            } else {
+                out.try_expand(c, &d)?
+            }))
         }
         _ => Ok(Rewrite::Keep),
     })?
@@ -167,7 +193,10 @@ pub fn jvp(g: &Graph, tangent_for: &[&str]) -> Result<Graph> {
         let l = find(&out, name)?;
         let s = out.shape(l).clone();
         if !s.dtype().is_float() {
-            return Err(Error::Invalid(format!("cannot perturb \"{name}\" of dtype {}: tangents need a floating-point dtype", s.dtype())));
+            return Err(Error::Invalid(format!(
+                "cannot perturb \"{name}\" of dtype {}: tangents need a floating-point dtype",
+                s.dtype()
+            )));
         }
         t[l.index()] = Some(out.try_input(&tangent_name(name), s)?);
     }
@@ -180,11 +209,14 @@ pub fn jvp(g: &Graph, tangent_for: &[&str]) -> Result<Graph> {
         if ts.iter().all(Option::is_none) {
             continue;
         }
-        let rule = ops::jvp(&mut out, &node.op, &node.inputs, NodeId(i as u32), &ts).ok_or_else(|| Error::Op {
-            op: node.op.name().into(),
-            node: Some(NodeId(i as u32)),
-            msg: "no forward-mode rule".into(),
-        })?;
+        let rule =
+            ops::jvp(&mut out, &node.op, &node.inputs, NodeId(i as u32), &ts).ok_or_else(|| {
+                Error::Op {
+                    op: node.op.name().into(),
+                    node: Some(NodeId(i as u32)),
+                    msg: "no forward-mode rule".into(),
+                }
+            })?;
         t[i] = rule.map_err(|e| e.at(NodeId(i as u32)))?;
     }
     let primals = out.outputs().to_vec();
@@ -226,7 +258,9 @@ pub fn nth_order_grad(g: &Graph, wrt: NodeId, order: usize) -> Result<Graph> {
     let name = leaf_names(g, &[wrt])?.remove(0);
     let scalar = |s: &Shape| s.numel() == Some(1);
     if !scalar(g.shape(wrt)) || g.outputs().first().is_none_or(|&l| !scalar(g.shape(l))) {
-        return Err(Error::Invalid("nth_order_grad differentiates a scalar loss with respect to a scalar leaf".into()));
+        return Err(Error::Invalid(
+            "nth_order_grad differentiates a scalar loss with respect to a scalar leaf".into(),
+        ));
     }
     let mut cur = g.clone();
     cur.try_set_outputs(vec![g.outputs()[0]])?;

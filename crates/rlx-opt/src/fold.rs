@@ -16,13 +16,23 @@ pub struct ConstantFolding {
 impl ConstantFolding {
     /// The folding rule (`fold`, for every op kind) as a rule list.
     pub fn rules(&self) -> RuleSet<'_> {
-        let kinds: Vec<OpKind> = OpKind::ALL.iter().copied().filter(|k| !matches!(k, OpKind::Input | OpKind::Param | OpKind::Constant)).collect();
-        RuleSet::new("const_fold").with(Rule::new("fold", &kinds, move |out: &mut Graph, s: &Site| self.fold(out, s)))
+        let kinds: Vec<OpKind> = OpKind::ALL
+            .iter()
+            .copied()
+            .filter(|k| !matches!(k, OpKind::Input | OpKind::Param | OpKind::Constant))
+            .collect();
+        RuleSet::new("const_fold").with(Rule::new(
+            "fold",
+            &kinds,
+            move |out: &mut Graph, s: &Site| self.fold(out, s),
+        ))
     }
 
     fn fold(&self, out: &mut Graph, s: &Site) -> Result<Option<NodeId>> {
         let foldable = !s.ins.is_empty()
-            && s.ins.iter().all(|&i| matches!(out.node(i).op, Op::Constant { .. }))
+            && s.ins
+                .iter()
+                .all(|&i| matches!(out.node(i).op, Op::Constant { .. }))
             && s.shape.numel().is_some_and(|n| n <= self.max_elements);
         if !foldable {
             return Ok(None);
@@ -40,7 +50,9 @@ impl ConstantFolding {
             // Ops the evaluator cannot compute (c64) stay as computations.
             Err(_) => return Ok(None),
         };
-        Ok(Some(out.try_constant_bytes(s.shape.clone(), value.to_bytes())?))
+        Ok(Some(
+            out.try_constant_bytes(s.shape.clone(), value.to_bytes())?,
+        ))
     }
 }
 

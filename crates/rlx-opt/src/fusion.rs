@@ -30,7 +30,10 @@ pub struct FusionOptions {
 
 impl Default for FusionOptions {
     fn default() -> Self {
-        FusionOptions { elementwise: true, max_region_ops: 64 }
+        FusionOptions {
+            elementwise: true,
+            max_region_ops: 64,
+        }
     }
 }
 
@@ -38,8 +41,14 @@ impl FusionOptions {
     /// These options with `RLX_FUSION=0` (all off) or `RLX_FUSION=1` (all on) applied.
     pub fn with_env(self) -> Self {
         match std::env::var("RLX_FUSION").as_deref() {
-            Ok("0") => FusionOptions { elementwise: false, ..self },
-            Ok("1") => FusionOptions { elementwise: true, ..self },
+            Ok("0") => FusionOptions {
+                elementwise: false,
+                ..self
+            },
+            Ok("1") => FusionOptions {
+                elementwise: true,
+                ..self
+            },
             _ => self,
         }
     }
@@ -130,10 +139,22 @@ impl FusionReport {
 impl fmt::Display for FusionReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let total = |m: &BTreeMap<String, usize>| m.values().sum::<usize>();
-        writeln!(f, "fusion: {} ops -> {} ops, {} regions", total(&self.ops_before), total(&self.ops_after), self.regions.len())?;
+        writeln!(
+            f,
+            "fusion: {} ops -> {} ops, {} regions",
+            total(&self.ops_before),
+            total(&self.ops_after),
+            self.regions.len()
+        )?;
         for (i, r) in self.regions.iter().enumerate() {
             let nodes: Vec<String> = r.nodes.iter().map(|n| format!("%{n}")).collect();
-            writeln!(f, "  region {i} ({}): {} -> fused %{}", r.kind.name(), nodes.join(" "), r.fused_node)?;
+            writeln!(
+                f,
+                "  region {i} ({}): {} -> fused %{}",
+                r.kind.name(),
+                nodes.join(" "),
+                r.fused_node
+            )?;
         }
         for c in self.candidates.iter().filter(|c| c.region.is_none()) {
             if let Some(m) = c.miss {
@@ -158,7 +179,15 @@ fn op_counts(g: &Graph) -> BTreeMap<String, usize> {
 
 /// Whether `op` may join an elementwise region.
 pub fn elementwise(op: &Op) -> bool {
-    matches!(op, Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } | Op::Expand { .. })
+    matches!(
+        op,
+        Op::Binary(_)
+            | Op::Compare(_)
+            | Op::Where
+            | Op::Activation(_)
+            | Op::Cast { .. }
+            | Op::Expand { .. }
+    )
 }
 
 /// The elementwise fusion pass.
@@ -177,7 +206,9 @@ impl FuseElementwise {
                 readers[i.index()].push(id.index());
             }
         }
-        let is_output: Vec<bool> = (0..n).map(|i| g.outputs().iter().any(|o| o.index() == i)).collect();
+        let is_output: Vec<bool> = (0..n)
+            .map(|i| g.outputs().iter().any(|o| o.index() == i))
+            .collect();
         // Root of each node's region (None: not elementwise), from the outputs back.
         let mut root: Vec<Option<usize>> = vec![None; n];
         let mut size: Vec<usize> = vec![0; n];
@@ -195,8 +226,14 @@ impl FuseElementwise {
                 _ if is_output[i] => Err(MissReason::GraphOutput),
                 [u] => match root[*u] {
                     None => Err(MissReason::UserNotFused),
-                    Some(r) if g.shape(NodeId(i as u32)).dims() != g.shape(NodeId(r as u32)).dims() => Err(MissReason::OtherDims),
-                    Some(r) if size[r] >= self.options.max_region_ops => Err(MissReason::RegionFull),
+                    Some(r)
+                        if g.shape(NodeId(i as u32)).dims() != g.shape(NodeId(r as u32)).dims() =>
+                    {
+                        Err(MissReason::OtherDims)
+                    }
+                    Some(r) if size[r] >= self.options.max_region_ops => {
+                        Err(MissReason::RegionFull)
+                    }
                     Some(r) => Ok(r),
                 },
                 [] => Err(MissReason::UserNotFused),
@@ -216,7 +253,11 @@ impl FuseElementwise {
         }
         // Non-elementwise producers of region members are candidates too.
         for i in 0..n {
-            if root[i].is_none() && miss[i].is_none() && readers[i].iter().any(|&u| root[u].is_some()) && !g.node(NodeId(i as u32)).op.is_leaf() {
+            if root[i].is_none()
+                && miss[i].is_none()
+                && readers[i].iter().any(|&u| root[u].is_some())
+                && !g.node(NodeId(i as u32)).op.is_leaf()
+            {
                 miss[i] = Some(MissReason::NotElementwise);
             }
         }
@@ -235,7 +276,10 @@ impl FuseElementwise {
 
         let mut out = Graph::new(g.name());
         let mut map: Vec<NodeId> = vec![NodeId(u32::MAX); n];
-        let mut report = FusionReport { ops_before: op_counts(g), ..Default::default() };
+        let mut report = FusionReport {
+            ops_before: op_counts(g),
+            ..Default::default()
+        };
         let mut region_of: Vec<Option<usize>> = vec![None; n];
         for id in g.ids() {
             let i = id.index();
@@ -245,15 +289,30 @@ impl FuseElementwise {
                 Some(r) if r != i => {}
                 Some(r) => {
                     let m = &members[&r];
-                    let (body, ext) = region_body(g, m, &format!("{}.region{}", g.name(), report.regions.len()))?;
+                    let (body, ext) = region_body(
+                        g,
+                        m,
+                        &format!("{}.region{}", g.name(), report.regions.len()),
+                    )?;
                     let ins: Vec<NodeId> = ext.iter().map(|&e| map[e]).collect();
                     let shape: Shape = node.shape.clone();
-                    let fused = out.push_unchecked(Op::Fused(FusedRegion { kind: FusionKind::Elementwise, body: Box::new(body) }), ins, shape);
+                    let fused = out.push_unchecked(
+                        Op::Fused(FusedRegion {
+                            kind: FusionKind::Elementwise,
+                            body: Box::new(body),
+                        }),
+                        ins,
+                        shape,
+                    );
                     map[i] = fused;
                     for &j in m {
                         region_of[j] = Some(report.regions.len());
                     }
-                    report.regions.push(Region { kind: FusionKind::Elementwise, nodes: m.iter().map(|&j| j as u32).collect(), fused_node: fused.0 });
+                    report.regions.push(Region {
+                        kind: FusionKind::Elementwise,
+                        nodes: m.iter().map(|&j| j as u32).collect(),
+                        fused_node: fused.0,
+                    });
                 }
                 None => {
                     let ins = node.inputs.iter().map(|x| map[x.index()]).collect();
@@ -265,7 +324,16 @@ impl FuseElementwise {
         report.ops_after = op_counts(&out);
         for i in 0..n {
             if region_of[i].is_some() || miss[i].is_some() {
-                report.candidates.push(Candidate { node: i as u32, op: g.node(NodeId(i as u32)).op.name().to_string(), region: region_of[i], miss: if region_of[i].is_some() { None } else { miss[i] } });
+                report.candidates.push(Candidate {
+                    node: i as u32,
+                    op: g.node(NodeId(i as u32)).op.name().to_string(),
+                    region: region_of[i],
+                    miss: if region_of[i].is_some() {
+                        None
+                    } else {
+                        miss[i]
+                    },
+                });
             }
         }
         Ok((out, report))
@@ -283,7 +351,10 @@ fn region_body(g: &Graph, members: &[usize], name: &str) -> Result<(Graph, Vec<u
             let x = x.index();
             if !members.contains(&x) && !ext.contains(&x) {
                 ext.push(x);
-                let arg = body.try_input(&format!("in{}", ext.len() - 1), g.shape(NodeId(x as u32)).clone())?;
+                let arg = body.try_input(
+                    &format!("in{}", ext.len() - 1),
+                    g.shape(NodeId(x as u32)).clone(),
+                )?;
                 local.insert(x, arg);
             }
         }
@@ -301,10 +372,20 @@ fn region_body(g: &Graph, members: &[usize], name: &str) -> Result<(Graph, Vec<u
 fn inputs_first(body: &Graph) -> Graph {
     let mut out = Graph::new(body.name());
     let mut map = vec![NodeId(0); body.len()];
-    let order = body.ids().filter(|&i| matches!(body.node(i).op, Op::Input { .. })).chain(body.ids().filter(|&i| !matches!(body.node(i).op, Op::Input { .. })));
+    let order = body
+        .ids()
+        .filter(|&i| matches!(body.node(i).op, Op::Input { .. }))
+        .chain(
+            body.ids()
+                .filter(|&i| !matches!(body.node(i).op, Op::Input { .. })),
+        );
     for id in order {
         let n = body.node(id);
-        map[id.index()] = out.push_unchecked(n.op.clone(), n.inputs.iter().map(|x| map[x.index()]).collect(), n.shape.clone());
+        map[id.index()] = out.push_unchecked(
+            n.op.clone(),
+            n.inputs.iter().map(|x| map[x.index()]).collect(),
+            n.shape.clone(),
+        );
     }
     out.set_outputs_unchecked(body.outputs().iter().map(|o| map[o.index()]).collect());
     out

@@ -56,7 +56,10 @@ pub fn plan_memory(reqs: &[BufferRequest], align: usize) -> MemoryPlan {
         arena = arena.max(off + size);
         placed.push(i);
     }
-    MemoryPlan { offsets, arena_size: arena }
+    MemoryPlan {
+        offsets,
+        arena_size: arena,
+    }
 }
 
 #[cfg(test)]
@@ -87,8 +90,16 @@ mod tests {
     #[test]
     fn disjoint_lifetimes_share_memory() {
         let reqs = [
-            BufferRequest { size: 100, start: 0, end: 1 },
-            BufferRequest { size: 100, start: 2, end: 3 },
+            BufferRequest {
+                size: 100,
+                start: 0,
+                end: 1,
+            },
+            BufferRequest {
+                size: 100,
+                start: 2,
+                end: 3,
+            },
         ];
         assert_eq!(plan_memory(&reqs, 64).arena_size, 128);
     }

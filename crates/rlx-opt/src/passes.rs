@@ -70,24 +70,28 @@ impl Decompose<'_> {
     pub fn rules(&self) -> RuleSet<'_> {
         let mut set = RuleSet::new("decompose");
         for &kind in OpKind::ALL {
-            set = set.with(Rule::new(format!("decompose:{}", kind.name()), &[kind], move |g: &mut Graph, s: &Site| {
-                // Ask the backend about the node as it would stand, then take it back.
-                let probe = g.push_unchecked(s.op.clone(), s.ins.to_vec(), s.shape.clone());
-                let runs = (self.supports)(g, probe);
-                g.split_off(probe.index());
-                if runs {
-                    return Ok(None);
-                }
-                match ops::decompose(g, s.op, s.ins) {
-                    Some(r) => r.map(Some),
-                    None => Err(Error::Unsupported {
-                        backend: self.backend.to_string(),
-                        op: s.op.name().to_string(),
-                        node: s.source,
-                        msg: "no kernel and no decomposition".to_string(),
-                    }),
-                }
-            }));
+            set = set.with(Rule::new(
+                format!("decompose:{}", kind.name()),
+                &[kind],
+                move |g: &mut Graph, s: &Site| {
+                    // Ask the backend about the node as it would stand, then take it back.
+                    let probe = g.push_unchecked(s.op.clone(), s.ins.to_vec(), s.shape.clone());
+                    let runs = (self.supports)(g, probe);
+                    g.split_off(probe.index());
+                    if runs {
+                        return Ok(None);
+                    }
+                    match ops::decompose(g, s.op, s.ins) {
+                        Some(r) => r.map(Some),
+                        None => Err(Error::Unsupported {
+                            backend: self.backend.to_string(),
+                            op: s.op.name().to_string(),
+                            node: s.source,
+                            msg: "no kernel and no decomposition".to_string(),
+                        }),
+                    }
+                },
+            ));
         }
         set
     }

@@ -14,7 +14,11 @@ pub trait Pass {
     /// counts its rewrites under its own name).
     fn run_counted(&self, g: &Graph) -> Result<(Graph, BTreeMap<String, usize>)> {
         let (out, n) = self.run(g)?;
-        let fired = if n > 0 { BTreeMap::from([(self.name().to_string(), n)]) } else { BTreeMap::new() };
+        let fired = if n > 0 {
+            BTreeMap::from([(self.name().to_string(), n)])
+        } else {
+            BTreeMap::new()
+        };
         Ok((out, fired))
     }
 }
@@ -97,7 +101,11 @@ impl<'a> CompilePipeline<'a> {
     fn dump(&self, step: usize, pass: &str, when: &str, g: &Graph) {
         if let Some(dir) = &self.dump_dir {
             let _ = std::fs::create_dir_all(dir);
-            let safe: String = g.name().chars().map(|c| if c.is_alphanumeric() { c } else { '_' }).collect();
+            let safe: String = g
+                .name()
+                .chars()
+                .map(|c| if c.is_alphanumeric() { c } else { '_' })
+                .collect();
             let path = dir.join(format!("{safe}.{step:02}.{pass}.{when}.txt"));
             if let Err(e) = std::fs::write(&path, g.to_string()) {
                 eprintln!("rlx: cannot write IR dump {}: {e}", path.display());
@@ -136,7 +144,10 @@ impl<'a> CompilePipeline<'a> {
                 break;
             }
         }
-        Ok(CompileResult { graph: cur, records })
+        Ok(CompileResult {
+            graph: cur,
+            records,
+        })
     }
 }
 

@@ -45,8 +45,16 @@ pub struct Rule<'r> {
 
 impl<'r> Rule<'r> {
     /// A rule named `name` whose pattern's root is one of `roots`.
-    pub fn new(name: impl Into<String>, roots: &[OpKind], apply: impl Fn(&mut Graph, &Site) -> Result<Option<NodeId>> + 'r) -> Rule<'r> {
-        Rule { name: name.into(), roots: roots.to_vec(), apply: Box::new(apply) }
+    pub fn new(
+        name: impl Into<String>,
+        roots: &[OpKind],
+        apply: impl Fn(&mut Graph, &Site) -> Result<Option<NodeId>> + 'r,
+    ) -> Rule<'r> {
+        Rule {
+            name: name.into(),
+            roots: roots.to_vec(),
+            apply: Box::new(apply),
+        }
     }
 
     /// The rule's name (as counted in [`crate::PassRecord::fired`]).
@@ -70,7 +78,12 @@ pub struct RuleSet<'r> {
 impl<'r> RuleSet<'r> {
     /// An empty rule list whose pass is called `name`.
     pub fn new(name: impl Into<String>) -> RuleSet<'r> {
-        RuleSet { name: name.into(), rules: Vec::new(), by_kind: HashMap::new(), cse: false }
+        RuleSet {
+            name: name.into(),
+            rules: Vec::new(),
+            by_kind: HashMap::new(),
+            cse: false,
+        }
     }
 
     /// Add a rule (tried after the ones already added).
@@ -96,7 +109,13 @@ impl<'r> RuleSet<'r> {
     /// Rewrite `g` to a fixed point of the rules. Returns the new graph and how often each rule
     /// fired (rules that never fired are absent).
     pub fn apply(&self, g: &Graph) -> Result<(Graph, BTreeMap<String, usize>)> {
-        let mut e = Engine { set: self, out: Graph::new(g.name()), fired: BTreeMap::new(), seen: HashMap::new(), source: NodeId(0) };
+        let mut e = Engine {
+            set: self,
+            out: Graph::new(g.name()),
+            fired: BTreeMap::new(),
+            seen: HashMap::new(),
+            source: NodeId(0),
+        };
         let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
         for id in g.ids() {
             let n = g.node(id);
@@ -104,7 +123,8 @@ impl<'r> RuleSet<'r> {
             let ins: Vec<NodeId> = n.inputs.iter().map(|i| map[i.index()]).collect();
             map.push(e.emit(n.op.clone(), ins, n.shape.clone(), 0)?);
         }
-        e.out.set_outputs_unchecked(g.outputs().iter().map(|o| map[o.index()]).collect());
+        e.out
+            .set_outputs_unchecked(g.outputs().iter().map(|o| map[o.index()]).collect());
         Ok((e.out, e.fired))
     }
 }
@@ -130,10 +150,12 @@ impl Engine<'_, '_> {
         let key = mergeable.then(|| structural_hash(&op, &ins, &shape));
         if let Some(k) = key {
             let out = &self.out;
-            let same = self.seen.get(&k).and_then(|c| c.iter().copied().find(|&p| {
-                let n = out.node(p);
-                n.op == op && n.inputs == ins && n.shape == shape
-            }));
+            let same = self.seen.get(&k).and_then(|c| {
+                c.iter().copied().find(|&p| {
+                    let n = out.node(p);
+                    n.op == op && n.inputs == ins && n.shape == shape
+                })
+            });
             if let Some(prev) = same {
                 *self.fired.entry("cse".to_string()).or_default() += 1;
                 return Ok(prev);
@@ -146,31 +168,61 @@ impl Engine<'_, '_> {
         Ok(id)
     }
 
-    fn try_rules(&mut self, op: &Op, ins: &[NodeId], shape: &Shape, depth: usize) -> Result<Option<NodeId>> {
-        let Some(candidates) = self.set.by_kind.get(&op.kind()) else { return Ok(None) };
+    fn try_rules(
+        &mut self,
+        op: &Op,
+        ins: &[NodeId],
+        shape: &Shape,
+        depth: usize,
+    ) -> Result<Option<NodeId>> {
+        let Some(candidates) = self.set.by_kind.get(&op.kind()) else {
+            return Ok(None);
+        };
         for &ri in candidates {
             let rule = &self.set.rules[ri];
             let start = self.out.len();
-            let site = Site { op, ins, shape, source: self.source };
+            let site = Site {
+                op,
+                ins,
+                shape,
+                source: self.source,
+            };
             let Some(r) = (rule.apply)(&mut self.out, &site).map_err(|e| e.at(self.source))? else {
                 self.out.split_off(start);
                 continue;
             };
             if r.index() >= self.out.len() || self.out.shape(r) != shape {
-                let got = self.out.get(r).map_or("no node".to_string(), |n| n.shape.to_string());
-                return Err(Error::op(op.name(), format!("rule `{}` replaced a {shape} node by {got}", rule.name)).at(self.source));
+                let got = self
+                    .out
+                    .get(r)
+                    .map_or("no node".to_string(), |n| n.shape.to_string());
+                return Err(Error::op(
+                    op.name(),
+                    format!("rule `{}` replaced a {shape} node by {got}", rule.name),
+                )
+                .at(self.source));
             }
             *self.fired.entry(rule.name.clone()).or_default() += 1;
             // Offer every node the rule appended to the rules again, in order.
             let fresh = self.out.split_off(start);
             let mut map: Vec<NodeId> = Vec::with_capacity(fresh.len());
             for n in fresh {
-                let remap = |i: NodeId| if i.index() >= start { map[i.index() - start] } else { i };
+                let remap = |i: NodeId| {
+                    if i.index() >= start {
+                        map[i.index() - start]
+                    } else {
+                        i
+                    }
+                };
                 let ins: Vec<NodeId> = n.inputs.iter().map(|&i| remap(i)).collect();
                 let id = self.emit(n.op, ins, n.shape, depth + 1)?;
                 map.push(id);
             }
-            return Ok(Some(if r.index() >= start { map[r.index() - start] } else { r }));
+            return Ok(Some(if r.index() >= start {
+                map[r.index() - start]
+            } else {
+                r
+            }));
         }
         Ok(None)
     }
@@ -245,7 +297,10 @@ pub enum Rewrite {
 /// Rebuild `g` node by node with one callback and no fixed point (for passes that are not rule
 /// lists). `rule(new_graph, op, new_operands, shape)` may append nodes and return
 /// [`Rewrite::Replace`]. Returns the new graph and how many nodes were replaced.
-pub fn rewrite(g: &Graph, mut rule: impl FnMut(&mut Graph, &Op, &[NodeId], &Shape) -> Result<Rewrite>) -> Result<(Graph, usize)> {
+pub fn rewrite(
+    g: &Graph,
+    mut rule: impl FnMut(&mut Graph, &Op, &[NodeId], &Shape) -> Result<Rewrite>,
+) -> Result<(Graph, usize)> {
     let mut out = Graph::new(g.name());
     let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
     let mut changed = 0;

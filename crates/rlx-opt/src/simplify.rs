@@ -23,11 +23,15 @@ fn splat(g: &Graph, id: NodeId) -> Option<f64> {
     if let Op::Expand { .. } = n.op {
         return splat(g, n.inputs[0]);
     }
-    let Op::Constant { data } = &n.op else { return None };
+    let Op::Constant { data } = &n.op else {
+        return None;
+    };
     let w = n.shape.dtype().size_bytes();
     let mut chunks = data.chunks_exact(w);
     let first = chunks.next()?;
-    chunks.all(|c| c == first).then(|| convert::bytes_to_f64(first, n.shape.dtype()))
+    chunks
+        .all(|c| c == first)
+        .then(|| convert::bytes_to_f64(first, n.shape.dtype()))
 }
 
 /// Whether `id` has exactly the result shape of the site (so using it adds no broadcast).
@@ -47,7 +51,10 @@ pub fn rules() -> RuleSet<'static> {
     RuleSet::new("simplify")
         .with(Rule::new("add_concats", &[K::Add], |g, s| {
             let (x, y) = (s.ins[0], s.ins[1]);
-            if !(same(g, x, s) && same(g, y, s)) || concat_axis(g, x).is_none() || concat_axis(g, x) != concat_axis(g, y) {
+            if !(same(g, x, s) && same(g, y, s))
+                || concat_axis(g, x).is_none()
+                || concat_axis(g, x) != concat_axis(g, y)
+            {
                 return Ok(None);
             }
             add_concats(g, x, y, s.shape)
@@ -62,7 +69,9 @@ pub fn rules() -> RuleSet<'static> {
                 None
             })
         }))
-        .with(Rule::new("sub_zero", &[K::Sub], |g, s| Ok((splat(g, s.ins[1]) == Some(0.0) && same(g, s.ins[0], s)).then_some(s.ins[0]))))
+        .with(Rule::new("sub_zero", &[K::Sub], |g, s| {
+            Ok((splat(g, s.ins[1]) == Some(0.0) && same(g, s.ins[0], s)).then_some(s.ins[0]))
+        }))
         .with(Rule::new("mul_one", &[K::Mul], |g, s| {
             let (x, y) = (s.ins[0], s.ins[1]);
             Ok(if splat(g, y) == Some(1.0) && same(g, x, s) {
@@ -73,30 +82,53 @@ pub fn rules() -> RuleSet<'static> {
                 None
             })
         }))
-        .with(Rule::new("div_one", &[K::Div], |g, s| Ok((splat(g, s.ins[1]) == Some(1.0) && same(g, s.ins[0], s)).then_some(s.ins[0]))))
+        .with(Rule::new("div_one", &[K::Div], |g, s| {
+            Ok((splat(g, s.ins[1]) == Some(1.0) && same(g, s.ins[0], s)).then_some(s.ins[0]))
+        }))
         .with(Rule::new("neg_neg", &[K::Neg], |g, s| {
             let inner = g.node(s.ins[0]);
             Ok(matches!(inner.op, Op::Activation(Activation::Neg)).then(|| inner.inputs[0]))
         }))
         .with(Rule::new("transpose_identity", &[K::Transpose], |_, s| {
-            let Op::Transpose { perm } = s.op else { return Ok(None) };
-            Ok(perm.iter().enumerate().all(|(i, &p)| i == p).then_some(s.ins[0]))
+            let Op::Transpose { perm } = s.op else {
+                return Ok(None);
+            };
+            Ok(perm
+                .iter()
+                .enumerate()
+                .all(|(i, &p)| i == p)
+                .then_some(s.ins[0]))
         }))
         .with(Rule::new("transpose_transpose", &[K::Transpose], |g, s| {
-            let (Op::Transpose { perm }, Op::Transpose { perm: inner }) = (s.op, &g.node(s.ins[0]).op) else { return Ok(None) };
+            let (Op::Transpose { perm }, Op::Transpose { perm: inner }) =
+                (s.op, &g.node(s.ins[0]).op)
+            else {
+                return Ok(None);
+            };
             let src = g.node(s.ins[0]).inputs[0];
             let composed: Vec<usize> = perm.iter().map(|&p| inner[p]).collect();
             Ok(Some(g.try_transpose(src, &composed)?))
         }))
-        .with(Rule::new("reshape_same", &[K::Reshape], |g, s| Ok(same(g, s.ins[0], s).then_some(s.ins[0]))))
+        .with(Rule::new("reshape_same", &[K::Reshape], |g, s| {
+            Ok(same(g, s.ins[0], s).then_some(s.ins[0]))
+        }))
         .with(Rule::new("reshape_reshape", &[K::Reshape], |g, s| {
-            let (Op::Reshape { shape: dims }, Op::Reshape { .. }) = (s.op, &g.node(s.ins[0]).op) else { return Ok(None) };
+            let (Op::Reshape { shape: dims }, Op::Reshape { .. }) = (s.op, &g.node(s.ins[0]).op)
+            else {
+                return Ok(None);
+            };
             let src = g.node(s.ins[0]).inputs[0];
             Ok(Some(g.try_reshape(src, dims)?))
         }))
-        .with(Rule::new("expand_same", &[K::Expand], |g, s| Ok(same(g, s.ins[0], s).then_some(s.ins[0]))))
-        .with(Rule::new("cast_same", &[K::Cast], |g, s| Ok(same(g, s.ins[0], s).then_some(s.ins[0]))))
-        .with(Rule::new("narrow_full", &[K::Narrow], |g, s| Ok(same(g, s.ins[0], s).then_some(s.ins[0]))))
+        .with(Rule::new("expand_same", &[K::Expand], |g, s| {
+            Ok(same(g, s.ins[0], s).then_some(s.ins[0]))
+        }))
+        .with(Rule::new("cast_same", &[K::Cast], |g, s| {
+            Ok(same(g, s.ins[0], s).then_some(s.ins[0]))
+        }))
+        .with(Rule::new("narrow_full", &[K::Narrow], |g, s| {
+            Ok(same(g, s.ins[0], s).then_some(s.ins[0]))
+        }))
 }
 
 /// The axis of a concat node.
@@ -111,7 +143,9 @@ fn concat_axis(g: &Graph, id: NodeId) -> Option<usize> {
 /// every part that spans several segments of the common refinement is a splat (cut for free).
 fn add_concats(g: &mut Graph, x: NodeId, y: NodeId, shape: &Shape) -> Result<Option<NodeId>> {
     let axis = concat_axis(g, x).expect("checked by the caller");
-    let Some(dims) = shape.static_dims() else { return Ok(None) };
+    let Some(dims) = shape.static_dims() else {
+        return Ok(None);
+    };
     let bounds = |g: &Graph, id: NodeId| -> Vec<(usize, usize, NodeId)> {
         let mut off = 0;
         g.node(id)
@@ -131,22 +165,28 @@ fn add_concats(g: &mut Graph, x: NodeId, y: NodeId, shape: &Shape) -> Result<Opt
     cuts.dedup();
     // Each part must match one segment exactly or be a splat.
     let fits = |parts: &[(usize, usize, NodeId)], g: &Graph| {
-        parts.iter().all(|&(s, e, p)| splat(g, p).is_some() || cuts.iter().filter(|&&c| c > s && c < e).count() == 0)
+        parts.iter().all(|&(s, e, p)| {
+            splat(g, p).is_some() || cuts.iter().filter(|&&c| c > s && c < e).count() == 0
+        })
     };
     if !fits(&a, g) || !fits(&b, g) {
         return Ok(None);
     }
-    let piece = |g: &mut Graph, parts: &[(usize, usize, NodeId)], s: usize, e: usize| -> Result<NodeId> {
-        let &(ps, pe, p) = parts.iter().find(|q| q.0 <= s && e <= q.1).expect("segments refine every split");
-        if ps == s && pe == e {
-            return Ok(p);
-        }
-        let v = splat(g, p).expect("only splats are cut");
-        let mut d = dims.clone();
-        d[axis] = e - s;
-        let c = g.try_scalar(v, shape.dtype())?;
-        g.try_expand(c, &d)
-    };
+    let piece =
+        |g: &mut Graph, parts: &[(usize, usize, NodeId)], s: usize, e: usize| -> Result<NodeId> {
+            let &(ps, pe, p) = parts
+                .iter()
+                .find(|q| q.0 <= s && e <= q.1)
+                .expect("segments refine every split");
+            if ps == s && pe == e {
+                return Ok(p);
+            }
+            let v = splat(g, p).expect("only splats are cut");
+            let mut d = dims.clone();
+            d[axis] = e - s;
+            let c = g.try_scalar(v, shape.dtype())?;
+            g.try_expand(c, &d)
+        };
     let mut sums = Vec::new();
     for w in cuts.windows(2) {
         let (s, e) = (w[0], w[1]);

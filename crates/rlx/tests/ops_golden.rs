@@ -25,10 +25,20 @@ fn build(case: &Value) -> Result<Built, String> {
     let mut feeds = Vec::new();
     let mut params = Vec::new();
     let op_name = case["op"].as_str().expect("op");
-    for (i, inp) in case["inputs"].as_array().expect("inputs").iter().enumerate() {
+    for (i, inp) in case["inputs"]
+        .as_array()
+        .expect("inputs")
+        .iter()
+        .enumerate()
+    {
         let dt = dtype(&inp["dtype"]);
         let dims = usizes(&inp["shape"]);
-        let data: Vec<f64> = inp["data"].as_array().expect("data").iter().map(|v| v.as_f64().expect("number")).collect();
+        let data: Vec<f64> = inp["data"]
+            .as_array()
+            .expect("data")
+            .iter()
+            .map(|v| v.as_f64().expect("number"))
+            .collect();
         if op_name == "cache_write" && i == 0 {
             args.push(g.param(&format!("in{i}"), Shape::new(&dims, dt)));
             params.push((format!("in{i}"), encode(&data, dt), dt));
@@ -48,7 +58,10 @@ fn build(case: &Value) -> Result<Built, String> {
     let want = &case["expected"];
     let (want_dt, want_dims) = (dtype(&want["dtype"]), usizes(&want["shape"]));
     if *g.shape(out) != Shape::new(&want_dims, want_dt) {
-        return Err(format!("shape {} but reference is {want_dt}{want_dims:?}", g.shape(out)));
+        return Err(format!(
+            "shape {} but reference is {want_dt}{want_dims:?}",
+            g.shape(out)
+        ));
     }
     Ok(Built { g, feeds, params })
 }
@@ -58,19 +71,29 @@ fn build(case: &Value) -> Result<Built, String> {
 fn expected(case: &Value) -> Vec<f64> {
     let want = &case["expected"];
     let dt = dtype(&want["dtype"]);
-    let exp: Vec<f64> = want["data"].as_array().expect("data").iter().map(|v| v.as_f64().expect("number")).collect();
+    let exp: Vec<f64> = want["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|v| v.as_f64().expect("number"))
+        .collect();
     decode(&encode(&exp, dt), dt)
 }
 
 /// Compare `got` with `want` within the case's tolerance.
 fn compare(case: &Value, got: &[f64], want: &[f64], what: &str) -> Result<(), String> {
-    let (rtol, atol) = (case["rtol"].as_f64().unwrap_or(0.0), case["atol"].as_f64().unwrap_or(0.0));
+    let (rtol, atol) = (
+        case["rtol"].as_f64().unwrap_or(0.0),
+        case["atol"].as_f64().unwrap_or(0.0),
+    );
     if got.len() != want.len() {
         return Err(format!("{} values, {what} has {}", got.len(), want.len()));
     }
     for (i, (g, e)) in got.iter().zip(want).enumerate() {
         if (g - e).abs() > atol + rtol * e.abs() || g.is_nan() != e.is_nan() {
-            return Err(format!("element {i}: got {g}, {what} {e} (rtol {rtol}, atol {atol})"));
+            return Err(format!(
+                "element {i}: got {g}, {what} {e} (rtol {rtol}, atol {atol})"
+            ));
         }
     }
     Ok(())
@@ -78,13 +101,26 @@ fn compare(case: &Value, got: &[f64], want: &[f64], what: &str) -> Result<(), St
 
 /// Run a built case on the CPU backend.
 fn run_cpu(b: &Built, optimize: bool) -> Result<Vec<f64>, String> {
-    let session = if optimize { Session::new(Device::Cpu) } else { Session::new(Device::Cpu).without_optimizations() };
-    let mut c = session.try_compile(b.g.clone()).map_err(|e| format!("compiling: {e}"))?;
+    let session = if optimize {
+        Session::new(Device::Cpu)
+    } else {
+        Session::new(Device::Cpu).without_optimizations()
+    };
+    let mut c = session
+        .try_compile(b.g.clone())
+        .map_err(|e| format!("compiling: {e}"))?;
     for (name, bytes, dt) in &b.params {
-        c.try_set_param_typed(name, bytes, *dt).map_err(|e| format!("setting {name}: {e}"))?;
+        c.try_set_param_typed(name, bytes, *dt)
+            .map_err(|e| format!("setting {name}: {e}"))?;
     }
-    let feeds_ref: Vec<(&str, &[u8], DType)> = b.feeds.iter().map(|(n, b, d)| (n.as_str(), b.as_slice(), *d)).collect();
-    let outs = c.try_run_typed(&feeds_ref).map_err(|e| format!("running: {e}"))?;
+    let feeds_ref: Vec<(&str, &[u8], DType)> = b
+        .feeds
+        .iter()
+        .map(|(n, b, d)| (n.as_str(), b.as_slice(), *d))
+        .collect();
+    let outs = c
+        .try_run_typed(&feeds_ref)
+        .map_err(|e| format!("running: {e}"))?;
     Ok(decode(&outs[0].0, outs[0].1))
 }
 
@@ -92,9 +128,20 @@ fn run_cpu(b: &Built, optimize: bool) -> Result<Vec<f64>, String> {
 fn run_reference(b: &Built) -> Result<Vec<f64>, String> {
     let mut leaves = std::collections::BTreeMap::new();
     for (name, bytes, dt) in b.feeds.iter().chain(&b.params) {
-        let dims = b.g.nodes().iter().find(|n| matches!(&n.op, Op::Input { name: m } | Op::Param { name: m } if m == name)).expect("a leaf").shape.dims().to_vec();
+        let dims = b
+            .g
+            .nodes()
+            .iter()
+            .find(|n| matches!(&n.op, Op::Input { name: m } | Op::Param { name: m } if m == name))
+            .expect("a leaf")
+            .shape
+            .dims()
+            .to_vec();
         let shape = Shape::with_dims(dims, *dt);
-        leaves.insert(name.clone(), rlx::ir::eval::Tensor::from_bytes(&shape, bytes).map_err(|e| e.to_string())?);
+        leaves.insert(
+            name.clone(),
+            rlx::ir::eval::Tensor::from_bytes(&shape, bytes).map_err(|e| e.to_string())?,
+        );
     }
     let out = rlx::ir::eval::evaluate(&b.g, &leaves).map_err(|e| format!("evaluating: {e}"))?;
     Ok(decode(&out[0].to_bytes(), out[0].dtype()))
@@ -113,9 +160,19 @@ fn check_all(optimize: bool) {
     rlx_cpu::isa::for_each_level(|level| {
         let failures: Vec<String> = cases
             .iter()
-            .filter_map(|c| run_case(c, optimize).err().map(|e| format!("{}: {e}", c["name"].as_str().unwrap_or("?"))))
+            .filter_map(|c| {
+                run_case(c, optimize)
+                    .err()
+                    .map(|e| format!("{}: {e}", c["name"].as_str().unwrap_or("?")))
+            })
             .collect();
-        assert!(failures.is_empty(), "{} of {} cases fail at level {level}:\n{}", failures.len(), cases.len(), failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "{} of {} cases fail at level {level}:\n{}",
+            failures.len(),
+            cases.len(),
+            failures.join("\n")
+        );
     });
 }
 
@@ -136,9 +193,20 @@ fn the_reference_evaluator_matches_every_case() {
     let cases = cases();
     let failures: Vec<String> = cases
         .iter()
-        .filter_map(|c| build(c).and_then(|b| compare(c, &run_reference(&b)?, &expected(c), "golden")).err().map(|e| format!("{}: {e}", c["name"].as_str().unwrap_or("?"))))
+        .filter_map(|c| {
+            build(c)
+                .and_then(|b| compare(c, &run_reference(&b)?, &expected(c), "golden"))
+                .err()
+                .map(|e| format!("{}: {e}", c["name"].as_str().unwrap_or("?")))
+        })
         .collect();
-    assert!(failures.is_empty(), "{} of {} cases fail on the reference evaluator:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases fail on the reference evaluator:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 /// The backend test (ggml `test-backend-ops`): every case on the CPU backend, optimized, against
@@ -151,12 +219,25 @@ fn the_cpu_backend_matches_the_reference_evaluator() {
             .iter()
             .filter_map(|c| {
                 build(c)
-                    .and_then(|b| compare(c, &run_cpu(&b, true)?, &run_reference(&b)?, "reference evaluator"))
+                    .and_then(|b| {
+                        compare(
+                            c,
+                            &run_cpu(&b, true)?,
+                            &run_reference(&b)?,
+                            "reference evaluator",
+                        )
+                    })
                     .err()
                     .map(|e| format!("{}: {e}", c["name"].as_str().unwrap_or("?")))
             })
             .collect();
-        assert!(failures.is_empty(), "{} of {} cases differ at level {level}:\n{}", failures.len(), cases.len(), failures.join("\n"));
+        assert!(
+            failures.is_empty(),
+            "{} of {} cases differ at level {level}:\n{}",
+            failures.len(),
+            cases.len(),
+            failures.join("\n")
+        );
     });
 }
 
@@ -165,7 +246,9 @@ fn the_cpu_backend_matches_the_reference_evaluator() {
 #[test]
 fn the_text_form_round_trips_every_case() {
     for c in &cases() {
-        let g = build(c).map(|b| b.g).unwrap_or_else(|e| panic!("{}: {e}", c["name"]));
+        let g = build(c)
+            .map(|b| b.g)
+            .unwrap_or_else(|e| panic!("{}: {e}", c["name"]));
         let text = g.to_string();
         let back = Graph::parse(&text).unwrap_or_else(|e| panic!("{}: {e}\n{text}", c["name"]));
         assert_eq!(back, g, "{text}");
@@ -178,8 +261,15 @@ fn the_text_form_round_trips_every_case() {
 /// has them.
 #[test]
 fn the_table_covers_every_op() {
-    let covered: BTreeSet<OpKind> = cases().iter().map(|c| op_of(c["op"].as_str().unwrap(), &c["attrs"]).kind()).collect();
+    let covered: BTreeSet<OpKind> = cases()
+        .iter()
+        .map(|c| op_of(c["op"].as_str().unwrap(), &c["attrs"]).kind())
+        .collect();
     let leaves = [OpKind::Input, OpKind::Param, OpKind::Constant];
-    let missing: Vec<&str> = OpKind::ALL.iter().filter(|k| !leaves.contains(k) && !covered.contains(k)).map(|k| k.name()).collect();
+    let missing: Vec<&str> = OpKind::ALL
+        .iter()
+        .filter(|k| !leaves.contains(k) && !covered.contains(k))
+        .map(|k| k.name())
+        .collect();
     assert!(missing.is_empty(), "ops without golden cases: {missing:?}");
 }

@@ -21,13 +21,17 @@ fn op_names(g: &Graph) -> Vec<&'static str> {
 
 fn run_pass(p: &dyn Pass, g: &Graph) -> (Graph, usize) {
     let (out, n) = p.run(g).unwrap_or_else(|e| panic!("{}: {e}", p.name()));
-    rlx::ir::verify(&out).unwrap_or_else(|e| panic!("{} produced an invalid graph: {e}\n{out}", p.name()));
+    rlx::ir::verify(&out)
+        .unwrap_or_else(|e| panic!("{} produced an invalid graph: {e}\n{out}", p.name()));
     (out, n)
 }
 
 /// Run `g` unoptimized on the CPU (the reference for what a pass must preserve).
 fn run_plain(g: &Graph, inputs: &[(&str, &[f32])]) -> Vec<Vec<f32>> {
-    Session::new(Device::Cpu).without_optimizations().compile(g.clone()).run(inputs)
+    Session::new(Device::Cpu)
+        .without_optimizations()
+        .compile(g.clone())
+        .run(inputs)
 }
 
 fn iota(n: usize) -> Vec<f32> {
@@ -36,7 +40,10 @@ fn iota(n: usize) -> Vec<f32> {
 
 /// A fresh, empty directory under the system temp dir.
 fn temp_dir(tag: &str) -> PathBuf {
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
     let d = std::env::temp_dir().join(format!("rlx-test-{tag}-{}-{nanos}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
@@ -63,7 +70,10 @@ fn dce_removes_unused_branches_but_keeps_inputs_and_params() {
     let (out, removed) = run_pass(&DeadCodeElimination, &g);
     assert_eq!(removed, 5, "{out}");
     assert_eq!(op_names(&out), ["input", "input", "param", "add", "relu"]);
-    assert_eq!(out.inputs(), vec![("x", NodeId(0)), ("unused_in", NodeId(1))]);
+    assert_eq!(
+        out.inputs(),
+        vec![("x", NodeId(0)), ("unused_in", NodeId(1))]
+    );
     assert_eq!(out.params(), vec![("unused_p", NodeId(2))]);
     // Outputs follow their nodes.
     assert_eq!(out.outputs(), &[NodeId(4), NodeId(0)]);
@@ -102,7 +112,10 @@ fn cse_merges_identical_nodes() {
     assert_eq!(count(&out, "add"), 2);
     assert_eq!(count(&out, "exp"), 1);
     let mul = out.nodes().iter().find(|n| n.op.name() == "mul").unwrap();
-    assert_eq!(mul.inputs[0], mul.inputs[1], "both operands of mul are the one exp");
+    assert_eq!(
+        mul.inputs[0], mul.inputs[1],
+        "both operands of mul are the one exp"
+    );
     let inputs: &[(&str, &[f32])] = &[("x", &[0.0, 1.0, -1.0, 0.5]), ("y", &[1.0, 0.0, 2.0, 0.25])];
     assert_eq!(run_plain(&out, inputs), run_plain(&g, inputs));
 }
@@ -148,8 +161,15 @@ fn simplify_removes_multiply_by_one_and_add_of_zero() {
     g.set_outputs(vec![f]);
     let (out, n) = run_pass(&AlgebraicSimplify, &g);
     assert_eq!(n, 6, "{out}");
-    assert_eq!(out.outputs(), &[NodeId(0)], "the output is x itself:\n{out}");
-    assert_eq!(count(&out, "mul") + count(&out, "add") + count(&out, "sub") + count(&out, "div"), 0);
+    assert_eq!(
+        out.outputs(),
+        &[NodeId(0)],
+        "the output is x itself:\n{out}"
+    );
+    assert_eq!(
+        count(&out, "mul") + count(&out, "add") + count(&out, "sub") + count(&out, "div"),
+        0
+    );
     let xs = iota(6);
     assert_eq!(run_plain(&out, &[("x", &xs)]), vec![xs.clone()]);
     assert_eq!(run_plain(&g, &[("x", &xs)]), vec![xs]);
@@ -177,7 +197,12 @@ fn simplify_keeps_identities_that_broadcast_x_to_a_bigger_shape() {
     assert_eq!(out.node(out.outputs()[2]).op.name(), "input");
     assert_eq!(out.node(out.outputs()[3]).op.name(), "add");
     let feeds: &[(&str, &[f32])] = &[("x", &[1.0, 2.0, 3.0]), ("s", &[5.0])];
-    let want = vec![vec![1.0, 2.0, 3.0, 1.0, 2.0, 3.0], vec![1.0, 2.0, 3.0, 1.0, 2.0, 3.0], vec![5.0], vec![1.0, 3.0, 3.0]];
+    let want = vec![
+        vec![1.0, 2.0, 3.0, 1.0, 2.0, 3.0],
+        vec![1.0, 2.0, 3.0, 1.0, 2.0, 3.0],
+        vec![5.0],
+        vec![1.0, 3.0, 3.0],
+    ];
     assert_eq!(run_plain(&out, feeds), want);
     // Through the full optimizing session too.
     assert_eq!(Session::new(Device::Cpu).compile(g).run(feeds), want);
@@ -198,8 +223,14 @@ fn simplify_keeps_float_add_of_positive_zero() {
     assert_eq!(n, 1, "{out}");
     assert_eq!(out.node(out.outputs()[0]).op.name(), "add");
     assert_eq!(out.node(out.outputs()[1]).op.name(), "input");
-    let r = Session::new(Device::Cpu).compile(g).run(&[("x", &[-0.0, 1.0]), ("i", &[3.0, 4.0])]);
-    assert!(r[0][0] == 0.0 && r[0][0].is_sign_positive(), "-0.0 + 0.0 must be +0.0, got {:?}", r[0]);
+    let r = Session::new(Device::Cpu)
+        .compile(g)
+        .run(&[("x", &[-0.0, 1.0]), ("i", &[3.0, 4.0])]);
+    assert!(
+        r[0][0] == 0.0 && r[0][0].is_sign_positive(),
+        "-0.0 + 0.0 must be +0.0, got {:?}",
+        r[0]
+    );
 }
 
 #[test]
@@ -219,12 +250,23 @@ fn simplify_composes_transposes_correctly() {
         let t2 = g.transpose(t1, q);
         let y = g.activation(Activation::Neg, t2);
         g.set_outputs(vec![y]);
-        let pipe = CompilePipeline::new().with_pass(AlgebraicSimplify).with_pass(DeadCodeElimination).rounds(4);
+        let pipe = CompilePipeline::new()
+            .with_pass(AlgebraicSimplify)
+            .with_pass(DeadCodeElimination)
+            .rounds(4);
         let out = pipe.run(&g).expect("pipeline").graph;
         let identity = q.iter().map(|&i| p[i]).enumerate().all(|(i, v)| i == v);
-        assert_eq!(count(&out, "transpose"), if identity { 0 } else { 1 }, "p {p:?} q {q:?}:\n{out}");
+        assert_eq!(
+            count(&out, "transpose"),
+            if identity { 0 } else { 1 },
+            "p {p:?} q {q:?}:\n{out}"
+        );
         assert_eq!(out.shape(out.outputs()[0]), g.shape(y));
-        assert_eq!(run_plain(&out, &[("x", &xs)]), run_plain(&g, &[("x", &xs)]), "p {p:?} q {q:?}");
+        assert_eq!(
+            run_plain(&out, &[("x", &xs)]),
+            run_plain(&g, &[("x", &xs)]),
+            "p {p:?} q {q:?}"
+        );
         // And the reference is right: element [i0..i3] of t2 is x at the composed permutation.
         let got = run_plain(&g, &[("x", &xs)]).remove(0);
         let t2_dims: Vec<usize> = q.iter().map(|&i| dims[p[i]]).collect();
@@ -262,11 +304,23 @@ fn simplify_collapses_reshape_chains_and_identity_moves() {
     let y = g.activation(Activation::Neg, y);
     let kept = g.reshape(r2, &[2, 12]);
     g.set_outputs(vec![y, kept]);
-    let res = CompilePipeline::new().with_pass(AlgebraicSimplify).with_pass(DeadCodeElimination).rounds(4).run(&g).expect("pipeline");
+    let res = CompilePipeline::new()
+        .with_pass(AlgebraicSimplify)
+        .with_pass(DeadCodeElimination)
+        .rounds(4)
+        .run(&g)
+        .expect("pipeline");
     let out = res.graph;
-    assert_eq!(out.outputs()[0], NodeId(0), "everything on the first path is an identity:\n{out}");
+    assert_eq!(
+        out.outputs()[0],
+        NodeId(0),
+        "everything on the first path is an identity:\n{out}"
+    );
     assert_eq!(count(&out, "reshape"), 1, "{out}");
-    assert_eq!(out.node(out.outputs()[1]).op, Op::Reshape { shape: vec![2, 12] });
+    assert_eq!(
+        out.node(out.outputs()[1]).op,
+        Op::Reshape { shape: vec![2, 12] }
+    );
     assert_eq!(out.node(out.outputs()[1]).inputs, vec![NodeId(0)]);
     assert_eq!(op_names(&out), ["input", "reshape"]);
     let xs = iota(24);
@@ -310,9 +364,19 @@ fn constant_folding_pass_folds_constant_subgraphs_only() {
     assert_eq!(count(&out, "exp"), 1, "only the big exp stays:\n{out}");
     assert_eq!(count(&out, "mul"), 0);
     // The folded constant holds exp(c) * 2 as the reference evaluator computes it (f64, rounded once).
-    let folded_node = out.nodes().iter().rev().find(|n| matches!(n.op, Op::Constant { .. }) && n.shape == f32s(&[3])).unwrap();
-    let Op::Constant { data } = &folded_node.op else { unreachable!() };
-    let vals: Vec<f32> = data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let folded_node = out
+        .nodes()
+        .iter()
+        .rev()
+        .find(|n| matches!(n.op, Op::Constant { .. }) && n.shape == f32s(&[3]))
+        .unwrap();
+    let Op::Constant { data } = &folded_node.op else {
+        unreachable!()
+    };
+    let vals: Vec<f32> = data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
     for (v, c) in vals.iter().zip([0.0f32, 1.0, -1.0]) {
         // exp rounded to f32 once, then an exact doubling.
         assert_eq!(*v, ((c as f64).exp() as f32) * 2.0);
@@ -320,7 +384,10 @@ fn constant_folding_pass_folds_constant_subgraphs_only() {
     let feeds: &[(&str, &[f32])] = &[("x", &[1.0, 2.0, 3.0])];
     let (folded_run, plain_run) = (run_plain(&out, feeds), run_plain(&g, feeds));
     for (a, b) in folded_run.iter().flatten().zip(plain_run.iter().flatten()) {
-        assert!((a - b).abs() <= 1e-6 * b.abs(), "folded {a} vs computed {b}");
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs(),
+            "folded {a} vs computed {b}"
+        );
     }
 }
 
@@ -348,7 +415,11 @@ fn session_folds_constants() {
     }
     let fold = records.iter().find(|r| r.pass == "const_fold").unwrap();
     assert_eq!(fold.rewrites, 1);
-    assert_eq!((fold.nodes_before, fold.nodes_after), (4, 4), "exp(c) becomes a constant; c stays until DCE");
+    assert_eq!(
+        (fold.nodes_before, fold.nodes_after),
+        (4, 4),
+        "exp(c) becomes a constant; c stays until DCE"
+    );
     let dce = records.iter().find(|r| r.pass == "dce").unwrap();
     assert_eq!((dce.nodes_before, dce.nodes_after), (4, 3));
     // Each record starts where the previous one ended.
@@ -366,10 +437,21 @@ fn session_runs_a_fully_constant_graph() {
     let s = g.sum(m, &[1], false);
     g.set_outputs(vec![s, c]);
     let mut compiled = Session::new(Device::Cpu).compile(g);
-    assert!(compiled.graph().nodes().iter().all(|n| matches!(n.op, Op::Constant { .. })), "{}", compiled.graph());
+    assert!(
+        compiled
+            .graph()
+            .nodes()
+            .iter()
+            .all(|n| matches!(n.op, Op::Constant { .. })),
+        "{}",
+        compiled.graph()
+    );
     assert!(compiled.inputs().is_empty());
     // [[1,2],[3,4]] @ [[1,3],[2,4]] = [[5,11],[11,25]]
-    assert_eq!(compiled.run(&[]), vec![vec![16.0, 36.0], vec![1.0, 2.0, 3.0, 4.0]]);
+    assert_eq!(
+        compiled.run(&[]),
+        vec![vec![16.0, 36.0], vec![1.0, 2.0, 3.0, 4.0]]
+    );
 }
 
 // ---------------------------------------------------------------- pipeline
@@ -389,23 +471,37 @@ fn pipeline_dumps_before_and_after_each_pass() {
         .with_pass(DeadCodeElimination)
         .run(&g)
         .expect("pipeline");
-    let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
+    let read =
+        |f: &str| std::fs::read_to_string(dir.join(f)).unwrap_or_else(|e| panic!("{f}: {e}"));
     let before = read("dump_me.00.simplify.before.txt");
     let after = read("dump_me.00.simplify.after.txt");
     let dce_before = read("dump_me.01.dce.before.txt");
     let dce_after = read("dump_me.01.dce.after.txt");
     assert_eq!(before, g.to_string());
-    assert!(before.contains("mul") && before.contains("tanh"), "{before}");
+    assert!(
+        before.contains("mul") && before.contains("tanh"),
+        "{before}"
+    );
     assert_eq!(after, dce_before);
     assert_eq!(dce_after, res.graph.to_string());
-    assert!(!dce_after.contains("mul") && !dce_after.contains("constant"), "{dce_after}");
+    assert!(
+        !dce_after.contains("mul") && !dce_after.contains("constant"),
+        "{dce_after}"
+    );
     assert!(dce_after.contains("tanh %0"), "{dce_after}");
-    let mut files: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
     files.sort();
     assert_eq!(files.len(), 4, "{files:?}");
     // Without a dump directory nothing is written.
     let quiet = temp_dir("nodump");
-    CompilePipeline::new().dump_to(None).with_pass(AlgebraicSimplify).run(&g).expect("pipeline");
+    CompilePipeline::new()
+        .dump_to(None)
+        .with_pass(AlgebraicSimplify)
+        .run(&g)
+        .expect("pipeline");
     assert_eq!(std::fs::read_dir(&quiet).unwrap().count(), 0);
     let _ = std::fs::remove_dir_all(&dir);
     let _ = std::fs::remove_dir_all(&quiet);
@@ -418,14 +514,31 @@ fn pipeline_records_and_rounds() {
     let t1 = g.transpose(x, &[1, 0]);
     let t2 = g.transpose(t1, &[1, 0]);
     g.set_outputs(vec![t2]);
-    let res = CompilePipeline::new().with_pass(AlgebraicSimplify).with_pass(DeadCodeElimination).rounds(5).run(&g).unwrap();
+    let res = CompilePipeline::new()
+        .with_pass(AlgebraicSimplify)
+        .with_pass(DeadCodeElimination)
+        .rounds(5)
+        .run(&g)
+        .unwrap();
     let names: Vec<&str> = res.records.iter().map(|r| r.pass.as_str()).collect();
     // Round 1 composes the transposes and, since the engine offers the composed transpose to
     // the rules again, drops it as the identity; DCE removes the old pair; round 2 finds nothing
     // to do and stops.
-    assert_eq!(names, ["simplify", "dce", "simplify", "dce"], "{:?}", res.records);
-    let fired: Vec<(&str, usize)> = res.records[0].fired.iter().map(|(k, &v)| (k.as_str(), v)).collect();
-    assert_eq!(fired, [("transpose_identity", 1), ("transpose_transpose", 1)]);
+    assert_eq!(
+        names,
+        ["simplify", "dce", "simplify", "dce"],
+        "{:?}",
+        res.records
+    );
+    let fired: Vec<(&str, usize)> = res.records[0]
+        .fired
+        .iter()
+        .map(|(k, &v)| (k.as_str(), v))
+        .collect();
+    assert_eq!(
+        fired,
+        [("transpose_identity", 1), ("transpose_transpose", 1)]
+    );
     assert_eq!(res.records.last().unwrap().rewrites, 0);
     assert_eq!(op_names(&res.graph), ["input"]);
     assert_eq!(res.graph.outputs(), &[NodeId(0)]);
@@ -444,7 +557,11 @@ impl Pass for Breaker {
                 return Ok(rlx::opt::Rewrite::Keep);
             }
             let n = shape.dim(0).unwrap();
-            Ok(rlx::opt::Rewrite::Replace(out.push_unchecked(op.clone(), ins.to_vec(), f32s(&[n + 1]))))
+            Ok(rlx::opt::Rewrite::Replace(out.push_unchecked(
+                op.clone(),
+                ins.to_vec(),
+                f32s(&[n + 1]),
+            )))
         })
     }
 }
@@ -455,11 +572,18 @@ fn pipeline_verifies_after_each_pass() {
     let x = g.input("x", f32s(&[2]));
     let y = g.add(x, x);
     g.set_outputs(vec![y]);
-    let err = CompilePipeline::new().verify_each(true).with_pass(Breaker).run(&g).expect_err("broken graph");
+    let err = CompilePipeline::new()
+        .verify_each(true)
+        .with_pass(Breaker)
+        .run(&g)
+        .expect_err("broken graph");
     match &err {
         Error::Verify(errs) => {
             let all = errs.join("\n");
-            assert!(all.contains("%1") && all.contains("f32[3]") && all.contains("f32[2]"), "{all}");
+            assert!(
+                all.contains("%1") && all.contains("f32[3]") && all.contains("f32[2]"),
+                "{all}"
+            );
         }
         e => panic!("expected Error::Verify, got {e:?}"),
     }
@@ -474,16 +598,28 @@ fn pipeline_verifies_after_each_pass() {
 // ---------------------------------------------------------------- decomposition
 
 /// Naive `dot_general` over row-major data.
-fn ref_dot_general(a: &[f32], ad: &[usize], b: &[f32], bd: &[usize], d: &DotDims) -> (Vec<usize>, Vec<f32>) {
+fn ref_dot_general(
+    a: &[f32],
+    ad: &[usize],
+    b: &[f32],
+    bd: &[usize],
+    d: &DotDims,
+) -> (Vec<usize>, Vec<f32>) {
     let free = |rank: usize, batch: &[usize], con: &[usize]| -> Vec<usize> {
-        (0..rank).filter(|i| !batch.contains(i) && !con.contains(i)).collect()
+        (0..rank)
+            .filter(|i| !batch.contains(i) && !con.contains(i))
+            .collect()
     };
-    let (lf, rf) = (free(ad.len(), &d.lhs_batch, &d.lhs_contract), free(bd.len(), &d.rhs_batch, &d.rhs_contract));
+    let (lf, rf) = (
+        free(ad.len(), &d.lhs_batch, &d.lhs_contract),
+        free(bd.len(), &d.rhs_batch, &d.rhs_contract),
+    );
     let mut out_dims: Vec<usize> = d.lhs_batch.iter().map(|&i| ad[i]).collect();
     out_dims.extend(lf.iter().map(|&i| ad[i]));
     out_dims.extend(rf.iter().map(|&i| bd[i]));
     let con_dims: Vec<usize> = d.lhs_contract.iter().map(|&i| ad[i]).collect();
-    let offset = |idx: &[usize], dims: &[usize]| idx.iter().zip(dims).fold(0, |acc, (i, n)| acc * n + i);
+    let offset =
+        |idx: &[usize], dims: &[usize]| idx.iter().zip(dims).fold(0, |acc, (i, n)| acc * n + i);
     let unravel = |mut f: usize, dims: &[usize]| {
         let mut v = vec![0; dims.len()];
         for i in (0..dims.len()).rev() {
@@ -527,12 +663,26 @@ fn ref_dot_general(a: &[f32], ad: &[usize], b: &[f32], bd: &[usize], d: &DotDims
 fn dot_general_is_decomposed_for_the_cpu() {
     let cases: Vec<(Vec<usize>, Vec<usize>, DotDims)> = vec![
         // Plain batched matmul.
-        (vec![2, 3, 4], vec![2, 4, 5], DotDims { lhs_contract: vec![2], rhs_contract: vec![1], lhs_batch: vec![0], rhs_batch: vec![0] }),
+        (
+            vec![2, 3, 4],
+            vec![2, 4, 5],
+            DotDims {
+                lhs_contract: vec![2],
+                rhs_contract: vec![1],
+                lhs_batch: vec![0],
+                rhs_batch: vec![0],
+            },
+        ),
         // Batch and contracting axes in unusual places, two contracting axes in swapped order.
         (
             vec![3, 2, 6, 4],
             vec![4, 5, 3, 2],
-            DotDims { lhs_contract: vec![3, 0], rhs_contract: vec![0, 2], lhs_batch: vec![1], rhs_batch: vec![3] },
+            DotDims {
+                lhs_contract: vec![3, 0],
+                rhs_contract: vec![0, 2],
+                lhs_batch: vec![1],
+                rhs_batch: vec![3],
+            },
         ),
         // Outer product (no contraction, no batch).
         (vec![3], vec![2, 2], DotDims::default()),
@@ -543,15 +693,25 @@ fn dot_general_is_decomposed_for_the_cpu() {
         let b = g.input("b", f32s(&bd));
         let y = g.dot_general(a, b, dims.clone());
         g.set_outputs(vec![y]);
-        let av: Vec<f32> = (0..ad.iter().product()).map(|i: usize| (i % 7) as f32 - 3.0).collect();
-        let bv: Vec<f32> = (0..bd.iter().product()).map(|i: usize| (i % 5) as f32 * 0.5 - 1.0).collect();
+        let av: Vec<f32> = (0..ad.iter().product())
+            .map(|i: usize| (i % 7) as f32 - 3.0)
+            .collect();
+        let bv: Vec<f32> = (0..bd.iter().product())
+            .map(|i: usize| (i % 5) as f32 * 0.5 - 1.0)
+            .collect();
         let (want_dims, want) = ref_dot_general(&av, &ad, &bv, &bd, &dims);
         assert_eq!(*g.shape(y), f32s(&want_dims));
-        for session in [Session::new(Device::Cpu), Session::new(Device::Cpu).without_optimizations()] {
+        for session in [
+            Session::new(Device::Cpu),
+            Session::new(Device::Cpu).without_optimizations(),
+        ] {
             let mut c = session.compile(g.clone());
             assert_eq!(count(c.graph(), "dot_general"), 0, "{}", c.graph());
             assert!(count(c.graph(), "matmul") == 1, "{}", c.graph());
-            assert!(c.pass_records().iter().any(|r| r.pass == "decompose" && r.rewrites == 1));
+            assert!(c
+                .pass_records()
+                .iter()
+                .any(|r| r.pass == "decompose" && r.rewrites == 1));
             let out = c.run(&[("a", &av), ("b", &bv)]);
             assert_eq!(out[0], want, "{ad:?} x {bd:?} with {dims:?}");
         }
@@ -565,12 +725,26 @@ fn decompose_reports_ops_without_a_decomposition() {
     let y = g.activation(Activation::Tanh, x);
     g.set_outputs(vec![y]);
     let supports = |g: &Graph, id: NodeId| g.node(id).op.name() != "tanh";
-    let err = Decompose { backend: "toy", supports: &supports }.run(&g).expect_err("tanh has no decomposition");
+    let err = Decompose {
+        backend: "toy",
+        supports: &supports,
+    }
+    .run(&g)
+    .expect_err("tanh has no decomposition");
     assert_eq!(
         err,
-        Error::Unsupported { backend: "toy".into(), op: "tanh".into(), node: NodeId(1), msg: "no kernel and no decomposition".into() }
+        Error::Unsupported {
+            backend: "toy".into(),
+            op: "tanh".into(),
+            node: NodeId(1),
+            msg: "no kernel and no decomposition".into()
+        }
     );
-    assert!(err.to_string().contains("toy backend cannot run tanh (node %1)"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("toy backend cannot run tanh (node %1)"),
+        "{err}"
+    );
 }
 
 // ---------------------------------------------------------------- serialization and printing
@@ -599,9 +773,34 @@ fn zoo() -> Graph {
     let gat = g.gather(flat, idx, 1);
     let conv_in = g.reshape(x, &[1, 2, 4]);
     let cw = g.param("cw", f32s(&[3, 2, 2]));
-    let conv = g.conv(conv_in, cw, ConvAttrs { stride: vec![2], padding: vec![(1, 0)], dilation: vec![1], groups: 1 });
-    let pool = g.pool(conv, PoolAttrs { kind: PoolKind::Mean, kernel: vec![2], stride: vec![1], padding: vec![(1, 1)] });
-    let dg = g.dot_general(x, w, DotDims { lhs_contract: vec![1], rhs_contract: vec![0], ..Default::default() });
+    let conv = g.conv(
+        conv_in,
+        cw,
+        ConvAttrs {
+            stride: vec![2],
+            padding: vec![(1, 0)],
+            dilation: vec![1],
+            groups: 1,
+        },
+    );
+    let pool = g.pool(
+        conv,
+        PoolAttrs {
+            kind: PoolKind::Mean,
+            kernel: vec![2],
+            stride: vec![1],
+            padding: vec![(1, 1)],
+        },
+    );
+    let dg = g.dot_general(
+        x,
+        w,
+        DotDims {
+            lhs_contract: vec![1],
+            rhs_contract: vec![0],
+            ..Default::default()
+        },
+    );
     let cmp = g.compare(CmpOp::Ge, dg, mm);
     let sel = g.select(cmp, dg, mm);
     let cs = g.cumsum(sel, 0);
@@ -635,7 +834,10 @@ fn json_round_trip_of_many_op_kinds() {
         ("pos".into(), vec![0.0, 5.0]),
         ("upd".into(), vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
     ];
-    let feeds: Vec<(&str, &[f32])> = feeds.iter().map(|(n, v)| (n.as_str(), v.as_slice())).collect();
+    let feeds: Vec<(&str, &[f32])> = feeds
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_slice()))
+        .collect();
     let mut results = Vec::new();
     for graph in [g, back] {
         let mut c = Session::new(Device::Cpu).compile(graph);
@@ -646,7 +848,11 @@ fn json_round_trip_of_many_op_kinds() {
         results.push(c.run(&feeds));
     }
     assert_eq!(results[0], results[1]);
-    assert!(results[0].iter().flatten().all(|v| v.is_finite()), "{:?}", results[0]);
+    assert!(
+        results[0].iter().flatten().all(|v| v.is_finite()),
+        "{:?}",
+        results[0]
+    );
 }
 
 #[test]
@@ -655,7 +861,11 @@ fn display_names_every_op() {
     let text = g.to_string();
     assert!(text.starts_with("graph \"zoo\" {"), "{text}");
     for n in g.nodes() {
-        assert!(text.contains(n.op.name()), "{} missing from\n{text}", n.op.name());
+        assert!(
+            text.contains(n.op.name()),
+            "{} missing from\n{text}",
+            n.op.name()
+        );
     }
     for want in [
         "input {name = \"x\"} : f32[2, 4]",
@@ -701,16 +911,38 @@ fn simplify_turns_the_summed_cotangents_of_narrows_into_one_concat() {
     let loss = g.sum(s, &[0, 1], false);
     g.set_outputs(vec![loss]);
     let d = rlx::autodiff::grad_with_loss(&g, &[x]).unwrap();
-    let pipe = CompilePipeline::new().with_pass(AlgebraicSimplify).with_pass(DeadCodeElimination).rounds(4);
+    let pipe = CompilePipeline::new()
+        .with_pass(AlgebraicSimplify)
+        .with_pass(DeadCodeElimination)
+        .rounds(4);
     let out = pipe.run(&d).unwrap().graph;
     let grad = out.outputs()[1];
     assert_eq!(out.node(grad).op.name(), "concat", "{out}");
     assert_eq!(count(&out, "concat"), 1, "{out}");
-    let wide_adds = out.nodes().iter().filter(|n| n.op.name() == "add" && n.shape.dims().len() == 2 && n.shape.dims()[1].as_static() == Some(6)).count();
-    assert_eq!(wide_adds, 0, "no sum of padded [2, 6] cotangents remains:\n{out}");
+    let wide_adds = out
+        .nodes()
+        .iter()
+        .filter(|n| {
+            n.op.name() == "add"
+                && n.shape.dims().len() == 2
+                && n.shape.dims()[1].as_static() == Some(6)
+        })
+        .count();
+    assert_eq!(
+        wide_adds, 0,
+        "no sum of padded [2, 6] cotangents remains:\n{out}"
+    );
     let xs = iota(12);
     let feeds: &[(&str, &[f32])] = &[("x", &xs), (rlx::autodiff::D_OUTPUT, &[1.0])];
-    let want: Vec<f32> = xs.iter().enumerate().map(|(i, &v)| match i % 6 { 0 | 1 => 2.0 * v, 2 | 3 => 2.0, _ => 3.0 * v * v }).collect();
+    let want: Vec<f32> = xs
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| match i % 6 {
+            0 | 1 => 2.0 * v,
+            2 | 3 => 2.0,
+            _ => 3.0 * v * v,
+        })
+        .collect();
     assert_eq!(run_plain(&out, feeds)[1], want);
     assert_eq!(run_plain(&d, feeds)[1], want);
 }

@@ -10,7 +10,11 @@ use rlx::prelude::*;
 /// numpy's broadcasting rule on static shapes.
 fn ref_broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
     let n = a.len().max(b.len());
-    let pad = |s: &[usize]| -> Vec<usize> { std::iter::repeat_n(1, n - s.len()).chain(s.iter().copied()).collect() };
+    let pad = |s: &[usize]| -> Vec<usize> {
+        std::iter::repeat_n(1, n - s.len())
+            .chain(s.iter().copied())
+            .collect()
+    };
     let (a, b) = (pad(a), pad(b));
     a.iter()
         .zip(&b)
@@ -55,7 +59,11 @@ struct Tensor {
 
 impl Tensor {
     fn at(&self, idx: &[usize]) -> f32 {
-        let off: usize = idx.iter().zip(strides(&self.dims)).map(|(i, s)| i * s).sum();
+        let off: usize = idx
+            .iter()
+            .zip(strides(&self.dims))
+            .map(|(i, s)| i * s)
+            .sum();
         self.data[off]
     }
 
@@ -66,7 +74,10 @@ impl Tensor {
 
     fn reshape(&self, dims: &[usize]) -> Tensor {
         assert_eq!(numel(dims), self.data.len());
-        Tensor { dims: dims.to_vec(), data: self.data.clone() }
+        Tensor {
+            dims: dims.to_vec(),
+            data: self.data.clone(),
+        }
     }
 
     fn transpose(&self, perm: &[usize]) -> Tensor {
@@ -96,7 +107,12 @@ fn ref_add(a: &Tensor, b: &Tensor) -> Tensor {
     let out = ref_broadcast(&a.dims, &b.dims).expect("compatible");
     let pick = |t: &Tensor, idx: &[usize]| {
         let skip = idx.len() - t.dims.len();
-        let src: Vec<usize> = t.dims.iter().enumerate().map(|(i, &d)| if d == 1 { 0 } else { idx[skip + i] }).collect();
+        let src: Vec<usize> = t
+            .dims
+            .iter()
+            .enumerate()
+            .map(|(i, &d)| if d == 1 { 0 } else { idx[skip + i] })
+            .collect();
         t.at(&src)
     };
     Tensor::from_fn(out, |idx| pick(a, idx) + pick(b, idx))
@@ -122,7 +138,11 @@ fn statics(d: &[usize]) -> Vec<Dim> {
 
 fn compile(g: Graph, optimize: bool) -> CompiledGraph {
     let s = Session::new(Device::Cpu);
-    let s = if optimize { s } else { s.without_optimizations() };
+    let s = if optimize {
+        s
+    } else {
+        s.without_optimizations()
+    };
     s.try_compile(g).unwrap_or_else(|e| panic!("compile: {e}"))
 }
 
@@ -140,17 +160,25 @@ fn shape() -> impl Strategy<Value = Vec<usize>> {
 /// A pair of shapes that is often (not always) broadcast-compatible: `b` is either independent
 /// or derived from `a` by dropping leading axes and replacing some dims with 1.
 fn shape_pair() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
-    let derived = (shape(), 0usize..=4, proptest::collection::vec(any::<bool>(), 4), any::<bool>()).prop_map(
-        |(a, drop, ones, swap)| {
+    let derived = (
+        shape(),
+        0usize..=4,
+        proptest::collection::vec(any::<bool>(), 4),
+        any::<bool>(),
+    )
+        .prop_map(|(a, drop, ones, swap)| {
             let drop = drop.min(a.len());
-            let b: Vec<usize> = a[drop..].iter().zip(&ones).map(|(&d, &one)| if one { 1 } else { d }).collect();
+            let b: Vec<usize> = a[drop..]
+                .iter()
+                .zip(&ones)
+                .map(|(&d, &one)| if one { 1 } else { d })
+                .collect();
             if swap {
                 (b, a)
             } else {
                 (a, b)
             }
-        },
-    );
+        });
     prop_oneof![(shape(), shape()), derived]
 }
 
@@ -212,7 +240,11 @@ proptest! {
 enum Move {
     Reshape(Vec<usize>),
     Transpose(Vec<usize>),
-    Narrow { axis: usize, start: usize, len: usize },
+    Narrow {
+        axis: usize,
+        start: usize,
+        len: usize,
+    },
 }
 
 /// Turn raw random numbers into a valid op on a value of shape `dims`.
@@ -263,10 +295,17 @@ fn pick_move(dims: &[usize], kind: u8, r: &[u32; 6]) -> Move {
     }
 }
 
-fn run_chain(start: &[usize], steps: &[(u8, [u32; 6])], optimize: bool) -> std::result::Result<(), TestCaseError> {
+fn run_chain(
+    start: &[usize],
+    steps: &[(u8, [u32; 6])],
+    optimize: bool,
+) -> std::result::Result<(), TestCaseError> {
     let mut g = Graph::new("chain");
     let mut id = g.input("x", Shape::new(start, DType::F32));
-    let input = Tensor { dims: start.to_vec(), data: (0..numel(start)).map(|i| i as f32).collect() };
+    let input = Tensor {
+        dims: start.to_vec(),
+        data: (0..numel(start)).map(|i| i as f32).collect(),
+    };
     let mut want = input.clone();
     let mut applied = Vec::new();
     for (kind, r) in steps {
@@ -274,17 +313,34 @@ fn run_chain(start: &[usize], steps: &[(u8, [u32; 6])], optimize: bool) -> std::
         let (next_id, next) = match &m {
             Move::Reshape(d) => (g.try_reshape(id, d), want.reshape(d)),
             Move::Transpose(p) => (g.try_transpose(id, p), want.transpose(p)),
-            Move::Narrow { axis, start, len } => (g.try_narrow(id, *axis, *start, *len), want.narrow(*axis, *start, *len)),
+            Move::Narrow { axis, start, len } => (
+                g.try_narrow(id, *axis, *start, *len),
+                want.narrow(*axis, *start, *len),
+            ),
         };
         applied.push(m);
         id = next_id.map_err(|e| TestCaseError::fail(format!("{applied:?}: {e}")))?;
-        prop_assert_eq!(g.shape(id), &Shape::new(&next.dims, DType::F32), "after {:?}", applied);
+        prop_assert_eq!(
+            g.shape(id),
+            &Shape::new(&next.dims, DType::F32),
+            "after {:?}",
+            applied
+        );
         want = next;
     }
     g.set_outputs(vec![id]);
     let mut c = compile(g, optimize);
-    let out = c.try_run(&[("x", &input.data)]).map_err(|e| TestCaseError::fail(e.to_string()))?;
-    prop_assert_eq!(&out[0], &want.data, "start {:?}, moves {:?}, optimize {}", start, applied, optimize);
+    let out = c
+        .try_run(&[("x", &input.data)])
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    prop_assert_eq!(
+        &out[0],
+        &want.data,
+        "start {:?}, moves {:?}, optimize {}",
+        start,
+        applied,
+        optimize
+    );
     Ok(())
 }
 
@@ -389,8 +445,14 @@ fn reference_broadcast_sanity() {
     assert_eq!(ref_broadcast(&[0], &[1]), Some(vec![0]));
     assert_eq!(ref_broadcast(&[0], &[2]), None);
     assert_eq!(ref_broadcast(&[], &[]), Some(vec![]));
-    let t = Tensor { dims: vec![2, 3], data: (0..6).map(|i| i as f32).collect() };
-    assert_eq!(t.transpose(&[1, 0]).data, vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    let t = Tensor {
+        dims: vec![2, 3],
+        data: (0..6).map(|i| i as f32).collect(),
+    };
+    assert_eq!(
+        t.transpose(&[1, 0]).data,
+        vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+    );
     assert_eq!(t.narrow(1, 1, 2).data, vec![1.0, 2.0, 4.0, 5.0]);
 }
 
@@ -399,8 +461,14 @@ fn reference_broadcast_sanity() {
 #[test]
 fn large_shapes_agree_across_thread_counts() {
     let (a_dims, b_dims) = ([64usize, 1, 1024], [1usize, 8, 1]);
-    let a = Tensor { dims: a_dims.to_vec(), data: values(1, numel(&a_dims)) };
-    let b = Tensor { dims: b_dims.to_vec(), data: values(2, numel(&b_dims)) };
+    let a = Tensor {
+        dims: a_dims.to_vec(),
+        data: values(1, numel(&a_dims)),
+    };
+    let b = Tensor {
+        dims: b_dims.to_vec(),
+        data: values(2, numel(&b_dims)),
+    };
     let sum_ab = ref_add(&a, &b);
     // A transposed (strided) view of the sum, narrowed, then reduced over its first axis.
     let t = sum_ab.transpose(&[2, 0, 1]).narrow(0, 3, 1000);
@@ -424,10 +492,16 @@ fn large_shapes_agree_across_thread_counts() {
         let out = c.run(&[("a", &a.data), ("b", &b.data)]);
         assert_eq!(out[0], sum_ab.data, "add with {threads} threads");
         for (i, (&got, &want)) in out[1].iter().zip(&sums).enumerate() {
-            assert!((got as f64 - want).abs() <= 1e-4 * scale[i], "sum[{i}] with {threads} threads: {got} vs {want}");
+            assert!(
+                (got as f64 - want).abs() <= 1e-4 * scale[i],
+                "sum[{i}] with {threads} threads: {got} vs {want}"
+            );
         }
         let relu: Vec<f32> = t.data.iter().map(|v| v.max(0.0)).collect();
-        assert_eq!(out[2], relu, "relu of a strided view with {threads} threads");
+        assert_eq!(
+            out[2], relu,
+            "relu of a strided view with {threads} threads"
+        );
     }
 }
 
@@ -454,7 +528,11 @@ fn concurrent_runs_on_the_shared_pool() {
                 for _ in 0..20 {
                     let out = c.run(&[("x", &xs), ("y", &ys)]);
                     assert_eq!(out[0], want, "thread {k}");
-                    assert!((out[1][0] as f64 - want_sum).abs() <= 1e-4 * scale, "thread {k}: {} vs {want_sum}", out[1][0]);
+                    assert!(
+                        (out[1][0] as f64 - want_sum).abs() <= 1e-4 * scale,
+                        "thread {k}: {} vs {want_sum}",
+                        out[1][0]
+                    );
                 }
             });
         }

@@ -19,7 +19,16 @@ fn fp8_value(b: u8, e5m2: bool) -> f32 {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn run(scheme: QuantScheme, wq: (&[u8], DType, Vec<usize>), scale: &[f32], zp: &[f32], groups: Vec<usize>, w_ref: &[f32], k: usize, n: usize) {
+fn run(
+    scheme: QuantScheme,
+    wq: (&[u8], DType, Vec<usize>),
+    scale: &[f32],
+    zp: &[f32],
+    groups: Vec<usize>,
+    w_ref: &[f32],
+    k: usize,
+    n: usize,
+) {
     let m = 3;
     let mut g = Graph::new("q");
     let x = g.input("x", Shape::new(&[m, k], DType::F32));
@@ -32,13 +41,18 @@ fn run(scheme: QuantScheme, wq: (&[u8], DType, Vec<usize>), scale: &[f32], zp: &
     c.set_param_typed("q", wq.0, wq.1);
     c.set_param("s", scale);
     c.set_param("z", zp);
-    let xs: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0).collect();
+    let xs: Vec<f32> = (0..m * k)
+        .map(|i| ((i * 7 % 11) as f32 - 5.0) / 4.0)
+        .collect();
     let out = c.run(&[("x", &xs)]).remove(0);
     for r in 0..m {
         for j in 0..n {
             let want: f32 = (0..k).map(|i| xs[r * k + i] * w_ref[j * k + i]).sum();
             let got = out[r * n + j];
-            assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{scheme:?} [{r},{j}]: {got} vs {want}");
+            assert!(
+                (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                "{scheme:?} [{r},{j}]: {got} vs {want}"
+            );
         }
     }
 }
@@ -49,7 +63,9 @@ fn int8_int4_and_fp8_schemes_match_a_direct_reference() {
     let groups = vec![n, k / bs];
     let scale: Vec<f32> = (0..n * k / bs).map(|i| 0.1 + i as f32 * 0.05).collect();
     let zp: Vec<f32> = (0..n * k / bs).map(|i| (i % 3) as f32).collect();
-    let q8: Vec<i8> = (0..n * k).map(|i| (i as i32 * 37 % 255 - 127) as i8).collect();
+    let q8: Vec<i8> = (0..n * k)
+        .map(|i| (i as i32 * 37 % 255 - 127) as i8)
+        .collect();
     let q8b: Vec<u8> = q8.iter().map(|&v| v as u8).collect();
     for asym in [false, true] {
         let w: Vec<f32> = (0..n * k)
@@ -58,8 +74,21 @@ fn int8_int4_and_fp8_schemes_match_a_direct_reference() {
                 (q8[i] as f32 - if asym { zp[gi] } else { 0.0 }) * scale[gi]
             })
             .collect();
-        let scheme = if asym { QuantScheme::Int8BlockAsym { block_size: bs } } else { QuantScheme::Int8Block { block_size: bs } };
-        run(scheme, (&q8b, DType::I8, vec![n, k]), &scale, &zp, groups.clone(), &w, k, n);
+        let scheme = if asym {
+            QuantScheme::Int8BlockAsym { block_size: bs }
+        } else {
+            QuantScheme::Int8Block { block_size: bs }
+        };
+        run(
+            scheme,
+            (&q8b, DType::I8, vec![n, k]),
+            &scale,
+            &zp,
+            groups.clone(),
+            &w,
+            k,
+            n,
+        );
     }
     let packed: Vec<u8> = (0..n * k / 2).map(|i| (i * 29 % 256) as u8).collect();
     let w4: Vec<f32> = (0..n * k)
@@ -70,12 +99,36 @@ fn int8_int4_and_fp8_schemes_match_a_direct_reference() {
             (q - zp[gi]) * scale[gi]
         })
         .collect();
-    run(QuantScheme::Int4Block { block_size: bs }, (&packed, DType::U8, vec![n, k / 2]), &scale, &zp, groups, &w4, k, n);
+    run(
+        QuantScheme::Int4Block { block_size: bs },
+        (&packed, DType::U8, vec![n, k / 2]),
+        &scale,
+        &zp,
+        groups,
+        &w4,
+        k,
+        n,
+    );
     // FP8: finite bytes only (no NaN / inf encodings), one scale per tensor.
-    let bytes: Vec<u8> = (0..n * k).map(|i| (i * 13 % 120) as u8 | if i % 2 == 1 { 0x80 } else { 0 }).collect();
+    let bytes: Vec<u8> = (0..n * k)
+        .map(|i| (i * 13 % 120) as u8 | if i % 2 == 1 { 0x80 } else { 0 })
+        .collect();
     for e5m2 in [false, true] {
         let w: Vec<f32> = bytes.iter().map(|&b| fp8_value(b, e5m2) * 0.5).collect();
-        let scheme = if e5m2 { QuantScheme::Fp8E5m2 } else { QuantScheme::Fp8E4m3 };
-        run(scheme, (&bytes, DType::U8, vec![n, k]), &[0.5], &[0.0], vec![1], &w, k, n);
+        let scheme = if e5m2 {
+            QuantScheme::Fp8E5m2
+        } else {
+            QuantScheme::Fp8E4m3
+        };
+        run(
+            scheme,
+            (&bytes, DType::U8, vec![n, k]),
+            &[0.5],
+            &[0.0],
+            vec![1],
+            &w,
+            k,
+            n,
+        );
     }
 }

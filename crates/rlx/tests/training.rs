@@ -16,7 +16,11 @@ fn linear(c: &[f32]) -> Graph {
 }
 
 fn cfg(optimizer: Optimizer, lr: f32) -> TrainConfig {
-    TrainConfig { optimizer, schedule: Schedule::Constant { lr }, clip_norm: None }
+    TrainConfig {
+        optimizer,
+        schedule: Schedule::Constant { lr },
+        clip_norm: None,
+    }
 }
 
 /// Host reference of `steps` updates with constant gradient `c`.
@@ -30,10 +34,19 @@ fn reference(opt: Optimizer, lr: f64, p0: &[f64], c: &[f64], steps: usize) -> Ve
                 Optimizer::Sgd { momentum, nesterov } => {
                     let mu = momentum as f64;
                     m[i] = mu * m[i] + g;
-                    let d = if mu == 0.0 { g } else if nesterov { g + mu * m[i] } else { m[i] };
+                    let d = if mu == 0.0 {
+                        g
+                    } else if nesterov {
+                        g + mu * m[i]
+                    } else {
+                        m[i]
+                    };
                     p[i] -= lr * d;
                 }
-                Optimizer::Adam { beta1, beta2, eps } | Optimizer::AdamW { beta1, beta2, eps, .. } => {
+                Optimizer::Adam { beta1, beta2, eps }
+                | Optimizer::AdamW {
+                    beta1, beta2, eps, ..
+                } => {
                     let (b1, b2) = (beta1 as f64, beta2 as f64);
                     m[i] = b1 * m[i] + (1.0 - b1) * g;
                     v[i] = b2 * v[i] + (1.0 - b2) * g * g;
@@ -56,14 +69,29 @@ fn optimizers_follow_their_update_rules() {
     let c = [0.5f32, -2.0, 3.0];
     let p0 = [1.0f32, 2.0, -1.0];
     let opts = [
-        Optimizer::Sgd { momentum: 0.0, nesterov: false },
-        Optimizer::Sgd { momentum: 0.9, nesterov: false },
-        Optimizer::Sgd { momentum: 0.9, nesterov: true },
+        Optimizer::Sgd {
+            momentum: 0.0,
+            nesterov: false,
+        },
+        Optimizer::Sgd {
+            momentum: 0.9,
+            nesterov: false,
+        },
+        Optimizer::Sgd {
+            momentum: 0.9,
+            nesterov: true,
+        },
         Optimizer::adam(),
         Optimizer::adamw(0.1),
     ];
     for opt in opts {
-        let mut t = Trainer::new(&linear(&c), &["p"], cfg(opt, 0.05), &Session::new(Device::Cpu)).unwrap();
+        let mut t = Trainer::new(
+            &linear(&c),
+            &["p"],
+            cfg(opt, 0.05),
+            &Session::new(Device::Cpu),
+        )
+        .unwrap();
         t.set_param("p", &p0).unwrap();
         for _ in 0..7 {
             t.step(&[]).unwrap();
@@ -71,19 +99,34 @@ fn optimizers_follow_their_update_rules() {
         let got = t.get_param("p").unwrap();
         let want = reference(opt, 0.05, &p0.map(f64::from), &c.map(f64::from), 7);
         for (g, w) in got.iter().zip(&want) {
-            assert!((*g as f64 - w).abs() < 1e-5 * (1.0 + w.abs()), "{opt:?}: {got:?} vs {want:?}");
+            assert!(
+                (*g as f64 - w).abs() < 1e-5 * (1.0 + w.abs()),
+                "{opt:?}: {got:?} vs {want:?}"
+            );
         }
     }
 }
 
 #[test]
 fn warmup_cosine_schedule_drives_the_step_size() {
-    let sched = Schedule::WarmupCosine { lr: 0.1, min_lr: 0.01, warmup: 3, total: 10 };
+    let sched = Schedule::WarmupCosine {
+        lr: 0.1,
+        min_lr: 0.01,
+        warmup: 3,
+        total: 10,
+    };
     let c = [1.0f32];
     let mut t = Trainer::new(
         &linear(&c),
         &["p"],
-        TrainConfig { optimizer: Optimizer::Sgd { momentum: 0.0, nesterov: false }, schedule: sched, clip_norm: None },
+        TrainConfig {
+            optimizer: Optimizer::Sgd {
+                momentum: 0.0,
+                nesterov: false,
+            },
+            schedule: sched,
+            clip_norm: None,
+        },
         &Session::new(Device::Cpu),
     )
     .unwrap();
@@ -93,10 +136,18 @@ fn warmup_cosine_schedule_drives_the_step_size() {
         t.step(&[]).unwrap();
         let p = t.get_param("p").unwrap()[0];
         let lr = prev - p; // gradient is 1
-        assert!((lr - sched.at(step)).abs() < 1e-6, "step {step}: lr {lr} vs {}", sched.at(step));
+        assert!(
+            (lr - sched.at(step)).abs() < 1e-6,
+            "step {step}: lr {lr} vs {}",
+            sched.at(step)
+        );
         prev = p;
     }
-    assert!((sched.at(3) - 0.1).abs() < 1e-7 && (sched.at(10) - 0.01).abs() < 1e-7 && sched.at(1) < sched.at(2));
+    assert!(
+        (sched.at(3) - 0.1).abs() < 1e-7
+            && (sched.at(10) - 0.01).abs() < 1e-7
+            && sched.at(1) < sched.at(2)
+    );
 }
 
 #[test]
@@ -105,13 +156,23 @@ fn clipping_bounds_the_global_gradient_norm() {
     let mut t = Trainer::new(
         &linear(&c),
         &["p"],
-        TrainConfig { optimizer: Optimizer::Sgd { momentum: 0.0, nesterov: false }, schedule: Schedule::Constant { lr: 1.0 }, clip_norm: Some(1.0) },
+        TrainConfig {
+            optimizer: Optimizer::Sgd {
+                momentum: 0.0,
+                nesterov: false,
+            },
+            schedule: Schedule::Constant { lr: 1.0 },
+            clip_norm: Some(1.0),
+        },
         &Session::new(Device::Cpu),
     )
     .unwrap();
     t.step(&[]).unwrap();
     let p = t.get_param("p").unwrap();
-    assert!((p[0] + 0.6).abs() < 1e-5 && (p[1] + 0.8).abs() < 1e-5, "{p:?}");
+    assert!(
+        (p[0] + 0.6).abs() < 1e-5 && (p[1] + 0.8).abs() < 1e-5,
+        "{p:?}"
+    );
 }
 
 /// A 2-layer MLP regressing y = sin(3x) on 64 points.
@@ -140,7 +201,12 @@ fn mlp_trainer_empty() -> Trainer {
         &["w1", "b1", "w2", "b2"],
         TrainConfig {
             optimizer: Optimizer::adamw(1e-4),
-            schedule: Schedule::WarmupCosine { lr: 0.05, min_lr: 0.005, warmup: 20, total: 400 },
+            schedule: Schedule::WarmupCosine {
+                lr: 0.05,
+                min_lr: 0.005,
+                warmup: 20,
+                total: 400,
+            },
             clip_norm: Some(5.0),
         },
         &Session::new(Device::Cpu),
@@ -150,9 +216,13 @@ fn mlp_trainer_empty() -> Trainer {
 
 fn mlp_trainer() -> Trainer {
     let mut t = mlp_trainer_empty();
-    let w1: Vec<f32> = (0..32).map(|i| ((i * 37 % 17) as f32 - 8.0) / 4.0).collect();
+    let w1: Vec<f32> = (0..32)
+        .map(|i| ((i * 37 % 17) as f32 - 8.0) / 4.0)
+        .collect();
     let b1: Vec<f32> = (0..32).map(|i| ((i * 11 % 7) as f32 - 3.0) / 3.0).collect();
-    let w2: Vec<f32> = (0..32).map(|i| ((i * 23 % 13) as f32 - 6.0) / 20.0).collect();
+    let w2: Vec<f32> = (0..32)
+        .map(|i| ((i * 23 % 13) as f32 - 6.0) / 20.0)
+        .collect();
     t.set_param("w1", &w1).unwrap();
     t.set_param("b1", &b1).unwrap();
     t.set_param("w2", &w2).unwrap();
@@ -178,7 +248,11 @@ fn an_mlp_learns_and_the_step_returns_only_the_loss() {
     assert_eq!(t.steps(), 301);
     // The step graph's only visible output is the loss; weights never leave the runtime.
     let out = rlx::train::Trainer::compiled(&t).outputs().len();
-    assert_eq!(out, 1 + 4 + 8, "loss + 4 params + 8 AdamW slots in the step graph");
+    assert_eq!(
+        out,
+        1 + 4 + 8,
+        "loss + 4 params + 8 AdamW slots in the step graph"
+    );
 }
 
 #[test]
@@ -200,7 +274,13 @@ fn resuming_from_a_checkpoint_gives_the_same_next_loss() {
     assert_eq!(next_a.to_bits(), next_b.to_bits(), "{next_a} vs {next_b}");
     assert_eq!(a.get_param("w1::m").unwrap(), b.get_param("w1::m").unwrap());
     // A checkpoint for another model is refused with a clear error.
-    let mut other = Trainer::new(&linear(&[1.0]), &["p"], cfg(Optimizer::adam(), 0.1), &Session::new(Device::Cpu)).unwrap();
+    let mut other = Trainer::new(
+        &linear(&[1.0]),
+        &["p"],
+        cfg(Optimizer::adam(), 0.1),
+        &Session::new(Device::Cpu),
+    )
+    .unwrap();
     let e = other.load(&path).unwrap_err().to_string();
     assert!(e.contains("no tensor \"p\""), "{e}");
     std::fs::remove_dir_all(&dir).ok();
@@ -215,7 +295,9 @@ fn softmax_cross_entropy_matches_a_host_reference_and_is_stable() {
     let y = g.input("labels", Shape::new(&[2], DType::I32));
     let ce = softmax_cross_entropy(&mut g, l, y).unwrap();
     g.set_outputs(vec![ce]);
-    let got = Session::new(Device::Cpu).compile(g).run(&[("logits", &logits), ("labels", &labels)])[0][0] as f64;
+    let got = Session::new(Device::Cpu)
+        .compile(g)
+        .run(&[("logits", &logits), ("labels", &labels)])[0][0] as f64;
     let row = |r: &[f32], k: usize| {
         let m = r.iter().cloned().fold(f32::MIN, f32::max) as f64;
         let lse = m + r.iter().map(|v| (*v as f64 - m).exp()).sum::<f64>().ln();
@@ -229,7 +311,12 @@ fn softmax_cross_entropy_matches_a_host_reference_and_is_stable() {
 fn malformed_checkpoints_are_errors_and_change_nothing() {
     let mut t = mlp_trainer();
     let before = t.get_param("w1").unwrap();
-    for bytes in [&b""[..], b"\x08\x00\x00\x00\x00\x00\x00\x00{}", b"\xff\xff\xff\xff\xff\xff\xff\xff", b"not a checkpoint at all"] {
+    for bytes in [
+        &b""[..],
+        b"\x08\x00\x00\x00\x00\x00\x00\x00{}",
+        b"\xff\xff\xff\xff\xff\xff\xff\xff",
+        b"not a checkpoint at all",
+    ] {
         assert!(t.load_bytes(bytes).is_err());
     }
     assert_eq!(t.get_param("w1").unwrap(), before);

@@ -19,7 +19,9 @@ const B: usize = 3;
 fn unbatchable(op: &str, axes: &[(usize, usize)]) -> Option<&'static str> {
     match op {
         "cache_write" | "cached_attention" => Some("the KV cache is state updated in place"),
-        "dequant_matmul" if axes.iter().any(|&(i, _)| i == 1) => Some("packed weights are shared by every example"),
+        "dequant_matmul" if axes.iter().any(|&(i, _)| i == 1) => {
+            Some("packed weights are shared by every example")
+        }
         _ => None,
     }
 }
@@ -48,11 +50,17 @@ struct Case {
 
 fn build(c: &Value) -> Case {
     let mut g = Graph::new("one");
-    let (mut names, mut shapes, mut dtypes, mut data, mut args) = (vec![], vec![], vec![], vec![], vec![]);
+    let (mut names, mut shapes, mut dtypes, mut data, mut args) =
+        (vec![], vec![], vec![], vec![], vec![]);
     for (i, inp) in c["inputs"].as_array().unwrap().iter().enumerate() {
         let dt = dtype(&inp["dtype"]);
         let dims = usizes(&inp["shape"]);
-        let base: Vec<f64> = inp["data"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+        let base: Vec<f64> = inp["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
         let name = format!("in{i}");
         let id = g.input(&name, Shape::new(&dims, dt));
         args.push(match inp.get("perm") {
@@ -61,7 +69,15 @@ fn build(c: &Value) -> Case {
         });
         // Floats differ per example; indices, conditions and positions stay valid as they are.
         let per: Vec<Vec<f64>> = (0..B)
-            .map(|b| if dt.is_float() { base.iter().map(|v| v + 0.125 * b as f64 * v.abs().max(0.5)).collect() } else { base.clone() })
+            .map(|b| {
+                if dt.is_float() {
+                    base.iter()
+                        .map(|v| v + 0.125 * b as f64 * v.abs().max(0.5))
+                        .collect()
+                } else {
+                    base.clone()
+                }
+            })
             .collect();
         names.push(name);
         shapes.push(dims);
@@ -70,15 +86,26 @@ fn build(c: &Value) -> Case {
     }
     let y = g.op(op_of(c["op"].as_str().unwrap(), &c["attrs"]), &args);
     g.set_outputs(vec![y]);
-    Case { graph: g, names, shapes, dtypes, data }
+    Case {
+        graph: g,
+        names,
+        shapes,
+        dtypes,
+        data,
+    }
 }
 
 /// Run the batched graph for `axes` (input index -> batch axis) and compare with the loop.
 fn check(c: &Value, case: &Case, axes: &[(usize, usize)], out_axis: usize) -> Result<(), String> {
-    let in_axes: Vec<(&str, usize)> = axes.iter().map(|&(i, a)| (case.names[i].as_str(), a)).collect();
+    let in_axes: Vec<(&str, usize)> = axes
+        .iter()
+        .map(|&(i, a)| (case.names[i].as_str(), a))
+        .collect();
     let vg = vmap_axes(&case.graph, &in_axes, B, &[out_axis]).map_err(|e| format!("vmap: {e}"))?;
     let s = Session::new(Device::Cpu);
-    let mut vc = s.try_compile(vg).map_err(|e| format!("compiling the batched graph: {e}"))?;
+    let mut vc = s
+        .try_compile(vg)
+        .map_err(|e| format!("compiling the batched graph: {e}"))?;
     let mut feeds = Vec::new();
     for i in 0..case.names.len() {
         let bytes = match axes.iter().find(|(j, _)| *j == i) {
@@ -87,23 +114,43 @@ fn check(c: &Value, case: &Case, axes: &[(usize, usize)], out_axis: usize) -> Re
         };
         feeds.push((case.names[i].as_str(), bytes, case.dtypes[i]));
     }
-    let f: Vec<(&str, &[u8], DType)> = feeds.iter().map(|(n, b, d)| (*n, b.as_slice(), *d)).collect();
-    let out = vc.try_run_typed(&f).map_err(|e| format!("running the batched graph: {e}"))?;
+    let f: Vec<(&str, &[u8], DType)> = feeds
+        .iter()
+        .map(|(n, b, d)| (*n, b.as_slice(), *d))
+        .collect();
+    let out = vc
+        .try_run_typed(&f)
+        .map_err(|e| format!("running the batched graph: {e}"))?;
     let got = decode(&out[0].0, out[0].1);
     let mut one = s.compile(case.graph.clone());
     let mut per_example = Vec::new();
     for b in 0..B {
         let fb: Vec<(String, Vec<u8>, DType)> = (0..case.names.len())
             .map(|i| {
-                let ex = if axes.iter().any(|(j, _)| *j == i) { b } else { 0 };
-                (case.names[i].clone(), encode(&case.data[i][ex], case.dtypes[i]), case.dtypes[i])
+                let ex = if axes.iter().any(|(j, _)| *j == i) {
+                    b
+                } else {
+                    0
+                };
+                (
+                    case.names[i].clone(),
+                    encode(&case.data[i][ex], case.dtypes[i]),
+                    case.dtypes[i],
+                )
             })
             .collect();
-        let fr: Vec<(&str, &[u8], DType)> = fb.iter().map(|(n, b, d)| (n.as_str(), b.as_slice(), *d)).collect();
+        let fr: Vec<(&str, &[u8], DType)> = fb
+            .iter()
+            .map(|(n, b, d)| (n.as_str(), b.as_slice(), *d))
+            .collect();
         let o = one.run_typed(&fr);
         per_example.push(decode(&o[0].0, o[0].1));
     }
-    let yshape = case.graph.shape(case.graph.outputs()[0]).static_dims().unwrap();
+    let yshape = case
+        .graph
+        .shape(case.graph.outputs()[0])
+        .static_dims()
+        .unwrap();
     let want = stack_at(&per_example, &yshape, out_axis);
     if got.len() != want.len() {
         return Err(format!("{} values, loop gives {}", got.len(), want.len()));
@@ -126,7 +173,8 @@ fn vmap_matches_a_loop_for_every_op() {
         let case = build(&c);
         let n = case.names.len();
         let yrank = case.graph.shape(case.graph.outputs()[0]).rank();
-        let mut patterns: Vec<(Vec<(usize, usize)>, usize)> = vec![((0..n).map(|i| (i, 0)).collect(), 0)];
+        let mut patterns: Vec<(Vec<(usize, usize)>, usize)> =
+            vec![((0..n).map(|i| (i, 0)).collect(), 0)];
         patterns.push((vec![(0, case.shapes[0].len())], yrank));
         if n > 1 {
             patterns.push((vec![(n - 1, 0)], 0));
@@ -136,12 +184,24 @@ fn vmap_matches_a_loop_for_every_op() {
             match (check(&c, &case, &axes, out_axis), refused) {
                 (Ok(()), None) => checks += 1,
                 (Err(e), Some(_)) if e.contains("no batching rule") => checks += 1,
-                (Ok(()), Some(why)) => failures.push(format!("{} {axes:?}: vmap should refuse ({why})", c["name"].as_str().unwrap())),
-                (Err(e), _) => failures.push(format!("{} {axes:?} -> {out_axis}: {e}", c["name"].as_str().unwrap())),
+                (Ok(()), Some(why)) => failures.push(format!(
+                    "{} {axes:?}: vmap should refuse ({why})",
+                    c["name"].as_str().unwrap()
+                )),
+                (Err(e), _) => failures.push(format!(
+                    "{} {axes:?} -> {out_axis}: {e}",
+                    c["name"].as_str().unwrap()
+                )),
             }
         }
         ops.insert(c["op"].as_str().unwrap().to_string());
     }
-    assert!(failures.is_empty(), "{} of {} checks fail:\n{}", failures.len(), checks + failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} checks fail:\n{}",
+        failures.len(),
+        checks + failures.len(),
+        failures.join("\n")
+    );
     eprintln!("{checks} vmap checks over {} ops", ops.len());
 }

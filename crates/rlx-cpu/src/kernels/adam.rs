@@ -87,7 +87,12 @@ impl AdamGroup {
     /// whether it is dense in the result's order (as `p`, `m`, `v` and `g` must be), and
     /// `extra` lists the instructions the group also stores, which must be exactly `m'` and
     /// `v'`. Every instruction must belong to the update, each exactly once.
-    pub fn find(code: &[Instr], scalar: &dyn Fn(usize) -> bool, dense: &dyn Fn(usize) -> bool, extra: &[usize]) -> Option<AdamGroup> {
+    pub fn find(
+        code: &[Instr],
+        scalar: &dyn Fn(usize) -> bool,
+        dense: &dyn Fn(usize) -> bool,
+        extra: &[usize],
+    ) -> Option<AdamGroup> {
         if !(code.len() == 13 || code.len() == 15) {
             return None;
         }
@@ -136,8 +141,12 @@ impl AdamGroup {
         };
         let arrays = [a.p, a.m, a.v, a.g];
         let scalars = [a.b1, a.ob1, a.b2, a.ob2, a.rsqrt_bc2, a.eps, a.step];
-        let distinct = arrays.iter().enumerate().all(|(i, x)| !arrays[..i].contains(x));
-        let kinds_ok = arrays.iter().all(|&k| dense(k) && !scalar(k)) && scalars.iter().chain(a.decay.iter()).all(|&k| scalar(k));
+        let distinct = arrays
+            .iter()
+            .enumerate()
+            .all(|(i, x)| !arrays[..i].contains(x));
+        let kinds_ok = arrays.iter().all(|&k| dense(k) && !scalar(k))
+            && scalars.iter().chain(a.decay.iter()).all(|&k| scalar(k));
         let extra_ok = extra.len() == 2 && extra.contains(&m_new) && extra.contains(&v_new);
         (seen.count_ones() as usize == code.len() && distinct && kinds_ok && extra_ok).then_some(a)
     }
@@ -260,14 +269,38 @@ impl Io {
 /// The kernel: `ins` are the group's external operands (as [`AdamGroup::find`] checked them,
 /// the arrays dense with `n` elements), `out` the new param and `extra` the group's stored
 /// instructions with their dense buffers (the new moments).
-pub fn build(a: AdamGroup, ins: Vec<TRef>, n: usize, out: TRef, extra: &[(usize, TRef)], threads: usize) -> Box<dyn Kernel> {
+pub fn build(
+    a: AdamGroup,
+    ins: Vec<TRef>,
+    n: usize,
+    out: TRef,
+    extra: &[(usize, TRef)],
+    threads: usize,
+) -> Box<dyn Kernel> {
     // SAFETY: dense operands of `n` elements from their offsets (checked by `find`).
     let at = |t: &TRef| unsafe { t.base::<f32>().add(t.layout.offset) };
-    let stored = |j: usize| extra.iter().find(|e| e.0 == j).map(|e| e.1).expect("find checked the stored instructions");
+    let stored = |j: usize| {
+        extra
+            .iter()
+            .find(|e| e.0 == j)
+            .map(|e| e.1)
+            .expect("find checked the stored instructions")
+    };
     let (m_out, v_out) = (stored(a.m_new), stored(a.v_new));
-    let io = Io { p: at(&ins[a.p]), m: at(&ins[a.m]), v: at(&ins[a.v]), g: at(&ins[a.g]), p_out: at(&out), m_out: at(&m_out), v_out: at(&v_out) };
+    let io = Io {
+        p: at(&ins[a.p]),
+        m: at(&ins[a.m]),
+        v: at(&ins[a.v]),
+        g: at(&ins[a.g]),
+        p_out: at(&out),
+        m_out: at(&m_out),
+        v_out: at(&v_out),
+    };
     // Chunks of at least 16 Ki elements, whole vectors, a few per thread.
-    let chunk = n.div_ceil(threads.max(1) * 4).max(1 << 14).next_multiple_of(16);
+    let chunk = n
+        .div_ceil(threads.max(1) * 4)
+        .max(1 << 14)
+        .next_multiple_of(16);
     let tasks = n.div_ceil(chunk);
     kernel(move |pool: &Pool| {
         // Read when the step runs: the scalars (step size, bias correction) change every step.
@@ -286,7 +319,15 @@ pub fn build(a: AdamGroup, ins: Vec<TRef>, n: usize, out: TRef, extra: &[(usize,
         pool.run(tasks, &|t, _| {
             let io = io.get();
             // SAFETY: see `Io`; tasks cover disjoint ranges inside the buffers.
-            unsafe { range_best(&c, io, a.decay.is_some(), t * chunk, ((t + 1) * chunk).min(n)) };
+            unsafe {
+                range_best(
+                    &c,
+                    io,
+                    a.decay.is_some(),
+                    t * chunk,
+                    ((t + 1) * chunk).min(n),
+                )
+            };
         });
     })
 }

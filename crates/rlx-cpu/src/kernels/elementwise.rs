@@ -15,7 +15,11 @@ fn bcast(x: &TRef, out: &TRef) -> Layout {
 }
 
 /// `out = f(a)` over broadcast operands.
-pub fn map1<A: Elem, O: Elem>(a: TRef, out: TRef, f: impl Fn(A) -> O + Copy + Send + Sync + 'static) -> Box<dyn Kernel> {
+pub fn map1<A: Elem, O: Elem>(
+    a: TRef,
+    out: TRef,
+    f: impl Fn(A) -> O + Copy + Send + Sync + 'static,
+) -> Box<dyn Kernel> {
     map1_with(a, out, f, apply1)
 }
 
@@ -30,18 +34,23 @@ fn map1_with<A: Elem, O: Elem, F: Fn(A) -> O + Copy + Send + Sync + 'static>(
     kernel(move |pool| {
         par_ranges(pool, out.layout.numel(), MIN_CHUNK, |r| {
             let (pa, po) = (a.base::<A>() as *const A, out.base::<O>());
-            for_each_run(out.layout.dims(), [&out.layout, &la], r, |[o, i], n, [so, si]| unsafe {
-                // SAFETY: offsets come from layouts inside the planned buffers.
-                if so == 1 && si == 1 {
-                    let src = std::slice::from_raw_parts(pa.add(i), n);
-                    let dst = std::slice::from_raw_parts_mut(po.add(o), n);
-                    dense(src, dst, f);
-                } else {
-                    for k in 0..n {
-                        *po.add(o + k * so) = f(*pa.add(i + k * si));
+            for_each_run(
+                out.layout.dims(),
+                [&out.layout, &la],
+                r,
+                |[o, i], n, [so, si]| unsafe {
+                    // SAFETY: offsets come from layouts inside the planned buffers.
+                    if so == 1 && si == 1 {
+                        let src = std::slice::from_raw_parts(pa.add(i), n);
+                        let dst = std::slice::from_raw_parts_mut(po.add(o), n);
+                        dense(src, dst, f);
+                    } else {
+                        for k in 0..n {
+                            *po.add(o + k * so) = f(*pa.add(i + k * si));
+                        }
                     }
-                }
-            })
+                },
+            )
         })
     })
 }
@@ -78,21 +87,51 @@ fn apply1<A: Elem, O: Elem>(src: &[A], dst: &mut [O], f: impl Fn(A) -> O) {
 /// The three strided ranges are valid for `n` elements.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn apply2<A: Elem, B: Elem, O: Elem>(a: *const A, sa: usize, b: *const B, sb: usize, o: *mut O, so: usize, n: usize, f: impl Fn(A, B) -> O) {
+unsafe fn apply2<A: Elem, B: Elem, O: Elem>(
+    a: *const A,
+    sa: usize,
+    b: *const B,
+    sb: usize,
+    o: *mut O,
+    so: usize,
+    n: usize,
+    f: impl Fn(A, B) -> O,
+) {
     #[inline(always)]
-    unsafe fn plain<A: Elem, B: Elem, O: Elem>(a: *const A, sa: usize, b: *const B, sb: usize, o: *mut O, so: usize, n: usize, f: impl Fn(A, B) -> O) {
+    unsafe fn plain<A: Elem, B: Elem, O: Elem>(
+        a: *const A,
+        sa: usize,
+        b: *const B,
+        sb: usize,
+        o: *mut O,
+        so: usize,
+        n: usize,
+        f: impl Fn(A, B) -> O,
+    ) {
         if so == 1 && sa == 1 && sb == 1 {
-            let (x, y, d) = (std::slice::from_raw_parts(a, n), std::slice::from_raw_parts(b, n), std::slice::from_raw_parts_mut(o, n));
+            let (x, y, d) = (
+                std::slice::from_raw_parts(a, n),
+                std::slice::from_raw_parts(b, n),
+                std::slice::from_raw_parts_mut(o, n),
+            );
             for ((d, x), y) in d.iter_mut().zip(x).zip(y) {
                 *d = f(*x, *y);
             }
         } else if so == 1 && sa == 1 && sb == 0 {
-            let (x, y, d) = (std::slice::from_raw_parts(a, n), *b, std::slice::from_raw_parts_mut(o, n));
+            let (x, y, d) = (
+                std::slice::from_raw_parts(a, n),
+                *b,
+                std::slice::from_raw_parts_mut(o, n),
+            );
             for (d, x) in d.iter_mut().zip(x) {
                 *d = f(*x, y);
             }
         } else if so == 1 && sa == 0 && sb == 1 {
-            let (x, y, d) = (*a, std::slice::from_raw_parts(b, n), std::slice::from_raw_parts_mut(o, n));
+            let (x, y, d) = (
+                *a,
+                std::slice::from_raw_parts(b, n),
+                std::slice::from_raw_parts_mut(o, n),
+            );
             for (d, y) in d.iter_mut().zip(y) {
                 *d = f(x, *y);
             }
@@ -106,7 +145,16 @@ unsafe fn apply2<A: Elem, B: Elem, O: Elem>(a: *const A, sa: usize, b: *const B,
     {
         #[allow(clippy::too_many_arguments)]
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn fma<A: Elem, B: Elem, O: Elem>(a: *const A, sa: usize, b: *const B, sb: usize, o: *mut O, so: usize, n: usize, f: impl Fn(A, B) -> O) {
+        unsafe fn fma<A: Elem, B: Elem, O: Elem>(
+            a: *const A,
+            sa: usize,
+            b: *const B,
+            sb: usize,
+            o: *mut O,
+            so: usize,
+            n: usize,
+            f: impl Fn(A, B) -> O,
+        ) {
             plain(a, sa, b, sb, o, so, n, f)
         }
         if crate::isa::avx2() {
@@ -126,11 +174,20 @@ pub fn map2<A: Elem, B: Elem, O: Elem>(
     let (la, lb) = (bcast(&a, &out), bcast(&b, &out));
     kernel(move |pool| {
         par_ranges(pool, out.layout.numel(), MIN_CHUNK, |r| {
-            let (pa, pb, po) = (a.base::<A>() as *const A, b.base::<B>() as *const B, out.base::<O>());
-            for_each_run(out.layout.dims(), [&out.layout, &la, &lb], r, |[o, i, j], n, [so, si, sj]| unsafe {
-                // SAFETY: offsets come from layouts inside the planned buffers.
-                apply2(pa.add(i), si, pb.add(j), sj, po.add(o), so, n, f)
-            })
+            let (pa, pb, po) = (
+                a.base::<A>() as *const A,
+                b.base::<B>() as *const B,
+                out.base::<O>(),
+            );
+            for_each_run(
+                out.layout.dims(),
+                [&out.layout, &la, &lb],
+                r,
+                |[o, i, j], n, [so, si, sj]| unsafe {
+                    // SAFETY: offsets come from layouts inside the planned buffers.
+                    apply2(pa.add(i), si, pb.add(j), sj, po.add(o), so, n, f)
+                },
+            )
         })
     })
 }
@@ -141,9 +198,23 @@ pub fn map2<A: Elem, B: Elem, O: Elem>(
 /// # Safety
 /// The four ranges hold `n` elements each.
 #[inline(always)]
-unsafe fn apply3<A: Elem, B: Elem, C: Elem, O: Elem>(a: *const A, b: *const B, c: *const C, o: *mut O, n: usize, f: impl Fn(A, B, C) -> O) {
+unsafe fn apply3<A: Elem, B: Elem, C: Elem, O: Elem>(
+    a: *const A,
+    b: *const B,
+    c: *const C,
+    o: *mut O,
+    n: usize,
+    f: impl Fn(A, B, C) -> O,
+) {
     #[inline(always)]
-    unsafe fn plain<A: Elem, B: Elem, C: Elem, O: Elem>(a: *const A, b: *const B, c: *const C, o: *mut O, n: usize, f: impl Fn(A, B, C) -> O) {
+    unsafe fn plain<A: Elem, B: Elem, C: Elem, O: Elem>(
+        a: *const A,
+        b: *const B,
+        c: *const C,
+        o: *mut O,
+        n: usize,
+        f: impl Fn(A, B, C) -> O,
+    ) {
         for k in 0..n {
             *o.add(k) = f(*a.add(k), *b.add(k), *c.add(k));
         }
@@ -151,7 +222,14 @@ unsafe fn apply3<A: Elem, B: Elem, C: Elem, O: Elem>(a: *const A, b: *const B, c
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2,fma")]
-        unsafe fn fma<A: Elem, B: Elem, C: Elem, O: Elem>(a: *const A, b: *const B, c: *const C, o: *mut O, n: usize, f: impl Fn(A, B, C) -> O) {
+        unsafe fn fma<A: Elem, B: Elem, C: Elem, O: Elem>(
+            a: *const A,
+            b: *const B,
+            c: *const C,
+            o: *mut O,
+            n: usize,
+            f: impl Fn(A, B, C) -> O,
+        ) {
             plain(a, b, c, o, n, f)
         }
         if crate::isa::avx2() {
@@ -172,20 +250,36 @@ pub fn map3<A: Elem, B: Elem, C: Elem, O: Elem>(
     let (la, lb, lc) = (bcast(&a, &out), bcast(&b, &out), bcast(&c, &out));
     kernel(move |pool| {
         par_ranges(pool, out.layout.numel(), MIN_CHUNK, |r| {
-            let (pa, pb, pc, po) = (a.base::<A>() as *const A, b.base::<B>() as *const B, c.base::<C>() as *const C, out.base::<O>());
-            for_each_run(out.layout.dims(), [&out.layout, &la, &lb, &lc], r, |[o, i, j, l], n, [so, si, sj, sl]| {
-                if (so, si, sj, sl) == (1, 1, 1, 1) {
-                    // SAFETY: four dense runs of `n` elements inside the planned buffers (the
-                    // output may alias an operand exactly, which a slice loop reads before it
-                    // writes each element).
-                    unsafe { apply3(pa.add(i), pb.add(j), pc.add(l), po.add(o), n, f) };
-                    return;
-                }
-                for k in 0..n {
-                    // SAFETY: offsets come from layouts inside the planned buffers.
-                    unsafe { *po.add(o + k * so) = f(*pa.add(i + k * si), *pb.add(j + k * sj), *pc.add(l + k * sl)) };
-                }
-            })
+            let (pa, pb, pc, po) = (
+                a.base::<A>() as *const A,
+                b.base::<B>() as *const B,
+                c.base::<C>() as *const C,
+                out.base::<O>(),
+            );
+            for_each_run(
+                out.layout.dims(),
+                [&out.layout, &la, &lb, &lc],
+                r,
+                |[o, i, j, l], n, [so, si, sj, sl]| {
+                    if (so, si, sj, sl) == (1, 1, 1, 1) {
+                        // SAFETY: four dense runs of `n` elements inside the planned buffers (the
+                        // output may alias an operand exactly, which a slice loop reads before it
+                        // writes each element).
+                        unsafe { apply3(pa.add(i), pb.add(j), pc.add(l), po.add(o), n, f) };
+                        return;
+                    }
+                    for k in 0..n {
+                        // SAFETY: offsets come from layouts inside the planned buffers.
+                        unsafe {
+                            *po.add(o + k * so) = f(
+                                *pa.add(i + k * si),
+                                *pb.add(j + k * sj),
+                                *pc.add(l + k * sl),
+                            )
+                        };
+                    }
+                },
+            )
         })
     })
 }
@@ -298,7 +392,11 @@ fn gelu_f16_table() -> &'static [u16] {
 fn activation_int<T: Elem>(a: Activation, x: TRef, out: TRef) -> Box<dyn Kernel> {
     match a {
         Activation::Neg => map1(x, out, |v: T| T::zero().sub(v)),
-        Activation::Abs => map1(x, out, |v: T| if v < T::zero() { T::zero().sub(v) } else { v }),
+        Activation::Abs => map1(
+            x,
+            out,
+            |v: T| if v < T::zero() { T::zero().sub(v) } else { v },
+        ),
         _ => map1(x, out, |v: T| v.max_of(T::zero())),
     }
 }
@@ -313,7 +411,9 @@ fn f32_to_f16(src: &[f32], dst: &mut [half::f16], f: fn(f32) -> half::f16) {
             use std::arch::x86_64::*;
             let n = src.len() / 8 * 8;
             for i in (0..n).step_by(8) {
-                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(src.as_ptr().add(i)));
+                let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(
+                    src.as_ptr().add(i),
+                ));
                 _mm_storeu_si128(dst.as_mut_ptr().add(i) as *mut __m128i, h);
             }
             n
@@ -372,32 +472,54 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         return Err(no(op.name()));
     }
     Ok(match op {
-        Op::Binary(BinaryOp::Pow) => compute(move |i, o| with_float!(dt, T => pow::<T>(i[0], i[1], o), else unreachable!())),
-        Op::Binary(b) => compute(move |i, o| with_dtype!(dt, T => binary::<T>(b, i[0], i[1], o), else unreachable!())),
-        Op::Compare(c) => compute(move |i, o| with_dtype!(dt, T => compare::<T>(c, i[0], i[1], o), else unreachable!())),
+        Op::Binary(BinaryOp::Pow) => {
+            compute(move |i, o| with_float!(dt, T => pow::<T>(i[0], i[1], o), else unreachable!()))
+        }
+        Op::Binary(b) => compute(
+            move |i, o| with_dtype!(dt, T => binary::<T>(b, i[0], i[1], o), else unreachable!()),
+        ),
+        Op::Compare(c) => compute(
+            move |i, o| with_dtype!(dt, T => compare::<T>(c, i[0], i[1], o), else unreachable!()),
+        ),
         Op::Where => {
             let vt = info.in_dtypes[1];
-            compute(move |i, o| {
-                with_dtype!(vt, T => map3(i[0], i[1], i[2], o, |c: Bool8, x: T, y: T| if c.0 != 0 { x } else { y }), else unreachable!())
-            })
+            compute(
+                move |i, o| with_dtype!(vt, T => map3(i[0], i[1], i[2], o, |c: Bool8, x: T, y: T| if c.0 != 0 { x } else { y }), else unreachable!()),
+            )
         }
         Op::Activation(Activation::GeluApprox) if dt == rlx_ir::DType::F16 => compute(|i, o| {
             let table = gelu_f16_table();
-            map1(i[0], o, move |v: half::f16| half::f16::from_bits(table[v.to_bits() as usize]))
+            map1(i[0], o, move |v: half::f16| {
+                half::f16::from_bits(table[v.to_bits() as usize])
+            })
         }),
         Op::Activation(a) => compute(move |i, o| {
             with_float!(dt, T => activation_float::<T>(a, i[0], o),
                 else with_dtype!(dt, T => activation_int::<T>(a, i[0], o), else unreachable!()))
         }),
-        Op::Cast { to: rlx_ir::DType::F16 } if dt == rlx_ir::DType::F32 => {
-            compute(|i, o| map1_with(i[0], o, half::f16::from_f32 as fn(f32) -> half::f16, f32_to_f16))
-        }
-        Op::Cast { to: rlx_ir::DType::F32 } if dt == rlx_ir::DType::F16 => {
-            compute(|i, o| map1_with(i[0], o, half::f16::to_f32 as fn(half::f16) -> f32, f16_to_f32))
-        }
-        Op::Cast { to } => compute(move |i, o| {
-            with_dtype!(dt, A => with_dtype!(to, B => cast::<A, B>(i[0], o), else unreachable!()), else unreachable!())
+        Op::Cast {
+            to: rlx_ir::DType::F16,
+        } if dt == rlx_ir::DType::F32 => compute(|i, o| {
+            map1_with(
+                i[0],
+                o,
+                half::f16::from_f32 as fn(f32) -> half::f16,
+                f32_to_f16,
+            )
         }),
+        Op::Cast {
+            to: rlx_ir::DType::F32,
+        } if dt == rlx_ir::DType::F16 => compute(|i, o| {
+            map1_with(
+                i[0],
+                o,
+                half::f16::to_f32 as fn(half::f16) -> f32,
+                f16_to_f32,
+            )
+        }),
+        Op::Cast { to } => compute(
+            move |i, o| with_dtype!(dt, A => with_dtype!(to, B => cast::<A, B>(i[0], o), else unreachable!()), else unreachable!()),
+        ),
         _ => return Err(info.unsupported("not an elementwise op")),
     })
 }

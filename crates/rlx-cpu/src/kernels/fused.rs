@@ -70,8 +70,13 @@ pub enum Instr {
 /// Whether a node can join a fused group.
 pub fn fusible(g: &Graph, id: NodeId) -> bool {
     let n = g.node(id);
-    let f32_ins = n.inputs.iter().all(|i| g.shape(*i).dtype() == rlx_ir::DType::F32);
-    n.shape.dtype() == rlx_ir::DType::F32 && f32_ins && matches!(n.op, Op::Binary(_) | Op::Activation(_))
+    let f32_ins = n
+        .inputs
+        .iter()
+        .all(|i| g.shape(*i).dtype() == rlx_ir::DType::F32);
+    n.shape.dtype() == rlx_ir::DType::F32
+        && f32_ins
+        && matches!(n.op, Op::Binary(_) | Op::Activation(_))
 }
 
 /// The row reduction a group may end in: an f32 Sum or Mean over trailing axes (not all of
@@ -79,7 +84,9 @@ pub fn fusible(g: &Graph, id: NodeId) -> bool {
 /// row, each a contiguous f64 sum — so a fused group can sum its rows the same way.
 pub fn row_sum(g: &Graph, id: NodeId) -> Option<RowSum> {
     let n = g.node(id);
-    let Op::Reduce { kind, axes, .. } = &n.op else { return None };
+    let Op::Reduce { kind, axes, .. } = &n.op else {
+        return None;
+    };
     let mean = match kind {
         rlx_ir::ReduceKind::Sum => false,
         rlx_ir::ReduceKind::Mean => true,
@@ -88,9 +95,17 @@ pub fn row_sum(g: &Graph, id: NodeId) -> Option<RowSum> {
     let x = g.shape(*n.inputs.first()?);
     let dims = x.static_dims()?;
     let r = dims.len();
-    let trailing = !axes.is_empty() && axes[0] > 0 && axes.iter().enumerate().all(|(i, &a)| a == r - axes.len() + i);
+    let trailing = !axes.is_empty()
+        && axes[0] > 0
+        && axes
+            .iter()
+            .enumerate()
+            .all(|(i, &a)| a == r - axes.len() + i);
     let row: usize = axes.iter().map(|&a| dims[a]).product();
-    let ok = trailing && x.dtype() == rlx_ir::DType::F32 && n.shape.dtype() == rlx_ir::DType::F32 && !dims.contains(&0);
+    let ok = trailing
+        && x.dtype() == rlx_ir::DType::F32
+        && n.shape.dtype() == rlx_ir::DType::F32
+        && !dims.contains(&0);
     (ok && row <= MAX_ROW).then_some(RowSum { row, mean })
 }
 
@@ -156,7 +171,14 @@ struct Plan {
     rows: Option<RowSum>,
 }
 
-fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef, extra: &[usize], rows: Option<RowSum>) -> Plan {
+fn plan(
+    code: &[Instr],
+    ins: &[TRef],
+    dims: &[usize],
+    out: &TRef,
+    extra: &[usize],
+    rows: Option<RowSum>,
+) -> Plan {
     let dense = Layout::contiguous(dims);
     let layouts: Vec<Layout> = ins.iter().map(|t| t.layout.broadcast_to(dims)).collect();
     let block = block_len(rows.map(|r| r.row));
@@ -211,7 +233,8 @@ fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef, extra: &[usize
             Instr::Unary(_, a) => [loc(*a), loc(*a)],
         };
         // A result that is summed into rows, or whose output aliases an operand, goes to a slot.
-        let aliased = j + 1 == code.len() && (rows.is_some() || ins.iter().any(|t| std::ptr::eq(t.ptr.0, out.ptr.0)));
+        let aliased = j + 1 == code.len()
+            && (rows.is_some() || ins.iter().any(|t| std::ptr::eq(t.ptr.0, out.ptr.0)));
         let dst = if j + 1 == code.len() && !aliased {
             None
         } else {
@@ -238,8 +261,22 @@ fn plan(code: &[Instr], ins: &[TRef], dims: &[usize], out: &TRef, extra: &[usize
         Some(Step::Binary(.., d) | Step::Unary(.., d)) => *d,
         None => None,
     };
-    let extra = extra.iter().enumerate().map(|(k, &j)| (slot_of[j], k)).collect();
-    Plan { kinds, layouts, steps, gathers, slots, root_slot, extra, block, rows }
+    let extra = extra
+        .iter()
+        .enumerate()
+        .map(|(k, &j)| (slot_of[j], k))
+        .collect();
+    Plan {
+        kinds,
+        layouts,
+        steps,
+        gathers,
+        slots,
+        root_slot,
+        extra,
+        block,
+        rows,
+    }
 }
 
 /// Scratch bytes a group needs for `threads` threads (an upper bound: one block of `block`
@@ -366,28 +403,43 @@ unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
             };
             let dst = std::slice::from_raw_parts_mut(c.scratch.add(gi * block), len);
             let src = c.ins[k].base::<f32>() as *const f32;
-            for_each_run(c.dims, [&dense, &p.layouts[k]], s..s + len, |[o, i], m, [so, si]| {
-                let d = &mut dst[o - s..];
-                if so == 1 && si == 1 {
-                    d[..m].copy_from_slice(std::slice::from_raw_parts(src.add(i), m));
-                } else if so == 1 && si == 0 {
-                    d[..m].fill(*src.add(i));
-                } else {
-                    for q in 0..m {
-                        d[q * so] = *src.add(i + q * si);
+            for_each_run(
+                c.dims,
+                [&dense, &p.layouts[k]],
+                s..s + len,
+                |[o, i], m, [so, si]| {
+                    let d = &mut dst[o - s..];
+                    if so == 1 && si == 1 {
+                        d[..m].copy_from_slice(std::slice::from_raw_parts(src.add(i), m));
+                    } else if so == 1 && si == 0 {
+                        d[..m].fill(*src.add(i));
+                    } else {
+                        for q in 0..m {
+                            d[q * so] = *src.add(i + q * si);
+                        }
                     }
-                }
-            });
+                },
+            );
         }
         let view = |l: Loc| -> V {
             match l {
                 Loc::Slot(t) => V::A(std::slice::from_raw_parts(tmp.add(t * block), len)),
                 Loc::Ext(k) => match p.kinds[k] {
                     // Read when the step runs: the operand's buffer changes between runs.
-                    ExtKind::Scalar => V::S(*(c.ins[k].base::<f32>() as *const f32).add(p.layouts[k].offset)),
-                    ExtKind::Dense => V::A(std::slice::from_raw_parts((c.ins[k].base::<f32>() as *const f32).add(p.layouts[k].offset + s), len)),
-                    ExtKind::Gather(gi) | ExtKind::Periodic(gi) => V::A(std::slice::from_raw_parts(c.scratch.add(gi * block), len)),
-                    ExtKind::Window { .. } => V::A(std::slice::from_raw_parts((c.ins[k].base::<f32>() as *const f32).add(window[k]), len)),
+                    ExtKind::Scalar => {
+                        V::S(*(c.ins[k].base::<f32>() as *const f32).add(p.layouts[k].offset))
+                    }
+                    ExtKind::Dense => V::A(std::slice::from_raw_parts(
+                        (c.ins[k].base::<f32>() as *const f32).add(p.layouts[k].offset + s),
+                        len,
+                    )),
+                    ExtKind::Gather(gi) | ExtKind::Periodic(gi) => {
+                        V::A(std::slice::from_raw_parts(c.scratch.add(gi * block), len))
+                    }
+                    ExtKind::Window { .. } => V::A(std::slice::from_raw_parts(
+                        (c.ins[k].base::<f32>() as *const f32).add(window[k]),
+                        len,
+                    )),
                 },
             }
         };
@@ -421,7 +473,11 @@ unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
             (None, _) => {}
         }
         for &(t, k) in &p.extra {
-            std::ptr::copy_nonoverlapping(tmp.add(t * block), (c.extra[k].0 as *mut f32).add(s), len);
+            std::ptr::copy_nonoverlapping(
+                tmp.add(t * block),
+                (c.extra[k].0 as *mut f32).add(s),
+                len,
+            );
         }
     }
 }
@@ -454,13 +510,27 @@ unsafe fn eval_best(c: &Ctx, blocks: std::ops::Range<usize>) {
 /// The group as a single-pass Adam(W) update, when it is one (see [`super::adam`]): `layouts`
 /// are the external operands' (before broadcasting to `dims`), `extra` the instructions the
 /// group also stores.
-pub fn as_adam(code: &[Instr], layouts: &[Layout], dims: &[usize], extra: &[usize], rows: Option<RowSum>) -> Option<AdamGroup> {
-    if rows.is_some() || dims.contains(&0) || std::env::var_os("RLX_FUSED_ADAM").is_some_and(|v| v == "0") {
+pub fn as_adam(
+    code: &[Instr],
+    layouts: &[Layout],
+    dims: &[usize],
+    extra: &[usize],
+    rows: Option<RowSum>,
+) -> Option<AdamGroup> {
+    if rows.is_some()
+        || dims.contains(&0)
+        || std::env::var_os("RLX_FUSED_ADAM").is_some_and(|v| v == "0")
+    {
         return None;
     }
     let dense = Layout::contiguous(dims);
     let l = |k: usize| layouts[k].broadcast_to(dims);
-    AdamGroup::find(code, &|k| l(k).strides().iter().all(|&s| s == 0), &|k| l(k).strides() == dense.strides(), extra)
+    AdamGroup::find(
+        code,
+        &|k| l(k).strides().iter().all(|&s| s == 0),
+        &|k| l(k).strides() == dense.strides(),
+        extra,
+    )
 }
 
 /// The kernel: `ins` are the group's external operands (broadcast to `dims`), `code` the
@@ -486,7 +556,10 @@ pub fn build(
     }
     let plan = plan(&code, &ins, &dims, &out, &extra_instrs, rows);
     // SAFETY: each extra result is a dense buffer of `dims` from its offset.
-    let extra_ptrs: Vec<Ptr> = extra.iter().map(|(_, t)| Ptr(unsafe { t.base::<f32>().add(t.layout.offset) } as *mut u8)).collect();
+    let extra_ptrs: Vec<Ptr> = extra
+        .iter()
+        .map(|(_, t)| Ptr(unsafe { t.base::<f32>().add(t.layout.offset) } as *mut u8))
+        .collect();
     let block = plan.block;
     let per_thread = (plan.gathers + plan.slots) * block;
     let n: usize = dims.iter().product();

@@ -11,11 +11,21 @@ use crate::pool::Pool;
 fn blocking() -> (usize, usize, usize) {
     static B: std::sync::OnceLock<(usize, usize, usize)> = std::sync::OnceLock::new();
     *B.get_or_init(|| {
-        let env = |k: &str, d: usize| std::env::var(k).ok().and_then(|v| v.parse().ok()).filter(|&v: &usize| v > 0).unwrap_or(d);
+        let env = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .filter(|&v: &usize| v > 0)
+                .unwrap_or(d)
+        };
         // Blocks of whole micro-tiles of every instruction set (12 and 32 are multiples of the
         // smaller tiles): a packed operand shared by threads is addressed by them.
         let (mr, nr) = Isa::Avx512.tile();
-        (env("RLX_GEMM_KC", 256), env("RLX_GEMM_MC", 96).next_multiple_of(mr), env("RLX_GEMM_NC", 3072).next_multiple_of(nr))
+        (
+            env("RLX_GEMM_KC", 256),
+            env("RLX_GEMM_MC", 96).next_multiple_of(mr),
+            env("RLX_GEMM_NC", 3072).next_multiple_of(nr),
+        )
     })
 }
 
@@ -141,7 +151,17 @@ impl Job {
 /// # Safety
 /// A, B and C must be valid for the given sizes and strides; C must not overlap A or B.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, scratch: *mut f32) {
+pub unsafe fn sgemm(
+    pool: Option<&Pool>,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat,
+    b: Mat,
+    c: *mut f32,
+    ldc: usize,
+    scratch: *mut f32,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -155,7 +175,13 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
     let (mr, nr) = isa.tile();
     let per = scratch_per_thread(m, n, k);
     let threads = pool.map_or(1, |p| p.threads());
-    let job = Job { a, b, c, ldc, scratch };
+    let job = Job {
+        a,
+        b,
+        c,
+        ldc,
+        scratch,
+    };
     // Split the longer side so every task gets whole micro-tiles.
     let split_m = m / mr >= n / nr;
     let (len, step) = if split_m { (m, mr) } else { (n, nr) };
@@ -184,7 +210,17 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
                 let j = job.get();
                 let s = t * chunk;
                 let e = (s + chunk).min(len);
-                j.share(isa, split_m, s, e, m, n, k, Shared::None, j.scratch.add(th * per));
+                j.share(
+                    isa,
+                    split_m,
+                    s,
+                    e,
+                    m,
+                    n,
+                    k,
+                    Shared::None,
+                    j.scratch.add(th * per),
+                );
             }),
             _ => gemm_serial(isa, m, n, k, a, b, c, ldc, scratch, Shared::None, Tri::Full),
         }
@@ -204,11 +240,27 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
             match shared.get() {
                 Shared::PackedB(dst, npad) => {
                     let cols = (n - i).min(piece);
-                    pack_b(kc, cols, nr, j.b.ptr.add(pc * j.b.rs + i * j.b.cs), j.b.rs, j.b.cs, dst.add(pc * npad + i * kc) as *mut f32);
+                    pack_b(
+                        kc,
+                        cols,
+                        nr,
+                        j.b.ptr.add(pc * j.b.rs + i * j.b.cs),
+                        j.b.rs,
+                        j.b.cs,
+                        dst.add(pc * npad + i * kc) as *mut f32,
+                    );
                 }
                 Shared::PackedA(dst, mpad) => {
                     let rows = (m - i).min(piece);
-                    pack_a(rows, kc, mr, j.a.ptr.add(i * j.a.rs + pc * j.a.cs), j.a.rs, j.a.cs, dst.add(pc * mpad + i * kc) as *mut f32);
+                    pack_a(
+                        rows,
+                        kc,
+                        mr,
+                        j.a.ptr.add(i * j.a.rs + pc * j.a.cs),
+                        j.a.rs,
+                        j.a.cs,
+                        dst.add(pc * mpad + i * kc) as *mut f32,
+                    );
                 }
                 _ => {}
             }
@@ -220,7 +272,17 @@ pub unsafe fn sgemm(pool: Option<&Pool>, m: usize, n: usize, k: usize, a: Mat, b
         let j = job.get();
         let s = t * chunk;
         let e = (s + chunk).min(len);
-        j.share(isa, split_m, s, e, m, n, k, shared.get(), j.scratch.add(th * per));
+        j.share(
+            isa,
+            split_m,
+            s,
+            e,
+            m,
+            n,
+            k,
+            shared.get(),
+            j.scratch.add(th * per),
+        );
     });
 }
 
@@ -266,12 +328,34 @@ impl Tri {
 /// # Safety
 /// As [`sgemm`] (one thread's scratch); the operands are zero where `tri` says.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn sgemm_tri(m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, scratch: *mut f32, tri: Tri) {
+pub unsafe fn sgemm_tri(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat,
+    b: Mat,
+    c: *mut f32,
+    ldc: usize,
+    scratch: *mut f32,
+    tri: Tri,
+) {
     let (kc_b, _, _) = blocking();
     if m == 0 || n == 0 || k == 0 || k > kc_b || tri == Tri::Full {
         return sgemm(None, m, n, k, a, b, c, ldc, scratch);
     }
-    gemm_serial(Isa::current(), m, n, k, a, b, c, ldc, scratch, Shared::None, tri);
+    gemm_serial(
+        Isa::current(),
+        m,
+        n,
+        k,
+        a,
+        b,
+        c,
+        ldc,
+        scratch,
+        Shared::None,
+        tri,
+    );
 }
 
 /// An operand packed once for all threads: where, and the padded rows of A or columns of B.
@@ -296,14 +380,55 @@ impl Job {
     /// Rows (`split_m`) or columns `s..e` of C; a shared packed operand covers all of the other
     /// side, so it is passed on unchanged.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn share(&self, isa: Isa, split_m: bool, s: usize, e: usize, m: usize, n: usize, k: usize, shared: Shared, buf: *mut f32) {
+    unsafe fn share(
+        &self,
+        isa: Isa,
+        split_m: bool,
+        s: usize,
+        e: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        shared: Shared,
+        buf: *mut f32,
+    ) {
         let j = self;
         if split_m {
-            let a = Mat { ptr: j.a.ptr.add(s * j.a.rs), ..j.a };
-            gemm_serial(isa, e - s, n, k, a, j.b, j.c.add(s * j.ldc), j.ldc, buf, shared, Tri::Full);
+            let a = Mat {
+                ptr: j.a.ptr.add(s * j.a.rs),
+                ..j.a
+            };
+            gemm_serial(
+                isa,
+                e - s,
+                n,
+                k,
+                a,
+                j.b,
+                j.c.add(s * j.ldc),
+                j.ldc,
+                buf,
+                shared,
+                Tri::Full,
+            );
         } else {
-            let b = Mat { ptr: j.b.ptr.add(s * j.b.cs), ..j.b };
-            gemm_serial(isa, m, e - s, k, j.a, b, j.c.add(s), j.ldc, buf, shared, Tri::Full);
+            let b = Mat {
+                ptr: j.b.ptr.add(s * j.b.cs),
+                ..j.b
+            };
+            gemm_serial(
+                isa,
+                m,
+                e - s,
+                k,
+                j.a,
+                b,
+                j.c.add(s),
+                j.ldc,
+                buf,
+                shared,
+                Tri::Full,
+            );
         }
     }
 }
@@ -330,12 +455,32 @@ struct Tile {
 /// Partial slivers of an A read in place are packed into `pa` first.
 #[allow(clippy::too_many_arguments)]
 #[inline]
-unsafe fn block(isa: Isa, mc: usize, nc: usize, kc: usize, a: ABlock, pa: *mut f32, pb: *const f32, c: *mut f32, ldc: usize, acc: bool, t: Tile) {
+unsafe fn block(
+    isa: Isa,
+    mc: usize,
+    nc: usize,
+    kc: usize,
+    a: ABlock,
+    pa: *mut f32,
+    pb: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    acc: bool,
+    t: Tile,
+) {
     let (mr, nr) = isa.tile();
     let packed = a.rs == 1 && a.cs == mr && a.step == kc;
     let tail = mc % mr;
     if !packed && tail != 0 {
-        pack_a(tail, kc, mr, a.ptr.add((mc - tail) * a.step), a.rs, a.cs, pa);
+        pack_a(
+            tail,
+            kc,
+            mr,
+            a.ptr.add((mc - tail) * a.step),
+            a.rs,
+            a.cs,
+            pa,
+        );
     }
     let mut jr = 0;
     while jr < nc {
@@ -343,12 +488,35 @@ unsafe fn block(isa: Isa, mc: usize, nc: usize, kc: usize, a: ABlock, pa: *mut f
         let mut ir = 0;
         while ir < mc {
             let rows = (mc - ir).min(mr);
-            let (ap, rs, cs) = if packed || rows == mr { (a.ptr.add(ir * a.step), a.rs, a.cs) } else { (pa as *const f32, 1, mr) };
-            let next = if ir + mr < mc { c.add((ir + mr) * ldc + jr) } else if jr + nr < nc { c.add(jr + nr) } else { std::ptr::null_mut() };
+            let (ap, rs, cs) = if packed || rows == mr {
+                (a.ptr.add(ir * a.step), a.rs, a.cs)
+            } else {
+                (pa as *const f32, 1, mr)
+            };
+            let next = if ir + mr < mc {
+                c.add((ir + mr) * ldc + jr)
+            } else if jr + nr < nc {
+                c.add(jr + nr)
+            } else {
+                std::ptr::null_mut()
+            };
             let (lo, hi) = t.tri.range(t.r0 + ir, rows, t.c0 + jr, kc);
             let ct = c.add(ir * ldc + jr);
             if lo < hi {
-                micro(isa, hi - lo, ap.add(lo * cs), rs, cs, pb.add(jr * kc + lo * nr), ct, ldc, acc, rows, cols, next);
+                micro(
+                    isa,
+                    hi - lo,
+                    ap.add(lo * cs),
+                    rs,
+                    cs,
+                    pb.add(jr * kc + lo * nr),
+                    ct,
+                    ldc,
+                    acc,
+                    rows,
+                    cols,
+                    next,
+                );
             } else if !acc {
                 // No depth contributes: the tile is zero.
                 for i in 0..rows {
@@ -368,7 +536,9 @@ unsafe fn block(isa: Isa, mc: usize, nc: usize, kc: usize, a: ABlock, pa: *mut f
 fn direct_a(isa: Isa, a: &Mat, n: usize) -> bool {
     static FORCE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
     let force = *FORCE.get_or_init(|| std::env::var("RLX_GEMM_DIRECT").ok().map(|v| v != "0"));
-    matches!(isa, Isa::Avx512 | Isa::Avx2) && (a.cs == 1 || (a.rs == 1 && force == Some(true))) && force.unwrap_or(isa == Isa::Avx2 || n <= DIRECT_MAX_N)
+    matches!(isa, Isa::Avx512 | Isa::Avx2)
+        && (a.cs == 1 || (a.rs == 1 && force == Some(true)))
+        && force.unwrap_or(isa == Isa::Avx2 || n <= DIRECT_MAX_N)
 }
 
 /// Widest B (columns) for which the AVX-512 kernels read A in place by default. The AVX2
@@ -377,7 +547,19 @@ fn direct_a(isa: Isa, a: &Mat, n: usize) -> bool {
 const DIRECT_MAX_N: usize = 256;
 
 #[allow(clippy::too_many_arguments)]
-unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c: *mut f32, ldc: usize, buf: *mut f32, shared: Shared, tri: Tri) {
+unsafe fn gemm_serial(
+    isa: Isa,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat,
+    b: Mat,
+    c: *mut f32,
+    ldc: usize,
+    buf: *mut f32,
+    shared: Shared,
+    tri: Tri,
+) {
     let (mr, nr) = isa.tile();
     let (kc_b, mc_b, nc_b) = blocking();
     let pa = buf;
@@ -394,7 +576,15 @@ unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c:
             let pb = if let Shared::PackedB(p, npad) = shared {
                 p.add(pc * npad + jc * kc)
             } else {
-                pack_b(kc, nc, nr, b.ptr.add(pc * b.rs + jc * b.cs), b.rs, b.cs, own_b);
+                pack_b(
+                    kc,
+                    nc,
+                    nr,
+                    b.ptr.add(pc * b.rs + jc * b.cs),
+                    b.rs,
+                    b.cs,
+                    own_b,
+                );
                 own_b
             };
             let mut ic = 0;
@@ -402,16 +592,55 @@ unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c:
                 let mc = (m - ic).min(mc_b);
                 let src = a.ptr.add(ic * a.rs + pc * a.cs);
                 let ab = if let Shared::PackedA(p, mpad) = shared {
-                    ABlock { ptr: p.add(pc * mpad + ic * kc), step: kc, rs: 1, cs: mr }
+                    ABlock {
+                        ptr: p.add(pc * mpad + ic * kc),
+                        step: kc,
+                        rs: 1,
+                        cs: mr,
+                    }
                 } else if direct {
-                    ABlock { ptr: src, step: a.rs, rs: a.rs, cs: a.cs }
+                    ABlock {
+                        ptr: src,
+                        step: a.rs,
+                        rs: a.rs,
+                        cs: a.cs,
+                    }
                 } else {
                     pack_a(mc, kc, mr, src, a.rs, a.cs, pa);
-                    ABlock { ptr: pa, step: kc, rs: 1, cs: mr }
+                    ABlock {
+                        ptr: pa,
+                        step: kc,
+                        rs: 1,
+                        cs: mr,
+                    }
                 };
                 // Depth ranges per tile only when the whole depth is one panel.
-                let tri = if kc == k { Tile { tri, r0: ic, c0: jc } } else { Tile { tri: Tri::Full, r0: 0, c0: 0 } };
-                block(isa, mc, nc, kc, ab, pa, pb, c.add(ic * ldc + jc), ldc, pc > 0, tri);
+                let tri = if kc == k {
+                    Tile {
+                        tri,
+                        r0: ic,
+                        c0: jc,
+                    }
+                } else {
+                    Tile {
+                        tri: Tri::Full,
+                        r0: 0,
+                        c0: 0,
+                    }
+                };
+                block(
+                    isa,
+                    mc,
+                    nc,
+                    kc,
+                    ab,
+                    pa,
+                    pb,
+                    c.add(ic * ldc + jc),
+                    ldc,
+                    pc > 0,
+                    tri,
+                );
                 ic += mc;
             }
             pc += kc;
@@ -421,7 +650,15 @@ unsafe fn gemm_serial(isa: Isa, m: usize, n: usize, k: usize, a: Mat, b: Mat, c:
 }
 
 /// Pack `mc×kc` of A into `mr`-row slivers: `dst[(s*kc + p)*mr + i]`, zero-padded.
-unsafe fn pack_a(mc: usize, kc: usize, mr: usize, a: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+unsafe fn pack_a(
+    mc: usize,
+    kc: usize,
+    mr: usize,
+    a: *const f32,
+    rs: usize,
+    cs: usize,
+    dst: *mut f32,
+) {
     let mut s = 0;
     #[cfg(target_arch = "x86_64")]
     if rs == 1 && mr == 12 && Isa::current() == Isa::Avx512 {
@@ -474,7 +711,15 @@ unsafe fn pack_a(mc: usize, kc: usize, mr: usize, a: *const f32, rs: usize, cs: 
 }
 
 /// Pack `kc×nc` of B into `nr`-column slivers: `dst[(t*kc + p)*nr + j]`, zero-padded.
-unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: usize, dst: *mut f32) {
+unsafe fn pack_b(
+    kc: usize,
+    nc: usize,
+    nr: usize,
+    b: *const f32,
+    rs: usize,
+    cs: usize,
+    dst: *mut f32,
+) {
     let mut t = 0;
     if cs == 1 && nr == 16 {
         // Row-major B, 16-column slivers (AVX2): walk k outermost, so each row of the panel is
@@ -533,7 +778,20 @@ unsafe fn pack_b(kc: usize, nc: usize, nr: usize, b: *const f32, rs: usize, cs: 
 /// `next`, the C tile of the following call (null for none).
 #[allow(clippy::too_many_arguments)]
 #[inline]
-unsafe fn micro(isa: Isa, kc: usize, a: *const f32, ars: usize, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
+unsafe fn micro(
+    isa: Isa,
+    kc: usize,
+    a: *const f32,
+    ars: usize,
+    acs: usize,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    acc: bool,
+    rows: usize,
+    cols: usize,
+    next: *const f32,
+) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 if rows <= 8 => x86::micro_short(kc, a, ars, acs, b, c, ldc, acc, rows, cols),
@@ -549,7 +807,14 @@ unsafe fn micro(isa: Isa, kc: usize, a: *const f32, ars: usize, acs: usize, b: *
 
 /// Write a full `MR×NR` tile held in `t` to C (all or part of it), adding when `acc`.
 #[inline(always)]
-unsafe fn store_tile<const MR: usize, const NR: usize>(t: &[[f32; NR]; MR], c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+unsafe fn store_tile<const MR: usize, const NR: usize>(
+    t: &[[f32; NR]; MR],
+    c: *mut f32,
+    ldc: usize,
+    acc: bool,
+    rows: usize,
+    cols: usize,
+) {
     for (i, row) in t.iter().enumerate().take(rows) {
         let cr = c.add(i * ldc);
         for (j, &v) in row.iter().enumerate().take(cols) {
@@ -559,7 +824,16 @@ unsafe fn store_tile<const MR: usize, const NR: usize>(t: &[[f32; NR]; MR], c: *
 }
 
 #[allow(clippy::too_many_arguments)]
-unsafe fn micro_generic(kc: usize, a: *const f32, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+unsafe fn micro_generic(
+    kc: usize,
+    a: *const f32,
+    b: *const f32,
+    c: *mut f32,
+    ldc: usize,
+    acc: bool,
+    rows: usize,
+    cols: usize,
+) {
     let mut t = [[0f32; 8]; 4];
     for p in 0..kc {
         let ap = a.add(p * 4);
@@ -581,14 +855,36 @@ mod x86 {
 
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn micro_12x32(kc: usize, a: *const f32, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
+    pub(super) unsafe fn micro_12x32(
+        kc: usize,
+        a: *const f32,
+        acs: usize,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+        rows: usize,
+        cols: usize,
+        next: *const f32,
+    ) {
         micro_avx512::<12, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols, next)
     }
 
     /// [`micro_12x32`] reading A in place from rows `ars` apart (row-major A).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn micro_12x32_rows(kc: usize, a: *const f32, ars: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
+    pub(super) unsafe fn micro_12x32_rows(
+        kc: usize,
+        a: *const f32,
+        ars: usize,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+        rows: usize,
+        cols: usize,
+        next: *const f32,
+    ) {
         micro_avx512::<12, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, next)
     }
 
@@ -596,13 +892,32 @@ mod x86 {
     /// 4- or 8-row kernel, so the missing rows cost no multiply-adds.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn micro_short(kc: usize, a: *const f32, ars: usize, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize) {
+    pub(super) unsafe fn micro_short(
+        kc: usize,
+        a: *const f32,
+        ars: usize,
+        acs: usize,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+        rows: usize,
+        cols: usize,
+    ) {
         let null = std::ptr::null();
         match (rows <= 4, ars == 1) {
-            (true, true) => micro_avx512::<4, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null),
-            (true, false) => micro_avx512::<4, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null),
-            (false, true) => micro_avx512::<8, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null),
-            (false, false) => micro_avx512::<8, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null),
+            (true, true) => {
+                micro_avx512::<4, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null)
+            }
+            (true, false) => {
+                micro_avx512::<4, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null)
+            }
+            (false, true) => {
+                micro_avx512::<8, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null)
+            }
+            (false, false) => {
+                micro_avx512::<8, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null)
+            }
         }
     }
 
@@ -634,7 +949,9 @@ mod x86 {
         while p0 < kc {
             if line < lines {
                 // `wrapping_add`: a partial next tile has fewer rows; prefetching past them is harmless.
-                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add((line / NV) * ldc + 16 * (line % NV)) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(
+                    next.wrapping_add((line / NV) * ldc + 16 * (line % NV)) as *const i8,
+                );
                 line += 1;
             }
             let end = (p0 + chunk).min(kc);
@@ -645,7 +962,11 @@ mod x86 {
                     *x = _mm512_loadu_ps(bp.add(16 * v));
                 }
                 for (i, ri) in r.iter_mut().enumerate() {
-                    let av = _mm512_set1_ps(if ROWS { *a.add(i * lda + p) } else { *a.add(p * lda + i) });
+                    let av = _mm512_set1_ps(if ROWS {
+                        *a.add(i * lda + p)
+                    } else {
+                        *a.add(p * lda + i)
+                    });
                     for v in 0..NV {
                         ri[v] = _mm512_fmadd_ps(av, bv[v], ri[v]);
                     }
@@ -680,7 +1001,13 @@ mod x86 {
     /// blocks in registers: 16 loads, 64 shuffles and 16 stores per 256 floats instead of 256
     /// scalar copies.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pack_b_transposed(kc: usize, nr: usize, b: *const f32, cs: usize, dst: *mut f32) {
+    pub(super) unsafe fn pack_b_transposed(
+        kc: usize,
+        nr: usize,
+        b: *const f32,
+        cs: usize,
+        dst: *mut f32,
+    ) {
         let mut p = 0;
         while p < kc {
             for j0 in (0..nr).step_by(16) {
@@ -700,9 +1027,24 @@ mod x86 {
     /// Copy `rows` rows of `W` floats (at most 32), `stride` apart in `src`, to consecutive rows
     /// of `dst`: the packing copies, as masked vector moves instead of a `memcpy` call each.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn copy_rows<const W: usize>(rows: usize, src: *const f32, stride: usize, dst: *mut f32) {
-        let lo: __mmask16 = if W >= 16 { 0xffff } else { (1u32 << W) as u16 - 1 };
-        let hi: __mmask16 = if W >= 32 { 0xffff } else if W > 16 { (1u32 << (W - 16)) as u16 - 1 } else { 0 };
+    pub(super) unsafe fn copy_rows<const W: usize>(
+        rows: usize,
+        src: *const f32,
+        stride: usize,
+        dst: *mut f32,
+    ) {
+        let lo: __mmask16 = if W >= 16 {
+            0xffff
+        } else {
+            (1u32 << W) as u16 - 1
+        };
+        let hi: __mmask16 = if W >= 32 {
+            0xffff
+        } else if W > 16 {
+            (1u32 << (W - 16)) as u16 - 1
+        } else {
+            0
+        };
         for p in 0..rows {
             let (sp, dp) = (src.add(p * stride), dst.add(p * W));
             _mm512_mask_storeu_ps(dp, lo, _mm512_maskz_loadu_ps(lo, sp));
@@ -716,12 +1058,22 @@ mod x86 {
     /// steps as `dst[(s * kc + p) * 12 + i]`, reading each column's `12 * slivers` floats as
     /// one run.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pack_a_columns(slivers: usize, kc: usize, a: *const f32, cs: usize, dst: *mut f32) {
+    pub(super) unsafe fn pack_a_columns(
+        slivers: usize,
+        kc: usize,
+        a: *const f32,
+        cs: usize,
+        dst: *mut f32,
+    ) {
         const M: __mmask16 = 0x0fff;
         for p in 0..kc {
             let col = a.add(p * cs);
             for s in 0..slivers {
-                _mm512_mask_storeu_ps(dst.add((s * kc + p) * 12), M, _mm512_maskz_loadu_ps(M, col.add(s * 12)));
+                _mm512_mask_storeu_ps(
+                    dst.add((s * kc + p) * 12),
+                    M,
+                    _mm512_maskz_loadu_ps(M, col.add(s * 12)),
+                );
             }
         }
     }
@@ -738,10 +1090,14 @@ mod x86 {
         }
         for k in 0..4 {
             let (a, b, c, d) = (t[4 * k], t[4 * k + 1], t[4 * k + 2], t[4 * k + 3]);
-            r[4 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(c)));
-            r[4 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(c)));
-            r[4 * k + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(b), _mm512_castps_pd(d)));
-            r[4 * k + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(b), _mm512_castps_pd(d)));
+            r[4 * k] =
+                _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(c)));
+            r[4 * k + 1] =
+                _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(c)));
+            r[4 * k + 2] =
+                _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(b), _mm512_castps_pd(d)));
+            r[4 * k + 3] =
+                _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(b), _mm512_castps_pd(d)));
         }
         for base in [0, 8] {
             for k in 0..4 {
@@ -760,7 +1116,19 @@ mod x86 {
     /// is packed (`ars = 1`, `acs = 6`) or read in place from rows `ars` apart (`acs = 1`).
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn micro_avx2(kc: usize, a: *const f32, ars: usize, acs: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
+    pub(super) unsafe fn micro_avx2(
+        kc: usize,
+        a: *const f32,
+        ars: usize,
+        acs: usize,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+        rows: usize,
+        cols: usize,
+        next: *const f32,
+    ) {
         let null = std::ptr::null();
         match (rows, ars == 1) {
             (5.., true) => micro_ymm::<6, false>(kc, a, acs, b, c, ldc, acc, rows, cols, next),
@@ -777,7 +1145,18 @@ mod x86 {
     /// every few k steps, as in the AVX-512 kernel.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    unsafe fn micro_ymm<const MR: usize, const ROWS: bool>(kc: usize, a: *const f32, lda: usize, b: *const f32, c: *mut f32, ldc: usize, acc: bool, rows: usize, cols: usize, next: *const f32) {
+    unsafe fn micro_ymm<const MR: usize, const ROWS: bool>(
+        kc: usize,
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        c: *mut f32,
+        ldc: usize,
+        acc: bool,
+        rows: usize,
+        cols: usize,
+        next: *const f32,
+    ) {
         let mut r = [[_mm256_setzero_ps(); 2]; MR];
         let lines = if next.is_null() { 0 } else { MR };
         let chunk = kc.checked_div(lines).unwrap_or(kc).max(1);
@@ -793,7 +1172,11 @@ mod x86 {
                 let bp = b.add(p * 16);
                 let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
                 for (i, ri) in r.iter_mut().enumerate() {
-                    let av = _mm256_broadcast_ss(&*if ROWS { a.add(i * lda + p) } else { a.add(p * lda + i) });
+                    let av = _mm256_broadcast_ss(&*if ROWS {
+                        a.add(i * lda + p)
+                    } else {
+                        a.add(p * lda + i)
+                    });
                     ri[0] = _mm256_fmadd_ps(av, b0, ri[0]);
                     ri[1] = _mm256_fmadd_ps(av, b1, ri[1]);
                 }
@@ -804,7 +1187,11 @@ mod x86 {
             for (i, ri) in r.iter().enumerate() {
                 let cp = c.add(i * ldc);
                 for (v, x) in ri.iter().enumerate() {
-                    let y = if acc { _mm256_add_ps(*x, _mm256_loadu_ps(cp.add(8 * v))) } else { *x };
+                    let y = if acc {
+                        _mm256_add_ps(*x, _mm256_loadu_ps(cp.add(8 * v)))
+                    } else {
+                        *x
+                    };
                     _mm256_storeu_ps(cp.add(8 * v), y);
                 }
             }
@@ -866,8 +1253,12 @@ mod tests {
     use super::*;
 
     fn check(m: usize, n: usize, k: usize, trans_a: bool, threads: usize) {
-        let a: Vec<f32> = (0..m * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 5.0).collect();
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 7 % 13) as f32 - 6.0) / 7.0)
+            .collect();
+        let b: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 5 % 11) as f32 - 5.0) / 5.0)
+            .collect();
         let (ars, acs) = if trans_a { (1, m) } else { (k, 1) };
         let mut c = vec![f32::NAN; m * n];
         let pool = Pool::new(threads);
@@ -878,8 +1269,16 @@ mod tests {
                 m,
                 n,
                 k,
-                Mat { ptr: a.as_ptr(), rs: ars, cs: acs },
-                Mat { ptr: b.as_ptr(), rs: n, cs: 1 },
+                Mat {
+                    ptr: a.as_ptr(),
+                    rs: ars,
+                    cs: acs,
+                },
+                Mat {
+                    ptr: b.as_ptr(),
+                    rs: n,
+                    cs: 1,
+                },
                 c.as_mut_ptr(),
                 n,
                 scratch.as_mut_ptr(),
@@ -887,9 +1286,14 @@ mod tests {
         };
         for i in 0..m {
             for j in 0..n {
-                let want: f64 = (0..k).map(|p| a[i * ars + p * acs] as f64 * b[p * n + j] as f64).sum();
+                let want: f64 = (0..k)
+                    .map(|p| a[i * ars + p * acs] as f64 * b[p * n + j] as f64)
+                    .sum();
                 let got = c[i * n + j] as f64;
-                assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{m}x{n}x{k} at ({i},{j}): {got} vs {want}");
+                assert!(
+                    (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                    "{m}x{n}x{k} at ({i},{j}): {got} vs {want}"
+                );
             }
         }
     }
@@ -900,9 +1304,20 @@ mod tests {
             // Operands zero on one side of a diagonal (as `tri` promises), in the layouts causal
             // attention's products use: equal, bit for bit, to the full product (whose skipped
             // terms are exact zeros), for tile-aligned and ragged sizes and several offsets.
-            for &(m, n, k) in &[(64usize, 32usize, 64usize), (64, 64, 64), (13, 40, 13), (50, 33, 47), (24, 64, 24)] {
+            for &(m, n, k) in &[
+                (64usize, 32usize, 64usize),
+                (64, 64, 64),
+                (13, 40, 13),
+                (50, 33, 47),
+                (24, 64, 24),
+            ] {
                 for off in [-3isize, 0, 2, 17] {
-                    for tri in [Tri::RowMax(off), Tri::RowMin(off), Tri::ColMin(off), Tri::Unneeded(off)] {
+                    for tri in [
+                        Tri::RowMax(off),
+                        Tri::RowMin(off),
+                        Tri::ColMin(off),
+                        Tri::Unneeded(off),
+                    ] {
                         let zero = |i: usize, j: usize, p: usize| match tri {
                             Tri::RowMax(o) => p as isize > i as isize + o,
                             Tri::RowMin(o) => (p as isize) < i as isize - o,
@@ -910,8 +1325,12 @@ mod tests {
                             Tri::Full | Tri::Unneeded(_) => false,
                         };
                         // A row-major (read in place) or B row-major, with the promised zeros.
-                        let mut a: Vec<f32> = (0..m * k).map(|x| ((x * 7 % 13) as f32 - 6.0) / 7.0).collect();
-                        let mut b: Vec<f32> = (0..k * n).map(|x| ((x * 5 % 11) as f32 - 5.0) / 5.0).collect();
+                        let mut a: Vec<f32> = (0..m * k)
+                            .map(|x| ((x * 7 % 13) as f32 - 6.0) / 7.0)
+                            .collect();
+                        let mut b: Vec<f32> = (0..k * n)
+                            .map(|x| ((x * 5 % 11) as f32 - 5.0) / 5.0)
+                            .collect();
                         for i in 0..m {
                             for p in 0..k {
                                 if matches!(tri, Tri::RowMax(_) | Tri::RowMin(_)) && zero(i, 0, p) {
@@ -929,14 +1348,39 @@ mod tests {
                         let run = |tri: Tri| {
                             let mut c = vec![f32::NAN; m * n];
                             let mut scratch = vec![0f32; scratch_len(m, n, k, 1)];
-                            let (am, bm) = (Mat { ptr: a.as_ptr(), rs: k, cs: 1 }, Mat { ptr: b.as_ptr(), rs: n, cs: 1 });
-                            unsafe { sgemm_tri(m, n, k, am, bm, c.as_mut_ptr(), n, scratch.as_mut_ptr(), tri) };
+                            let (am, bm) = (
+                                Mat {
+                                    ptr: a.as_ptr(),
+                                    rs: k,
+                                    cs: 1,
+                                },
+                                Mat {
+                                    ptr: b.as_ptr(),
+                                    rs: n,
+                                    cs: 1,
+                                },
+                            );
+                            unsafe {
+                                sgemm_tri(
+                                    m,
+                                    n,
+                                    k,
+                                    am,
+                                    bm,
+                                    c.as_mut_ptr(),
+                                    n,
+                                    scratch.as_mut_ptr(),
+                                    tri,
+                                )
+                            };
                             c
                         };
                         let (skipped, full) = (run(tri), run(Tri::Full));
                         // Elements no reader needs are the full product's or zero; the rest equal.
                         let unneeded = |i: usize, j: usize| matches!(tri, Tri::Unneeded(o) if j as isize > i as isize + o);
-                        let same = (0..m * n).all(|e| skipped[e] == full[e] || (unneeded(e / n, e % n) && skipped[e] == 0.0));
+                        let same = (0..m * n).all(|e| {
+                            skipped[e] == full[e] || (unneeded(e / n, e % n) && skipped[e] == 0.0)
+                        });
                         assert!(same, "{m}x{n}x{k} {tri:?}: {skipped:?} vs {full:?}");
                         if let Tri::Unneeded(o) = tri {
                             // Whole tiles past the diagonal were left out (the first tile row's
@@ -970,7 +1414,8 @@ mod tests {
                     for p in 0..kc {
                         for j in 0..nr {
                             let col = t * nr + j;
-                            want[(t * kc + p) * nr + j] = if col < nc { b[col * cs + p] } else { 0.0 };
+                            want[(t * kc + p) * nr + j] =
+                                if col < nc { b[col * cs + p] } else { 0.0 };
                         }
                     }
                 }
@@ -982,7 +1427,14 @@ mod tests {
     #[test]
     fn matches_naive_on_edges_and_blocks() {
         crate::isa::for_each_level(|_| {
-            for &(m, n, k) in &[(1, 1, 1), (13, 33, 7), (12, 32, 256), (25, 70, 300), (200, 65, 513), (3, 3100, 5)] {
+            for &(m, n, k) in &[
+                (1, 1, 1),
+                (13, 33, 7),
+                (12, 32, 256),
+                (25, 70, 300),
+                (200, 65, 513),
+                (3, 3100, 5),
+            ] {
                 check(m, n, k, false, 1);
                 check(m, n, k, true, 2);
             }
@@ -995,7 +1447,13 @@ mod tests {
             // Two threads, several shares each: rows split with B packed once (several depth
             // blocks), columns split with A packed once (row-major A wider than the in-place limit,
             // transposed A, several column blocks), columns split with A read in place.
-            for &(m, n, k) in &[(400, 70, 600), (40, 1000, 600), (100, 3300, 300), (40, 200, 600), (2000, 40, 700)] {
+            for &(m, n, k) in &[
+                (400, 70, 600),
+                (40, 1000, 600),
+                (100, 3300, 300),
+                (40, 200, 600),
+                (2000, 40, 700),
+            ] {
                 check(m, n, k, false, 2);
                 check(m, n, k, true, 2);
             }

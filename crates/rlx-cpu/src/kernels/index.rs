@@ -23,7 +23,9 @@ pub(super) unsafe fn read_index(idx: &TRef, off: usize) -> i64 {
 
 /// Offsets of all elements of `l` (row-major), relative to `l.offset` included.
 fn each_offset(l: &Layout, mut f: impl FnMut(usize)) {
-    for_each_run(l.dims(), [l], 0..l.numel(), |[i], n, [s]| (0..n).for_each(|t| f(i + t * s)));
+    for_each_run(l.dims(), [l], 0..l.numel(), |[i], n, [s]| {
+        (0..n).for_each(|t| f(i + t * s))
+    });
 }
 
 /// The leading axes `..axis` and trailing axes `axis+1..` of `l` (trailing with offset 0).
@@ -87,38 +89,53 @@ fn scatter_add<T: Elem>(x: TRef, idx: TRef, upd: TRef, out: TRef, axis: usize) -
         let dense_post = Layout::contiguous(post_o.dims());
         // Rows (the trailing axes) stored densely in both are added as slices.
         let row = (post_u.is_contiguous() && post_o.is_contiguous()).then(|| post_o.numel());
-        for_each_run(pre_o.dims(), [&dense_pre, &pre_u, &pre_o], 0..pre_o.numel(), |[_, ub, ob], len, [_, sub, sob]| {
-            for t in 0..len {
-                let (ub, ob) = (ub + t * sub, ob + t * sob);
-                let mut j = 0;
-                each_offset(&idx.layout, |io| {
-                    // SAFETY: out-of-range indices are skipped; offsets come from layouts.
-                    let v = unsafe { read_index(&idx, io) };
-                    if (0..n).contains(&v) {
-                        let (ubase, obase) = (ub + j * su, ob + v as usize * so);
-                        if let Some(len) = row {
-                            // SAFETY: dense rows of `len` elements; an update row never
-                            // overlaps the output (they are different buffers).
-                            let (d, u) = unsafe { (std::slice::from_raw_parts_mut(po.add(obase), len), std::slice::from_raw_parts(pu.add(ubase), len)) };
-                            for (d, &u) in d.iter_mut().zip(u) {
-                                *d = (*d).add(u);
-                            }
-                            j += 1;
-                            return;
-                        }
-                        for_each_run(post_o.dims(), [&dense_post, &post_u, &post_o], 0..post_o.numel(), |[_, u, o], l, [_, s1, s2]| {
-                            for r in 0..l {
-                                unsafe {
-                                    let d = po.add(obase + o + r * s2);
-                                    *d = (*d).add(*pu.add(ubase + u + r * s1));
+        for_each_run(
+            pre_o.dims(),
+            [&dense_pre, &pre_u, &pre_o],
+            0..pre_o.numel(),
+            |[_, ub, ob], len, [_, sub, sob]| {
+                for t in 0..len {
+                    let (ub, ob) = (ub + t * sub, ob + t * sob);
+                    let mut j = 0;
+                    each_offset(&idx.layout, |io| {
+                        // SAFETY: out-of-range indices are skipped; offsets come from layouts.
+                        let v = unsafe { read_index(&idx, io) };
+                        if (0..n).contains(&v) {
+                            let (ubase, obase) = (ub + j * su, ob + v as usize * so);
+                            if let Some(len) = row {
+                                // SAFETY: dense rows of `len` elements; an update row never
+                                // overlaps the output (they are different buffers).
+                                let (d, u) = unsafe {
+                                    (
+                                        std::slice::from_raw_parts_mut(po.add(obase), len),
+                                        std::slice::from_raw_parts(pu.add(ubase), len),
+                                    )
+                                };
+                                for (d, &u) in d.iter_mut().zip(u) {
+                                    *d = (*d).add(u);
                                 }
+                                j += 1;
+                                return;
                             }
-                        });
-                    }
-                    j += 1;
-                });
-            }
-        });
+                            for_each_run(
+                                post_o.dims(),
+                                [&dense_post, &post_u, &post_o],
+                                0..post_o.numel(),
+                                |[_, u, o], l, [_, s1, s2]| {
+                                    for r in 0..l {
+                                        unsafe {
+                                            let d = po.add(obase + o + r * s2);
+                                            *d = (*d).add(*pu.add(ubase + u + r * s1));
+                                        }
+                                    }
+                                },
+                            );
+                        }
+                        j += 1;
+                    });
+                }
+            },
+        );
     })
 }
 
@@ -138,9 +155,9 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 _ => gather::<i64>(i[0], i[1], o, axis),
             }
         }),
-        Op::ScatterAdd { axis } => {
-            compute(move |i, o| with_dtype!(dt, T => scatter_add::<T>(i[0], i[1], i[2], o, axis), else unreachable!()))
-        }
+        Op::ScatterAdd { axis } => compute(
+            move |i, o| with_dtype!(dt, T => scatter_add::<T>(i[0], i[1], i[2], o, axis), else unreachable!()),
+        ),
         _ => return Err(info.unsupported("not an indexing op")),
     })
 }

@@ -183,7 +183,11 @@ unsafe fn row_dot(q: &[f32], rows: Rows, off: usize, simd: bool) -> f32 {
     let n = q.len();
     let full = n / LANES * LANES;
     #[cfg(target_arch = "x86_64")]
-    let blocks = if simd { row_dot_avx2(&q[..full], rows, off) } else { row_dot_blocks(&q[..full], rows, off) };
+    let blocks = if simd {
+        row_dot_avx2(&q[..full], rows, off)
+    } else {
+        row_dot_blocks(&q[..full], rows, off)
+    };
     #[cfg(not(target_arch = "x86_64"))]
     let blocks = row_dot_blocks(&q[..full], rows, off);
     let mut s = blocks as f64;
@@ -242,7 +246,11 @@ unsafe fn row_dot_avx2(q: &[f32], rows: Rows, off: usize) -> f32 {
     let mut a = [_mm256_setzero_ps(); LANES / 8];
     for b in (0..q.len()).step_by(LANES) {
         for (m, am) in a.iter_mut().enumerate() {
-            *am = _mm256_fmadd_ps(_mm256_loadu_ps(q.as_ptr().add(b + 8 * m)), load8(rows, off + b + 8 * m), *am);
+            *am = _mm256_fmadd_ps(
+                _mm256_loadu_ps(q.as_ptr().add(b + 8 * m)),
+                load8(rows, off + b + 8 * m),
+                *am,
+            );
         }
     }
     // Register m holds lanes 8m..8m+8: lanes l and l + 32 are registers m and m + 4, l + 16 is m + 2.
@@ -263,7 +271,10 @@ unsafe fn row_axpy_avx2(acc: &mut [f32], w: f32, rows: Rows, off: usize) {
     let mut d = 0;
     while d + 8 <= n {
         let a = acc.as_mut_ptr().add(d);
-        _mm256_storeu_ps(a, _mm256_fmadd_ps(wv, load8(rows, off + d), _mm256_loadu_ps(a)));
+        _mm256_storeu_ps(
+            a,
+            _mm256_fmadd_ps(wv, load8(rows, off + d), _mm256_loadu_ps(a)),
+        );
         d += 8;
     }
     for (i, a) in acc.iter_mut().enumerate().skip(d) {
@@ -314,15 +325,35 @@ fn exp_blocks_fast(sc: &mut [f32], first: usize, last: usize, max: f32, simd: bo
 /// its exponential and block sums ([`exp_blocks`]), weights `e * (1 / sum)` rounded to f16, and
 /// the weighted sum of values taken as a dot product over positions (lane `j % 64`).
 #[allow(clippy::too_many_arguments)]
-fn cached_attention(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratch: super::Ptr, scale: f32, window: Option<usize>) -> Box<dyn Kernel> {
-    let (qd, kd, vd) = (q.layout.dims().to_vec(), k.layout.dims().to_vec(), v.layout.dims().to_vec());
+fn cached_attention(
+    q: TRef,
+    k: TRef,
+    v: TRef,
+    pos: TRef,
+    out: TRef,
+    scratch: super::Ptr,
+    scale: f32,
+    window: Option<usize>,
+) -> Box<dyn Kernel> {
+    let (qd, kd, vd) = (
+        q.layout.dims().to_vec(),
+        k.layout.dims().to_vec(),
+        v.layout.dims().to_vec(),
+    );
     let (s_len, hq, dh) = (qd[0], qd[1], qd[2]);
     let (t_len, hkv, dv) = (kd[0], kd[1], vd[2]);
     let group = hq / hkv;
-    let (qs, ks, vs) = (q.layout.strides().to_vec(), k.layout.strides().to_vec(), v.layout.strides().to_vec());
+    let (qs, ks, vs) = (
+        q.layout.strides().to_vec(),
+        k.layout.strides().to_vec(),
+        v.layout.strides().to_vec(),
+    );
     let os = out.layout.strides().to_vec();
     let cdt = k.dtype;
-    let (kr, vr) = (Rows::of(&k).expect("checked at lowering"), Rows::of(&v).expect("checked at lowering"));
+    let (kr, vr) = (
+        Rows::of(&k).expect("checked at lowering"),
+        Rows::of(&v).expect("checked at lowering"),
+    );
     #[cfg(target_arch = "x86_64")]
     let simd = crate::isa::avx2();
     #[cfg(not(target_arch = "x86_64"))]
@@ -354,11 +385,21 @@ fn cached_attention(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratch: su
                 let inv = (1.0 / exp_blocks_fast(sc, first, last, mx, simd)) as f32;
                 // Lane rows that receive a product: all of them once the range spans a block,
                 // else the lanes first % 64 ..= last % 64. Untouched rows count as zero below.
-                let (lo, hi) = if last / LANES == first / LANES { (first % LANES, last % LANES + 1) } else { (0, LANES) };
+                let (lo, hi) = if last / LANES == first / LANES {
+                    (first % LANES, last % LANES + 1)
+                } else {
+                    (0, LANES)
+                };
                 acc[lo * dv..hi * dv].fill(0.0);
                 for (j, &e) in sc.iter().enumerate().take(last + 1).skip(first) {
                     let lane = &mut acc[(j % LANES) * dv..][..dv];
-                    row_axpy(lane, round_to(cdt, e * inv), vr, v.layout.offset + j * vs[0] + kh * vs[1], simd);
+                    row_axpy(
+                        lane,
+                        round_to(cdt, e * inv),
+                        vr,
+                        v.layout.offset + j * vs[0] + kh * vs[1],
+                        simd,
+                    );
                 }
                 // reduce64 for every d at once, on whole rows (acc row l = lane l); adding a
                 // zero row is a copy.
@@ -430,13 +471,31 @@ fn gemm_scratch(t: usize, hkv: usize, dh: usize, dv: usize, threads: usize) -> u
 /// f32 GEMM. The rounding matches the per-query path (queries and probabilities rounded to the
 /// cache type before their products, as llama.cpp does).
 #[allow(clippy::too_many_arguments)]
-fn cached_attention_gemm(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratch: super::Ptr, scale: f32, window: Option<usize>) -> Box<dyn Kernel> {
+fn cached_attention_gemm(
+    q: TRef,
+    k: TRef,
+    v: TRef,
+    pos: TRef,
+    out: TRef,
+    scratch: super::Ptr,
+    scale: f32,
+    window: Option<usize>,
+) -> Box<dyn Kernel> {
     use super::gemm::{scratch_len, sgemm, Mat};
-    let (qd, kd, vd) = (q.layout.dims().to_vec(), k.layout.dims().to_vec(), v.layout.dims().to_vec());
+    let (qd, kd, vd) = (
+        q.layout.dims().to_vec(),
+        k.layout.dims().to_vec(),
+        v.layout.dims().to_vec(),
+    );
     let (s_len, hq, dh) = (qd[0], qd[1], qd[2]);
     let (t_len, hkv, dv) = (kd[0], kd[1], vd[2]);
     let group = hq / hkv;
-    let (qs, ks, vs, os) = (q.layout.strides().to_vec(), k.layout.strides().to_vec(), v.layout.strides().to_vec(), out.layout.strides().to_vec());
+    let (qs, ks, vs, os) = (
+        q.layout.strides().to_vec(),
+        k.layout.strides().to_vec(),
+        v.layout.strides().to_vec(),
+        out.layout.strides().to_vec(),
+    );
     let cdt = k.dtype;
     let per_thread = QB * dh + QB * t_len + scratch_len(QB, t_len.max(dv), t_len.max(dh), 1);
     kernel(move |pool: &Pool| {
@@ -449,14 +508,24 @@ fn cached_attention_gemm(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratc
             let k32 = scratch.get() as *mut f32;
             let v32 = k32.add(t_len * hkv * dh);
             let work = v32.add(t_len * hkv * dv);
-            let (kp, vp, wp) = (super::Ptr(k32 as *mut u8), super::Ptr(v32 as *mut u8), super::Ptr(work as *mut u8));
+            let (kp, vp, wp) = (
+                super::Ptr(k32 as *mut u8),
+                super::Ptr(v32 as *mut u8),
+                super::Ptr(work as *mut u8),
+            );
             // Cache rows to f32, head-major: K32[kh][j][d], V32[kh][j][d].
             super::par_ranges(pool, filled * hkv, 64, |r| {
                 for row in r {
                     let (j, kh) = (row / hkv, row % hkv);
-                    let kdst = std::slice::from_raw_parts_mut((kp.get() as *mut f32).add((kh * t_len + j) * dh), dh);
+                    let kdst = std::slice::from_raw_parts_mut(
+                        (kp.get() as *mut f32).add((kh * t_len + j) * dh),
+                        dh,
+                    );
                     load_row(&k, k.layout.offset + j * ks[0] + kh * ks[1], kdst);
-                    let vdst = std::slice::from_raw_parts_mut((vp.get() as *mut f32).add((kh * t_len + j) * dv), dv);
+                    let vdst = std::slice::from_raw_parts_mut(
+                        (vp.get() as *mut f32).add((kh * t_len + j) * dv),
+                        dv,
+                    );
                     load_row(&v, v.layout.offset + j * vs[0] + kh * vs[1], vdst);
                 }
             });
@@ -477,7 +546,25 @@ fn cached_attention_gemm(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratc
                 }
                 let kh32 = (kp.get() as *const f32).add(kh * t_len * dh);
                 let vh32 = (vp.get() as *const f32).add(kh * t_len * dv);
-                sgemm(None, qb, tb, dh, Mat { ptr: qm, rs: dh, cs: 1 }, Mat { ptr: kh32, rs: 1, cs: dh }, sm, tb, gs);
+                sgemm(
+                    None,
+                    qb,
+                    tb,
+                    dh,
+                    Mat {
+                        ptr: qm,
+                        rs: dh,
+                        cs: 1,
+                    },
+                    Mat {
+                        ptr: kh32,
+                        rs: 1,
+                        cs: dh,
+                    },
+                    sm,
+                    tb,
+                    gs,
+                );
                 for i in 0..qb {
                     let row = std::slice::from_raw_parts_mut(sm.add(i * tb), tb);
                     let last = (p + i0 + i).min(t_len - 1);
@@ -487,8 +574,28 @@ fn cached_attention_gemm(q: TRef, k: TRef, v: TRef, pos: TRef, out: TRef, scratc
                     row[..first].fill(0.0);
                     row[last + 1..].fill(0.0);
                 }
-                let op = out.base::<f32>().add(out.layout.offset + i0 * os[0] + h * os[1]);
-                sgemm(None, qb, dv, tb, Mat { ptr: sm, rs: tb, cs: 1 }, Mat { ptr: vh32, rs: dv, cs: 1 }, op, os[0], gs);
+                let op = out
+                    .base::<f32>()
+                    .add(out.layout.offset + i0 * os[0] + h * os[1]);
+                sgemm(
+                    None,
+                    qb,
+                    dv,
+                    tb,
+                    Mat {
+                        ptr: sm,
+                        rs: tb,
+                        cs: 1,
+                    },
+                    Mat {
+                        ptr: vh32,
+                        rs: dv,
+                        cs: 1,
+                    },
+                    op,
+                    os[0],
+                    gs,
+                );
             });
         }
     })
@@ -505,8 +612,13 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let (scale, window) = (*scale, *window);
             let t = info.ins[1].dims()[0];
             for (what, i) in [("k", 1), ("v", 2)] {
-                if !matches!(info.in_dtypes[i], DType::F16 | DType::F32) || info.ins[i].strides().last() != Some(&1) {
-                    return Err(info.unsupported(format!("the {what} cache must be a dense f16 or f32 tensor, got {}", info.in_dtypes[i])));
+                if !matches!(info.in_dtypes[i], DType::F16 | DType::F32)
+                    || info.ins[i].strides().last() != Some(&1)
+                {
+                    return Err(info.unsupported(format!(
+                        "the {what} cache must be a dense f16 or f32 tensor, got {}",
+                        info.in_dtypes[i]
+                    )));
                 }
             }
             let (s_len, hkv) = (info.ins[0].dims()[0], info.ins[1].dims()[1]);
@@ -515,12 +627,16 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             if s_len >= GEMM_MIN_S && dense_out {
                 return Ok(Lowered::Compute {
                     scratch: gemm_scratch(t, hkv, dh, dv, info.threads),
-                    build: Box::new(move |ins, out, s| cached_attention_gemm(ins[0], ins[1], ins[2], ins[3], out, s, scale, window)),
+                    build: Box::new(move |ins, out, s| {
+                        cached_attention_gemm(ins[0], ins[1], ins[2], ins[3], out, s, scale, window)
+                    }),
                 });
             }
             Ok(Lowered::Compute {
                 scratch: info.threads * scratch_floats(t, dh, dv) * 4,
-                build: Box::new(move |ins, out, s| cached_attention(ins[0], ins[1], ins[2], ins[3], out, s, scale, window)),
+                build: Box::new(move |ins, out, s| {
+                    cached_attention(ins[0], ins[1], ins[2], ins[3], out, s, scale, window)
+                }),
             })
         }
         _ => unreachable!("dispatched by op"),

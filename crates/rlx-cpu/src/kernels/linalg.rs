@@ -25,7 +25,12 @@ impl Batches {
             x = x.remove_axis(x.rank() - 1);
             x.remove_axis(x.rank() - 1)
         };
-        Batches { la: strip(a).broadcast_to(&dims), lb: strip(b).broadcast_to(&dims), lo: strip(out), dims }
+        Batches {
+            la: strip(a).broadcast_to(&dims),
+            lb: strip(b).broadcast_to(&dims),
+            lo: strip(out),
+            dims,
+        }
     }
 
     fn count(&self) -> usize {
@@ -33,18 +38,31 @@ impl Batches {
     }
 
     fn each(&self, range: std::ops::Range<usize>, mut f: impl FnMut(usize, usize, usize)) {
-        for_each_run(&self.dims, [&self.lo, &self.la, &self.lb], range, |[o, i, j], n, [so, si, sj]| {
-            for t in 0..n {
-                f(o + t * so, i + t * si, j + t * sj);
-            }
-        });
+        for_each_run(
+            &self.dims,
+            [&self.lo, &self.la, &self.lb],
+            range,
+            |[o, i, j], n, [so, si, sj]| {
+                for t in 0..n {
+                    f(o + t * so, i + t * si, j + t * sj);
+                }
+            },
+        );
     }
 }
 
 fn mnk(a: &Layout, b: &Layout) -> (usize, usize, usize, usize, usize, usize, usize) {
     let (ra, rb) = (a.rank(), b.rank());
     let (m, k, n) = (a.dims()[ra - 2], a.dims()[ra - 1], b.dims()[rb - 1]);
-    (m, n, k, a.strides()[ra - 2], a.strides()[ra - 1], b.strides()[rb - 2], b.strides()[rb - 1])
+    (
+        m,
+        n,
+        k,
+        a.strides()[ra - 2],
+        a.strides()[ra - 1],
+        b.strides()[rb - 2],
+        b.strides()[rb - 1],
+    )
 }
 
 /// When `b` is shared by every batch and `a`'s batch axes step evenly over its rows, the whole
@@ -67,8 +85,17 @@ fn fold_batches(a: &Layout, b: &Layout, out: &Layout) -> Option<Layout> {
     Layout::strided(&[rows, d[ra - 1]], &[s[ra - 2], s[ra - 1]], a.offset)
 }
 
-fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize, zeros: gemm::Tri) -> Box<dyn Kernel> {
-    if let Some(fa) = fold_batches(&a.layout, &b.layout, &out.layout).filter(|_| zeros == gemm::Tri::Full) {
+fn f32_matmul(
+    a: TRef,
+    b: TRef,
+    out: TRef,
+    scratch: Ptr,
+    threads: usize,
+    zeros: gemm::Tri,
+) -> Box<dyn Kernel> {
+    if let Some(fa) =
+        fold_batches(&a.layout, &b.layout, &out.layout).filter(|_| zeros == gemm::Tri::Full)
+    {
         let rows = fa.dims()[0];
         let n = b.layout.dims()[1];
         let a2 = TRef { layout: fa, ..a };
@@ -89,17 +116,45 @@ fn f32_matmul(a: TRef, b: TRef, out: TRef, scratch: Ptr, threads: usize, zeros: 
     let per_batch = nb >= threads && m * n * k < (1 << 21);
     kernel(move |pool| {
         let one = |o: usize, i: usize, j: usize, p: Option<&crate::pool::Pool>, th: usize| unsafe {
-            let (pa, pb, po, ps) = (a.base::<f32>(), b.base::<f32>(), out.base::<f32>(), scratch.get() as *mut f32);
-            let (am, bm) = (Mat { ptr: pa.add(i), rs: ars, cs: acs }, Mat { ptr: pb.add(j), rs: brs, cs: bcs });
+            let (pa, pb, po, ps) = (
+                a.base::<f32>(),
+                b.base::<f32>(),
+                out.base::<f32>(),
+                scratch.get() as *mut f32,
+            );
+            let (am, bm) = (
+                Mat {
+                    ptr: pa.add(i),
+                    rs: ars,
+                    cs: acs,
+                },
+                Mat {
+                    ptr: pb.add(j),
+                    rs: brs,
+                    cs: bcs,
+                },
+            );
             // SAFETY: offsets come from the planned layouts; scratch holds `threads` slices; the
             // compiler proved the zeros `zeros` names. A product on one thread skips them.
             match p {
-                None => gemm::sgemm_tri(m, n, k, am, bm, po.add(o), ldc, ps.add(th * per_thread), zeros),
+                None => gemm::sgemm_tri(
+                    m,
+                    n,
+                    k,
+                    am,
+                    bm,
+                    po.add(o),
+                    ldc,
+                    ps.add(th * per_thread),
+                    zeros,
+                ),
                 Some(_) => gemm::sgemm(p, m, n, k, am, bm, po.add(o), ldc, ps.add(th * per_thread)),
             }
         };
         if per_batch {
-            pool.run(nb, &|t, th| batches.each(t..t + 1, |o, i, j| one(o, i, j, None, th)));
+            pool.run(nb, &|t, th| {
+                batches.each(t..t + 1, |o, i, j| one(o, i, j, None, th))
+            });
         } else {
             batches.each(0..nb, |o, i, j| one(o, i, j, Some(pool), 0));
         }
@@ -127,7 +182,13 @@ fn naive_matmul<T: Elem, A: Copy + Send + Sync + 'static>(
                         let mut s = zero;
                         for p in 0..k {
                             // SAFETY: offsets come from the planned layouts.
-                            unsafe { s = mul_add(s, *pa.add(i + r * ars + p * acs), *pb.add(j + p * brs + c * bcs)) };
+                            unsafe {
+                                s = mul_add(
+                                    s,
+                                    *pa.add(i + r * ars + p * acs),
+                                    *pb.add(j + p * brs + c * bcs),
+                                )
+                            };
                         }
                         unsafe { *po.add(o + r * n + c) = done(s) };
                     }
@@ -138,7 +199,14 @@ fn naive_matmul<T: Elem, A: Copy + Send + Sync + 'static>(
 }
 
 fn float_matmul<T: FloatElem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
-    naive_matmul::<T, T::C>(a, b, out, T::C::c(0.0), |s, x, y| s + x.to_c() * y.to_c(), T::from_c)
+    naive_matmul::<T, T::C>(
+        a,
+        b,
+        out,
+        T::C::c(0.0),
+        |s, x, y| s + x.to_c() * y.to_c(),
+        T::from_c,
+    )
 }
 
 fn int_matmul<T: Elem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
@@ -150,19 +218,26 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     let threads = info.threads;
     if dt == DType::F32 {
         let (a, b) = (&info.ins[0], &info.ins[1]);
-        let (m, k, n) = (a.dims()[a.rank() - 2], a.dims()[a.rank() - 1], b.dims()[b.rank() - 1]);
+        let (m, k, n) = (
+            a.dims()[a.rank() - 2],
+            a.dims()[a.rank() - 1],
+            b.dims()[b.rank() - 1],
+        );
         // A folded product has more rows than one batch: size the scratch for the larger m.
         let out = Layout::contiguous(&info.dims);
         let m = fold_batches(a, b, &out).map_or(m, |f| f.dims()[0]);
         let scratch = gemm::scratch_len(m, n, k, threads) * 4;
         let zeros = info.zeros;
-        return Ok(Lowered::Compute { scratch, build: Box::new(move |i, o, s| f32_matmul(i[0], i[1], o, s, threads, zeros)) });
+        return Ok(Lowered::Compute {
+            scratch,
+            build: Box::new(move |i, o, s| f32_matmul(i[0], i[1], o, s, threads, zeros)),
+        });
     }
     let ok = with_dtype!(dt, T => { let _ = std::marker::PhantomData::<T>; dt != DType::Bool }, else false);
     if !ok {
         return Err(info.unsupported(format!("matmul of {dt}")));
     }
-    Ok(super::compute(move |i, o| {
-        with_float!(dt, T => float_matmul::<T>(i[0], i[1], o), else with_dtype!(dt, T => int_matmul::<T>(i[0], i[1], o), else unreachable!()))
-    }))
+    Ok(super::compute(
+        move |i, o| with_float!(dt, T => float_matmul::<T>(i[0], i[1], o), else with_dtype!(dt, T => int_matmul::<T>(i[0], i[1], o), else unreachable!())),
+    ))
 }

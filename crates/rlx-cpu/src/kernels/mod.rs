@@ -128,7 +128,12 @@ pub struct NodeInfo<'a> {
 impl NodeInfo<'_> {
     /// A "not supported" error for this node.
     pub fn unsupported(&self, msg: impl Into<String>) -> Error {
-        Error::Unsupported { backend: "cpu".into(), op: self.node.op.name().into(), node: self.id, msg: msg.into() }
+        Error::Unsupported {
+            backend: "cpu".into(),
+            op: self.node.op.name().into(),
+            node: self.id,
+            msg: msg.into(),
+        }
     }
 
     /// Result dtype.
@@ -139,7 +144,10 @@ impl NodeInfo<'_> {
 
 /// A compute step with no scratch.
 pub fn compute(build: impl FnOnce(&[TRef], TRef) -> Box<dyn Kernel> + 'static) -> Lowered {
-    Lowered::Compute { scratch: 0, build: Box::new(move |ins, out, _| build(ins, out)) }
+    Lowered::Compute {
+        scratch: 0,
+        build: Box::new(move |ins, out, _| build(ins, out)),
+    }
 }
 
 /// Whether the CPU backend has a native kernel for `op`: a positive list, so a new op is
@@ -149,27 +157,44 @@ pub fn supports(op: &Op) -> bool {
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => true,
         Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => true,
         Op::MatMul | Op::Reduce { .. } | Op::Cumsum { .. } | Op::TopK { .. } => true,
-        Op::Softmax { .. } | Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Rope { .. } => true,
-        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => true,
+        Op::Softmax { .. }
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::Attention { .. }
+        | Op::Rope { .. } => true,
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Concat { .. }
+        | Op::Expand { .. } => true,
         Op::Gather { .. } | Op::ScatterAdd { .. } | Op::Conv(_) | Op::Pool(_) => true,
         Op::DequantizeRows { .. } | Op::CacheWrite | Op::CachedAttention { .. } => true,
         Op::DequantMatMul { scheme } => scheme.is_gguf(),
         // Decomposed into primitives before lowering. Fused regions are inlined: the CPU backend
         // still forms its own elementwise groups in `program.rs` (to move into rlx-opt).
-        Op::DotGeneral(_) | Op::Custom(_) | Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } | Op::Fused(_) => false,
+        Op::DotGeneral(_)
+        | Op::Custom(_)
+        | Op::Quantize { .. }
+        | Op::Dequantize { .. }
+        | Op::FakeQuantize { .. }
+        | Op::Fused(_) => false,
     }
 }
 
 /// Lower one non-leaf node.
 pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     match &info.node.op {
-        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => elementwise::lower(info),
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => {
+            elementwise::lower(info)
+        }
         Op::MatMul => linalg::lower(info),
         Op::Reduce { .. } | Op::Cumsum { .. } | Op::TopK { .. } => reduce::lower(info),
         Op::Softmax { .. } | Op::LayerNorm { .. } | Op::RmsNorm { .. } => norm::lower(info),
-        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => {
-            movement::lower(info)
-        }
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Concat { .. }
+        | Op::Expand { .. } => movement::lower(info),
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::lower(info),
         Op::Attention { .. } | Op::Rope { .. } => attention::lower(info),
         Op::Conv(_) | Op::Pool(_) => spatial::lower(info),
@@ -181,7 +206,12 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
 
 /// Split `0..n` into contiguous ranges of at least `min_chunk` elements, one task each, and run
 /// them on the pool (inline when there is only one).
-pub fn par_ranges(pool: &Pool, n: usize, min_chunk: usize, f: impl Fn(std::ops::Range<usize>) + Sync) {
+pub fn par_ranges(
+    pool: &Pool,
+    n: usize,
+    min_chunk: usize,
+    f: impl Fn(std::ops::Range<usize>) + Sync,
+) {
     let tasks = (n / min_chunk.max(1)).clamp(1, pool.threads() * 4);
     if tasks <= 1 {
         f(0..n);
@@ -203,21 +233,36 @@ pub fn materialize(src: &TRef, dst: &mut [u8]) {
     let s = src.ptr.0 as *const u8;
     if src.layout.is_contiguous() {
         // SAFETY: a contiguous layout covers `dst.len()` bytes from its offset.
-        unsafe { std::ptr::copy_nonoverlapping(s.add(src.layout.offset * w), dst.as_mut_ptr(), dst.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(s.add(src.layout.offset * w), dst.as_mut_ptr(), dst.len())
+        };
         return;
     }
     let dense = Layout::contiguous(src.layout.dims());
     let n = src.layout.numel();
-    crate::layout::for_each_run(src.layout.dims(), [&dense, &src.layout], 0..n, |[o, i], len, [so, si]| {
-        // SAFETY: the layout lies within the value's buffer; `dst` has numel * w bytes.
-        unsafe {
-            if so == 1 && si == 1 {
-                std::ptr::copy_nonoverlapping(s.add(i * w), dst.as_mut_ptr().add(o * w), len * w);
-            } else {
-                for k in 0..len {
-                    std::ptr::copy_nonoverlapping(s.add((i + k * si) * w), dst.as_mut_ptr().add((o + k * so) * w), w);
+    crate::layout::for_each_run(
+        src.layout.dims(),
+        [&dense, &src.layout],
+        0..n,
+        |[o, i], len, [so, si]| {
+            // SAFETY: the layout lies within the value's buffer; `dst` has numel * w bytes.
+            unsafe {
+                if so == 1 && si == 1 {
+                    std::ptr::copy_nonoverlapping(
+                        s.add(i * w),
+                        dst.as_mut_ptr().add(o * w),
+                        len * w,
+                    );
+                } else {
+                    for k in 0..len {
+                        std::ptr::copy_nonoverlapping(
+                            s.add((i + k * si) * w),
+                            dst.as_mut_ptr().add((o + k * so) * w),
+                            w,
+                        );
+                    }
                 }
             }
-        }
-    });
+        },
+    );
 }

@@ -9,14 +9,26 @@ use rlx_ir::{Op, Result};
 pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     let x = info.ins[0];
     Ok(match &info.node.op {
-        Op::Transpose { perm } => Lowered::View { src: 0, layout: x.permute(perm) },
-        Op::Narrow { axis, start, len } => Lowered::View { src: 0, layout: x.narrow(*axis, *start, *len) },
-        Op::Expand { shape } => Lowered::View { src: 0, layout: x.broadcast_to(shape) },
+        Op::Transpose { perm } => Lowered::View {
+            src: 0,
+            layout: x.permute(perm),
+        },
+        Op::Narrow { axis, start, len } => Lowered::View {
+            src: 0,
+            layout: x.narrow(*axis, *start, *len),
+        },
+        Op::Expand { shape } => Lowered::View {
+            src: 0,
+            layout: x.broadcast_to(shape),
+        },
         Op::Reshape { shape } => match x.reshape(shape) {
             Some(l) => Lowered::View { src: 0, layout: l },
             // Copy in the source's row-major order; the dense result then reads as `shape`.
             None => compute(move |i, o| {
-                let dense = TRef { layout: Layout::contiguous(i[0].layout.dims()), ..o };
+                let dense = TRef {
+                    layout: Layout::contiguous(i[0].layout.dims()),
+                    ..o
+                };
                 copy(i[0], dense)
             }),
         },
@@ -27,7 +39,10 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 let mut start = 0;
                 for x in ins {
                     let len = x.layout.dims()[axis];
-                    let dst = TRef { layout: out.layout.narrow(axis, start, len), ..out };
+                    let dst = TRef {
+                        layout: out.layout.narrow(axis, start, len),
+                        ..out
+                    };
                     parts.push(copy(*x, dst));
                     start += len;
                 }

@@ -11,15 +11,24 @@ fn softmax<T: FloatElem>(x: TRef, out: TRef, axis: usize) -> Box<dyn Kernel> {
         let (_, n, sx) = lines(&x.layout, axis);
         let so = out.layout.strides()[axis];
         let count = x.layout.numel() / n.max(1);
-        let rows_dense = T::DTYPE == rlx_ir::DType::F32 && axis + 1 == x.layout.rank() && x.layout.is_contiguous() && out.layout.is_contiguous();
+        let rows_dense = T::DTYPE == rlx_ir::DType::F32
+            && axis + 1 == x.layout.rank()
+            && x.layout.is_contiguous()
+            && out.layout.is_contiguous();
         par_ranges(pool, count, (1 << 14) / n.max(1) + 1, |r| {
             let (px, po) = (x.base::<T>() as *const T, out.base::<T>());
             if rows_dense && n > 0 {
                 // Whole dense f32 rows: one vectorized call for the range.
                 // SAFETY: rows `r` lie inside both buffers (dense from their offsets).
                 let (xs, ys) = unsafe {
-                    let (xo, oo) = (x.layout.offset + r.start * n, out.layout.offset + r.start * n);
-                    (std::slice::from_raw_parts((px as *const f32).add(xo), r.len() * n), std::slice::from_raw_parts_mut((po as *mut f32).add(oo), r.len() * n))
+                    let (xo, oo) = (
+                        x.layout.offset + r.start * n,
+                        out.layout.offset + r.start * n,
+                    );
+                    (
+                        std::slice::from_raw_parts((px as *const f32).add(xo), r.len() * n),
+                        std::slice::from_raw_parts_mut((po as *mut f32).add(oo), r.len() * n),
+                    )
                 };
                 crate::math::softmax_rows(xs, ys, n);
                 return;
@@ -58,7 +67,14 @@ fn softmax<T: FloatElem>(x: TRef, out: TRef, axis: usize) -> Box<dyn Kernel> {
     })
 }
 
-fn norm<T: FloatElem>(x: TRef, g: TRef, b: Option<TRef>, out: TRef, eps: f32, rms: bool) -> Box<dyn Kernel> {
+fn norm<T: FloatElem>(
+    x: TRef,
+    g: TRef,
+    b: Option<TRef>,
+    out: TRef,
+    eps: f32,
+    rms: bool,
+) -> Box<dyn Kernel> {
     kernel(move |pool| {
         let axis = x.layout.rank() - 1;
         let (_, n, sx) = lines(&x.layout, axis);
@@ -72,13 +88,20 @@ fn norm<T: FloatElem>(x: TRef, g: TRef, b: Option<TRef>, out: TRef, eps: f32, rm
             && out.layout.is_contiguous()
             && (sg == 1 || n == 1);
         par_ranges(pool, count, (1 << 14) / n.max(1) + 1, |r| {
-            let (px, po, pg) = (x.base::<T>() as *const T, out.base::<T>(), g.base::<T>() as *const T);
+            let (px, po, pg) = (
+                x.base::<T>() as *const T,
+                out.base::<T>(),
+                g.base::<T>() as *const T,
+            );
             if rows_dense && n > 0 {
                 // Whole dense f32 rows: one call that sums four rows at a time (bit-identical).
                 // SAFETY: rows `r` lie inside both buffers (dense from their offsets); the gain
                 // has `n` dense values.
                 let (xs, gs, ys) = unsafe {
-                    let (xo, oo) = (x.layout.offset + r.start * n, out.layout.offset + r.start * n);
+                    let (xo, oo) = (
+                        x.layout.offset + r.start * n,
+                        out.layout.offset + r.start * n,
+                    );
                     (
                         std::slice::from_raw_parts((px as *const f32).add(xo), r.len() * n),
                         std::slice::from_raw_parts((pg as *const f32).add(g.layout.offset), n),
@@ -115,7 +138,11 @@ fn norm<T: FloatElem>(x: TRef, g: TRef, b: Option<TRef>, out: TRef, eps: f32, rm
                 for t in 0..n {
                     let mut y = (xv(t) - mean) * inv * (*pg.add(g.layout.offset + t * sg)).to_c();
                     if let Some(b) = &b {
-                        y = y + (*b.base::<T>().add(b.layout.offset + t * b.layout.strides()[0])).to_c();
+                        y = y
+                            + (*b
+                                .base::<T>()
+                                .add(b.layout.offset + t * b.layout.strides()[0]))
+                            .to_c();
                     }
                     *po.add(o + t) = T::from_c(y);
                 }
@@ -130,11 +157,15 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         return Err(info.unsupported(format!("dtype {dt}")));
     }
     Ok(match info.node.op.clone() {
-        Op::Softmax { axis } => compute(move |i, o| with_float!(dt, T => softmax::<T>(i[0], o, axis), else unreachable!())),
-        Op::LayerNorm { eps } => {
-            compute(move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], Some(i[2]), o, eps, false), else unreachable!()))
-        }
-        Op::RmsNorm { eps } => compute(move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], None, o, eps, true), else unreachable!())),
+        Op::Softmax { axis } => compute(
+            move |i, o| with_float!(dt, T => softmax::<T>(i[0], o, axis), else unreachable!()),
+        ),
+        Op::LayerNorm { eps } => compute(
+            move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], Some(i[2]), o, eps, false), else unreachable!()),
+        ),
+        Op::RmsNorm { eps } => compute(
+            move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], None, o, eps, true), else unreachable!()),
+        ),
         _ => return Err(info.unsupported("not a normalization")),
     })
 }

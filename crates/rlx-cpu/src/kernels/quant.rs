@@ -68,7 +68,10 @@ impl Vnni {
         let level = crate::isa::current();
         if level >= Level::Avx2Vnni && std::is_x86_feature_detected!("avxvnni") {
             Vnni::Vex
-        } else if level >= Level::Avx512 && std::is_x86_feature_detected!("avx512vnni") && std::is_x86_feature_detected!("avx512vl") {
+        } else if level >= Level::Avx512
+            && std::is_x86_feature_detected!("avx512vnni")
+            && std::is_x86_feature_detected!("avx512vl")
+        {
             Vnni::Evex
         } else {
             Vnni::None
@@ -123,18 +126,27 @@ fn unpack_row(ty: GgmlType, b: &[u8], q: &mut [i8], ls: &mut [f32], min: &mut [f
                 };
                 match ty {
                     GgmlType::Q4_0 | GgmlType::Q4_1 => {
-                        let (qs, off) = if ty == GgmlType::Q4_0 { (&blk[2..18], 8) } else { (&blk[4..20], 0) };
+                        let (qs, off) = if ty == GgmlType::Q4_0 {
+                            (&blk[2..18], 8)
+                        } else {
+                            (&blk[4..20], 0)
+                        };
                         for j in 0..16 {
                             q[j] = (qs[j] & 15) as i8 - off;
                             q[j + 16] = (qs[j] >> 4) as i8 - off;
                         }
                     }
                     GgmlType::Q5_0 | GgmlType::Q5_1 => {
-                        let (h, qs, off) = if ty == GgmlType::Q5_0 { (2, &blk[6..22], 16) } else { (4, &blk[8..24], 0) };
+                        let (h, qs, off) = if ty == GgmlType::Q5_0 {
+                            (2, &blk[6..22], 16)
+                        } else {
+                            (4, &blk[8..24], 0)
+                        };
                         let qh = u32::from_le_bytes([blk[h], blk[h + 1], blk[h + 2], blk[h + 3]]);
                         for j in 0..16 {
                             q[j] = ((qs[j] & 15) as u32 | ((qh >> j) & 1) << 4) as i8 - off;
-                            q[j + 16] = ((qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4) as i8 - off;
+                            q[j + 16] =
+                                ((qs[j] >> 4) as u32 | ((qh >> (j + 16)) & 1) << 4) as i8 - off;
                         }
                     }
                     _ => {
@@ -147,7 +159,12 @@ fn unpack_row(ty: GgmlType, b: &[u8], q: &mut [i8], ls: &mut [f32], min: &mut [f
                 set(2 * bi + 1, d, m);
             }
         }
-        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::Q8_K => {
+        GgmlType::Q2_K
+        | GgmlType::Q3_K
+        | GgmlType::Q4_K
+        | GgmlType::Q5_K
+        | GgmlType::Q6_K
+        | GgmlType::Q8_K => {
             for (bi, blk) in b.chunks_exact(ty.block_bytes()).enumerate() {
                 let q = &mut q[bi * 256..bi * 256 + 256];
                 let s0 = bi * 16;
@@ -159,9 +176,14 @@ fn unpack_row(ty: GgmlType, b: &[u8], q: &mut [i8], ls: &mut [f32], min: &mut [f
                             for j in 0..4 {
                                 for h in 0..2 {
                                     let s = n * 8 + j * 2 + h;
-                                    set(s0 + s, d * (sc[s] & 15) as f32, -(dmin * (sc[s] >> 4) as f32));
+                                    set(
+                                        s0 + s,
+                                        d * (sc[s] & 15) as f32,
+                                        -(dmin * (sc[s] >> 4) as f32),
+                                    );
                                     for l in 0..16 {
-                                        q[n * 128 + j * 32 + h * 16 + l] = ((qs[n * 32 + h * 16 + l] >> (2 * j)) & 3) as i8;
+                                        q[n * 128 + j * 32 + h * 16 + l] =
+                                            ((qs[n * 32 + h * 16 + l] >> (2 * j)) & 3) as i8;
                                     }
                                 }
                             }
@@ -179,7 +201,8 @@ fn unpack_row(ty: GgmlType, b: &[u8], q: &mut [i8], ls: &mut [f32], min: &mut [f
                                     set(s0 + s, d * sc[s] as f32, 0.0);
                                     for l in 0..16 {
                                         let i = h * 16 + l;
-                                        let v = ((qs[n * 32 + i] >> (2 * j)) & 3) as i8 - if hm[i] & bit != 0 { 0 } else { 4 };
+                                        let v = ((qs[n * 32 + i] >> (2 * j)) & 3) as i8
+                                            - if hm[i] & bit != 0 { 0 } else { 4 };
                                         q[n * 128 + j * 32 + i] = v;
                                     }
                                 }
@@ -189,7 +212,11 @@ fn unpack_row(ty: GgmlType, b: &[u8], q: &mut [i8], ls: &mut [f32], min: &mut [f
                     GgmlType::Q4_K | GgmlType::Q5_K => {
                         let (d, dmin) = (f16(blk, 0), f16(blk, 2));
                         let sc = &blk[4..16];
-                        let (qh, qs) = if ty == GgmlType::Q5_K { (Some(&blk[16..48]), &blk[48..176]) } else { (None, &blk[16..144]) };
+                        let (qh, qs) = if ty == GgmlType::Q5_K {
+                            (Some(&blk[16..48]), &blk[48..176])
+                        } else {
+                            (None, &blk[16..144])
+                        };
                         for j in 0..4 {
                             for h in 0..2 {
                                 let (s, m) = rlx_gguf::k4_scale_min(2 * j + h, sc);
@@ -217,9 +244,12 @@ fn unpack_row(ty: GgmlType, b: &[u8], q: &mut [i8], ls: &mut [f32], min: &mut [f
                             for l in 0..32 {
                                 let o = n * 128;
                                 q[o + l] = ((ql[l] & 15) | ((qh[l] & 3) << 4)) as i8 - 32;
-                                q[o + l + 32] = ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
-                                q[o + l + 64] = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
-                                q[o + l + 96] = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
+                                q[o + l + 32] =
+                                    ((ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4)) as i8 - 32;
+                                q[o + l + 64] =
+                                    ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i8 - 32;
+                                q[o + l + 96] =
+                                    ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i8 - 32;
                             }
                             for s in 0..8 {
                                 set(s0 + n * 8 + s, d * (sc[n * 8 + s] as i8) as f32, 0.0);
@@ -273,12 +303,26 @@ fn f16_round(v: f32) -> f32 {
 /// block repeated 8 times) and per-16 terms `xs` for the weight offsets and mins: for `Q8_0` and
 /// `Q8_1` the two terms of a 32-block sum to its `d * sum(q)`; for `Q8_K` they are the integer
 /// sums of the 16 quants (exact in f32; the scale is `la`), as llama.cpp's `bsums`.
-fn quantize_act(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8], la: &mut [f32], xs: &mut [f32]) {
+fn quantize_act(
+    mode: ActQuant,
+    x: impl Fn(usize) -> f32,
+    k: usize,
+    qx: &mut [i8],
+    la: &mut [f32],
+    xs: &mut [f32],
+) {
     // Compiled for AVX2 where the CPU has it: rounding is then one instruction, not a libm call.
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx2")]
-        unsafe fn avx2(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8], la: &mut [f32], xs: &mut [f32]) {
+        unsafe fn avx2(
+            mode: ActQuant,
+            x: impl Fn(usize) -> f32,
+            k: usize,
+            qx: &mut [i8],
+            la: &mut [f32],
+            xs: &mut [f32],
+        ) {
             quantize_act_imp(mode, x, k, qx, la, xs)
         }
         if crate::isa::avx2() {
@@ -290,7 +334,14 @@ fn quantize_act(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8
 }
 
 #[inline(always)]
-fn quantize_act_imp(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut [i8], la: &mut [f32], xs: &mut [f32]) {
+fn quantize_act_imp(
+    mode: ActQuant,
+    x: impl Fn(usize) -> f32,
+    k: usize,
+    qx: &mut [i8],
+    la: &mut [f32],
+    xs: &mut [f32],
+) {
     if mode == ActQuant::Q8K {
         for sb in 0..k / 256 {
             let (mut amax, mut max) = (0f32, 0f32);
@@ -335,14 +386,27 @@ fn quantize_act_imp(mode: ActQuant, x: impl Fn(usize) -> f32, k: usize, qx: &mut
         }
         let dh = f16_round(d);
         la[b * 8..b * 8 + 8].fill(dh);
-        xs[2 * b] = if mode == ActQuant::Q8_1 { f16_round(d * sum as f32) } else { dh * sum as f32 };
+        xs[2 * b] = if mode == ActQuant::Q8_1 {
+            f16_round(d * sum as f32)
+        } else {
+            dh * sum as f32
+        };
         xs[2 * b + 1] = 0.0;
     }
 }
 
 /// `sum_i w[i] * x[i]` for a decoded weight row and a quantized activation row.
 #[allow(clippy::too_many_arguments)]
-fn dot(q: &[i8], ls: &[f32], min: &[f32], qx: &[i8], la: &[f32], xs: &[f32], raw_sums: bool, simd: bool) -> f32 {
+fn dot(
+    q: &[i8],
+    ls: &[f32],
+    min: &[f32],
+    qx: &[i8],
+    la: &[f32],
+    xs: &[f32],
+    raw_sums: bool,
+    simd: bool,
+) -> f32 {
     let mut off = 0f32;
     for (g, (m, s)) in min.iter().zip(xs).enumerate() {
         // Raw (`Q8_K`) sums take their 16-group's activation scale.
@@ -380,7 +444,10 @@ unsafe fn dot_avx2(q: &[i8], ls: &[f32], qx: &[i8], la: &[f32]) -> f32 {
         // so negating it never overflows), as llama.cpp orders them.
         let p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w));
         let p32 = _mm256_madd_epi16(p16, ones);
-        let scale = _mm256_mul_ps(_mm256_loadu_ps(ls.as_ptr().add(8 * b)), _mm256_loadu_ps(la.as_ptr().add(8 * b)));
+        let scale = _mm256_mul_ps(
+            _mm256_loadu_ps(ls.as_ptr().add(8 * b)),
+            _mm256_loadu_ps(la.as_ptr().add(8 * b)),
+        );
         acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), scale, acc);
     }
     let s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
@@ -393,8 +460,16 @@ unsafe fn dot_avx2(q: &[i8], ls: &[f32], qx: &[i8], la: &[f32]) -> f32 {
 fn fused(ty: GgmlType) -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        matches!(ty, GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::Q4_K | GgmlType::Q6_K)
-            && crate::isa::avx2()
+        matches!(
+            ty,
+            GgmlType::Q4_0
+                | GgmlType::Q4_1
+                | GgmlType::Q5_0
+                | GgmlType::Q5_1
+                | GgmlType::Q8_0
+                | GgmlType::Q4_K
+                | GgmlType::Q6_K
+        ) && crate::isa::avx2()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -413,7 +488,18 @@ fn fused(ty: GgmlType) -> bool {
 /// `row_bytes` bytes (`1 <= n <= 4`) holding `k / 32` blocks of `ty`; `out` has `n` slots.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_packed_rows(ty: GgmlType, vnni: Vnni, far: bool, rows: *const u8, row_bytes: usize, n: usize, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+unsafe fn dot_packed_rows(
+    ty: GgmlType,
+    vnni: Vnni,
+    far: bool,
+    rows: *const u8,
+    row_bytes: usize,
+    n: usize,
+    qx: &[i8],
+    la: &[f32],
+    xs: &[f32],
+    out: &mut [f32],
+) {
     macro_rules! go {
         ($f:literal) => {
             match vnni {
@@ -448,7 +534,14 @@ unsafe fn dot_packed_rows(ty: GgmlType, vnni: Vnni, far: bool, rows: *const u8, 
 /// The CPU has AVX2, FMA and F16C; `row` holds whole super-blocks of `ty`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], far: bool, qx: &[i8], la: &[f32], xs: &[f32]) -> f32 {
+unsafe fn dot_kquant_avx2(
+    ty: GgmlType,
+    row: &[u8],
+    far: bool,
+    qx: &[i8],
+    la: &[f32],
+    xs: &[f32],
+) -> f32 {
     use std::arch::x86_64::*;
     let bb = ty.block_bytes();
     let mut acc = _mm256_setzero_ps();
@@ -476,15 +569,23 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], far: bool, qx: &[i8], la: &[
             for j in 0..4 {
                 let (s1, m1) = rlx_gguf::k4_scale_min(2 * j, &b[4..16]);
                 let (s2, m2) = rlx_gguf::k4_scale_min(2 * j + 1, &b[4..16]);
-                let (lo, hi) = rlx_gguf::simd::split_nibbles(_mm256_loadu_si256(blk.add(16 + 32 * j) as *const __m256i));
+                let (lo, hi) = rlx_gguf::simd::split_nibbles(_mm256_loadu_si256(
+                    blk.add(16 + 32 * j) as *const __m256i,
+                ));
                 let a_lo = _mm256_loadu_si256(a.add(64 * j) as *const __m256i);
                 let a_hi = _mm256_loadu_si256(a.add(64 * j + 32) as *const __m256i);
-                let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_set1_epi16(s1 as i16));
-                let p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), _mm256_set1_epi16(s2 as i16));
+                let p_lo =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_set1_epi16(s1 as i16));
+                let p_hi =
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), _mm256_set1_epi16(s2 as i16));
                 isum = _mm256_add_epi32(isum, _mm256_add_epi32(p_lo, p_hi));
-                mins += m1 as i32 * (xs[4 * j] + xs[4 * j + 1]) as i32 + m2 as i32 * (xs[4 * j + 2] + xs[4 * j + 3]) as i32;
+                mins += m1 as i32 * (xs[4 * j] + xs[4 * j + 1]) as i32
+                    + m2 as i32 * (xs[4 * j + 2] + xs[4 * j + 3]) as i32;
             }
-            let h = _mm_add_epi32(_mm256_castsi256_si128(isum), _mm256_extracti128_si256(isum, 1));
+            let h = _mm_add_epi32(
+                _mm256_castsi256_si128(isum),
+                _mm256_extracti128_si256(isum, 1),
+            );
             let h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0b01_00_11_10));
             let total = _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0b10_11_00_01)));
             acc_q4 = (total as f32).mul_add(d * dx, acc_q4);
@@ -499,7 +600,10 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], far: bool, qx: &[i8], la: &[
                 for (kk, qk) in q.iter().enumerate() {
                     let (sa, sbv) = (sc[n * 8 + 2 * kk] as i8, sc[n * 8 + 2 * kk + 1] as i8);
                     let ak = _mm256_loadu_si256(a.add(128 * n + 32 * kk) as *const __m256i);
-                    let pk = _mm256_madd_epi16(_mm256_maddubs_epi16(*qk, ak), halves(sa as i16, sbv as i16));
+                    let pk = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(*qk, ak),
+                        halves(sa as i16, sbv as i16),
+                    );
                     isum = _mm256_add_epi32(isum, pk);
                 }
             }
@@ -509,7 +613,10 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], far: bool, qx: &[i8], la: &[
             let s1 = _mm256_cvtps_epi32(_mm256_loadu_ps(xs.as_ptr().add(8)));
             let sums = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(s0, s1));
             let scales = _mm256_cvtepi8_epi16(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
-            isum = _mm256_sub_epi32(isum, _mm256_slli_epi32::<5>(_mm256_madd_epi16(sums, scales)));
+            isum = _mm256_sub_epi32(
+                isum,
+                _mm256_slli_epi32::<5>(_mm256_madd_epi16(sums, scales)),
+            );
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d * dx), _mm256_cvtepi32_ps(isum), acc);
     }
@@ -525,7 +632,16 @@ unsafe fn dot_kquant_avx2(ty: GgmlType, row: &[u8], far: bool, qx: &[i8], la: &[
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_rows_vnni<const F: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+unsafe fn dot_rows_vnni<const F: u8>(
+    rows: *const u8,
+    rb: usize,
+    n: usize,
+    far: bool,
+    qx: &[i8],
+    la: &[f32],
+    xs: &[f32],
+    out: &mut [f32],
+) {
     dot_rows::<F, { Vnni::Vex as u8 }>(rows, rb, n, far, qx, la, xs, out)
 }
 
@@ -534,14 +650,32 @@ unsafe fn dot_rows_vnni<const F: u8>(rows: *const u8, rb: usize, n: usize, far: 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_rows_vnni512<const F: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+unsafe fn dot_rows_vnni512<const F: u8>(
+    rows: *const u8,
+    rb: usize,
+    n: usize,
+    far: bool,
+    qx: &[i8],
+    la: &[f32],
+    xs: &[f32],
+    out: &mut [f32],
+) {
     dot_rows::<F, { Vnni::Evex as u8 }>(rows, rb, n, far, qx, la, xs, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_rows_avx2<const F: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+unsafe fn dot_rows_avx2<const F: u8>(
+    rows: *const u8,
+    rb: usize,
+    n: usize,
+    far: bool,
+    qx: &[i8],
+    la: &[f32],
+    xs: &[f32],
+    out: &mut [f32],
+) {
     dot_rows::<F, { Vnni::None as u8 }>(rows, rb, n, far, qx, la, xs, out)
 }
 
@@ -549,7 +683,16 @@ unsafe fn dot_rows_avx2<const F: u8>(rows: *const u8, rb: usize, n: usize, far: 
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_rows<const F: u8, const VNNI: u8>(rows: *const u8, rb: usize, n: usize, far: bool, qx: &[i8], la: &[f32], xs: &[f32], out: &mut [f32]) {
+unsafe fn dot_rows<const F: u8, const VNNI: u8>(
+    rows: *const u8,
+    rb: usize,
+    n: usize,
+    far: bool,
+    qx: &[i8],
+    la: &[f32],
+    xs: &[f32],
+    out: &mut [f32],
+) {
     use std::arch::x86_64::*;
     const R: usize = ROWS;
     let bb = [18, 20, 22, 24, 34][F as usize];
@@ -603,7 +746,10 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8>(rows: *const u8, rb: usize, n: u
             } else {
                 let mut q = rlx_gguf::simd::nibbles32(blk.add([2, 4, 6, 8][F as usize]));
                 if F == 2 || F == 3 {
-                    q = rlx_gguf::simd::with_fifth_bits(q, (blk.add(if F == 2 { 2 } else { 4 }) as *const i32).read_unaligned());
+                    q = rlx_gguf::simd::with_fifth_bits(
+                        q,
+                        (blk.add(if F == 2 { 2 } else { 4 }) as *const i32).read_unaligned(),
+                    );
                 }
                 // Q4_0 / Q5_0: the lane sums of the signed weights (q - 8, q - 16), exactly the
                 // integers llama.cpp converts to float: sum(q a) - 8 sum(a) per lane.
@@ -639,7 +785,11 @@ struct Sizes {
 impl Sizes {
     fn new(k: usize) -> Sizes {
         let r = |b: usize| b.div_ceil(64) * 64;
-        Sizes { q: r(k), ls: r(k / ABLK * 8 * 4), min: r(k / SUB * 4) }
+        Sizes {
+            q: r(k),
+            ls: r(k / ABLK * 8 * 4),
+            min: r(k / SUB * 4),
+        }
     }
     fn row(&self) -> usize {
         self.q + self.ls + self.min
@@ -650,7 +800,11 @@ impl Sizes {
 ///
 /// # Safety
 /// `base` points to `Sizes::row()` bytes owned by the caller for the duration of the borrow.
-unsafe fn row_views<'a>(base: *mut u8, k: usize, z: &Sizes) -> (&'a mut [i8], &'a mut [f32], &'a mut [f32]) {
+unsafe fn row_views<'a>(
+    base: *mut u8,
+    k: usize,
+    z: &Sizes,
+) -> (&'a mut [i8], &'a mut [f32], &'a mut [f32]) {
     (
         std::slice::from_raw_parts_mut(base as *mut i8, k),
         std::slice::from_raw_parts_mut(base.add(z.q) as *mut f32, k / ABLK * 8),
@@ -659,7 +813,16 @@ unsafe fn row_views<'a>(base: *mut u8, k: usize, z: &Sizes) -> (&'a mut [i8], &'
 }
 
 #[allow(clippy::too_many_arguments)]
-fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usize, k: usize, n: usize) -> Box<dyn Kernel> {
+fn dequant_matmul(
+    ty: GgmlType,
+    x: TRef,
+    w: TRef,
+    out: TRef,
+    scratch: Ptr,
+    m: usize,
+    k: usize,
+    n: usize,
+) -> Box<dyn Kernel> {
     let z = Sizes::new(k);
     let row_bytes = ty.row_bytes(k).expect("checked by shape inference");
     let float = matches!(ty, GgmlType::F16 | GgmlType::BF16);
@@ -684,7 +847,13 @@ fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: us
             row_off.reserve(m);
             for_each_line(&x.layout, &out.layout, axis, 0..m, |i, _| row_off.push(i));
         }
-        let xrow = move |r: usize| if contiguous { x.layout.offset + r * k } else { row_off[r] };
+        let xrow = move |r: usize| {
+            if contiguous {
+                x.layout.offset + r * k
+            } else {
+                row_off[r]
+            }
+        };
         let xrow = &xrow;
         let sp = scratch;
         if !float {
@@ -716,7 +885,13 @@ fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: us
                         let buf = std::slice::from_raw_parts_mut(mine as *mut f32, ROWS * k);
                         for j in n0..n1 {
                             let src = std::slice::from_raw_parts(wp.add(j * row_bytes), row_bytes);
-                            rlx_gguf::dequantize_with(ty, src, &mut buf[(j - n0) * k..(j - n0 + 1) * k], crate::isa::avx2()).expect("sizes checked");
+                            rlx_gguf::dequantize_with(
+                                ty,
+                                src,
+                                &mut buf[(j - n0) * k..(j - n0 + 1) * k],
+                                crate::isa::avx2(),
+                            )
+                            .expect("sizes checked");
                         }
                         for r in 0..m {
                             let base = xp.add(xrow(r));
@@ -736,7 +911,18 @@ fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: us
                         let mut res = [0f32; ROWS];
                         for r in 0..m {
                             let (qx, la, xs) = row_views(sp.get().add(r * z.row()), k, &z);
-                            dot_packed_rows(ty, vnni, far, wp.add(n0 * row_bytes), row_bytes, n1 - n0, qx, la, xs, &mut res);
+                            dot_packed_rows(
+                                ty,
+                                vnni,
+                                far,
+                                wp.add(n0 * row_bytes),
+                                row_bytes,
+                                n1 - n0,
+                                qx,
+                                la,
+                                xs,
+                                &mut res,
+                            );
                             for j in n0..n1 {
                                 *op.add(out_index(&out, r, j, n)) = res[j - n0];
                             }
@@ -756,7 +942,8 @@ fn dequant_matmul(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: us
                         let (qx, la, xs) = row_views(sp.get().add(r * z.row()), k, &z);
                         for j in n0..n1 {
                             let (q, ls, min) = row_views(mine.add((j - n0) * z.row()), k, &z);
-                            *op.add(out_index(&out, r, j, n)) = dot(q, ls, min, qx, la, xs, mode == ActQuant::Q8K, simd);
+                            *op.add(out_index(&out, r, j, n)) =
+                                dot(q, ls, min, qx, la, xs, mode == ActQuant::Q8K, simd);
                         }
                     }
                 }
@@ -771,7 +958,14 @@ fn out_index(out: &TRef, r: usize, j: usize, n: usize) -> usize {
     out.layout.offset + r * n + j
 }
 
-fn dequantize_rows(ty: GgmlType, w: TRef, out: TRef, rows: usize, row_bytes: usize, k: usize) -> Box<dyn Kernel> {
+fn dequantize_rows(
+    ty: GgmlType,
+    w: TRef,
+    out: TRef,
+    rows: usize,
+    row_bytes: usize,
+    k: usize,
+) -> Box<dyn Kernel> {
     kernel(move |pool: &Pool| {
         let axis = w.layout.rank() - 1;
         let strided = !w.layout.is_contiguous();
@@ -786,11 +980,14 @@ fn dequantize_rows(ty: GgmlType, w: TRef, out: TRef, rows: usize, row_bytes: usi
                     let src = if step == 1 {
                         std::slice::from_raw_parts(w.base::<u8>().add(i) as *const u8, row_bytes)
                     } else {
-                        gathered = (0..row_bytes).map(|j| *w.base::<u8>().add(i + j * step)).collect();
+                        gathered = (0..row_bytes)
+                            .map(|j| *w.base::<u8>().add(i + j * step))
+                            .collect();
                         &gathered
                     };
                     let dst = std::slice::from_raw_parts_mut(op.add(out.layout.offset + r * k), k);
-                    rlx_gguf::dequantize_with(ty, src, dst, crate::isa::avx2()).expect("sizes checked");
+                    rlx_gguf::dequantize_with(ty, src, dst, crate::isa::avx2())
+                        .expect("sizes checked");
                 };
                 if strided {
                     let mut r = range.start;
@@ -816,7 +1013,11 @@ const PANEL: usize = 256;
 /// Scratch bytes of [`dequant_gemm`].
 fn gemm_scratch(m: usize, k: usize, threads: usize) -> usize {
     let shared = PANEL * k + super::gemm::scratch_len(m, PANEL, k, threads);
-    let own = if own_panels(m, threads) { threads * own_panel_floats(m, k) } else { 0 };
+    let own = if own_panels(m, threads) {
+        threads * own_panel_floats(m, k)
+    } else {
+        0
+    };
     shared.max(own) * 4 + 64
 }
 
@@ -845,7 +1046,17 @@ fn own_panel_floats(m: usize, k: usize) -> usize {
 /// products once every weight is reused that often); with several threads, each takes
 /// `OWN_PANEL`-row panels of its own ([`OWN_PANELS_MAX_M`]).
 #[allow(clippy::too_many_arguments)]
-fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usize, k: usize, n: usize, threads: usize) -> Box<dyn Kernel> {
+fn dequant_gemm(
+    ty: GgmlType,
+    x: TRef,
+    w: TRef,
+    out: TRef,
+    scratch: Ptr,
+    m: usize,
+    k: usize,
+    n: usize,
+    threads: usize,
+) -> Box<dyn Kernel> {
     let row_bytes = ty.row_bytes(k).expect("checked by shape inference");
     kernel(move |pool: &Pool| {
         // SAFETY: the panel and GEMM scratch lie in this step's scratch; x is dense [m, k] and
@@ -857,12 +1068,20 @@ fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usiz
             let op = out.base::<f32>().add(out.layout.offset);
             let dequant_rows = |panel: *mut f32, n0: usize, rows: std::ops::Range<usize>| {
                 for j in rows {
-                    let src = std::slice::from_raw_parts(w.base::<u8>().add(w.layout.offset + (n0 + j) * row_bytes) as *const u8, row_bytes);
+                    let src = std::slice::from_raw_parts(
+                        w.base::<u8>().add(w.layout.offset + (n0 + j) * row_bytes) as *const u8,
+                        row_bytes,
+                    );
                     let dst = std::slice::from_raw_parts_mut(panel.add(j * k), k);
-                    rlx_gguf::dequantize_with(ty, src, dst, crate::isa::avx2()).expect("sizes checked");
+                    rlx_gguf::dequantize_with(ty, src, dst, crate::isa::avx2())
+                        .expect("sizes checked");
                 }
             };
-            let a = super::gemm::Mat { ptr: xp, rs: k, cs: 1 };
+            let a = super::gemm::Mat {
+                ptr: xp,
+                rs: k,
+                cs: 1,
+            };
             // The scratch was sized for the compiled thread count (the pool's).
             if own_panels(m, threads) {
                 let (sp, opp, xpp) = (scratch, Ptr(op as *mut u8), Ptr(xp as *mut u8));
@@ -873,17 +1092,41 @@ fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usiz
                     let panel = (sp.get() as *mut f32).add(thread * per);
                     let (n0, nb) = (t * OWN_PANEL, OWN_PANEL.min(n - t * OWN_PANEL));
                     dequant_rows(panel, n0, 0..nb);
-                    let a = super::gemm::Mat { ptr: xpp.get() as *const f32, rs: k, cs: 1 };
-                    let b = super::gemm::Mat { ptr: panel, rs: 1, cs: k };
-                    super::gemm::sgemm(None, m, nb, k, a, b, (opp.get() as *mut f32).add(n0), n, panel.add(OWN_PANEL * k));
+                    let a = super::gemm::Mat {
+                        ptr: xpp.get() as *const f32,
+                        rs: k,
+                        cs: 1,
+                    };
+                    let b = super::gemm::Mat {
+                        ptr: panel,
+                        rs: 1,
+                        cs: k,
+                    };
+                    super::gemm::sgemm(
+                        None,
+                        m,
+                        nb,
+                        k,
+                        a,
+                        b,
+                        (opp.get() as *mut f32).add(n0),
+                        n,
+                        panel.add(OWN_PANEL * k),
+                    );
                 });
                 return;
             }
             for n0 in (0..n).step_by(PANEL) {
                 let nb = PANEL.min(n - n0);
                 let pp = Ptr(panel as *mut u8);
-                super::par_ranges(pool, nb, 16, |rows| dequant_rows(pp.get() as *mut f32, n0, rows));
-                let b = super::gemm::Mat { ptr: panel, rs: 1, cs: k };
+                super::par_ranges(pool, nb, 16, |rows| {
+                    dequant_rows(pp.get() as *mut f32, n0, rows)
+                });
+                let b = super::gemm::Mat {
+                    ptr: panel,
+                    rs: 1,
+                    cs: k,
+                };
                 super::gemm::sgemm(Some(pool), m, nb, k, a, b, op.add(n0), n, gs);
             }
         }
@@ -894,7 +1137,9 @@ fn dequant_gemm(ty: GgmlType, x: TRef, w: TRef, out: TRef, scratch: Ptr, m: usiz
 pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     match &info.node.op {
         Op::DequantMatMul { scheme } => {
-            let ty = scheme.ggml_type().ok_or_else(|| info.unsupported(format!("{scheme:?} is decomposed, not lowered")))?;
+            let ty = scheme.ggml_type().ok_or_else(|| {
+                info.unsupported(format!("{scheme:?} is decomposed, not lowered"))
+            })?;
             if info.in_dtypes[0] != rlx_ir::DType::F32 {
                 return Err(info.unsupported(format!("x must be f32, got {}", info.in_dtypes[0])));
             }
@@ -908,23 +1153,35 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 let threads = info.threads;
                 return Ok(Lowered::Compute {
                     scratch: gemm_scratch(m, k, threads),
-                    build: Box::new(move |ins, out, s| dequant_gemm(ty, ins[0], ins[1], out, s, m, k, n, threads)),
+                    build: Box::new(move |ins, out, s| {
+                        dequant_gemm(ty, ins[0], ins[1], out, s, m, k, n, threads)
+                    }),
                 });
             }
             let z = Sizes::new(k);
             let float = matches!(ty, GgmlType::F16 | GgmlType::BF16);
-            let scratch = if float { info.threads * ROWS * k * 4 } else { (m + info.threads * ROWS) * z.row() };
+            let scratch = if float {
+                info.threads * ROWS * k * 4
+            } else {
+                (m + info.threads * ROWS) * z.row()
+            };
             Ok(Lowered::Compute {
                 scratch: scratch.max(64),
-                build: Box::new(move |ins, out, s| dequant_matmul(ty, ins[0], ins[1], out, s, m, k, n)),
+                build: Box::new(move |ins, out, s| {
+                    dequant_matmul(ty, ins[0], ins[1], out, s, m, k, n)
+                }),
             })
         }
         Op::DequantizeRows { scheme } => {
-            let ty = scheme.ggml_type().ok_or_else(|| info.unsupported(format!("{scheme:?} is not a GGUF scheme")))?;
+            let ty = scheme
+                .ggml_type()
+                .ok_or_else(|| info.unsupported(format!("{scheme:?} is not a GGUF scheme")))?;
             let row_bytes = *info.ins[0].dims().last().unwrap_or(&0);
             let k = *info.dims.last().unwrap_or(&0);
             let rows = info.ins[0].numel() / row_bytes.max(1);
-            Ok(super::compute(move |ins, out| dequantize_rows(ty, ins[0], out, rows, row_bytes, k)))
+            Ok(super::compute(move |ins, out| {
+                dequantize_rows(ty, ins[0], out, rows, row_bytes, k)
+            }))
         }
         _ => unreachable!("dispatched by op"),
     }

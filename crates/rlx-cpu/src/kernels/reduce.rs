@@ -50,10 +50,17 @@ fn column_sums(x: TRef, out: TRef, rows: usize, cols: usize, mean: bool) -> Box<
         par_ranges(pool, cols, 4096usize.div_ceil(rows.max(1)).max(64), |r| {
             let (px, po) = (x.base::<f32>() as *const f32, out.base::<f32>());
             // SAFETY: the value is dense `rows x cols` from its offset; `r` is within `cols`.
-            let acc = unsafe { std::slice::from_raw_parts_mut(po.add(out.layout.offset + r.start), r.len()) };
+            let acc = unsafe {
+                std::slice::from_raw_parts_mut(po.add(out.layout.offset + r.start), r.len())
+            };
             acc.fill(0.0);
             for row in 0..rows {
-                let src = unsafe { std::slice::from_raw_parts(px.add(x.layout.offset + row * cols + r.start), r.len()) };
+                let src = unsafe {
+                    std::slice::from_raw_parts(
+                        px.add(x.layout.offset + row * cols + r.start),
+                        r.len(),
+                    )
+                };
                 acc.iter_mut().zip(src).for_each(|(a, v)| *a += v);
             }
             if mean {
@@ -64,7 +71,12 @@ fn column_sums(x: TRef, out: TRef, rows: usize, cols: usize, mean: bool) -> Box<
     })
 }
 
-fn reduce_float<T: FloatElem>(kind: ReduceKind, x: TRef, out: TRef, axes: Vec<usize>) -> Box<dyn Kernel> {
+fn reduce_float<T: FloatElem>(
+    kind: ReduceKind,
+    x: TRef,
+    out: TRef,
+    axes: Vec<usize>,
+) -> Box<dyn Kernel> {
     let (kept, red) = split(&x.layout, &axes);
     let count = red.numel();
     let leading = axes.iter().enumerate().all(|(i, &a)| i == a);
@@ -89,7 +101,9 @@ fn reduce_float<T: FloatElem>(kind: ReduceKind, x: TRef, out: TRef, axes: Vec<us
                         for_each_run(red.dims(), [&red], 0..count, |[i], len, [st]| {
                             if T::DTYPE == DType::F32 && st == 1 {
                                 // SAFETY: T is f32; the run lies inside the operand's buffer.
-                                s += crate::math::sum_f64(unsafe { std::slice::from_raw_parts(px.add(base + i) as *const f32, len) });
+                                s += crate::math::sum_f64(unsafe {
+                                    std::slice::from_raw_parts(px.add(base + i) as *const f32, len)
+                                });
                                 return;
                             }
                             for t in 0..len {
@@ -128,7 +142,9 @@ fn reduce_int<T: Elem>(kind: ReduceKind, x: TRef, out: TRef, axes: Vec<usize>) -
             let (px, po) = (x.base::<T>() as *const T, out.base::<T>());
             for_each_out(&kept, r, |o, base| {
                 let v = match kind {
-                    ReduceKind::Sum | ReduceKind::Mean => fold_line(px, base, &red, T::zero(), |a, b| a.add(b)),
+                    ReduceKind::Sum | ReduceKind::Mean => {
+                        fold_line(px, base, &red, T::zero(), |a, b| a.add(b))
+                    }
                     ReduceKind::Prod => fold_line(px, base, &red, T::one(), |a, b| a.mul(b)),
                     ReduceKind::Max => fold_line(px, base, &red, T::lowest(), |a, b| a.max_of(b)),
                     ReduceKind::Min => fold_line(px, base, &red, T::highest(), |a, b| a.min_of(b)),
@@ -147,7 +163,13 @@ pub(super) fn lines(l: &Layout, axis: usize) -> (Layout, usize, usize) {
 
 /// Calls `f(in_start, out_start)` for each line along `axis` in `range` (lines are numbered in
 /// row-major order of the remaining axes).
-pub(super) fn for_each_line(x: &Layout, out: &Layout, axis: usize, range: std::ops::Range<usize>, mut f: impl FnMut(usize, usize)) {
+pub(super) fn for_each_line(
+    x: &Layout,
+    out: &Layout,
+    axis: usize,
+    range: std::ops::Range<usize>,
+    mut f: impl FnMut(usize, usize),
+) {
     let (xs, _, _) = lines(x, axis);
     let (os, _, _) = lines(out, axis);
     for_each_run(xs.dims(), [&xs, &os], range, |[i, o], n, [si, so]| {
@@ -242,10 +264,12 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         return Err(info.unsupported(format!("dtype {dt}")));
     }
     Ok(match info.node.op.clone() {
-        Op::Reduce { kind, axes, .. } => compute(move |i, o| {
-            with_float!(dt, T => reduce_float::<T>(kind, i[0], o, axes), else with_dtype!(dt, T => reduce_int::<T>(kind, i[0], o, axes), else unreachable!()))
-        }),
-        Op::Cumsum { axis } => compute(move |i, o| with_dtype!(dt, T => cumsum::<T>(i[0], o, axis), else unreachable!())),
+        Op::Reduce { kind, axes, .. } => compute(
+            move |i, o| with_float!(dt, T => reduce_float::<T>(kind, i[0], o, axes), else with_dtype!(dt, T => reduce_int::<T>(kind, i[0], o, axes), else unreachable!())),
+        ),
+        Op::Cumsum { axis } => compute(
+            move |i, o| with_dtype!(dt, T => cumsum::<T>(i[0], o, axis), else unreachable!()),
+        ),
         Op::TopK { k, output } => {
             if k == 0 {
                 return Ok(compute(|_, _| kernel(|_| {})));
@@ -253,7 +277,9 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             if dt == DType::Bool && output == TopKOutput::Values {
                 return Err(info.unsupported("topk of bool"));
             }
-            compute(move |i, o| with_dtype!(dt, T => topk::<T>(i[0], o, k, output), else unreachable!()))
+            compute(
+                move |i, o| with_dtype!(dt, T => topk::<T>(i[0], o, k, output), else unreachable!()),
+            )
         }
         _ => return Err(info.unsupported("not a reduction")),
     })

@@ -34,8 +34,21 @@ fn off(l: &Layout, n: usize, c: usize, y: usize, x: usize) -> usize {
     }
 }
 
-fn geo(x: &Layout, out: &Layout, k: &[usize], stride: &[usize], pad: &[(usize, usize)], dil: &[usize]) -> Geo {
-    let two = |v: &[usize], one: usize| if v.len() == 1 { (one, v[0]) } else { (v[0], v[1]) };
+fn geo(
+    x: &Layout,
+    out: &Layout,
+    k: &[usize],
+    stride: &[usize],
+    pad: &[(usize, usize)],
+    dil: &[usize],
+) -> Geo {
+    let two = |v: &[usize], one: usize| {
+        if v.len() == 1 {
+            (one, v[0])
+        } else {
+            (v[0], v[1])
+        }
+    };
     let (ih, iw) = two(&x.dims()[2..], 1);
     let (oh, ow) = two(&out.dims()[2..], 1);
     let (kh, kw) = two(k, 1);
@@ -43,17 +56,41 @@ fn geo(x: &Layout, out: &Layout, k: &[usize], stride: &[usize], pad: &[(usize, u
     let (dh, dw) = two(dil, 1);
     let p: Vec<usize> = pad.iter().map(|p| p.0).collect();
     let (ph, pw) = two(&p, 0);
-    Geo { ih, iw, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw }
+    Geo {
+        ih,
+        iw,
+        oh,
+        ow,
+        kh,
+        kw,
+        sh,
+        sw,
+        ph,
+        pw,
+        dh,
+        dw,
+    }
 }
 
 fn conv<T: FloatElem>(x: TRef, w: TRef, out: TRef, a: ConvAttrs) -> Box<dyn Kernel> {
-    let g = geo(&x.layout, &out.layout, &w.layout.dims()[2..], &a.stride, &a.padding, &a.dilation);
+    let g = geo(
+        &x.layout,
+        &out.layout,
+        &w.layout.dims()[2..],
+        &a.stride,
+        &a.padding,
+        &a.dilation,
+    );
     let (n, o_ch) = (out.layout.dims()[0], out.layout.dims()[1]);
     let cpg = w.layout.dims()[1];
     let opg = o_ch / a.groups;
     kernel(move |pool| {
         pool.run(n * o_ch, &|t, _| {
-            let (px, pw, po) = (x.base::<T>() as *const T, w.base::<T>() as *const T, out.base::<T>());
+            let (px, pw, po) = (
+                x.base::<T>() as *const T,
+                w.base::<T>() as *const T,
+                out.base::<T>(),
+            );
             let (b, oc) = (t / o_ch, t % o_ch);
             let c0 = (oc / opg) * cpg;
             for oy in 0..g.oh {
@@ -72,7 +109,13 @@ fn conv<T: FloatElem>(x: TRef, w: TRef, out: TRef, a: ConvAttrs) -> Box<dyn Kern
                                 }
                                 // SAFETY: indices are checked against the input extent.
                                 unsafe {
-                                    let xv = *px.add(off(&x.layout, b, c0 + ci, iy as usize, ix as usize));
+                                    let xv = *px.add(off(
+                                        &x.layout,
+                                        b,
+                                        c0 + ci,
+                                        iy as usize,
+                                        ix as usize,
+                                    ));
                                     let wv = *pw.add(off(&w.layout, oc, ci, ky, kx));
                                     s = s + xv.to_c() * wv.to_c();
                                 }
@@ -88,7 +131,14 @@ fn conv<T: FloatElem>(x: TRef, w: TRef, out: TRef, a: ConvAttrs) -> Box<dyn Kern
 
 fn pool_k<T: FloatElem>(x: TRef, out: TRef, a: PoolAttrs) -> Box<dyn Kernel> {
     let ones = vec![1; a.kernel.len()];
-    let g = geo(&x.layout, &out.layout, &a.kernel, &a.stride, &a.padding, &ones);
+    let g = geo(
+        &x.layout,
+        &out.layout,
+        &a.kernel,
+        &a.stride,
+        &a.padding,
+        &ones,
+    );
     let (n, ch) = (out.layout.dims()[0], out.layout.dims()[1]);
     kernel(move |pool| {
         pool.run(n * ch, &|t, _| {
@@ -110,7 +160,8 @@ fn pool_k<T: FloatElem>(x: TRef, out: TRef, a: PoolAttrs) -> Box<dyn Kernel> {
                                 continue;
                             }
                             // SAFETY: indices are checked against the input extent.
-                            let v = unsafe { *px.add(off(&x.layout, b, c, iy as usize, ix as usize)) };
+                            let v =
+                                unsafe { *px.add(off(&x.layout, b, c, iy as usize, ix as usize)) };
                             best = best.max_of(v);
                             sum += v.to_c().f64();
                             count += 1;
@@ -118,7 +169,9 @@ fn pool_k<T: FloatElem>(x: TRef, out: TRef, a: PoolAttrs) -> Box<dyn Kernel> {
                     }
                     let r = match a.kind {
                         PoolKind::Max => best,
-                        PoolKind::Mean => T::from_c(<T as FloatElem>::C::c(sum / count.max(1) as f64)),
+                        PoolKind::Mean => {
+                            T::from_c(<T as FloatElem>::C::c(sum / count.max(1) as f64))
+                        }
                     };
                     unsafe { *po.add(off(&out.layout, b, c, oy, ox)) = r };
                 }
@@ -133,8 +186,12 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         return Err(info.unsupported(format!("dtype {dt}")));
     }
     Ok(match info.node.op.clone() {
-        Op::Conv(a) => compute(move |i, o| with_float!(dt, T => conv::<T>(i[0], i[1], o, a), else unreachable!())),
-        Op::Pool(a) => compute(move |i, o| with_float!(dt, T => pool_k::<T>(i[0], o, a), else unreachable!())),
+        Op::Conv(a) => compute(
+            move |i, o| with_float!(dt, T => conv::<T>(i[0], i[1], o, a), else unreachable!()),
+        ),
+        Op::Pool(a) => {
+            compute(move |i, o| with_float!(dt, T => pool_k::<T>(i[0], o, a), else unreachable!()))
+        }
         _ => return Err(info.unsupported("not a spatial op")),
     })
 }

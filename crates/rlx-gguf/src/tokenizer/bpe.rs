@@ -11,8 +11,8 @@
 //! 5. look each final piece up in the vocabulary; a piece that is not a token falls back to its
 //!    single-byte pieces that are.
 
-use super::unicode::{is_letter, is_number, is_whitespace};
 use super::merge::Merger;
+use super::unicode::{is_letter, is_number, is_whitespace};
 use super::Tokenizer;
 
 /// Whether GPT-2's byte alphabet keeps byte `b` as the character with the same code point.
@@ -130,7 +130,12 @@ pub(crate) struct PreConfig {
 impl PreConfig {
     /// Rules with llama.cpp's default BPE settings.
     pub(crate) const fn plain(rules: PreTokenizer) -> PreConfig {
-        PreConfig { rules, ignore_merges: false, add_bos: false, default_bos: true }
+        PreConfig {
+            rules,
+            ignore_merges: false,
+            add_bos: false,
+            default_bos: true,
+        }
     }
 
     /// The settings llama.cpp uses for the `tokenizer.ggml.pre` value `name`, if RLX implements
@@ -139,21 +144,34 @@ impl PreConfig {
     pub(crate) fn from_name(name: &str) -> Option<PreConfig> {
         use PreTokenizer::*;
         Some(match name {
-            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone" | "minerva-7b"
-            | "mellum2" => PreConfig::plain(DigitsThenGpt2),
-            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "a.x-4.0" | "mellum" | "modern-bert" | "mpt"
-            | "olmo" | "jais" | "trillion" | "granite-docling" | "exaone4" => PreConfig::plain(Gpt2),
+            "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
+            | "minerva-7b" | "mellum2" => PreConfig::plain(DigitsThenGpt2),
+            "gpt-2" | "phi-2" | "jina-es" | "jina-de" | "a.x-4.0" | "mellum" | "modern-bert"
+            | "mpt" | "olmo" | "jais" | "trillion" | "granite-docling" | "exaone4" => {
+                PreConfig::plain(Gpt2)
+            }
             // llama.cpp's LLAMA3 type: whole-word tokens skip the merges, BOS by default.
-            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0"
-            | "lfm2" | "jina-v5-nano" => PreConfig { ignore_merges: true, add_bos: true, ..PreConfig::plain(Llama3) },
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral"
+            | "midm-2.0" | "lfm2" | "jina-v5-nano" => PreConfig {
+                ignore_merges: true,
+                add_bos: true,
+                ..PreConfig::plain(Llama3)
+            },
             // DBRX and SMAUG: the same rules, default settings.
             "dbrx" | "smaug-bpe" => PreConfig::plain(Llama3),
             // CHATGLM4: the same rules, no default BOS token (and ignore_merges for GLM-4/5).
-            "chatglm-bpe" => PreConfig { default_bos: false, ..PreConfig::plain(Llama3) },
-            "glm4" | "glm5" => PreConfig { default_bos: false, ignore_merges: true, ..PreConfig::plain(Llama3) },
+            "chatglm-bpe" => PreConfig {
+                default_bos: false,
+                ..PreConfig::plain(Llama3)
+            },
+            "glm4" | "glm5" => PreConfig {
+                default_bos: false,
+                ignore_merges: true,
+                ..PreConfig::plain(Llama3)
+            },
             // QWEN2, STABLELM2, HUNYUAN, SOLAR_OPEN and GROK_2 share one regex.
-            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2" | "hunyuan"
-            | "solar-open" | "grok-2" => PreConfig::plain(Qwen2),
+            "qwen2" | "deepseek-r1-qwen" | "kormo" | "f2llmv2" | "megrez" | "stablelm2"
+            | "hunyuan" | "solar-open" | "grok-2" => PreConfig::plain(Qwen2),
             _ => return None,
         })
     }
@@ -352,7 +370,13 @@ pub(crate) struct Session {
 
 impl Session {
     /// Byte-level BPE of the raw-text fragment `text`, appending ids to `out`.
-    pub(crate) fn tokenize(&mut self, tok: &Tokenizer, pre: PreConfig, text: &str, out: &mut Vec<u32>) {
+    pub(crate) fn tokenize(
+        &mut self,
+        tok: &Tokenizer,
+        pre: PreConfig,
+        text: &str,
+        out: &mut Vec<u32>,
+    ) {
         self.words.clear();
         pre.rules.split(text, &mut self.words);
         for i in 0..self.words.len() {
@@ -361,7 +385,11 @@ impl Session {
             for &byte in &text.as_bytes()[a..b] {
                 self.word.push(byte_to_char(byte));
             }
-            let whole = if pre.ignore_merges { tok.token_id(&self.word) } else { None };
+            let whole = if pre.ignore_merges {
+                tok.token_id(&self.word)
+            } else {
+                None
+            };
             match whole {
                 Some(id) => out.push(id),
                 None => self.merge_word(tok, out),
@@ -375,7 +403,9 @@ impl Session {
         // BPE merges the pair of lowest rank first.
         self.merger.run(&word, |first, second, _| {
             merge_key(first, second, key);
-            tok.merges.get(key.as_slice()).map(|&rank| std::cmp::Reverse(rank))
+            tok.merges
+                .get(key.as_slice())
+                .map(|&rank| std::cmp::Reverse(rank))
         });
         for s in self.merger.pieces() {
             let piece = &word[s.start..s.start + s.n];
@@ -385,7 +415,9 @@ impl Session {
                     // llama.cpp falls back to the piece's single bytes that are tokens.
                     for b in piece.bytes() {
                         let one = [b];
-                        if let Some(id) = std::str::from_utf8(&one).ok().and_then(|s| tok.token_id(s)) {
+                        if let Some(id) =
+                            std::str::from_utf8(&one).ok().and_then(|s| tok.token_id(s))
+                        {
                             out.push(id);
                         }
                     }
@@ -463,7 +495,10 @@ mod tests {
         let g = PreTokenizer::Gpt2;
         assert_eq!(split(g, "Hello world"), ["Hello", " world"]);
         assert_eq!(split(g, "Hello, world!"), ["Hello", ",", " world", "!"]);
-        assert_eq!(split(g, "I'm don't WE'LL"), ["I", "'m", " don", "'t", " WE", "'", "LL"]);
+        assert_eq!(
+            split(g, "I'm don't WE'LL"),
+            ["I", "'m", " don", "'t", " WE", "'", "LL"]
+        );
         assert_eq!(split(g, "a  b"), ["a", " ", " b"]);
         assert_eq!(split(g, "a   "), ["a", "   "]);
         assert_eq!(split(g, "x\t\ty"), ["x", "\t", "\t", "y"]);
@@ -491,17 +526,29 @@ mod tests {
         let l = PreTokenizer::Llama3;
         assert_eq!(split(l, "Hello world"), ["Hello", " world"]);
         // Contractions in any case; a letter run takes an apostrophe that starts no contraction.
-        assert_eq!(split(l, "DON'T I'M we'Ve they'RE"), ["DON", "'T", " I", "'M", " we", "'Ve", " they", "'RE"]);
-        assert_eq!(split(l, "'hello 'store x'"), ["'hello", " '", "store", " x", "'"]);
+        assert_eq!(
+            split(l, "DON'T I'M we'Ve they'RE"),
+            ["DON", "'T", " I", "'M", " we", "'Ve", " they", "'RE"]
+        );
+        assert_eq!(
+            split(l, "'hello 'store x'"),
+            ["'hello", " '", "store", " x", "'"]
+        );
         assert_eq!(split(l, "it'll'd"), ["it", "'ll", "'d"]);
         // Numbers in groups of three from the left, never with a leading space.
         assert_eq!(split(l, "1234567"), ["123", "456", "7"]);
         assert_eq!(split(l, "3.14159 x"), ["3", ".", "141", "59", " x"]);
         assert_eq!(split(l, " 42"), [" ", "42"]);
         assert_eq!(split(l, "abc123def"), ["abc", "123", "def"]);
-        assert_eq!(split(l, "\u{661}\u{662}\u{663}\u{664}"), ["\u{661}\u{662}\u{663}", "\u{664}"]);
+        assert_eq!(
+            split(l, "\u{661}\u{662}\u{663}\u{664}"),
+            ["\u{661}\u{662}\u{663}", "\u{664}"]
+        );
         // Any one non-letter, non-number, non-newline character leads a letter run.
-        assert_eq!(split(l, "(hello $100 --flag foo_bar"), ["(hello", " $", "100", " --", "flag", " foo", "_bar"]);
+        assert_eq!(
+            split(l, "(hello $100 --flag foo_bar"),
+            ["(hello", " $", "100", " --", "flag", " foo", "_bar"]
+        );
         assert_eq!(split(l, "\tx\u{3000}y"), ["\tx", "\u{3000}y"]);
         assert_eq!(split(l, "\nx"), ["\n", "x"]);
         // Punctuation runs keep an optional leading space and their trailing newlines.
@@ -521,7 +568,10 @@ mod tests {
     fn qwen2_rules() {
         let q = PreTokenizer::Qwen2;
         assert_eq!(split(q, "1234567"), ["1", "2", "3", "4", "5", "6", "7"]);
-        assert_eq!(split(q, "abc123def I'M"), ["abc", "1", "2", "3", "def", " I", "'M"]);
+        assert_eq!(
+            split(q, "abc123def I'M"),
+            ["abc", "1", "2", "3", "def", " I", "'M"]
+        );
         assert_eq!(split(q, "$100\n\n"), ["$", "1", "0", "0", "\n\n"]);
         assert_eq!(split(q, "a  b"), ["a", " ", " b"]);
     }
@@ -530,23 +580,47 @@ mod tests {
     fn splitters_cover_every_character() {
         // Words are non-empty, in order and tile the text, whatever the input: a few fixed
         // texts, then seeded random ones over an alphabet of every character class.
-        let mut texts: Vec<String> = ["", "'", "''", "'s", " '", " ", "  ", "\r", " \r\n\t\u{85}\u{2028}", "a1'!\u{301}\u{10FFFF}\0"]
-            .map(String::from)
-            .to_vec();
-        let alphabet = ['a', 'Z', 'é', '日', '1', '٣', '½', '\'', 's', 'T', 'l', 'E', ' ', '\t', '\r', '\n', '\u{A0}', '\u{3000}', '.', '$', '_', '\u{301}', '😀', '\u{378}'];
+        let mut texts: Vec<String> = [
+            "",
+            "'",
+            "''",
+            "'s",
+            " '",
+            " ",
+            "  ",
+            "\r",
+            " \r\n\t\u{85}\u{2028}",
+            "a1'!\u{301}\u{10FFFF}\0",
+        ]
+        .map(String::from)
+        .to_vec();
+        let alphabet = [
+            'a', 'Z', 'é', '日', '1', '٣', '½', '\'', 's', 'T', 'l', 'E', ' ', '\t', '\r', '\n',
+            '\u{A0}', '\u{3000}', '.', '$', '_', '\u{301}', '😀', '\u{378}',
+        ];
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
         for _ in 0..2000 {
             let mut t = String::new();
             for _ in 0..(state >> 60) {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                state = state
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 t.push(alphabet[(state >> 33) as usize % alphabet.len()]);
             }
             texts.push(t);
         }
-        for pre in [PreTokenizer::Gpt2, PreTokenizer::DigitsThenGpt2, PreTokenizer::Llama3, PreTokenizer::Qwen2] {
+        for pre in [
+            PreTokenizer::Gpt2,
+            PreTokenizer::DigitsThenGpt2,
+            PreTokenizer::Llama3,
+            PreTokenizer::Qwen2,
+        ] {
             for t in &texts {
                 let words = split(pre, t);
-                assert!(words.iter().all(|w| !w.is_empty()), "{pre:?} {t:?}: {words:?}");
+                assert!(
+                    words.iter().all(|w| !w.is_empty()),
+                    "{pre:?} {t:?}: {words:?}"
+                );
                 assert_eq!(words.concat(), *t, "{pre:?}");
             }
         }
@@ -561,13 +635,18 @@ mod tests {
         assert_eq!(rules("megrez"), Some(PreTokenizer::Qwen2));
         assert_eq!(rules("smollm"), Some(PreTokenizer::DigitsThenGpt2));
         // Near relatives with other rules are not taken for these.
-        for other in ["qwen35", "jais-2", "superbpe", "tekken", "gpt-4o", "minicpm5", "llama4", "default"] {
+        for other in [
+            "qwen35", "jais-2", "superbpe", "tekken", "gpt-4o", "minicpm5", "llama4", "default",
+        ] {
             assert_eq!(rules(other), None, "{other}");
         }
         let llama3 = PreConfig::from_name("llama3").unwrap();
         assert!(llama3.ignore_merges && llama3.add_bos && llama3.default_bos);
         let glm4 = PreConfig::from_name("glm4").unwrap();
         assert!(glm4.ignore_merges && !glm4.add_bos && !glm4.default_bos);
-        assert_eq!(PreConfig::from_name("qwen2"), Some(PreConfig::plain(PreTokenizer::Qwen2)));
+        assert_eq!(
+            PreConfig::from_name("qwen2"),
+            Some(PreConfig::plain(PreTokenizer::Qwen2))
+        );
     }
 }

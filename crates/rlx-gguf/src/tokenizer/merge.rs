@@ -51,7 +51,10 @@ pub(super) struct Merger<K> {
 
 impl<K> Default for Merger<K> {
     fn default() -> Self {
-        Merger { symbols: Vec::new(), queue: BinaryHeap::new() }
+        Merger {
+            symbols: Vec::new(),
+            queue: BinaryHeap::new(),
+        }
     }
 }
 
@@ -63,7 +66,12 @@ impl<K: Ord> Merger<K> {
         self.queue.clear();
         let count = text.chars().count();
         for (i, (start, c)) in text.char_indices().enumerate() {
-            self.symbols.push(Symbol { start, n: c.len_utf8(), prev: i.checked_sub(1), next: (i + 1 < count).then_some(i + 1) });
+            self.symbols.push(Symbol {
+                start,
+                n: c.len_utf8(),
+                prev: i.checked_sub(1),
+                next: (i + 1 < count).then_some(i + 1),
+            });
         }
         for i in 1..self.symbols.len() {
             self.push(text, i - 1, i, &mut key);
@@ -89,12 +97,23 @@ impl<K: Ord> Merger<K> {
         }
     }
 
-    fn push(&mut self, text: &str, left: usize, right: usize, key: &mut impl FnMut(&str, &str, &str) -> Option<K>) {
+    fn push(
+        &mut self,
+        text: &str,
+        left: usize,
+        right: usize,
+        key: &mut impl FnMut(&str, &str, &str) -> Option<K>,
+    ) {
         let (l, r) = (self.symbols[left], self.symbols[right]);
         // Adjacent symbols are adjacent spans of the text.
         let (first, joined) = (&text[l.start..l.start + l.n], &text[l.start..r.start + r.n]);
         if let Some(k) = key(first, &text[r.start..r.start + r.n], joined) {
-            self.queue.push(Pair { key: k, left, right, size: l.n + r.n });
+            self.queue.push(Pair {
+                key: k,
+                left,
+                right,
+                size: l.n + r.n,
+            });
         }
     }
 

@@ -38,7 +38,10 @@ pub(crate) struct Session {
 impl Session {
     /// Tokenize `text` (spaces already escaped to "▁"), appending ids to `out`.
     pub(crate) fn tokenize(&mut self, tok: &Tokenizer, text: &str, out: &mut Vec<u32>) {
-        self.merger.run(text, |_, _, joined| tok.token_id(joined).map(|id| Score(tok.scores[id as usize])));
+        self.merger.run(text, |_, _, joined| {
+            tok.token_id(joined)
+                .map(|id| Score(tok.scores[id as usize]))
+        });
         // Merged symbols are tokens by construction; only single characters can be missing.
         for s in self.merger.pieces() {
             let piece = &text[s.start..s.start + s.n];

@@ -51,11 +51,15 @@ impl Gguf {
     }
 
     fn i32s(self, key: &str, v: &[i32]) -> Self {
-        self.array(key, 5, v.len(), |b| v.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes())))
+        self.array(key, 5, v.len(), |b| {
+            v.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()))
+        })
     }
 
     fn f32s(self, key: &str, v: &[f32]) -> Self {
-        self.array(key, 6, v.len(), |b| v.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes())))
+        self.array(key, 6, v.len(), |b| {
+            v.iter().for_each(|x| b.extend_from_slice(&x.to_le_bytes()))
+        })
     }
 
     fn file(self) -> GgufFile {
@@ -121,7 +125,10 @@ fn bpe_merges_by_rank() {
     let id = |t| id_of(&tokens, t);
     // " abcd": (a,b) has rank 0 and wins over (Ġ,a) of rank 1, which then goes stale; "Ġ ab" is
     // no merge, so Ġ stays alone while c+d and then ab+cd merge.
-    assert_eq!(tok.encode("ab abcd", false, false), [id("ab"), id("Ġ"), id("abcd")]);
+    assert_eq!(
+        tok.encode("ab abcd", false, false),
+        [id("ab"), id("Ġ"), id("abcd")]
+    );
     assert_eq!(tok.encode(" a", false, false), [id("Ġa")]);
     // Digits are split off one by one before the GPT-2 rules.
     assert_eq!(tok.encode("a12", false, false), [id("a"), id("1"), id("2")]);
@@ -138,7 +145,13 @@ fn bpe_merges_by_rank() {
 fn bpe_roundtrip_and_bytes() {
     let (g, tokens) = bpe_vocab();
     let tok = g.tokenizer().unwrap();
-    for text in ["ab abcd", "café 日本 😀", "tab\tand\r\nnewline  ", "I'm ' x", "\u{A0}"] {
+    for text in [
+        "ab abcd",
+        "café 日本 😀",
+        "tab\tand\r\nnewline  ",
+        "I'm ' x",
+        "\u{A0}",
+    ] {
         let ids = tok.encode(text, false, false);
         assert_eq!(tok.decode(&ids, false), text);
     }
@@ -163,7 +176,10 @@ fn bpe_special_tokens() {
     assert_eq!(tok.decode(&[1, id("ab"), 2], true), text);
     assert_eq!(tok.decode(&[1, id("ab"), 2], false), "ab");
     // User-defined tokens are matched without parse_special.
-    assert_eq!(tok.encode("x<tool>ab", false, false), [id("x"), 3, id("ab")]);
+    assert_eq!(
+        tok.encode("x<tool>ab", false, false),
+        [id("x"), 3, id("ab")]
+    );
     // End of generation: eos, and <|endoftext|>/<|im_end|> by name.
     assert_eq!(tok.bos_id(), Some(1));
     assert_eq!(tok.eos_id(), Some(2));
@@ -193,16 +209,25 @@ fn llama3_names_bring_their_settings() {
     // Whole-word tokens with ignore_merges (llama-bpe, not dbrx): "xy" is a token no merge
     // builds, and the merges make " ab" Ġ + ab (see bpe_merges_by_rank).
     assert_eq!(llama.encode("xy ab", false, false), [id("xy"), id("Ġab")]);
-    assert_eq!(dbrx.encode("xy ab", false, false), [id("x"), id("y"), id("Ġ"), id("ab")]);
+    assert_eq!(
+        dbrx.encode("xy ab", false, false),
+        [id("x"), id("y"), id("Ġ"), id("ab")]
+    );
     // Llama 3 names add BOS unless add_bos_token says otherwise.
     assert!(llama.add_bos() && !dbrx.add_bos());
     assert_eq!(llama.encode("ab", true, false), [1, id("ab")]);
     let no_bos = bpe_gguf(&tokens, &types, "llama3").bool("tokenizer.ggml.add_bos_token", false);
     assert!(!no_bos.tokenizer().unwrap().add_bos());
     // Numbers: groups of three (Llama 3) or single digits (Qwen2).
-    assert_eq!(llama.encode("1234", false, false), [id("1"), id("2"), id("3"), id("4")]);
+    assert_eq!(
+        llama.encode("1234", false, false),
+        [id("1"), id("2"), id("3"), id("4")]
+    );
     let qwen = bpe_gguf(&tokens, &types, "qwen2").tokenizer().unwrap();
-    assert_eq!(qwen.encode("I'M xy", false, false), [id("I"), id("'"), id("M"), id("Ġ"), id("x"), id("y")]);
+    assert_eq!(
+        qwen.encode("I'M xy", false, false),
+        [id("I"), id("'"), id("M"), id("Ġ"), id("x"), id("y")]
+    );
     assert!(!qwen.add_bos());
 }
 
@@ -249,7 +274,10 @@ fn spm_vocab() -> (Gguf, Vec<String>) {
 #[test]
 fn spm_merges_by_score() {
     let (g, tokens) = spm_vocab();
-    let tok = g.bool("tokenizer.ggml.add_space_prefix", false).tokenizer().unwrap();
+    let tok = g
+        .bool("tokenizer.ggml.add_space_prefix", false)
+        .tokenizer()
+        .unwrap();
     assert_eq!(tok.kind(), TokenizerKind::Spm);
     let id = |t| id_of(&tokens, t);
     // "ab" (-1) beats "▁a" (-2); "▁ab" is no token.
@@ -297,17 +325,41 @@ fn metadata_errors() {
     assert!(e.contains("unsupported tokenizer model \"bert\""), "{e}");
     let (tokens, types) = bpe_tokens();
     let e = err(bpe_gguf(&tokens, &types, "qwen35"));
-    assert!(e.contains("unsupported pre-tokenizer \"qwen35\"") && e.contains("\"llama-bpe\""), "{e}");
-    let e = err(Gguf::default().str("tokenizer.ggml.model", "gpt2").str("tokenizer.ggml.pre", "smollm").strs("tokenizer.ggml.tokens", &strings(&["a"])));
-    assert!(e.contains("tokenizer.ggml.merges") && e.contains("missing"), "{e}");
-    let e = err(Gguf::default().str("tokenizer.ggml.model", "llama").i32s("tokenizer.ggml.tokens", &[1, 2]));
-    assert!(e.contains("tokenizer.ggml.tokens") && e.contains("STRING"), "{e}");
+    assert!(
+        e.contains("unsupported pre-tokenizer \"qwen35\"") && e.contains("\"llama-bpe\""),
+        "{e}"
+    );
+    let e = err(Gguf::default()
+        .str("tokenizer.ggml.model", "gpt2")
+        .str("tokenizer.ggml.pre", "smollm")
+        .strs("tokenizer.ggml.tokens", &strings(&["a"])));
+    assert!(
+        e.contains("tokenizer.ggml.merges") && e.contains("missing"),
+        "{e}"
+    );
+    let e = err(Gguf::default()
+        .str("tokenizer.ggml.model", "llama")
+        .i32s("tokenizer.ggml.tokens", &[1, 2]));
+    assert!(
+        e.contains("tokenizer.ggml.tokens") && e.contains("STRING"),
+        "{e}"
+    );
     let (tokens, _, _) = spm_tokens();
-    let spm = || Gguf::default().str("tokenizer.ggml.model", "llama").strs("tokenizer.ggml.tokens", &tokens);
+    let spm = || {
+        Gguf::default()
+            .str("tokenizer.ggml.model", "llama")
+            .strs("tokenizer.ggml.tokens", &tokens)
+    };
     let e = err(spm().f32s("tokenizer.ggml.token_type", &vec![1.0; tokens.len()]));
-    assert!(e.contains("token_type") && e.contains("expected integers"), "{e}");
+    assert!(
+        e.contains("token_type") && e.contains("expected integers"),
+        "{e}"
+    );
     let e = err(spm().i32s("tokenizer.ggml.token_type", &[1]));
-    assert!(e.contains("token_type") && e.contains("has 1 elements"), "{e}");
+    assert!(
+        e.contains("token_type") && e.contains("has 1 elements"),
+        "{e}"
+    );
     let (g, _) = spm_vocab();
     let e = err(g.str("tokenizer.ggml.add_bos_token", "yes"));
     assert!(e.contains("add_bos_token") && e.contains("BOOL"), "{e}");

@@ -89,12 +89,12 @@ mod tests {
             ('日', Class::Letter),
             ('の', Class::Letter),
             ('Ж', Class::Letter),
-            ('ª', Class::Letter),   // Lo
-            ('ʰ', Class::Letter),   // Lm
-            ('²', Class::Number),   // No
-            ('½', Class::Number),   // No
-            ('Ⅻ', Class::Number),   // Nl (Rust's is_alphabetic says true)
-            ('٣', Class::Number),   // Nd, Arabic-Indic
+            ('ª', Class::Letter),      // Lo
+            ('ʰ', Class::Letter),      // Lm
+            ('²', Class::Number),      // No
+            ('½', Class::Number),      // No
+            ('Ⅻ', Class::Number),      // Nl (Rust's is_alphabetic says true)
+            ('٣', Class::Number),      // Nd, Arabic-Indic
             ('\u{301}', Class::Other), // Mn: combining acute accent
             ('\u{903}', Class::Other), // Mc: Devanagari visarga (Rust's is_alphabetic says true)
             ('😀', Class::Other),

@@ -39,7 +39,9 @@ pub(crate) fn unbroadcast(g: &mut Graph, x: NodeId, target: &Shape) -> Result<No
         let axes: Vec<usize> = (0..lead).collect();
         cur = g.try_sum(cur, &axes, false)?;
     }
-    let axes: Vec<usize> = (0..ts.len()).filter(|&i| ts[i] == 1 && xs[lead + i] != 1).collect();
+    let axes: Vec<usize> = (0..ts.len())
+        .filter(|&i| ts[i] == 1 && xs[lead + i] != 1)
+        .collect();
     if !axes.is_empty() {
         cur = g.try_sum(cur, &axes, true)?;
     }
@@ -59,7 +61,11 @@ pub(crate) fn fit(g: &mut Graph, t: NodeId, dims: &[usize]) -> Result<NodeId> {
 }
 
 /// Sum of optional terms (`None` is zero).
-pub(crate) fn add_opt(g: &mut Graph, a: Option<NodeId>, b: Option<NodeId>) -> Result<Option<NodeId>> {
+pub(crate) fn add_opt(
+    g: &mut Graph,
+    a: Option<NodeId>,
+    b: Option<NodeId>,
+) -> Result<Option<NodeId>> {
     Ok(match (a, b) {
         (Some(a), Some(b)) => Some(g.try_add(a, b)?),
         (a, None) => a,

@@ -49,14 +49,20 @@ fn align(g: &mut Graph, x: NodeId, rank: usize) -> Result<NodeId> {
 /// When it does not, vmap batches the op's decomposition.
 pub fn batch_supported(op: &Op, batched: &[bool]) -> bool {
     match op {
-        Op::DotGeneral(_) | Op::Custom(_) | Op::Fused(_) | Op::CacheWrite | Op::CachedAttention { .. } => false,
+        Op::DotGeneral(_)
+        | Op::Custom(_)
+        | Op::Fused(_)
+        | Op::CacheWrite
+        | Op::CachedAttention { .. } => false,
         // Weights shared by the batch: the op maps over x's leading axes already.
         Op::DequantMatMul { .. } => !batched[1..].iter().any(|&b| b),
         Op::LayerNorm { .. } | Op::RmsNorm { .. } => !batched[1..].iter().any(|&b| b),
         Op::Conv(_) => !batched[1],
         Op::Rope { .. } => !batched[1],
         // Batched parameters: vmap batches the decomposition.
-        Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => !batched[1..].iter().any(|&b| b),
+        Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => {
+            !batched[1..].iter().any(|&b| b)
+        }
         Op::Input { .. }
         | Op::Param { .. }
         | Op::Constant { .. }
@@ -91,20 +97,36 @@ fn rank_of(g: &Graph, x: NodeId, bd: Option<usize>) -> usize {
 /// Apply `op` to operands `ins` (of `g`) whose batch axes are `bds`, with `size` examples.
 /// Returns the result and its batch axis. Fails with "no batching rule" for the patterns
 /// [`batch_supported`] rejects.
-pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size: usize) -> Result<(NodeId, Option<usize>)> {
+pub fn batch(
+    g: &mut Graph,
+    op: &Op,
+    ins: &[NodeId],
+    bds: &[Option<usize>],
+    size: usize,
+) -> Result<(NodeId, Option<usize>)> {
     let flags: Vec<bool> = bds.iter().map(Option::is_some).collect();
     if !batch_supported(op, &flags) {
-        return Err(Error::op(op.name(), "no batching rule for this pattern of batched operands"));
+        return Err(Error::op(
+            op.name(),
+            "no batching rule for this pattern of batched operands",
+        ));
     }
-    let front = |g: &mut Graph, i: usize| -> Result<NodeId> { materialize(g, ins[i], bds[i], size) };
+    let front =
+        |g: &mut Graph, i: usize| -> Result<NodeId> { materialize(g, ins[i], bds[i], size) };
     let y = match op {
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => {
-            return Err(Error::op(op.name(), "leaves are batched by the vmap driver"));
+            return Err(Error::op(
+                op.name(),
+                "leaves are batched by the vmap driver",
+            ));
         }
         // Broadcasting ops (matmul broadcasts its batch axes): batched operands get the batch in
         // front and unit axes up to the widest per-example rank; shared ones broadcast as they are.
         Op::Binary(_) | Op::Compare(_) | Op::Where | Op::MatMul => {
-            let r = (0..ins.len()).map(|i| rank_of(g, ins[i], bds[i])).max().unwrap_or(0);
+            let r = (0..ins.len())
+                .map(|i| rank_of(g, ins[i], bds[i]))
+                .max()
+                .unwrap_or(0);
             let mut args = Vec::new();
             for i in 0..ins.len() {
                 args.push(match bds[i] {
@@ -118,10 +140,21 @@ pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size
             g.try_op(op.clone(), &args)?
         }
         Op::Activation(_) | Op::Cast { .. } => return Ok((g.try_op(op.clone(), ins)?, bds[0])),
-        Op::Reduce { kind, axes, keepdims } => {
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        } => {
             let x = front(g, 0)?;
             let axes: Vec<usize> = axes.iter().map(|a| a + 1).collect();
-            g.try_op(Op::Reduce { kind: *kind, axes, keepdims: *keepdims }, &[x])?
+            g.try_op(
+                Op::Reduce {
+                    kind: *kind,
+                    axes,
+                    keepdims: *keepdims,
+                },
+                &[x],
+            )?
         }
         Op::Softmax { axis } => {
             let x = front(g, 0)?;
@@ -161,7 +194,9 @@ pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size
             g.try_expand(x, &s)?
         }
         Op::Concat { axis } => {
-            let args = (0..ins.len()).map(|i| front(g, i)).collect::<Result<Vec<_>>>()?;
+            let args = (0..ins.len())
+                .map(|i| front(g, i))
+                .collect::<Result<Vec<_>>>()?;
             g.try_concat(&args, axis + 1)?
         }
         Op::Gather { axis } => return gather(g, ins, bds, *axis, size),
@@ -171,7 +206,9 @@ pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size
             let k = front(g, 1)?;
             let v = front(g, 2)?;
             let (qd, kd, vd) = (dims(g, q), dims(g, k), dims(g, v));
-            let merge = |g: &mut Graph, x: NodeId, d: &[usize]| g.try_reshape(x, &[d[0] * d[1], d[2], d[3], d[4]]);
+            let merge = |g: &mut Graph, x: NodeId, d: &[usize]| {
+                g.try_reshape(x, &[d[0] * d[1], d[2], d[3], d[4]])
+            };
             let mut args = vec![merge(g, q, &qd)?, merge(g, k, &kd)?, merge(g, v, &vd)?];
             if *mask == MaskKind::Custom {
                 let m = front(g, 3)?;
@@ -212,8 +249,15 @@ pub fn batch(g: &mut Graph, op: &Op, ins: &[NodeId], bds: &[Option<usize>], size
             let x = front(g, 0)?;
             g.try_op(op.clone(), &[x])?
         }
-        Op::DotGeneral(_) | Op::Custom(_) | Op::Fused(_) | Op::CacheWrite | Op::CachedAttention { .. } => {
-            return Err(Error::op(op.name(), "has no batching rule; vmap batches its decomposition"));
+        Op::DotGeneral(_)
+        | Op::Custom(_)
+        | Op::Fused(_)
+        | Op::CacheWrite
+        | Op::CachedAttention { .. } => {
+            return Err(Error::op(
+                op.name(),
+                "has no batching rule; vmap batches its decomposition",
+            ));
         }
     };
     Ok((y, Some(0)))
@@ -245,7 +289,13 @@ fn fold_axis(g: &mut Graph, x: NodeId, axis: usize) -> Result<(NodeId, Vec<usize
     Ok((g.try_reshape(t, &m)?, perm))
 }
 
-fn gather(g: &mut Graph, ins: &[NodeId], bds: &[Option<usize>], axis: usize, size: usize) -> Result<(NodeId, Option<usize>)> {
+fn gather(
+    g: &mut Graph,
+    ins: &[NodeId],
+    bds: &[Option<usize>],
+    axis: usize,
+    size: usize,
+) -> Result<(NodeId, Option<usize>)> {
     match (bds[0], bds[1]) {
         (Some(b), None) => {
             let x = to_front(g, ins[0], b)?;
@@ -279,7 +329,13 @@ fn gather(g: &mut Graph, ins: &[NodeId], bds: &[Option<usize>], axis: usize, siz
     }
 }
 
-fn scatter_add(g: &mut Graph, ins: &[NodeId], bds: &[Option<usize>], axis: usize, size: usize) -> Result<NodeId> {
+fn scatter_add(
+    g: &mut Graph,
+    ins: &[NodeId],
+    bds: &[Option<usize>],
+    axis: usize,
+    size: usize,
+) -> Result<NodeId> {
     let x = materialize(g, ins[0], bds[0], size)?;
     let u = materialize(g, ins[2], bds[2], size)?;
     match bds[1] {

@@ -6,7 +6,9 @@ use crate::{CustomFn, Error, Graph, NodeId, Op, Result, Shape};
 
 /// The argument leaves of a body graph, in definition order.
 pub(super) fn args(body: &Graph) -> Vec<NodeId> {
-    body.ids().filter(|&i| matches!(body.node(i).op, Op::Input { .. })).collect()
+    body.ids()
+        .filter(|&i| matches!(body.node(i).op, Op::Input { .. }))
+        .collect()
 }
 
 pub(super) fn arity(f: &CustomFn) -> usize {
@@ -21,7 +23,10 @@ fn check_graph(f: &CustomFn, what: &str, g: &Graph, inputs: usize, outputs: usiz
     }
     let n = args(g).len();
     if n != inputs || g.outputs().len() != outputs {
-        return Err(err(format!("needs {inputs} inputs and {outputs} outputs, has {n} and {}", g.outputs().len())));
+        return Err(err(format!(
+            "needs {inputs} inputs and {outputs} outputs, has {n} and {}",
+            g.outputs().len()
+        )));
     }
     crate::verify(g)
 }
@@ -29,12 +34,22 @@ fn check_graph(f: &CustomFn, what: &str, g: &Graph, inputs: usize, outputs: usiz
 pub(super) fn infer(f: &CustomFn, ins: &[&Shape]) -> Result<Shape> {
     let n = arity(f);
     if f.body.outputs().is_empty() {
-        return Err(Error::op("custom", format!("\"{}\": the body has no outputs", f.name)));
+        return Err(Error::op(
+            "custom",
+            format!("\"{}\": the body has no outputs", f.name),
+        ));
     }
     check_graph(f, "body", &f.body, n, f.body.outputs().len())?;
     for (i, (a, s)) in args(&f.body).iter().zip(ins).enumerate() {
         if f.body.shape(*a) != *s {
-            return Err(Error::op("custom", format!("\"{}\": argument {i} is {s}, the body expects {}", f.name, f.body.shape(*a))));
+            return Err(Error::op(
+                "custom",
+                format!(
+                    "\"{}\": argument {i} is {s}, the body expects {}",
+                    f.name,
+                    f.body.shape(*a)
+                ),
+            ));
         }
     }
     if let Some(v) = &f.vjp {
@@ -54,15 +69,30 @@ pub(super) fn inline(g: &mut Graph, body: &Graph, bind: &[NodeId]) -> Result<Vec
         let n = body.node(id);
         let new = match &n.op {
             Op::Input { .. } => {
-                let a = *bind.get(next_arg).ok_or_else(|| Error::op("custom", "too few arguments for the body"))?;
+                let a = *bind
+                    .get(next_arg)
+                    .ok_or_else(|| Error::op("custom", "too few arguments for the body"))?;
                 next_arg += 1;
                 if *g.shape(a) != n.shape {
-                    return Err(Error::op("custom", format!("argument {} is {}, the body expects {}", next_arg - 1, g.shape(a), n.shape)));
+                    return Err(Error::op(
+                        "custom",
+                        format!(
+                            "argument {} is {}, the body expects {}",
+                            next_arg - 1,
+                            g.shape(a),
+                            n.shape
+                        ),
+                    ));
                 }
                 a
             }
             Op::Constant { data } => g.try_constant_bytes(n.shape.clone(), data.clone())?,
-            Op::Param { name } => return Err(Error::op("custom", format!("bodies cannot declare params (\"{name}\")"))),
+            Op::Param { name } => {
+                return Err(Error::op(
+                    "custom",
+                    format!("bodies cannot declare params (\"{name}\")"),
+                ))
+            }
             op => {
                 let ins: Vec<NodeId> = n.inputs.iter().map(|i| map[i.index()]).collect();
                 g.try_op(op.clone(), &ins)?
@@ -73,16 +103,31 @@ pub(super) fn inline(g: &mut Graph, body: &Graph, bind: &[NodeId]) -> Result<Vec
     Ok(body.outputs().iter().map(|o| map[o.index()]).collect())
 }
 
-pub(super) fn vjp(g: &mut Graph, f: &CustomFn, ins: &[NodeId], out: NodeId, ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+pub(super) fn vjp(
+    g: &mut Graph,
+    f: &CustomFn,
+    ins: &[NodeId],
+    out: NodeId,
+    ct: NodeId,
+) -> Result<Vec<Option<NodeId>>> {
     let rule = f.vjp.as_ref().expect("has_vjp_rule checked");
     let mut bind = ins.to_vec();
     bind.push(out);
     bind.push(ct);
     let cts = inline(g, rule, &bind)?;
-    Ok(ins.iter().zip(cts).map(|(&a, c)| differentiable(g.shape(a).dtype()).then_some(c)).collect())
+    Ok(ins
+        .iter()
+        .zip(cts)
+        .map(|(&a, c)| differentiable(g.shape(a).dtype()).then_some(c))
+        .collect())
 }
 
-pub(super) fn jvp(g: &mut Graph, f: &CustomFn, ins: &[NodeId], t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+pub(super) fn jvp(
+    g: &mut Graph,
+    f: &CustomFn,
+    ins: &[NodeId],
+    t: &[Option<NodeId>],
+) -> Result<Option<NodeId>> {
     let rule = f.jvp.as_ref().expect("has_jvp_rule checked");
     let mut bind = ins.to_vec();
     for (i, tx) in t.iter().enumerate() {
@@ -101,13 +146,28 @@ pub(super) fn cost(f: &CustomFn) -> super::Cost {
 
 /// Text-form attributes of a custom function: its name, body and derivative graphs.
 pub fn attrs(f: &CustomFn) -> Vec<(&'static str, Attr)> {
-    let graph = |g: &Option<Box<Graph>>| g.as_ref().map_or(Attr::word("none"), |g| Attr::Graph(g.clone()));
-    vec![("name", Attr::Str(f.name.clone())), ("body", Attr::Graph(f.body.clone())), ("vjp", graph(&f.vjp)), ("jvp", graph(&f.jvp))]
+    let graph = |g: &Option<Box<Graph>>| {
+        g.as_ref()
+            .map_or(Attr::word("none"), |g| Attr::Graph(g.clone()))
+    };
+    vec![
+        ("name", Attr::Str(f.name.clone())),
+        ("body", Attr::Graph(f.body.clone())),
+        ("vjp", graph(&f.vjp)),
+        ("jvp", graph(&f.jvp)),
+    ]
 }
 
 /// A custom function from its text-form attributes.
 pub fn from_attrs(a: &mut Attrs) -> Result<CustomFn> {
     let name = a.string("name")?;
-    let body = a.graph("body", false)?.ok_or_else(|| Error::op("custom", "missing body"))?;
-    Ok(CustomFn { name, body: Box::new(body), vjp: a.graph("vjp", true)?.map(Box::new), jvp: a.graph("jvp", true)?.map(Box::new) })
+    let body = a
+        .graph("body", false)?
+        .ok_or_else(|| Error::op("custom", "missing body"))?;
+    Ok(CustomFn {
+        name,
+        body: Box::new(body),
+        vjp: a.graph("vjp", true)?.map(Box::new),
+        jvp: a.graph("jvp", true)?.map(Box::new),
+    })
 }

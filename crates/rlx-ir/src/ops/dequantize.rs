@@ -10,7 +10,10 @@ pub(super) fn infer(axis: Option<usize>, ins: &[&Shape]) -> Result<Shape> {
     const OP: &str = "dequantize";
     let (q, scale, zp) = (ins[0], ins[1], ins[2]);
     if !matches!(q.dtype(), DType::I8 | DType::U8) {
-        return Err(Error::op(OP, format!("quantized operand must be i8 or u8, got {q}")));
+        return Err(Error::op(
+            OP,
+            format!("quantized operand must be i8 or u8, got {q}"),
+        ));
     }
     same_dtype(OP, q, zp)?;
     check_params(OP, axis, q, scale, zp)?;
@@ -36,7 +39,11 @@ pub(super) fn decompose(g: &mut Graph, axis: Option<usize>, ins: &[NodeId]) -> R
 
 pub(super) fn eval(axis: Option<usize>, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
     let (q, s, zp) = (ins[0].f64s(), ins[1].f64s(), ins[2].f64s());
-    let v = param_index(ins[0].dims(), axis).into_iter().zip(q).map(|(c, q)| (q - zp[c]) * s[c]).collect();
+    let v = param_index(ins[0].dims(), axis)
+        .into_iter()
+        .zip(q)
+        .map(|(c, q)| (q - zp[c]) * s[c])
+        .collect();
     Ok(Tensor::from_f64(ins[0].dims(), out.dtype(), v))
 }
 
@@ -47,17 +54,33 @@ fn scale_axes(rank: usize, axis: Option<usize>) -> Vec<usize> {
 
 /// Only the scale is differentiable (q and the zero point are integers):
 /// `d/ds = sum(ct * (q - zp))` over every axis but `axis`.
-pub(super) fn vjp(g: &mut Graph, axis: Option<usize>, ins: &[NodeId], ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+pub(super) fn vjp(
+    g: &mut Graph,
+    axis: Option<usize>,
+    ins: &[NodeId],
+    ct: NodeId,
+) -> Result<Vec<Option<NodeId>>> {
     let c = centred(g, axis, ins)?;
     let p = g.try_mul(ct, c)?;
     let axes = scale_axes(g.shape(ins[0]).rank(), axis);
-    let ds = if axes.is_empty() { p } else { g.try_sum(p, &axes, false)? };
+    let ds = if axes.is_empty() {
+        p
+    } else {
+        g.try_sum(p, &axes, false)?
+    };
     Ok(vec![None, Some(ds), None])
 }
 
 /// Tangent `(q - zp) * ts` (the scale's tangent along `axis`).
-pub(super) fn jvp(g: &mut Graph, axis: Option<usize>, ins: &[NodeId], t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
-    let Some(ts) = t.get(1).copied().flatten() else { return Ok(None) };
+pub(super) fn jvp(
+    g: &mut Graph,
+    axis: Option<usize>,
+    ins: &[NodeId],
+    t: &[Option<NodeId>],
+) -> Result<Option<NodeId>> {
+    let Some(ts) = t.get(1).copied().flatten() else {
+        return Ok(None);
+    };
     let c = centred(g, axis, ins)?;
     let rank = g.shape(ins[0]).rank();
     let ts = along(g, ts, axis, rank)?;

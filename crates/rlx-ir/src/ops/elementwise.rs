@@ -5,9 +5,8 @@ use crate::text::{Attr, Attrs};
 use crate::{broadcast_dims, Activation, BinaryOp, DType, Error, Op, OpKind, Result, Shape};
 
 fn broadcast(op: &str, a: &Shape, b: &Shape) -> Result<Vec<crate::Dim>> {
-    broadcast_dims(a.dims(), b.dims()).ok_or_else(|| {
-        Error::op(op, format!("shapes do not broadcast: lhs {a} vs rhs {b}"))
-    })
+    broadcast_dims(a.dims(), b.dims())
+        .ok_or_else(|| Error::op(op, format!("shapes do not broadcast: lhs {a} vs rhs {b}")))
 }
 
 pub(super) fn binary(b: BinaryOp, ins: &[&Shape]) -> Result<Shape> {
@@ -17,19 +16,31 @@ pub(super) fn binary(b: BinaryOp, ins: &[&Shape]) -> Result<Shape> {
         require_float(name, ins[0])?;
     }
     if ins[0].dtype() == DType::Bool && !matches!(b, BinaryOp::Max | BinaryOp::Min) {
-        return Err(Error::op(name, format!("is not defined on bool operands ({})", ins[0])));
+        return Err(Error::op(
+            name,
+            format!("is not defined on bool operands ({})", ins[0]),
+        ));
     }
-    Ok(Shape::with_dims(broadcast(name, ins[0], ins[1])?, ins[0].dtype()))
+    Ok(Shape::with_dims(
+        broadcast(name, ins[0], ins[1])?,
+        ins[0].dtype(),
+    ))
 }
 
 pub(super) fn compare(op: &Op, ins: &[&Shape]) -> Result<Shape> {
     same_dtype(op.name(), ins[0], ins[1])?;
-    Ok(Shape::with_dims(broadcast(op.name(), ins[0], ins[1])?, DType::Bool))
+    Ok(Shape::with_dims(
+        broadcast(op.name(), ins[0], ins[1])?,
+        DType::Bool,
+    ))
 }
 
 pub(super) fn select(ins: &[&Shape]) -> Result<Shape> {
     if ins[0].dtype() != DType::Bool {
-        return Err(Error::op("where", format!("condition must be bool, got {}", ins[0])));
+        return Err(Error::op(
+            "where",
+            format!("condition must be bool, got {}", ins[0]),
+        ));
     }
     same_dtype("where", ins[1], ins[2])?;
     let d = broadcast("where", ins[0], ins[1])?;
@@ -131,7 +142,11 @@ fn derivative(g: &mut Graph, a: Activation, x: NodeId, y: NodeId) -> Result<Opti
         }
         Activation::Gelu => {
             // Phi(x) + x * phi(x)
-            let (h, r2, k) = (c(g, 0.5)?, c(g, std::f64::consts::FRAC_1_SQRT_2)?, c(g, 1.0 / (2.0 * std::f64::consts::PI).sqrt())?);
+            let (h, r2, k) = (
+                c(g, 0.5)?,
+                c(g, std::f64::consts::FRAC_1_SQRT_2)?,
+                c(g, 1.0 / (2.0 * std::f64::consts::PI).sqrt())?,
+            );
             let one = c(g, 1.0)?;
             let xs = g.try_mul(x, r2)?;
             let erf = g.try_activation(Activation::Erf, xs)?;
@@ -153,7 +168,14 @@ fn derivative(g: &mut Graph, a: Activation, x: NodeId, y: NodeId) -> Result<Opti
             // and gelu'' = s (1 - s) (2 d + x (1 - 2 s) d^2 + 2 k3 x^2).
             let k0v = 2.0 * (2.0 / std::f64::consts::PI).sqrt();
             let k3v = k0v * 3.0 * 0.044715;
-            let (one, two, k0, k1, k3, k3x2c) = (c(g, 1.0)?, c(g, 2.0)?, c(g, k0v)?, c(g, 0.044715)?, c(g, k3v)?, c(g, 2.0 * k3v)?);
+            let (one, two, k0, k1, k3, k3x2c) = (
+                c(g, 1.0)?,
+                c(g, 2.0)?,
+                c(g, k0v)?,
+                c(g, 0.044715)?,
+                c(g, k3v)?,
+                c(g, 2.0 * k3v)?,
+            );
             let x2 = g.try_mul(x, x)?;
             let x3 = g.try_mul(x2, x)?;
             let k1x3 = g.try_mul(k1, x3)?;
@@ -188,7 +210,13 @@ fn derivative(g: &mut Graph, a: Activation, x: NodeId, y: NodeId) -> Result<Opti
     Ok(Some(d))
 }
 
-pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+pub(super) fn vjp(
+    g: &mut Graph,
+    op: &Op,
+    ins: &[NodeId],
+    out: NodeId,
+    ct: NodeId,
+) -> Result<Vec<Option<NodeId>>> {
     let float = |g: &Graph, x: NodeId| differentiable(g.shape(x).dtype());
     match op {
         Op::Binary(b) => {
@@ -208,7 +236,11 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeI
                     (ga, g.try_activation(Activation::Neg, t)?)
                 }
                 BinaryOp::Max | BinaryOp::Min => {
-                    let cmp = if *b == BinaryOp::Max { CmpOp::Ge } else { CmpOp::Le };
+                    let cmp = if *b == BinaryOp::Max {
+                        CmpOp::Ge
+                    } else {
+                        CmpOp::Le
+                    };
                     let m = g.try_compare(cmp, a, bb)?;
                     let zero = scalar(g, 0.0, sa.dtype())?;
                     (g.try_select(m, ct, zero)?, g.try_select(m, zero, ct)?)
@@ -224,7 +256,10 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeI
                     (ga, g.try_mul(ct, db)?)
                 }
             };
-            Ok(vec![Some(unbroadcast(g, ga, &sa)?), Some(unbroadcast(g, gb, &sb)?)])
+            Ok(vec![
+                Some(unbroadcast(g, ga, &sa)?),
+                Some(unbroadcast(g, gb, &sb)?),
+            ])
         }
         Op::Compare(_) => Ok(vec![None, None]),
         Op::Where => {
@@ -236,7 +271,11 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeI
             let ga = g.try_select(c, ct, zero)?;
             let gb = g.try_select(c, zero, ct)?;
             let (sa, sb) = (g.shape(a).clone(), g.shape(b).clone());
-            Ok(vec![None, Some(unbroadcast(g, ga, &sa)?), Some(unbroadcast(g, gb, &sb)?)])
+            Ok(vec![
+                None,
+                Some(unbroadcast(g, ga, &sa)?),
+                Some(unbroadcast(g, gb, &sb)?),
+            ])
         }
         Op::Activation(act) => {
             if !float(g, ins[0]) {
@@ -259,7 +298,13 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeI
     }
 }
 
-pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+pub(super) fn jvp(
+    g: &mut Graph,
+    op: &Op,
+    ins: &[NodeId],
+    out: NodeId,
+    t: &[Option<NodeId>],
+) -> Result<Option<NodeId>> {
     let od = dims(g, out);
     let r = match op {
         Op::Binary(b) => {
@@ -303,7 +348,11 @@ pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, t: &[Opti
                     add_opt(g, x, y)?
                 }
                 BinaryOp::Max | BinaryOp::Min => {
-                    let cmp = if *b == BinaryOp::Max { CmpOp::Ge } else { CmpOp::Le };
+                    let cmp = if *b == BinaryOp::Max {
+                        CmpOp::Ge
+                    } else {
+                        CmpOp::Le
+                    };
                     let m = g.try_compare(cmp, a, bb)?;
                     let zero = scalar(g, 0.0, g.shape(a).dtype())?;
                     let ta = t[0].unwrap_or(zero);
@@ -451,35 +500,87 @@ fn holds<T: PartialOrd>(c: CmpOp, x: T, y: T) -> bool {
 pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
     let od = static_dims(op.name(), "result", out)?;
     let dt = out.dtype();
-    let bc: Vec<Tensor> = ins.iter().map(|t| if matches!(op, Op::Activation(_) | Op::Cast { .. }) { (*t).clone() } else { t.broadcast_to(&od) }).collect();
+    let bc: Vec<Tensor> = ins
+        .iter()
+        .map(|t| {
+            if matches!(op, Op::Activation(_) | Op::Cast { .. }) {
+                (*t).clone()
+            } else {
+                t.broadcast_to(&od)
+            }
+        })
+        .collect();
     Ok(match op {
         Op::Binary(b) => match (bc[0].data(), bc[1].data()) {
-            (Data::Float(x), Data::Float(y)) => Tensor::from_f64(&od, dt, x.iter().zip(y).map(|(&x, &y)| binary_float(*b, x, y)).collect()),
-            (Data::Int(x), Data::Int(y)) => {
-                Tensor::from_i128(&od, dt, x.iter().zip(y).map(|(&x, &y)| binary_int(*b, x as i128, y as i128)).collect())
+            (Data::Float(x), Data::Float(y)) => Tensor::from_f64(
+                &od,
+                dt,
+                x.iter()
+                    .zip(y)
+                    .map(|(&x, &y)| binary_float(*b, x, y))
+                    .collect(),
+            ),
+            (Data::Int(x), Data::Int(y)) => Tensor::from_i128(
+                &od,
+                dt,
+                x.iter()
+                    .zip(y)
+                    .map(|(&x, &y)| binary_int(*b, x as i128, y as i128))
+                    .collect(),
+            ),
+            _ => {
+                return Err(Error::op(
+                    op.name(),
+                    "operands of one dtype hold different element kinds",
+                ))
             }
-            _ => return Err(Error::op(op.name(), "operands of one dtype hold different element kinds")),
         },
         Op::Compare(c) => {
             let v: Vec<i64> = match (bc[0].data(), bc[1].data()) {
-                (Data::Float(x), Data::Float(y)) => x.iter().zip(y).map(|(&x, &y)| holds(*c, x, y) as i64).collect(),
-                (Data::Int(x), Data::Int(y)) => x.iter().zip(y).map(|(&x, &y)| holds(*c, x, y) as i64).collect(),
-                _ => return Err(Error::op(op.name(), "operands of one dtype hold different element kinds")),
+                (Data::Float(x), Data::Float(y)) => x
+                    .iter()
+                    .zip(y)
+                    .map(|(&x, &y)| holds(*c, x, y) as i64)
+                    .collect(),
+                (Data::Int(x), Data::Int(y)) => x
+                    .iter()
+                    .zip(y)
+                    .map(|(&x, &y)| holds(*c, x, y) as i64)
+                    .collect(),
+                _ => {
+                    return Err(Error::op(
+                        op.name(),
+                        "operands of one dtype hold different element kinds",
+                    ))
+                }
             };
             Tensor::from_i64(&od, DType::Bool, v)
         }
         Op::Where => {
             let cond = bc[0].i64s();
-            let src: Vec<usize> = (0..cond.len()).map(|i| if cond[i] != 0 { i } else { cond.len() + i }).collect();
+            let src: Vec<usize> = (0..cond.len())
+                .map(|i| if cond[i] != 0 { i } else { cond.len() + i })
+                .collect();
             let both = match (bc[1].data(), bc[2].data()) {
-                (Data::Float(a), Data::Float(b)) => Tensor::from_f64(&[2 * cond.len()], dt, [a.as_slice(), b].concat()),
-                (Data::Int(a), Data::Int(b)) => Tensor::from_i64(&[2 * cond.len()], dt, [a.as_slice(), b].concat()),
-                _ => return Err(Error::op(op.name(), "operands of one dtype hold different element kinds")),
+                (Data::Float(a), Data::Float(b)) => {
+                    Tensor::from_f64(&[2 * cond.len()], dt, [a.as_slice(), b].concat())
+                }
+                (Data::Int(a), Data::Int(b)) => {
+                    Tensor::from_i64(&[2 * cond.len()], dt, [a.as_slice(), b].concat())
+                }
+                _ => {
+                    return Err(Error::op(
+                        op.name(),
+                        "operands of one dtype hold different element kinds",
+                    ))
+                }
             };
             both.pick(&od, &src)
         }
         Op::Activation(a) => match bc[0].data() {
-            Data::Float(x) => Tensor::from_f64(&od, dt, x.iter().map(|&x| activate(*a, x)).collect()),
+            Data::Float(x) => {
+                Tensor::from_f64(&od, dt, x.iter().map(|&x| activate(*a, x)).collect())
+            }
             Data::Int(x) => {
                 let f = |v: i64| -> i128 {
                     match a {
@@ -503,14 +604,36 @@ pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
 /// counts as ten), each operand read once and the result written once.
 pub(super) fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> super::Cost {
     let per = match op {
-        Op::Activation(a) if !matches!(a, Activation::Relu | Activation::Neg | Activation::Abs | Activation::Round) => 10,
+        Op::Activation(a)
+            if !matches!(
+                a,
+                Activation::Relu | Activation::Neg | Activation::Abs | Activation::Round
+            ) =>
+        {
+            10
+        }
         _ => 1,
     };
     super::Cost::streaming(ins, out, per)
 }
 
-const BINARY: [BinaryOp; 7] = [BinaryOp::Add, BinaryOp::Sub, BinaryOp::Mul, BinaryOp::Div, BinaryOp::Max, BinaryOp::Min, BinaryOp::Pow];
-const COMPARE: [crate::CmpOp; 6] = [crate::CmpOp::Eq, crate::CmpOp::Ne, crate::CmpOp::Lt, crate::CmpOp::Le, crate::CmpOp::Gt, crate::CmpOp::Ge];
+const BINARY: [BinaryOp; 7] = [
+    BinaryOp::Add,
+    BinaryOp::Sub,
+    BinaryOp::Mul,
+    BinaryOp::Div,
+    BinaryOp::Max,
+    BinaryOp::Min,
+    BinaryOp::Pow,
+];
+const COMPARE: [crate::CmpOp; 6] = [
+    crate::CmpOp::Eq,
+    crate::CmpOp::Ne,
+    crate::CmpOp::Lt,
+    crate::CmpOp::Le,
+    crate::CmpOp::Gt,
+    crate::CmpOp::Ge,
+];
 const ACTIVATION: [Activation; 19] = [
     Activation::Gelu,
     Activation::GeluApprox,
@@ -548,6 +671,12 @@ pub fn from_attrs(kind: OpKind, a: &mut Attrs) -> Result<Op> {
         OpKind::Where => return Ok(Op::Where),
         _ => {}
     }
-    let ops = BINARY.map(Op::Binary).into_iter().chain(COMPARE.map(Op::Compare)).chain(ACTIVATION.map(Op::Activation));
-    ops.into_iter().find(|op| op.kind() == kind).ok_or_else(|| Error::op(kind.name(), "is not an elementwise op"))
+    let ops = BINARY
+        .map(Op::Binary)
+        .into_iter()
+        .chain(COMPARE.map(Op::Compare))
+        .chain(ACTIVATION.map(Op::Activation));
+    ops.into_iter()
+        .find(|op| op.kind() == kind)
+        .ok_or_else(|| Error::op(kind.name(), "is not an elementwise op"))
 }

@@ -32,7 +32,11 @@ pub(super) fn eval(axis: Option<usize>, ins: &[&Tensor], out: &Shape) -> Result<
     let (lo, hi) = qrange(ins[2].dtype());
     let (s, zp) = (ins[1].f64s(), ins[2].f64s());
     let idx = super::quantize::param_index(ins[0].dims(), axis);
-    let v = eval_unclamped(axis, ins).into_iter().zip(idx).map(|(q, c)| (q.clamp(lo, hi) - zp[c]) * s[c]).collect();
+    let v = eval_unclamped(axis, ins)
+        .into_iter()
+        .zip(idx)
+        .map(|(q, c)| (q.clamp(lo, hi) - zp[c]) * s[c])
+        .collect();
     Ok(Tensor::from_f64(ins[0].dims(), out.dtype(), v))
 }
 
@@ -50,13 +54,23 @@ fn pass_mask(g: &mut Graph, axis: Option<usize>, ins: &[NodeId]) -> Result<NodeI
 
 /// Straight-through: `ct` where not clamped, zero where clamped; no gradient for scale or zero
 /// point.
-pub(super) fn vjp(g: &mut Graph, axis: Option<usize>, ins: &[NodeId], ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+pub(super) fn vjp(
+    g: &mut Graph,
+    axis: Option<usize>,
+    ins: &[NodeId],
+    ct: NodeId,
+) -> Result<Vec<Option<NodeId>>> {
     let m = pass_mask(g, axis, ins)?;
     Ok(vec![Some(g.try_mul(ct, m)?), None, None])
 }
 
 /// Straight-through tangent: `tx` where not clamped.
-pub(super) fn jvp(g: &mut Graph, axis: Option<usize>, ins: &[NodeId], t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+pub(super) fn jvp(
+    g: &mut Graph,
+    axis: Option<usize>,
+    ins: &[NodeId],
+    t: &[Option<NodeId>],
+) -> Result<Option<NodeId>> {
     let Some(tx) = t[0] else { return Ok(None) };
     let m = pass_mask(g, axis, ins)?;
     Ok(Some(g.try_mul(tx, m)?))

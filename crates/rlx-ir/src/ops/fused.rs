@@ -17,14 +17,25 @@ pub(super) fn arity(r: &FusedRegion) -> usize {
 }
 
 pub(super) fn infer(r: &FusedRegion, ins: &[&Shape]) -> Result<Shape> {
-    if r.body.ids().any(|i| matches!(r.body.node(i).op, Op::Param { .. })) {
-        return Err(err(r, "the body must not declare params; pass them as operands"));
+    if r.body
+        .ids()
+        .any(|i| matches!(r.body.node(i).op, Op::Param { .. }))
+    {
+        return Err(err(
+            r,
+            "the body must not declare params; pass them as operands",
+        ));
     }
-    let Some(&out) = r.body.outputs().first() else { return Err(err(r, "the body has no outputs")) };
+    let Some(&out) = r.body.outputs().first() else {
+        return Err(err(r, "the body has no outputs"));
+    };
     crate::verify(&r.body)?;
     for (i, (a, s)) in args(&r.body).iter().zip(ins).enumerate() {
         if r.body.shape(*a) != *s {
-            return Err(err(r, format!("operand {i} is {s}, the body expects {}", r.body.shape(*a))));
+            return Err(err(
+                r,
+                format!("operand {i} is {s}, the body expects {}", r.body.shape(*a)),
+            ));
         }
     }
     Ok(r.body.shape(out).clone())
@@ -37,18 +48,30 @@ pub(super) fn decompose(g: &mut Graph, r: &FusedRegion, ins: &[NodeId]) -> Resul
 
 /// The body's arithmetic, reading each operand once and writing the result once.
 pub(super) fn cost(r: &FusedRegion, ins: &[&Shape], out: &Shape) -> Cost {
-    Cost { flops: super::graph_cost(&r.body).flops, bytes: super::bytes(out) }.with_reads(ins, 0)
+    Cost {
+        flops: super::graph_cost(&r.body).flops,
+        bytes: super::bytes(out),
+    }
+    .with_reads(ins, 0)
 }
 
 /// Text-form attributes: the kind and the body.
 pub fn attrs(r: &FusedRegion) -> Vec<(&'static str, Attr)> {
-    vec![("kind", Attr::word(r.kind.name())), ("body", Attr::Graph(r.body.clone()))]
+    vec![
+        ("kind", Attr::word(r.kind.name())),
+        ("body", Attr::Graph(r.body.clone())),
+    ]
 }
 
 /// A fused region from its text-form attributes.
 pub fn from_attrs(a: &mut Attrs) -> Result<FusedRegion> {
     let names: Vec<&str> = FusionKind::ALL.iter().map(|k| k.name()).collect();
     let kind = a.word("kind", &names.join(", "), FusionKind::from_name)?;
-    let body = a.graph("body", false)?.ok_or_else(|| Error::op("fused", "missing body"))?;
-    Ok(FusedRegion { kind, body: Box::new(body) })
+    let body = a
+        .graph("body", false)?
+        .ok_or_else(|| Error::op("fused", "missing body"))?;
+    Ok(FusedRegion {
+        kind,
+        body: Box::new(body),
+    })
 }

@@ -6,7 +6,10 @@ use crate::{Dim, Error, Result, Shape};
 
 fn require_index(op: &str, idx: &Shape) -> Result<()> {
     if !idx.dtype().is_int() {
-        return Err(Error::op(op, format!("indices must be integers, got {idx}")));
+        return Err(Error::op(
+            op,
+            format!("indices must be integers, got {idx}"),
+        ));
     }
     Ok(())
 }
@@ -27,13 +30,19 @@ pub(super) fn scatter_add(axis: usize, ins: &[&Shape]) -> Result<Shape> {
     require_index("scatter_add", idx)?;
     same_dtype("scatter_add", x, upd)?;
     if idx.rank() != 1 {
-        return Err(Error::op("scatter_add", format!("indices must be 1-d, got {idx}")));
+        return Err(Error::op(
+            "scatter_add",
+            format!("indices must be 1-d, got {idx}"),
+        ));
     }
     let mut want = x.dims().to_vec();
     want[axis] = idx.dims()[0].clone();
     if upd.dims() != want.as_slice() {
         let w = Shape::with_dims(want, x.dtype());
-        return Err(Error::op("scatter_add", format!("updates must have shape {w}, got {upd}")));
+        return Err(Error::op(
+            "scatter_add",
+            format!("updates must have shape {w}, got {upd}"),
+        ));
     }
     Ok(x.clone())
 }
@@ -43,7 +52,12 @@ pub(super) fn scatter_add(axis: usize, ins: &[&Shape]) -> Result<Shape> {
 use super::ad::{differentiable, dims, zeros_like};
 use crate::{Graph, NodeId, Op};
 
-pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+pub(super) fn vjp(
+    g: &mut Graph,
+    op: &Op,
+    ins: &[NodeId],
+    ct: NodeId,
+) -> Result<Vec<Option<NodeId>>> {
     let x = ins[0];
     if !differentiable(g.shape(x).dtype()) {
         return Ok(vec![None; ins.len()]);
@@ -67,7 +81,12 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], ct: NodeId) -> Result<
     })
 }
 
-pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+pub(super) fn jvp(
+    g: &mut Graph,
+    op: &Op,
+    ins: &[NodeId],
+    t: &[Option<NodeId>],
+) -> Result<Option<NodeId>> {
     if !differentiable(g.shape(ins[0]).dtype()) {
         return Ok(None);
     }
@@ -112,16 +131,27 @@ pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
             let n: usize = od.iter().product();
             let is = strides(ins[1].dims());
             if n > 0 && xd[*axis] == 0 {
-                return Err(Error::op("gather", format!("indexes an empty axis {axis} of {}", x.shape())));
+                return Err(Error::op(
+                    "gather",
+                    format!("indexes an empty axis {axis} of {}", x.shape()),
+                ));
             }
             let src: Vec<usize> = (0..n)
                 .map(|i| {
                     let o = unravel(i, &od);
-                    let k: usize = o[*axis..*axis + ir].iter().zip(&is).map(|(a, b)| a * b).sum();
+                    let k: usize = o[*axis..*axis + ir]
+                        .iter()
+                        .zip(&is)
+                        .map(|(a, b)| a * b)
+                        .sum();
                     let row = idx[k].min(xd[*axis] as i64 - 1).max(0) as usize;
                     let mut at: usize = o[..*axis].iter().zip(&xs).map(|(a, b)| a * b).sum();
                     at += row * xs[*axis];
-                    at + o[*axis + ir..].iter().zip(&xs[*axis + 1..]).map(|(a, b)| a * b).sum::<usize>()
+                    at + o[*axis + ir..]
+                        .iter()
+                        .zip(&xs[*axis + 1..])
+                        .map(|(a, b)| a * b)
+                        .sum::<usize>()
                 })
                 .collect();
             x.pick(&od, &src)
@@ -155,7 +185,12 @@ pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
                     }
                     acc = Tensor::from_i128(&od, x.dtype(), v);
                 }
-                _ => return Err(Error::op("scatter_add", "operands of one dtype hold different element kinds")),
+                _ => {
+                    return Err(Error::op(
+                        "scatter_add",
+                        "operands of one dtype hold different element kinds",
+                    ))
+                }
             }
             acc
         }
@@ -166,8 +201,13 @@ pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
 /// Cost of Gather (reads what it writes, plus the indices) and ScatterAdd (an add per update).
 pub(super) fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> super::Cost {
     match op {
-        Op::ScatterAdd { .. } => super::Cost::streaming(ins, out, 0).with_flops(super::numel(ins[2])),
-        _ => super::Cost { flops: 0, bytes: 2 * super::bytes(out) + super::bytes(ins[1]) },
+        Op::ScatterAdd { .. } => {
+            super::Cost::streaming(ins, out, 0).with_flops(super::numel(ins[2]))
+        }
+        _ => super::Cost {
+            flops: 0,
+            bytes: 2 * super::bytes(out) + super::bytes(ins[1]),
+        },
     }
 }
 
@@ -180,8 +220,12 @@ pub fn attrs(axis: usize) -> Vec<(&'static str, Attr)> {
 pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
     use crate::{Op, OpKind as K};
     Ok(match kind {
-        K::Gather => Op::Gather { axis: a.usize("axis")? },
-        K::ScatterAdd => Op::ScatterAdd { axis: a.usize("axis")? },
+        K::Gather => Op::Gather {
+            axis: a.usize("axis")?,
+        },
+        K::ScatterAdd => Op::ScatterAdd {
+            axis: a.usize("axis")?,
+        },
         _ => return Err(Error::op(kind.name(), "is not an indexing op")),
     })
 }

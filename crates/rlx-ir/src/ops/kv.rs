@@ -7,7 +7,10 @@ use crate::{DType, Error, Result, Shape};
 
 fn check_pos(op: &str, pos: &Shape) -> Result<()> {
     if pos.dtype() != DType::I32 || pos.static_dims().as_deref() != Some(&[1][..]) {
-        return Err(Error::op(op, format!("position must be I32 [1], got {pos}")));
+        return Err(Error::op(
+            op,
+            format!("position must be I32 [1], got {pos}"),
+        ));
     }
     Ok(())
 }
@@ -20,7 +23,10 @@ pub(super) fn cache_write(ins: &[&Shape]) -> Result<Shape> {
     require_float(OP, cache)?;
     require_float(OP, upd)?;
     check_pos(OP, ins[2])?;
-    let (cd, ud) = (static_dims(OP, "cache", cache)?, static_dims(OP, "update", upd)?);
+    let (cd, ud) = (
+        static_dims(OP, "cache", cache)?,
+        static_dims(OP, "update", upd)?,
+    );
     if cd.is_empty() || cd.len() != ud.len() || cd[1..] != ud[1..] || ud[0] > cd[0] {
         return Err(Error::op(OP, format!("update {upd} must be [S, ...] with S <= T and the same trailing dims as cache {cache}")));
     }
@@ -38,9 +44,16 @@ pub(super) fn cached_attention(window: Option<usize>, ins: &[&Shape]) -> Result<
     same_dtype(OP, k, v)?;
     check_pos(OP, ins[3])?;
     if window == Some(0) {
-        return Err(Error::op(OP, "a sliding window must hold at least one position"));
+        return Err(Error::op(
+            OP,
+            "a sliding window must hold at least one position",
+        ));
     }
-    let (qd, kd, vd) = (static_dims(OP, "q", q)?, static_dims(OP, "k", k)?, static_dims(OP, "v", v)?);
+    let (qd, kd, vd) = (
+        static_dims(OP, "q", q)?,
+        static_dims(OP, "k", k)?,
+        static_dims(OP, "v", v)?,
+    );
     let ok = qd.len() == 3
         && kd.len() == 3
         && vd.len() == 3
@@ -79,7 +92,12 @@ pub(super) fn eval_cache_write(ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
 
 /// Reference CachedAttention in f64: query `i` at position `pos + i` over keys `j <= pos + i`
 /// (clamped to the cache) and inside the window, if any.
-pub(super) fn eval_cached_attention(ins: &[&Tensor], out: &Shape, scale: f32, window: Option<usize>) -> Result<Tensor> {
+pub(super) fn eval_cached_attention(
+    ins: &[&Tensor],
+    out: &Shape,
+    scale: f32,
+    window: Option<usize>,
+) -> Result<Tensor> {
     let (q, k, v) = (ins[0].f64s(), ins[1].f64s(), ins[2].f64s());
     let pos = ins[3].i64s()[0].max(0) as usize;
     let (qd, kd, vd) = (ins[0].dims(), ins[1].dims(), ins[2].dims());
@@ -92,13 +110,23 @@ pub(super) fn eval_cached_attention(ins: &[&Tensor], out: &Shape, scale: f32, wi
         for h in 0..hq {
             let kh = h / group;
             let qv = &q[(i * hq + h) * d..(i * hq + h + 1) * d];
-            let scores: Vec<f64> =
-                (first..=last).map(|j| scale as f64 * (0..d).map(|c| qv[c] * k[(j * hkv + kh) * d + c]).sum::<f64>()).collect();
+            let scores: Vec<f64> = (first..=last)
+                .map(|j| {
+                    scale as f64
+                        * (0..d)
+                            .map(|c| qv[c] * k[(j * hkv + kh) * d + c])
+                            .sum::<f64>()
+                })
+                .collect();
             let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
             let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
             let z: f64 = e.iter().sum();
             for c in 0..dv {
-                o[(i * hq + h) * dv + c] = (first..=last).zip(&e).map(|(j, w)| w * v[(j * hkv + kh) * dv + c]).sum::<f64>() / z;
+                o[(i * hq + h) * dv + c] = (first..=last)
+                    .zip(&e)
+                    .map(|(j, w)| w * v[(j * hkv + kh) * dv + c])
+                    .sum::<f64>()
+                    / z;
             }
         }
     }
@@ -109,10 +137,21 @@ pub(super) fn eval_cached_attention(ins: &[&Tensor], out: &Shape, scale: f32, wi
 /// CachedAttention (scores against every cache row at worst).
 pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
     match op {
-        crate::Op::CacheWrite => super::Cost { flops: 0, bytes: 2 * super::bytes(ins[1]) },
+        crate::Op::CacheWrite => super::Cost {
+            flops: 0,
+            bytes: 2 * super::bytes(ins[1]),
+        },
         _ => {
-            let d = |s: &Shape, i: usize| s.dims().get(i).and_then(|d| d.as_static()).unwrap_or(0) as u64;
-            let (s, hq, dk, t, dv) = (d(ins[0], 0), d(ins[0], 1), d(ins[0], 2), d(ins[1], 0), d(ins[2], 2));
+            let d = |s: &Shape, i: usize| {
+                s.dims().get(i).and_then(|d| d.as_static()).unwrap_or(0) as u64
+            };
+            let (s, hq, dk, t, dv) = (
+                d(ins[0], 0),
+                d(ins[0], 1),
+                d(ins[0], 2),
+                d(ins[1], 0),
+                d(ins[2], 2),
+            );
             super::Cost::streaming(ins, out, 0).with_flops(s * hq * t * (2 * dk + 2 * dv + 5))
         }
     }
@@ -125,5 +164,8 @@ pub fn attrs(scale: f32, window: Option<usize>) -> Vec<(&'static str, crate::tex
 
 /// A cached_attention from its text-form attributes.
 pub fn from_attrs(a: &mut crate::text::Attrs) -> Result<crate::Op> {
-    Ok(crate::Op::CachedAttention { scale: a.f32("scale")?, window: a.opt_usize("window")? })
+    Ok(crate::Op::CachedAttention {
+        scale: a.f32("scale")?,
+        window: a.opt_usize("window")?,
+    })
 }

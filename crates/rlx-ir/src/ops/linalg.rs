@@ -23,7 +23,10 @@ pub(super) fn matmul(ins: &[&Shape]) -> Result<Shape> {
         ));
     }
     let batch = broadcast_dims(&ad[..ad.len() - 2], &bd[..bd.len() - 2]).ok_or_else(|| {
-        Error::op("matmul", format!("batch dimensions do not broadcast: lhs {a} vs rhs {b}"))
+        Error::op(
+            "matmul",
+            format!("batch dimensions do not broadcast: lhs {a} vs rhs {b}"),
+        )
     })?;
     let mut out = batch;
     out.push(m.clone());
@@ -46,7 +49,9 @@ fn check_axes(which: &str, axes: &[usize], rank: usize, used: &mut [bool]) -> Re
 
 /// Free (non-batch, non-contracting) axes, in order.
 fn free_axes(rank: usize, batch: &[usize], contract: &[usize]) -> Vec<usize> {
-    (0..rank).filter(|i| !batch.contains(i) && !contract.contains(i)).collect()
+    (0..rank)
+        .filter(|i| !batch.contains(i) && !contract.contains(i))
+        .collect()
 }
 
 pub(super) fn dot_general(d: &DotDims, ins: &[&Shape]) -> Result<Shape> {
@@ -55,7 +60,10 @@ pub(super) fn dot_general(d: &DotDims, ins: &[&Shape]) -> Result<Shape> {
     let ad = static_dims("dot_general", "lhs", a)?;
     let bd = static_dims("dot_general", "rhs", b)?;
     if d.lhs_contract.len() != d.rhs_contract.len() || d.lhs_batch.len() != d.rhs_batch.len() {
-        return Err(Error::op("dot_general", format!("unpaired dimension numbers {d:?}")));
+        return Err(Error::op(
+            "dot_general",
+            format!("unpaired dimension numbers {d:?}"),
+        ));
     }
     let mut ua = vec![false; ad.len()];
     let mut ub = vec![false; bd.len()];
@@ -63,7 +71,12 @@ pub(super) fn dot_general(d: &DotDims, ins: &[&Shape]) -> Result<Shape> {
     check_axes("lhs contracting", &d.lhs_contract, ad.len(), &mut ua)?;
     check_axes("rhs batch", &d.rhs_batch, bd.len(), &mut ub)?;
     check_axes("rhs contracting", &d.rhs_contract, bd.len(), &mut ub)?;
-    for (x, y) in d.lhs_batch.iter().zip(&d.rhs_batch).chain(d.lhs_contract.iter().zip(&d.rhs_contract)) {
+    for (x, y) in d
+        .lhs_batch
+        .iter()
+        .zip(&d.rhs_batch)
+        .chain(d.lhs_contract.iter().zip(&d.rhs_contract))
+    {
         if ad[*x] != bd[*y] {
             return Err(Error::op(
                 "dot_general",
@@ -72,23 +85,53 @@ pub(super) fn dot_general(d: &DotDims, ins: &[&Shape]) -> Result<Shape> {
         }
     }
     let mut out: Vec<usize> = d.lhs_batch.iter().map(|&i| ad[i]).collect();
-    out.extend(free_axes(ad.len(), &d.lhs_batch, &d.lhs_contract).iter().map(|&i| ad[i]));
-    out.extend(free_axes(bd.len(), &d.rhs_batch, &d.rhs_contract).iter().map(|&i| bd[i]));
+    out.extend(
+        free_axes(ad.len(), &d.lhs_batch, &d.lhs_contract)
+            .iter()
+            .map(|&i| ad[i]),
+    );
+    out.extend(
+        free_axes(bd.len(), &d.rhs_batch, &d.rhs_contract)
+            .iter()
+            .map(|&i| bd[i]),
+    );
     Ok(Shape::with_dims(dims_of(&out), a.dtype()))
 }
 
 /// `dot_general` as transpose + reshape to `[B, M, K] x [B, K, N]`, a batched matmul, and a
 /// reshape back to `[batch..., lhs free..., rhs free...]`.
-pub(super) fn decompose_dot_general(g: &mut Graph, d: &DotDims, lhs: NodeId, rhs: NodeId) -> Result<NodeId> {
+pub(super) fn decompose_dot_general(
+    g: &mut Graph,
+    d: &DotDims,
+    lhs: NodeId,
+    rhs: NodeId,
+) -> Result<NodeId> {
     let out_shape = dot_general(d, &[g.shape(lhs), g.shape(rhs)])?;
     let ad = g.shape(lhs).static_dims().unwrap_or_default();
     let bd = g.shape(rhs).static_dims().unwrap_or_default();
     let lf = free_axes(ad.len(), &d.lhs_batch, &d.lhs_contract);
     let rf = free_axes(bd.len(), &d.rhs_batch, &d.rhs_contract);
     let prod = |dims: &[usize], ax: &[usize]| ax.iter().map(|&i| dims[i]).product::<usize>();
-    let (bsz, m, k, n) = (prod(&ad, &d.lhs_batch), prod(&ad, &lf), prod(&ad, &d.lhs_contract), prod(&bd, &rf));
-    let lperm: Vec<usize> = d.lhs_batch.iter().chain(&lf).chain(&d.lhs_contract).copied().collect();
-    let rperm: Vec<usize> = d.rhs_batch.iter().chain(&d.rhs_contract).chain(&rf).copied().collect();
+    let (bsz, m, k, n) = (
+        prod(&ad, &d.lhs_batch),
+        prod(&ad, &lf),
+        prod(&ad, &d.lhs_contract),
+        prod(&bd, &rf),
+    );
+    let lperm: Vec<usize> = d
+        .lhs_batch
+        .iter()
+        .chain(&lf)
+        .chain(&d.lhs_contract)
+        .copied()
+        .collect();
+    let rperm: Vec<usize> = d
+        .rhs_batch
+        .iter()
+        .chain(&d.rhs_contract)
+        .chain(&rf)
+        .copied()
+        .collect();
     let l = g.try_transpose(lhs, &lperm)?;
     let l = g.try_reshape(l, &[bsz, m, k])?;
     let r = g.try_transpose(rhs, &rperm)?;
@@ -125,10 +168,18 @@ pub(super) fn vjp_matmul(g: &mut Graph, ins: &[NodeId], ct: NodeId) -> Result<Ve
         let at = g.try_transpose(a, &swap_last2(sa.rank()))?;
         g.try_dot(at, ct)?
     };
-    Ok(vec![Some(unbroadcast(g, ga, &sa)?), Some(unbroadcast(g, gb, &sb)?)])
+    Ok(vec![
+        Some(unbroadcast(g, ga, &sa)?),
+        Some(unbroadcast(g, gb, &sb)?),
+    ])
 }
 
-pub(super) fn jvp_matmul(g: &mut Graph, ins: &[NodeId], out: NodeId, t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+pub(super) fn jvp_matmul(
+    g: &mut Graph,
+    ins: &[NodeId],
+    out: NodeId,
+    t: &[Option<NodeId>],
+) -> Result<Option<NodeId>> {
     if !differentiable(g.shape(ins[0]).dtype()) {
         return Ok(None);
     }
@@ -169,27 +220,56 @@ pub(super) fn eval_matmul(ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
         }
     }
     Ok(match (a.data(), b.data()) {
-        (Data::Float(x), Data::Float(y)) => {
-            Tensor::from_f64(&od, out.dtype(), idx.iter().map(|&(ai, bj)| (0..k).map(|p| x[ai + p] * y[bj + p * n]).sum()).collect())
-        }
+        (Data::Float(x), Data::Float(y)) => Tensor::from_f64(
+            &od,
+            out.dtype(),
+            idx.iter()
+                .map(|&(ai, bj)| (0..k).map(|p| x[ai + p] * y[bj + p * n]).sum())
+                .collect(),
+        ),
         (Data::Int(x), Data::Int(y)) => Tensor::from_i128(
             &od,
             out.dtype(),
-            idx.iter().map(|&(ai, bj)| (0..k).map(|p| x[ai + p] as i128 * y[bj + p * n] as i128).sum()).collect(),
+            idx.iter()
+                .map(|&(ai, bj)| {
+                    (0..k)
+                        .map(|p| x[ai + p] as i128 * y[bj + p * n] as i128)
+                        .sum()
+                })
+                .collect(),
         ),
-        _ => return Err(Error::op("matmul", "operands of one dtype hold different element kinds")),
+        _ => {
+            return Err(Error::op(
+                "matmul",
+                "operands of one dtype hold different element kinds",
+            ))
+        }
     })
 }
 
 /// Cost of MatMul: `2 m n k` per batch matrix.
 pub(super) fn cost_matmul(ins: &[&Shape], out: &Shape) -> super::Cost {
-    let k = ins[0].dims().last().and_then(|d| d.as_static()).unwrap_or(0) as u64;
+    let k = ins[0]
+        .dims()
+        .last()
+        .and_then(|d| d.as_static())
+        .unwrap_or(0) as u64;
     super::Cost::streaming(ins, out, 0).with_flops(2 * super::numel(out) * k)
 }
 
 /// Cost of DotGeneral: `2` times the result size times the contracted size.
 pub(super) fn cost_dot_general(d: &DotDims, ins: &[&Shape], out: &Shape) -> super::Cost {
-    let k: u64 = d.lhs_contract.iter().map(|&a| ins[0].dims().get(a).and_then(|d| d.as_static()).unwrap_or(0) as u64).product();
+    let k: u64 = d
+        .lhs_contract
+        .iter()
+        .map(|&a| {
+            ins[0]
+                .dims()
+                .get(a)
+                .and_then(|d| d.as_static())
+                .unwrap_or(0) as u64
+        })
+        .product();
     super::Cost::streaming(ins, out, 0).with_flops(2 * super::numel(out) * k)
 }
 
@@ -205,5 +285,10 @@ pub fn attrs(d: &DotDims) -> Vec<(&'static str, Attr)> {
 
 /// A dot_general from its text-form attributes.
 pub fn from_attrs(a: &mut Attrs) -> Result<DotDims> {
-    Ok(DotDims { lhs_contract: a.usizes("lhs_contract")?, rhs_contract: a.usizes("rhs_contract")?, lhs_batch: a.usizes("lhs_batch")?, rhs_batch: a.usizes("rhs_batch")? })
+    Ok(DotDims {
+        lhs_contract: a.usizes("lhs_contract")?,
+        rhs_contract: a.usizes("rhs_contract")?,
+        lhs_batch: a.usizes("lhs_batch")?,
+        rhs_batch: a.usizes("rhs_batch")?,
+    })
 }

@@ -8,9 +8,9 @@ mod ad;
 mod batch;
 mod custom;
 mod dequantize;
+mod elementwise;
 mod fake_quantize;
 mod fused;
-mod elementwise;
 mod index;
 mod kv;
 mod linalg;
@@ -37,7 +37,10 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
                 (_, usize::MAX) => format!("at least {lo}"),
                 _ => format!("{lo} to {hi}"),
             };
-            return Err(Error::op(op.name(), format!("takes {want} operands, got {}", inputs.len())));
+            return Err(Error::op(
+                op.name(),
+                format!("takes {want} operands, got {}", inputs.len()),
+            ));
         }
     }
     // JSON cannot hold NaN or infinities, so such attributes would not round-trip.
@@ -49,12 +52,16 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
         _ => None,
     };
     if let Some((what, v)) = float_attr.filter(|(_, v)| !v.is_finite()) {
-        return Err(Error::op(op.name(), format!("{what} must be finite, got {v}")));
+        return Err(Error::op(
+            op.name(),
+            format!("{what} must be finite, got {v}"),
+        ));
     }
     match op {
-        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => {
-            Err(Error::op(op.name(), "leaves carry their own shape; nothing to infer"))
-        }
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => Err(Error::op(
+            op.name(),
+            "leaves carry their own shape; nothing to infer",
+        )),
         Op::Binary(b) => elementwise::binary(*b, inputs),
         Op::Compare(_) => elementwise::compare(op, inputs),
         Op::Where => elementwise::select(inputs),
@@ -62,7 +69,11 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
         Op::Cast { to } => Ok(inputs[0].with_dtype(*to)),
         Op::MatMul => linalg::matmul(inputs),
         Op::DotGeneral(d) => linalg::dot_general(d, inputs),
-        Op::Reduce { kind, axes, keepdims } => reduce::reduce(*kind, axes, *keepdims, inputs[0]),
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        } => reduce::reduce(*kind, axes, *keepdims, inputs[0]),
         Op::Softmax { axis } => reduce::softmax(*axis, inputs[0]),
         Op::Cumsum { axis } => reduce::cumsum(*axis, inputs[0]),
         Op::TopK { k, output } => reduce::topk(*k, *output, inputs[0]),
@@ -97,25 +108,36 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
 pub fn eval(op: &Op, ins: &[&crate::eval::Tensor], out: &Shape) -> Result<crate::eval::Tensor> {
     use crate::eval::through_decomposition as decomposed;
     match op {
-        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => {
-            Err(Error::op(op.name(), "leaves are given to the evaluator, not computed"))
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => Err(Error::op(
+            op.name(),
+            "leaves are given to the evaluator, not computed",
+        )),
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => {
+            elementwise::eval(op, ins, out)
         }
-        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => elementwise::eval(op, ins, out),
         Op::MatMul => linalg::eval_matmul(ins, out),
-        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => reduce::eval(op, ins, out),
+        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => {
+            reduce::eval(op, ins, out)
+        }
         Op::LayerNorm { eps } => nn::eval_norm(ins, out, *eps, false),
         Op::RmsNorm { eps } => nn::eval_norm(ins, out, *eps, true),
-        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => {
-            movement::eval(op, ins, out)
-        }
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Concat { .. }
+        | Op::Expand { .. } => movement::eval(op, ins, out),
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::eval(op, ins, out),
-        Op::DequantMatMul { scheme } if scheme.is_gguf() => quant::eval_dequant_matmul(*scheme, ins, out),
+        Op::DequantMatMul { scheme } if scheme.is_gguf() => {
+            quant::eval_dequant_matmul(*scheme, ins, out)
+        }
         Op::DequantizeRows { scheme } => quant::eval_dequantize(*scheme, ins, out),
         Op::Quantize { axis } => quantize::eval(*axis, ins, out),
         Op::Dequantize { axis } => dequantize::eval(*axis, ins, out),
         Op::FakeQuantize { axis } => fake_quantize::eval(*axis, ins, out),
         Op::CacheWrite => kv::eval_cache_write(ins, out),
-        Op::CachedAttention { scale, window } => kv::eval_cached_attention(ins, out, *scale, *window),
+        Op::CachedAttention { scale, window } => {
+            kv::eval_cached_attention(ins, out, *scale, *window)
+        }
         Op::DotGeneral(_)
         | Op::Attention { .. }
         | Op::Rope { .. }
@@ -141,7 +163,11 @@ pub struct Cost {
 impl Cost {
     /// `per` operations per result element, every operand read and the result written.
     pub fn streaming(ins: &[&Shape], out: &Shape, per: u64) -> Cost {
-        Cost { flops: per * numel(out), bytes: bytes(out) }.with_reads(ins, 0)
+        Cost {
+            flops: per * numel(out),
+            bytes: bytes(out),
+        }
+        .with_reads(ins, 0)
     }
 
     /// The same cost with `flops` operations.
@@ -151,20 +177,29 @@ impl Cost {
 
     /// The cost plus reading every operand of `ins` and `flops` more operations.
     pub fn with_reads(self, ins: &[&Shape], flops: u64) -> Cost {
-        Cost { flops: self.flops + flops, bytes: self.bytes + ins.iter().map(|s| bytes(s)).sum::<u64>() }
+        Cost {
+            flops: self.flops + flops,
+            bytes: self.bytes + ins.iter().map(|s| bytes(s)).sum::<u64>(),
+        }
     }
 }
 
 impl std::ops::Add for Cost {
     type Output = Cost;
     fn add(self, o: Cost) -> Cost {
-        Cost { flops: self.flops + o.flops, bytes: self.bytes + o.bytes }
+        Cost {
+            flops: self.flops + o.flops,
+            bytes: self.bytes + o.bytes,
+        }
     }
 }
 
 /// Elements of a shape (symbolic dimensions count as 1).
 pub(crate) fn numel(s: &Shape) -> u64 {
-    s.dims().iter().map(|d| d.as_static().unwrap_or(1) as u64).product()
+    s.dims()
+        .iter()
+        .map(|d| d.as_static().unwrap_or(1) as u64)
+        .product()
 }
 
 /// Bytes of a shape's elements.
@@ -176,14 +211,22 @@ pub(crate) fn bytes(s: &Shape) -> u64 {
 pub fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> Cost {
     match op {
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => Cost::default(),
-        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => elementwise::cost(op, ins, out),
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => {
+            elementwise::cost(op, ins, out)
+        }
         Op::MatMul => linalg::cost_matmul(ins, out),
         Op::DotGeneral(d) => linalg::cost_dot_general(d, ins, out),
-        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => reduce::cost(op, ins, out),
-        Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Rope { .. } => nn::cost(op, ins, out),
-        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => {
-            movement::cost(op, ins, out)
+        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => {
+            reduce::cost(op, ins, out)
         }
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Rope { .. } => {
+            nn::cost(op, ins, out)
+        }
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Concat { .. }
+        | Op::Expand { .. } => movement::cost(op, ins, out),
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::cost(op, ins, out),
         Op::Conv(_) | Op::Pool(_) => spatial::cost(op, ins, out),
         Op::Custom(f) => custom::cost(f),
@@ -305,13 +348,28 @@ pub fn has_ad_rules(op: &Op) -> bool {
 }
 
 fn composite(op: &Op) -> bool {
-    matches!(op, Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Conv(_) | Op::Pool(_) | Op::Fused(_))
+    matches!(
+        op,
+        Op::DotGeneral(_)
+            | Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Attention { .. }
+            | Op::Conv(_)
+            | Op::Pool(_)
+            | Op::Fused(_)
+    )
 }
 
 /// Inference-only ops: quantized weights and the stateful KV cache have no derivative rules
 /// (autodiff reports them by name).
 fn inference_only(op: &Op) -> bool {
-    matches!(op, Op::DequantMatMul { .. } | Op::DequantizeRows { .. } | Op::CacheWrite | Op::CachedAttention { .. })
+    matches!(
+        op,
+        Op::DequantMatMul { .. }
+            | Op::DequantizeRows { .. }
+            | Op::CacheWrite
+            | Op::CachedAttention { .. }
+    )
 }
 
 /// The ops without derivative rules of their own: composites (differentiated through their
@@ -352,7 +410,13 @@ pub fn has_jvp_rule(op: &Op) -> bool {
 /// result `out` (all nodes of `g`). `None` entries are zero or not differentiable (integer and
 /// bool operands, indices). Returns `None` when the op has no rule of its own; see
 /// [`has_ad_rules`].
-pub fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> Option<Result<Vec<Option<NodeId>>>> {
+pub fn vjp(
+    g: &mut Graph,
+    op: &Op,
+    ins: &[NodeId],
+    out: NodeId,
+    ct: NodeId,
+) -> Option<Result<Vec<Option<NodeId>>>> {
     if !has_vjp_rule(op) {
         return None;
     }
@@ -362,10 +426,14 @@ pub fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> O
             elementwise::vjp(g, op, ins, out, ct)
         }
         Op::MatMul => linalg::vjp_matmul(g, ins, ct),
-        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => reduce::vjp(g, op, ins, out, ct),
-        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => {
-            movement::vjp(g, op, ins, ct)
+        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => {
+            reduce::vjp(g, op, ins, out, ct)
         }
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Concat { .. }
+        | Op::Expand { .. } => movement::vjp(g, op, ins, ct),
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::vjp(g, op, ins, ct),
         Op::Rope { .. } => nn::vjp_rope(g, op, ins, ct),
         Op::Custom(f) => custom::vjp(g, f, ins, out, ct),
@@ -378,7 +446,13 @@ pub fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> O
 
 /// Forward-mode rule: the tangent of `op`'s result `out` given its operands' tangents (`None`
 /// is zero). Returns `None` when the op has no rule of its own; see [`has_ad_rules`].
-pub fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, tangents: &[Option<NodeId>]) -> Option<Result<Option<NodeId>>> {
+pub fn jvp(
+    g: &mut Graph,
+    op: &Op,
+    ins: &[NodeId],
+    out: NodeId,
+    tangents: &[Option<NodeId>],
+) -> Option<Result<Option<NodeId>>> {
     if !has_jvp_rule(op) {
         return None;
     }
@@ -394,9 +468,11 @@ pub fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, tangents: &[Opti
         Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => {
             reduce::jvp(g, op, ins, out, tangents)
         }
-        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => {
-            movement::jvp(g, op, ins, tangents)
-        }
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Concat { .. }
+        | Op::Expand { .. } => movement::jvp(g, op, ins, tangents),
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::jvp(g, op, ins, tangents),
         Op::Rope { .. } => nn::jvp_rope(g, op, ins, tangents),
         Op::Custom(f) => custom::jvp(g, f, ins, tangents),
@@ -410,20 +486,32 @@ pub fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, tangents: &[Opti
 /// "Attention has no reverse-mode (VJP) rule": composites are differentiated through their
 /// decomposition and inference-only ops not at all, so the rule functions never get them.
 fn no_rule(op: &Op, which: &str) -> Error {
-    Error::op(op.name(), format!("has no {which} rule of its own; differentiate its decomposition"))
+    Error::op(
+        op.name(),
+        format!("has no {which} rule of its own; differentiate its decomposition"),
+    )
 }
 
 /// Static dimensions of an operand, or an error naming the op.
 pub(crate) fn static_dims(op: &str, what: &str, s: &Shape) -> Result<Vec<usize>> {
     s.static_dims().ok_or_else(|| {
-        Error::op(op, format!("{what} {s} has symbolic dimensions; bind them before using {op}"))
+        Error::op(
+            op,
+            format!("{what} {s} has symbolic dimensions; bind them before using {op}"),
+        )
     })
 }
 
 /// Check that an axis is within the rank.
 pub(crate) fn check_axis(op: &str, axis: usize, s: &Shape) -> Result<()> {
     if axis >= s.rank() {
-        return Err(Error::op(op, format!("axis {axis} is out of range for operand {s} of rank {}", s.rank())));
+        return Err(Error::op(
+            op,
+            format!(
+                "axis {axis} is out of range for operand {s} of rank {}",
+                s.rank()
+            ),
+        ));
     }
     Ok(())
 }
@@ -431,7 +519,10 @@ pub(crate) fn check_axis(op: &str, axis: usize, s: &Shape) -> Result<()> {
 /// Require a floating-point operand.
 pub(crate) fn require_float(op: &str, s: &Shape) -> Result<()> {
     if !s.dtype().is_float() {
-        return Err(Error::op(op, format!("needs a floating-point operand, got {s}")));
+        return Err(Error::op(
+            op,
+            format!("needs a floating-point operand, got {s}"),
+        ));
     }
     Ok(())
 }
@@ -457,16 +548,28 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, crate::text::Attr)> {
     match op {
         Op::Input { name } | Op::Param { name } => vec![("name", Attr::Str(name.clone()))],
         Op::Constant { data } => vec![("data", Attr::Bytes(data.clone()))],
-        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => elementwise::attrs(op),
+        Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => {
+            elementwise::attrs(op)
+        }
         Op::MatMul => Vec::new(),
         Op::DotGeneral(d) => linalg::attrs(d),
-        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => reduce::attrs(op),
-        Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Rope { .. } => nn::attrs(op),
-        Op::Reshape { .. } | Op::Transpose { .. } | Op::Narrow { .. } | Op::Concat { .. } | Op::Expand { .. } => movement::attrs(op),
+        Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => {
+            reduce::attrs(op)
+        }
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Attention { .. } | Op::Rope { .. } => {
+            nn::attrs(op)
+        }
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Concat { .. }
+        | Op::Expand { .. } => movement::attrs(op),
         Op::Gather { axis } | Op::ScatterAdd { axis } => index::attrs(*axis),
         Op::Conv(_) | Op::Pool(_) => spatial::attrs(op),
         Op::Custom(f) => custom::attrs(f),
-        Op::DequantMatMul { scheme } | Op::DequantizeRows { scheme } => vec![("scheme", quant::scheme_attr(*scheme))],
+        Op::DequantMatMul { scheme } | Op::DequantizeRows { scheme } => {
+            vec![("scheme", quant::scheme_attr(*scheme))]
+        }
         Op::Quantize { axis } => quantize::attrs(*axis),
         Op::Dequantize { axis } => dequantize::attrs(*axis),
         Op::FakeQuantize { axis } => fake_quantize::attrs(*axis),
@@ -481,30 +584,65 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, crate::text::Attr)> {
 pub fn from_attrs(kind: crate::OpKind, mut a: crate::text::Attrs) -> Result<Op> {
     use crate::OpKind as K;
     let op = match kind {
-        K::Input => Op::Input { name: a.string("name")? },
-        K::Param => Op::Param { name: a.string("name")? },
-        K::Constant => Op::Constant { data: a.bytes("data")? },
-        K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow => elementwise::from_attrs(kind, &mut a)?,
-        K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Where | K::Cast => elementwise::from_attrs(kind, &mut a)?,
-        K::Gelu | K::GeluApprox | K::GeluApproxGrad | K::Silu | K::Relu | K::Sigmoid | K::Tanh | K::Exp | K::Log => {
+        K::Input => Op::Input {
+            name: a.string("name")?,
+        },
+        K::Param => Op::Param {
+            name: a.string("name")?,
+        },
+        K::Constant => Op::Constant {
+            data: a.bytes("data")?,
+        },
+        K::Add | K::Sub | K::Mul | K::Div | K::Max | K::Min | K::Pow => {
             elementwise::from_attrs(kind, &mut a)?
         }
-        K::Sqrt | K::Rsqrt | K::Neg | K::Abs | K::Sin | K::Cos | K::Tan | K::Atan | K::Round | K::Erf => {
+        K::Eq | K::Ne | K::Lt | K::Le | K::Gt | K::Ge | K::Where | K::Cast => {
             elementwise::from_attrs(kind, &mut a)?
         }
+        K::Gelu
+        | K::GeluApprox
+        | K::GeluApproxGrad
+        | K::Silu
+        | K::Relu
+        | K::Sigmoid
+        | K::Tanh
+        | K::Exp
+        | K::Log => elementwise::from_attrs(kind, &mut a)?,
+        K::Sqrt
+        | K::Rsqrt
+        | K::Neg
+        | K::Abs
+        | K::Sin
+        | K::Cos
+        | K::Tan
+        | K::Atan
+        | K::Round
+        | K::Erf => elementwise::from_attrs(kind, &mut a)?,
         K::MatMul => Op::MatMul,
         K::DotGeneral => Op::DotGeneral(linalg::from_attrs(&mut a)?),
         K::Reduce | K::Softmax | K::Cumsum | K::TopK => reduce::from_attrs(kind, &mut a)?,
         K::LayerNorm | K::RmsNorm | K::Attention | K::Rope => nn::from_attrs(kind, &mut a)?,
-        K::Reshape | K::Transpose | K::Narrow | K::Concat | K::Expand => movement::from_attrs(kind, &mut a)?,
+        K::Reshape | K::Transpose | K::Narrow | K::Concat | K::Expand => {
+            movement::from_attrs(kind, &mut a)?
+        }
         K::Gather | K::ScatterAdd => index::from_attrs(kind, &mut a)?,
         K::Conv | K::Pool => spatial::from_attrs(kind, &mut a)?,
         K::Custom => Op::Custom(custom::from_attrs(&mut a)?),
-        K::DequantMatMul => Op::DequantMatMul { scheme: quant::scheme_from_attrs("dequant_matmul", &mut a)? },
-        K::DequantizeRows => Op::DequantizeRows { scheme: quant::scheme_from_attrs("dequantize_rows", &mut a)? },
-        K::Quantize => Op::Quantize { axis: quantize::from_attrs(&mut a)? },
-        K::Dequantize => Op::Dequantize { axis: quantize::from_attrs(&mut a)? },
-        K::FakeQuantize => Op::FakeQuantize { axis: quantize::from_attrs(&mut a)? },
+        K::DequantMatMul => Op::DequantMatMul {
+            scheme: quant::scheme_from_attrs("dequant_matmul", &mut a)?,
+        },
+        K::DequantizeRows => Op::DequantizeRows {
+            scheme: quant::scheme_from_attrs("dequantize_rows", &mut a)?,
+        },
+        K::Quantize => Op::Quantize {
+            axis: quantize::from_attrs(&mut a)?,
+        },
+        K::Dequantize => Op::Dequantize {
+            axis: quantize::from_attrs(&mut a)?,
+        },
+        K::FakeQuantize => Op::FakeQuantize {
+            axis: quantize::from_attrs(&mut a)?,
+        },
         K::CacheWrite => Op::CacheWrite,
         K::CachedAttention => kv::from_attrs(&mut a)?,
         K::Fused => Op::Fused(fused::from_attrs(&mut a)?),
@@ -520,9 +658,18 @@ mod tests {
 
     #[test]
     fn costs_count_flops_and_bytes() {
-        let (a, b) = (Shape::new(&[2, 3, 4], DType::F32), Shape::new(&[4, 5], DType::F32));
+        let (a, b) = (
+            Shape::new(&[2, 3, 4], DType::F32),
+            Shape::new(&[4, 5], DType::F32),
+        );
         let out = infer(&Op::MatMul, &[&a, &b]).unwrap();
-        assert_eq!(cost(&Op::MatMul, &[&a, &b], &out), Cost { flops: 2 * 2 * 3 * 5 * 4, bytes: (24 + 20 + 30) * 4 });
+        assert_eq!(
+            cost(&Op::MatMul, &[&a, &b], &out),
+            Cost {
+                flops: 2 * 2 * 3 * 5 * 4,
+                bytes: (24 + 20 + 30) * 4
+            }
+        );
         let r = Op::Reshape { shape: vec![6, 4] };
         assert_eq!(cost(&r, &[&a], &infer(&r, &[&a]).unwrap()), Cost::default());
         let e = Op::Activation(crate::Activation::Exp);
@@ -532,6 +679,12 @@ mod tests {
         let y = g.activation(crate::Activation::Exp, x);
         let z = g.add(y, x);
         g.set_outputs(vec![z]);
-        assert_eq!(graph_cost(&g), Cost { flops: 11 * 24, bytes: 5 * 24 * 4 });
+        assert_eq!(
+            graph_cost(&g),
+            Cost {
+                flops: 11 * 24,
+                bytes: 5 * 24 * 4
+            }
+        );
     }
 }

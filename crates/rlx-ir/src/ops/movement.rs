@@ -8,7 +8,10 @@ pub(super) fn reshape(target: &[usize], x: &Shape) -> Result<Shape> {
     let d = static_dims("reshape", "operand", x)?;
     let count = |v: &[usize]| v.iter().try_fold(1usize, |acc, &n| acc.checked_mul(n));
     let (Some(a), Some(b)) = (count(&d), count(target)) else {
-        return Err(Error::op("reshape", format!("cannot reshape {x} to {target:?}: the element count overflows usize")));
+        return Err(Error::op(
+            "reshape",
+            format!("cannot reshape {x} to {target:?}: the element count overflows usize"),
+        ));
     };
     if a != b {
         return Err(Error::op(
@@ -21,9 +24,15 @@ pub(super) fn reshape(target: &[usize], x: &Shape) -> Result<Shape> {
 
 pub(super) fn transpose(perm: &[usize], x: &Shape) -> Result<Shape> {
     let mut seen = vec![false; x.rank()];
-    let valid = perm.len() == x.rank() && perm.iter().all(|&p| p < seen.len() && !std::mem::replace(&mut seen[p], true));
+    let valid = perm.len() == x.rank()
+        && perm
+            .iter()
+            .all(|&p| p < seen.len() && !std::mem::replace(&mut seen[p], true));
     if !valid {
-        return Err(Error::op("transpose", format!("{perm:?} is not a permutation of the axes of {x}")));
+        return Err(Error::op(
+            "transpose",
+            format!("{perm:?} is not a permutation of the axes of {x}"),
+        ));
     }
     let dims = perm.iter().map(|&p| x.dims()[p].clone()).collect();
     Ok(Shape::with_dims(dims, x.dtype()))
@@ -31,11 +40,16 @@ pub(super) fn transpose(perm: &[usize], x: &Shape) -> Result<Shape> {
 
 pub(super) fn narrow(axis: usize, start: usize, len: usize, x: &Shape) -> Result<Shape> {
     check_axis("narrow", axis, x)?;
-    let n = x.dim(axis).ok_or_else(|| Error::op("narrow", format!("axis {axis} of {x} is symbolic")))?;
+    let n = x
+        .dim(axis)
+        .ok_or_else(|| Error::op("narrow", format!("axis {axis} of {x} is symbolic")))?;
     if start.checked_add(len).is_none_or(|e| e > n) {
         return Err(Error::op(
             "narrow",
-            format!("range {start}..{} is out of bounds for axis {axis} of {x} (size {n})", start.saturating_add(len)),
+            format!(
+                "range {start}..{} is out of bounds for axis {axis} of {x} (size {n})",
+                start.saturating_add(len)
+            ),
         ));
     }
     let mut dims = x.dims().to_vec();
@@ -50,14 +64,20 @@ pub(super) fn concat(axis: usize, ins: &[&Shape]) -> Result<Shape> {
     for (i, s) in ins.iter().enumerate() {
         let compatible = s.rank() == first.rank()
             && s.dtype() == first.dtype()
-            && s.dims().iter().zip(first.dims()).enumerate().all(|(j, (a, b))| j == axis || a == b);
+            && s.dims()
+                .iter()
+                .zip(first.dims())
+                .enumerate()
+                .all(|(j, (a, b))| j == axis || a == b);
         if !compatible {
             return Err(Error::op(
                 "concat",
                 format!("operand {i} {s} does not match operand 0 {first} outside axis {axis}"),
             ));
         }
-        total += s.dim(axis).ok_or_else(|| Error::op("concat", format!("axis {axis} of {s} is symbolic")))?;
+        total += s
+            .dim(axis)
+            .ok_or_else(|| Error::op("concat", format!("axis {axis} of {s} is symbolic")))?;
     }
     let mut dims = first.dims().to_vec();
     dims[axis] = Dim::Static(total);
@@ -67,9 +87,15 @@ pub(super) fn concat(axis: usize, ins: &[&Shape]) -> Result<Shape> {
 pub(super) fn expand(target: &[usize], x: &Shape) -> Result<Shape> {
     let d = static_dims("expand", "operand", x)?;
     let ok = d.len() <= target.len()
-        && d.iter().rev().zip(target.iter().rev()).all(|(&a, &b)| a == b || a == 1);
+        && d.iter()
+            .rev()
+            .zip(target.iter().rev())
+            .all(|(&a, &b)| a == b || a == 1);
     if !ok {
-        return Err(Error::op("expand", format!("cannot broadcast {x} to {target:?}")));
+        return Err(Error::op(
+            "expand",
+            format!("cannot broadcast {x} to {target:?}"),
+        ));
     }
     Ok(Shape::with_dims(dims_of(target), x.dtype()))
 }
@@ -114,7 +140,12 @@ fn pad_axis(g: &mut Graph, v: NodeId, axis: usize, start: usize, n: usize) -> Re
     }
 }
 
-pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+pub(super) fn vjp(
+    g: &mut Graph,
+    op: &Op,
+    ins: &[NodeId],
+    ct: NodeId,
+) -> Result<Vec<Option<NodeId>>> {
     if !differentiable(g.shape(ins[0]).dtype()) {
         return Ok(vec![None; ins.len()]);
     }
@@ -150,7 +181,12 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], ct: NodeId) -> Result<
     })
 }
 
-pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+pub(super) fn jvp(
+    g: &mut Graph,
+    op: &Op,
+    ins: &[NodeId],
+    t: &[Option<NodeId>],
+) -> Result<Option<NodeId>> {
     if !differentiable(g.shape(ins[0]).dtype()) || t.iter().all(Option::is_none) {
         return Ok(None);
     }
@@ -185,12 +221,26 @@ pub(super) fn eval(op: &crate::Op, ins: &[&Tensor], out: &Shape) -> Result<Tenso
     Ok(match op {
         crate::Op::Reshape { .. } => x.reshaped(&od),
         crate::Op::Transpose { perm } => {
-            let src: Vec<usize> = (0..n).map(|i| unravel(i, &od).iter().enumerate().map(|(a, &j)| j * xs[perm[a]]).sum()).collect();
+            let src: Vec<usize> = (0..n)
+                .map(|i| {
+                    unravel(i, &od)
+                        .iter()
+                        .enumerate()
+                        .map(|(a, &j)| j * xs[perm[a]])
+                        .sum()
+                })
+                .collect();
             x.pick(&od, &src)
         }
         crate::Op::Narrow { axis, start, .. } => {
             let src: Vec<usize> = (0..n)
-                .map(|i| unravel(i, &od).iter().enumerate().map(|(a, &j)| (j + if a == *axis { *start } else { 0 }) * xs[a]).sum())
+                .map(|i| {
+                    unravel(i, &od)
+                        .iter()
+                        .enumerate()
+                        .map(|(a, &j)| (j + if a == *axis { *start } else { 0 }) * xs[a])
+                        .sum()
+                })
                 .collect();
             x.pick(&od, &src)
         }
@@ -205,9 +255,11 @@ pub(super) fn eval(op: &crate::Op, ins: &[&Tensor], out: &Shape) -> Result<Tenso
             }
             let joined = match x.data() {
                 crate::eval::Data::Float(_) => Tensor::from_f64(&[all.len()], x.dtype(), all),
-                crate::eval::Data::Int(_) => {
-                    Tensor::from_i64(&[all.len()], x.dtype(), ins.iter().flat_map(|t| t.i64s()).collect())
-                }
+                crate::eval::Data::Int(_) => Tensor::from_i64(
+                    &[all.len()],
+                    x.dtype(),
+                    ins.iter().flat_map(|t| t.i64s()).collect(),
+                ),
             };
             let src: Vec<usize> = (0..n)
                 .map(|i| {
@@ -217,7 +269,12 @@ pub(super) fn eval(op: &crate::Op, ins: &[&Tensor], out: &Shape) -> Result<Tenso
                         idx[*axis] -= ins[t].dims()[*axis];
                         t += 1;
                     }
-                    base[t] + idx.iter().zip(strides(ins[t].dims())).map(|(&j, s)| j * s).sum::<usize>()
+                    base[t]
+                        + idx
+                            .iter()
+                            .zip(strides(ins[t].dims()))
+                            .map(|(&j, s)| j * s)
+                            .sum::<usize>()
                 })
                 .collect();
             joined.pick(&od, &src)
@@ -232,7 +289,10 @@ pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
     let _ = ins;
     match op {
         crate::Op::Reshape { .. } => super::Cost::default(),
-        _ => super::Cost { flops: 0, bytes: 2 * super::bytes(out) },
+        _ => super::Cost {
+            flops: 0,
+            bytes: 2 * super::bytes(out),
+        },
     }
 }
 
@@ -242,7 +302,11 @@ pub fn attrs(op: &crate::Op) -> Vec<(&'static str, Attr)> {
     match op {
         Op::Reshape { shape } | Op::Expand { shape } => vec![("shape", shape.as_slice().into())],
         Op::Transpose { perm } => vec![("perm", perm.as_slice().into())],
-        Op::Narrow { axis, start, len } => vec![("axis", (*axis).into()), ("start", (*start).into()), ("len", (*len).into())],
+        Op::Narrow { axis, start, len } => vec![
+            ("axis", (*axis).into()),
+            ("start", (*start).into()),
+            ("len", (*len).into()),
+        ],
         Op::Concat { axis } => vec![("axis", (*axis).into())],
         _ => Vec::new(),
     }
@@ -252,11 +316,23 @@ pub fn attrs(op: &crate::Op) -> Vec<(&'static str, Attr)> {
 pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
     use crate::{Op, OpKind as K};
     Ok(match kind {
-        K::Reshape => Op::Reshape { shape: a.usizes("shape")? },
-        K::Expand => Op::Expand { shape: a.usizes("shape")? },
-        K::Transpose => Op::Transpose { perm: a.usizes("perm")? },
-        K::Narrow => Op::Narrow { axis: a.usize("axis")?, start: a.usize("start")?, len: a.usize("len")? },
-        K::Concat => Op::Concat { axis: a.usize("axis")? },
+        K::Reshape => Op::Reshape {
+            shape: a.usizes("shape")?,
+        },
+        K::Expand => Op::Expand {
+            shape: a.usizes("shape")?,
+        },
+        K::Transpose => Op::Transpose {
+            perm: a.usizes("perm")?,
+        },
+        K::Narrow => Op::Narrow {
+            axis: a.usize("axis")?,
+            start: a.usize("start")?,
+            len: a.usize("len")?,
+        },
+        K::Concat => Op::Concat {
+            axis: a.usize("axis")?,
+        },
         _ => return Err(Error::op(kind.name(), "is not a movement op")),
     })
 }

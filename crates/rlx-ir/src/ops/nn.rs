@@ -8,7 +8,10 @@ fn norm_param(op: &str, what: &str, x: &Shape, p: &Shape) -> Result<()> {
     same_dtype(op, x, p)?;
     let last = x.dims().last();
     if p.rank() != 1 || p.dims().first() != last {
-        return Err(Error::op(op, format!("{what} must be 1-d matching the last axis of x {x}, got {p}")));
+        return Err(Error::op(
+            op,
+            format!("{what} must be 1-d matching the last axis of x {x}, got {p}"),
+        ));
     }
     Ok(())
 }
@@ -64,17 +67,28 @@ pub(super) fn attention(mask: MaskKind, ins: &[&Shape]) -> Result<Shape> {
         ));
     }
     if let MaskKind::SlidingWindow(0) = mask {
-        return Err(Error::op("attention", "sliding window of size 0 masks every key"));
+        return Err(Error::op(
+            "attention",
+            "sliding window of size 0 masks every key",
+        ));
     }
     if mask == MaskKind::Custom {
         let m = ins[3];
         same_dtype("attention", q, m)?;
-        let target = [Dim::Static(qd[0]), Dim::Static(qd[1]), Dim::Static(qd[2]), Dim::Static(kd[2])];
+        let target = [
+            Dim::Static(qd[0]),
+            Dim::Static(qd[1]),
+            Dim::Static(qd[2]),
+            Dim::Static(kd[2]),
+        ];
         let ok = m.rank() <= 4 && broadcast_dims(m.dims(), &target).as_deref() == Some(&target[..]);
         if !ok {
             return Err(Error::op(
                 "attention",
-                format!("custom mask {m} does not broadcast to [B, H, Sq, Sk] = {:?}", [qd[0], qd[1], qd[2], kd[2]]),
+                format!(
+                    "custom mask {m} does not broadcast to [B, H, Sq, Sk] = {:?}",
+                    [qd[0], qd[1], qd[2], kd[2]]
+                ),
             ));
         }
     }
@@ -86,11 +100,17 @@ pub(super) fn rope(ins: &[&Shape]) -> Result<Shape> {
     require_float("rope", x)?;
     let xd = static_dims("rope", "x", x)?;
     if xd.len() < 2 || xd[xd.len() - 1] % 2 != 0 {
-        return Err(Error::op("rope", format!("x must be [..., S, D] with even D, got {x}")));
+        return Err(Error::op(
+            "rope",
+            format!("x must be [..., S, D] with even D, got {x}"),
+        ));
     }
     let s = xd[xd.len() - 2];
     if !pos.dtype().is_int() || pos.rank() != 1 || pos.dim(0) != Some(s) {
-        return Err(Error::op("rope", format!("positions must be an integer vector of length S = {s}, got {pos}")));
+        return Err(Error::op(
+            "rope",
+            format!("positions must be an integer vector of length S = {s}, got {pos}"),
+        ));
     }
     Ok(x.clone())
 }
@@ -126,9 +146,15 @@ pub(super) fn decompose_norm(g: &mut Graph, ins: &[NodeId], eps: f32, rms: bool)
 }
 
 /// Attention as matmuls, a mask, and softmax; kv heads are repeated for grouped queries.
-pub(super) fn decompose_attention(g: &mut Graph, mask: MaskKind, scale: f32, ins: &[NodeId]) -> Result<NodeId> {
+pub(super) fn decompose_attention(
+    g: &mut Graph,
+    mask: MaskKind,
+    scale: f32,
+    ins: &[NodeId],
+) -> Result<NodeId> {
     let (q, mut k, mut v) = (ins[0], ins[1], ins[2]);
-    let [b, hq, sq, _] = <[usize; 4]>::try_from(dims(g, q)).map_err(|_| Error::op("attention", "q must be rank 4"))?;
+    let [b, hq, sq, _] = <[usize; 4]>::try_from(dims(g, q))
+        .map_err(|_| Error::op("attention", "q must be rank 4"))?;
     let kd = dims(g, k);
     let (hkv, sk) = (kd[1], kd[2]);
     let dt = g.shape(q).dtype();
@@ -159,7 +185,15 @@ pub(super) fn decompose_attention(g: &mut Graph, mask: MaskKind, scale: f32, ins
         let mut buf = vec![0u8; dt.size_bytes()];
         for i in 0..sq {
             for j in 0..sk {
-                crate::convert::f64_to_bytes(if allowed(i, j) { 0.0 } else { f64::NEG_INFINITY }, dt, &mut buf)?;
+                crate::convert::f64_to_bytes(
+                    if allowed(i, j) {
+                        0.0
+                    } else {
+                        f64::NEG_INFINITY
+                    },
+                    dt,
+                    &mut buf,
+                )?;
                 data.extend_from_slice(&buf);
             }
         }
@@ -174,7 +208,12 @@ pub(super) fn decompose_attention(g: &mut Graph, mask: MaskKind, scale: f32, ins
 }
 
 /// Rope is a rotation, linear in `x`: its transpose rotates by the opposite angle.
-pub(super) fn vjp_rope(g: &mut Graph, op: &crate::Op, ins: &[NodeId], ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+pub(super) fn vjp_rope(
+    g: &mut Graph,
+    op: &crate::Op,
+    ins: &[NodeId],
+    ct: NodeId,
+) -> Result<Vec<Option<NodeId>>> {
     if !differentiable(g.shape(ins[0]).dtype()) {
         return Ok(vec![None, None]);
     }
@@ -182,17 +221,28 @@ pub(super) fn vjp_rope(g: &mut Graph, op: &crate::Op, ins: &[NodeId], ct: NodeId
     Ok(vec![Some(g.try_op(op.clone(), &[ct, neg])?), None])
 }
 
-pub(super) fn jvp_rope(g: &mut Graph, op: &crate::Op, ins: &[NodeId], t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
+pub(super) fn jvp_rope(
+    g: &mut Graph,
+    op: &crate::Op,
+    ins: &[NodeId],
+    t: &[Option<NodeId>],
+) -> Result<Option<NodeId>> {
     match t[0] {
-        Some(tx) if differentiable(g.shape(ins[0]).dtype()) => Ok(Some(g.try_op(op.clone(), &[tx, ins[1]])?)),
+        Some(tx) if differentiable(g.shape(ins[0]).dtype()) => {
+            Ok(Some(g.try_op(op.clone(), &[tx, ins[1]])?))
+        }
         _ => Ok(None),
     }
 }
 
-
 /// Rope as elementwise ops on `cos` / `sin` tables computed from the positions (what vmap
 /// batches when the positions themselves are batched).
-pub(super) fn decompose_rope(g: &mut Graph, theta: f32, interleaved: bool, ins: &[NodeId]) -> Result<NodeId> {
+pub(super) fn decompose_rope(
+    g: &mut Graph,
+    theta: f32,
+    interleaved: bool,
+    ins: &[NodeId],
+) -> Result<NodeId> {
     let (x, pos) = (ins[0], ins[1]);
     let xd = dims(g, x);
     let dt = g.shape(x).dtype();
@@ -201,15 +251,27 @@ pub(super) fn decompose_rope(g: &mut Graph, theta: f32, interleaved: bool, ins: 
     let mut freq = Vec::new();
     let mut buf = vec![0u8; dt.size_bytes()];
     for k in 0..half {
-        crate::convert::f64_to_bytes((theta as f64).powf(-2.0 * k as f64 / d as f64), dt, &mut buf)?;
+        crate::convert::f64_to_bytes(
+            (theta as f64).powf(-2.0 * k as f64 / d as f64),
+            dt,
+            &mut buf,
+        )?;
         freq.extend_from_slice(&buf);
     }
     let freq = g.try_constant_bytes(crate::Shape::new(&[half], dt), freq)?;
     let p = g.try_cast(pos, dt)?;
     let p = g.try_reshape(p, &[s, 1])?;
     let ang = g.try_mul(p, freq)?; // [S, half]
-    let (cos, sin) = (g.try_activation(Activation::Cos, ang)?, g.try_activation(Activation::Sin, ang)?);
-    let rotate = |g: &mut Graph, a: NodeId, b: NodeId, cos: NodeId, sin: NodeId| -> Result<(NodeId, NodeId)> {
+    let (cos, sin) = (
+        g.try_activation(Activation::Cos, ang)?,
+        g.try_activation(Activation::Sin, ang)?,
+    );
+    let rotate = |g: &mut Graph,
+                  a: NodeId,
+                  b: NodeId,
+                  cos: NodeId,
+                  sin: NodeId|
+     -> Result<(NodeId, NodeId)> {
         let (ac, bs) = (g.try_mul(a, cos)?, g.try_mul(b, sin)?);
         let (as_, bc) = (g.try_mul(a, sin)?, g.try_mul(b, cos)?);
         Ok((g.try_sub(ac, bs)?, g.try_add(as_, bc)?))
@@ -221,12 +283,18 @@ pub(super) fn decompose_rope(g: &mut Graph, theta: f32, interleaved: bool, ins: 
         pd.push(2);
         let xp = g.try_reshape(x, &pd)?;
         let (a, b) = (g.try_narrow(xp, r, 0, 1)?, g.try_narrow(xp, r, 1, 1)?);
-        let (c3, s3) = (g.try_reshape(cos, &[s, half, 1])?, g.try_reshape(sin, &[s, half, 1])?);
+        let (c3, s3) = (
+            g.try_reshape(cos, &[s, half, 1])?,
+            g.try_reshape(sin, &[s, half, 1])?,
+        );
         let (o1, o2) = rotate(g, a, b, c3, s3)?;
         let o = g.try_concat(&[o1, o2], r)?;
         g.try_reshape(o, &xd)
     } else {
-        let (a, b) = (g.try_narrow(x, r - 1, 0, half)?, g.try_narrow(x, r - 1, half, half)?);
+        let (a, b) = (
+            g.try_narrow(x, r - 1, 0, half)?,
+            g.try_narrow(x, r - 1, half, half)?,
+        );
         let (o1, o2) = rotate(g, a, b, cos, sin)?;
         g.try_concat(&[o1, o2], r - 1)
     }
@@ -241,12 +309,24 @@ pub(super) fn eval_norm(ins: &[&Tensor], out: &Shape, eps: f32, rms: bool) -> Re
     let x = ins[0];
     let v = x.f64s();
     let gamma = ins[1].f64s();
-    let beta = if rms { vec![0.0; gamma.len()] } else { ins[2].f64s() };
+    let beta = if rms {
+        vec![0.0; gamma.len()]
+    } else {
+        ins[2].f64s()
+    };
     let mut o = vec![0.0; v.len()];
     for g in reduce_groups(x.dims(), &[x.dims().len() - 1]) {
         let n = g.len() as f64;
-        let mean = if rms { 0.0 } else { g.iter().map(|&i| v[i]).sum::<f64>() / n };
-        let var = g.iter().map(|&i| (v[i] - mean) * (v[i] - mean)).sum::<f64>() / n;
+        let mean = if rms {
+            0.0
+        } else {
+            g.iter().map(|&i| v[i]).sum::<f64>() / n
+        };
+        let var = g
+            .iter()
+            .map(|&i| (v[i] - mean) * (v[i] - mean))
+            .sum::<f64>()
+            / n;
         let inv = 1.0 / (var + eps as f64).sqrt();
         for (j, &i) in g.iter().enumerate() {
             o[i] = (v[i] - mean) * inv * gamma[j] + beta[j];
@@ -280,12 +360,17 @@ pub fn attrs(op: &crate::Op) -> Vec<(&'static str, Attr)> {
             let m = match mask {
                 MaskKind::None => Attr::word("none"),
                 MaskKind::Causal => Attr::word("causal"),
-                MaskKind::SlidingWindow(w) => Attr::Tagged("sliding_window".into(), Box::new((*w).into())),
+                MaskKind::SlidingWindow(w) => {
+                    Attr::Tagged("sliding_window".into(), Box::new((*w).into()))
+                }
                 MaskKind::Custom => Attr::word("custom"),
             };
             vec![("mask", m), ("scale", (*scale).into())]
         }
-        Op::Rope { theta, interleaved } => vec![("theta", (*theta).into()), ("interleaved", (*interleaved).into())],
+        Op::Rope { theta, interleaved } => vec![
+            ("theta", (*theta).into()),
+            ("interleaved", (*interleaved).into()),
+        ],
         _ => Vec::new(),
     }
 }
@@ -305,11 +390,22 @@ pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
                     Attr::Int(n) => MaskKind::SlidingWindow(n as usize),
                     _ => return Err(Error::op("attention", "sliding_window(n) takes an integer")),
                 },
-                _ => return Err(Error::op("attention", "attribute `mask` must be none, causal, custom or sliding_window(n)")),
+                _ => {
+                    return Err(Error::op(
+                        "attention",
+                        "attribute `mask` must be none, causal, custom or sliding_window(n)",
+                    ))
+                }
             };
-            Op::Attention { mask, scale: a.f32("scale")? }
+            Op::Attention {
+                mask,
+                scale: a.f32("scale")?,
+            }
         }
-        K::Rope => Op::Rope { theta: a.f32("theta")?, interleaved: a.bool("interleaved")? },
+        K::Rope => Op::Rope {
+            theta: a.f32("theta")?,
+            interleaved: a.bool("interleaved")?,
+        },
         _ => return Err(Error::op(kind.name(), "is not a norm, attention or rope")),
     })
 }

@@ -18,10 +18,19 @@ pub(super) fn qrange(dt: DType) -> (f64, f64) {
 }
 
 /// Check `scale` (float) and `zero_point` (I8/U8) for data of shape `x` with `axis`.
-pub(super) fn check_params(op: &str, axis: Option<usize>, x: &Shape, scale: &Shape, zp: &Shape) -> Result<()> {
+pub(super) fn check_params(
+    op: &str,
+    axis: Option<usize>,
+    x: &Shape,
+    scale: &Shape,
+    zp: &Shape,
+) -> Result<()> {
     require_float(op, scale)?;
     if !matches!(zp.dtype(), DType::I8 | DType::U8) {
-        return Err(Error::op(op, format!("zero point must be i8 or u8 (it sets the quantized type), got {zp}")));
+        return Err(Error::op(
+            op,
+            format!("zero point must be i8 or u8 (it sets the quantized type), got {zp}"),
+        ));
     }
     let want: Vec<usize> = match axis {
         None => Vec::new(),
@@ -35,8 +44,15 @@ pub(super) fn check_params(op: &str, axis: Option<usize>, x: &Shape, scale: &Sha
     };
     for (what, s) in [("scale", scale), ("zero point", zp)] {
         if s.static_dims().as_deref() != Some(&want[..]) {
-            let kind = if axis.is_some() { "per-channel" } else { "per-tensor" };
-            return Err(Error::op(op, format!("{kind} {what} must have dims {want:?}, got {s} (x {x}, axis {axis:?})")));
+            let kind = if axis.is_some() {
+                "per-channel"
+            } else {
+                "per-tensor"
+            };
+            return Err(Error::op(
+                op,
+                format!("{kind} {what} must have dims {want:?}, got {s} (x {x}, axis {axis:?})"),
+            ));
         }
     }
     Ok(())
@@ -66,7 +82,11 @@ pub(super) fn along(g: &mut Graph, p: NodeId, axis: Option<usize>, rank: usize) 
 
 /// The quantized value before the cast, in `x`'s float dtype: `clamp(round(x / s) + zp)`.
 /// Also returns the unclamped value (for the straight-through gradient's range test).
-pub(super) fn quantized_float(g: &mut Graph, axis: Option<usize>, ins: &[NodeId]) -> Result<(NodeId, NodeId)> {
+pub(super) fn quantized_float(
+    g: &mut Graph,
+    axis: Option<usize>,
+    ins: &[NodeId],
+) -> Result<(NodeId, NodeId)> {
     let (x, s, zp) = (ins[0], ins[1], ins[2]);
     let fdt = g.shape(x).dtype();
     let rank = g.shape(x).rank();
@@ -111,7 +131,10 @@ pub(super) fn eval_unclamped(axis: Option<usize>, ins: &[&Tensor]) -> Vec<f64> {
 
 pub(super) fn eval(axis: Option<usize>, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
     let (lo, hi) = qrange(out.dtype());
-    let q: Vec<i64> = eval_unclamped(axis, ins).into_iter().map(|v| v.clamp(lo, hi) as i64).collect();
+    let q: Vec<i64> = eval_unclamped(axis, ins)
+        .into_iter()
+        .map(|v| v.clamp(lo, hi) as i64)
+        .collect();
     Ok(Tensor::from_i64(ins[0].dims(), out.dtype(), q))
 }
 
@@ -124,9 +147,15 @@ pub(super) fn vjp(ins: &[NodeId]) -> Result<Vec<Option<NodeId>>> {
 /// moved past the batch axis. (Batched parameters make vmap batch the decomposition.)
 pub(super) fn batched(op: &Op) -> Result<Op> {
     Ok(match op {
-        Op::Quantize { axis } => Op::Quantize { axis: axis.map(|a| a + 1) },
-        Op::Dequantize { axis } => Op::Dequantize { axis: axis.map(|a| a + 1) },
-        Op::FakeQuantize { axis } => Op::FakeQuantize { axis: axis.map(|a| a + 1) },
+        Op::Quantize { axis } => Op::Quantize {
+            axis: axis.map(|a| a + 1),
+        },
+        Op::Dequantize { axis } => Op::Dequantize {
+            axis: axis.map(|a| a + 1),
+        },
+        Op::FakeQuantize { axis } => Op::FakeQuantize {
+            axis: axis.map(|a| a + 1),
+        },
         other => return Err(Error::op(other.name(), "is not an affine quantization op")),
     })
 }

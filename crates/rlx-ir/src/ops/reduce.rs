@@ -7,7 +7,10 @@ use crate::{DType, Dim, Error, ReduceKind, Result, Shape, TopKOutput};
 pub(super) fn reduce(kind: ReduceKind, axes: &[usize], keepdims: bool, x: &Shape) -> Result<Shape> {
     for w in axes.windows(2) {
         if w[0] >= w[1] {
-            return Err(Error::op("reduce", format!("axes {axes:?} must be sorted and distinct")));
+            return Err(Error::op(
+                "reduce",
+                format!("axes {axes:?} must be sorted and distinct"),
+            ));
         }
     }
     for &a in axes {
@@ -17,12 +20,18 @@ pub(super) fn reduce(kind: ReduceKind, axes: &[usize], keepdims: bool, x: &Shape
         require_float("reduce mean", x)?;
     }
     if x.dtype() == DType::Bool && matches!(kind, ReduceKind::Sum | ReduceKind::Prod) {
-        return Err(Error::op("reduce", format!("{kind:?} of bool operand {x}; cast to an integer first")));
+        return Err(Error::op(
+            "reduce",
+            format!("{kind:?} of bool operand {x}; cast to an integer first"),
+        ));
     }
     if matches!(kind, ReduceKind::Max | ReduceKind::Min | ReduceKind::Mean) {
         for &a in axes {
             if x.dim(a) == Some(0) {
-                return Err(Error::op("reduce", format!("{kind:?} over empty axis {a} of {x} has no value")));
+                return Err(Error::op(
+                    "reduce",
+                    format!("{kind:?} over empty axis {a} of {x} has no value"),
+                ));
             }
         }
     }
@@ -48,16 +57,24 @@ pub(super) fn softmax(axis: usize, x: &Shape) -> Result<Shape> {
 pub(super) fn cumsum(axis: usize, x: &Shape) -> Result<Shape> {
     check_axis("cumsum", axis, x)?;
     if x.dtype() == DType::Bool {
-        return Err(Error::op("cumsum", format!("bool operand {x}; cast to an integer first")));
+        return Err(Error::op(
+            "cumsum",
+            format!("bool operand {x}; cast to an integer first"),
+        ));
     }
     Ok(x.clone())
 }
 
 pub(super) fn topk(k: usize, output: TopKOutput, x: &Shape) -> Result<Shape> {
     let d = static_dims("topk", "operand", x)?;
-    let last = *d.last().ok_or_else(|| Error::op("topk", "operand must have rank >= 1"))?;
+    let last = *d
+        .last()
+        .ok_or_else(|| Error::op("topk", "operand must have rank >= 1"))?;
     if k > last {
-        return Err(Error::op("topk", format!("k = {k} exceeds the last axis of {x}")));
+        return Err(Error::op(
+            "topk",
+            format!("k = {k} exceeds the last axis of {x}"),
+        ));
     }
     let mut out = d.clone();
     *out.last_mut().expect("rank checked") = k;
@@ -76,8 +93,16 @@ use crate::{CmpOp, Graph, NodeId, Op};
 /// `ct` (the reduced shape) reshaped to keepdims form and broadcast back to `x`'s shape.
 fn expand_back(g: &mut Graph, v: NodeId, x: NodeId, axes: &[usize]) -> Result<NodeId> {
     let xd = dims(g, x);
-    let keep: Vec<usize> = xd.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
-    let v = if dims(g, v) != keep { g.try_reshape(v, &keep)? } else { v };
+    let keep: Vec<usize> = xd
+        .iter()
+        .enumerate()
+        .map(|(i, &d)| if axes.contains(&i) { 1 } else { d })
+        .collect();
+    let v = if dims(g, v) != keep {
+        g.try_reshape(v, &keep)?
+    } else {
+        v
+    };
     g.try_expand(v, &xd)
 }
 
@@ -95,7 +120,13 @@ fn chooser_weights(g: &mut Graph, x: NodeId, y: NodeId, axes: &[usize]) -> Resul
 
 /// `∂y/∂x` of a reduction, elementwise in `x`'s shape (`None` for sum, where it is one):
 /// `1/n` for mean, the arg-max/min indicator split among ties, `y/x` for prod.
-fn reduce_factor(g: &mut Graph, kind: ReduceKind, x: NodeId, out: NodeId, axes: &[usize]) -> Result<Option<NodeId>> {
+fn reduce_factor(
+    g: &mut Graph,
+    kind: ReduceKind,
+    x: NodeId,
+    out: NodeId,
+    axes: &[usize],
+) -> Result<Option<NodeId>> {
     let dt = g.shape(x).dtype();
     Ok(match kind {
         ReduceKind::Sum => None,
@@ -113,7 +144,13 @@ fn count(g: &Graph, x: NodeId, axes: &[usize]) -> f64 {
     axes.iter().map(|&a| d[a] as f64).product()
 }
 
-pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeId) -> Result<Vec<Option<NodeId>>> {
+pub(super) fn vjp(
+    g: &mut Graph,
+    op: &Op,
+    ins: &[NodeId],
+    out: NodeId,
+    ct: NodeId,
+) -> Result<Vec<Option<NodeId>>> {
     let x = ins[0];
     let dt = g.shape(x).dtype();
     if !differentiable(dt) {
@@ -140,7 +177,10 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeI
             let r = g.try_sub(tot, c)?;
             g.try_add(r, ct)?
         }
-        Op::TopK { k, output: TopKOutput::Values } => {
+        Op::TopK {
+            k,
+            output: TopKOutput::Values,
+        } => {
             let oh = one_hot(g, x, *k)?; // [..., k, n]
             let cd = dims(g, ct);
             let mut e = cd.clone();
@@ -160,7 +200,13 @@ pub(super) fn vjp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, ct: NodeI
 fn one_hot(g: &mut Graph, x: NodeId, k: usize) -> Result<NodeId> {
     let xd = dims(g, x);
     let n = *xd.last().unwrap_or(&0);
-    let idx = g.try_op(Op::TopK { k, output: TopKOutput::Indices }, &[x])?;
+    let idx = g.try_op(
+        Op::TopK {
+            k,
+            output: TopKOutput::Indices,
+        },
+        &[x],
+    )?;
     let mut id = dims(g, idx);
     id.push(1);
     let idx = g.try_reshape(idx, &id)?;
@@ -170,14 +216,26 @@ fn one_hot(g: &mut Graph, x: NodeId, k: usize) -> Result<NodeId> {
     g.try_cast(m, g.shape(x).dtype())
 }
 
-pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, t: &[Option<NodeId>]) -> Result<Option<NodeId>> {
-    let (x, Some(tx)) = (ins[0], t[0]) else { return Ok(None) };
+pub(super) fn jvp(
+    g: &mut Graph,
+    op: &Op,
+    ins: &[NodeId],
+    out: NodeId,
+    t: &[Option<NodeId>],
+) -> Result<Option<NodeId>> {
+    let (x, Some(tx)) = (ins[0], t[0]) else {
+        return Ok(None);
+    };
     let dt = g.shape(x).dtype();
     if !differentiable(dt) {
         return Ok(None);
     }
     Ok(Some(match op {
-        Op::Reduce { kind, axes, keepdims } => {
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        } => {
             let v = match reduce_factor(g, *kind, x, out, axes)? {
                 Some(f) => g.try_mul(tx, f)?,
                 None => tx,
@@ -191,7 +249,10 @@ pub(super) fn jvp(g: &mut Graph, op: &Op, ins: &[NodeId], out: NodeId, t: &[Opti
             g.try_mul(out, d)?
         }
         Op::Cumsum { axis } => g.try_cumsum(tx, *axis)?,
-        Op::TopK { k, output: TopKOutput::Values } => {
+        Op::TopK {
+            k,
+            output: TopKOutput::Values,
+        } => {
             let oh = one_hot(g, x, *k)?; // [..., k, n]
             let mut e = dims(g, tx);
             let n = e.pop().unwrap_or(0);
@@ -233,8 +294,19 @@ pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
                                 ReduceKind::Mean => it.sum::<f64>() / g.len() as f64,
                                 ReduceKind::Prod => it.product(),
                                 // NaN wins; an empty max is -inf, an empty min +inf.
-                                ReduceKind::Max => it.fold(f64::NEG_INFINITY, |a, b| if a >= b || a.is_nan() { a } else { b }),
-                                ReduceKind::Min => it.fold(f64::INFINITY, |a, b| if a <= b || a.is_nan() { a } else { b }),
+                                ReduceKind::Max => it.fold(f64::NEG_INFINITY, |a, b| {
+                                    if a >= b || a.is_nan() {
+                                        a
+                                    } else {
+                                        b
+                                    }
+                                }),
+                                ReduceKind::Min => {
+                                    it.fold(
+                                        f64::INFINITY,
+                                        |a, b| if a <= b || a.is_nan() { a } else { b },
+                                    )
+                                }
                             }
                         })
                         .collect(),
@@ -251,7 +323,9 @@ pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
                                 match kind {
                                     ReduceKind::Sum | ReduceKind::Mean => it.sum(),
                                     // Wrap after every step: the product of many values leaves i128.
-                                    ReduceKind::Prod => it.fold(1i128, |a, b| crate::eval::wrap_int(x.dtype(), a * b) as i128),
+                                    ReduceKind::Prod => it.fold(1i128, |a, b| {
+                                        crate::eval::wrap_int(x.dtype(), a * b) as i128
+                                    }),
                                     ReduceKind::Max => it.fold(lo, i128::max),
                                     ReduceKind::Min => it.fold(hi, i128::min),
                                 }
@@ -311,7 +385,10 @@ pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
                 order.sort_by(|&a, &b| {
                     let (x, y) = (v[g[a]], v[g[b]]);
                     let key = |z: f64| if z.is_nan() { f64::INFINITY } else { z };
-                    key(y).partial_cmp(&key(x)).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b))
+                    key(y)
+                        .partial_cmp(&key(x))
+                        .unwrap_or(std::cmp::Ordering::Equal)
+                        .then(a.cmp(&b))
                 });
                 for &j in &order[..*k] {
                     src.push(g[j]);
@@ -346,22 +423,47 @@ pub(super) fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> super::Cost {
     let n = super::numel(ins[0]);
     let flops = match op {
         Op::Softmax { .. } => 5 * n,
-        Op::TopK { .. } => n * (super::numel(out) / ins[0].dims().last().and_then(|d| d.as_static()).unwrap_or(1).max(1) as u64).max(1),
+        Op::TopK { .. } => {
+            n * (super::numel(out)
+                / ins[0]
+                    .dims()
+                    .last()
+                    .and_then(|d| d.as_static())
+                    .unwrap_or(1)
+                    .max(1) as u64)
+                .max(1)
+        }
         _ => n,
     };
     super::Cost::streaming(ins, out, 0).with_flops(flops)
 }
 
-const REDUCE_KINDS: [(ReduceKind, &str); 5] =
-    [(ReduceKind::Sum, "sum"), (ReduceKind::Mean, "mean"), (ReduceKind::Max, "max"), (ReduceKind::Min, "min"), (ReduceKind::Prod, "prod")];
+const REDUCE_KINDS: [(ReduceKind, &str); 5] = [
+    (ReduceKind::Sum, "sum"),
+    (ReduceKind::Mean, "mean"),
+    (ReduceKind::Max, "max"),
+    (ReduceKind::Min, "min"),
+    (ReduceKind::Prod, "prod"),
+];
 
 /// Text-form attributes of the reductions.
 pub fn attrs(op: &crate::Op) -> Vec<(&'static str, Attr)> {
     use crate::Op;
     match op {
-        Op::Reduce { kind, axes, keepdims } => {
-            let name = REDUCE_KINDS.iter().find(|k| k.0 == *kind).map_or("sum", |k| k.1);
-            vec![("kind", Attr::word(name)), ("axes", axes.as_slice().into()), ("keepdims", (*keepdims).into())]
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        } => {
+            let name = REDUCE_KINDS
+                .iter()
+                .find(|k| k.0 == *kind)
+                .map_or("sum", |k| k.1);
+            vec![
+                ("kind", Attr::word(name)),
+                ("axes", axes.as_slice().into()),
+                ("keepdims", (*keepdims).into()),
+            ]
         }
         Op::Softmax { axis } | Op::Cumsum { axis } => vec![("axis", (*axis).into())],
         Op::TopK { k, output } => {
@@ -380,12 +482,18 @@ pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
     use crate::{Op, OpKind as K};
     Ok(match kind {
         K::Reduce => Op::Reduce {
-            kind: a.word("kind", "sum, mean, max, min, prod", |w| REDUCE_KINDS.iter().find(|k| k.1 == w).map(|k| k.0))?,
+            kind: a.word("kind", "sum, mean, max, min, prod", |w| {
+                REDUCE_KINDS.iter().find(|k| k.1 == w).map(|k| k.0)
+            })?,
             axes: a.usizes("axes")?,
             keepdims: a.bool("keepdims")?,
         },
-        K::Softmax => Op::Softmax { axis: a.usize("axis")? },
-        K::Cumsum => Op::Cumsum { axis: a.usize("axis")? },
+        K::Softmax => Op::Softmax {
+            axis: a.usize("axis")?,
+        },
+        K::Cumsum => Op::Cumsum {
+            axis: a.usize("axis")?,
+        },
         K::TopK => Op::TopK {
             k: a.usize("k")?,
             output: a.word("output", "values, indices", |w| match w {

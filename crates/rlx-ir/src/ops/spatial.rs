@@ -5,7 +5,13 @@ use crate::text::{Attr, Attrs};
 use crate::{ConvAttrs, Error, PoolAttrs, Result, Shape};
 
 /// Output length of one spatial axis, or `None` if the window does not fit.
-pub(crate) fn out_len(n: usize, k: usize, stride: usize, dil: usize, pad: (usize, usize)) -> Option<usize> {
+pub(crate) fn out_len(
+    n: usize,
+    k: usize,
+    stride: usize,
+    dil: usize,
+    pad: (usize, usize),
+) -> Option<usize> {
     let span = dil.checked_mul(k.checked_sub(1)?)?.checked_add(1)?;
     let padded = n.checked_add(pad.0)?.checked_add(pad.1)?;
     if stride == 0 || padded < span {
@@ -16,11 +22,17 @@ pub(crate) fn out_len(n: usize, k: usize, stride: usize, dil: usize, pad: (usize
 
 fn check_lens(op: &str, nsp: usize, lens: &[(&str, usize)]) -> Result<()> {
     if !(1..=2).contains(&nsp) {
-        return Err(Error::op(op, format!("supports 1 or 2 spatial axes, got {nsp}")));
+        return Err(Error::op(
+            op,
+            format!("supports 1 or 2 spatial axes, got {nsp}"),
+        ));
     }
     for (what, l) in lens {
         if *l != nsp {
-            return Err(Error::op(op, format!("{what} has {l} entries for {nsp} spatial axes")));
+            return Err(Error::op(
+                op,
+                format!("{what} has {l} entries for {nsp} spatial axes"),
+            ));
         }
     }
     Ok(())
@@ -33,9 +45,22 @@ pub(super) fn conv(a: &ConvAttrs, ins: &[&Shape]) -> Result<Shape> {
     let xd = static_dims("conv", "input", x)?;
     let wd = static_dims("conv", "weight", w)?;
     let nsp = xd.len().saturating_sub(2);
-    check_lens("conv", nsp, &[("stride", a.stride.len()), ("padding", a.padding.len()), ("dilation", a.dilation.len())])?;
+    check_lens(
+        "conv",
+        nsp,
+        &[
+            ("stride", a.stride.len()),
+            ("padding", a.padding.len()),
+            ("dilation", a.dilation.len()),
+        ],
+    )?;
     let g = a.groups;
-    if wd.len() != xd.len() || g == 0 || xd[1] % g != 0 || wd[0] % g != 0 || wd[1].checked_mul(g) != Some(xd[1]) {
+    if wd.len() != xd.len()
+        || g == 0
+        || xd[1] % g != 0
+        || wd[0] % g != 0
+        || wd[1].checked_mul(g) != Some(xd[1])
+    {
         return Err(Error::op(
             "conv",
             format!("weight {w} does not fit input {x} with {g} groups (want [O, C/groups, k...] with O divisible by groups)"),
@@ -43,8 +68,21 @@ pub(super) fn conv(a: &ConvAttrs, ins: &[&Shape]) -> Result<Shape> {
     }
     let mut out = vec![xd[0], wd[0]];
     for i in 0..nsp {
-        let l = out_len(xd[2 + i], wd[2 + i], a.stride[i], a.dilation[i].max(1), a.padding[i]).ok_or_else(|| {
-            Error::op("conv", format!("kernel {:?} does not fit spatial axis {i} of {x} with {a:?}", &wd[2..]))
+        let l = out_len(
+            xd[2 + i],
+            wd[2 + i],
+            a.stride[i],
+            a.dilation[i].max(1),
+            a.padding[i],
+        )
+        .ok_or_else(|| {
+            Error::op(
+                "conv",
+                format!(
+                    "kernel {:?} does not fit spatial axis {i} of {x} with {a:?}",
+                    &wd[2..]
+                ),
+            )
         })?;
         out.push(l);
     }
@@ -56,15 +94,32 @@ pub(super) fn pool(a: &PoolAttrs, ins: &[&Shape]) -> Result<Shape> {
     require_float("pool", x)?;
     let xd = static_dims("pool", "input", x)?;
     let nsp = xd.len().saturating_sub(2);
-    check_lens("pool", nsp, &[("kernel", a.kernel.len()), ("stride", a.stride.len()), ("padding", a.padding.len())])?;
+    check_lens(
+        "pool",
+        nsp,
+        &[
+            ("kernel", a.kernel.len()),
+            ("stride", a.stride.len()),
+            ("padding", a.padding.len()),
+        ],
+    )?;
     let mut out = vec![xd[0], xd[1]];
     for i in 0..nsp {
         let (lo, hi) = a.padding[i];
         if lo >= a.kernel[i] || hi >= a.kernel[i] {
-            return Err(Error::op("pool", format!("padding {:?} must be smaller than the window {}", a.padding[i], a.kernel[i])));
+            return Err(Error::op(
+                "pool",
+                format!(
+                    "padding {:?} must be smaller than the window {}",
+                    a.padding[i], a.kernel[i]
+                ),
+            ));
         }
         let l = out_len(xd[2 + i], a.kernel[i], a.stride[i], 1, a.padding[i]).ok_or_else(|| {
-            Error::op("pool", format!("window {:?} does not fit spatial axis {i} of {x}", a.kernel))
+            Error::op(
+                "pool",
+                format!("window {:?} does not fit spatial axis {i} of {x}", a.kernel),
+            )
         })?;
         out.push(l);
     }
@@ -169,15 +224,27 @@ pub(super) fn decompose_conv(g: &mut Graph, a: &ConvAttrs, ins: &[NodeId]) -> Re
     let rows = n * win.o[0] * win.o[1];
     let mut outs = Vec::new();
     for gi in 0..a.groups {
-        let pg = if a.groups == 1 { p } else { g.try_narrow(p, 1, gi * cg, cg)? };
+        let pg = if a.groups == 1 {
+            p
+        } else {
+            g.try_narrow(p, 1, gi * cg, cg)?
+        };
         let pt = g.try_transpose(pg, &[0, 2, 4, 1, 3, 5])?; // [N, OH, OW, Cg, KH, KW]
         let pm = g.try_reshape(pt, &[rows, kk])?;
-        let wg = if a.groups == 1 { wt } else { g.try_narrow(wt, 0, gi * og, og)? };
+        let wg = if a.groups == 1 {
+            wt
+        } else {
+            g.try_narrow(wt, 0, gi * og, og)?
+        };
         let wm = g.try_reshape(wg, &[og, kk])?;
         let wmt = g.try_transpose(wm, &[1, 0])?;
         outs.push(g.try_dot(pm, wmt)?); // [rows, Og]
     }
-    let y = if outs.len() == 1 { outs[0] } else { g.try_concat(&outs, 1)? };
+    let y = if outs.len() == 1 {
+        outs[0]
+    } else {
+        g.try_concat(&outs, 1)?
+    };
     let y = g.try_reshape(y, &[n, win.o[0], win.o[1], o])?;
     let y = g.try_transpose(y, &[0, 3, 1, 2])?;
     if one_d {
@@ -201,7 +268,11 @@ pub(super) fn decompose_pool(g: &mut Graph, a: &PoolAttrs, ins: &[NodeId]) -> Re
         p: two(&a.padding, (0, 0)),
         o: if one_d { [1, od[2]] } else { [od[2], od[3]] },
     };
-    let fill = if a.kind == PoolKind::Max { f64::NEG_INFINITY } else { 0.0 };
+    let fill = if a.kind == PoolKind::Max {
+        f64::NEG_INFINITY
+    } else {
+        0.0
+    };
     let p = patches(g, x, &win, fill)?;
     let y = match a.kind {
         PoolKind::Max => g.try_reduce(ReduceKind::Max, p, &[3, 5], false)?,
@@ -210,13 +281,16 @@ pub(super) fn decompose_pool(g: &mut Graph, a: &PoolAttrs, ins: &[NodeId]) -> Re
             // Real (non-padding) elements per window.
             let dt = g.shape(x).dtype();
             let real = |o: usize, k: usize, s: usize, lo: usize, n: usize| {
-                (0..k).filter(|&j| (o * s + j).checked_sub(lo).is_some_and(|i| i < n)).count()
+                (0..k)
+                    .filter(|&j| (o * s + j).checked_sub(lo).is_some_and(|i| i < n))
+                    .count()
             };
             let mut data = Vec::new();
             let mut buf = vec![0u8; dt.size_bytes()];
             for oh in 0..win.o[0] {
                 for ow in 0..win.o[1] {
-                    let cnt = real(oh, win.k[0], win.s[0], win.p[0].0, xd[2]) * real(ow, win.k[1], win.s[1], win.p[1].0, xd[3]);
+                    let cnt = real(oh, win.k[0], win.s[0], win.p[0].0, xd[2])
+                        * real(ow, win.k[1], win.s[1], win.p[1].0, xd[3]);
                     crate::convert::f64_to_bytes(cnt.max(1) as f64, dt, &mut buf)?;
                     data.extend_from_slice(&buf);
                 }
@@ -242,7 +316,9 @@ pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
             let window: u64 = (1..ins[1].rank()).map(|i| d(ins[1], i)).product();
             base.with_flops(2 * super::numel(out) * window)
         }
-        crate::Op::Pool(a) => base.with_flops(super::numel(out) * a.kernel.iter().product::<usize>() as u64),
+        crate::Op::Pool(a) => {
+            base.with_flops(super::numel(out) * a.kernel.iter().product::<usize>() as u64)
+        }
         _ => base,
     }
 }
@@ -258,7 +334,14 @@ pub fn attrs(op: &crate::Op) -> Vec<(&'static str, Attr)> {
             ("groups", c.groups.into()),
         ],
         Op::Pool(p) => vec![
-            ("kind", Attr::word(if p.kind == PoolKind::Max { "max" } else { "mean" })),
+            (
+                "kind",
+                Attr::word(if p.kind == PoolKind::Max {
+                    "max"
+                } else {
+                    "mean"
+                }),
+            ),
             ("kernel", p.kernel.as_slice().into()),
             ("stride", p.stride.as_slice().into()),
             ("padding", Attr::pairs(&p.padding)),
@@ -271,7 +354,12 @@ pub fn attrs(op: &crate::Op) -> Vec<(&'static str, Attr)> {
 pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
     use crate::{Op, OpKind as K, PoolKind};
     Ok(match kind {
-        K::Conv => Op::Conv(ConvAttrs { stride: a.usizes("stride")?, padding: a.pairs("padding")?, dilation: a.usizes("dilation")?, groups: a.usize("groups")? }),
+        K::Conv => Op::Conv(ConvAttrs {
+            stride: a.usizes("stride")?,
+            padding: a.pairs("padding")?,
+            dilation: a.usizes("dilation")?,
+            groups: a.usize("groups")?,
+        }),
         K::Pool => Op::Pool(PoolAttrs {
             kind: a.word("kind", "max, mean", |w| match w {
                 "max" => Some(PoolKind::Max),

@@ -13,7 +13,10 @@ pub struct ChatMessage {
 impl ChatMessage {
     /// A message with `role` and `content`.
     pub fn new(role: &str, content: &str) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -39,7 +42,13 @@ impl ChatTemplate {
     /// Recognise `template` (the Jinja source); `arch` picks a default when there is none.
     pub fn detect(template: Option<&str>, arch: &str) -> ChatTemplate {
         let Some(t) = template else {
-            return if arch.starts_with("gemma") { ChatTemplate::Gemma } else { ChatTemplate::ChatMl { default_system: None } };
+            return if arch.starts_with("gemma") {
+                ChatTemplate::Gemma
+            } else {
+                ChatTemplate::ChatMl {
+                    default_system: None,
+                }
+            };
         };
         if t.contains("<start_of_turn>") {
             ChatTemplate::Gemma
@@ -53,7 +62,9 @@ impl ChatTemplate {
                 let rest = &t[i + marker.len()..];
                 rest.find("<|im_end|>").map(|j| rest[..j].to_string())
             });
-            ChatTemplate::ChatMl { default_system: default_system.filter(|s| !s.contains("{{") && !s.contains("{%")) }
+            ChatTemplate::ChatMl {
+                default_system: default_system.filter(|s| !s.contains("{{") && !s.contains("{%")),
+            }
         }
     }
 
@@ -79,14 +90,25 @@ impl ChatTemplate {
                         system = format!("{}\n\n", m.content);
                         continue;
                     }
-                    let role = if m.role == "assistant" { "model" } else { m.role.as_str() };
-                    s += &format!("<start_of_turn>{role}\n{}{}<end_of_turn>\n", std::mem::take(&mut system), m.content);
+                    let role = if m.role == "assistant" {
+                        "model"
+                    } else {
+                        m.role.as_str()
+                    };
+                    s += &format!(
+                        "<start_of_turn>{role}\n{}{}<end_of_turn>\n",
+                        std::mem::take(&mut system),
+                        m.content
+                    );
                 }
                 s += "<start_of_turn>model\n";
             }
             ChatTemplate::Llama3 => {
                 for m in messages {
-                    s += &format!("<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>", m.role, m.content);
+                    s += &format!(
+                        "<|start_header_id|>{}<|end_header_id|>\n\n{}<|eot_id|>",
+                        m.role, m.content
+                    );
                 }
                 s += "<|start_header_id|>assistant<|end_header_id|>\n\n";
             }
@@ -95,7 +117,13 @@ impl ChatTemplate {
                 for m in messages {
                     match m.role.as_str() {
                         "system" => system = format!("<<SYS>>\n{}\n<</SYS>>\n\n", m.content),
-                        "user" => s += &format!("[INST] {}{} [/INST]", std::mem::take(&mut system), m.content),
+                        "user" => {
+                            s += &format!(
+                                "[INST] {}{} [/INST]",
+                                std::mem::take(&mut system),
+                                m.content
+                            )
+                        }
                         _ => s += &format!(" {}</s>", m.content),
                     }
                 }
@@ -113,7 +141,12 @@ mod tests {
     fn chatml_inserts_the_default_system_prompt() {
         let t = "{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nBe brief<|im_end|>\n' }}{% endif %}";
         let c = ChatTemplate::detect(Some(t), "llama");
-        assert_eq!(c, ChatTemplate::ChatMl { default_system: Some("Be brief".into()) });
+        assert_eq!(
+            c,
+            ChatTemplate::ChatMl {
+                default_system: Some("Be brief".into())
+            }
+        );
         let p = c.render(&[ChatMessage::new("user", "hi")]);
         assert_eq!(p, "<|im_start|>system\nBe brief<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
     }
@@ -121,7 +154,13 @@ mod tests {
     #[test]
     fn gemma_folds_the_system_prompt_into_the_first_turn() {
         let c = ChatTemplate::detect(None, "gemma3");
-        let p = c.render(&[ChatMessage::new("system", "S"), ChatMessage::new("user", "hi")]);
-        assert_eq!(p, "<start_of_turn>user\nS\n\nhi<end_of_turn>\n<start_of_turn>model\n");
+        let p = c.render(&[
+            ChatMessage::new("system", "S"),
+            ChatMessage::new("user", "hi"),
+        ]);
+        assert_eq!(
+            p,
+            "<start_of_turn>user\nS\n\nhi<end_of_turn>\n<start_of_turn>model\n"
+        );
     }
 }

@@ -70,15 +70,27 @@ impl LlmConfig {
             }
         };
         let key = |k: &str| format!("{arch_name}.{k}");
-        let opt_usize = |k: &str| f.get(&key(k)).and_then(|v| v.as_int()).and_then(|v| usize::try_from(v).ok());
+        let opt_usize = |k: &str| {
+            f.get(&key(k))
+                .and_then(|v| v.as_int())
+                .and_then(|v| usize::try_from(v).ok())
+        };
         let n_embd = f.get_usize(&key("embedding_length"))?;
         let n_head = f.get_usize(&key("attention.head_count"))?;
         if n_head == 0 || n_embd == 0 {
-            return Err(GgufError::new(0, key("attention.head_count"), "head count and embedding length must be positive"));
+            return Err(GgufError::new(
+                0,
+                key("attention.head_count"),
+                "head count and embedding length must be positive",
+            ));
         }
         let n_head_kv = opt_usize("attention.head_count_kv").unwrap_or(n_head);
         if n_head_kv == 0 || n_head % n_head_kv != 0 {
-            return Err(GgufError::new(0, key("attention.head_count_kv"), format!("{n_head_kv} KV heads do not divide {n_head} query heads")));
+            return Err(GgufError::new(
+                0,
+                key("attention.head_count_kv"),
+                format!("{n_head_kv} KV heads do not divide {n_head} query heads"),
+            ));
         }
         let head_dim = opt_usize("attention.key_length").unwrap_or(n_embd / n_head);
         let v_head_dim = opt_usize("attention.value_length").unwrap_or(head_dim);
@@ -87,8 +99,15 @@ impl LlmConfig {
             None => f.get_array("tokenizer.ggml.tokens")?.len(),
         };
         let gemma = arch == Arch::Gemma3;
-        let rope_theta = f.get(&key("rope.freq_base")).and_then(|v| v.as_f64()).unwrap_or(10000.0) as f32;
-        let sliding_window = if gemma { opt_usize("attention.sliding_window") } else { None };
+        let rope_theta = f
+            .get(&key("rope.freq_base"))
+            .and_then(|v| v.as_f64())
+            .unwrap_or(10000.0) as f32;
+        let sliding_window = if gemma {
+            opt_usize("attention.sliding_window")
+        } else {
+            None
+        };
         let key_scale = f.get(&key("attention.scale")).and_then(|v| v.as_f64());
         Ok(LlmConfig {
             n_layer: f.get_usize(&key("block_count"))?,

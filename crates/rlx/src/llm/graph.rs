@@ -34,11 +34,16 @@ pub fn param_shape(t: &rlx_gguf::TensorInfo) -> Result<Shape> {
         return Ok(Shape::new(&shape, DType::F32));
     }
     if scheme_of(t.ty).is_none() {
-        return Err(Error::Invalid(format!("tensor \"{}\" has type {}, which RLX cannot compute with", t.name, t.ty)));
+        return Err(Error::Invalid(format!(
+            "tensor \"{}\" has type {}, which RLX cannot compute with",
+            t.name, t.ty
+        )));
     }
     let row = *shape.last().unwrap_or(&1);
     let rows: usize = shape[..shape.len().saturating_sub(1)].iter().product();
-    let row_bytes = t.ty.row_bytes(row).ok_or_else(|| Error::Invalid(format!("tensor \"{}\": rows are not whole blocks", t.name)))?;
+    let row_bytes = t.ty.row_bytes(row).ok_or_else(|| {
+        Error::Invalid(format!("tensor \"{}\": rows are not whole blocks", t.name))
+    })?;
     Ok(Shape::new(&[rows, row_bytes], DType::U8))
 }
 
@@ -71,7 +76,10 @@ impl Builder<'_> {
         if let Some(&p) = self.params.get(name) {
             return Ok(p);
         }
-        let t = self.f.require_tensor(name).map_err(|e| Error::Invalid(e.to_string()))?;
+        let t = self
+            .f
+            .require_tensor(name)
+            .map_err(|e| Error::Invalid(e.to_string()))?;
         let p = self.g.try_param(name, param_shape(t)?)?;
         self.params.insert(name.to_string(), p);
         Ok(p)
@@ -84,7 +92,11 @@ impl Builder<'_> {
     /// `x @ W^T (+ b)` for weight `name.weight`.
     fn linear(&mut self, x: NodeId, name: &str) -> Result<NodeId> {
         let wname = format!("{name}.weight");
-        let ty = self.f.require_tensor(&wname).map_err(|e| Error::Invalid(e.to_string()))?.ty;
+        let ty = self
+            .f
+            .require_tensor(&wname)
+            .map_err(|e| Error::Invalid(e.to_string()))?
+            .ty;
         let w = self.param(&wname)?;
         let y = match scheme_of(ty) {
             Some(s) => self.g.try_dequant_matmul(x, w, s)?,
@@ -121,7 +133,11 @@ impl Builder<'_> {
     /// Rows `tokens` of the embedding table, as f32.
     fn embed(&mut self, tokens: NodeId) -> Result<NodeId> {
         let name = "token_embd.weight";
-        let ty = self.f.require_tensor(name).map_err(|e| Error::Invalid(e.to_string()))?.ty;
+        let ty = self
+            .f
+            .require_tensor(name)
+            .map_err(|e| Error::Invalid(e.to_string()))?
+            .ty;
         let table = self.param(name)?;
         let rows = self.g.try_gather(table, tokens, 0)?;
         match scheme_of(ty) {
@@ -137,9 +153,16 @@ impl Builder<'_> {
 pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph> {
     let s = spec.tokens;
     if s == 0 || s > spec.ctx {
-        return Err(Error::Invalid(format!("a step takes 1..={} tokens, got {s}", spec.ctx)));
+        return Err(Error::Invalid(format!(
+            "a step takes 1..={} tokens, got {s}",
+            spec.ctx
+        )));
     }
-    let mut b = Builder { g: Graph::new(&format!("{}_step{s}", cfg.arch_name)), f, params: HashMap::new() };
+    let mut b = Builder {
+        g: Graph::new(&format!("{}_step{s}", cfg.arch_name)),
+        f,
+        params: HashMap::new(),
+    };
     let tokens = b.g.try_input("tokens", Shape::new(&[s], DType::I32))?;
     let positions = b.g.try_input("positions", Shape::new(&[s], DType::I32))?;
     let pos = b.g.try_input("pos", Shape::new(&[1], DType::I32))?;
@@ -166,14 +189,17 @@ pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph
         // RoPE works on [..., S, D]: rotate with heads in front, then put S back first.
         let rope = |b: &mut Builder, t: NodeId| -> Result<NodeId> {
             let th = b.g.try_transpose(t, &[1, 0, 2])?;
-            let r = b.g.try_rope(th, positions, cfg.rope_base(l), cfg.rope_interleaved)?;
+            let r =
+                b.g.try_rope(th, positions, cfg.rope_base(l), cfg.rope_interleaved)?;
             b.g.try_transpose(r, &[1, 0, 2])
         };
         let q = rope(&mut b, q)?;
         let k = rope(&mut b, k)?;
         let (kn, vn) = cache_names(l);
-        let kc = b.g.try_param(&kn, Shape::new(&[spec.ctx, hkv, dh], spec.cache_dtype))?;
-        let vc = b.g.try_param(&vn, Shape::new(&[spec.ctx, hkv, dv], spec.cache_dtype))?;
+        let kc =
+            b.g.try_param(&kn, Shape::new(&[spec.ctx, hkv, dh], spec.cache_dtype))?;
+        let vc =
+            b.g.try_param(&vn, Shape::new(&[spec.ctx, hkv, dv], spec.cache_dtype))?;
         let kc = b.g.try_cache_write(kc, k, pos)?;
         let vc = b.g.try_cache_write(vc, v, pos)?;
         // Gemma scales the queries before the (f16) products, llama the scores after them; the
@@ -184,7 +210,8 @@ pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph
         } else {
             (q, cfg.attn_scale)
         };
-        let a = b.g.try_cached_attention(q, kc, vc, pos, scale, cfg.window(l))?;
+        let a =
+            b.g.try_cached_attention(q, kc, vc, pos, scale, cfg.window(l))?;
         let a = b.g.try_reshape(a, &[s, hq * dv])?;
         let mut o = b.linear(a, &p("attn_output"))?;
         if gemma {
@@ -194,7 +221,11 @@ pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph
         let h = b.norm(x, &p("ffn_norm"), cfg.eps)?;
         let gate = b.linear(h, &p("ffn_gate"))?;
         let up = b.linear(h, &p("ffn_up"))?;
-        let gate = if gemma { b.gelu_like_llama_cpp(gate)? } else { b.g.try_activation(Activation::Silu, gate)? };
+        let gate = if gemma {
+            b.gelu_like_llama_cpp(gate)?
+        } else {
+            b.g.try_activation(Activation::Silu, gate)?
+        };
         let hidden = b.g.try_mul(gate, up)?;
         let mut d = b.linear(hidden, &p("ffn_down"))?;
         if gemma {
@@ -206,7 +237,11 @@ pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph
         x = b.g.try_narrow(x, 0, s - 1, 1)?;
     }
     let x = b.norm(x, "output_norm", cfg.eps)?;
-    let head = if b.has("output.weight") { "output" } else { "token_embd" };
+    let head = if b.has("output.weight") {
+        "output"
+    } else {
+        "token_embd"
+    };
     let logits = b.linear(x, head)?;
     b.g.set_outputs(vec![logits]);
     Ok(b.g)

@@ -24,7 +24,12 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { threads: None, ctx: None, batch: 512, cache_dtype: DType::F16 }
+        LoadOptions {
+            threads: None,
+            ctx: None,
+            batch: 512,
+            cache_dtype: DType::F16,
+        }
     }
 }
 
@@ -60,7 +65,11 @@ pub struct Llm {
 
 impl std::fmt::Debug for Llm {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Llm").field("config", &self.config).field("ctx", &self.ctx).field("pos", &self.pos).finish_non_exhaustive()
+        f.debug_struct("Llm")
+            .field("config", &self.config)
+            .field("ctx", &self.ctx)
+            .field("pos", &self.pos)
+            .finish_non_exhaustive()
     }
 }
 
@@ -81,10 +90,16 @@ impl Llm {
         let file = GgufFile::open(path.as_ref()).map_err(gguf_err)?;
         let config = LlmConfig::from_gguf(&file).map_err(gguf_err)?;
         let tokenizer = Tokenizer::from_gguf(&file).map_err(gguf_err)?;
-        let chat_template = file.get("tokenizer.chat_template").and_then(|v| v.as_str()).map(str::to_string);
+        let chat_template = file
+            .get("tokenizer.chat_template")
+            .and_then(|v| v.as_str())
+            .map(str::to_string);
         let ctx = opts.ctx.unwrap_or(config.ctx_train.min(4096)).max(1);
         if !matches!(opts.cache_dtype, DType::F16 | DType::F32 | DType::BF16) {
-            return Err(Error::Invalid(format!("the KV cache holds f16, bf16 or f32, not {}", opts.cache_dtype)));
+            return Err(Error::Invalid(format!(
+                "the KV cache holds f16, bf16 or f32, not {}",
+                opts.cache_dtype
+            )));
         }
         let mut session = Session::new(Device::Cpu);
         if let Some(t) = opts.threads {
@@ -92,14 +107,23 @@ impl Llm {
         }
         let open = t0.elapsed();
         let t1 = Instant::now();
-        let spec = StepSpec { tokens: 1, all_logits: false, ctx, cache_dtype: opts.cache_dtype };
+        let spec = StepSpec {
+            tokens: 1,
+            all_logits: false,
+            ctx,
+            cache_dtype: opts.cache_dtype,
+        };
         let decode = session.try_compile(build_step(&config, &file, spec)?)?;
         let compile = t1.elapsed();
         let mut llm = Llm {
             config,
             tokenizer,
             chat_template,
-            load_stats: LoadStats { open, compile, weights: Duration::ZERO },
+            load_stats: LoadStats {
+                open,
+                compile,
+                weights: Duration::ZERO,
+            },
             file,
             session,
             opts,
@@ -129,7 +153,8 @@ impl Llm {
             let data = self.file.tensor_data(t);
             for (i, piece) in data.chunks(PIECE).enumerate() {
                 graph.try_set_param_bytes_at(&name, i * PIECE, piece)?;
-                self.file.release_range(t, (i * PIECE) as u64, piece.len() as u64);
+                self.file
+                    .release_range(t, (i * PIECE) as u64, piece.len() as u64);
             }
         }
         Ok(())
@@ -161,7 +186,12 @@ impl Llm {
     }
 
     fn step(&mut self, tokens: usize, all_logits: bool) -> Result<usize> {
-        let spec = StepSpec { tokens, all_logits: all_logits && tokens > 1, ctx: self.ctx, cache_dtype: self.opts.cache_dtype };
+        let spec = StepSpec {
+            tokens,
+            all_logits: all_logits && tokens > 1,
+            ctx: self.ctx,
+            cache_dtype: self.opts.cache_dtype,
+        };
         if let Some(i) = self.steps.iter().position(|(s, _)| *s == spec) {
             return Ok(i);
         }
@@ -176,8 +206,13 @@ impl Llm {
 
     fn run_chunk(&mut self, tokens: &[u32], all_logits: bool) -> Result<Vec<f32>> {
         let i = self.step(tokens.len(), all_logits)?;
-        let ids: Vec<u8> = tokens.iter().flat_map(|&t| (t as i32).to_le_bytes()).collect();
-        let positions: Vec<u8> = (0..tokens.len()).flat_map(|j| ((self.pos + j) as i32).to_le_bytes()).collect();
+        let ids: Vec<u8> = tokens
+            .iter()
+            .flat_map(|&t| (t as i32).to_le_bytes())
+            .collect();
+        let positions: Vec<u8> = (0..tokens.len())
+            .flat_map(|j| ((self.pos + j) as i32).to_le_bytes())
+            .collect();
         let pos = (self.pos as i32).to_le_bytes();
         let out = self.steps[i].1.try_run_typed(&[
             ("tokens", &ids, DType::I32),
@@ -186,7 +221,10 @@ impl Llm {
         ])?;
         self.pos += tokens.len();
         let (bytes, _) = out.into_iter().next().expect("one output");
-        Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        Ok(bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
     }
 
     fn check(&self, tokens: &[u32]) -> Result<()> {
@@ -194,7 +232,10 @@ impl Llm {
             return Err(Error::Invalid("no tokens to evaluate".into()));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= self.config.vocab) {
-            return Err(Error::Invalid(format!("token id {bad} is out of range for the {}-token vocabulary", self.config.vocab)));
+            return Err(Error::Invalid(format!(
+                "token id {bad} is out of range for the {}-token vocabulary",
+                self.config.vocab
+            )));
         }
         if self.pos + tokens.len() > self.ctx {
             return Err(Error::Invalid(format!(
@@ -230,5 +271,4 @@ impl Llm {
         }
         Ok(all)
     }
-
 }

@@ -23,14 +23,25 @@ pub struct SamplerConfig {
 
 impl Default for SamplerConfig {
     fn default() -> Self {
-        SamplerConfig { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.05, repeat_penalty: 1.0, repeat_last_n: 64, seed: 0 }
+        SamplerConfig {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            seed: 0,
+        }
     }
 }
 
 impl SamplerConfig {
     /// Always the most likely token.
     pub fn greedy() -> SamplerConfig {
-        SamplerConfig { temperature: 0.0, ..SamplerConfig::default() }
+        SamplerConfig {
+            temperature: 0.0,
+            ..SamplerConfig::default()
+        }
     }
 }
 
@@ -46,7 +57,12 @@ pub struct Sampler {
 impl Sampler {
     /// A sampler for `cfg`.
     pub fn new(cfg: SamplerConfig) -> Sampler {
-        Sampler { state: cfg.seed ^ 0x9E37_79B9_7F4A_7C15, cfg, recent: Default::default(), cand: Vec::new() }
+        Sampler {
+            state: cfg.seed ^ 0x9E37_79B9_7F4A_7C15,
+            cfg,
+            recent: Default::default(),
+            cand: Vec::new(),
+        }
     }
 
     /// Record a token that is part of the context (prompt tokens count for the penalty).
@@ -78,14 +94,22 @@ impl Sampler {
     }
 
     fn choose(&mut self, logits: &mut [f32]) -> u32 {
-        let r = if self.cfg.temperature > 0.0 { self.uniform() } else { 0.0 };
+        let r = if self.cfg.temperature > 0.0 {
+            self.uniform()
+        } else {
+            0.0
+        };
         let c = &self.cfg;
         if c.repeat_penalty != 1.0 {
             let mut seen = std::collections::HashSet::new();
             for &t in &self.recent {
                 if seen.insert(t) {
                     if let Some(l) = logits.get_mut(t as usize) {
-                        *l = if *l > 0.0 { *l / c.repeat_penalty } else { *l * c.repeat_penalty };
+                        *l = if *l > 0.0 {
+                            *l / c.repeat_penalty
+                        } else {
+                            *l * c.repeat_penalty
+                        };
                     }
                 }
             }
@@ -158,21 +182,36 @@ mod tests {
 
     #[test]
     fn seeded_sampling_repeats_and_respects_top_k() {
-        let cfg = SamplerConfig { temperature: 1.0, top_k: 2, top_p: 1.0, min_p: 0.0, seed: 7, ..SamplerConfig::default() };
+        let cfg = SamplerConfig {
+            temperature: 1.0,
+            top_k: 2,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed: 7,
+            ..SamplerConfig::default()
+        };
         let logits = [1.0f32, 0.5, 0.9, -3.0];
         let run = || {
             let mut s = Sampler::new(cfg.clone());
-            (0..200).map(|_| s.sample(&mut logits.clone())).collect::<Vec<_>>()
+            (0..200)
+                .map(|_| s.sample(&mut logits.clone()))
+                .collect::<Vec<_>>()
         };
         let (a, b) = (run(), run());
         assert_eq!(a, b);
-        assert!(a.iter().all(|&t| t == 0 || t == 2), "top-k 2 keeps tokens 0 and 2");
+        assert!(
+            a.iter().all(|&t| t == 0 || t == 2),
+            "top-k 2 keeps tokens 0 and 2"
+        );
         assert!(a.contains(&0) && a.contains(&2));
     }
 
     #[test]
     fn repetition_penalty_pushes_recent_tokens_down() {
-        let cfg = SamplerConfig { repeat_penalty: 2.0, ..SamplerConfig::greedy() };
+        let cfg = SamplerConfig {
+            repeat_penalty: 2.0,
+            ..SamplerConfig::greedy()
+        };
         let mut s = Sampler::new(cfg);
         s.accept(0);
         assert_eq!(s.sample(&mut [2.0, 1.5]), 1);

@@ -29,7 +29,10 @@ impl Gpt {
     /// A model with `config`.
     pub fn new(config: GptConfig) -> Result<Gpt> {
         if config.heads == 0 || !config.dim.is_multiple_of(config.heads) {
-            return Err(rlx_ir::Error::Invalid(format!("width {} is not a multiple of {} heads", config.dim, config.heads)));
+            return Err(rlx_ir::Error::Invalid(format!(
+                "width {} is not a multiple of {} heads",
+                config.dim, config.heads
+            )));
         }
         Ok(Gpt { config })
     }
@@ -41,14 +44,21 @@ impl Gpt {
         let d = c.dim;
         let s = 1.0 / (d as f32).sqrt();
         let res = 1.0 / (2.0 * c.layers as f32).sqrt();
-        let mut p = vec![("tok_emb".to_string(), vec![c.vocab, d], Some(0.1)), ("pos_emb".to_string(), vec![c.ctx, d], Some(0.1))];
+        let mut p = vec![
+            ("tok_emb".to_string(), vec![c.vocab, d], Some(0.1)),
+            ("pos_emb".to_string(), vec![c.ctx, d], Some(0.1)),
+        ];
         for l in 0..c.layers {
             p.push((format!("l{l}.norm1"), vec![d], None));
             p.push((format!("l{l}.wqkv"), vec![d, 3 * d], Some(s)));
             p.push((format!("l{l}.wo"), vec![d, d], Some(s * res)));
             p.push((format!("l{l}.norm2"), vec![d], None));
             p.push((format!("l{l}.w1"), vec![d, 4 * d], Some(s)));
-            p.push((format!("l{l}.w2"), vec![4 * d, d], Some(0.5 / (4.0 * d as f32).sqrt() * res)));
+            p.push((
+                format!("l{l}.w2"),
+                vec![4 * d, d],
+                Some(0.5 / (4.0 * d as f32).sqrt() * res),
+            ));
         }
         p.push(("norm_f".to_string(), vec![d], None));
         p.push(("w_out".to_string(), vec![d, c.vocab], Some(s)));
@@ -77,7 +87,13 @@ impl Gpt {
                 let r = g.try_reshape(part, &[batch, t, h, dh])?;
                 heads.push(g.try_transpose(r, &[0, 2, 1, 3])?);
             }
-            let a = g.try_attention(heads[0], heads[1], heads[2], MaskKind::Causal, (dh as f32).powf(-0.5))?;
+            let a = g.try_attention(
+                heads[0],
+                heads[1],
+                heads[2],
+                MaskKind::Causal,
+                (dh as f32).powf(-0.5),
+            )?;
             let a = g.try_transpose(a, &[0, 2, 1, 3])?;
             let a = g.try_reshape(a, &[batch, t, d])?;
             let a = g.try_dot(a, ps[&format!("l{l}.wo")])?;

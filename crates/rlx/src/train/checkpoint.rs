@@ -20,7 +20,11 @@ fn to_st(d: DType) -> Result<Dtype> {
         DType::U8 => Dtype::U8,
         DType::U32 => Dtype::U32,
         DType::Bool => Dtype::BOOL,
-        DType::C64 => return Err(Error::Invalid("c64 params cannot be stored in safetensors".into())),
+        DType::C64 => {
+            return Err(Error::Invalid(
+                "c64 params cannot be stored in safetensors".into(),
+            ))
+        }
     })
 }
 
@@ -40,7 +44,10 @@ pub(super) fn save(c: &CompiledGraph, step: u64, path: &Path) -> Result<()> {
         .map(|(n, b, d, s)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
         .collect::<std::result::Result<Vec<_>, _>>()
         .map_err(|e| io(path, e))?;
-    let meta = HashMap::from([("step".to_string(), step.to_string()), ("format".to_string(), "rlx".to_string())]);
+    let meta = HashMap::from([
+        ("step".to_string(), step.to_string()),
+        ("format".to_string(), "rlx".to_string()),
+    ]);
     // Write to a temporary file first so an interrupted save never truncates a good checkpoint.
     let tmp = path.with_extension("safetensors.tmp");
     safetensors::tensor::serialize_to_file(views, Some(meta), &tmp).map_err(|e| io(&tmp, e))?;
@@ -62,14 +69,32 @@ pub(super) fn load_bytes(c: &mut CompiledGraph, bytes: &[u8], path: &Path) -> Re
         .as_ref()
         .and_then(|m| m.get("step"))
         .and_then(|s| s.parse().ok())
-        .ok_or_else(|| io(path, "no step count in the metadata; was it written by Trainer::save?"))?;
-    let params: Vec<(String, rlx_ir::Shape)> = c.params().iter().map(|s| (s.name.clone(), s.shape.clone())).collect();
+        .ok_or_else(|| {
+            io(
+                path,
+                "no step count in the metadata; was it written by Trainer::save?",
+            )
+        })?;
+    let params: Vec<(String, rlx_ir::Shape)> = c
+        .params()
+        .iter()
+        .map(|s| (s.name.clone(), s.shape.clone()))
+        .collect();
     let mut found = Vec::with_capacity(params.len());
     for (name, shape) in &params {
-        let t = st.tensor(name).map_err(|_| io(path, format!("no tensor \"{name}\"")))?;
+        let t = st
+            .tensor(name)
+            .map_err(|_| io(path, format!("no tensor \"{name}\"")))?;
         let want = shape.static_dims().unwrap_or_default();
         if t.dtype() != to_st(shape.dtype())? || t.shape() != want.as_slice() {
-            return Err(io(path, format!("tensor \"{name}\" is {:?}{:?}, the model has {shape}", t.dtype(), t.shape())));
+            return Err(io(
+                path,
+                format!(
+                    "tensor \"{name}\" is {:?}{:?}, the model has {shape}",
+                    t.dtype(),
+                    t.shape()
+                ),
+            ));
         }
         found.push(t);
     }

@@ -16,14 +16,20 @@ pub fn mse(g: &mut Graph, pred: NodeId, target: NodeId) -> Result<NodeId> {
 pub fn softmax_cross_entropy(g: &mut Graph, logits: NodeId, labels: NodeId) -> Result<NodeId> {
     let ld = g.shape(logits).static_dims().unwrap_or_default();
     if ld.len() != 2 {
-        return Err(rlx_ir::Error::op("softmax_cross_entropy", format!("logits must be [N, C], got {}", g.shape(logits))));
+        return Err(rlx_ir::Error::op(
+            "softmax_cross_entropy",
+            format!("logits must be [N, C], got {}", g.shape(logits)),
+        ));
     }
     let (n, c) = (ld[0], ld[1]);
     let lt = g.shape(labels).dtype();
     if !lt.is_int() || g.shape(labels).static_dims() != Some(vec![n]) {
         return Err(rlx_ir::Error::op(
             "softmax_cross_entropy",
-            format!("labels must be integers of shape [{n}], got {}", g.shape(labels)),
+            format!(
+                "labels must be integers of shape [{n}], got {}",
+                g.shape(labels)
+            ),
         ));
     }
     let dt = g.shape(logits).dtype();

@@ -38,12 +38,21 @@ pub enum Optimizer {
 impl Optimizer {
     /// Adam with the usual defaults (0.9, 0.999, 1e-8).
     pub fn adam() -> Optimizer {
-        Optimizer::Adam { beta1: 0.9, beta2: 0.999, eps: 1e-8 }
+        Optimizer::Adam {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+        }
     }
 
     /// AdamW with the usual defaults (0.9, 0.999, 1e-8) and `weight_decay`.
     pub fn adamw(weight_decay: f32) -> Optimizer {
-        Optimizer::AdamW { beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay }
+        Optimizer::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay,
+        }
     }
 
     /// Names of the state slots kept per param (`"m"`, `"v"`, ...).
@@ -83,12 +92,22 @@ impl Schedule {
     pub fn at(&self, step: u64) -> f32 {
         match *self {
             Schedule::Constant { lr } => lr,
-            Schedule::WarmupCosine { lr, min_lr, warmup, total } => {
+            Schedule::WarmupCosine {
+                lr,
+                min_lr,
+                warmup,
+                total,
+            } => {
                 let s = step as f64;
-                let warm = if warmup > 0 { (s / warmup as f64).min(1.0) } else { 1.0 };
+                let warm = if warmup > 0 {
+                    (s / warmup as f64).min(1.0)
+                } else {
+                    1.0
+                };
                 let span = (total.saturating_sub(warmup)).max(1) as f64;
                 let p = ((s - warmup as f64) / span).clamp(0.0, 1.0);
-                let cos = min_lr as f64 + 0.5 * (lr - min_lr) as f64 * (1.0 + (std::f64::consts::PI * p).cos());
+                let cos = min_lr as f64
+                    + 0.5 * (lr - min_lr) as f64 * (1.0 + (std::f64::consts::PI * p).cos());
                 (warm * if step <= warmup { lr as f64 } else { cos }) as f32
             }
         }
@@ -111,7 +130,12 @@ pub(crate) fn lr_node(g: &mut Graph, s: &Schedule, step: NodeId) -> Result<NodeI
     let c = |g: &mut Graph, v: f64| g.try_scalar(v, DType::F32);
     match *s {
         Schedule::Constant { lr } => c(g, lr as f64),
-        Schedule::WarmupCosine { lr, min_lr, warmup, total } => {
+        Schedule::WarmupCosine {
+            lr,
+            min_lr,
+            warmup,
+            total,
+        } => {
             let one = c(g, 1.0)?;
             let zero = c(g, 0.0)?;
             let w = c(g, warmup.max(1) as f64)?;
@@ -153,7 +177,9 @@ pub(crate) fn clip(g: &mut Graph, grads: &[NodeId], max_norm: f32) -> Result<Vec
             None => s,
         });
     }
-    let Some(total) = total else { return Ok(Vec::new()) };
+    let Some(total) = total else {
+        return Ok(Vec::new());
+    };
     let norm = g.try_activation(Activation::Sqrt, total)?;
     let eps = g.try_scalar(1e-6, DType::F32)?;
     let den = g.try_add(norm, eps)?;
@@ -172,7 +198,15 @@ pub(crate) fn clip(g: &mut Graph, grads: &[NodeId], max_norm: f32) -> Result<Vec
 
 /// Append the update of param `p` with gradient `grad`; `state` holds the optimizer slots (in
 /// [`Optimizer::slots`] order). Returns the new param and the new slots.
-pub(crate) fn update(g: &mut Graph, opt: &Optimizer, lr: NodeId, step: NodeId, p: NodeId, grad: NodeId, state: &[NodeId]) -> Result<(NodeId, Vec<NodeId>)> {
+pub(crate) fn update(
+    g: &mut Graph,
+    opt: &Optimizer,
+    lr: NodeId,
+    step: NodeId,
+    p: NodeId,
+    grad: NodeId,
+    state: &[NodeId],
+) -> Result<(NodeId, Vec<NodeId>)> {
     let dt = g.shape(p).dtype();
     let c = |g: &mut Graph, v: f64| g.try_scalar(v, dt);
     let lr = g.try_cast(lr, dt)?;
@@ -194,7 +228,10 @@ pub(crate) fn update(g: &mut Graph, opt: &Optimizer, lr: NodeId, step: NodeId, p
             let d = g.try_mul(lr, dir)?;
             Ok((g.try_sub(p, d)?, vec![v]))
         }
-        Optimizer::Adam { beta1, beta2, eps } | Optimizer::AdamW { beta1, beta2, eps, .. } => {
+        Optimizer::Adam { beta1, beta2, eps }
+        | Optimizer::AdamW {
+            beta1, beta2, eps, ..
+        } => {
             let (b1, b2) = (c(g, beta1 as f64)?, c(g, beta2 as f64)?);
             let (ob1, ob2) = (c(g, 1.0 - beta1 as f64)?, c(g, 1.0 - beta2 as f64)?);
             let m1 = g.try_mul(b1, state[0])?;

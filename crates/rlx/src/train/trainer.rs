@@ -24,17 +24,32 @@ pub fn slot_name(param: &str, slot: &str) -> String {
 impl Trainer {
     /// Build and compile the training step of `forward` (first output: the scalar loss) for the
     /// params named in `trained`. Optimizer state starts at zero.
-    pub fn new(forward: &Graph, trained: &[&str], config: TrainConfig, session: &Session) -> Result<Trainer> {
+    pub fn new(
+        forward: &Graph,
+        trained: &[&str],
+        config: TrainConfig,
+        session: &Session,
+    ) -> Result<Trainer> {
         let mut wrt = Vec::new();
         for name in trained {
             match forward.find_leaf(name) {
                 Some(id) if matches!(forward.node(id).op, Op::Param { .. }) => wrt.push(id),
-                _ => return Err(Error::Invalid(format!("\"{name}\" is not a param of graph \"{}\"", forward.name()))),
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "\"{name}\" is not a param of graph \"{}\"",
+                        forward.name()
+                    )))
+                }
             }
         }
-        let loss = *forward.outputs().first().ok_or_else(|| Error::Invalid("the forward graph needs the loss as its first output".into()))?;
+        let loss = *forward.outputs().first().ok_or_else(|| {
+            Error::Invalid("the forward graph needs the loss as its first output".into())
+        })?;
         if forward.shape(loss).numel() != Some(1) {
-            return Err(Error::Invalid(format!("the loss must be a scalar, got {}", forward.shape(loss))));
+            return Err(Error::Invalid(format!(
+                "the loss must be a scalar, got {}",
+                forward.shape(loss)
+            )));
         }
         let mut g = bake_input(&grad_with_loss(forward, &wrt)?, D_OUTPUT, 1.0)?;
         let outs = g.outputs().to_vec();
@@ -47,7 +62,9 @@ impl Trainer {
         let mut new_params = Vec::new();
         let mut new_slots: Vec<(String, NodeId)> = Vec::new();
         for (name, &gr) in trained.iter().zip(&grads) {
-            let p = g.find_leaf(name).expect("trained params survive differentiation");
+            let p = g
+                .find_leaf(name)
+                .expect("trained params survive differentiation");
             let shape = g.shape(p).clone();
             let mut state = Vec::new();
             for s in config.optimizer.slots() {
@@ -64,10 +81,24 @@ impl Trainer {
         outputs.extend(new_slots.iter().map(|(_, n)| *n));
         g.try_set_outputs(outputs)?;
         // Bound at compile time, the updates are computed straight into the params' storage.
-        let mut updates: Vec<(&str, usize)> = trained.iter().enumerate().map(|(i, name)| (*name, 1 + i)).collect();
-        updates.extend(new_slots.iter().enumerate().map(|(j, (name, _))| (name.as_str(), 1 + trained.len() + j)));
+        let mut updates: Vec<(&str, usize)> = trained
+            .iter()
+            .enumerate()
+            .map(|(i, name)| (*name, 1 + i))
+            .collect();
+        updates.extend(
+            new_slots
+                .iter()
+                .enumerate()
+                .map(|(j, (name, _))| (name.as_str(), 1 + trained.len() + j)),
+        );
         let compiled = session.try_compile_with_updates(g, &updates)?;
-        Ok(Trainer { compiled, step: 0, config, trained: trained.iter().map(|s| s.to_string()).collect() })
+        Ok(Trainer {
+            compiled,
+            step: 0,
+            config,
+            trained: trained.iter().map(|s| s.to_string()).collect(),
+        })
     }
 
     /// Steps taken so far.
@@ -136,7 +167,11 @@ impl Trainer {
 
     /// [`Trainer::load`] from bytes already in memory.
     pub fn load_bytes(&mut self, bytes: &[u8]) -> Result<()> {
-        self.step = super::checkpoint::load_bytes(&mut self.compiled, bytes, std::path::Path::new("<memory>"))?;
+        self.step = super::checkpoint::load_bytes(
+            &mut self.compiled,
+            bytes,
+            std::path::Path::new("<memory>"),
+        )?;
         Ok(())
     }
 }

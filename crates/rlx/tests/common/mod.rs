@@ -19,5 +19,8 @@ pub fn encode(values: &[f64], dt: DType) -> Vec<u8> {
 
 /// Decode little-endian bytes of `dt` as f64.
 pub fn decode(bytes: &[u8], dt: DType) -> Vec<f64> {
-    bytes.chunks_exact(dt.size_bytes()).map(|b| convert::bytes_to_f64(b, dt)).collect()
+    bytes
+        .chunks_exact(dt.size_bytes())
+        .map(|b| convert::bytes_to_f64(b, dt))
+        .collect()
 }

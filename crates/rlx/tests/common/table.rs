@@ -4,11 +4,22 @@ use rlx::prelude::*;
 use serde_json::Value;
 
 pub fn usizes(v: &Value) -> Vec<usize> {
-    v.as_array().expect("array").iter().map(|x| x.as_u64().expect("uint") as usize).collect()
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("uint") as usize)
+        .collect()
 }
 
 pub fn pairs(v: &Value) -> Vec<(usize, usize)> {
-    v.as_array().expect("array").iter().map(|p| { let p = usizes(p); (p[0], p[1]) }).collect()
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|p| {
+            let p = usizes(p);
+            (p[0], p[1])
+        })
+        .collect()
 }
 
 pub fn dtype(v: &Value) -> DType {
@@ -30,7 +41,12 @@ fn softplus(shape: Shape) -> rlx::ir::CustomFn {
     let s = body.add(e, one);
     let y = body.activation(Activation::Log, s);
     body.set_outputs(vec![y]);
-    rlx::ir::CustomFn { name: "softplus".into(), body: Box::new(body), vjp: None, jvp: None }
+    rlx::ir::CustomFn {
+        name: "softplus".into(),
+        body: Box::new(body),
+        vjp: None,
+        jvp: None,
+    }
 }
 
 /// The op a case names.
@@ -72,7 +88,9 @@ pub fn op_of(name: &str, a: &Value) -> Op {
         "atan" => act(Activation::Atan),
         "round" => act(Activation::Round),
         "erf" => act(Activation::Erf),
-        "cast" => Op::Cast { to: dtype(&a["to"]) },
+        "cast" => Op::Cast {
+            to: dtype(&a["to"]),
+        },
         "matmul" => Op::MatMul,
         "dot_general" => Op::DotGeneral(DotDims {
             lhs_contract: usizes(&a["lhs_contract"]),
@@ -95,16 +113,32 @@ pub fn op_of(name: &str, a: &Value) -> Op {
         "softmax" => Op::Softmax { axis: u("axis") },
         "layer_norm" => Op::LayerNorm { eps: f("eps") },
         "rms_norm" => Op::RmsNorm { eps: f("eps") },
-        "reshape" => Op::Reshape { shape: usizes(&a["shape"]) },
-        "transpose" => Op::Transpose { perm: usizes(&a["perm"]) },
-        "narrow" => Op::Narrow { axis: u("axis"), start: u("start"), len: u("len") },
+        "reshape" => Op::Reshape {
+            shape: usizes(&a["shape"]),
+        },
+        "transpose" => Op::Transpose {
+            perm: usizes(&a["perm"]),
+        },
+        "narrow" => Op::Narrow {
+            axis: u("axis"),
+            start: u("start"),
+            len: u("len"),
+        },
         "concat" => Op::Concat { axis: u("axis") },
-        "expand" => Op::Expand { shape: usizes(&a["shape"]) },
+        "expand" => Op::Expand {
+            shape: usizes(&a["shape"]),
+        },
         "gather" => Op::Gather { axis: u("axis") },
         "scatter_add" => Op::ScatterAdd { axis: u("axis") },
         "cumsum" => Op::Cumsum { axis: u("axis") },
-        "topk_values" => Op::TopK { k: u("k"), output: TopKOutput::Values },
-        "topk_indices" => Op::TopK { k: u("k"), output: TopKOutput::Indices },
+        "topk_values" => Op::TopK {
+            k: u("k"),
+            output: TopKOutput::Values,
+        },
+        "topk_indices" => Op::TopK {
+            k: u("k"),
+            output: TopKOutput::Indices,
+        },
         "attention" => Op::Attention {
             mask: match a["mask"].as_str().expect("mask") {
                 "none" => MaskKind::None,
@@ -115,7 +149,10 @@ pub fn op_of(name: &str, a: &Value) -> Op {
             },
             scale: f("scale"),
         },
-        "rope" => Op::Rope { theta: f("theta"), interleaved: a["interleaved"].as_bool().expect("interleaved") },
+        "rope" => Op::Rope {
+            theta: f("theta"),
+            interleaved: a["interleaved"].as_bool().expect("interleaved"),
+        },
         "conv" => Op::Conv(ConvAttrs {
             stride: usizes(&a["stride"]),
             padding: pairs(&a["padding"]),
@@ -123,34 +160,60 @@ pub fn op_of(name: &str, a: &Value) -> Op {
             groups: u("groups"),
         }),
         "pool" => Op::Pool(PoolAttrs {
-            kind: if a["kind"] == "max" { PoolKind::Max } else { PoolKind::Mean },
+            kind: if a["kind"] == "max" {
+                PoolKind::Max
+            } else {
+                PoolKind::Mean
+            },
             kernel: usizes(&a["kernel"]),
             stride: usizes(&a["stride"]),
             padding: pairs(&a["padding"]),
         }),
-        "dequantize_rows" => Op::DequantizeRows { scheme: scheme(&a["scheme"]) },
-        "dequant_matmul" => Op::DequantMatMul { scheme: scheme(&a["scheme"]) },
-        "quantize" => Op::Quantize { axis: a["axis"].as_u64().map(|v| v as usize) },
-        "dequantize" => Op::Dequantize { axis: a["axis"].as_u64().map(|v| v as usize) },
-        "fake_quantize" => Op::FakeQuantize { axis: a["axis"].as_u64().map(|v| v as usize) },
+        "dequantize_rows" => Op::DequantizeRows {
+            scheme: scheme(&a["scheme"]),
+        },
+        "dequant_matmul" => Op::DequantMatMul {
+            scheme: scheme(&a["scheme"]),
+        },
+        "quantize" => Op::Quantize {
+            axis: a["axis"].as_u64().map(|v| v as usize),
+        },
+        "dequantize" => Op::Dequantize {
+            axis: a["axis"].as_u64().map(|v| v as usize),
+        },
+        "fake_quantize" => Op::FakeQuantize {
+            axis: a["axis"].as_u64().map(|v| v as usize),
+        },
         "cache_write" => Op::CacheWrite,
-        "cached_attention" => Op::CachedAttention { scale: f("scale"), window: a["window"].as_u64().map(|w| w as usize) },
+        "cached_attention" => Op::CachedAttention {
+            scale: f("scale"),
+            window: a["window"].as_u64().map(|w| w as usize),
+        },
         "custom" => {
             assert_eq!(a["fn"], "softplus", "the table's custom functions");
-            Op::Custom(softplus(Shape::new(&usizes(&a["shape"]), dtype(&a["dtype"]))))
+            Op::Custom(softplus(Shape::new(
+                &usizes(&a["shape"]),
+                dtype(&a["dtype"]),
+            )))
         }
         "fused" => Op::Fused(FusedRegion {
             kind: FusionKind::from_name(a["kind"].as_str().expect("kind")).expect("a fusion kind"),
-            body: Box::new(Graph::parse(a["body"].as_str().expect("body text")).unwrap_or_else(|e| panic!("fused body: {e}"))),
+            body: Box::new(
+                Graph::parse(a["body"].as_str().expect("body text"))
+                    .unwrap_or_else(|e| panic!("fused body: {e}")),
+            ),
         }),
         other => panic!("the op table names an unknown op {other}"),
     }
 }
 
-
 /// Every case of `golden/ops.json`.
 pub fn cases() -> Vec<Value> {
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/ops.json")).expect("golden file");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/golden/ops.json"
+    ))
+    .expect("golden file");
     let v: Value = serde_json::from_str(&text).expect("golden json");
     v["cases"].as_array().expect("cases").clone()
 }

@@ -23,11 +23,9 @@ enum Cmd {
     Chat(ChatArgs),
     /// Measure prompt processing (pp) and generation (tg) speed, like llama-bench.
     Bench(BenchArgs),
-    /// Print a GGUF file's metadata and tensor table.
-    Inspect {
-        /// The GGUF file.
-        path: PathBuf,
-    },
+    /// Print a GGUF file's metadata and tensor table, or (with --svg / --report) what the
+    /// compiler made of its decode graph.
+    Inspect(InspectArgs),
     /// Fetch a known model (smollm2, gemma3) into the cache and print its path.
     Fetch {
         /// Model name.
@@ -47,6 +45,23 @@ struct ModelArgs {
     /// KV-cache length in tokens (default: enough for the prompt and the tokens asked for).
     #[arg(long)]
     ctx: Option<usize>,
+}
+
+#[derive(Args, Clone)]
+struct InspectArgs {
+    /// A GGUF file, or a known model name (smollm2, gemma3). Default: SmolLM2-135M-Instruct.
+    model: Option<String>,
+    /// Draw the compiled decode graph (one token) as SVG into this file: fused regions are
+    /// orange boxes listing their ops, products blue; every box shows the node's shape.
+    #[arg(long, value_name = "FILE")]
+    svg: Option<PathBuf>,
+    /// Print the fusion report (regions formed, and why each other candidate was left out)
+    /// and the dispatch report (how each node of the compiled decode graph runs).
+    #[arg(long)]
+    report: bool,
+    /// Print the reports as JSON instead of text.
+    #[arg(long, requires = "report")]
+    json: bool,
 }
 
 #[derive(Args, Clone)]
@@ -483,6 +498,46 @@ fn cmd_bench(a: BenchArgs) -> rlx::Result<()> {
     Ok(())
 }
 
+fn cmd_inspect(a: InspectArgs) -> rlx::Result<()> {
+    let path = model_path(&a.model)?;
+    if a.svg.is_none() && !a.report {
+        let f = rlx::gguf::GgufFile::open(&path)
+            .map_err(|e| rlx::Error::Invalid(format!("{}: {e}", path.display())))?;
+        print!("{}", f.describe());
+        return Ok(());
+    }
+    let llm = Llm::load(
+        &path,
+        LoadOptions {
+            ctx: Some(64),
+            ..Default::default()
+        },
+    )?;
+    let decode = llm.decode_graph();
+    if let Some(out) = &a.svg {
+        std::fs::write(out, rlx::ir::svg::to_svg(decode.graph()))
+            .map_err(|e| rlx::Error::Invalid(format!("cannot write {}: {e}", out.display())))?;
+        eprintln!(
+            "wrote {} ({} nodes, {} fused regions)",
+            out.display(),
+            decode.graph().len(),
+            decode.fusion_report().regions.len()
+        );
+    }
+    if a.report {
+        if a.json {
+            println!(
+                "{{\"fusion\": {}, \"dispatch\": {}}}",
+                decode.fusion_report().to_json(),
+                decode.dispatch_report().to_json()
+            );
+        } else {
+            print!("{}\n{}", decode.fusion_report(), decode.dispatch_report());
+        }
+    }
+    Ok(())
+}
+
 fn rlx_threads() -> usize {
     std::env::var("RLX_NUM_THREADS")
         .ok()
@@ -513,9 +568,7 @@ fn main() -> ExitCode {
                 "unknown model \"{name}\"; known: smollm2, gemma3"
             ))),
         },
-        Cmd::Inspect { path } => rlx::gguf::GgufFile::open(&path)
-            .map(|f| print!("{}", f.describe()))
-            .map_err(|e| rlx::Error::Invalid(e.to_string())),
+        Cmd::Inspect(a) => cmd_inspect(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

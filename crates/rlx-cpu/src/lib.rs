@@ -19,10 +19,12 @@ pub mod pool;
 mod program;
 
 pub use kernels::gemm;
-pub use program::{compile, compile_shared, compile_with_fusion, compile_with_updates, Program};
+pub use program::{
+    compile, compile_with_fusion, compile_with_updates, fuses, lower, prepare, Program,
+};
 
 use rlx_driver::{Backend, CompileOptions, Executable};
-use rlx_ir::{Graph, NodeId, Result};
+use rlx_ir::{FusionKind, Graph, NodeId, Result};
 
 /// The CPU backend.
 #[derive(Clone, Copy, Debug, Default)]
@@ -44,13 +46,13 @@ impl Backend for CpuBackend {
         kernels::supports(&graph.node(id).op)
     }
 
+    fn fuses(&self, graph: &Graph, id: NodeId, kind: FusionKind) -> bool {
+        program::fuses(graph, id, kind)
+    }
+
     fn compile(&self, graph: &Graph, opts: &CompileOptions) -> Result<Box<dyn Executable>> {
         let threads = opts.threads.unwrap_or_else(default_threads);
-        Ok(Box::new(program::compile_with_updates(
-            graph,
-            threads,
-            &opts.updates,
-        )?))
+        Ok(Box::new(program::lower(graph, &opts.plan, threads, None)?))
     }
 
     fn compile_sharing(
@@ -68,8 +70,9 @@ impl Backend for CpuBackend {
                     "params can only be shared with another graph compiled for the CPU".into(),
                 )
             })?;
-        Ok(Box::new(program::compile_shared(
+        Ok(Box::new(program::lower(
             graph,
+            &opts.plan,
             threads,
             Some(other),
         )?))

@@ -5,9 +5,10 @@ use crate::buffer::Buffer;
 use crate::kernels::{self, Kernel, Lowered, NodeInfo, Ptr, TRef};
 use crate::layout::{Layout, MAX_RANK};
 use crate::pool::Pool;
+use kernels::fused::RegionProgram;
 use rlx_driver::{Executable, IoSlot};
-use rlx_ir::{DType, Error, Graph, Op, Result};
-use rlx_opt::{plan_memory, BufferRequest};
+use rlx_ir::{DType, Error, FusionKind, Graph, NodeId, Op, Result};
+use rlx_opt::{plan_memory, BufferRequest, LoweringOptions, LoweringPlan, Skip};
 use std::sync::Arc;
 
 /// Where a value's bytes live.
@@ -19,8 +20,6 @@ enum Buf {
     Param(usize),
     /// Constant storage `i`.
     Const(usize),
-    /// Computed inside a fused chain; never read outside it.
-    Fused,
 }
 
 #[derive(Clone, Copy)]
@@ -106,415 +105,164 @@ fn check_node(g: &Graph, id: rlx_ir::NodeId) -> Result<Vec<usize>> {
 /// scratch request, kernel builder.
 type Pending = (usize, Vec<usize>, usize, Option<usize>, kernels::Build);
 
-/// Fused elementwise groups: for each group's root (its last node), the members in order; for
-/// every other member, its root.
-struct Groups {
-    members: std::collections::HashMap<usize, Vec<usize>>,
-    member_of: Vec<Option<usize>>,
-    /// Members stored as extra results: graph outputs, and members read by steps after the group.
-    stored: Vec<bool>,
+/// Whether the CPU's region kernels take node `id` into a region of `kind` (what
+/// `CpuBackend::fuses` answers): f32 Binary / Activation nodes into elementwise regions, and a
+/// row sum or mean as the end of a multiply-reduce region.
+pub fn fuses(g: &Graph, id: NodeId, kind: FusionKind) -> bool {
+    match kind {
+        FusionKind::Elementwise => kernels::fused::fusible(g, id),
+        FusionKind::MultiplyReduce => kernels::fused::row_sum(g, id).is_some(),
+        FusionKind::MatMulEpilogue
+        | FusionKind::ResidualNorm
+        | FusionKind::GatedMlp
+        | FusionKind::Attention
+        | FusionKind::Optimizer => false,
+    }
 }
 
-/// The updates of `updates` that can be computed in place: `(node, param index)` for each
-/// output node produced by a fused group (whose loop copes with its output aliasing a dense
-/// operand) such that every step reading the param runs no later than that group, and the
-/// group itself reads it only densely, element for element. The output's planned arena buffer
-/// then goes unused.
-fn donations(
+/// The compiler's lowering plan for `g` with the CPU's region kernels: fusion (unless
+/// `fuse` is false), causal skips, permuted stores and donations of `updates`, each switched by
+/// `LoweringOptions::with_env`.
+pub fn prepare(
     g: &Graph,
-    groups: &Groups,
-    vals: &[Val],
-    pending: &[Pending],
-    params: &[IoSlot],
+    fuse: bool,
     updates: &[(String, usize)],
-) -> Vec<(usize, usize)> {
-    let mut out = Vec::new();
-    for (name, o) in updates {
-        let Some(v) = g.outputs().get(*o).map(|v| v.index()) else {
-            continue;
-        };
-        let Some(p) = params.iter().position(|s| s.name == *name) else {
-            continue;
-        };
-        // The step computing `v`: its own, or its group's (an extra result of a fused group).
-        let owner = groups.member_of[v].unwrap_or(v);
-        let Some(sv) = pending.iter().position(|e| e.0 == owner) else {
-            continue;
-        };
-        let reads_p = |i: usize| matches!(vals[i].buf, Buf::Param(q) if q == p);
-        let dense_like_v = |i: usize| {
-            vals[i].layout.is_contiguous()
-                && vals[i].layout.offset == 0
-                && vals[i].layout.dims() == vals[v].layout.dims()
-        };
-        let ok = groups.members.contains_key(&owner)
-            && kernels::fused::row_sum(g, rlx_ir::NodeId(owner as u32)).is_none()
-            && matches!(vals[v].buf, Buf::Arena(_))
-            && params[p].shape == *g.shape(rlx_ir::NodeId(v as u32))
-            && g.outputs().iter().filter(|x| x.index() == v).count() == 1
-            && !g.outputs().iter().any(|x| reads_p(x.index()))
-            && !out.iter().any(|&(w, q)| w == v || q == p)
-            && pending.iter().enumerate().all(|(s, e)| {
-                e.1.iter()
-                    .all(|&i| !reads_p(i) || s < sv || (s == sv && dense_like_v(i)))
-            });
-        if ok {
-            out.push((v, p));
-        }
-    }
-    out
+) -> Result<(Graph, LoweringPlan)> {
+    let mut options = LoweringOptions::default().with_env();
+    options.fusion.elementwise &= fuse;
+    rlx_opt::prepare(g, &options, &fuses, updates)
 }
 
-/// Form groups of fusible nodes, from the outputs back: a fusible node joins the (earliest)
-/// group of one of its users when every user outside that group runs after the group's root,
-/// it has the group's dims, and it reads no param that a `CacheWrite` updates in place (members
-/// run at the root's position, so they must not read state written in between). A member that
-/// is a graph output or has users outside the group is stored by the group as an extra result
-/// (an optimizer's new moments beside the new param; a normalized value beside its scaled
-/// one). Values outside a group that a member reads are computed before the root, and values
-/// of members read outside it only after, so groups never form cycles with the rest of the
-/// graph.
-fn fusion_groups(g: &Graph, users: &[Vec<usize>], fuse: bool) -> Groups {
-    let mut member_of = vec![None; g.len()];
-    if !fuse {
-        return Groups {
-            members: Default::default(),
-            member_of,
-            stored: Vec::new(),
-        };
-    }
-    let mut written: Vec<bool> = vec![false; g.len()];
-    for id in g.ids() {
-        let n = g.node(id);
-        if matches!(n.op, Op::CacheWrite) {
-            written[n.inputs[0].index()] = true;
-        }
-    }
-    // Root of each fusible node's group (itself when it starts one). A row-summing Reduce
-    // starts a group of the elementwise nodes computing its operand; their dims are the
-    // operand's, and none of them may be a graph output (it would be stored at other dims).
-    let mut root: Vec<Option<usize>> = vec![None; g.len()];
-    let is_output = |i: usize| g.outputs().iter().any(|o| o.index() == i);
-    let group_dims = |r: usize| {
-        let n = g.node(rlx_ir::NodeId(r as u32));
-        let d = if matches!(n.op, Op::Reduce { .. }) {
-            n.inputs[0]
-        } else {
-            rlx_ir::NodeId(r as u32)
-        };
-        g.shape(d).dims()
-    };
-    for id in g.ids().collect::<Vec<_>>().into_iter().rev() {
-        let i = id.index();
-        if !kernels::fused::fusible(g, id) {
-            if kernels::fused::row_sum(g, id).is_some() {
-                root[i] = Some(i);
-            }
-            continue;
-        }
-        // Join the earliest group of a user such that every user outside it runs after it
-        // (the node is then also stored, for those users, as an extra result of the group).
-        let mut candidates: Vec<usize> = users[i].iter().filter_map(|&u| root[u]).collect();
-        candidates.sort_unstable();
-        let group = candidates.into_iter().find(|&r| {
-            let reduce = matches!(g.node(rlx_ir::NodeId(r as u32)).op, Op::Reduce { .. });
-            let outside = |u: usize| root[u] != Some(r);
-            !g.node(id).inputs.iter().any(|x| written[x.index()])
-                && users[i].iter().all(|&u| !outside(u) || (u > r && !reduce))
-                && g.shape(id).dims() == group_dims(r)
-                && (!reduce || !is_output(i))
-        });
-        root[i] = Some(group.unwrap_or(i));
-    }
-    let mut members: std::collections::HashMap<usize, Vec<usize>> = Default::default();
-    for (i, r) in root.iter().enumerate() {
-        if let Some(r) = *r {
-            members.entry(r).or_default().push(i);
-        }
-    }
-    // A lone activation also runs as a group: the group loop is compiled for the widest vector
-    // unit (the separate kernel for AVX2 at most), which pays for the transcendental ones. A
-    // Reduce no elementwise node joined stays a plain Reduce.
-    members.retain(|&r, m| {
-        m.len() > 1 || matches!(g.node(rlx_ir::NodeId(r as u32)).op, Op::Activation(_))
-    });
-    let mut stored = vec![false; g.len()];
-    for (&r, m) in &members {
-        for &i in m {
-            if i != r {
-                member_of[i] = Some(r);
-                stored[i] = is_output(i) || users[i].iter().any(|&u| root[u] != Some(r));
-            }
-        }
-    }
-    Groups {
-        members,
-        member_of,
-        stored,
-    }
+/// Run the compiler's lowering plan (see [`prepare`]) over `g` and lower it, with elementwise
+/// fusion unless `RLX_FUSION=0` (fused and unfused programs give bit-identical results). A
+/// convenience for graphs that did not go through a session; sessions plan and then call
+/// [`lower`].
+pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
+    compile_with_fusion(g, threads, true)
 }
 
-/// The instructions of a group and its external operands (node indices, in first-use order).
-fn chain(g: &Graph, members: &[usize]) -> (Vec<kernels::fused::Instr>, Vec<usize>) {
-    use kernels::fused::{Instr, Src};
-    let mut ext: Vec<usize> = Vec::new();
-    let mut code = Vec::new();
-    let src = |i: usize, ext: &mut Vec<usize>| -> Src {
-        match members.iter().position(|&m| m == i) {
-            Some(j) => Src::Tmp(j),
-            None => Src::Ext(ext.iter().position(|&e| e == i).unwrap_or_else(|| {
-                ext.push(i);
-                ext.len() - 1
-            })),
-        }
-    };
-    for &m in members {
-        let n = g.node(rlx_ir::NodeId(m as u32));
-        code.push(match &n.op {
-            Op::Binary(b) => {
-                let a = src(n.inputs[0].index(), &mut ext);
-                let c = src(n.inputs[1].index(), &mut ext);
-                Instr::Binary(*b, a, c)
-            }
-            Op::Activation(a) => Instr::Unary(*a, src(n.inputs[0].index(), &mut ext)),
-            _ => unreachable!("only fusible ops join chains"),
-        });
-    }
-    (code, ext)
+/// [`compile`] with elementwise fusion switched explicitly (`RLX_FUSION` still overrides).
+pub fn compile_with_fusion(g: &Graph, threads: usize, fuse: bool) -> Result<Program> {
+    let (g, plan) = prepare(g, fuse, &[])?;
+    lower(&g, &plan, threads, None)
 }
 
-/// The layout a computed value is stored in: dense, except for an f32 MatMul whose one user
-/// is a Transpose that keeps the column axis last (attention's `[b, h, t, d] -> [b, t, h, d]`
-/// before heads are merged): the product is stored in the transposed order, so the Transpose
-/// is a dense view and the Reshape after it needs no copy. The GEMM writes C rows `ldc` apart.
-fn output_layout(g: &Graph, id: rlx_ir::NodeId, users: &[usize], dims: &[usize]) -> Layout {
-    let dense = Layout::contiguous(dims);
+/// [`compile`] for a graph whose outputs will overwrite params after each run (`(param name,
+/// output index)`, see `CompileOptions::updates`): the updates the plan donates are written
+/// straight into the param's storage, so `assign_param` has nothing to copy for them.
+pub fn compile_with_updates(
+    g: &Graph,
+    threads: usize,
+    updates: &[(String, usize)],
+) -> Result<Program> {
+    let (g, plan) = prepare(g, true, updates)?;
+    lower(&g, &plan, threads, None)
+}
+
+/// How a node is run as a step of the group loop: its program, the nodes of its external
+/// operands, and the nodes of the region's further results it stores, with the instruction
+/// computing each.
+struct Chain {
+    prog: kernels::fused::RegionProgram,
+    ext: Vec<usize>,
+    stored: Vec<(usize, usize)>,
+    /// Body ops, for the profile.
+    names: Vec<&'static str>,
+}
+
+/// The chain running node `id`: a fused region the group loop runs (with the results of the
+/// nodes after it that belong to the same region), or a lone f32 activation (the loop is
+/// compiled for the widest vector unit, which pays for the transcendental ones).
+fn chain_of(g: &Graph, id: NodeId) -> Option<Chain> {
+    use kernels::fused::{Instr, RegionProgram, Src};
     let n = g.node(id);
-    if !matches!(n.op, Op::MatMul) || n.shape.dtype() != DType::F32 || g.outputs().contains(&id) {
-        return dense;
+    match &n.op {
+        Op::Fused(r) => {
+            let mut prog = kernels::fused::region_program(r)?;
+            let ext = n.inputs.iter().map(|i| i.index()).collect();
+            let names = r.op_names();
+            if r.output != 0 {
+                // A result whose region's first result is gone: compute up to it alone.
+                let j = prog.outputs[r.output]?;
+                prog.code.truncate(j + 1);
+                prog.outputs = vec![Some(j)];
+                return Some(Chain {
+                    prog,
+                    ext,
+                    stored: Vec::new(),
+                    names,
+                });
+            }
+            let mut stored = Vec::new();
+            for k in 1..prog.outputs.len() {
+                let s = NodeId(id.0 + k as u32);
+                let same = s.index() < g.len()
+                    && g.node(s).inputs == n.inputs
+                    && matches!(&g.node(s).op, Op::Fused(q) if q.output == k && q.kind == r.kind && q.body == r.body);
+                if !same {
+                    break;
+                }
+                stored.push((s.index(), prog.outputs[k]?));
+            }
+            Some(Chain {
+                prog,
+                ext,
+                stored,
+                names,
+            })
+        }
+        Op::Activation(a) if kernels::fused::fusible(g, id) => {
+            let dims = n.shape.static_dims()?;
+            let prog = RegionProgram {
+                code: vec![Instr::Unary(*a, Src::Ext(0))],
+                rows: None,
+                outputs: vec![Some(0)],
+                dims,
+            };
+            Some(Chain {
+                prog,
+                ext: vec![n.inputs[0].index()],
+                stored: Vec::new(),
+                names: vec![n.op.name()],
+            })
+        }
+        _ => None,
     }
-    let [u] = users else { return dense };
-    let Op::Transpose { perm } = &g.node(rlx_ir::NodeId(*u as u32)).op else {
-        return dense;
+}
+
+fn tri(s: Option<Skip>) -> kernels::gemm::Tri {
+    use kernels::gemm::Tri;
+    match s {
+        None => Tri::Full,
+        Some(Skip::RowMax(o)) => Tri::RowMax(o),
+        Some(Skip::RowMin(o)) => Tri::RowMin(o),
+        Some(Skip::ColMin(o)) => Tri::ColMin(o),
+        Some(Skip::Unneeded(o)) => Tri::Unneeded(o),
+    }
+}
+
+/// The layout a computed value is stored in: dense, or permuted as the plan says (the GEMM
+/// then writes C rows `ldc` apart, and the transpose reading it is a dense view).
+fn output_layout(plan: &LoweringPlan, id: NodeId, dims: &[usize]) -> Layout {
+    let Some(perm) = plan.permuted_store(id).filter(|p| p.len() == dims.len()) else {
+        return Layout::contiguous(dims);
     };
-    let r = dims.len();
-    if perm.len() != r || r < 3 || perm[r - 1] != r - 1 {
-        return dense;
-    }
     let transposed: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
-    let mut inverse = vec![0; r];
+    let mut inverse = vec![0; perm.len()];
     for (i, &p) in perm.iter().enumerate() {
         inverse[p] = i;
     }
     Layout::contiguous(&transposed).permute(&inverse)
 }
 
-/// For a constant `[t, u]` f32 mask that is -inf exactly at columns past `row + off` and
-/// finite elsewhere (causal attention's), `Some(off)`.
-fn mask_offset(g: &Graph, id: rlx_ir::NodeId) -> Option<isize> {
-    let n = g.node(id);
-    let Op::Constant { data } = &n.op else {
-        return None;
-    };
-    let d = n.shape.static_dims()?;
-    if n.shape.dtype() != DType::F32 || d.len() != 2 || d[0] == 0 || d[1] == 0 {
-        return None;
-    }
-    let v = |i: usize, j: usize| {
-        f32::from_le_bytes(
-            data[(i * d[1] + j) * 4..(i * d[1] + j) * 4 + 4]
-                .try_into()
-                .expect("4 bytes"),
-        )
-    };
-    let first = (0..d[1])
-        .find(|&j| v(0, j) == f32::NEG_INFINITY)
-        .unwrap_or(d[1]);
-    let off = first as isize - 1;
-    let ok = (0..d[0]).all(|i| {
-        (0..d[1]).all(|j| {
-            if j as isize > i as isize + off {
-                v(i, j) == f32::NEG_INFINITY
-            } else {
-                v(i, j).is_finite()
-            }
-        })
-    });
-    ok.then_some(off)
-}
-
-/// For each node, `Some(off)` when its value is zero wherever (in its last two axes) the
-/// column is past the row by more than `off` — causal attention's probabilities (a softmax of
-/// scores plus a constant mask that is -inf exactly there) and what multiplies them (the
-/// softmax's gradient). Assumes the scores are finite (as attention kernels that skip the
-/// masked part do).
-fn causal_zeros(g: &Graph) -> Vec<Option<isize>> {
-    let tail = |id: rlx_ir::NodeId| -> Option<(usize, usize)> {
-        let d = g.shape(id).static_dims()?;
-        (d.len() >= 2).then(|| (d[d.len() - 2], d[d.len() - 1]))
-    };
-    let mask_off = |id: rlx_ir::NodeId| mask_offset(g, id);
-    let mut z: Vec<Option<isize>> = vec![None; g.len()];
-    for id in g.ids() {
-        let n = g.node(id);
-        z[id.index()] = match &n.op {
-            Op::Softmax { axis } if *axis + 1 == n.shape.rank() => {
-                let x = g.node(n.inputs[0]);
-                match (&x.op, tail(n.inputs[0])) {
-                    (Op::Binary(rlx_ir::BinaryOp::Add), Some(t)) => {
-                        x.inputs.iter().find_map(|&c| {
-                            mask_off(c).filter(|_| {
-                                g.shape(c).static_dims().is_some_and(|d| (d[0], d[1]) == t)
-                            })
-                        })
-                    }
-                    _ => None,
-                }
-            }
-            Op::Binary(rlx_ir::BinaryOp::Mul) => {
-                let t = tail(id);
-                n.inputs
-                    .iter()
-                    .find_map(|&a| z[a.index()].filter(|_| tail(a) == t))
-            }
-            _ => None,
-        };
-    }
-    z
-}
-
-/// For each node, `Some(off)` when no reader needs its elements (in the last two axes) whose
-/// column is past the row by more than `off`: each reader adds causal attention's -inf mask
-/// there (`scores + mask`), multiplies by a value that is zero there (see [`causal_zeros`]), or
-/// is elementwise with such a value of its own (the scale before the mask, the `dP - s` of the
-/// softmax gradient before its product with the probabilities). A product may leave those
-/// elements out; under the same assumption of finite values, writing zeros there instead gives
-/// the same results.
-fn causal_unneeded(g: &Graph, zeros: &[Option<isize>]) -> Vec<Option<isize>> {
-    let tail = |id: rlx_ir::NodeId| -> Option<(usize, usize)> {
-        let d = g.shape(id).static_dims()?;
-        (d.len() >= 2).then(|| (d[d.len() - 2], d[d.len() - 1]))
-    };
-    let mut users: Vec<Vec<rlx_ir::NodeId>> = vec![Vec::new(); g.len()];
-    for id in g.ids() {
-        for &i in &g.node(id).inputs {
-            users[i.index()].push(id);
-        }
-    }
-    let ids: Vec<rlx_ir::NodeId> = g.ids().collect();
-    let mut unneeded: Vec<Option<isize>> = vec![None; g.len()];
-    for &id in ids.iter().rev() {
-        let t = tail(id);
-        if t.is_none()
-            || users[id.index()].is_empty()
-            || g.outputs().contains(&id)
-            || g.shape(id).dtype() != DType::F32
-        {
-            continue;
-        }
-        // The region every reader ignores is the intersection of theirs (the largest offset).
-        let reader = |u: rlx_ir::NodeId| -> Option<isize> {
-            let n = g.node(u);
-            let other = n.inputs.iter().copied().find(|&i| i != id);
-            let own = unneeded[u.index()].filter(|_| tail(u) == t);
-            match &n.op {
-                Op::Binary(rlx_ir::BinaryOp::Add) => other
-                    .and_then(|c| mask_offset(g, c))
-                    .filter(|_| other.and_then(tail) == t)
-                    .or(own),
-                Op::Binary(rlx_ir::BinaryOp::Mul) => other
-                    .and_then(|y| zeros[y.index()].filter(|_| tail(y) == t))
-                    .or(own),
-                Op::Binary(_) | Op::Activation(_) => own,
-                _ => None,
-            }
-        };
-        unneeded[id.index()] = users[id.index()]
-            .iter()
-            .try_fold(None, |acc: Option<isize>, &u| {
-                let o = reader(u)?;
-                Some(Some(acc.map_or(o, |a| a.max(o))))
-            })
-            .flatten();
-    }
-    unneeded
-}
-
-/// How a MatMul's GEMM may skip depths, from [`causal_zeros`] of its operands, or else tiles
-/// of its result, from [`causal_unneeded`].
-fn matmul_zeros(
+/// Lower `g` (verified, decomposed to what [`kernels::supports`] runs) with the decisions of
+/// `plan` for `threads` threads; params with the same name and shape as a param of `share` use
+/// that param's storage (see `Backend::compile_sharing`).
+pub fn lower(
     g: &Graph,
-    id: rlx_ir::NodeId,
-    z: &[Option<isize>],
-    unneeded: &[Option<isize>],
-) -> kernels::gemm::Tri {
-    use kernels::gemm::Tri;
-    let n = g.node(id);
-    if !matches!(n.op, Op::MatMul) || n.shape.dtype() != DType::F32 {
-        return Tri::Full;
-    }
-    let (a, b) = (n.inputs[0], n.inputs[1]);
-    if let Some(off) = z[a.index()] {
-        return Tri::RowMax(off);
-    }
-    let an = g.node(a);
-    if let Op::Transpose { perm } = &an.op {
-        let r = perm.len();
-        let swaps_last = r >= 2
-            && perm[r - 1] == r - 2
-            && perm[r - 2] == r - 1
-            && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p);
-        if let Some(off) = z[an.inputs[0].index()].filter(|_| swaps_last) {
-            return Tri::RowMin(off);
-        }
-    }
-    z[b.index()]
-        .map(Tri::ColMin)
-        .or(unneeded[id.index()].map(Tri::Unneeded))
-        .unwrap_or(Tri::Full)
-}
-
-/// Whether elementwise fusion is on: yes unless `RLX_FUSION=0`.
-fn fusion_enabled() -> bool {
-    std::env::var_os("RLX_FUSION").is_none_or(|v| v != "0")
-}
-
-/// Compile `g` (verified, decomposed to supported ops) for `threads` threads, with elementwise
-/// fusion unless `RLX_FUSION=0` (fused and unfused programs give bit-identical results).
-pub fn compile(g: &Graph, threads: usize) -> Result<Program> {
-    compile_with_fusion(g, threads, fusion_enabled())
-}
-
-/// [`compile`] with params that have the same name and shape as a param of `share` using that
-/// param's storage (see `Backend::compile_sharing`).
-pub fn compile_shared(g: &Graph, threads: usize, share: Option<&Program>) -> Result<Program> {
-    compile_inner(g, threads, fusion_enabled(), share, &[])
-}
-
-/// [`compile`] with elementwise fusion switched explicitly.
-pub fn compile_with_fusion(g: &Graph, threads: usize, fuse: bool) -> Result<Program> {
-    compile_inner(g, threads, fuse, None, &[])
-}
-
-/// [`compile`] for a graph whose outputs will overwrite params after each run (`(param name,
-/// output index)`, see `CompileOptions::updates`): an output computed by a fused elementwise
-/// group, when no later step reads the param's old value and the group reads it only at the
-/// element it writes, is written straight into the param's storage. The program's outputs
-/// then already are the params, and `assign_param` has nothing to copy.
-pub fn compile_with_updates(
-    g: &Graph,
+    plan: &LoweringPlan,
     threads: usize,
-    updates: &[(String, usize)],
-) -> Result<Program> {
-    compile_inner(g, threads, fusion_enabled(), None, updates)
-}
-
-fn compile_inner(
-    g: &Graph,
-    threads: usize,
-    fuse: bool,
     share: Option<&Program>,
-    updates: &[(String, usize)],
 ) -> Result<Program> {
     let threads = threads.max(1);
     let mut vals: Vec<Val> = Vec::with_capacity(g.len());
@@ -524,28 +272,14 @@ fn compile_inner(
     let (mut inputs, mut params) = (Vec::new(), Vec::new());
     let mut input_reqs = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
-    // The steps reading each node, in node order (a node reading a value twice is listed twice).
-    let mut users: Vec<Vec<usize>> = vec![Vec::new(); g.len()];
+    // Values computed by the step of an earlier node (further results of a region).
+    let mut computed: std::collections::HashMap<usize, Val> = Default::default();
+    // Profile name and description of each chain step, by node.
+    let mut chain_steps: std::collections::HashMap<usize, (&'static str, String)> =
+        Default::default();
     for id in g.ids() {
-        for i in &g.node(id).inputs {
-            users[i.index()].push(id.index());
-        }
-    }
-    let groups = fusion_groups(g, &users, fuse);
-    let (zeros, unneeded) = if std::env::var_os("RLX_CAUSAL_SKIP").is_some_and(|v| v == "0") {
-        (vec![None; g.len()], vec![None; g.len()])
-    } else {
-        let z = causal_zeros(g);
-        let u = causal_unneeded(g, &z);
-        (z, u)
-    };
-    for id in g.ids() {
-        if groups.member_of[id.index()].is_some() {
-            vals.push(Val {
-                buf: Buf::Fused,
-                layout: Layout::contiguous(&[]),
-                dtype: g.shape(id).dtype(),
-            });
+        if let Some(v) = computed.remove(&id.index()) {
+            vals.push(v);
             continue;
         }
         let dims = check_node(g, id)?;
@@ -554,6 +288,11 @@ fn compile_inner(
         let bytes = dims.iter().product::<usize>() * dtype.size_bytes();
         let dense = Layout::contiguous(&dims);
         let step = pending.len();
+        let chain = if node.op.is_leaf() {
+            None
+        } else {
+            chain_of(g, id)
+        };
         let val = match &node.op {
             Op::Input { name } => {
                 reqs.push(BufferRequest {
@@ -599,23 +338,14 @@ fn compile_inner(
                     dtype,
                 }
             }
-            _ if groups.members.contains_key(&id.index()) => {
-                // A group ending in a row sum: its members compute the Reduce's operand.
-                let rows = kernels::fused::row_sum(g, id);
-                let members = &groups.members[&id.index()];
-                let elementwise = if rows.is_some() {
-                    &members[..members.len() - 1]
-                } else {
-                    &members[..]
-                };
-                let (code, ext) = chain(g, elementwise);
-                let group_dims = g
-                    .shape(rlx_ir::NodeId(
-                        *elementwise.last().expect("a group has a member") as u32,
-                    ))
-                    .static_dims()
-                    .expect("checked static");
-                let block = kernels::fused::block_len(rows.map(|r| r.row));
+            _ if chain.is_some() => {
+                let Chain {
+                    prog,
+                    ext,
+                    stored,
+                    names,
+                } = chain.expect("checked");
+                let block = kernels::fused::block_len(prog.rows.map(|r| r.row));
                 for &e in &ext {
                     if let Buf::Arena(r) = vals[e].buf {
                         reqs[r].end = reqs[r].end.max(step);
@@ -628,32 +358,55 @@ fn compile_inner(
                 });
                 let out_req = reqs.len() - 1;
                 reqs.push(BufferRequest {
-                    size: kernels::fused::scratch_bytes(ext.len(), code.len(), threads, block),
+                    size: kernels::fused::scratch_bytes(ext.len(), prog.code.len(), threads, block),
                     start: step,
                     end: step,
                 });
                 let scratch_req = Some(reqs.len() - 1);
-                // Members that are graph outputs get buffers of their own, written by the group
-                // too; they follow the external operands in the step's operand list.
-                let mut extra = Vec::new();
+                // Further results get buffers of their own, written by the step too; they follow
+                // the external operands in the step's operand list.
                 let mut operands = ext.clone();
-                for (j, &m) in members.iter().enumerate() {
-                    if m != id.index() && groups.stored[m] {
-                        reqs.push(BufferRequest {
-                            size: bytes,
-                            start: step,
-                            end: step,
-                        });
-                        vals[m] = Val {
+                let mut extra = Vec::new();
+                for &(s, j) in &stored {
+                    let sdims = check_node(g, NodeId(s as u32))?;
+                    let sbytes = sdims.iter().product::<usize>()
+                        * g.shape(NodeId(s as u32)).dtype().size_bytes();
+                    reqs.push(BufferRequest {
+                        size: sbytes,
+                        start: step,
+                        end: step,
+                    });
+                    computed.insert(
+                        s,
+                        Val {
                             buf: Buf::Arena(reqs.len() - 1),
-                            layout: dense,
-                            dtype,
-                        };
-                        extra.push(j);
-                        operands.push(m);
-                    }
+                            layout: Layout::contiguous(&sdims),
+                            dtype: g.shape(NodeId(s as u32)).dtype(),
+                        },
+                    );
+                    extra.push(j);
+                    operands.push(s);
                 }
+                // Whether the group runs as the one-pass Adam update (`fused::build` decides the
+                // same way), for the profile.
+                let layouts: Vec<Layout> = ext.iter().map(|&e| vals[e].layout).collect();
+                let adam =
+                    kernels::fused::as_adam(&prog.code, &layouts, &prog.dims, &extra, prog.rows)
+                        .is_some();
+                let what = format!(
+                    "fused group of {} ({}){}",
+                    names.len(),
+                    names.join(" "),
+                    if adam { " as one Adam pass" } else { "" }
+                );
+                chain_steps.insert(id.index(), (if adam { "adam" } else { "fused" }, what));
                 let n_ext = ext.len();
+                let RegionProgram {
+                    code,
+                    rows,
+                    dims: group_dims,
+                    ..
+                } = prog;
                 let build: kernels::Build = Box::new(move |ins, out, s| {
                     let (ext_refs, extra_refs) = ins.split_at(n_ext);
                     let extra = extra.into_iter().zip(extra_refs.iter().copied()).collect();
@@ -683,7 +436,7 @@ fn compile_inner(
                     in_dtypes: node.inputs.iter().map(|i| vals[i.index()].dtype).collect(),
                     dims: dims.clone(),
                     threads,
-                    zeros: matmul_zeros(g, id, &zeros, &unneeded),
+                    zeros: tri(plan.skip(id)),
                 };
                 match kernels::lower(&info)? {
                     Lowered::View { src, layout } => {
@@ -750,9 +503,14 @@ fn compile_inner(
                             scratch_req,
                             build,
                         ));
+                        let layout = if matches!(node.op, Op::MatMul) {
+                            output_layout(plan, id, &dims)
+                        } else {
+                            dense
+                        };
                         Val {
                             buf: Buf::Arena(out_req),
-                            layout: output_layout(g, id, &users[id.index()], &dims),
+                            layout,
                             dtype,
                         }
                     }
@@ -767,19 +525,34 @@ fn compile_inner(
             reqs[r].end = nsteps;
         }
     }
-    let donated = donations(g, &groups, &vals, &pending, &params, updates);
-    for &(vi, p) in &donated {
-        vals[vi].buf = Buf::Param(p);
+    // Donations: the output's buffer is the param's storage (the plan checked that nothing
+    // reads the param's old value after the step writing it).
+    let mut donated = 0;
+    for d in &plan.donations {
+        let Some(v) = g.outputs().get(d.output).map(|v| v.index()) else {
+            continue;
+        };
+        let Some(p) = params.iter().position(|s| s.name == d.param) else {
+            continue;
+        };
+        if params[p].shape == *g.shape(NodeId(v as u32))
+            && matches!(vals[v].buf, Buf::Arena(_))
+            && chain_steps
+                .keys()
+                .any(|&h| matches!(&g.node(NodeId(v as u32)).op, Op::Fused(r) if h + r.output == v))
+        {
+            vals[v].buf = Buf::Param(p);
+            donated += 1;
+        }
     }
-    let plan = plan_memory(&reqs, 64);
-    let arena = Buffer::zeroed(plan.arena_size);
+    let mem = plan_memory(&reqs, 64);
+    let arena = Buffer::zeroed(mem.arena_size);
     let base = |b: Buf| -> Ptr {
         // SAFETY: offsets from the plan lie within the arena.
         Ptr(match b {
-            Buf::Arena(r) => unsafe { arena.ptr().add(plan.offsets[r]) },
+            Buf::Arena(r) => unsafe { arena.ptr().add(mem.offsets[r]) },
             Buf::Param(i) => param_bufs[i].ptr(),
             Buf::Const(i) => consts[i].ptr(),
-            Buf::Fused => unreachable!("fused intermediates are only read inside their group"),
         })
     };
     let tref = |v: &Val| TRef {
@@ -793,20 +566,7 @@ fn compile_inner(
     let mut step_desc = by_node.then(Vec::new);
     for (node, operands, out_req, scratch_req, build) in pending {
         let n = g.node(rlx_ir::NodeId(node as u32));
-        // Whether the step is a group that runs as the one-pass Adam update (`fused::build`
-        // decides the same way).
-        let adam = groups.members.get(&node).is_some_and(|m| {
-            let id = rlx_ir::NodeId(node as u32);
-            kernels::fused::row_sum(g, id).is_none() && {
-                let (code, ext) = chain(g, m);
-                let layouts: Vec<Layout> = ext.iter().map(|&e| vals[e].layout).collect();
-                let extra: Vec<usize> = (0..m.len())
-                    .filter(|&j| m[j] != node && groups.stored[m[j]])
-                    .collect();
-                let dims = g.shape(id).static_dims().unwrap_or_default();
-                kernels::fused::as_adam(&code, &layouts, &dims, &extra, None).is_some()
-            }
-        });
+        let chain = chain_steps.get(&node);
         if let Some(d) = &mut step_desc {
             let dims = |i: usize| {
                 format!(
@@ -820,34 +580,20 @@ fn compile_inner(
                 )
             };
             let ins: Vec<String> = operands.iter().map(|&i| dims(i)).collect();
-            let what = match groups.members.get(&node) {
-                Some(m) => {
-                    let names: Vec<&str> = m
-                        .iter()
-                        .map(|&i| g.node(rlx_ir::NodeId(i as u32)).op.name())
-                        .collect();
-                    format!(
-                        "fused group of {} ({}){}",
-                        m.len(),
-                        names.join(" "),
-                        if adam { " as one Adam pass" } else { "" }
-                    )
-                }
-                None => match matmul_zeros(g, rlx_ir::NodeId(node as u32), &zeros, &unneeded) {
-                    kernels::gemm::Tri::Full => n.op.name().to_string(),
-                    tri => format!("{} (skipping zeros: {tri:?})", n.op.name()),
-                },
+            let what = match (chain, plan.skip(NodeId(node as u32))) {
+                (Some((_, what)), _) => what.clone(),
+                (None, None) => n.op.name().to_string(),
+                (None, Some(skip)) => format!("{} (skipping zeros: {skip:?})", n.op.name()),
             };
             d.push(format!(
                 "{} {what} ({}) -> {}",
-                rlx_ir::NodeId(node as u32),
+                NodeId(node as u32),
                 ins.join(", "),
-                g.shape(rlx_ir::NodeId(node as u32))
+                g.shape(NodeId(node as u32))
             ));
         }
         step_ops.push(match &n.op {
-            _ if adam => "adam",
-            _ if groups.members.contains_key(&node) => "fused",
+            _ if chain.is_some() => chain.expect("checked").0,
             // Quantized products are told apart by weight format in the profile.
             Op::DequantMatMul { scheme } => kernels::quant::profile_name(*scheme),
             op => op.name(),
@@ -886,8 +632,8 @@ fn compile_inner(
         input_ptrs,
         param_bufs,
         output_refs,
-        arena_bytes: plan.arena_size,
-        in_place_updates: donated.len(),
+        arena_bytes: mem.arena_size,
+        in_place_updates: donated,
         _arena: arena,
         _consts: consts,
     })

@@ -95,3 +95,29 @@ fn causal_products_skip_zero_depths_with_the_same_results() {
         }
     });
 }
+
+#[test]
+fn the_plan_finds_a_skip_for_every_product_of_causal_attention() {
+    use rlx_opt::Skip;
+    let (_, plan) = rlx_cpu::prepare(&attention(13, 16, f32::NEG_INFINITY), true, &[]).unwrap();
+    let kinds: Vec<Skip> = plan.skips.values().copied().collect();
+    // scores (unneeded past the mask), P V, P^T dY, dY V^T (unneeded), dS K, Q^T dS.
+    assert_eq!(kinds.len(), 6, "{kinds:?}");
+    assert!(
+        kinds.contains(&Skip::RowMax(3))
+            && kinds.contains(&Skip::RowMin(3))
+            && kinds.contains(&Skip::ColMin(3))
+            && kinds.contains(&Skip::Unneeded(3)),
+        "{kinds:?}"
+    );
+    // A finite mask proves no zeros: the offsets found skip nothing (no column passes row + 15).
+    let (_, plan) = rlx_cpu::prepare(&attention(13, 16, -1e30), true, &[]).unwrap();
+    let off = |s: &Skip| match *s {
+        Skip::RowMax(o) | Skip::RowMin(o) | Skip::ColMin(o) | Skip::Unneeded(o) => o,
+    };
+    assert!(
+        plan.skips.values().all(|s| off(s) >= 15),
+        "{:?}",
+        plan.skips
+    );
+}

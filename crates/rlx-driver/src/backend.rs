@@ -1,7 +1,8 @@
 //! The narrow backend interface and the run-time registry.
 
 use crate::Device;
-use rlx_ir::{Graph, NodeId, Result, Shape};
+use rlx_ir::{FusionKind, Graph, NodeId, Result, Shape};
+use rlx_opt::LoweringPlan;
 use std::sync::{Arc, RwLock};
 
 /// Options a backend receives when compiling.
@@ -14,6 +15,10 @@ pub struct CompileOptions {
     /// output straight into the param's storage when nothing reads the old value afterwards,
     /// instead of copying it over after the run (JAX's buffer donation).
     pub updates: Vec<(String, usize)>,
+    /// The compiler's decisions for this graph (fused regions are in the graph itself): which
+    /// products may skip work, which values to store permuted, which updates to compute in
+    /// place. A backend follows them or ignores them; it makes none of its own.
+    pub plan: Arc<LoweringPlan>,
 }
 
 /// A named, shaped input, param or output slot of an [`Executable`].
@@ -30,8 +35,16 @@ pub struct IoSlot {
 pub trait Backend: Send + Sync {
     /// Short name for reports and errors.
     fn name(&self) -> &'static str;
-    /// Whether node `id` of `graph` has a native kernel here.
+    /// Whether node `id` of `graph` has a native kernel here. For an `Op::Fused` node: whether
+    /// this backend lowers that region (else the compiler inlines its body).
     fn supports(&self, graph: &Graph, id: NodeId) -> bool;
+    /// Whether node `id` may join a fused region of `kind` that this backend lowers natively
+    /// (for [`FusionKind::MultiplyReduce`]: whether it may end one, as the row reduction).
+    /// The compiler's fusion passes form only such regions. The default fuses nothing.
+    fn fuses(&self, graph: &Graph, id: NodeId, kind: FusionKind) -> bool {
+        let _ = (graph, id, kind);
+        false
+    }
     /// Compile a verified, optimized graph with static shapes.
     fn compile(&self, graph: &Graph, opts: &CompileOptions) -> Result<Box<dyn Executable>>;
 

@@ -21,6 +21,7 @@ mod op;
 pub mod ops;
 pub mod quant;
 mod shape;
+pub mod svg;
 pub mod text;
 mod verify;
 

@@ -417,15 +417,35 @@ impl FusionKind {
 }
 
 /// A fused region: its kind and its body, a graph in ordinary ops whose `Input` nodes (in
-/// definition order) are the operands and whose first output is the result. The body is the
-/// region's meaning: the evaluator, autodiff, vmap and every backend without a kernel for the
-/// kind use it (MLX's `fast::Custom` fallback).
+/// definition order) are the operands and whose output number `output` is the node's result.
+/// The body is the region's meaning: the evaluator, autodiff, vmap and every backend without a
+/// kernel for the kind use it (MLX's `fast::Custom` fallback).
+///
+/// A region with several results (an optimizer's new param beside its new moments, a normalized
+/// value beside its scaled one) is one node per result, as [`Op::TopK`] is: the nodes share kind,
+/// body and operands, differ in `output`, and stand next to each other, output 0 first. A
+/// backend with a kernel for the kind computes them in one step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FusedRegion {
     /// What the region computes.
     pub kind: FusionKind,
     /// The region as a graph.
     pub body: Box<crate::Graph>,
+    /// Which of the body's outputs this node yields.
+    pub output: usize,
+}
+
+impl FusedRegion {
+    /// The ops of the body, in order (inputs and constants left out): what the region computes,
+    /// for reports and pictures.
+    pub fn op_names(&self) -> Vec<&'static str> {
+        self.body
+            .nodes()
+            .iter()
+            .filter(|b| !b.op.is_leaf())
+            .map(|b| b.op.name())
+            .collect()
+    }
 }
 
 /// A function given as a graph, usable as one op. The body's `Input` nodes, in definition order,

@@ -195,6 +195,15 @@ impl Attrs {
         }
     }
 
+    /// An integer attribute that may be left out (then `default`).
+    pub fn usize_or(&mut self, key: &str, default: usize) -> Result<usize> {
+        if self.items.iter().any(|(k, _)| k == key) {
+            self.usize(key)
+        } else {
+            Ok(default)
+        }
+    }
+
     /// An integer or `none`.
     pub fn opt_usize(&mut self, key: &str) -> Result<Option<usize>> {
         match self.take(key)? {

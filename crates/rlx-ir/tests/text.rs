@@ -172,6 +172,7 @@ fn op_of(kind: OpKind, v: &[usize], x: f32, s: &str, body: &Graph) -> Op {
         K::Fused => Op::Fused(FusedRegion {
             kind: FusionKind::ALL[pick(0, FusionKind::ALL.len())],
             body: Box::new(body.clone()),
+            output: pick(1, body.outputs().len()),
         }),
     }
 }
@@ -225,7 +226,7 @@ fn graph() -> impl Strategy<Value = Graph> {
             let mut body = Graph::new("body");
             let a = body.input("a", Shape::new(&[2], DType::F32));
             let e = body.op(Op::Activation(Activation::Exp), &[a]);
-            body.set_outputs(vec![e]);
+            body.set_outputs(vec![e, a]);
             let mut g = Graph::new(&gname);
             for (i, (k, v, x, s, ins)) in nodes.iter().enumerate() {
                 let op = op_of(OpKind::ALL[*k], v, *x, &format!("{s}{i}"), &body);

@@ -1,19 +1,18 @@
 //! Fusion as IR: a pass that groups chains of elementwise ops into [`Op::Fused`] regions whose
 //! body is the chain itself, and a [`FusionReport`] saying what it did and why it left the rest.
 //!
-//! A region is formed from its last node (the root) backwards: an elementwise, broadcast or cast
-//! node joins the region of its user when that user is the node's only reader, the node is not a
-//! graph output, and it has the region's dims (it computes over the same iteration space; its
-//! own operands may broadcast). Every other reader would need the value stored, which a
-//! single-result region cannot give. Members all run at the root's position, which is sound
-//! because nothing outside the region reads them. Regions of one op stay as they are.
+//! A region is formed from its last node (the root) backwards (see [`FuseElementwise`]); its
+//! members compute over the same iteration space (their own operands may broadcast), and the
+//! members other nodes read are stored beside the root as further results of the region. A
+//! backend says which nodes its region kernels take; the generic pass takes every elementwise,
+//! broadcast and cast node. Regions of one op stay as they are.
 //!
 //! A backend that has a kernel for the elementwise kind runs each region as one step (the body
 //! is the program of that kernel; a GPU backend generates one shader per region); any other
 //! inlines the body (`Decompose`), getting back the graph it would have had.
 
 use crate::Pass;
-use rlx_ir::{FusedRegion, FusionKind, Graph, NodeId, Op, Result, Shape};
+use rlx_ir::{FusedRegion, FusionKind, Graph, NodeId, Op, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -57,15 +56,21 @@ impl FusionOptions {
 /// Why a node was not fused into its user's region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum MissReason {
-    /// The op is not elementwise, broadcast or cast.
+    /// The op is not one the backend's kernel for the kind takes (for the generic pass: not
+    /// elementwise, broadcast or cast).
     NotElementwise,
-    /// More than one node reads the value (a single-result region could not give it to them).
-    SeveralReaders,
-    /// The value is a graph output.
+    /// A reader outside the region runs before the region's root (the value would be needed
+    /// before the region computes it).
+    ReadEarly,
+    /// The value is a graph output, and the region ends in a row reduction (whose one result
+    /// is the reduced value).
     GraphOutput,
     /// The node computes over other dims than its user (a broadcast or a reduction between).
     OtherDims,
-    /// The user is not in a region.
+    /// It reads a value that a `CacheWrite` updates in place (members run at the root's
+    /// position, after the write).
+    ReadsWrittenState,
+    /// No reader is in a region.
     UserNotFused,
     /// The region reached [`FusionOptions::max_region_ops`].
     RegionFull,
@@ -79,11 +84,12 @@ impl MissReason {
     /// What one could do about it.
     pub fn hint(self) -> &'static str {
         match self {
-            MissReason::NotElementwise => "only elementwise, broadcast and cast ops join elementwise regions; matmul epilogues and norms are other fused kinds",
-            MissReason::SeveralReaders => "multi-output regions (storing the value beside the result) are not formed yet",
-            MissReason::GraphOutput => "an output must be stored; a multi-output region could still take it",
+            MissReason::NotElementwise => "only elementwise ops the backend's region kernel takes join elementwise regions; matmul epilogues and norms are other fused kinds",
+            MissReason::ReadEarly => "reorder so that the value's other readers run after the region",
+            MissReason::GraphOutput => "a region ending in a reduction has one result; the output is computed on its own",
             MissReason::OtherDims => "fusing across a broadcast or reduction needs a multiply-reduce or broadcast-aware region",
-            MissReason::UserNotFused => "its reader starts no region",
+            MissReason::ReadsWrittenState => "a value updated in place by a cache write is read where it is, not fused",
+            MissReason::UserNotFused => "its readers start no region",
             MissReason::RegionFull => "raise FusionOptions::max_region_ops",
             MissReason::Disabled => "RLX_FUSION=0 or FusionOptions switched it off",
             MissReason::Alone => "nothing to fuse with",
@@ -111,7 +117,10 @@ pub struct Region {
     pub kind: FusionKind,
     /// Its members (nodes of the input graph), the root last.
     pub nodes: Vec<u32>,
-    /// Its fused node in the output graph.
+    /// Members other than the root that the region also stores, because a graph output or a
+    /// node outside the region reads them (the region's results 1, 2, ...).
+    pub stored: Vec<u32>,
+    /// Its fused node in the output graph (result 0; result `k` is the node `fused_node + k`).
     pub fused_node: u32,
 }
 
@@ -177,7 +186,7 @@ fn op_counts(g: &Graph) -> BTreeMap<String, usize> {
     m
 }
 
-/// Whether `op` may join an elementwise region.
+/// Whether `op` may join an elementwise region of the generic pass (no backend given).
 pub fn elementwise(op: &Op) -> bool {
     matches!(
         op,
@@ -190,73 +199,156 @@ pub fn elementwise(op: &Op) -> bool {
     )
 }
 
-/// The elementwise fusion pass.
-pub struct FuseElementwise {
+/// Which nodes may join (or, for [`FusionKind::MultiplyReduce`], end) a region a backend
+/// lowers natively: `(graph, node, kind)`.
+pub type Accepts<'a> = &'a (dyn Fn(&Graph, NodeId, FusionKind) -> bool + 'a);
+
+/// The elementwise fusion pass. It forms elementwise regions and, where the backend takes a
+/// row reduction as a region's root, multiply-reduce regions (the `x * y` summed by a softmax
+/// or norm backward pass, computed row by row and never stored).
+///
+/// Regions are formed from the outputs back: a node joins the earliest region of one of its
+/// readers such that every reader outside that region runs after the region's root, it has
+/// the region's dims, and it reads nothing a `CacheWrite` updates in place. Members that a graph
+/// output or a node outside the region reads are stored as extra results. Operands of members
+/// come from before the root and stored values are read only after it, so the regions form no
+/// cycles with the rest of the graph.
+pub struct FuseElementwise<'a> {
     /// Options.
     pub options: FusionOptions,
+    /// The backend's kernels: which nodes they take. `None`: every node [`elementwise`] names
+    /// joins elementwise regions, and no multiply-reduce regions are formed.
+    pub accepts: Option<Accepts<'a>>,
 }
 
-impl FuseElementwise {
+impl FuseElementwise<'_> {
+    /// The generic pass with `options`.
+    pub fn new(options: FusionOptions) -> FuseElementwise<'static> {
+        FuseElementwise {
+            options,
+            accepts: None,
+        }
+    }
+}
+
+impl<'a> FuseElementwise<'a> {
+    /// The pass for a backend whose region kernels take the nodes `accepts` names.
+    pub fn for_backend(options: FusionOptions, accepts: Accepts<'a>) -> FuseElementwise<'a> {
+        FuseElementwise {
+            options,
+            accepts: Some(accepts),
+        }
+    }
+
+    fn takes(&self, g: &Graph, id: NodeId, kind: FusionKind) -> bool {
+        match self.accepts {
+            Some(f) => f(g, id, kind),
+            None => kind == FusionKind::Elementwise && elementwise(&g.node(id).op),
+        }
+    }
+
     /// Fuse `g`, returning the new graph and the report.
     pub fn fuse(&self, g: &Graph) -> Result<(Graph, FusionReport)> {
+        self.fuse_mapped(g).map(|(out, report, _)| (out, report))
+    }
+
+    /// [`FuseElementwise::fuse`], also returning where each node of `g` went: its node in the
+    /// new graph (for a member of a region: the region's node giving its value, when stored),
+    /// or `None` for members computed only inside a region.
+    pub fn fuse_mapped(&self, g: &Graph) -> Result<(Graph, FusionReport, Vec<Option<NodeId>>)> {
         let n = g.len();
         let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut written = vec![false; n];
         for id in g.ids() {
-            for i in &g.node(id).inputs {
+            let node = g.node(id);
+            for i in &node.inputs {
                 readers[i.index()].push(id.index());
+            }
+            if matches!(node.op, Op::CacheWrite) {
+                written[node.inputs[0].index()] = true;
             }
         }
         let is_output: Vec<bool> = (0..n)
             .map(|i| g.outputs().iter().any(|o| o.index() == i))
             .collect();
-        // Root of each node's region (None: not elementwise), from the outputs back.
+        let nid = |i: usize| NodeId(i as u32);
+        // Root of each node's region (None: in none), from the outputs back.
         let mut root: Vec<Option<usize>> = vec![None; n];
+        let mut reduce = vec![false; n];
         let mut size: Vec<usize> = vec![0; n];
         let mut miss: Vec<Option<MissReason>> = vec![None; n];
+        // The dims a region computes over: its root's, or a reduction's operand's.
+        let region_dims = |r: usize, reduce: &[bool]| {
+            let d = if reduce[r] {
+                g.node(nid(r)).inputs[0]
+            } else {
+                nid(r)
+            };
+            g.shape(d).dims().to_vec()
+        };
         for i in (0..n).rev() {
-            let op = &g.node(NodeId(i as u32)).op;
-            if !elementwise(op) {
+            let id = nid(i);
+            if self.options.elementwise && self.takes(g, id, FusionKind::MultiplyReduce) {
+                root[i] = Some(i);
+                reduce[i] = true;
+                continue;
+            }
+            if !self.takes(g, id, FusionKind::Elementwise) {
                 continue;
             }
             if !self.options.elementwise {
                 miss[i] = Some(MissReason::Disabled);
                 continue;
             }
-            let joined = match readers[i].as_slice() {
-                _ if is_output[i] => Err(MissReason::GraphOutput),
-                [u] => match root[*u] {
-                    None => Err(MissReason::UserNotFused),
-                    Some(r)
-                        if g.shape(NodeId(i as u32)).dims() != g.shape(NodeId(r as u32)).dims() =>
-                    {
-                        Err(MissReason::OtherDims)
-                    }
-                    Some(r) if size[r] >= self.options.max_region_ops => {
-                        Err(MissReason::RegionFull)
-                    }
-                    Some(r) => Ok(r),
-                },
-                [] => Err(MissReason::UserNotFused),
-                _ => Err(MissReason::SeveralReaders),
+            let mut candidates: Vec<usize> = readers[i].iter().filter_map(|&u| root[u]).collect();
+            candidates.sort_unstable();
+            candidates.dedup();
+            let mut why = if candidates.is_empty() {
+                MissReason::UserNotFused
+            } else {
+                MissReason::ReadEarly
             };
+            let reads_written = g.node(id).inputs.iter().any(|x| written[x.index()]);
+            let joined = candidates.into_iter().find(|&r| {
+                let verdict = if reads_written {
+                    Err(MissReason::ReadsWrittenState)
+                } else if !readers[i]
+                    .iter()
+                    .all(|&u| root[u] == Some(r) || (u > r && !reduce[r]))
+                {
+                    Err(MissReason::ReadEarly)
+                } else if g.shape(id).dims() != region_dims(r, &reduce).as_slice() {
+                    Err(MissReason::OtherDims)
+                } else if reduce[r] && is_output[i] {
+                    Err(MissReason::GraphOutput)
+                } else if size[r] >= self.options.max_region_ops {
+                    Err(MissReason::RegionFull)
+                } else {
+                    Ok(())
+                };
+                if let Err(m) = verdict {
+                    why = m;
+                }
+                verdict.is_ok()
+            });
             match joined {
-                Ok(r) => {
+                Some(r) => {
                     root[i] = Some(r);
                     size[r] += 1;
                 }
-                Err(m) => {
+                None => {
                     root[i] = Some(i);
                     size[i] = 1;
-                    miss[i] = Some(m);
+                    miss[i] = Some(why);
                 }
             }
         }
-        // Non-elementwise producers of region members are candidates too.
+        // Producers of region members that could not join are candidates too.
         for i in 0..n {
             if root[i].is_none()
                 && miss[i].is_none()
                 && readers[i].iter().any(|&u| root[u].is_some())
-                && !g.node(NodeId(i as u32)).op.is_leaf()
+                && !g.node(nid(i)).op.is_leaf()
             {
                 miss[i] = Some(MissReason::NotElementwise);
             }
@@ -268,14 +360,14 @@ impl FuseElementwise {
             }
         }
         members.retain(|&r, m| {
-            if m.len() == 1 && miss[r].is_none() {
+            if m.len() == 1 && miss[r].is_none() && !reduce[r] {
                 miss[r] = Some(MissReason::Alone);
             }
             m.len() > 1
         });
 
         let mut out = Graph::new(g.name());
-        let mut map: Vec<NodeId> = vec![NodeId(u32::MAX); n];
+        let mut map: Vec<Option<NodeId>> = vec![None; n];
         let mut report = FusionReport {
             ops_before: op_counts(g),
             ..Default::default()
@@ -289,44 +381,78 @@ impl FuseElementwise {
                 Some(r) if r != i => {}
                 Some(r) => {
                     let m = &members[&r];
+                    let stored: Vec<usize> = m[..m.len() - 1]
+                        .iter()
+                        .copied()
+                        .filter(|&j| is_output[j] || readers[j].iter().any(|&u| root[u] != Some(r)))
+                        .collect();
+                    let results: Vec<usize> =
+                        std::iter::once(r).chain(stored.iter().copied()).collect();
                     let (body, ext) = region_body(
                         g,
                         m,
+                        &results,
                         &format!("{}.region{}", g.name(), report.regions.len()),
                     )?;
-                    let ins: Vec<NodeId> = ext.iter().map(|&e| map[e]).collect();
-                    let shape: Shape = node.shape.clone();
-                    let fused = out.push_unchecked(
-                        Op::Fused(FusedRegion {
-                            kind: FusionKind::Elementwise,
-                            body: Box::new(body),
-                        }),
-                        ins,
-                        shape,
-                    );
-                    map[i] = fused;
+                    let ins: Vec<NodeId> = ext
+                        .iter()
+                        .map(|&e| {
+                            map[e].expect("operands of a region are computed before its root")
+                        })
+                        .collect();
+                    let kind = if reduce[r] {
+                        FusionKind::MultiplyReduce
+                    } else {
+                        FusionKind::Elementwise
+                    };
+                    let body = Box::new(body);
+                    let mut first = None;
+                    for (k, &j) in results.iter().enumerate() {
+                        let f = out.push_unchecked(
+                            Op::Fused(FusedRegion {
+                                kind,
+                                body: body.clone(),
+                                output: k,
+                            }),
+                            ins.clone(),
+                            g.shape(nid(j)).clone(),
+                        );
+                        first.get_or_insert(f);
+                        map[j] = Some(f);
+                    }
                     for &j in m {
                         region_of[j] = Some(report.regions.len());
                     }
+                    let fused_node = first.expect("a region has a result").0;
                     report.regions.push(Region {
-                        kind: FusionKind::Elementwise,
+                        kind,
                         nodes: m.iter().map(|&j| j as u32).collect(),
-                        fused_node: fused.0,
+                        stored: stored.iter().map(|&j| j as u32).collect(),
+                        fused_node,
                     });
                 }
                 None => {
-                    let ins = node.inputs.iter().map(|x| map[x.index()]).collect();
-                    map[i] = out.push_unchecked(node.op.clone(), ins, node.shape.clone());
+                    let ins = node
+                        .inputs
+                        .iter()
+                        .map(|x| map[x.index()].expect("operands are computed first"))
+                        .collect();
+                    map[i] = Some(out.push_unchecked(node.op.clone(), ins, node.shape.clone()));
                 }
             }
         }
-        out.set_outputs_unchecked(g.outputs().iter().map(|o| map[o.index()]).collect());
+        out.set_outputs_unchecked(
+            g.outputs()
+                .iter()
+                .map(|o| map[o.index()].expect("outputs are stored"))
+                .collect(),
+        );
         report.ops_after = op_counts(&out);
         for i in 0..n {
             if region_of[i].is_some() || miss[i].is_some() {
                 report.candidates.push(Candidate {
                     node: i as u32,
-                    op: g.node(NodeId(i as u32)).op.name().to_string(),
+                    op: g.node(nid(i)).op.name().to_string(),
                     region: region_of[i],
                     miss: if region_of[i].is_some() {
                         None
@@ -336,13 +462,19 @@ impl FuseElementwise {
                 });
             }
         }
-        Ok((out, report))
+        Ok((out, report, map))
     }
 }
 
-/// The body of a region with `members` (node indices of `g`, the root last) and its external
-/// operands in first-use order (the body's inputs, in the same order).
-fn region_body(g: &Graph, members: &[usize], name: &str) -> Result<(Graph, Vec<usize>)> {
+/// The body of a region with `members` (node indices of `g`, the root last) returning the values
+/// of `results`, and its external operands in first-use order (the body's inputs, in the same
+/// order).
+fn region_body(
+    g: &Graph,
+    members: &[usize],
+    results: &[usize],
+    name: &str,
+) -> Result<(Graph, Vec<usize>)> {
     let mut body = Graph::new(name);
     let mut ext: Vec<usize> = Vec::new();
     let mut local: BTreeMap<usize, NodeId> = BTreeMap::new();
@@ -362,8 +494,7 @@ fn region_body(g: &Graph, members: &[usize], name: &str) -> Result<(Graph, Vec<u
         let ins: Vec<NodeId> = n.inputs.iter().map(|x| local[&x.index()]).collect();
         local.insert(m, body.push_unchecked(n.op.clone(), ins, n.shape.clone()));
     }
-    let root = *members.last().expect("a region has members");
-    body.set_outputs(vec![local[&root]]);
+    body.set_outputs(results.iter().map(|r| local[r]).collect());
     // Inputs come first in a body; members were appended as met, so rebuild in that order.
     Ok((inputs_first(&body), ext))
 }
@@ -391,7 +522,7 @@ fn inputs_first(body: &Graph) -> Graph {
     out
 }
 
-impl Pass for FuseElementwise {
+impl Pass for FuseElementwise<'_> {
     fn name(&self) -> &str {
         "fuse_elementwise"
     }

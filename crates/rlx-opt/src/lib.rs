@@ -10,21 +10,25 @@
 #![deny(missing_docs)]
 
 pub mod autodiff;
+pub mod dispatch;
 pub mod fold;
 pub mod fusion;
 pub mod memory;
 pub mod passes;
 pub mod pipeline;
+pub mod plan;
 pub mod rewrite;
 pub mod simplify;
 pub mod vmap;
 
 pub use autodiff::{grad, grad_with_loss, hvp, jvp, nth_order_grad};
+pub use dispatch::{Dispatch, KernelDispatchReport, NodeDispatch};
 pub use fold::ConstantFolding;
-pub use fusion::{FuseElementwise, FusionOptions, FusionReport, MissReason};
+pub use fusion::{Accepts, FuseElementwise, FusionOptions, FusionReport, MissReason, Region};
 pub use memory::{plan_memory, BufferRequest, MemoryPlan};
 pub use passes::{Cse, DeadCodeElimination, Decompose};
 pub use pipeline::{CompilePipeline, CompileResult, Pass, PassRecord};
+pub use plan::{prepare, Donation, LoweringOptions, LoweringPlan, Skip};
 pub use rewrite::{rewrite, Rewrite, Rule, RuleSet, Site};
 pub use simplify::AlgebraicSimplify;
 pub use vmap::{vmap, vmap_axes};

@@ -31,9 +31,7 @@ fn pass_of<'a>(
         "const_fold" => Box::new(ConstantFolding {
             max_elements: 1 << 16,
         }),
-        "fuse_elementwise" => Box::new(FuseElementwise {
-            options: FusionOptions::default(),
-        }),
+        "fuse_elementwise" => Box::new(FuseElementwise::new(FusionOptions::default())),
         _ if name.starts_with("decompose=") => Box::new(Decompose {
             backend: "filetest",
             supports,
@@ -109,11 +107,9 @@ fn run_file(text: &str) -> Result<String, String> {
     }
     // A file that starts by fusing also shows the fusion report (decisions and reasons).
     if passes_line.split_whitespace().next() == Some("fuse_elementwise") {
-        let (_, report) = FuseElementwise {
-            options: FusionOptions::default(),
-        }
-        .fuse(&g)
-        .map_err(|e| e.to_string())?;
+        let (_, report) = FuseElementwise::new(FusionOptions::default())
+            .fuse(&g)
+            .map_err(|e| e.to_string())?;
         for line in report.to_string().lines() {
             let _ = writeln!(out, "; {line}");
         }

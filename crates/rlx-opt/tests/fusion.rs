@@ -42,11 +42,9 @@ fn leaves(g: &Graph) -> BTreeMap<String, Tensor> {
 #[test]
 fn fusion_keeps_the_meaning_and_reports_every_decision() {
     let g = Graph::parse(MLP).expect("parses");
-    let (fused, report) = FuseElementwise {
-        options: FusionOptions::default(),
-    }
-    .fuse(&g)
-    .expect("fuses");
+    let (fused, report) = FuseElementwise::new(FusionOptions::default())
+        .fuse(&g)
+        .expect("fuses");
     rlx_ir::verify(&fused).expect("the fused graph verifies");
     let regions = fused
         .nodes()
@@ -81,12 +79,10 @@ fn fusion_keeps_the_meaning_and_reports_every_decision() {
 #[test]
 fn switched_off_fusion_forms_no_region_and_says_why() {
     let g = Graph::parse(MLP).expect("parses");
-    let (out, report) = FuseElementwise {
-        options: FusionOptions {
-            elementwise: false,
-            ..Default::default()
-        },
-    }
+    let (out, report) = FuseElementwise::new(FusionOptions {
+        elementwise: false,
+        ..Default::default()
+    })
     .fuse(&g)
     .expect("runs");
     assert_eq!(out, g);
@@ -101,12 +97,10 @@ fn switched_off_fusion_forms_no_region_and_says_why() {
 #[test]
 fn regions_respect_the_size_limit() {
     let g = Graph::parse(MLP).expect("parses");
-    let (_, report) = FuseElementwise {
-        options: FusionOptions {
-            max_region_ops: 2,
-            ..Default::default()
-        },
-    }
+    let (_, report) = FuseElementwise::new(FusionOptions {
+        max_region_ops: 2,
+        ..Default::default()
+    })
     .fuse(&g)
     .expect("runs");
     assert!(

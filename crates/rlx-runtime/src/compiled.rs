@@ -3,13 +3,16 @@
 
 use rlx_driver::{Device, Executable, IoSlot};
 use rlx_ir::{convert, DType, Error, Graph, Result};
-use rlx_opt::PassRecord;
+use rlx_opt::{FusionReport, KernelDispatchReport, LoweringPlan, PassRecord};
+use std::sync::Arc;
 
 /// A graph compiled for one device, ready to run. Create it with [`crate::Session::compile`].
 pub struct CompiledGraph {
     exe: Box<dyn Executable>,
     graph: Graph,
     records: Vec<PassRecord>,
+    plan: Arc<LoweringPlan>,
+    dispatch: KernelDispatchReport,
     device: Device,
     /// Per-input staging bytes for dtype conversion (allocated once, so `run` does not allocate).
     staging_in: Vec<Vec<u8>>,
@@ -51,6 +54,8 @@ impl CompiledGraph {
         exe: Box<dyn Executable>,
         graph: Graph,
         records: Vec<PassRecord>,
+        plan: Arc<LoweringPlan>,
+        dispatch: KernelDispatchReport,
         device: Device,
     ) -> Self {
         let size = |s: &IoSlot| s.shape.size_bytes().unwrap_or(0);
@@ -81,6 +86,8 @@ impl CompiledGraph {
             exe,
             graph,
             records,
+            plan,
+            dispatch,
             device,
             staging_in,
             staging_out,
@@ -139,6 +146,24 @@ impl CompiledGraph {
     /// What each compile pass did.
     pub fn pass_records(&self) -> &[PassRecord] {
         &self.records
+    }
+
+    /// The compiler's lowering decisions the backend followed: causal skips, permuted stores,
+    /// donated updates and the fusion report.
+    pub fn lowering_plan(&self) -> &LoweringPlan {
+        &self.plan
+    }
+
+    /// What fusion did: ops per kind before and after, the regions, and why each candidate
+    /// that joined none did not.
+    pub fn fusion_report(&self) -> &FusionReport {
+        &self.plan.fusion
+    }
+
+    /// What runs where: each node of the compiled graph native, fused (into which region) or
+    /// unsupported, and which ops were decomposed first by which rule.
+    pub fn dispatch_report(&self) -> &KernelDispatchReport {
+        &self.dispatch
     }
 
     /// Input slots (name, shape), in definition order.

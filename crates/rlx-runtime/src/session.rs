@@ -5,6 +5,7 @@ use rlx_driver::{registered_backend, Backend, CompileOptions, Device};
 use rlx_ir::{Error, Graph, Result};
 use rlx_opt::{
     AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose,
+    KernelDispatchReport, LoweringOptions, PassRecord,
 };
 use std::sync::Arc;
 
@@ -28,6 +29,15 @@ pub(crate) fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
             device: d.to_string(),
             hint: d.availability_hint(),
         }),
+    }
+}
+
+/// Print a compile report to stderr when environment variable `var` is `1` (text) or `json`.
+fn report(var: &str, graph: &str, text: &str, json: &dyn Fn() -> String) {
+    match std::env::var(var).as_deref() {
+        Ok("1") => eprintln!("rlx: graph \"{graph}\": {text}"),
+        Ok("json") => eprintln!("{}", json()),
+        _ => {}
     }
 }
 
@@ -133,19 +143,65 @@ impl Session {
                 supports: &supports,
             })
             .rounds(4);
-        let result = pipe.run(&graph)?;
+        let mut result = pipe.run(&graph)?;
+        // The lowering plan: fusion for the backend's region kernels and the side tables.
+        let updates: Vec<(String, usize)> =
+            updates.iter().map(|&(p, o)| (p.to_string(), o)).collect();
+        let mut lowering = LoweringOptions::default();
+        lowering.fusion.elementwise &= self.optimize;
+        let b = backend.clone();
+        let accepts = move |g: &Graph, id, kind| b.fuses(g, id, kind);
+        let (graph, plan) =
+            rlx_opt::prepare(&result.graph, &lowering.with_env(), &accepts, &updates)?;
+        result.records.push(PassRecord {
+            pass: "fuse_elementwise".into(),
+            nodes_before: result.graph.len(),
+            nodes_after: graph.len(),
+            rewrites: plan.fusion.regions.len(),
+            fired: if plan.fusion.regions.is_empty() {
+                Default::default()
+            } else {
+                [("fuse_elementwise".to_string(), plan.fusion.regions.len())].into()
+            },
+        });
+        if cfg!(debug_assertions) {
+            rlx_ir::verify(&graph)?;
+        }
+        let dispatch = KernelDispatchReport::new(
+            backend.name(),
+            &graph,
+            &|g, id| backend.supports(g, id),
+            &result.records,
+            &plan.fusion,
+        );
+        report(
+            "RLX_FUSION_REPORT",
+            graph.name(),
+            &plan.fusion.to_string(),
+            &|| plan.fusion.to_json(),
+        );
+        report(
+            "RLX_DISPATCH_REPORT",
+            graph.name(),
+            &dispatch.to_string(),
+            &|| dispatch.to_json(),
+        );
+        let plan = Arc::new(plan);
         let opts = CompileOptions {
             threads: self.threads,
-            updates: updates.iter().map(|&(p, o)| (p.to_string(), o)).collect(),
+            updates,
+            plan: plan.clone(),
         };
         let exe = match share {
-            Some(other) => backend.compile_sharing(&result.graph, &opts, other.executable())?,
-            None => backend.compile(&result.graph, &opts)?,
+            Some(other) => backend.compile_sharing(&graph, &opts, other.executable())?,
+            None => backend.compile(&graph, &opts)?,
         };
         Ok(CompiledGraph::new(
             exe,
-            result.graph,
+            graph,
             result.records,
+            plan,
+            dispatch,
             self.device,
         ))
     }

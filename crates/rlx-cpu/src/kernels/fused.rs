@@ -20,7 +20,7 @@ use super::{kernel, Kernel, Ptr, TRef};
 use crate::elem::Elem;
 use crate::layout::{for_each_run, Layout};
 use crate::pool::Pool;
-use rlx_ir::{Activation, BinaryOp, Graph, NodeId, Op};
+use rlx_ir::{Activation, BinaryOp, FusedRegion, FusionKind, Graph, NodeId, Op};
 
 /// Elements computed per block (per gathered operand and temporary). At 512 the slots of a
 /// long group (AdamW's 15 instructions) stay in L1; 1024 measured 5% slower on the training MLP.
@@ -107,6 +107,92 @@ pub fn row_sum(g: &Graph, id: NodeId) -> Option<RowSum> {
         && n.shape.dtype() == rlx_ir::DType::F32
         && !dims.contains(&0);
     (ok && row <= MAX_ROW).then_some(RowSum { row, mean })
+}
+
+/// A fused region as the group loop runs it.
+#[derive(Clone, Debug)]
+pub struct RegionProgram {
+    /// The instructions; the last one is the elementwise root. External operand `k` is the
+    /// region's operand `k`.
+    pub code: Vec<Instr>,
+    /// The row sum ending a multiply-reduce region.
+    pub rows: Option<RowSum>,
+    /// For each body output, the instruction computing it (`None`: the row sum).
+    pub outputs: Vec<Option<usize>>,
+    /// The dims the instructions compute over.
+    pub dims: Vec<usize>,
+}
+
+/// The program of region `r` when the group loop runs it: an elementwise region of f32
+/// Binary / Activation nodes (see [`fusible`]), or a multiply-reduce region of those ending in
+/// a row sum (see [`row_sum`]). `None` for any other region (the compiler then inlines it).
+pub fn region_program(r: &FusedRegion) -> Option<RegionProgram> {
+    let b = &*r.body;
+    let mut src: Vec<Option<Src>> = vec![None; b.len()];
+    let mut code = Vec::new();
+    let mut rows = None;
+    let mut n_ext = 0;
+    let ids: Vec<NodeId> = b.ids().collect();
+    for (pos, &id) in ids.iter().enumerate() {
+        let n = b.node(id);
+        let arg = |k: usize| src[n.inputs[k].index()];
+        src[id.index()] = match &n.op {
+            Op::Input { .. } => {
+                n_ext += 1;
+                Some(Src::Ext(n_ext - 1))
+            }
+            Op::Reduce { .. }
+                if r.kind == FusionKind::MultiplyReduce
+                    && pos + 1 == ids.len()
+                    && !code.is_empty() =>
+            {
+                rows = Some(row_sum(b, id)?);
+                // The reduced value must be the last instruction's.
+                matches!(arg(0)?, Src::Tmp(j) if j + 1 == code.len()).then_some(())?;
+                None
+            }
+            Op::Binary(op) if fusible(b, id) => {
+                code.push(Instr::Binary(*op, arg(0)?, arg(1)?));
+                Some(Src::Tmp(code.len() - 1))
+            }
+            Op::Activation(a) if fusible(b, id) => {
+                code.push(Instr::Unary(*a, arg(0)?));
+                Some(Src::Tmp(code.len() - 1))
+            }
+            _ => return None,
+        };
+    }
+    let kind_ok = match r.kind {
+        FusionKind::Elementwise => rows.is_none(),
+        FusionKind::MultiplyReduce => rows.is_some() && b.outputs().len() == 1,
+        _ => false,
+    };
+    if !kind_ok || code.is_empty() {
+        return None;
+    }
+    let outputs: Vec<Option<usize>> = b
+        .outputs()
+        .iter()
+        .map(|o| match src[o.index()] {
+            Some(Src::Tmp(j)) => Some(Some(j)),
+            None if rows.is_some() => Some(None),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    // Output 0 is the root: the last instruction (or the row sum of it).
+    (outputs[0].is_none_or(|j| j + 1 == code.len())).then_some(())?;
+    let root = if rows.is_some() {
+        b.node(*ids.last()?).inputs[0]
+    } else {
+        b.outputs()[0]
+    };
+    let dims = b.shape(root).static_dims()?;
+    Some(RegionProgram {
+        code,
+        rows,
+        outputs,
+        dims,
+    })
 }
 
 /// How an external operand is read for a block.

@@ -170,14 +170,14 @@ pub fn supports(op: &Op) -> bool {
         Op::Gather { .. } | Op::ScatterAdd { .. } | Op::Conv(_) | Op::Pool(_) => true,
         Op::DequantizeRows { .. } | Op::CacheWrite | Op::CachedAttention { .. } => true,
         Op::DequantMatMul { scheme } => scheme.is_gguf(),
-        // Decomposed into primitives before lowering. Fused regions are inlined: the CPU backend
-        // still forms its own elementwise groups in `program.rs` (to move into rlx-opt).
+        // Elementwise and multiply-reduce regions the group loop runs; the rest are inlined.
+        Op::Fused(r) => fused::region_program(r).is_some(),
+        // Decomposed into primitives before lowering.
         Op::DotGeneral(_)
         | Op::Custom(_)
         | Op::Quantize { .. }
         | Op::Dequantize { .. }
-        | Op::FakeQuantize { .. }
-        | Op::Fused(_) => false,
+        | Op::FakeQuantize { .. } => false,
     }
 }
 

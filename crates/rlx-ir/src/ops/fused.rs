@@ -26,8 +26,15 @@ pub(super) fn infer(r: &FusedRegion, ins: &[&Shape]) -> Result<Shape> {
             "the body must not declare params; pass them as operands",
         ));
     }
-    let Some(&out) = r.body.outputs().first() else {
-        return Err(err(r, "the body has no outputs"));
+    let Some(&out) = r.body.outputs().get(r.output) else {
+        return Err(err(
+            r,
+            format!(
+                "the body has {} outputs; there is no output {}",
+                r.body.outputs().len(),
+                r.output
+            ),
+        ));
     };
     crate::verify(&r.body)?;
     for (i, (a, s)) in args(&r.body).iter().zip(ins).enumerate() {
@@ -43,11 +50,19 @@ pub(super) fn infer(r: &FusedRegion, ins: &[&Shape]) -> Result<Shape> {
 
 /// The body inlined into `g` on `ins`: the region's decomposition.
 pub(super) fn decompose(g: &mut Graph, r: &FusedRegion, ins: &[NodeId]) -> Result<NodeId> {
-    Ok(inline(g, &r.body, ins)?[0])
+    Ok(inline(g, &r.body, ins)?[r.output])
 }
 
-/// The body's arithmetic, reading each operand once and writing the result once.
+/// The body's arithmetic, reading each operand once and writing the result once; a further
+/// result of a region (output 1, 2, ...) adds only its own write, the region being computed
+/// once for all its results.
 pub(super) fn cost(r: &FusedRegion, ins: &[&Shape], out: &Shape) -> Cost {
+    if r.output > 0 {
+        return Cost {
+            flops: 0,
+            bytes: super::bytes(out),
+        };
+    }
     Cost {
         flops: super::graph_cost(&r.body).flops,
         bytes: super::bytes(out),
@@ -55,23 +70,27 @@ pub(super) fn cost(r: &FusedRegion, ins: &[&Shape], out: &Shape) -> Cost {
     .with_reads(ins, 0)
 }
 
-/// Text-form attributes: the kind and the body.
+/// Text-form attributes: the kind, the output when it is not the first, and the body.
 pub fn attrs(r: &FusedRegion) -> Vec<(&'static str, Attr)> {
-    vec![
-        ("kind", Attr::word(r.kind.name())),
-        ("body", Attr::Graph(r.body.clone())),
-    ]
+    let mut a = vec![("kind", Attr::word(r.kind.name()))];
+    if r.output != 0 {
+        a.push(("output", Attr::from(r.output)));
+    }
+    a.push(("body", Attr::Graph(r.body.clone())));
+    a
 }
 
 /// A fused region from its text-form attributes.
 pub fn from_attrs(a: &mut Attrs) -> Result<FusedRegion> {
     let names: Vec<&str> = FusionKind::ALL.iter().map(|k| k.name()).collect();
     let kind = a.word("kind", &names.join(", "), FusionKind::from_name)?;
+    let output = a.usize_or("output", 0)?;
     let body = a
         .graph("body", false)?
         .ok_or_else(|| Error::op("fused", "missing body"))?;
     Ok(FusedRegion {
         kind,
         body: Box::new(body),
+        output,
     })
 }

@@ -160,6 +160,11 @@ impl Llm {
         Ok(())
     }
 
+    /// The compiled one-token decode graph: its optimized graph, fusion and dispatch reports.
+    pub fn decode_graph(&self) -> &CompiledGraph {
+        &self.steps[0].1
+    }
+
     /// The KV-cache length.
     pub fn ctx(&self) -> usize {
         self.ctx

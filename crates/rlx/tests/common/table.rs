@@ -202,6 +202,7 @@ pub fn op_of(name: &str, a: &Value) -> Op {
                 Graph::parse(a["body"].as_str().expect("body text"))
                     .unwrap_or_else(|e| panic!("fused body: {e}")),
             ),
+            output: a["output"].as_u64().unwrap_or(0) as usize,
         }),
         other => panic!("the op table names an unknown op {other}"),
     }

@@ -1,0 +1,433 @@
+//! The lowering plan: the decisions the compiler makes for every backend after optimizing, as
+//! IR (fused regions) plus side tables a backend reads while lowering.
+//!
+//! - **Fusion** ([`FuseElementwise`]) with the backend's region kernels: the graph gets
+//!   [`rlx_ir::Op::Fused`] nodes.
+//! - **Causal skips** ([`causal_skips`]): products one of whose operands is known to be zero on
+//!   one side of a diagonal (causal attention's probabilities and their gradients), or whose
+//!   result no reader needs there (the scores a -inf mask hides). A GEMM may skip that part.
+//! - **Permuted stores** ([`permuted_stores`]): a product whose one reader transposes it
+//!   (attention's `[b, h, t, d] -> [b, t, h, d]`) may be stored in the transposed order, so the
+//!   transpose is a dense view.
+//! - **Donations** ([`donations`]): the param updates a backend may compute straight into the
+//!   param's storage (JAX's buffer donation), because nothing reads the old value afterwards.
+//!
+//! [`prepare`] runs them in order and returns the graph to lower with its [`LoweringPlan`].
+//! Options live in [`LoweringOptions`]; the environment only overrides them.
+
+use crate::fusion::{Accepts, FuseElementwise, FusionOptions, FusionReport};
+use rlx_ir::{BinaryOp, DType, FusionKind, Graph, NodeId, Op, Result};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Which compile-time decisions [`prepare`] makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoweringOptions {
+    /// Fusion.
+    pub fusion: FusionOptions,
+    /// Find causal skips (`RLX_CAUSAL_SKIP=0` turns them off through [`LoweringOptions::with_env`]).
+    pub causal_skip: bool,
+    /// Store products in the order their one transposing reader wants.
+    pub permuted_stores: bool,
+    /// Compute param updates in place where sound.
+    pub donate: bool,
+}
+
+impl Default for LoweringOptions {
+    fn default() -> Self {
+        LoweringOptions {
+            fusion: FusionOptions::default(),
+            causal_skip: true,
+            permuted_stores: true,
+            donate: true,
+        }
+    }
+}
+
+impl LoweringOptions {
+    /// These options with the environment's overrides applied: `RLX_FUSION=0/1`,
+    /// `RLX_CAUSAL_SKIP=0/1`.
+    pub fn with_env(self) -> Self {
+        let causal_skip = match std::env::var("RLX_CAUSAL_SKIP").as_deref() {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => self.causal_skip,
+        };
+        LoweringOptions {
+            fusion: self.fusion.with_env(),
+            causal_skip,
+            ..self
+        }
+    }
+}
+
+/// Which part of a product `C = A B` (over the last two axes) can be skipped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Skip {
+    /// A is zero for depth `p > i + off`: row `i` of C sums depths `p <= i + off`.
+    RowMax(isize),
+    /// A is zero for `p < i - off`: row `i` sums depths `p >= i - off`.
+    RowMin(isize),
+    /// B is zero for `p < j - off`: column `j` sums depths `p >= j - off`.
+    ColMin(isize),
+    /// No operand has zeros, but no reader needs C where column `j > i + off`; writing zeros
+    /// there instead gives the same results.
+    Unneeded(isize),
+}
+
+/// A param update computed in place: graph output `output` is written straight into param
+/// `param`'s storage.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Donation {
+    /// The output index.
+    pub output: usize,
+    /// The param's name.
+    pub param: String,
+}
+
+/// The side tables a backend reads while lowering the graph [`prepare`] returned. Node ids are
+/// that graph's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LoweringPlan {
+    /// Products that may skip part of their work.
+    pub skips: BTreeMap<u32, Skip>,
+    /// Products to store in the order of their one transposing reader: the reader's `perm`.
+    pub permuted_stores: BTreeMap<u32, Vec<usize>>,
+    /// Param updates computed in place.
+    pub donations: Vec<Donation>,
+    /// What fusion did.
+    pub fusion: FusionReport,
+}
+
+impl LoweringPlan {
+    /// The skip of node `id`, if any.
+    pub fn skip(&self, id: NodeId) -> Option<Skip> {
+        self.skips.get(&id.0).copied()
+    }
+
+    /// The permutation node `id` should be stored in, if any.
+    pub fn permuted_store(&self, id: NodeId) -> Option<&[usize]> {
+        self.permuted_stores.get(&id.0).map(Vec::as_slice)
+    }
+}
+
+/// Fuse `g` for a backend whose region kernels take the nodes `accepts` names (see
+/// [`FuseElementwise::for_backend`]) and compute the side tables, for the param updates
+/// `updates` (`(param name, output index)`).
+pub fn prepare(
+    g: &Graph,
+    options: &LoweringOptions,
+    accepts: Accepts<'_>,
+    updates: &[(String, usize)],
+) -> Result<(Graph, LoweringPlan)> {
+    // Skips are found on the unfused graph (they read through elementwise chains) and follow
+    // the products, which fusion never moves into a region.
+    let skips = if options.causal_skip {
+        causal_skips(g)
+    } else {
+        BTreeMap::new()
+    };
+    let (fused, fusion, map) =
+        FuseElementwise::for_backend(options.fusion, accepts).fuse_mapped(g)?;
+    let skips = skips
+        .into_iter()
+        .filter_map(|(id, s)| Some((map[id as usize]?.0, s)))
+        .collect();
+    let permuted_stores = if options.permuted_stores {
+        permuted_stores(&fused)
+    } else {
+        BTreeMap::new()
+    };
+    let donations = if options.donate {
+        donations(&fused, updates)
+    } else {
+        Vec::new()
+    };
+    Ok((
+        fused,
+        LoweringPlan {
+            skips,
+            permuted_stores,
+            donations,
+            fusion,
+        },
+    ))
+}
+
+/// The last two dims of a node's shape.
+fn tail(g: &Graph, id: NodeId) -> Option<(usize, usize)> {
+    let d = g.shape(id).static_dims()?;
+    (d.len() >= 2).then(|| (d[d.len() - 2], d[d.len() - 1]))
+}
+
+/// For a constant `[t, u]` f32 mask that is -inf exactly at columns past `row + off` and
+/// finite elsewhere (causal attention's), `Some(off)`.
+fn mask_offset(g: &Graph, id: NodeId) -> Option<isize> {
+    let n = g.node(id);
+    let Op::Constant { data } = &n.op else {
+        return None;
+    };
+    let d = n.shape.static_dims()?;
+    if n.shape.dtype() != DType::F32 || d.len() != 2 || d[0] == 0 || d[1] == 0 {
+        return None;
+    }
+    let v = |i: usize, j: usize| {
+        let at = (i * d[1] + j) * 4;
+        f32::from_le_bytes([data[at], data[at + 1], data[at + 2], data[at + 3]])
+    };
+    let first = (0..d[1])
+        .find(|&j| v(0, j) == f32::NEG_INFINITY)
+        .unwrap_or(d[1]);
+    let off = first as isize - 1;
+    let ok = (0..d[0]).all(|i| {
+        (0..d[1]).all(|j| {
+            if j as isize > i as isize + off {
+                v(i, j) == f32::NEG_INFINITY
+            } else {
+                v(i, j).is_finite()
+            }
+        })
+    });
+    ok.then_some(off)
+}
+
+/// For each node, `Some(off)` when its value is zero wherever (in its last two axes) the
+/// column is past the row by more than `off`: causal attention's probabilities (a softmax of
+/// scores plus a constant mask that is -inf exactly there) and what multiplies them (the
+/// softmax's gradient). Assumes the scores are finite (as attention kernels that skip the
+/// masked part do).
+fn causal_zeros(g: &Graph) -> Vec<Option<isize>> {
+    let mut z: Vec<Option<isize>> = vec![None; g.len()];
+    for id in g.ids() {
+        let n = g.node(id);
+        z[id.index()] = match &n.op {
+            Op::Softmax { axis } if *axis + 1 == n.shape.rank() => {
+                let x = g.node(n.inputs[0]);
+                match (&x.op, tail(g, n.inputs[0])) {
+                    (Op::Binary(BinaryOp::Add), Some(t)) => x.inputs.iter().find_map(|&c| {
+                        mask_offset(g, c)
+                            .filter(|_| g.shape(c).static_dims().is_some_and(|d| (d[0], d[1]) == t))
+                    }),
+                    _ => None,
+                }
+            }
+            Op::Binary(BinaryOp::Mul) => {
+                let t = tail(g, id);
+                n.inputs
+                    .iter()
+                    .find_map(|&a| z[a.index()].filter(|_| tail(g, a) == t))
+            }
+            _ => None,
+        };
+    }
+    z
+}
+
+/// For each node, `Some(off)` when no reader needs its elements (in the last two axes) whose
+/// column is past the row by more than `off`: each reader adds causal attention's -inf mask
+/// there (`scores + mask`), multiplies by a value that is zero there (see [`causal_zeros`]), or
+/// is elementwise with such a value of its own (the scale before the mask, the `dP - s` of the
+/// softmax gradient before its product with the probabilities).
+fn causal_unneeded(g: &Graph, zeros: &[Option<isize>]) -> Vec<Option<isize>> {
+    let mut users: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for &i in &g.node(id).inputs {
+            users[i.index()].push(id);
+        }
+    }
+    let ids: Vec<NodeId> = g.ids().collect();
+    let mut unneeded: Vec<Option<isize>> = vec![None; g.len()];
+    for &id in ids.iter().rev() {
+        let t = tail(g, id);
+        if t.is_none()
+            || users[id.index()].is_empty()
+            || g.outputs().contains(&id)
+            || g.shape(id).dtype() != DType::F32
+        {
+            continue;
+        }
+        // The region every reader ignores is the intersection of theirs (the largest offset).
+        let reader = |u: NodeId| -> Option<isize> {
+            let n = g.node(u);
+            let other = n.inputs.iter().copied().find(|&i| i != id);
+            let own = unneeded[u.index()].filter(|_| tail(g, u) == t);
+            match &n.op {
+                Op::Binary(BinaryOp::Add) => other
+                    .and_then(|c| mask_offset(g, c))
+                    .filter(|_| other.and_then(|c| tail(g, c)) == t)
+                    .or(own),
+                Op::Binary(BinaryOp::Mul) => other
+                    .and_then(|y| zeros[y.index()].filter(|_| tail(g, y) == t))
+                    .or(own),
+                Op::Binary(_) | Op::Activation(_) => own,
+                _ => None,
+            }
+        };
+        unneeded[id.index()] = users[id.index()]
+            .iter()
+            .try_fold(None, |acc: Option<isize>, &u| {
+                let o = reader(u)?;
+                Some(Some(acc.map_or(o, |a| a.max(o))))
+            })
+            .flatten();
+    }
+    unneeded
+}
+
+/// The f32 products of `g` that may skip work, from [`causal_zeros`] of their operands, or
+/// else tiles of their result, from [`causal_unneeded`] (node index → skip).
+pub fn causal_skips(g: &Graph) -> BTreeMap<u32, Skip> {
+    let z = causal_zeros(g);
+    let unneeded = causal_unneeded(g, &z);
+    let mut out = BTreeMap::new();
+    for id in g.ids() {
+        let n = g.node(id);
+        if !matches!(n.op, Op::MatMul) || n.shape.dtype() != DType::F32 {
+            continue;
+        }
+        let (a, b) = (n.inputs[0], n.inputs[1]);
+        let an = g.node(a);
+        let swapped = match &an.op {
+            Op::Transpose { perm } => {
+                let r = perm.len();
+                let swaps_last = r >= 2
+                    && perm[r - 1] == r - 2
+                    && perm[r - 2] == r - 1
+                    && perm[..r - 2].iter().enumerate().all(|(i, &p)| i == p);
+                z[an.inputs[0].index()].filter(|_| swaps_last)
+            }
+            _ => None,
+        };
+        let skip = z[a.index()]
+            .map(Skip::RowMax)
+            .or(swapped.map(Skip::RowMin))
+            .or(z[b.index()].map(Skip::ColMin))
+            .or(unneeded[id.index()].map(Skip::Unneeded));
+        if let Some(s) = skip {
+            out.insert(id.0, s);
+        }
+    }
+    out
+}
+
+/// The f32 products of `g` that are no graph output and whose one reader is a transpose of
+/// rank 3 or more keeping the last axis: node index → that transpose's `perm`. Stored in that
+/// order, the transpose is a dense view and a reshape after it needs no copy.
+pub fn permuted_stores(g: &Graph) -> BTreeMap<u32, Vec<usize>> {
+    let mut readers: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for &i in &g.node(id).inputs {
+            readers[i.index()].push(id);
+        }
+    }
+    let mut out = BTreeMap::new();
+    for id in g.ids() {
+        let n = g.node(id);
+        if !matches!(n.op, Op::MatMul) || n.shape.dtype() != DType::F32 || g.outputs().contains(&id)
+        {
+            continue;
+        }
+        let [u] = readers[id.index()].as_slice() else {
+            continue;
+        };
+        let Op::Transpose { perm } = &g.node(*u).op else {
+            continue;
+        };
+        let r = n.shape.rank();
+        if perm.len() == r && r >= 3 && perm[r - 1] == r - 1 {
+            out.insert(id.0, perm.clone());
+        }
+    }
+    out
+}
+
+/// Whether a node's value may share storage with its first operand (a view, or an in-place
+/// cache write).
+fn aliases_operand(op: &Op) -> bool {
+    matches!(
+        op,
+        Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Narrow { .. }
+            | Op::Expand { .. }
+            | Op::CacheWrite
+    )
+}
+
+/// The updates of `updates` (`(param name, output index)`) that may be computed in place: an
+/// output computed by an elementwise region (whose kernel reads each operand element before
+/// writing that element of the result) such that every node reading the param (or a view of
+/// it) runs no later than the region, which itself reads the param directly, at the output's
+/// shape. The backend then writes the output into the param's storage.
+pub fn donations(g: &Graph, updates: &[(String, usize)]) -> Vec<Donation> {
+    let mut readers: Vec<Vec<usize>> = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for &i in &g.node(id).inputs {
+            readers[i.index()].push(id.index());
+        }
+    }
+    let mut out: Vec<Donation> = Vec::new();
+    let mut used_outputs: Vec<usize> = Vec::new();
+    for (name, o) in updates {
+        let Some(&v) = g.outputs().get(*o) else {
+            continue;
+        };
+        let Some(p) = g
+            .ids()
+            .find(|&i| matches!(&g.node(i).op, Op::Param { name: n } if n == name))
+        else {
+            continue;
+        };
+        let Op::Fused(r) = &g.node(v).op else {
+            continue;
+        };
+        if r.kind != FusionKind::Elementwise
+            || g.shape(p) != g.shape(v)
+            || out.iter().any(|d| d.param == *name)
+            || used_outputs.contains(&v.index())
+        {
+            continue;
+        }
+        // The region's step: from its first result's node to its last.
+        let Some(head) = v.index().checked_sub(r.output) else {
+            continue;
+        };
+        let last = head + r.body.outputs().len() - 1;
+        let same_region = |i: usize| {
+            i >= head
+                && i <= last
+                && matches!(&g.node(NodeId(i as u32)).op, Op::Fused(q) if q.body == r.body)
+        };
+        if !same_region(head) || g.outputs().iter().filter(|&&x| x == v).count() != 1 {
+            continue;
+        }
+        // The param and every view of it.
+        let mut alias = vec![p.index()];
+        let mut k = 0;
+        while k < alias.len() {
+            for &u in &readers[alias[k]] {
+                if aliases_operand(&g.node(NodeId(u as u32)).op)
+                    && g.node(NodeId(u as u32)).inputs[0].index() == alias[k]
+                    && !alias.contains(&u)
+                {
+                    alias.push(u);
+                }
+            }
+            k += 1;
+        }
+        let ok = !g.outputs().iter().any(|x| alias.contains(&x.index()))
+            && alias.iter().all(|&a| {
+                readers[a]
+                    .iter()
+                    .all(|&u| alias.contains(&u) || u < head || (same_region(u) && a == p.index()))
+            });
+        if ok {
+            out.push(Donation {
+                output: *o,
+                param: name.clone(),
+            });
+            used_outputs.push(v.index());
+        }
+    }
+    out
+}

@@ -10,6 +10,8 @@ const LINE_H: f64 = 15.0;
 const PAD: f64 = 8.0;
 const GAP_X: f64 = 18.0;
 const GAP_Y: f64 = 42.0;
+/// Rows between a leaf and a reader beyond which the edge is drawn as a labelled stub.
+const FAR_ROWS: usize = 4;
 /// Ops listed per line inside a fused box.
 const OPS_PER_LINE: usize = 6;
 
@@ -157,10 +159,23 @@ pub fn to_svg(g: &Graph) -> String {
     for id in g.ids() {
         let (x1, y1) = pos[id.index()];
         let (w1, _) = (boxes[id.index()].2, boxes[id.index()].3);
-        for x in &g.node(id).inputs {
+        for (k, x) in g.node(id).inputs.iter().enumerate() {
             let (x0, y0) = pos[x.index()];
             let (w0, h0) = (boxes[x.index()].2, boxes[x.index()].3);
-            let (ax, ay, bx, by) = (x0 + w0 / 2.0, y0 + h0, x1 + w1 / 2.0, y1);
+            let (bx, by) = (x1 + w1 / 2.0, y1);
+            if g.node(*x).op.is_leaf() && depth[id.index()] > depth[x.index()] + FAR_ROWS {
+                // A leaf far above (positions read by every layer): a short labelled stub
+                // instead of a line across the picture.
+                let (ax, ay) = (bx + (k as f64 - 1.0) * 14.0, by - 16.0);
+                let _ = writeln!(
+                    s,
+                    r##"<path d="M{ax:.1},{ay:.1} L{bx:.1},{by:.1}" marker-end="url(#arrow)"/><text x="{:.1}" y="{:.1}" font-size="10" fill="#777">{x}</text>"##,
+                    ax - 8.0,
+                    ay - 2.0
+                );
+                continue;
+            }
+            let (ax, ay) = (x0 + w0 / 2.0, y0 + h0);
             let mid = (ay + by) / 2.0;
             let _ = writeln!(
                 s,

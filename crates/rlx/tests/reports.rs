@@ -106,5 +106,9 @@ fn the_svg_draws_every_node_and_boxes_fused_regions() {
     );
     assert!(svg.contains("class=\"fused\"") && svg.contains("f32[8, 16]"));
     let edges: usize = c.graph().nodes().iter().map(|n| n.inputs.len()).sum();
-    assert_eq!(svg.matches("marker-end").count(), edges);
+    assert_eq!(
+        svg.matches("marker-end").count(),
+        edges,
+        "one arrow (or stub) per operand"
+    );
 }

@@ -106,17 +106,23 @@ fn check_node(g: &Graph, id: rlx_ir::NodeId) -> Result<Vec<usize>> {
 type Pending = (usize, Vec<usize>, usize, Option<usize>, kernels::Build);
 
 /// Whether the CPU's region kernels take node `id` into a region of `kind` (what
-/// `CpuBackend::fuses` answers): f32 Binary / Activation nodes into elementwise regions, and a
-/// row sum or mean as the end of a multiply-reduce region.
+/// `CpuBackend::fuses` answers): f32 Binary / Activation nodes into elementwise regions, a row
+/// sum or mean as the end of a multiply-reduce region, and an elementwise region updating a
+/// param as an optimizer region.
 pub fn fuses(g: &Graph, id: NodeId, kind: FusionKind) -> bool {
     match kind {
         FusionKind::Elementwise => kernels::fused::fusible(g, id),
         FusionKind::MultiplyReduce => kernels::fused::row_sum(g, id).is_some(),
+        // An elementwise region updating a param: the group loop runs it (as the one-pass
+        // Adam update when it is one).
+        FusionKind::Optimizer => {
+            matches!(&g.node(id).op, Op::Fused(r) if kernels::fused::region_program(r).is_some())
+        }
+        // No kernels for these shapes: the products, norms and attention run on their own.
         FusionKind::MatMulEpilogue
         | FusionKind::ResidualNorm
         | FusionKind::GatedMlp
-        | FusionKind::Attention
-        | FusionKind::Optimizer => false,
+        | FusionKind::Attention => false,
     }
 }
 

@@ -12,7 +12,7 @@
 //! inlines the body (`Decompose`), getting back the graph it would have had.
 
 use crate::Pass;
-use rlx_ir::{FusedRegion, FusionKind, Graph, NodeId, Op, Result};
+use rlx_ir::{FusedRegion, FusionKind, Graph, NodeId, Op, ReduceKind, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,8 +21,11 @@ use std::fmt;
 /// [`FusionOptions::with_env`] (the environment only overrides what the caller chose).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FusionOptions {
-    /// Form elementwise regions.
+    /// Form elementwise and multiply-reduce regions.
     pub elementwise: bool,
+    /// Form the regions of known shapes: attention, gated MLP, residual norm, matmul epilogue
+    /// (see [`crate::patterns`]).
+    pub patterns: bool,
     /// Largest number of ops in one region.
     pub max_region_ops: usize,
 }
@@ -31,6 +34,7 @@ impl Default for FusionOptions {
     fn default() -> Self {
         FusionOptions {
             elementwise: true,
+            patterns: true,
             max_region_ops: 64,
         }
     }
@@ -42,10 +46,12 @@ impl FusionOptions {
         match std::env::var("RLX_FUSION").as_deref() {
             Ok("0") => FusionOptions {
                 elementwise: false,
+                patterns: false,
                 ..self
             },
             Ok("1") => FusionOptions {
                 elementwise: true,
+                patterns: true,
                 ..self
             },
             _ => self,
@@ -174,7 +180,7 @@ impl fmt::Display for FusionReport {
     }
 }
 
-fn op_counts(g: &Graph) -> BTreeMap<String, usize> {
+pub(crate) fn op_counts(g: &Graph) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
     for n in g.nodes() {
         let name = match &n.op {
@@ -240,11 +246,24 @@ impl<'a> FuseElementwise<'a> {
         }
     }
 
+    /// Whether node `id` may join (for a multiply-reduce region: end) a region of `kind`: an
+    /// elementwise, broadcast or cast op (a Sum or Mean reduction) that the backend takes.
     fn takes(&self, g: &Graph, id: NodeId, kind: FusionKind) -> bool {
-        match self.accepts {
-            Some(f) => f(g, id, kind),
-            None => kind == FusionKind::Elementwise && elementwise(&g.node(id).op),
-        }
+        let op = &g.node(id).op;
+        let shape_ok = match kind {
+            FusionKind::Elementwise => elementwise(op),
+            FusionKind::MultiplyReduce => matches!(
+                op,
+                Op::Reduce {
+                    kind: ReduceKind::Sum | ReduceKind::Mean,
+                    ..
+                }
+            ),
+            _ => false,
+        };
+        shape_ok
+            && self.accepts.is_none_or(|f| f(g, id, kind))
+            && (self.accepts.is_some() || kind == FusionKind::Elementwise)
     }
 
     /// Fuse `g`, returning the new graph and the report.
@@ -257,20 +276,11 @@ impl<'a> FuseElementwise<'a> {
     /// or `None` for members computed only inside a region.
     pub fn fuse_mapped(&self, g: &Graph) -> Result<(Graph, FusionReport, Vec<Option<NodeId>>)> {
         let n = g.len();
-        let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
-        let mut written = vec![false; n];
-        for id in g.ids() {
-            let node = g.node(id);
-            for i in &node.inputs {
-                readers[i.index()].push(id.index());
-            }
-            if matches!(node.op, Op::CacheWrite) {
-                written[node.inputs[0].index()] = true;
-            }
-        }
-        let is_output: Vec<bool> = (0..n)
-            .map(|i| g.outputs().iter().any(|o| o.index() == i))
-            .collect();
+        let Uses {
+            readers,
+            written,
+            is_output,
+        } = Uses::of(g);
         let nid = |i: usize| NodeId(i as u32);
         // Root of each node's region (None: in none), from the outputs back.
         let mut root: Vec<Option<usize>> = vec![None; n];
@@ -366,104 +376,155 @@ impl<'a> FuseElementwise<'a> {
             m.len() > 1
         });
 
-        let mut out = Graph::new(g.name());
-        let mut map: Vec<Option<NodeId>> = vec![None; n];
-        let mut report = FusionReport {
-            ops_before: op_counts(g),
-            ..Default::default()
-        };
+        let regions: Vec<(FusionKind, Vec<usize>)> = members
+            .into_iter()
+            .map(|(r, m)| {
+                let kind = if reduce[r] {
+                    FusionKind::MultiplyReduce
+                } else {
+                    FusionKind::Elementwise
+                };
+                (kind, m)
+            })
+            .collect();
+        let (out, mut report, map) = emit(g, &regions)?;
         let mut region_of: Vec<Option<usize>> = vec![None; n];
-        for id in g.ids() {
-            let i = id.index();
-            let node = g.node(id);
-            match root[i].filter(|r| members.contains_key(r)) {
-                // A member other than the root: built with its region.
-                Some(r) if r != i => {}
-                Some(r) => {
-                    let m = &members[&r];
-                    let stored: Vec<usize> = m[..m.len() - 1]
-                        .iter()
-                        .copied()
-                        .filter(|&j| is_output[j] || readers[j].iter().any(|&u| root[u] != Some(r)))
-                        .collect();
-                    let results: Vec<usize> =
-                        std::iter::once(r).chain(stored.iter().copied()).collect();
-                    let (body, ext) = region_body(
-                        g,
-                        m,
-                        &results,
-                        &format!("{}.region{}", g.name(), report.regions.len()),
-                    )?;
-                    let ins: Vec<NodeId> = ext
-                        .iter()
-                        .map(|&e| {
-                            map[e].expect("operands of a region are computed before its root")
-                        })
-                        .collect();
-                    let kind = if reduce[r] {
-                        FusionKind::MultiplyReduce
-                    } else {
-                        FusionKind::Elementwise
-                    };
-                    let body = Box::new(body);
-                    let mut first = None;
-                    for (k, &j) in results.iter().enumerate() {
-                        let f = out.push_unchecked(
-                            Op::Fused(FusedRegion {
-                                kind,
-                                body: body.clone(),
-                                output: k,
-                            }),
-                            ins.clone(),
-                            g.shape(nid(j)).clone(),
-                        );
-                        first.get_or_insert(f);
-                        map[j] = Some(f);
-                    }
-                    for &j in m {
-                        region_of[j] = Some(report.regions.len());
-                    }
-                    let fused_node = first.expect("a region has a result").0;
-                    report.regions.push(Region {
-                        kind,
-                        nodes: m.iter().map(|&j| j as u32).collect(),
-                        stored: stored.iter().map(|&j| j as u32).collect(),
-                        fused_node,
-                    });
-                }
-                None => {
-                    let ins = node
-                        .inputs
-                        .iter()
-                        .map(|x| map[x.index()].expect("operands are computed first"))
-                        .collect();
-                    map[i] = Some(out.push_unchecked(node.op.clone(), ins, node.shape.clone()));
-                }
+        for (k, r) in report.regions.iter().enumerate() {
+            for &j in &r.nodes {
+                region_of[j as usize] = Some(k);
             }
         }
-        out.set_outputs_unchecked(
-            g.outputs()
-                .iter()
-                .map(|o| map[o.index()].expect("outputs are stored"))
-                .collect(),
-        );
-        report.ops_after = op_counts(&out);
-        for i in 0..n {
-            if region_of[i].is_some() || miss[i].is_some() {
+        for (i, (region, miss)) in region_of.into_iter().zip(miss).enumerate() {
+            if region.is_some() || miss.is_some() {
                 report.candidates.push(Candidate {
                     node: i as u32,
                     op: g.node(nid(i)).op.name().to_string(),
-                    region: region_of[i],
-                    miss: if region_of[i].is_some() {
-                        None
-                    } else {
-                        miss[i]
-                    },
+                    region,
+                    miss: if region.is_some() { None } else { miss },
                 });
             }
         }
         Ok((out, report, map))
     }
+}
+
+/// Who reads each node, which nodes a `CacheWrite` updates in place, which are graph outputs.
+pub(crate) struct Uses {
+    pub readers: Vec<Vec<usize>>,
+    pub written: Vec<bool>,
+    pub is_output: Vec<bool>,
+}
+
+impl Uses {
+    pub fn of(g: &Graph) -> Uses {
+        let n = g.len();
+        let mut readers: Vec<Vec<usize>> = vec![Vec::new(); n];
+        let mut written = vec![false; n];
+        for id in g.ids() {
+            let node = g.node(id);
+            for i in &node.inputs {
+                readers[i.index()].push(id.index());
+            }
+            if matches!(node.op, Op::CacheWrite) {
+                written[node.inputs[0].index()] = true;
+            }
+        }
+        let is_output = (0..n)
+            .map(|i| g.outputs().iter().any(|o| o.index() == i))
+            .collect();
+        Uses {
+            readers,
+            written,
+            is_output,
+        }
+    }
+}
+
+/// The graph with each of `regions` (a kind and its members, node indices of `g` in order, the
+/// root last) made one fused region at its root's position, the report of the regions (no
+/// candidates), and where each node of `g` went (see [`FuseElementwise::fuse_mapped`]).
+///
+/// Each region must be sound: every reader of a member other than the root is a member or runs
+/// after the root (such members are stored as further results, as are graph outputs).
+pub(crate) fn emit(
+    g: &Graph,
+    regions: &[(FusionKind, Vec<usize>)],
+) -> Result<(Graph, FusionReport, Vec<Option<NodeId>>)> {
+    let n = g.len();
+    let nid = |i: usize| NodeId(i as u32);
+    let Uses {
+        readers, is_output, ..
+    } = Uses::of(g);
+    // Region of each member, and the region a root ends.
+    let mut region_of: Vec<Option<usize>> = vec![None; n];
+    let mut ends: Vec<Option<usize>> = vec![None; n];
+    for (k, (_, m)) in regions.iter().enumerate() {
+        for &j in m {
+            region_of[j] = Some(k);
+        }
+        ends[*m.last().expect("a region has members")] = Some(k);
+    }
+    let mut out = Graph::new(g.name());
+    let mut map: Vec<Option<NodeId>> = vec![None; n];
+    let mut report = FusionReport {
+        ops_before: op_counts(g),
+        ..Default::default()
+    };
+    for id in g.ids() {
+        let i = id.index();
+        let node = g.node(id);
+        if let Some(k) = ends[i] {
+            let (kind, m) = (regions[k].0, &regions[k].1);
+            let stored: Vec<usize> = m[..m.len() - 1]
+                .iter()
+                .copied()
+                .filter(|&j| is_output[j] || readers[j].iter().any(|&u| region_of[u] != Some(k)))
+                .collect();
+            let results: Vec<usize> = std::iter::once(i).chain(stored.iter().copied()).collect();
+            let name = format!("{}.region{}", g.name(), report.regions.len());
+            let (body, ext) = region_body(g, m, &results, &name)?;
+            let ins: Vec<NodeId> = ext
+                .iter()
+                .map(|&e| map[e].expect("operands of a region are computed before its root"))
+                .collect();
+            let body = Box::new(body);
+            let mut first = None;
+            for (r, &j) in results.iter().enumerate() {
+                let f = out.push_unchecked(
+                    Op::Fused(FusedRegion {
+                        kind,
+                        body: body.clone(),
+                        output: r,
+                    }),
+                    ins.clone(),
+                    g.shape(nid(j)).clone(),
+                );
+                first.get_or_insert(f);
+                map[j] = Some(f);
+            }
+            report.regions.push(Region {
+                kind,
+                nodes: m.iter().map(|&j| j as u32).collect(),
+                stored: stored.iter().map(|&j| j as u32).collect(),
+                fused_node: first.expect("a region has a result").0,
+            });
+        } else if region_of[i].is_none() {
+            let ins = node
+                .inputs
+                .iter()
+                .map(|x| map[x.index()].expect("operands are computed first"))
+                .collect();
+            map[i] = Some(out.push_unchecked(node.op.clone(), ins, node.shape.clone()));
+        }
+    }
+    out.set_outputs_unchecked(
+        g.outputs()
+            .iter()
+            .map(|o| map[o.index()].expect("outputs are stored"))
+            .collect(),
+    );
+    report.ops_after = op_counts(&out);
+    Ok((out, report, map))
 }
 
 /// The body of a region with `members` (node indices of `g`, the root last) returning the values

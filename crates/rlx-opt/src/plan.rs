@@ -16,6 +16,7 @@
 //! Options live in [`LoweringOptions`]; the environment only overrides them.
 
 use crate::fusion::{Accepts, FuseElementwise, FusionOptions, FusionReport};
+use crate::patterns::FusePatterns;
 use rlx_ir::{BinaryOp, DType, FusionKind, Graph, NodeId, Op, Result};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -127,11 +128,13 @@ pub fn prepare(
     } else {
         BTreeMap::new()
     };
-    let (fused, fusion, map) =
-        FuseElementwise::for_backend(options.fusion, accepts).fuse_mapped(g)?;
+    let (fused, fusion, map) = fuse(g, options.fusion, accepts)?;
+    let (fused, fusion) = mark_optimizer_updates(fused, fusion, accepts, updates);
     let skips = skips
         .into_iter()
-        .filter_map(|(id, s)| Some((map[id as usize]?.0, s)))
+        .filter_map(|(id, s)| Some((map[id as usize]?, s)))
+        .filter(|(id, _)| matches!(fused.node(*id).op, Op::MatMul))
+        .map(|(id, s)| (id.0, s))
         .collect();
     let permuted_stores = if options.permuted_stores {
         permuted_stores(&fused)
@@ -152,6 +155,100 @@ pub fn prepare(
             fusion,
         },
     ))
+}
+
+/// Pattern fusion, then elementwise fusion, with one report over both (region members are
+/// nodes of `g`, fused nodes those of the result) and where each node of `g` went.
+pub fn fuse(
+    g: &Graph,
+    options: FusionOptions,
+    accepts: Accepts<'_>,
+) -> Result<(Graph, FusionReport, Vec<Option<NodeId>>)> {
+    let (g1, r1, map1) = FusePatterns::new(options, Some(accepts)).fuse_mapped(g)?;
+    let (g2, r2, map2) = FuseElementwise::for_backend(options, accepts).fuse_mapped(&g1)?;
+    // Nodes of `g1` outside pattern regions stand for the node of `g` they were copied from.
+    let mut back: Vec<Option<u32>> = vec![None; g1.len()];
+    let in_pattern: std::collections::BTreeSet<u32> = r1
+        .regions
+        .iter()
+        .flat_map(|r| r.nodes.iter().copied())
+        .collect();
+    for (i, m) in map1.iter().enumerate() {
+        if let (Some(m), false) = (m, in_pattern.contains(&(i as u32))) {
+            back[m.index()] = Some(i as u32);
+        }
+    }
+    let orig = |x: u32| back[x as usize].unwrap_or(x);
+    let mut report = FusionReport {
+        ops_before: r1.ops_before,
+        ops_after: r2.ops_after.clone(),
+        ..Default::default()
+    };
+    for mut r in r1.regions {
+        r.fused_node = map2[r.fused_node as usize].expect("fused nodes are kept").0;
+        report.regions.push(r);
+    }
+    let offset = report.regions.len();
+    for mut r in r2.regions {
+        r.nodes = r.nodes.into_iter().map(orig).collect();
+        r.stored = r.stored.into_iter().map(orig).collect();
+        report.regions.push(r);
+    }
+    for mut c in r2.candidates {
+        c.node = orig(c.node);
+        c.region = c.region.map(|k| k + offset);
+        report.candidates.push(c);
+    }
+    report.regions.sort_by_key(|r| r.fused_node);
+    let map = map1
+        .into_iter()
+        .map(|m| m.and_then(|m| map2[m.index()]))
+        .collect();
+    Ok((g2, report, map))
+}
+
+/// Elementwise regions computing a param's new value (an output bound to a param by `updates`)
+/// become [`FusionKind::Optimizer`] regions where the backend takes them (asked with the
+/// region's first node): the backend may run them with its optimizer kernels.
+fn mark_optimizer_updates(
+    g: Graph,
+    mut report: FusionReport,
+    accepts: Accepts<'_>,
+    updates: &[(String, usize)],
+) -> (Graph, FusionReport) {
+    let updated: Vec<NodeId> = updates
+        .iter()
+        .filter_map(|(_, o)| g.outputs().get(*o).copied())
+        .collect();
+    let mut relabel: Vec<u32> = Vec::new();
+    for r in report.regions.iter_mut() {
+        let results = r.fused_node..r.fused_node + 1 + r.stored.len() as u32;
+        if r.kind == FusionKind::Elementwise
+            && updated.iter().any(|u| results.contains(&u.0))
+            && accepts(&g, NodeId(r.fused_node), FusionKind::Optimizer)
+        {
+            r.kind = FusionKind::Optimizer;
+            relabel.extend(results);
+        }
+    }
+    if relabel.is_empty() {
+        return (g, report);
+    }
+    let mut out = Graph::new(g.name());
+    for id in g.ids() {
+        let n = g.node(id);
+        let op = match &n.op {
+            Op::Fused(r) if relabel.contains(&id.0) => Op::Fused(rlx_ir::FusedRegion {
+                kind: FusionKind::Optimizer,
+                ..r.clone()
+            }),
+            op => op.clone(),
+        };
+        out.push_unchecked(op, n.inputs.clone(), n.shape.clone());
+    }
+    out.set_outputs_unchecked(g.outputs().to_vec());
+    report.ops_after = crate::fusion::op_counts(&out);
+    (out, report)
 }
 
 /// The last two dims of a node's shape.
@@ -381,7 +478,7 @@ pub fn donations(g: &Graph, updates: &[(String, usize)]) -> Vec<Donation> {
         let Op::Fused(r) = &g.node(v).op else {
             continue;
         };
-        if r.kind != FusionKind::Elementwise
+        if !matches!(r.kind, FusionKind::Elementwise | FusionKind::Optimizer)
             || g.shape(p) != g.shape(v)
             || out.iter().any(|d| d.param == *name)
             || used_outputs.contains(&v.index())

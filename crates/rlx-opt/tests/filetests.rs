@@ -5,15 +5,15 @@
 //! `RLX_BLESS=1 cargo test -p rlx-opt --test filetests` rewrites the files with what the passes
 //! produce now (review the diff before committing it).
 //!
-//! Passes by name: `simplify`, `cse`, `dce`, `const_fold`, `fuse_elementwise` (a file starting
-//! with it also shows the fusion report), and `decompose=op+op` (the decomposition a backend
+//! Passes by name: `simplify`, `cse`, `dce`, `const_fold`, `fuse_elementwise` and
+//! `fuse_patterns` (a file starting with one also shows its fusion report), and `decompose=op+op` (the decomposition a backend
 //! lacking those ops gets; `decompose=fused` inlines fused regions). Rule lists must never make a graph worse:
 //! unless a file decomposes, its cost after may not exceed its cost before.
 
 use rlx_ir::{ops, Graph, NodeId, OpKind};
 use rlx_opt::{
     AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose,
-    FuseElementwise, FusionOptions, Pass,
+    FuseElementwise, FusePatterns, FusionOptions, Pass,
 };
 use std::fmt::Write;
 use std::path::Path;
@@ -32,6 +32,7 @@ fn pass_of<'a>(
             max_elements: 1 << 16,
         }),
         "fuse_elementwise" => Box::new(FuseElementwise::new(FusionOptions::default())),
+        "fuse_patterns" => Box::new(FusePatterns::new(FusionOptions::default(), None)),
         _ if name.starts_with("decompose=") => Box::new(Decompose {
             backend: "filetest",
             supports,
@@ -106,10 +107,17 @@ fn run_file(text: &str) -> Result<String, String> {
         ));
     }
     // A file that starts by fusing also shows the fusion report (decisions and reasons).
-    if passes_line.split_whitespace().next() == Some("fuse_elementwise") {
-        let (_, report) = FuseElementwise::new(FusionOptions::default())
-            .fuse(&g)
-            .map_err(|e| e.to_string())?;
+    let first = passes_line.split_whitespace().next();
+    if matches!(first, Some("fuse_elementwise" | "fuse_patterns")) {
+        let report = if first == Some("fuse_elementwise") {
+            FuseElementwise::new(FusionOptions::default()).fuse(&g)
+        } else {
+            FusePatterns::new(FusionOptions::default(), None)
+                .fuse_mapped(&g)
+                .map(|(g, r, _)| (g, r))
+        }
+        .map_err(|e| e.to_string())?
+        .1;
         for line in report.to_string().lines() {
             let _ = writeln!(out, "; {line}");
         }

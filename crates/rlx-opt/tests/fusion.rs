@@ -2,7 +2,7 @@
 //! bits before and after), its report serializes, and switching it off forms nothing.
 
 use rlx_ir::eval::{evaluate, Tensor};
-use rlx_ir::{DType, FusionKind, Graph, Op};
+use rlx_ir::{DType, FusionKind, Graph, NodeId, Op};
 use rlx_opt::{FuseElementwise, FusionOptions, MissReason};
 use std::collections::BTreeMap;
 
@@ -28,6 +28,7 @@ const MLP: &str = r#"graph "mlp" {
 fn leaves(g: &Graph) -> BTreeMap<String, Tensor> {
     g.inputs()
         .into_iter()
+        .chain(g.params())
         .map(|(name, id)| {
             let dims = g.shape(id).static_dims().expect("static");
             let n: usize = dims.iter().product();
@@ -114,4 +115,120 @@ fn regions_respect_the_size_limit() {
             .any(|c| c.miss == Some(MissReason::RegionFull)),
         "{report}"
     );
+}
+
+/// The input graph of a filetest.
+fn filetest_input(name: &str) -> Graph {
+    let text = std::fs::read_to_string(format!(
+        "{}/tests/filetests/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .expect("filetest");
+    let input: String = text
+        .split("; output")
+        .next()
+        .expect("input")
+        .lines()
+        .filter(|l| !l.starts_with(';'))
+        .collect::<Vec<_>>()
+        .join("\n");
+    Graph::parse(&input).expect("parses")
+}
+
+#[test]
+fn pattern_regions_keep_the_meaning_and_take_only_what_a_backend_accepts() {
+    let g = filetest_input("fusion_patterns.rlx");
+    let all = |_: &Graph, _: NodeId, _: FusionKind| true;
+    let (fused, report, map) =
+        rlx_opt::plan::fuse(&g, FusionOptions::default(), &all).expect("fuses");
+    rlx_ir::verify(&fused).expect("verifies");
+    let kinds: Vec<FusionKind> = report.regions.iter().map(|r| r.kind).collect();
+    for k in [
+        FusionKind::Attention,
+        FusionKind::GatedMlp,
+        FusionKind::ResidualNorm,
+        FusionKind::MatMulEpilogue,
+        FusionKind::Elementwise,
+    ] {
+        assert!(kinds.contains(&k), "{k:?} missing: {report}");
+    }
+    assert_eq!(map.len(), g.len());
+    assert_eq!(
+        evaluate(&g, &leaves(&g)).expect("evaluates"),
+        evaluate(&fused, &leaves(&g)).expect("evaluates")
+    );
+    // A backend taking only attention gets only that (and elementwise regions it also takes).
+    let attention = |g: &Graph, id: NodeId, k: FusionKind| {
+        k == FusionKind::Attention
+            || (k == FusionKind::Elementwise && rlx_opt::fusion::elementwise(&g.node(id).op))
+    };
+    let (_, report, _) =
+        rlx_opt::plan::fuse(&g, FusionOptions::default(), &attention).expect("fuses");
+    assert!(
+        report
+            .regions
+            .iter()
+            .all(|r| matches!(r.kind, FusionKind::Attention | FusionKind::Elementwise)),
+        "{report}"
+    );
+    assert_eq!(
+        report
+            .regions
+            .iter()
+            .filter(|r| r.kind == FusionKind::Attention)
+            .count(),
+        1
+    );
+    // Switched off, nothing is formed.
+    let off = FusionOptions {
+        elementwise: false,
+        patterns: false,
+        ..Default::default()
+    };
+    let (same, report, _) = rlx_opt::plan::fuse(&g, off, &all).expect("runs");
+    assert!(report.regions.is_empty());
+    assert_eq!(same.len(), g.len());
+}
+
+#[test]
+fn optimizer_updates_are_marked_where_the_backend_takes_them() {
+    let g = Graph::parse(
+        r#"graph "sgd" {
+  %p = param {name = "p"} : f32[8]
+  %g = input {name = "g"} : f32[8]
+  %lr = constant {data = 0x0ad7233c} : f32[]
+  %s = mul %g, %lr : f32[8]
+  %n = sub %p, %s : f32[8]
+  return %n
+}"#,
+    )
+    .expect("parses");
+    let all = |g: &Graph, id: NodeId, k: FusionKind| {
+        k != FusionKind::Elementwise || rlx_opt::fusion::elementwise(&g.node(id).op)
+    };
+    let updates = [("p".to_string(), 0)];
+    let (fused, plan) =
+        rlx_opt::prepare(&g, &rlx_opt::LoweringOptions::default(), &all, &updates).expect("plans");
+    assert_eq!(plan.fusion.regions.len(), 1);
+    assert_eq!(
+        plan.fusion.regions[0].kind,
+        FusionKind::Optimizer,
+        "{}",
+        plan.fusion
+    );
+    assert!(
+        matches!(&fused.node(fused.outputs()[0]).op, Op::Fused(r) if r.kind == FusionKind::Optimizer)
+    );
+    assert_eq!(
+        plan.donations,
+        vec![rlx_opt::Donation {
+            output: 0,
+            param: "p".into()
+        }]
+    );
+    // Without the update bound, it stays an elementwise region, and nothing is donated.
+    let (_, plan) =
+        rlx_opt::prepare(&g, &rlx_opt::LoweringOptions::default(), &all, &[]).expect("plans");
+    assert_eq!(plan.fusion.regions[0].kind, FusionKind::Elementwise);
+    assert!(plan.donations.is_empty());
 }

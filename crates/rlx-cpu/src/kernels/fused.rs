@@ -163,7 +163,7 @@ pub fn region_program(r: &FusedRegion) -> Option<RegionProgram> {
         };
     }
     let kind_ok = match r.kind {
-        FusionKind::Elementwise => rows.is_none(),
+        FusionKind::Elementwise | FusionKind::Optimizer => rows.is_none(),
         FusionKind::MultiplyReduce => rows.is_some() && b.outputs().len() == 1,
         _ => false,
     };

@@ -680,3 +680,16 @@ pub fn from_attrs(kind: OpKind, a: &mut Attrs) -> Result<Op> {
         .find(|op| op.kind() == kind)
         .ok_or_else(|| Error::op(kind.name(), "is not an elementwise op"))
 }
+
+// Batching.
+
+use super::batch::{broadcasting, Batched};
+
+/// Batching rule: binary ops, comparisons and `Where` broadcast (see [`broadcasting`]);
+/// functions of one operand keep its batch axis where it is.
+pub(super) fn batch(g: &mut Graph, op: &Op, b: &Batched) -> Result<(NodeId, Option<usize>)> {
+    match op {
+        Op::Activation(_) | Op::Cast { .. } => Ok((g.try_op(op.clone(), b.ins)?, b.bds[0])),
+        _ => Ok((broadcasting(g, op, b)?, Some(0))),
+    }
+}

@@ -229,3 +229,119 @@ pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
         _ => return Err(Error::op(kind.name(), "is not an indexing op")),
     })
 }
+
+// Batching.
+
+use super::batch::{materialize, to_front, Batched};
+
+/// Batching rule: a batched source or batched indices alone gather along a shifted axis; both
+/// batched offset each example's indices into the batch-merged source. Scatter-add likewise.
+pub(super) fn batch(g: &mut Graph, op: &Op, b: &Batched) -> Result<(NodeId, Option<usize>)> {
+    match op {
+        Op::Gather { axis } => batch_gather(g, b.ins, b.bds, *axis, b.size),
+        Op::ScatterAdd { axis } => {
+            Ok((batch_scatter_add(g, b.ins, b.bds, *axis, b.size)?, Some(0)))
+        }
+        other => Err(Error::op(other.name(), "is not an op of this family")),
+    }
+}
+
+/// `iota(size) * n` shaped `[size, 1, ..., 1]` (rank `rank`) in the index dtype of `like`.
+fn offsets(g: &mut Graph, size: usize, n: usize, rank: usize, like: NodeId) -> Result<NodeId> {
+    let dt = g.shape(like).dtype();
+    let mut data = Vec::new();
+    let mut buf = vec![0u8; dt.size_bytes()];
+    for b in 0..size {
+        crate::convert::f64_to_bytes((b * n) as f64, dt, &mut buf)?;
+        data.extend_from_slice(&buf);
+    }
+    let mut d = vec![size];
+    d.extend(std::iter::repeat_n(1, rank.saturating_sub(1)));
+    g.try_constant_bytes(crate::Shape::new(&d, dt), data)
+}
+
+/// `x [B, ...]` with axis `axis + 1` moved to position 1 and merged with the batch axis.
+fn fold_axis(g: &mut Graph, x: NodeId, axis: usize) -> Result<(NodeId, Vec<usize>)> {
+    let r = g.shape(x).rank();
+    let mut perm = vec![0, axis + 1];
+    perm.extend((1..r).filter(|&i| i != axis + 1));
+    let t = g.try_transpose(x, &perm)?;
+    let td = dims(g, t);
+    let mut m = vec![td[0] * td[1]];
+    m.extend_from_slice(&td[2..]);
+    Ok((g.try_reshape(t, &m)?, perm))
+}
+
+fn batch_gather(
+    g: &mut Graph,
+    ins: &[NodeId],
+    bds: &[Option<usize>],
+    axis: usize,
+    size: usize,
+) -> Result<(NodeId, Option<usize>)> {
+    match (bds[0], bds[1]) {
+        (Some(b), None) => {
+            let x = to_front(g, ins[0], b)?;
+            Ok((g.try_gather(x, ins[1], axis + 1)?, Some(0)))
+        }
+        (None, Some(b)) => {
+            let idx = to_front(g, ins[1], b)?;
+            Ok((g.try_gather(ins[0], idx, axis)?, Some(axis)))
+        }
+        _ => {
+            // Per-example indices into per-example data: offset example b's indices by b * N
+            // into the batch-merged data and gather once.
+            let x = materialize(g, ins[0], bds[0], size)?;
+            let idx = materialize(g, ins[1], bds[1], size)?;
+            let xd = dims(g, x);
+            let n = xd[axis + 1];
+            let (xm, _) = fold_axis(g, x, axis)?;
+            let ir = g.shape(idx).rank();
+            let off = offsets(g, size, n, ir, idx)?;
+            let idx = g.try_add(idx, off)?;
+            let y = g.try_gather(xm, idx, 0)?; // [B, idx..., pre..., post...]
+            let (k, pre) = (ir - 1, axis);
+            let yr = g.shape(y).rank();
+            // Reorder to [B, pre..., idx..., post...].
+            let mut perm = vec![0];
+            perm.extend(1 + k..1 + k + pre);
+            perm.extend(1..1 + k);
+            perm.extend(1 + k + pre..yr);
+            Ok((g.try_transpose(y, &perm)?, Some(0)))
+        }
+    }
+}
+
+fn batch_scatter_add(
+    g: &mut Graph,
+    ins: &[NodeId],
+    bds: &[Option<usize>],
+    axis: usize,
+    size: usize,
+) -> Result<NodeId> {
+    let x = materialize(g, ins[0], bds[0], size)?;
+    let u = materialize(g, ins[2], bds[2], size)?;
+    match bds[1] {
+        None => g.try_scatter_add(x, ins[1], u, axis + 1),
+        Some(b) => {
+            let idx = to_front(g, ins[1], b)?; // [B, M]
+            let xd = dims(g, x);
+            let (xm, perm) = fold_axis(g, x, axis)?;
+            let (um, _) = fold_axis(g, u, axis)?;
+            let off = offsets(g, size, xd[axis + 1], 2, idx)?;
+            let idx = g.try_add(idx, off)?;
+            let m = dims(g, idx).iter().product::<usize>();
+            let idx = g.try_reshape(idx, &[m])?;
+            let y = g.try_scatter_add(xm, idx, um, 0)?;
+            // Undo the fold: [B*N, rest] -> [B, N, rest] -> original axis order.
+            let mut td: Vec<usize> = perm.iter().map(|&p| xd[p]).collect();
+            let y = g.try_reshape(y, &td)?;
+            let mut inv = vec![0; perm.len()];
+            for (i, &p) in perm.iter().enumerate() {
+                inv[p] = i;
+            }
+            td.clear();
+            g.try_transpose(y, &inv)
+        }
+    }
+}

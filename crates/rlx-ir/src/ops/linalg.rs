@@ -292,3 +292,16 @@ pub fn from_attrs(a: &mut Attrs) -> Result<DotDims> {
         rhs_batch: a.usizes("rhs_batch")?,
     })
 }
+
+// Batching.
+
+/// Batching rule of `MatMul`: it broadcasts over its batch axes, so batched operands get the
+/// batch in front (see [`super::batch::broadcasting`]). `DotGeneral` has none: vmap batches its
+/// decomposition.
+pub(super) fn batch(
+    g: &mut Graph,
+    op: &crate::Op,
+    b: &super::batch::Batched,
+) -> Result<(NodeId, Option<usize>)> {
+    Ok((super::batch::broadcasting(g, op, b)?, Some(0)))
+}

@@ -336,3 +336,48 @@ pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
         _ => return Err(Error::op(kind.name(), "is not a movement op")),
     })
 }
+
+// Batching.
+
+/// Batching rule: the batch axis goes in front; shapes gain it, axes and permutations shift by
+/// one (an expanded operand is first padded with unit axes to the target rank).
+pub(super) fn batch(
+    g: &mut Graph,
+    op: &Op,
+    b: &super::batch::Batched,
+) -> Result<(NodeId, Option<usize>)> {
+    let size = b.size;
+    let y = match op {
+        Op::Reshape { shape } => {
+            let x = b.front(g, 0)?;
+            let mut s = vec![size];
+            s.extend_from_slice(shape);
+            g.try_reshape(x, &s)?
+        }
+        Op::Transpose { perm } => {
+            let x = b.front(g, 0)?;
+            let mut p = vec![0];
+            p.extend(perm.iter().map(|a| a + 1));
+            g.try_transpose(x, &p)?
+        }
+        Op::Narrow { axis, start, len } => {
+            let x = b.front(g, 0)?;
+            g.try_narrow(x, axis + 1, *start, *len)?
+        }
+        Op::Expand { shape } => {
+            let x = b.front(g, 0)?;
+            let x = super::batch::align(g, x, shape.len())?;
+            let mut s = vec![size];
+            s.extend_from_slice(shape);
+            g.try_expand(x, &s)?
+        }
+        Op::Concat { axis } => {
+            let args = (0..b.ins.len())
+                .map(|i| b.front(g, i))
+                .collect::<Result<Vec<_>>>()?;
+            g.try_concat(&args, axis + 1)?
+        }
+        other => return Err(Error::op(other.name(), "is not an op of this family")),
+    };
+    Ok((y, Some(0)))
+}

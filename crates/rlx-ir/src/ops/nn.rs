@@ -409,3 +409,54 @@ pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
         _ => return Err(Error::op(kind.name(), "is not a norm, attention or rope")),
     })
 }
+
+// Batching.
+
+/// Whether the batching rule covers the operands flagged `batched`: norms and rope only with
+/// shared scales and positions (otherwise vmap batches their decompositions).
+pub(super) fn batchable(op: &crate::Op, batched: &[bool]) -> bool {
+    match op {
+        crate::Op::LayerNorm { .. } | crate::Op::RmsNorm { .. } => !batched[1..].iter().any(|&b| b),
+        crate::Op::Rope { .. } => !batched[1],
+        _ => true,
+    }
+}
+
+/// Batching rule: norms and rope work on trailing axes, so the batch is one more leading axis;
+/// attention merges it with the batch of `[b, h, t, d]` operands (a custom mask broadcast to
+/// every example first).
+pub(super) fn batch(
+    g: &mut Graph,
+    op: &crate::Op,
+    b: &super::batch::Batched,
+) -> Result<(NodeId, Option<usize>)> {
+    use crate::Op;
+    let y = match op {
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } | Op::Rope { .. } => {
+            let mut args = vec![b.front(g, 0)?];
+            args.extend_from_slice(&b.ins[1..]);
+            g.try_op(op.clone(), &args)?
+        }
+        Op::Attention { mask, .. } => {
+            let q = b.front(g, 0)?;
+            let k = b.front(g, 1)?;
+            let v = b.front(g, 2)?;
+            let (qd, kd, vd) = (dims(g, q), dims(g, k), dims(g, v));
+            let merge = |g: &mut Graph, x: NodeId, d: &[usize]| {
+                g.try_reshape(x, &[d[0] * d[1], d[2], d[3], d[4]])
+            };
+            let mut args = vec![merge(g, q, &qd)?, merge(g, k, &kd)?, merge(g, v, &vd)?];
+            if *mask == MaskKind::Custom {
+                let m = b.front(g, 3)?;
+                let m = super::batch::align(g, m, 4)?;
+                let full = [b.size, qd[1], qd[2], qd[3], kd[3]];
+                let m = g.try_expand(m, &full)?;
+                args.push(g.try_reshape(m, &[b.size * qd[1], qd[2], qd[3], kd[3]])?);
+            }
+            let y = g.try_op(op.clone(), &args)?;
+            g.try_reshape(y, &[b.size, qd[1], qd[2], qd[3], vd[4]])?
+        }
+        other => return Err(Error::op(other.name(), "is not an op of this family")),
+    };
+    Ok((y, Some(0)))
+}

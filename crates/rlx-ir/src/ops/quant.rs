@@ -347,3 +347,23 @@ pub fn scheme_from_attrs(op: &'static str, a: &mut Attrs) -> Result<QuantScheme>
         _ => return Err(bad()),
     })
 }
+
+// Batching.
+
+/// Whether the batching rule covers the operands flagged `batched`: quantized products only
+/// with weights shared by the batch.
+pub(super) fn batchable(op: &crate::Op, batched: &[bool]) -> bool {
+    !matches!(op, crate::Op::DequantMatMul { .. }) || !batched[1..].iter().any(|&b| b)
+}
+
+/// Batching rule: the product maps over x's leading axes, so the batch goes in front of them;
+/// packed rows keep their bytes last, so the batch goes in front of the rows.
+pub(super) fn batch(
+    g: &mut Graph,
+    op: &crate::Op,
+    b: &super::batch::Batched,
+) -> Result<(NodeId, Option<usize>)> {
+    let mut args = vec![b.front(g, 0)?];
+    args.extend_from_slice(&b.ins[1..]);
+    Ok((g.try_op(op.clone(), &args)?, Some(0)))
+}

@@ -174,3 +174,21 @@ pub fn attrs(axis: Option<usize>) -> Vec<(&'static str, crate::text::Attr)> {
 pub fn from_attrs(a: &mut crate::text::Attrs) -> Result<Option<usize>> {
     a.opt_usize("axis")
 }
+
+// Batching (shared by Quantize, Dequantize and FakeQuantize).
+
+/// Whether the batching rule covers the operands flagged `batched`: only shared scales and
+/// zero points (batched ones: vmap batches the decomposition).
+pub(super) fn batchable(batched: &[bool]) -> bool {
+    !batched[1..].iter().any(|&b| b)
+}
+
+/// Batching rule: the batch goes in front and a per-channel axis moves by one.
+pub(super) fn batch(
+    g: &mut Graph,
+    op: &Op,
+    b: &super::batch::Batched,
+) -> Result<(NodeId, Option<usize>)> {
+    let x = b.front(g, 0)?;
+    Ok((g.try_op(batched(op)?, &[x, b.ins[1], b.ins[2]])?, Some(0)))
+}

@@ -505,3 +505,34 @@ pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
         _ => return Err(Error::op(kind.name(), "is not a reduction")),
     })
 }
+
+// Batching.
+
+/// Batching rule: the batch axis goes in front and the reduced, softmax or cumsum axis moves
+/// by one; top-k works on the last axis, so the batch is one more leading axis.
+pub(super) fn batch(
+    g: &mut Graph,
+    op: &Op,
+    b: &super::batch::Batched,
+) -> Result<(NodeId, Option<usize>)> {
+    let x = b.front(g, 0)?;
+    let y = match op {
+        Op::Reduce {
+            kind,
+            axes,
+            keepdims,
+        } => g.try_op(
+            Op::Reduce {
+                kind: *kind,
+                axes: axes.iter().map(|a| a + 1).collect(),
+                keepdims: *keepdims,
+            },
+            &[x],
+        )?,
+        Op::Softmax { axis } => g.try_softmax(x, axis + 1)?,
+        Op::Cumsum { axis } => g.try_cumsum(x, axis + 1)?,
+        Op::TopK { .. } => g.try_op(op.clone(), &[x])?,
+        other => return Err(Error::op(other.name(), "is not an op of this family")),
+    };
+    Ok((y, Some(0)))
+}

@@ -373,3 +373,31 @@ pub fn from_attrs(kind: crate::OpKind, a: &mut Attrs) -> Result<crate::Op> {
         _ => return Err(Error::op(kind.name(), "is not a conv or pool")),
     })
 }
+
+// Batching.
+
+/// Whether the batching rule covers the operands flagged `batched`: a convolution only with
+/// shared weights.
+pub(super) fn batchable(op: &crate::Op, batched: &[bool]) -> bool {
+    !matches!(op, crate::Op::Conv(_)) || !batched[1]
+}
+
+/// Batching rule: the batch merges with the images' batch axis and is split off again.
+pub(super) fn batch(
+    g: &mut Graph,
+    op: &crate::Op,
+    b: &super::batch::Batched,
+) -> Result<(NodeId, Option<usize>)> {
+    let x = b.front(g, 0)?;
+    let d = dims(g, x);
+    let mut m = vec![d[0] * d[1]];
+    m.extend_from_slice(&d[2..]);
+    let xm = g.try_reshape(x, &m)?;
+    let mut args = vec![xm];
+    args.extend_from_slice(&b.ins[1..]);
+    let y = g.try_op(op.clone(), &args)?;
+    let yd = dims(g, y);
+    let mut s = vec![b.size, d[1]];
+    s.extend_from_slice(&yd[1..]);
+    Ok((g.try_reshape(y, &s)?, Some(0)))
+}

@@ -4,6 +4,7 @@
 
 use crate::fusion::FusionReport;
 use crate::pipeline::PassRecord;
+use crate::rewrite::RuleSite;
 use rlx_ir::{FusionKind, Graph, NodeId, Op};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -59,6 +60,10 @@ pub struct KernelDispatchReport {
     /// Decomposition rule → how often it fired (`decompose:<op>`: an op the backend has no
     /// kernel for, replaced by ops it has).
     pub decomposed: BTreeMap<String, usize>,
+    /// Each decomposition: the node (of the graph the decomposing pass got; the pass runs in
+    /// rounds, so a later round's nodes are those of the graph after the round before), its op
+    /// and the rule.
+    pub decomposed_at: Vec<RuleSite>,
 }
 
 impl KernelDispatchReport {
@@ -72,12 +77,19 @@ impl KernelDispatchReport {
         fusion: &FusionReport,
     ) -> KernelDispatchReport {
         let mut decomposed = BTreeMap::new();
+        let mut decomposed_at = Vec::new();
         for r in records {
             for (rule, n) in &r.fired {
                 if rule.starts_with("decompose:") {
                     *decomposed.entry(rule.clone()).or_default() += n;
                 }
             }
+            decomposed_at.extend(
+                r.sites
+                    .iter()
+                    .filter(|s| s.rule.starts_with("decompose:"))
+                    .cloned(),
+            );
         }
         let region_of: BTreeMap<u32, usize> = fusion
             .regions
@@ -107,6 +119,7 @@ impl KernelDispatchReport {
             backend: backend.to_string(),
             nodes,
             decomposed,
+            decomposed_at,
         }
     }
 
@@ -155,6 +168,9 @@ impl fmt::Display for KernelDispatchReport {
                 .map(|(r, n)| format!("{r} x{n}"))
                 .collect();
             writeln!(f, "  decomposed first: {}", d.join(", "))?;
+            for s in &self.decomposed_at {
+                writeln!(f, "    %{} {} by {}", s.node, s.op, s.rule)?;
+            }
         }
         for n in &self.nodes {
             let how = match &n.dispatch {

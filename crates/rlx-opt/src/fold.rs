@@ -68,4 +68,15 @@ impl Pass for ConstantFolding {
     fn run_counted(&self, g: &Graph) -> Result<(Graph, BTreeMap<String, usize>)> {
         self.rules().apply(g)
     }
+
+    fn run_logged(
+        &self,
+        g: &Graph,
+    ) -> Result<(
+        Graph,
+        std::collections::BTreeMap<String, usize>,
+        Vec<crate::rewrite::RuleSite>,
+    )> {
+        self.rules().apply_logged(g)
+    }
 }

@@ -31,6 +31,6 @@ pub use passes::{Cse, DeadCodeElimination, Decompose};
 pub use patterns::FusePatterns;
 pub use pipeline::{CompilePipeline, CompileResult, Pass, PassRecord};
 pub use plan::{prepare, Donation, LoweringOptions, LoweringPlan, Skip};
-pub use rewrite::{rewrite, Rewrite, Rule, RuleSet, Site};
+pub use rewrite::{rewrite, Rewrite, Rule, RuleSet, RuleSite, Site};
 pub use simplify::AlgebraicSimplify;
 pub use vmap::{vmap, vmap_axes};

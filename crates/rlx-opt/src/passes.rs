@@ -109,4 +109,15 @@ impl Pass for Decompose<'_> {
     fn run_counted(&self, g: &Graph) -> Result<(Graph, std::collections::BTreeMap<String, usize>)> {
         self.rules().apply(g)
     }
+
+    fn run_logged(
+        &self,
+        g: &Graph,
+    ) -> Result<(
+        Graph,
+        std::collections::BTreeMap<String, usize>,
+        Vec<crate::rewrite::RuleSite>,
+    )> {
+        self.rules().apply_logged(g)
+    }
 }

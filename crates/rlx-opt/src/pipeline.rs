@@ -1,5 +1,6 @@
 //! The compile pipeline: passes run in order with verification and an optional IR dump.
 
+use crate::rewrite::RuleSite;
 use rlx_ir::{verify, Graph, Result};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,6 +22,11 @@ pub trait Pass {
         };
         Ok((out, fired))
     }
+    /// [`Pass::run_counted`] with where each rule fired (rule lists log it; other passes do not).
+    fn run_logged(&self, g: &Graph) -> Result<(Graph, BTreeMap<String, usize>, Vec<RuleSite>)> {
+        let (out, fired) = self.run_counted(g)?;
+        Ok((out, fired, Vec::new()))
+    }
 }
 
 /// What one pass did.
@@ -36,6 +42,8 @@ pub struct PassRecord {
     pub rewrites: usize,
     /// How often each rule fired (rule name → count; rules that never fired are absent).
     pub fired: BTreeMap<String, usize>,
+    /// Where rules fired, for rule lists: node of the pass's input graph, its op, the rule.
+    pub sites: Vec<RuleSite>,
 }
 
 /// The optimized graph and the record of every pass.
@@ -123,7 +131,7 @@ impl<'a> CompilePipeline<'a> {
             let mut any = false;
             for p in &self.passes {
                 self.dump(step, p.name(), "before", &cur);
-                let (next, fired) = p.run_counted(&cur)?;
+                let (next, fired, sites) = p.run_logged(&cur)?;
                 let rewrites = fired.values().sum();
                 if self.verify_each {
                     verify(&next)?;
@@ -135,6 +143,7 @@ impl<'a> CompilePipeline<'a> {
                     nodes_after: next.len(),
                     rewrites,
                     fired,
+                    sites,
                 });
                 any |= rewrites > 0;
                 cur = next;

@@ -109,30 +109,56 @@ impl<'r> RuleSet<'r> {
     /// Rewrite `g` to a fixed point of the rules. Returns the new graph and how often each rule
     /// fired (rules that never fired are absent).
     pub fn apply(&self, g: &Graph) -> Result<(Graph, BTreeMap<String, usize>)> {
+        self.apply_logged(g).map(|(out, fired, _)| (out, fired))
+    }
+
+    /// [`RuleSet::apply`], also returning where each rule fired: the node of `g` being
+    /// rebuilt when it did (a rule firing on nodes another rule appended counts at the node
+    /// that started it), in order. CSE merges are counted, not logged.
+    pub fn apply_logged(
+        &self,
+        g: &Graph,
+    ) -> Result<(Graph, BTreeMap<String, usize>, Vec<RuleSite>)> {
         let mut e = Engine {
             set: self,
             out: Graph::new(g.name()),
             fired: BTreeMap::new(),
+            log: Vec::new(),
             seen: HashMap::new(),
             source: NodeId(0),
+            source_op: "",
         };
         let mut map: Vec<NodeId> = Vec::with_capacity(g.len());
         for id in g.ids() {
             let n = g.node(id);
             e.source = id;
+            e.source_op = n.op.name();
             let ins: Vec<NodeId> = n.inputs.iter().map(|i| map[i.index()]).collect();
             map.push(e.emit(n.op.clone(), ins, n.shape.clone(), 0)?);
         }
         e.out
             .set_outputs_unchecked(g.outputs().iter().map(|o| map[o.index()]).collect());
-        Ok((e.out, e.fired))
+        Ok((e.out, e.fired, e.log))
     }
+}
+
+/// Where a rule fired (see [`RuleSet::apply_logged`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct RuleSite {
+    /// The node of the pass's input graph.
+    pub node: u32,
+    /// Its op.
+    pub op: String,
+    /// The rule.
+    pub rule: String,
 }
 
 struct Engine<'a, 'r> {
     set: &'a RuleSet<'r>,
     out: Graph,
     fired: BTreeMap<String, usize>,
+    log: Vec<RuleSite>,
+    source_op: &'static str,
     /// Structural hash → nodes with that hash (for CSE).
     seen: HashMap<u64, Vec<NodeId>>,
     source: NodeId,
@@ -203,6 +229,11 @@ impl Engine<'_, '_> {
                 .at(self.source));
             }
             *self.fired.entry(rule.name.clone()).or_default() += 1;
+            self.log.push(RuleSite {
+                node: self.source.0,
+                op: self.source_op.to_string(),
+                rule: rule.name.clone(),
+            });
             // Offer every node the rule appended to the rules again, in order.
             let fresh = self.out.split_off(start);
             let mut map: Vec<NodeId> = Vec::with_capacity(fresh.len());
@@ -283,6 +314,10 @@ impl Pass for RuleSet<'_> {
 
     fn run_counted(&self, g: &Graph) -> Result<(Graph, BTreeMap<String, usize>)> {
         self.apply(g)
+    }
+
+    fn run_logged(&self, g: &Graph) -> Result<(Graph, BTreeMap<String, usize>, Vec<RuleSite>)> {
+        self.apply_logged(g)
     }
 }
 

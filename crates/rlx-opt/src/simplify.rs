@@ -212,4 +212,15 @@ impl Pass for AlgebraicSimplify {
     fn run_counted(&self, g: &Graph) -> Result<(Graph, std::collections::BTreeMap<String, usize>)> {
         rules().apply(g)
     }
+
+    fn run_logged(
+        &self,
+        g: &Graph,
+    ) -> Result<(
+        Graph,
+        std::collections::BTreeMap<String, usize>,
+        Vec<crate::rewrite::RuleSite>,
+    )> {
+        rules().apply_logged(g)
+    }
 }

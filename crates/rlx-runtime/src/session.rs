@@ -5,7 +5,7 @@ use rlx_driver::{registered_backend, Backend, CompileOptions, Device};
 use rlx_ir::{Error, Graph, Result};
 use rlx_opt::{
     AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose,
-    KernelDispatchReport, LoweringOptions, PassRecord,
+    KernelDispatchReport, LoweringOptions, PassRecord, RuleSite,
 };
 use std::sync::Arc;
 
@@ -153,16 +153,31 @@ impl Session {
         let accepts = move |g: &Graph, id, kind| b.fuses(g, id, kind);
         let (graph, plan) =
             rlx_opt::prepare(&result.graph, &lowering.with_env(), &accepts, &updates)?;
+        let mut fired: std::collections::BTreeMap<String, usize> = Default::default();
+        let mut sites = Vec::new();
+        for r in &plan.fusion.regions {
+            let rule = format!("fuse:{}", r.kind.name());
+            *fired.entry(rule.clone()).or_default() += 1;
+            let root = *r.nodes.last().expect("a region has members");
+            let op = result
+                .graph
+                .node(rlx_ir::NodeId(root))
+                .op
+                .name()
+                .to_string();
+            sites.push(RuleSite {
+                node: root,
+                op,
+                rule,
+            });
+        }
         result.records.push(PassRecord {
-            pass: "fuse_elementwise".into(),
+            pass: "fusion".into(),
             nodes_before: result.graph.len(),
             nodes_after: graph.len(),
             rewrites: plan.fusion.regions.len(),
-            fired: if plan.fusion.regions.is_empty() {
-                Default::default()
-            } else {
-                [("fuse_elementwise".to_string(), plan.fusion.regions.len())].into()
-            },
+            fired,
+            sites,
         });
         if cfg!(debug_assertions) {
             rlx_ir::verify(&graph)?;

@@ -62,6 +62,23 @@ fn reports_say_what_was_fused_and_what_runs_where() {
     assert_eq!(d.backend, "cpu");
     assert_eq!(d.nodes.len(), c.graph().len());
     assert!(d.decomposed.contains_key("decompose:dot_general"), "{d}");
+    assert!(
+        d.decomposed_at
+            .iter()
+            .any(|s| s.op == "dot_general" && s.rule == "decompose:dot_general"),
+        "{d}"
+    );
+    let fusion_record = c
+        .pass_records()
+        .iter()
+        .find(|r| r.pass == "fusion")
+        .expect("a fusion record");
+    assert_eq!(
+        fusion_record.fired.get("fuse:multiply_reduce"),
+        Some(&1),
+        "{:?}",
+        fusion_record.fired
+    );
     let (_, native, fused, results, unsupported) = d.counts();
     assert_eq!(unsupported, 0, "{d}");
     assert!(

@@ -64,20 +64,46 @@ impl Device {
         }
     }
 
-    /// Whether this build has a backend for the device (built in, or registered at run time).
+    /// Whether graphs can run on the device: a backend is registered for it, or it is built in
+    /// (for the wgpu devices: the `gpu` feature, and an adapter of that kind exists; see
+    /// [`crate::gpu::adapter`]).
     pub fn is_available(self) -> bool {
-        self.is_built_in() || crate::registered_backend(self).is_some()
+        if crate::registered_backend(self).is_some() {
+            return true;
+        }
+        match self {
+            Device::Cpu => cfg!(feature = "cpu"),
+            #[cfg(feature = "gpu")]
+            Device::Gpu | Device::Vulkan | Device::DirectX | Device::OpenGl | Device::WebGpu => {
+                crate::gpu::available(self)
+            }
+            _ => false,
+        }
     }
 
-    /// Whether the backend is compiled into this build through a cargo feature.
+    /// Whether the backend is compiled into this build through a cargo feature (for the wgpu
+    /// devices, whether an adapter exists is another question: see [`Device::is_available`]).
     pub fn is_built_in(self) -> bool {
-        self == Device::Cpu && cfg!(feature = "cpu")
+        match self {
+            Device::Cpu => cfg!(feature = "cpu"),
+            Device::Gpu | Device::Vulkan | Device::DirectX | Device::OpenGl | Device::WebGpu => {
+                cfg!(feature = "gpu")
+            }
+            Device::Metal
+            | Device::Mlx
+            | Device::Ane
+            | Device::Cuda
+            | Device::Rocm
+            | Device::Tpu => false,
+        }
     }
 
     /// What a user should do to get this device, for error messages.
     pub fn availability_hint(self) -> String {
         if self == Device::Cpu {
             "enable the `cpu` feature of `rlx` (it is on by default)".to_string()
+        } else if self.is_built_in() {
+            format!("no {self:?} adapter found; on Linux without a GPU, install Mesa's software Vulkan (`apt-get install mesa-vulkan-drivers`); `RLX_WGPU_ADAPTER` picks an adapter by name")
         } else {
             format!(
                 "this version of RLX has no {self:?} backend yet (it will be behind the `{}` feature); use Device::Cpu, or register a backend with rlx::driver::register_backend",

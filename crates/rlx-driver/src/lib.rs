@@ -8,6 +8,8 @@
 
 mod backend;
 mod device;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 
 pub use backend::{
     register_backend, registered_backend, Backend, CompileOptions, Executable, IoSlot,

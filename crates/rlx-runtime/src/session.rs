@@ -25,6 +25,10 @@ pub(crate) fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
     match device {
         #[cfg(feature = "cpu")]
         Device::Cpu => Ok(Arc::new(rlx_cpu::CpuBackend)),
+        #[cfg(feature = "gpu")]
+        Device::Gpu | Device::Vulkan | Device::DirectX | Device::OpenGl | Device::WebGpu => {
+            Ok(Arc::new(rlx_wgpu::WgpuBackend { device }))
+        }
         d => Err(Error::DeviceUnavailable {
             device: d.to_string(),
             hint: d.availability_hint(),

@@ -101,10 +101,15 @@ fn compare(case: &Value, got: &[f64], want: &[f64], what: &str) -> Result<(), St
 
 /// Run a built case on the CPU backend.
 fn run_cpu(b: &Built, optimize: bool) -> Result<Vec<f64>, String> {
+    run_on(Device::Cpu, b, optimize)
+}
+
+/// Run a built case on `device`.
+fn run_on(device: Device, b: &Built, optimize: bool) -> Result<Vec<f64>, String> {
     let session = if optimize {
-        Session::new(Device::Cpu)
+        Session::new(device)
     } else {
-        Session::new(Device::Cpu).without_optimizations()
+        Session::new(device).without_optimizations()
     };
     let mut c = session
         .try_compile(b.g.clone())
@@ -239,6 +244,76 @@ fn the_cpu_backend_matches_the_reference_evaluator() {
             failures.join("\n")
         );
     });
+}
+
+/// The backend test on the GPU (wgpu; lavapipe in CI): every case whose graph compiles there
+/// (f32 ops with a WGSL kernel, and composites decomposing into them) against the reference
+/// evaluator, within 1e-5 relative (or the case's own, looser, tolerance). A missing adapter is
+/// a failure: CI installs Mesa's software Vulkan.
+#[test]
+fn the_gpu_backend_matches_the_reference_evaluator() {
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
+    let cases = cases();
+    let (mut ran, mut failures, mut skipped) = (BTreeSet::new(), Vec::new(), BTreeSet::new());
+    for c in &cases {
+        let name = c["name"].as_str().unwrap_or("?");
+        let Ok(b) = build(c) else { continue };
+        let got = match run_on(Device::Gpu, &b, true) {
+            Ok(v) => v,
+            Err(e)
+                if e.contains("compiling")
+                    && (e.contains("no WGSL kernel")
+                        || e.contains("only f32")
+                        || e.contains("no kernel and no decomposition")) =>
+            {
+                skipped.insert(c["op"].as_str().unwrap_or("?").to_string());
+                continue;
+            }
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let mut tol = c.clone();
+        tol["rtol"] = serde_json::json!(c["rtol"].as_f64().unwrap_or(0.0).max(1e-5));
+        tol["atol"] = serde_json::json!(c["atol"].as_f64().unwrap_or(0.0).max(1e-6));
+        match run_reference(&b).and_then(|want| compare(&tol, &got, &want, "reference evaluator")) {
+            Ok(()) => {
+                ran.insert(c["op"].as_str().unwrap_or("?").to_string());
+            }
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} cases differ on the GPU:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    for op in [
+        "add",
+        "mul",
+        "exp",
+        "matmul",
+        "dot_general",
+        "reduce",
+        "softmax",
+        "transpose",
+        "concat",
+        "layer_norm",
+        "fused",
+    ] {
+        assert!(
+            ran.contains(op),
+            "no {op} case ran on the GPU (ran {ran:?}; not on the GPU: {skipped:?})"
+        );
+    }
+    let never: Vec<&String> = skipped.difference(&ran).collect();
+    eprintln!("GPU op table: ops run {ran:?}; ops not lowered yet {never:?} (and the non-f32 cases of the others)");
 }
 
 /// The text form prints and parses back every case of the op table (every op kind, with its

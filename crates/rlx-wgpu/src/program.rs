@@ -1,0 +1,698 @@
+//! Lowering a graph to a list of compute dispatches over one device arena.
+//!
+//! Every value is dense f32 at an offset of one arena buffer (params, constants, inputs and
+//! intermediates alike), laid out by the memory planner; a reshape is the same words under
+//! other dims, a transpose, narrow, expand or concat a strided copy. Each step reads its
+//! shapes and offsets from its words in one meta buffer, so pipelines are shared by every step
+//! of the same kind. A run is one command submission; outputs are copied out on request.
+
+use crate::shaders::{self, MAX_GROUPS, RANK, TILE, WG};
+use crate::Gpu;
+use rlx_driver::{Executable, IoSlot};
+use rlx_ir::{DType, Error, Graph, NodeId, Op, Result};
+use rlx_opt::{plan_memory, BufferRequest};
+use std::sync::Arc;
+
+/// Meta words per step are padded to this many (256 bytes, the storage offset alignment).
+const META_ALIGN: usize = 64;
+
+struct Step {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+    groups: (u32, u32, u32),
+}
+
+/// A graph compiled for a wgpu device.
+pub struct GpuProgram {
+    gpu: Arc<Gpu>,
+    arena: wgpu::Buffer,
+    steps: Vec<Step>,
+    inputs: Vec<IoSlot>,
+    params: Vec<IoSlot>,
+    outputs: Vec<IoSlot>,
+    /// Byte offsets in the arena.
+    input_at: Vec<u64>,
+    param_at: Vec<u64>,
+    output_at: Vec<u64>,
+}
+
+impl GpuProgram {
+    /// Number of dispatches per run.
+    pub fn steps(&self) -> usize {
+        self.steps.len()
+    }
+}
+
+/// Why the wgpu backend cannot run node `id`, or `None` when it can.
+pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
+    let n = g.node(id);
+    let f32_only =
+        n.shape.dtype() == DType::F32 && n.inputs.iter().all(|i| g.shape(*i).dtype() == DType::F32);
+    if !f32_only {
+        return Some(format!(
+            "only f32 values run on the GPU so far, not {}",
+            n.shape.dtype()
+        ));
+    }
+    if n.shape.rank() > RANK || n.inputs.iter().any(|i| g.shape(*i).rank() > RANK) {
+        return Some(format!("rank above {RANK}"));
+    }
+    let ok = match &n.op {
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => true,
+        Op::Binary(_) | Op::Activation(_) => true,
+        Op::MatMul => n.shape.rank() >= 2 && n.shape.rank() <= 6,
+        Op::Reduce { .. } | Op::Softmax { .. } => true,
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Expand { .. }
+        | Op::Concat { .. } => true,
+        Op::Fused(r) => {
+            r.kind == rlx_ir::FusionKind::Elementwise && shaders::elementwise(&r.body).is_some()
+        }
+        Op::Compare(_)
+        | Op::Where
+        | Op::Cast { .. }
+        | Op::DotGeneral(_)
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. } => false,
+        Op::Gather { .. }
+        | Op::ScatterAdd { .. }
+        | Op::Cumsum { .. }
+        | Op::TopK { .. }
+        | Op::Attention { .. }
+        | Op::Rope { .. } => false,
+        Op::Conv(_)
+        | Op::Pool(_)
+        | Op::Custom(_)
+        | Op::DequantMatMul { .. }
+        | Op::DequantizeRows { .. } => false,
+        Op::Quantize { .. }
+        | Op::Dequantize { .. }
+        | Op::FakeQuantize { .. }
+        | Op::CacheWrite
+        | Op::CachedAttention { .. } => false,
+    };
+    (!ok).then(|| format!("{} has no WGSL kernel yet", n.op.name()))
+}
+
+fn dims(g: &Graph, id: NodeId) -> Result<Vec<usize>> {
+    g.shape(id).static_dims().ok_or_else(|| Error::Unsupported {
+        backend: "wgpu".into(),
+        op: g.node(id).op.name().into(),
+        node: id,
+        msg: format!(
+            "shape {} has symbolic dimensions; bind them before compiling",
+            g.shape(id)
+        ),
+    })
+}
+
+fn dense_strides(d: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; d.len()];
+    for i in (0..d.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * d[i + 1];
+    }
+    s
+}
+
+/// `v` padded with zeros to `RANK` words.
+fn pad(v: &[usize]) -> Vec<u32> {
+    let mut w: Vec<u32> = v.iter().map(|&x| x as u32).collect();
+    w.resize(RANK, 0);
+    w
+}
+
+/// Strides of an operand of dims `d` broadcast (numpy style) to `out` dims.
+fn broadcast_strides(d: &[usize], out: &[usize]) -> Vec<usize> {
+    let s = dense_strides(d);
+    let lead = out.len() - d.len();
+    (0..out.len())
+        .map(|i| {
+            if i < lead || d[i - lead] == 1 {
+                0
+            } else {
+                s[i - lead]
+            }
+        })
+        .collect()
+}
+
+/// What a step needs before addresses are fixed.
+enum Kernel {
+    Elementwise {
+        body: Graph,
+        operands: Vec<usize>,
+        extra: Vec<usize>,
+    },
+    /// Copy `src` viewed with `(offset, strides)` over `dims` into `dst` at `dst_off` (elements) with `dst_strides`.
+    Copy {
+        src: usize,
+        src_off: usize,
+        src_strides: Vec<usize>,
+        dims: Vec<usize>,
+        dst_off: usize,
+        dst_strides: Vec<usize>,
+    },
+    Reduce {
+        kind: rlx_ir::ReduceKind,
+        src: usize,
+        axes: Vec<usize>,
+    },
+    Softmax {
+        src: usize,
+        axis: usize,
+    },
+    MatMul {
+        a: usize,
+        b: usize,
+    },
+}
+
+/// Compile `g` for `gpu`.
+pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
+    let n = g.len();
+    // Arena request of each node's words (aliases share one), in node order.
+    let mut req_of: Vec<Option<usize>> = vec![None; n];
+    let mut reqs: Vec<BufferRequest> = Vec::new();
+    let mut pending: Vec<(usize, Kernel)> = Vec::new();
+    let mut consts: Vec<(usize, Vec<u8>)> = Vec::new();
+    let (mut inputs, mut params) = (Vec::new(), Vec::new());
+    let (mut input_req, mut param_req) = (Vec::new(), Vec::new());
+    let mut extra_of: Vec<Option<usize>> = vec![None; n]; // further results: computed by the step of node
+    for id in g.ids() {
+        let i = id.index();
+        if let Some(why) = unsupported(g, id) {
+            return Err(Error::Unsupported {
+                backend: "wgpu".into(),
+                op: g.node(id).op.name().into(),
+                node: id,
+                msg: why,
+            });
+        }
+        let node = g.node(id);
+        let d = dims(g, id)?;
+        let bytes = (d.iter().product::<usize>().max(1) * 4) as u64;
+        let step = pending.len();
+        let new_req = |start: usize, end: usize, reqs: &mut Vec<BufferRequest>| {
+            reqs.push(BufferRequest {
+                size: bytes as usize,
+                start,
+                end,
+            });
+            reqs.len() - 1
+        };
+        // Operands stay live through this step.
+        for x in &node.inputs {
+            if let Some(r) = req_of[x.index()] {
+                reqs[r].end = reqs[r].end.max(step);
+            }
+        }
+        if extra_of[i].is_some() {
+            continue;
+        }
+        let ins: Vec<usize> = node.inputs.iter().map(|x| x.index()).collect();
+        let kernel = match &node.op {
+            Op::Input { name } => {
+                inputs.push(IoSlot {
+                    name: name.clone(),
+                    shape: node.shape.clone(),
+                });
+                let r = new_req(0, 0, &mut reqs);
+                input_req.push(r);
+                req_of[i] = Some(r);
+                continue;
+            }
+            Op::Param { name } => {
+                params.push(IoSlot {
+                    name: name.clone(),
+                    shape: node.shape.clone(),
+                });
+                let r = new_req(0, usize::MAX, &mut reqs);
+                param_req.push(r);
+                req_of[i] = Some(r);
+                continue;
+            }
+            Op::Constant { data } => {
+                let r = new_req(0, usize::MAX, &mut reqs);
+                consts.push((r, data.clone()));
+                req_of[i] = Some(r);
+                continue;
+            }
+            Op::Reshape { .. } => {
+                req_of[i] = req_of[ins[0]];
+                continue;
+            }
+            Op::Binary(_) | Op::Activation(_) => {
+                let mut body = Graph::new("op");
+                let args: Vec<NodeId> = node
+                    .inputs
+                    .iter()
+                    .enumerate()
+                    .map(|(k, x)| body.try_input(&format!("in{k}"), g.shape(*x).clone()))
+                    .collect::<Result<_>>()?;
+                let y = body.try_op(node.op.clone(), &args)?;
+                body.set_outputs(vec![y]);
+                Kernel::Elementwise {
+                    body,
+                    operands: ins,
+                    extra: Vec::new(),
+                }
+            }
+            Op::Fused(r) => {
+                // Further results of this region: the nodes right after it with the same body.
+                let mut extra = Vec::new();
+                for k in 1..r.body.outputs().len() {
+                    let s = i + k;
+                    let same = s < n
+                        && g.node(NodeId(s as u32)).inputs == node.inputs
+                        && matches!(&g.node(NodeId(s as u32)).op, Op::Fused(q) if q.output == k && q.body == r.body);
+                    if !same || r.output != 0 {
+                        break;
+                    }
+                    extra.push(s);
+                    extra_of[s] = Some(i);
+                }
+                let mut body = (*r.body).clone();
+                if r.output != 0 || extra.len() + 1 != r.body.outputs().len() {
+                    // Compute just the result this node names.
+                    let o = body.outputs()[r.output];
+                    body.set_outputs(vec![o]);
+                    extra.clear();
+                }
+                Kernel::Elementwise {
+                    body,
+                    operands: ins,
+                    extra,
+                }
+            }
+            Op::Transpose { perm } => {
+                let sd = dims(g, node.inputs[0])?;
+                let ss = dense_strides(&sd);
+                Kernel::Copy {
+                    src: ins[0],
+                    src_off: 0,
+                    src_strides: perm.iter().map(|&p| ss[p]).collect(),
+                    dims: d.clone(),
+                    dst_off: 0,
+                    dst_strides: dense_strides(&d),
+                }
+            }
+            Op::Narrow { axis, start, .. } => {
+                let sd = dims(g, node.inputs[0])?;
+                let ss = dense_strides(&sd);
+                Kernel::Copy {
+                    src: ins[0],
+                    src_off: start * ss[*axis],
+                    src_strides: ss,
+                    dims: d.clone(),
+                    dst_off: 0,
+                    dst_strides: dense_strides(&d),
+                }
+            }
+            Op::Expand { .. } => {
+                let sd = dims(g, node.inputs[0])?;
+                Kernel::Copy {
+                    src: ins[0],
+                    src_off: 0,
+                    src_strides: broadcast_strides(&sd, &d),
+                    dims: d.clone(),
+                    dst_off: 0,
+                    dst_strides: dense_strides(&d),
+                }
+            }
+            Op::Concat { axis } => {
+                // One copy per part into its slice of the result.
+                let ds = dense_strides(&d);
+                let r = new_req(step, step, &mut reqs);
+                req_of[i] = Some(r);
+                let mut at = 0;
+                for &x in &ins {
+                    let pd = dims(g, NodeId(x as u32))?;
+                    let len = pd[*axis];
+                    pending.push((
+                        i,
+                        Kernel::Copy {
+                            src: x,
+                            src_off: 0,
+                            src_strides: dense_strides(&pd),
+                            dims: pd,
+                            dst_off: at * ds[*axis],
+                            dst_strides: ds.clone(),
+                        },
+                    ));
+                    at += len;
+                }
+                for &x in &ins {
+                    if let Some(q) = req_of[x] {
+                        reqs[q].end = reqs[q].end.max(pending.len());
+                    }
+                }
+                reqs[r].end = pending.len();
+                continue;
+            }
+            Op::Reduce { kind, axes, .. } => Kernel::Reduce {
+                kind: *kind,
+                src: ins[0],
+                axes: axes.clone(),
+            },
+            Op::Softmax { axis } => Kernel::Softmax {
+                src: ins[0],
+                axis: *axis,
+            },
+            Op::MatMul => Kernel::MatMul {
+                a: ins[0],
+                b: ins[1],
+            },
+            other => {
+                return Err(Error::Unsupported {
+                    backend: "wgpu".into(),
+                    op: other.name().into(),
+                    node: id,
+                    msg: "no WGSL kernel".into(),
+                })
+            }
+        };
+        let r = new_req(step, step, &mut reqs);
+        req_of[i] = Some(r);
+        if let Kernel::Elementwise { extra, .. } = &kernel {
+            for &s in extra {
+                let sd = dims(g, NodeId(s as u32))?;
+                reqs.push(BufferRequest {
+                    size: sd.iter().product::<usize>().max(1) * 4,
+                    start: step,
+                    end: step,
+                });
+                req_of[s] = Some(reqs.len() - 1);
+            }
+        }
+        pending.push((i, kernel));
+    }
+    let nsteps = pending.len();
+    for r in reqs.iter_mut() {
+        r.end = r.end.min(nsteps);
+    }
+    for o in g.outputs() {
+        if let Some(r) = req_of[o.index()] {
+            reqs[r].end = nsteps;
+        }
+    }
+    let plan = plan_memory(&reqs, 16);
+    let limit = gpu
+        .limits
+        .max_storage_buffer_binding_size
+        .min(gpu.limits.max_buffer_size);
+    if plan.arena_size as u64 > limit {
+        return Err(Error::Invalid(format!(
+            "graph \"{}\" needs {:.1} MiB of device memory in one buffer; the adapter binds at most {:.1} MiB",
+            g.name(),
+            plan.arena_size as f64 / 1048576.0,
+            limit as f64 / 1048576.0
+        )));
+    }
+    let word =
+        |node: usize| -> usize { plan.offsets[req_of[node].expect("every value has words")] / 4 };
+    let arena = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("rlx arena"),
+        size: (plan.arena_size.max(4) as u64).next_multiple_of(4),
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    for (r, data) in &consts {
+        gpu.queue
+            .write_buffer(&arena, plan.offsets[*r] as u64, data);
+    }
+    // Meta words and pipelines of every step.
+    let mut meta: Vec<u32> = Vec::new();
+    // Pipeline, meta words `at..end`, workgroups of each step.
+    type Planned = (Arc<wgpu::ComputePipeline>, usize, usize, (u32, u32, u32));
+    let mut kinds: Vec<Planned> = Vec::new();
+    let groups_1d = |count: usize| -> (u32, u32, u32) {
+        let g = (count as u32).div_ceil(WG).max(1);
+        (g.min(MAX_GROUPS), g.div_ceil(MAX_GROUPS), 1)
+    };
+    for (node, k) in &pending {
+        let id = NodeId(*node as u32);
+        let at = meta.len();
+        let out_d = dims(g, id)?;
+        let count = out_d.iter().product::<usize>();
+        let (source, groups) = match k {
+            Kernel::Elementwise {
+                body,
+                operands,
+                extra,
+            } => {
+                meta.extend([count as u32, out_d.len() as u32, word(*node) as u32]);
+                meta.extend(pad(&out_d));
+                for &x in operands {
+                    let xd = dims(g, NodeId(x as u32))?;
+                    meta.push(word(x) as u32);
+                    meta.extend(pad(&broadcast_strides(&xd, &out_d)));
+                }
+                for &s in extra {
+                    meta.push(word(s) as u32);
+                }
+                (
+                    shaders::elementwise(body).expect("checked by unsupported()"),
+                    groups_1d(count),
+                )
+            }
+            Kernel::Copy {
+                src,
+                src_off,
+                src_strides,
+                dims,
+                dst_off,
+                dst_strides,
+            } => {
+                let c = dims.iter().product::<usize>();
+                meta.extend([c as u32, dims.len() as u32, (word(*node) + dst_off) as u32]);
+                meta.extend(pad(dims));
+                meta.extend(pad(dst_strides));
+                meta.push((word(*src) + src_off) as u32);
+                meta.extend(pad(src_strides));
+                (shaders::copy(), groups_1d(c))
+            }
+            Kernel::Reduce { kind, src, axes } => {
+                let sd = dims(g, NodeId(*src as u32))?;
+                let ss = dense_strides(&sd);
+                let keep: Vec<usize> = (0..sd.len()).filter(|a| !axes.contains(a)).collect();
+                let m: usize = axes.iter().map(|&a| sd[a]).product();
+                meta.extend([
+                    count as u32,
+                    m as u32,
+                    word(*src) as u32,
+                    word(*node) as u32,
+                    keep.len() as u32,
+                ]);
+                meta.extend(pad(&keep.iter().map(|&a| sd[a]).collect::<Vec<_>>()));
+                meta.extend(pad(&keep.iter().map(|&a| ss[a]).collect::<Vec<_>>()));
+                meta.push(axes.len() as u32);
+                meta.extend(pad(&axes.iter().map(|&a| sd[a]).collect::<Vec<_>>()));
+                meta.extend(pad(&axes.iter().map(|&a| ss[a]).collect::<Vec<_>>()));
+                (shaders::reduce(*kind), groups_1d(count))
+            }
+            Kernel::Softmax { src, axis } => {
+                let ss = dense_strides(&out_d);
+                meta.extend([
+                    count as u32,
+                    out_d[*axis] as u32,
+                    ss[*axis] as u32,
+                    word(*src) as u32,
+                    word(*node) as u32,
+                ]);
+                (shaders::softmax(), groups_1d(count))
+            }
+            Kernel::MatMul { a, b } => {
+                let (ad, bd) = (dims(g, NodeId(*a as u32))?, dims(g, NodeId(*b as u32))?);
+                let r = out_d.len();
+                let (m, kk, nn) = (out_d[r - 2], ad[ad.len() - 1], out_d[r - 1]);
+                let batch: Vec<usize> = out_d[..r - 2].to_vec();
+                let stride_of = |xd: &[usize]| -> Vec<usize> {
+                    let xb = &xd[..xd.len() - 2];
+                    let mat = xd[xd.len() - 2] * xd[xd.len() - 1];
+                    let mut s = broadcast_strides(xb, &batch);
+                    s.iter_mut().for_each(|v| *v *= mat);
+                    s
+                };
+                if batch.len() > 4 {
+                    return Err(Error::Unsupported {
+                        backend: "wgpu".into(),
+                        op: "matmul".into(),
+                        node: id,
+                        msg: "more than 4 batch axes".into(),
+                    });
+                }
+                let nb: usize = batch.iter().product();
+                meta.extend([
+                    m as u32,
+                    kk as u32,
+                    nn as u32,
+                    word(*a) as u32,
+                    word(*b) as u32,
+                    word(*node) as u32,
+                    batch.len() as u32,
+                ]);
+                let p4 = |v: &[usize]| {
+                    let mut w: Vec<u32> = v.iter().map(|&x| x as u32).collect();
+                    w.resize(4, 0);
+                    w
+                };
+                meta.extend(p4(&batch));
+                meta.extend(p4(&stride_of(&ad)));
+                meta.extend(p4(&stride_of(&bd)));
+                (
+                    (shaders::matmul()),
+                    (
+                        (nn as u32).div_ceil(TILE).max(1),
+                        (m as u32).div_ceil(TILE).max(1),
+                        nb.max(1) as u32,
+                    ),
+                )
+            }
+        };
+        meta.resize(meta.len().next_multiple_of(META_ALIGN), 0);
+        let pipeline = gpu.pipeline(&source).map_err(|e| Error::Unsupported {
+            backend: "wgpu".into(),
+            op: g.node(id).op.name().into(),
+            node: id,
+            msg: format!("shader rejected: {e}"),
+        })?;
+        kinds.push((pipeline, at, meta.len(), groups));
+    }
+    let meta_buf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("rlx meta"),
+        size: (meta.len().max(META_ALIGN) * 4) as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let bytes: Vec<u8> = meta.iter().flat_map(|w| w.to_le_bytes()).collect();
+    gpu.queue.write_buffer(&meta_buf, 0, &bytes);
+    let steps = kinds
+        .into_iter()
+        .enumerate()
+        .map(|(s, (pipeline, at, end, groups))| {
+            let layout = pipeline.get_bind_group_layout(0);
+            let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(&format!("step {s}")),
+                layout: &layout,
+                entries: &[
+                    wgpu::BindGroupEntry {
+                        binding: 0,
+                        resource: arena.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 1,
+                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &meta_buf,
+                            offset: (at * 4) as u64,
+                            size: wgpu::BufferSize::new(((end - at) * 4) as u64),
+                        }),
+                    },
+                ],
+            });
+            Step {
+                pipeline,
+                bind,
+                groups,
+            }
+        })
+        .collect();
+    let at = |rs: &[usize]| {
+        rs.iter()
+            .map(|&r| plan.offsets[r] as u64)
+            .collect::<Vec<_>>()
+    };
+    let outputs = g
+        .outputs()
+        .iter()
+        .enumerate()
+        .map(|(i, o)| IoSlot {
+            name: format!("out{i}"),
+            shape: g.shape(*o).clone(),
+        })
+        .collect();
+    let output_at = g
+        .outputs()
+        .iter()
+        .map(|o| plan.offsets[req_of[o.index()].expect("outputs have words")] as u64)
+        .collect();
+    Ok(GpuProgram {
+        input_at: at(&input_req),
+        param_at: at(&param_req),
+        output_at,
+        gpu,
+        arena,
+        steps,
+        inputs,
+        params,
+        outputs,
+    })
+}
+
+impl Executable for GpuProgram {
+    fn inputs(&self) -> &[IoSlot] {
+        &self.inputs
+    }
+
+    fn params(&self) -> &[IoSlot] {
+        &self.params
+    }
+
+    fn outputs(&self) -> &[IoSlot] {
+        &self.outputs
+    }
+
+    fn write_input(&mut self, idx: usize, bytes: &[u8]) {
+        self.gpu
+            .queue
+            .write_buffer(&self.arena, self.input_at[idx], bytes);
+    }
+
+    fn write_param(&mut self, idx: usize, bytes: &[u8]) {
+        self.gpu
+            .queue
+            .write_buffer(&self.arena, self.param_at[idx], bytes);
+    }
+
+    fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
+        self.gpu
+            .queue
+            .write_buffer(&self.arena, self.param_at[idx] + offset as u64, bytes);
+    }
+
+    fn read_param(&self, idx: usize, out: &mut [u8]) {
+        self.gpu.read(&self.arena, self.param_at[idx], out);
+    }
+
+    fn execute(&mut self) {
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("rlx run"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("rlx steps"),
+                timestamp_writes: None,
+            });
+            for s in &self.steps {
+                pass.set_pipeline(&s.pipeline);
+                pass.set_bind_group(0, &s.bind, &[]);
+                pass.dispatch_workgroups(s.groups.0, s.groups.1, s.groups.2);
+            }
+        }
+        self.gpu.queue.submit([enc.finish()]);
+    }
+
+    fn read_output(&self, idx: usize, out: &mut [u8]) {
+        self.gpu.read(&self.arena, self.output_at[idx], out);
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+}

@@ -1,0 +1,316 @@
+//! WGSL for every kernel. A shader's source depends only on what it computes (an elementwise
+//! region's ops, a reduction's kind), never on shapes or addresses: those are read from the
+//! step's words in the meta buffer, so one pipeline serves every step of the same kind.
+//!
+//! Every value lives in one f32 arena (`buf`, binding 0); a step's meta words are binding 1.
+//! Invocations are numbered across a 2-D dispatch (`i = x + y * ROW`), `ROW` elements per row of
+//! workgroups, so more than 65535 workgroups fit.
+
+use rlx_ir::{Activation, BinaryOp, Graph, Op, ReduceKind};
+
+/// Invocations per workgroup of the 1-D kernels.
+pub const WG: u32 = 64;
+/// Workgroups per dispatch row.
+pub const MAX_GROUPS: u32 = 65535;
+/// Largest rank the kernels take.
+pub const RANK: usize = 6;
+
+const HEADER: &str = r#"@group(0) @binding(0) var<storage, read_write> buf: array<f32>;
+@group(0) @binding(1) var<storage, read> mt: array<u32>;
+const ROW: u32 = 4194240u; // 65535 workgroups of 64
+
+fn nan_or(a: f32, b: f32, r: f32) -> f32 { return select(r, a + b, a != a || b != b); }
+fn rmax(a: f32, b: f32) -> f32 { return nan_or(a, b, max(a, b)); }
+fn rmin(a: f32, b: f32) -> f32 { return nan_or(a, b, min(a, b)); }
+fn rpow(a: f32, b: f32) -> f32 {
+    if (b == 0.0) { return 1.0; }
+    if (a < 0.0 && floor(b) == b) {
+        let r = pow(-a, b);
+        return select(r, -r, abs(b) % 2.0 == 1.0);
+    }
+    return pow(a, b);
+}
+fn sigm(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
+fn rtanh(x: f32) -> f32 { return select(tanh(x), sign(x), abs(x) > 15.0); }
+// erfc with fractional error below 1.2e-7 (Numerical Recipes' Chebyshev fit).
+fn rerfc(x: f32) -> f32 {
+    let z = abs(x);
+    let t = 1.0 / (1.0 + 0.5 * z);
+    let r = t * exp(-z * z - 1.26551223 + t * (1.00002368 + t * (0.37409196 + t * (0.09678418 + t * (-0.18628806 + t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277)))))))));
+    return select(2.0 - r, r, x >= 0.0);
+}
+fn rerf(x: f32) -> f32 {
+    if (abs(x) < 0.5) {
+        let x2 = x * x;
+        return 1.1283791671 * x * (1.0 + x2 * (-1.0 / 3.0 + x2 * (0.1 + x2 * (-1.0 / 42.0 + x2 * (1.0 / 216.0 + x2 * (-1.0 / 1320.0))))));
+    }
+    return 1.0 - rerfc(x);
+}
+fn gelu_u(x: f32) -> f32 { return 0.7978845608 * (x + 0.044715 * x * x * x); }
+fn gelu_grad(x: f32) -> f32 {
+    let s = sigm(2.0 * gelu_u(x));
+    return s * (1.0 + 2.0 * x * (1.0 - s) * 0.7978845608 * (1.0 + 0.134145 * x * x));
+}
+"#;
+
+/// The WGSL expression of a binary op.
+fn binary(op: BinaryOp, a: &str, b: &str) -> String {
+    match op {
+        BinaryOp::Add => format!("{a} + {b}"),
+        BinaryOp::Sub => format!("{a} - {b}"),
+        BinaryOp::Mul => format!("{a} * {b}"),
+        BinaryOp::Div => format!("{a} / {b}"),
+        BinaryOp::Max => format!("rmax({a}, {b})"),
+        BinaryOp::Min => format!("rmin({a}, {b})"),
+        BinaryOp::Pow => format!("rpow({a}, {b})"),
+    }
+}
+
+/// The WGSL expression of an activation.
+fn activation(act: Activation, x: &str) -> String {
+    match act {
+        Activation::Gelu => format!("0.5 * {x} * rerfc(-{x} * 0.70710678118)"),
+        // 0.5 x (1 + tanh u) = x sigmoid(2u): no cancellation for negative x.
+        Activation::GeluApprox => format!("{x} * sigm(2.0 * gelu_u({x}))"),
+        // s (1 + 2 x (1 - s) K0 (1 + 3 K1 x^2)) with s = sigmoid(2u) = (1 + tanh u) / 2, the
+        // same value as the tanh form without its cancellation at negative x.
+        Activation::GeluApproxGrad => format!("gelu_grad({x})"),
+        Activation::Silu => format!("{x} * sigm({x})"),
+        Activation::Relu => format!("max({x}, 0.0)"),
+        Activation::Sigmoid => format!("sigm({x})"),
+        Activation::Tanh => format!("rtanh({x})"),
+        Activation::Exp => format!("exp({x})"),
+        Activation::Log => format!("log({x})"),
+        Activation::Sqrt => format!("sqrt({x})"),
+        Activation::Rsqrt => format!("1.0 / sqrt({x})"),
+        Activation::Neg => format!("-{x}"),
+        Activation::Abs => format!("abs({x})"),
+        Activation::Sin => format!("sin({x})"),
+        Activation::Cos => format!("cos({x})"),
+        Activation::Tan => format!("tan({x})"),
+        Activation::Atan => format!("atan({x})"),
+        Activation::Round => format!("round({x})"),
+        Activation::Erf => format!("rerf({x})"),
+    }
+}
+
+/// Whether an elementwise op has a WGSL form here.
+pub fn elementwise_op(op: &Op) -> bool {
+    matches!(op, Op::Binary(_) | Op::Activation(_))
+}
+
+/// Meta words of an elementwise step: `[n, rank, out_off, dims[RANK], (off, strides[RANK]) per
+/// operand, extra result offsets...]`.
+pub const EW_OPERANDS: usize = 3 + RANK;
+
+/// The kernel of an elementwise region whose body is `body` (inputs: the operands; outputs:
+/// result 0 at `out_off`, the others at the offsets after the operands' words). `None` if an
+/// op of the body has no WGSL form.
+pub fn elementwise(body: &Graph) -> Option<String> {
+    let n_ops = body
+        .ids()
+        .filter(|&i| matches!(body.node(i).op, Op::Input { .. }))
+        .count();
+    let mut s = String::from(HEADER);
+    s.push_str(&format!(
+        r#"
+fn src(k: u32, i: u32) -> u32 {{
+    let base = {EW_OPERANDS}u + k * {stride}u;
+    let rank = mt[1];
+    var rem = i;
+    var off = mt[base];
+    for (var d = 0u; d < rank; d++) {{
+        let ax = rank - 1u - d;
+        let dim = mt[3u + ax];
+        off += (rem % dim) * mt[base + 1u + ax];
+        rem = rem / dim;
+    }}
+    return off;
+}}
+
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x + gid.y * ROW;
+    if (i >= mt[0]) {{ return; }}
+"#,
+        stride = RANK + 1
+    ));
+    let mut name = vec![String::new(); body.len()];
+    let mut k = 0;
+    for id in body.ids() {
+        let n = body.node(id);
+        let v = format!("v{}", id.0);
+        let expr = match &n.op {
+            Op::Input { .. } => {
+                k += 1;
+                format!("buf[src({}u, i)]", k - 1)
+            }
+            Op::Binary(b) => binary(*b, &name[n.inputs[0].index()], &name[n.inputs[1].index()]),
+            Op::Activation(a) => activation(*a, &name[n.inputs[0].index()]),
+            _ => return None,
+        };
+        s.push_str(&format!("    let {v} = {expr};\n"));
+        name[id.index()] = v;
+    }
+    for (r, o) in body.outputs().iter().enumerate() {
+        let at = if r == 0 {
+            "mt[2]".to_string()
+        } else {
+            format!("mt[{}u]", EW_OPERANDS + n_ops * (RANK + 1) + r - 1)
+        };
+        s.push_str(&format!("    buf[{at} + i] = {};\n", name[o.index()]));
+    }
+    s.push_str("}\n");
+    Some(s)
+}
+
+/// Strided copy: meta `[n, rank, dst_off, dims[RANK], dst_strides[RANK], src_off, src_strides[RANK]]`.
+pub fn copy() -> String {
+    format!(
+        r#"{HEADER}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x + gid.y * ROW;
+    if (i >= mt[0]) {{ return; }}
+    let rank = mt[1];
+    var rem = i;
+    var dst = mt[2];
+    var src = mt[{so}u];
+    for (var d = 0u; d < rank; d++) {{
+        let ax = rank - 1u - d;
+        let dim = mt[3u + ax];
+        let c = rem % dim;
+        rem = rem / dim;
+        dst += c * mt[{ds}u + ax];
+        src += c * mt[{ss}u + ax];
+    }}
+    buf[dst] = buf[src];
+}}
+"#,
+        ds = 3 + RANK,
+        so = 3 + 2 * RANK,
+        ss = 4 + 2 * RANK
+    )
+}
+
+/// Reduction: meta `[n_out, m, in_off, out_off, outer_rank, outer_dims[RANK],
+/// outer_strides[RANK], inner_rank, inner_dims[RANK], inner_strides[RANK]]`; each invocation
+/// folds the `m` elements of one output.
+pub fn reduce(kind: ReduceKind) -> String {
+    let (init, step, fin) = match kind {
+        ReduceKind::Sum => ("0.0", "acc + x", "acc"),
+        ReduceKind::Mean => ("0.0", "acc + x", "acc / f32(m)"),
+        ReduceKind::Max => ("bitcast<f32>(0xff800000u)", "rmax(acc, x)", "acc"),
+        ReduceKind::Min => ("bitcast<f32>(0x7f800000u)", "rmin(acc, x)", "acc"),
+        ReduceKind::Prod => ("1.0", "acc * x", "acc"),
+    };
+    let od = 5;
+    let os = od + RANK;
+    let ir = os + RANK;
+    let id = ir + 1;
+    let is = id + RANK;
+    format!(
+        r#"{HEADER}
+fn walk(i: u32, rank_at: u32, dims_at: u32, strides_at: u32) -> u32 {{
+    let rank = mt[rank_at];
+    var rem = i;
+    var off = 0u;
+    for (var d = 0u; d < rank; d++) {{
+        let ax = rank - 1u - d;
+        let dim = mt[dims_at + ax];
+        off += (rem % dim) * mt[strides_at + ax];
+        rem = rem / dim;
+    }}
+    return off;
+}}
+
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x + gid.y * ROW;
+    if (i >= mt[0]) {{ return; }}
+    let m = mt[1];
+    let base = mt[2] + walk(i, 4u, {od}u, {os}u);
+    var acc: f32 = {init};
+    for (var j = 0u; j < m; j++) {{
+        let x = buf[base + walk(j, {ir}u, {id}u, {is}u)];
+        acc = {step};
+    }}
+    buf[mt[3] + i] = {fin};
+}}
+"#
+    )
+}
+
+/// Softmax along one axis of a dense value: meta `[n, len, stride, in_off, out_off]`; element
+/// `i`'s row starts at `i - (i / stride % len) * stride`.
+pub fn softmax() -> String {
+    format!(
+        r#"{HEADER}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x + gid.y * ROW;
+    if (i >= mt[0]) {{ return; }}
+    let len = mt[1];
+    let stride = mt[2];
+    let row = i - ((i / stride) % len) * stride;
+    var mx: f32 = buf[mt[3] + row];
+    for (var j = 1u; j < len; j++) {{ mx = rmax(mx, buf[mt[3] + row + j * stride]); }}
+    var sum: f32 = 0.0;
+    for (var j = 0u; j < len; j++) {{ sum += exp(buf[mt[3] + row + j * stride] - mx); }}
+    buf[mt[4] + i] = exp(buf[mt[3] + i] - mx) / sum;
+}}
+"#
+    )
+}
+
+/// Tile edge of the matmul kernel.
+pub const TILE: u32 = 16;
+
+/// Batched matmul `C[b] = A[b] B[b]` with 16×16 tiles in workgroup memory: meta `[m, k, n,
+/// a_off, b_off, c_off, batch_rank, c_batch_dims[4], a_batch_strides[4], b_batch_strides[4]]`;
+/// workgroup `(x, y, z)` computes tile `(y, x)` of batch `z`.
+pub fn matmul() -> String {
+    format!(
+        r#"{HEADER}
+var<workgroup> ta: array<array<f32, {TILE}>, {TILE}>;
+var<workgroup> tb: array<array<f32, {TILE}>, {TILE}>;
+
+@compute @workgroup_size({TILE}, {TILE})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {{
+    let m = mt[0];
+    let k = mt[1];
+    let n = mt[2];
+    let rank = mt[6];
+    var rem = wg.z;
+    var ab = 0u;
+    var bb = 0u;
+    for (var d = 0u; d < rank; d++) {{
+        let ax = rank - 1u - d;
+        let dim = mt[7u + ax];
+        let c = rem % dim;
+        rem = rem / dim;
+        ab += c * mt[11u + ax];
+        bb += c * mt[15u + ax];
+    }}
+    let row = wg.y * {TILE}u + lid.y;
+    let col = wg.x * {TILE}u + lid.x;
+    var acc: f32 = 0.0;
+    let tiles = (k + {TILE}u - 1u) / {TILE}u;
+    for (var t = 0u; t < tiles; t++) {{
+        let ka = t * {TILE}u + lid.x;
+        let kb = t * {TILE}u + lid.y;
+        ta[lid.y][lid.x] = select(0.0, buf[mt[3] + ab + row * k + ka], row < m && ka < k);
+        tb[lid.y][lid.x] = select(0.0, buf[mt[4] + bb + kb * n + col], kb < k && col < n);
+        workgroupBarrier();
+        for (var j = 0u; j < {TILE}u; j++) {{
+            acc += ta[lid.y][j] * tb[j][lid.x];
+        }}
+        workgroupBarrier();
+    }}
+    if (row < m && col < n) {{
+        buf[mt[5] + wg.z * m * n + row * n + col] = acc;
+    }}
+}}
+"#
+    )
+}

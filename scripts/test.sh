@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it. Installs what the tests need that cargo cannot:
+# Mesa's software Vulkan (lavapipe), so the GPU backend's tests run on a machine without a GPU.
+# Extra arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
+    echo "installing mesa-vulkan-drivers (software Vulkan for the GPU tests)" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get install -y -q mesa-vulkan-drivers >/dev/null 2>&1 || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q mesa-vulkan-drivers >/dev/null; }
+fi
+# Vulkan through wgpu; lavapipe's window-system layer wants a runtime directory.
+export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+cargo test --workspace "$@"

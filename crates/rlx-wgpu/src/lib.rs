@@ -165,8 +165,18 @@ impl Backend for WgpuBackend {
     }
 
     fn fuses(&self, graph: &Graph, id: NodeId, kind: FusionKind) -> bool {
+        let n = graph.node(id);
+        let ins: Vec<rlx_ir::DType> = n.inputs.iter().map(|i| graph.shape(*i).dtype()).collect();
         kind == FusionKind::Elementwise
-            && shaders::elementwise_op(&graph.node(id).op)
+            && matches!(
+                n.op,
+                rlx_ir::Op::Binary(_)
+                    | rlx_ir::Op::Activation(_)
+                    | rlx_ir::Op::Compare(_)
+                    | rlx_ir::Op::Where
+                    | rlx_ir::Op::Cast { .. }
+            )
+            && shaders::elementwise_op(&n.op, n.shape.dtype(), &ins)
             && unsupported(graph, id).is_none()
     }
 

@@ -46,22 +46,27 @@ impl GpuProgram {
 /// Why the wgpu backend cannot run node `id`, or `None` when it can.
 pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
     let n = g.node(id);
-    let f32_only =
-        n.shape.dtype() == DType::F32 && n.inputs.iter().all(|i| g.shape(*i).dtype() == DType::F32);
-    if !f32_only {
+    let out = n.shape.dtype();
+    let ins: Vec<DType> = n.inputs.iter().map(|i| g.shape(*i).dtype()).collect();
+    if let Some(d) = std::iter::once(out)
+        .chain(ins.iter().copied())
+        .find(|d| shaders::wgsl_type(*d).is_none())
+    {
         return Some(format!(
-            "only f32 values run on the GPU so far, not {}",
-            n.shape.dtype()
+            "{d} values do not run on the GPU (f32, f16, bf16, i32, u32 and bool do)"
         ));
     }
     if n.shape.rank() > RANK || n.inputs.iter().any(|i| g.shape(*i).rank() > RANK) {
         return Some(format!("rank above {RANK}"));
     }
+    let float = |d: DType| shaders::wgsl_type(d) == Some("f32");
     let ok = match &n.op {
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => true,
-        Op::Binary(_) | Op::Activation(_) => true,
-        Op::MatMul => n.shape.rank() >= 2 && n.shape.rank() <= 6,
-        Op::Reduce { .. } | Op::Softmax { .. } => true,
+        Op::Binary(_) | Op::Activation(_) | Op::Compare(_) | Op::Where | Op::Cast { .. } => {
+            shaders::elementwise_op(&n.op, out, &ins)
+        }
+        Op::MatMul => float(out) && (2..=6).contains(&n.shape.rank()),
+        Op::Reduce { .. } | Op::Softmax { .. } => float(out),
         Op::Reshape { .. }
         | Op::Transpose { .. }
         | Op::Narrow { .. }
@@ -70,12 +75,7 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         Op::Fused(r) => {
             r.kind == rlx_ir::FusionKind::Elementwise && shaders::elementwise(&r.body).is_some()
         }
-        Op::Compare(_)
-        | Op::Where
-        | Op::Cast { .. }
-        | Op::DotGeneral(_)
-        | Op::LayerNorm { .. }
-        | Op::RmsNorm { .. } => false,
+        Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } => false,
         Op::Gather { .. }
         | Op::ScatterAdd { .. }
         | Op::Cumsum { .. }
@@ -93,7 +93,63 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         | Op::CacheWrite
         | Op::CachedAttention { .. } => false,
     };
-    (!ok).then(|| format!("{} has no WGSL kernel yet", n.op.name()))
+    (!ok).then(|| format!("{} on {} has no WGSL kernel yet", n.op.name(), n.shape))
+}
+
+/// Host bytes of `dt` as device words (one 32-bit word per element).
+pub fn to_words(dt: DType, bytes: &[u8]) -> Vec<u8> {
+    match dt {
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .flat_map(|b| {
+                half::f16::from_le_bytes([b[0], b[1]])
+                    .to_f32()
+                    .to_le_bytes()
+            })
+            .collect(),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .flat_map(|b| {
+                half::bf16::from_le_bytes([b[0], b[1]])
+                    .to_f32()
+                    .to_le_bytes()
+            })
+            .collect(),
+        DType::Bool => bytes
+            .iter()
+            .flat_map(|&b| u32::from(b != 0).to_le_bytes())
+            .collect(),
+        _ => bytes.to_vec(),
+    }
+}
+
+/// Device words as host bytes of `dt` (the inverse of [`to_words`]).
+pub fn from_words(dt: DType, words: &[u8], out: &mut [u8]) {
+    let w = |c: &[u8]| [c[0], c[1], c[2], c[3]];
+    match dt {
+        DType::F16 => words
+            .chunks_exact(4)
+            .zip(out.chunks_exact_mut(2))
+            .for_each(|(c, o)| {
+                o.copy_from_slice(&half::f16::from_f32(f32::from_le_bytes(w(c))).to_le_bytes())
+            }),
+        DType::BF16 => words
+            .chunks_exact(4)
+            .zip(out.chunks_exact_mut(2))
+            .for_each(|(c, o)| {
+                o.copy_from_slice(&half::bf16::from_f32(f32::from_le_bytes(w(c))).to_le_bytes())
+            }),
+        DType::Bool => words
+            .chunks_exact(4)
+            .zip(out.iter_mut())
+            .for_each(|(c, o)| *o = u8::from(u32::from_le_bytes(w(c)) != 0)),
+        _ => out.copy_from_slice(&words[..out.len()]),
+    }
+}
+
+/// Words of device memory a host buffer of `bytes` bytes of `dt` takes.
+fn device_bytes(dt: DType, bytes: usize) -> usize {
+    bytes / dt.size_bytes() * 4
 }
 
 fn dims(g: &Graph, id: NodeId) -> Result<Vec<usize>> {
@@ -176,7 +232,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
     let mut req_of: Vec<Option<usize>> = vec![None; n];
     let mut reqs: Vec<BufferRequest> = Vec::new();
     let mut pending: Vec<(usize, Kernel)> = Vec::new();
-    let mut consts: Vec<(usize, Vec<u8>)> = Vec::new();
+    let mut consts: Vec<(usize, Vec<u8>, DType)> = Vec::new();
     let (mut inputs, mut params) = (Vec::new(), Vec::new());
     let (mut input_req, mut param_req) = (Vec::new(), Vec::new());
     let mut extra_of: Vec<Option<usize>> = vec![None; n]; // further results: computed by the step of node
@@ -235,7 +291,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
             }
             Op::Constant { data } => {
                 let r = new_req(0, usize::MAX, &mut reqs);
-                consts.push((r, data.clone()));
+                consts.push((r, data.clone(), node.shape.dtype()));
                 req_of[i] = Some(r);
                 continue;
             }
@@ -243,7 +299,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                 req_of[i] = req_of[ins[0]];
                 continue;
             }
-            Op::Binary(_) | Op::Activation(_) => {
+            Op::Binary(_) | Op::Activation(_) | Op::Compare(_) | Op::Where | Op::Cast { .. } => {
                 let mut body = Graph::new("op");
                 let args: Vec<NodeId> = node
                     .inputs
@@ -420,9 +476,9 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
             | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     });
-    for (r, data) in &consts {
+    for (r, data, dt) in &consts {
         gpu.queue
-            .write_buffer(&arena, plan.offsets[*r] as u64, data);
+            .write_buffer(&arena, plan.offsets[*r] as u64, &to_words(*dt, data));
     }
     // Meta words and pipelines of every step.
     let mut meta: Vec<u32> = Vec::new();
@@ -492,7 +548,10 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                 meta.push(axes.len() as u32);
                 meta.extend(pad(&axes.iter().map(|&a| sd[a]).collect::<Vec<_>>()));
                 meta.extend(pad(&axes.iter().map(|&a| ss[a]).collect::<Vec<_>>()));
-                (shaders::reduce(*kind), groups_1d(count))
+                (
+                    shaders::reduce(*kind, g.shape(id).dtype()),
+                    groups_1d(count),
+                )
             }
             Kernel::Softmax { src, axis } => {
                 let ss = dense_strides(&out_d);
@@ -503,7 +562,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                     word(*src) as u32,
                     word(*node) as u32,
                 ]);
-                (shaders::softmax(), groups_1d(count))
+                (shaders::softmax(g.shape(id).dtype()), groups_1d(count))
             }
             Kernel::MatMul { a, b } => {
                 let (ad, bd) = (dims(g, NodeId(*a as u32))?, dims(g, NodeId(*b as u32))?);
@@ -544,7 +603,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                 meta.extend(p4(&stride_of(&ad)));
                 meta.extend(p4(&stride_of(&bd)));
                 (
-                    (shaders::matmul()),
+                    shaders::matmul(g.shape(id).dtype()),
                     (
                         (nn as u32).div_ceil(TILE).max(1),
                         (m as u32).div_ceil(TILE).max(1),
@@ -632,6 +691,19 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
     })
 }
 
+impl GpuProgram {
+    /// Read the words at byte `at` of the arena as `out.len()` host bytes of `dt`.
+    fn read_words(&self, at: u64, dt: DType, out: &mut [u8]) {
+        if matches!(dt, DType::F32 | DType::I32 | DType::U32) {
+            self.gpu.read(&self.arena, at, out);
+            return;
+        }
+        let mut words = vec![0u8; device_bytes(dt, out.len())];
+        self.gpu.read(&self.arena, at, &mut words);
+        from_words(dt, &words, out);
+    }
+}
+
 impl Executable for GpuProgram {
     fn inputs(&self) -> &[IoSlot] {
         &self.inputs
@@ -646,25 +718,39 @@ impl Executable for GpuProgram {
     }
 
     fn write_input(&mut self, idx: usize, bytes: &[u8]) {
+        let dt = self.inputs[idx].shape.dtype();
         self.gpu
             .queue
-            .write_buffer(&self.arena, self.input_at[idx], bytes);
+            .write_buffer(&self.arena, self.input_at[idx], &to_words(dt, bytes));
     }
 
     fn write_param(&mut self, idx: usize, bytes: &[u8]) {
+        let dt = self.params[idx].shape.dtype();
         self.gpu
             .queue
-            .write_buffer(&self.arena, self.param_at[idx], bytes);
+            .write_buffer(&self.arena, self.param_at[idx], &to_words(dt, bytes));
     }
 
     fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
+        let dt = self.params[idx].shape.dtype();
+        let w = dt.size_bytes();
+        if offset % w != 0 || bytes.len() % w != 0 {
+            // Not whole elements: go through the whole param.
+            let mut all = vec![0u8; self.params[idx].shape.size_bytes().unwrap_or(0)];
+            self.read_param(idx, &mut all);
+            all[offset..offset + bytes.len()].copy_from_slice(bytes);
+            self.write_param(idx, &all);
+            return;
+        }
+        let at = self.param_at[idx] + device_bytes(dt, offset) as u64;
         self.gpu
             .queue
-            .write_buffer(&self.arena, self.param_at[idx] + offset as u64, bytes);
+            .write_buffer(&self.arena, at, &to_words(dt, bytes));
     }
 
     fn read_param(&self, idx: usize, out: &mut [u8]) {
-        self.gpu.read(&self.arena, self.param_at[idx], out);
+        let dt = self.params[idx].shape.dtype();
+        self.read_words(self.param_at[idx], dt, out);
     }
 
     fn execute(&mut self) {
@@ -689,7 +775,8 @@ impl Executable for GpuProgram {
     }
 
     fn read_output(&self, idx: usize, out: &mut [u8]) {
-        self.gpu.read(&self.arena, self.output_at[idx], out);
+        let dt = self.outputs[idx].shape.dtype();
+        self.read_words(self.output_at[idx], dt, out);
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -2,11 +2,13 @@
 //! region's ops, a reduction's kind), never on shapes or addresses: those are read from the
 //! step's words in the meta buffer, so one pipeline serves every step of the same kind.
 //!
-//! Every value lives in one f32 arena (`buf`, binding 0); a step's meta words are binding 1.
+//! Every value lives in one arena of 32-bit words (`buf`, binding 0), one word per element: f32
+//! bits for f32 (and for f16 / bf16, computed in f32 and rounded to their precision after every
+//! op), i32 / u32 as they are, bool as 0 / 1. A step's meta words are binding 1.
 //! Invocations are numbered across a 2-D dispatch (`i = x + y * ROW`), `ROW` elements per row of
 //! workgroups, so more than 65535 workgroups fit.
 
-use rlx_ir::{Activation, BinaryOp, Graph, Op, ReduceKind};
+use rlx_ir::{Activation, BinaryOp, CmpOp, DType, Graph, Op, ReduceKind};
 
 /// Invocations per workgroup of the 1-D kernels.
 pub const WG: u32 = 64;
@@ -15,7 +17,7 @@ pub const MAX_GROUPS: u32 = 65535;
 /// Largest rank the kernels take.
 pub const RANK: usize = 6;
 
-const HEADER: &str = r#"@group(0) @binding(0) var<storage, read_write> buf: array<f32>;
+const HEADER: &str = r#"@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
 @group(0) @binding(1) var<storage, read> mt: array<u32>;
 const ROW: u32 = 4194240u; // 65535 workgroups of 64
 
@@ -46,6 +48,14 @@ fn rerf(x: f32) -> f32 {
     }
     return 1.0 - rerfc(x);
 }
+fn f16r(x: f32) -> f32 { return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x; }
+fn bf16r(x: f32) -> f32 {
+    let u = bitcast<u32>(x);
+    if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu) != 0u) { return x; }
+    return bitcast<f32>((u + 0x7fffu + ((u >> 16u) & 1u)) & 0xffff0000u);
+}
+fn ld(k: u32) -> f32 { return bitcast<f32>(buf[k]); }
+fn st(k: u32, v: f32) { buf[k] = bitcast<u32>(v); }
 fn gelu_u(x: f32) -> f32 { return 0.7978845608 * (x + 0.044715 * x * x * x); }
 fn gelu_grad(x: f32) -> f32 {
     let s = sigm(2.0 * gelu_u(x));
@@ -94,9 +104,104 @@ fn activation(act: Activation, x: &str) -> String {
     }
 }
 
-/// Whether an elementwise op has a WGSL form here.
-pub fn elementwise_op(op: &Op) -> bool {
-    matches!(op, Op::Binary(_) | Op::Activation(_))
+/// The WGSL type of a dtype's values, when the GPU holds that dtype.
+pub fn wgsl_type(dt: DType) -> Option<&'static str> {
+    match dt {
+        DType::F32 | DType::F16 | DType::BF16 => Some("f32"),
+        DType::I32 => Some("i32"),
+        DType::U32 => Some("u32"),
+        DType::Bool => Some("bool"),
+        DType::F64 | DType::I64 | DType::I8 | DType::I16 | DType::U8 | DType::C64 => None,
+    }
+}
+
+/// `x` (an f32 expression) rounded to `dt`'s precision.
+fn round_to(dt: DType, x: String) -> String {
+    match dt {
+        DType::F16 => format!("f16r({x})"),
+        DType::BF16 => format!("bf16r({x})"),
+        _ => x,
+    }
+}
+
+/// The word at `at` as a value of `dt`.
+fn load(dt: DType, at: &str) -> String {
+    match wgsl_type(dt) {
+        Some("f32") => format!("bitcast<f32>(buf[{at}])"),
+        Some("i32") => format!("bitcast<i32>(buf[{at}])"),
+        Some("bool") => format!("(buf[{at}] != 0u)"),
+        _ => format!("buf[{at}]"),
+    }
+}
+
+/// The word of value `v` of `dt`.
+fn word(dt: DType, v: &str) -> String {
+    match wgsl_type(dt) {
+        Some("f32") | Some("i32") => format!("bitcast<u32>({v})"),
+        Some("bool") => format!("select(0u, 1u, {v})"),
+        _ => v.to_string(),
+    }
+}
+
+/// The WGSL expression of node `op` of result dtype `out` on operands `a` of dtypes `ins`, or
+/// `None` when the GPU has no form for it.
+fn expr(op: &Op, out: DType, a: &[String], ins: &[DType]) -> Option<String> {
+    let float = |d: DType| wgsl_type(d) == Some("f32");
+    let int = |d: DType| matches!(d, DType::I32 | DType::U32);
+    let e = match op {
+        Op::Binary(b) if float(out) => round_to(out, binary(*b, &a[0], &a[1])),
+        Op::Binary(b) if int(out) => {
+            let ty = wgsl_type(out)?;
+            match b {
+                BinaryOp::Add => format!("{} + {}", a[0], a[1]),
+                BinaryOp::Sub => format!("{} - {}", a[0], a[1]),
+                BinaryOp::Mul => format!("{} * {}", a[0], a[1]),
+                BinaryOp::Div => format!(
+                    "select({0} / {1}, {ty}(0xffffffffu), {1} == {ty}(0))",
+                    a[0], a[1]
+                )
+                .replace("i32(0xffffffffu)", "-1"),
+                BinaryOp::Max => format!("max({}, {})", a[0], a[1]),
+                BinaryOp::Min => format!("min({}, {})", a[0], a[1]),
+                BinaryOp::Pow => return None,
+            }
+        }
+        Op::Activation(act) if float(out) => round_to(out, activation(*act, &a[0])),
+        Op::Compare(c) if ins[0] != DType::Bool => {
+            let o = match c {
+                CmpOp::Eq => "==",
+                CmpOp::Ne => "!=",
+                CmpOp::Lt => "<",
+                CmpOp::Le => "<=",
+                CmpOp::Gt => ">",
+                CmpOp::Ge => ">=",
+            };
+            format!("({} {o} {})", a[0], a[1])
+        }
+        Op::Where => format!("select({}, {}, {})", a[2], a[1], a[0]),
+        Op::Cast { to } => {
+            let (from, x) = (ins[0], &a[0]);
+            let ty = wgsl_type(*to)?;
+            match (wgsl_type(from)?, ty) {
+                (_, "bool") if from == DType::Bool => x.clone(),
+                (f, "bool") => format!("({x} != {f}(0))"),
+                ("bool", t) => round_to(*to, format!("select({t}(0), {t}(1), {x})")),
+                ("f32", "f32") => round_to(*to, x.clone()),
+                ("i32", "u32") | ("u32", "i32") => format!("bitcast<{ty}>({x})"),
+                (_, t) => round_to(*to, format!("{t}({x})")),
+            }
+        }
+        _ => return None,
+    };
+    Some(e)
+}
+
+/// Whether node `op` (result `out`, operands `ins`) has a WGSL form here.
+pub fn elementwise_op(op: &Op, out: DType, ins: &[DType]) -> bool {
+    let a: Vec<String> = (0..ins.len()).map(|k| format!("a{k}")).collect();
+    wgsl_type(out).is_some()
+        && ins.iter().all(|d| wgsl_type(*d).is_some())
+        && expr(op, out, &a, ins).is_some()
 }
 
 /// Meta words of an elementwise step: `[n, rank, out_off, dims[RANK], (off, strides[RANK]) per
@@ -140,16 +245,23 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     for id in body.ids() {
         let n = body.node(id);
         let v = format!("v{}", id.0);
-        let expr = match &n.op {
+        let dt = n.shape.dtype();
+        wgsl_type(dt)?;
+        let e = match &n.op {
             Op::Input { .. } => {
                 k += 1;
-                format!("buf[src({}u, i)]", k - 1)
+                load(dt, &format!("src({}u, i)", k - 1))
             }
-            Op::Binary(b) => binary(*b, &name[n.inputs[0].index()], &name[n.inputs[1].index()]),
-            Op::Activation(a) => activation(*a, &name[n.inputs[0].index()]),
-            _ => return None,
+            op => {
+                let a: Vec<String> = n.inputs.iter().map(|x| name[x.index()].clone()).collect();
+                let ins: Vec<DType> = n.inputs.iter().map(|x| body.shape(*x).dtype()).collect();
+                if ins.iter().any(|d| wgsl_type(*d).is_none()) {
+                    return None;
+                }
+                expr(op, dt, &a, &ins)?
+            }
         };
-        s.push_str(&format!("    let {v} = {expr};\n"));
+        s.push_str(&format!("    let {v} = {e};\n"));
         name[id.index()] = v;
     }
     for (r, o) in body.outputs().iter().enumerate() {
@@ -158,7 +270,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
         } else {
             format!("mt[{}u]", EW_OPERANDS + n_ops * (RANK + 1) + r - 1)
         };
-        s.push_str(&format!("    buf[{at} + i] = {};\n", name[o.index()]));
+        s.push_str(&format!(
+            "    buf[{at} + i] = {};\n",
+            word(body.shape(*o).dtype(), &name[o.index()])
+        ));
     }
     s.push_str("}\n");
     Some(s)
@@ -196,7 +311,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
 /// Reduction: meta `[n_out, m, in_off, out_off, outer_rank, outer_dims[RANK],
 /// outer_strides[RANK], inner_rank, inner_dims[RANK], inner_strides[RANK]]`; each invocation
 /// folds the `m` elements of one output.
-pub fn reduce(kind: ReduceKind) -> String {
+pub fn reduce(kind: ReduceKind, out: DType) -> String {
     let (init, step, fin) = match kind {
         ReduceKind::Sum => ("0.0", "acc + x", "acc"),
         ReduceKind::Mean => ("0.0", "acc + x", "acc / f32(m)"),
@@ -204,6 +319,7 @@ pub fn reduce(kind: ReduceKind) -> String {
         ReduceKind::Min => ("bitcast<f32>(0x7f800000u)", "rmin(acc, x)", "acc"),
         ReduceKind::Prod => ("1.0", "acc * x", "acc"),
     };
+    let rnd = round_to(out, fin.to_string());
     let od = 5;
     let os = od + RANK;
     let ir = os + RANK;
@@ -232,10 +348,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let base = mt[2] + walk(i, 4u, {od}u, {os}u);
     var acc: f32 = {init};
     for (var j = 0u; j < m; j++) {{
-        let x = buf[base + walk(j, {ir}u, {id}u, {is}u)];
+        let x = ld(base + walk(j, {ir}u, {id}u, {is}u));
         acc = {step};
     }}
-    buf[mt[3] + i] = {fin};
+    st(mt[3] + i, {rnd});
 }}
 "#
     )
@@ -243,7 +359,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
 
 /// Softmax along one axis of a dense value: meta `[n, len, stride, in_off, out_off]`; element
 /// `i`'s row starts at `i - (i / stride % len) * stride`.
-pub fn softmax() -> String {
+pub fn softmax(out: DType) -> String {
+    let rnd = round_to(out, "exp(ld(mt[3] + i) - mx) / sum".into());
     format!(
         r#"{HEADER}
 @compute @workgroup_size({WG})
@@ -253,11 +370,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let len = mt[1];
     let stride = mt[2];
     let row = i - ((i / stride) % len) * stride;
-    var mx: f32 = buf[mt[3] + row];
-    for (var j = 1u; j < len; j++) {{ mx = rmax(mx, buf[mt[3] + row + j * stride]); }}
+    var mx: f32 = ld(mt[3] + row);
+    for (var j = 1u; j < len; j++) {{ mx = rmax(mx, ld(mt[3] + row + j * stride)); }}
     var sum: f32 = 0.0;
-    for (var j = 0u; j < len; j++) {{ sum += exp(buf[mt[3] + row + j * stride] - mx); }}
-    buf[mt[4] + i] = exp(buf[mt[3] + i] - mx) / sum;
+    for (var j = 0u; j < len; j++) {{ sum += exp(ld(mt[3] + row + j * stride) - mx); }}
+    st(mt[4] + i, {rnd});
 }}
 "#
     )
@@ -269,7 +386,8 @@ pub const TILE: u32 = 16;
 /// Batched matmul `C[b] = A[b] B[b]` with 16×16 tiles in workgroup memory: meta `[m, k, n,
 /// a_off, b_off, c_off, batch_rank, c_batch_dims[4], a_batch_strides[4], b_batch_strides[4]]`;
 /// workgroup `(x, y, z)` computes tile `(y, x)` of batch `z`.
-pub fn matmul() -> String {
+pub fn matmul(out: DType) -> String {
+    let rnd = round_to(out, "acc".into());
     format!(
         r#"{HEADER}
 var<workgroup> ta: array<array<f32, {TILE}>, {TILE}>;
@@ -299,8 +417,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
     for (var t = 0u; t < tiles; t++) {{
         let ka = t * {TILE}u + lid.x;
         let kb = t * {TILE}u + lid.y;
-        ta[lid.y][lid.x] = select(0.0, buf[mt[3] + ab + row * k + ka], row < m && ka < k);
-        tb[lid.y][lid.x] = select(0.0, buf[mt[4] + bb + kb * n + col], kb < k && col < n);
+        ta[lid.y][lid.x] = select(0.0, ld(mt[3] + ab + row * k + ka), row < m && ka < k);
+        tb[lid.y][lid.x] = select(0.0, ld(mt[4] + bb + kb * n + col), kb < k && col < n);
         workgroupBarrier();
         for (var j = 0u; j < {TILE}u; j++) {{
             acc += ta[lid.y][j] * tb[j][lid.x];
@@ -308,7 +426,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
         workgroupBarrier();
     }}
     if (row < m && col < n) {{
-        buf[mt[5] + wg.z * m * n + row * n + col] = acc;
+        st(mt[5] + wg.z * m * n + row * n + col, {rnd});
     }}
 }}
 "#

@@ -76,12 +76,9 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
             r.kind == rlx_ir::FusionKind::Elementwise && shaders::elementwise(&r.body).is_some()
         }
         Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } => false,
-        Op::Gather { .. }
-        | Op::ScatterAdd { .. }
-        | Op::Cumsum { .. }
-        | Op::TopK { .. }
-        | Op::Attention { .. }
-        | Op::Rope { .. } => false,
+        Op::Gather { .. } => matches!(ins[1], DType::I32 | DType::U32),
+        Op::Cumsum { .. } => float(out),
+        Op::ScatterAdd { .. } | Op::TopK { .. } | Op::Attention { .. } | Op::Rope { .. } => false,
         Op::Conv(_)
         | Op::Pool(_)
         | Op::Custom(_)
@@ -217,6 +214,15 @@ enum Kernel {
     },
     Softmax {
         src: usize,
+        axis: usize,
+    },
+    Cumsum {
+        src: usize,
+        axis: usize,
+    },
+    Gather {
+        x: usize,
+        idx: usize,
         axis: usize,
     },
     MatMul {
@@ -420,6 +426,15 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                 a: ins[0],
                 b: ins[1],
             },
+            Op::Cumsum { axis } => Kernel::Cumsum {
+                src: ins[0],
+                axis: *axis,
+            },
+            Op::Gather { axis } => Kernel::Gather {
+                x: ins[0],
+                idx: ins[1],
+                axis: *axis,
+            },
             other => {
                 return Err(Error::Unsupported {
                     backend: "wgpu".into(),
@@ -563,6 +578,45 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                     word(*node) as u32,
                 ]);
                 (shaders::softmax(g.shape(id).dtype()), groups_1d(count))
+            }
+            Kernel::Cumsum { src, axis } => {
+                let ss = dense_strides(&out_d);
+                meta.extend([
+                    count as u32,
+                    out_d[*axis] as u32,
+                    ss[*axis] as u32,
+                    word(*src) as u32,
+                    word(*node) as u32,
+                ]);
+                (shaders::cumsum(g.shape(id).dtype()), groups_1d(count))
+            }
+            Kernel::Gather { x, idx, axis } => {
+                let (xd, id_d) = (dims(g, NodeId(*x as u32))?, dims(g, NodeId(*idx as u32))?);
+                let (xs, is) = (dense_strides(&xd), dense_strides(&id_d));
+                let ir = id_d.len();
+                // Strides over the result's axes: [pre..., idx..., post...].
+                let mut x_str = vec![0; out_d.len()];
+                let mut i_str = vec![0; out_d.len()];
+                for a in 0..*axis {
+                    x_str[a] = xs[a];
+                }
+                for a in 0..ir {
+                    i_str[axis + a] = is[a];
+                }
+                for a in axis + 1..xd.len() {
+                    x_str[a - 1 + ir] = xs[a];
+                }
+                meta.extend([count as u32, out_d.len() as u32, word(*node) as u32]);
+                meta.extend(pad(&out_d));
+                meta.push(word(*x) as u32);
+                meta.extend(pad(&x_str));
+                meta.push(word(*idx) as u32);
+                meta.extend(pad(&i_str));
+                meta.extend([xs[*axis] as u32, xd[*axis] as u32]);
+                (
+                    shaders::gather(g.shape(NodeId(*idx as u32)).dtype() == DType::I32),
+                    groups_1d(count),
+                )
             }
             Kernel::MatMul { a, b } => {
                 let (ad, bd) = (dims(g, NodeId(*a as u32))?, dims(g, NodeId(*b as u32))?);
@@ -734,7 +788,7 @@ impl Executable for GpuProgram {
     fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
         let dt = self.params[idx].shape.dtype();
         let w = dt.size_bytes();
-        if offset % w != 0 || bytes.len() % w != 0 {
+        if !offset.is_multiple_of(w) || !bytes.len().is_multiple_of(w) {
             // Not whole elements: go through the whole param.
             let mut all = vec![0u8; self.params[idx].shape.size_bytes().unwrap_or(0)];
             self.read_param(idx, &mut all);

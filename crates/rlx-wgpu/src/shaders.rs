@@ -380,6 +380,69 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     )
 }
 
+/// Gather along an axis: meta `[n, rank, out_off, dims[RANK], x_off, x_strides[RANK], idx_off,
+/// idx_strides[RANK], axis_stride, axis_len]` (strides over the result's axes, zero where an
+/// axis does not index that operand); indices are clamped into the axis, as the reference
+/// evaluator does. `signed`: i32 indices, else u32.
+pub fn gather(signed: bool) -> String {
+    let xo = 3 + RANK;
+    let io = xo + 1 + RANK;
+    let ax = io + 1 + RANK;
+    let row = if signed {
+        "u32(clamp(bitcast<i32>(raw), 0, i32(len) - 1))"
+    } else {
+        "min(raw, len - 1u)"
+    };
+    format!(
+        r#"{HEADER}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x + gid.y * ROW;
+    if (i >= mt[0]) {{ return; }}
+    let rank = mt[1];
+    var rem = i;
+    var xo = mt[{xo}u];
+    var io = mt[{io}u];
+    for (var d = 0u; d < rank; d++) {{
+        let a = rank - 1u - d;
+        let c = rem % mt[3u + a];
+        rem = rem / mt[3u + a];
+        xo += c * mt[{xs}u + a];
+        io += c * mt[{is}u + a];
+    }}
+    let raw = buf[io];
+    let len = mt[{al}u];
+    let row = {row};
+    buf[mt[2] + i] = buf[xo + row * mt[{ax}u]];
+}}
+"#,
+        xs = xo + 1,
+        is = io + 1,
+        al = ax + 1
+    )
+}
+
+/// Inclusive prefix sum along one axis of a dense value: meta `[n, len, stride, in_off,
+/// out_off]`.
+pub fn cumsum(out: DType) -> String {
+    let rnd = round_to(out, "acc".into());
+    format!(
+        r#"{HEADER}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x + gid.y * ROW;
+    if (i >= mt[0]) {{ return; }}
+    let stride = mt[2];
+    let c = (i / stride) % mt[1];
+    let row = i - c * stride;
+    var acc: f32 = 0.0;
+    for (var j = 0u; j <= c; j++) {{ acc += ld(mt[3] + row + j * stride); }}
+    st(mt[4] + i, {rnd});
+}}
+"#
+    )
+}
+
 /// Tile edge of the matmul kernel.
 pub const TILE: u32 = 16;
 

@@ -78,7 +78,8 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } => false,
         Op::Gather { .. } => matches!(ins[1], DType::I32 | DType::U32),
         Op::Cumsum { .. } => float(out),
-        Op::ScatterAdd { .. } | Op::TopK { .. } | Op::Attention { .. } | Op::Rope { .. } => false,
+        Op::ScatterAdd { .. } => float(out) && matches!(ins[1], DType::I32 | DType::U32),
+        Op::TopK { .. } | Op::Attention { .. } | Op::Rope { .. } => false,
         Op::Conv(_)
         | Op::Pool(_)
         | Op::Custom(_)
@@ -223,6 +224,12 @@ enum Kernel {
     Gather {
         x: usize,
         idx: usize,
+        axis: usize,
+    },
+    ScatterAdd {
+        x: usize,
+        idx: usize,
+        u: usize,
         axis: usize,
     },
     MatMul {
@@ -435,6 +442,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                 idx: ins[1],
                 axis: *axis,
             },
+            Op::ScatterAdd { axis } => Kernel::ScatterAdd { x: ins[0], idx: ins[1], u: ins[2], axis: *axis },
             other => {
                 return Err(Error::Unsupported {
                     backend: "wgpu".into(),
@@ -589,6 +597,15 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                     word(*node) as u32,
                 ]);
                 (shaders::cumsum(g.shape(id).dtype()), groups_1d(count))
+            }
+            Kernel::ScatterAdd { x, idx, u, axis } => {
+                let (ud, id_d) = (dims(g, NodeId(*u as u32))?, dims(g, NodeId(*idx as u32))?);
+                meta.extend([count as u32, out_d.len() as u32, word(*node) as u32]);
+                meta.extend(pad(&out_d));
+                meta.extend([word(*x) as u32, word(*u) as u32]);
+                meta.extend(pad(&dense_strides(&ud)));
+                meta.extend([word(*idx) as u32, id_d[0] as u32, *axis as u32]);
+                (shaders::scatter_add(g.shape(NodeId(*idx as u32)).dtype() == DType::I32, g.shape(id).dtype()), groups_1d(count))
             }
             Kernel::Gather { x, idx, axis } => {
                 let (xd, id_d) = (dims(g, NodeId(*x as u32))?, dims(g, NodeId(*idx as u32))?);

@@ -422,6 +422,46 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     )
 }
 
+/// Scatter-add along an axis with 1-d indices: meta `[n, rank, out_off, dims[RANK], x_off,
+/// u_off, u_strides[RANK], idx_off, m, axis]`; each result element adds, in index order, the
+/// updates whose index names its row (indices outside the axis add nothing, as in the
+/// reference evaluator).
+pub fn scatter_add(signed: bool, out: DType) -> String {
+    let rnd = round_to(out, "acc".into());
+    let us = 5 + RANK;
+    let io = us + RANK;
+    let target = if signed { "bitcast<i32>(buf[mt[IO] + j]) == i32(row)" } else { "buf[mt[IO] + j] == row" }.replace("IO", &format!("{io}u"));
+    format!(
+        r#"{HEADER}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x + gid.y * ROW;
+    if (i >= mt[0]) {{ return; }}
+    let rank = mt[1];
+    let axis = mt[{ax}u];
+    var rem = i;
+    var uo = mt[{uo}u];
+    var row = 0u;
+    for (var d = 0u; d < rank; d++) {{
+        let a = rank - 1u - d;
+        let c = rem % mt[3u + a];
+        rem = rem / mt[3u + a];
+        if (a == axis) {{ row = c; }} else {{ uo += c * mt[{us}u + a]; }}
+    }}
+    var acc: f32 = ld(mt[{xo}u] + i);
+    for (var j = 0u; j < mt[{m}u]; j++) {{
+        if ({target}) {{ acc += ld(uo + j * mt[{us}u + axis]); }}
+    }}
+    st(mt[2] + i, {rnd});
+}}
+"#,
+        xo = 3 + RANK,
+        uo = 4 + RANK,
+        m = io + 1,
+        ax = io + 2
+    )
+}
+
 /// Inclusive prefix sum along one axis of a dense value: meta `[n, len, stride, in_off,
 /// out_off]`.
 pub fn cumsum(out: DType) -> String {

@@ -65,6 +65,11 @@ struct Built {
 /// The case's op in f64 on random params; int / bool operands (indices, conditions, positions)
 /// and custom attention masks stay constants from the table. The loss is `sum(op(...) * w)`.
 fn build(case: &Value, rng: &mut Rng) -> Option<Built> {
+    build_in(case, rng, DType::F64)
+}
+
+/// [`build`] with float values of dtype `ft`.
+fn build_in(case: &Value, rng: &mut Rng, ft: DType) -> Option<Built> {
     let op_name = case["op"].as_str().unwrap();
     if NOT_DIFFERENTIABLE.iter().any(|(o, _)| *o == op_name) {
         return None;
@@ -88,9 +93,9 @@ fn build(case: &Value, rng: &mut Rng) -> Option<Built> {
             let v: Vec<f64> = (0..n).map(|_| rng.uniform(lo, hi)).collect();
             let name = format!("p{i}");
             params.push((name.clone(), v));
-            g.param(&name, Shape::new(&dims, DType::F64))
+            g.param(&name, Shape::new(&dims, ft))
         } else if dt.is_float() {
-            g.constant_bytes(Shape::new(&dims, DType::F64), encode(&data, DType::F64))
+            g.constant_bytes(Shape::new(&dims, ft), encode(&data, ft))
         } else {
             g.constant_bytes(Shape::new(&dims, dt), encode(&data, dt))
         };
@@ -104,7 +109,7 @@ fn build(case: &Value, rng: &mut Rng) -> Option<Built> {
         if !to.is_float() {
             return None;
         }
-        *to = DType::F64;
+        *to = ft;
     }
     let y = g.try_op(op, &args).ok()?;
     if !g.shape(y).dtype().is_float() || params.is_empty() {
@@ -116,7 +121,7 @@ fn build(case: &Value, rng: &mut Rng) -> Option<Built> {
         return None;
     }
     let w: Vec<f64> = (0..n).map(|_| rng.uniform(-1.0, 1.0)).collect();
-    let w = g.constant_bytes(Shape::new(&yd, DType::F64), encode(&w, DType::F64));
+    let w = g.constant_bytes(Shape::new(&yd, ft), encode(&w, ft));
     let p = g.mul(y, w);
     let axes: Vec<usize> = (0..yd.len()).collect();
     let loss = g.sum(p, &axes, false);
@@ -301,6 +306,56 @@ fn reverse_and_forward_mode_match_finite_differences_for_every_op() {
 
 /// Composite ops are differentiated through their decompositions: those must compute what the
 /// native kernels compute.
+/// The gradients of every differentiable case, in f32, computed on the GPU (lavapipe in CI)
+/// match the CPU's: the same grad graphs through the same passes, another backend. Cases whose
+/// grad graph needs an op the GPU does not lower yet are counted, not failed.
+#[test]
+fn gradients_on_the_gpu_match_the_cpu() {
+    assert!(Device::Gpu.is_available(), "no GPU adapter: {}", Device::Gpu.availability_hint());
+    let (mut ran, mut skipped, mut failures) = (0, Vec::new(), Vec::new());
+    for case in &cases() {
+        let name = case["name"].as_str().unwrap();
+        let mut rng = Rng(0x5eed ^ name.len() as u64);
+        let Some(b) = build_in(case, &mut rng, DType::F32) else { continue };
+        let wrt: Vec<NodeId> = b.params.iter().map(|(n, _)| b.graph.find_leaf(n).unwrap()).collect();
+        let Ok(gg) = grad_with_loss(&b.graph, &wrt) else { continue };
+        let run = |device: Device| -> Result<Vec<Vec<f64>>, String> {
+            let mut c = Session::new(device).try_compile(gg.clone()).map_err(|e| e.to_string())?;
+            for (n, v) in &b.params {
+                c.set_param_typed(n, &encode(v, DType::F32), DType::F32);
+            }
+            let one = encode(&[1.0], DType::F32);
+            let outs = c.try_run_typed(&[(D_OUTPUT, &one, DType::F32)]).map_err(|e| e.to_string())?;
+            Ok(outs.iter().map(|(o, d)| decode(o, *d)).collect())
+        };
+        let cpu = run(Device::Cpu).unwrap_or_else(|e| panic!("{name} on the CPU: {e}"));
+        let gpu = match run(Device::Gpu) {
+            Ok(v) => v,
+            Err(e) if e.contains("no WGSL kernel") || e.contains("do not run on the GPU") || e.contains("no kernel and no decomposition") => {
+                skipped.push(case["op"].as_str().unwrap().to_string());
+                continue;
+            }
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        ran += 1;
+        for (k, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+            let scale = c.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+            if let Some((e, (x, y))) = c.iter().zip(g).enumerate().find(|(_, (x, y))| (*x - *y).abs() > 1e-4 * scale || x.is_nan() != y.is_nan()) {
+                failures.push(format!("{name}: output {k}[{e}]: CPU {x}, GPU {y}"));
+                break;
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} gradient cases differ on the GPU:\n{}", failures.len(), failures.join("\n"));
+    skipped.sort();
+    skipped.dedup();
+    assert!(ran >= 200, "only {ran} gradient cases ran on the GPU (ops not lowered: {skipped:?})");
+    eprintln!("{ran} gradient cases on the GPU; ops whose grads need what the GPU lacks: {skipped:?}");
+}
+
 #[test]
 fn decompositions_match_native_kernels() {
     let mut n = 0;

@@ -48,10 +48,15 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
     let n = g.node(id);
     let out = n.shape.dtype();
     let ins: Vec<DType> = n.inputs.iter().map(|i| g.shape(*i).dtype()).collect();
-    if let Some(d) = std::iter::once(out)
-        .chain(ins.iter().copied())
-        .find(|d| shaders::wgsl_type(*d).is_none())
-    {
+    // Packed bytes (GGUF weights) are held as they are, for the ops that read them.
+    let packed_ok = match &n.op {
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => out == DType::U8,
+        Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => true,
+        Op::Gather { axis } => out == DType::U8 && *axis + 1 < n.shape.rank() && n.shape.dims().last().and_then(|d| d.as_static()).is_some_and(|b| b % 4 == 0),
+        _ => false,
+    };
+    let held = |d: &DType| shaders::wgsl_type(*d).is_some() || (*d == DType::U8 && packed_ok);
+    if let Some(d) = std::iter::once(out).chain(ins.iter().copied()).find(|d| !held(d)) {
         return Some(format!(
             "{d} values do not run on the GPU (f32, f16, bf16, i32, u32 and bool do)"
         ));
@@ -80,16 +85,12 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         Op::Cumsum { .. } => float(out),
         Op::ScatterAdd { .. } => float(out) && matches!(ins[1], DType::I32 | DType::U32),
         Op::TopK { .. } | Op::Attention { .. } | Op::Rope { .. } => false,
-        Op::Conv(_)
-        | Op::Pool(_)
-        | Op::Custom(_)
-        | Op::DequantMatMul { .. }
-        | Op::DequantizeRows { .. } => false,
-        Op::Quantize { .. }
-        | Op::Dequantize { .. }
-        | Op::FakeQuantize { .. }
-        | Op::CacheWrite
-        | Op::CachedAttention { .. } => false,
+        Op::DequantMatMul { scheme } => float(out) && ins[0] == DType::F32 && shaders::gguf_decoder(*scheme).is_some(),
+        Op::DequantizeRows { scheme } => float(out) && shaders::gguf_decoder(*scheme).is_some(),
+        Op::CacheWrite => float(out) && float(ins[1]),
+        Op::CachedAttention { .. } => float(out) && float(ins[1]),
+        Op::Conv(_) | Op::Pool(_) | Op::Custom(_) => false,
+        Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => false,
     };
     (!ok).then(|| format!("{} on {} has no WGSL kernel yet", n.op.name(), n.shape))
 }
@@ -113,6 +114,11 @@ pub fn to_words(dt: DType, bytes: &[u8]) -> Vec<u8> {
                     .to_le_bytes()
             })
             .collect(),
+        DType::U8 => {
+            let mut v = bytes.to_vec();
+            v.resize(bytes.len().next_multiple_of(4), 0);
+            v
+        }
         DType::Bool => bytes
             .iter()
             .flat_map(|&b| u32::from(b != 0).to_le_bytes())
@@ -145,8 +151,11 @@ pub fn from_words(dt: DType, words: &[u8], out: &mut [u8]) {
     }
 }
 
-/// Words of device memory a host buffer of `bytes` bytes of `dt` takes.
+/// Bytes of device memory a host buffer of `bytes` bytes of `dt` takes (packed u8 as they are).
 fn device_bytes(dt: DType, bytes: usize) -> usize {
+    if dt == DType::U8 {
+        return bytes;
+    }
     bytes / dt.size_bytes() * 4
 }
 
@@ -232,6 +241,28 @@ enum Kernel {
         u: usize,
         axis: usize,
     },
+    DequantMatMul {
+        x: usize,
+        w: usize,
+        scheme: rlx_ir::QuantScheme,
+    },
+    DequantizeRows {
+        w: usize,
+        scheme: rlx_ir::QuantScheme,
+    },
+    CacheWrite {
+        cache: usize,
+        upd: usize,
+        pos: usize,
+    },
+    CachedAttention {
+        q: usize,
+        k: usize,
+        v: usize,
+        pos: usize,
+        scale: f32,
+        window: Option<usize>,
+    },
     MatMul {
         a: usize,
         b: usize,
@@ -261,7 +292,8 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
         }
         let node = g.node(id);
         let d = dims(g, id)?;
-        let bytes = (d.iter().product::<usize>().max(1) * 4) as u64;
+        let elems = d.iter().product::<usize>().max(1);
+        let bytes = if node.shape.dtype() == DType::U8 { elems.next_multiple_of(4) } else { elems * 4 } as u64;
         let step = pending.len();
         let new_req = |start: usize, end: usize, reqs: &mut Vec<BufferRequest>| {
             reqs.push(BufferRequest {
@@ -443,6 +475,15 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                 axis: *axis,
             },
             Op::ScatterAdd { axis } => Kernel::ScatterAdd { x: ins[0], idx: ins[1], u: ins[2], axis: *axis },
+            Op::DequantMatMul { scheme } => Kernel::DequantMatMul { x: ins[0], w: ins[1], scheme: *scheme },
+            Op::DequantizeRows { scheme } => Kernel::DequantizeRows { w: ins[0], scheme: *scheme },
+            Op::CachedAttention { scale, window } => Kernel::CachedAttention { q: ins[0], k: ins[1], v: ins[2], pos: ins[3], scale: *scale, window: *window },
+            Op::CacheWrite => {
+                // The cache is updated in place: the result is the cache's own words.
+                req_of[i] = req_of[ins[0]];
+                pending.push((i, Kernel::CacheWrite { cache: ins[0], upd: ins[1], pos: ins[2] }));
+                continue;
+            }
             other => {
                 return Err(Error::Unsupported {
                     backend: "wgpu".into(),
@@ -598,6 +639,34 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                 ]);
                 (shaders::cumsum(g.shape(id).dtype()), groups_1d(count))
             }
+            Kernel::DequantMatMul { x, w, scheme } => {
+                let xd = dims(g, NodeId(*x as u32))?;
+                let wd = dims(g, NodeId(*w as u32))?;
+                let (k, nn) = (*xd.last().unwrap_or(&1), *out_d.last().unwrap_or(&1));
+                meta.extend([count as u32, k as u32, nn as u32, word(*x) as u32, (word(*w) * 4) as u32, *wd.last().unwrap_or(&0) as u32, word(*node) as u32]);
+                let dec = shaders::gguf_decoder(*scheme).expect("checked by unsupported()");
+                (shaders::dequant_matmul(dec, g.shape(id).dtype()), groups_1d(count))
+            }
+            Kernel::DequantizeRows { w, scheme } => {
+                let wd = dims(g, NodeId(*w as u32))?;
+                let k = *out_d.last().unwrap_or(&1);
+                meta.extend([count as u32, k as u32, *wd.last().unwrap_or(&0) as u32, (word(*w) * 4) as u32, word(*node) as u32]);
+                let dec = shaders::gguf_decoder(*scheme).expect("checked by unsupported()");
+                (shaders::dequantize_rows(dec, g.shape(id).dtype()), groups_1d(count))
+            }
+            Kernel::CacheWrite { cache, upd, pos } => {
+                let (cd, ud) = (dims(g, NodeId(*cache as u32))?, dims(g, NodeId(*upd as u32))?);
+                let row: usize = cd[1..].iter().product();
+                let n_upd: usize = ud.iter().product();
+                meta.extend([n_upd as u32, row.max(1) as u32, cd[0] as u32, word(*cache) as u32, word(*upd) as u32, word(*pos) as u32]);
+                (shaders::cache_write(g.shape(NodeId(*cache as u32)).dtype()), groups_1d(n_upd))
+            }
+            Kernel::CachedAttention { q, k, v, pos, scale, window } => {
+                let (qd, kd, vd) = (dims(g, NodeId(*q as u32))?, dims(g, NodeId(*k as u32))?, dims(g, NodeId(*v as u32))?);
+                meta.extend([count as u32, qd[1] as u32, qd[2] as u32, vd[2] as u32, kd[0] as u32, kd[1] as u32]);
+                meta.extend([word(*q) as u32, word(*k) as u32, word(*v) as u32, word(*pos) as u32, word(*node) as u32, window.unwrap_or(0) as u32, scale.to_bits()]);
+                (shaders::cached_attention(g.shape(id).dtype()), groups_1d(count))
+            }
             Kernel::ScatterAdd { x, idx, u, axis } => {
                 let (ud, id_d) = (dims(g, NodeId(*u as u32))?, dims(g, NodeId(*idx as u32))?);
                 meta.extend([count as u32, out_d.len() as u32, word(*node) as u32]);
@@ -608,18 +677,21 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                 (shaders::scatter_add(g.shape(NodeId(*idx as u32)).dtype() == DType::I32, g.shape(id).dtype()), groups_1d(count))
             }
             Kernel::Gather { x, idx, axis } => {
-                let (xd, id_d) = (dims(g, NodeId(*x as u32))?, dims(g, NodeId(*idx as u32))?);
+                let (mut xd, id_d) = (dims(g, NodeId(*x as u32))?, dims(g, NodeId(*idx as u32))?);
+                let mut out_d = out_d.clone();
+                if g.shape(id).dtype() == DType::U8 {
+                    // Packed rows move as words (their byte length is a multiple of 4).
+                    *xd.last_mut().expect("rank >= 2") /= 4;
+                    *out_d.last_mut().expect("rank >= 2") /= 4;
+                }
+                let count: usize = out_d.iter().product();
                 let (xs, is) = (dense_strides(&xd), dense_strides(&id_d));
                 let ir = id_d.len();
                 // Strides over the result's axes: [pre..., idx..., post...].
                 let mut x_str = vec![0; out_d.len()];
                 let mut i_str = vec![0; out_d.len()];
-                for a in 0..*axis {
-                    x_str[a] = xs[a];
-                }
-                for a in 0..ir {
-                    i_str[axis + a] = is[a];
-                }
+                x_str[..*axis].copy_from_slice(&xs[..*axis]);
+                i_str[*axis..*axis + ir].copy_from_slice(&is[..ir]);
                 for a in axis + 1..xd.len() {
                     x_str[a - 1 + ir] = xs[a];
                 }

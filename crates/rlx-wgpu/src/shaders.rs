@@ -535,3 +535,129 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 "#
     )
 }
+
+/// Byte access to the arena (packed u8 values: 4 bytes a word, little-endian).
+const BYTES: &str = r#"
+fn byte(b: u32) -> u32 { return (buf[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu; }
+fn u16at(b: u32) -> u32 { return byte(b) | (byte(b + 1u) << 8u); }
+fn u32at(b: u32) -> u32 { return u16at(b) | (u16at(b + 2u) << 16u); }
+fn f16at(b: u32) -> f32 { return unpack2x16float(u16at(b)).x; }
+fn nib(b: u32, j: u32) -> u32 { return select(byte(b + j) & 0xfu, byte(b + j - 16u) >> 4u, j >= 16u); }
+"#;
+
+/// WGSL `deq(row, e)`: element `e` of the packed GGUF row starting at byte `row`, for the block
+/// types decoded on the GPU (`None` for the others).
+pub fn gguf_decoder(scheme: rlx_ir::QuantScheme) -> Option<&'static str> {
+    use rlx_ir::QuantScheme::*;
+    Some(match scheme {
+        GgufF16 => "fn deq(row: u32, e: u32) -> f32 { return f16at(row + e * 2u); }",
+        GgufBF16 => "fn deq(row: u32, e: u32) -> f32 { return bitcast<f32>(u16at(row + e * 2u) << 16u); }",
+        GgufQ4_0 => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 32u) * 18u; return (f32(nib(b + 2u, e % 32u)) - 8.0) * f16at(b); }",
+        GgufQ4_1 => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 32u) * 20u; return f32(nib(b + 4u, e % 32u)) * f16at(b) + f16at(b + 2u); }",
+        GgufQ5_0 => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 32u) * 22u; let j = e % 32u; let h = (u32at(b + 2u) >> j) & 1u; return (f32(nib(b + 6u, j) | (h << 4u)) - 16.0) * f16at(b); }",
+        GgufQ5_1 => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 32u) * 24u; let j = e % 32u; let h = (u32at(b + 4u) >> j) & 1u; return f32(nib(b + 8u, j) | (h << 4u)) * f16at(b) + f16at(b + 2u); }",
+        GgufQ8_0 => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 32u) * 34u; let q = byte(b + 2u + e % 32u); return f32(i32(q << 24u) >> 24u) * f16at(b); }",
+        _ => return None,
+    })
+}
+
+/// `x [.., K] @ decode(w)^T` for packed GGUF rows `w [N, row_bytes]`: meta `[n, K, N, x_off,
+/// w_byte, row_bytes, out_off]`, one invocation per result element.
+pub fn dequant_matmul(decoder: &str, out: DType) -> String {
+    let rnd = round_to(out, "acc".into());
+    format!(
+        r#"{HEADER}{BYTES}{decoder}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x + gid.y * ROW;
+    if (i >= mt[0]) {{ return; }}
+    let k = mt[1];
+    let r = i / mt[2];
+    let j = i % mt[2];
+    let row = mt[4] + j * mt[5];
+    var acc: f32 = 0.0;
+    for (var p = 0u; p < k; p++) {{ acc += ld(mt[3] + r * k + p) * deq(row, p); }}
+    st(mt[6] + i, {rnd});
+}}
+"#
+    )
+}
+
+/// Packed GGUF rows decoded: meta `[n, K, row_bytes, w_byte, out_off]`.
+pub fn dequantize_rows(decoder: &str, out: DType) -> String {
+    let rnd = round_to(out, "deq(mt[3] + (i / mt[1]) * mt[2], i % mt[1])".into());
+    format!(
+        r#"{HEADER}{BYTES}{decoder}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x + gid.y * ROW;
+    if (i >= mt[0]) {{ return; }}
+    st(mt[4] + i, {rnd});
+}}
+"#
+    )
+}
+
+/// Rows of `upd [S, row]` into the cache `[T, row]` from position `pos` (rows past the cache
+/// dropped, a negative position counting as 0): meta `[n_upd, row, T, cache_off, upd_off,
+/// pos_off]`; the cache's dtype is `cache`.
+pub fn cache_write(cache: DType) -> String {
+    let rnd = round_to(cache, "ld(mt[4] + i)".into());
+    format!(
+        r#"{HEADER}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x + gid.y * ROW;
+    if (i >= mt[0]) {{ return; }}
+    let pos = u32(max(bitcast<i32>(buf[mt[5]]), 0));
+    let r = pos + i / mt[1];
+    if (r >= mt[2]) {{ return; }}
+    st(mt[3] + r * mt[1] + i % mt[1], {rnd});
+}}
+"#
+    )
+}
+
+/// Attention of `q [S, Hq, D]` over the cache `k [T, Hkv, D]`, `v [T, Hkv, Dv]`: query `i` at
+/// position `pos + i` sees keys `first..=last` (causal, clamped to the cache, inside the
+/// window). Meta `[n, Hq, D, Dv, T, Hkv, q_off, k_off, v_off, pos_off, out_off, window (0:
+/// none), scale bits]`; one invocation per result element.
+pub fn cached_attention(out: DType) -> String {
+    let rnd = round_to(out, "acc / sum".into());
+    format!(
+        r#"{HEADER}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let idx = gid.x + gid.y * ROW;
+    if (idx >= mt[0]) {{ return; }}
+    let hq = mt[1]; let d = mt[2]; let dv = mt[3]; let t = mt[4]; let hkv = mt[5];
+    let c = idx % dv;
+    let h = (idx / dv) % hq;
+    let i = idx / (dv * hq);
+    let kh = h / (hq / hkv);
+    let pos = u32(max(bitcast<i32>(buf[mt[9]]), 0));
+    let last = min(pos + i, t - 1u);
+    var first = 0u;
+    if (mt[11] > 0u && last + 1u > mt[11]) {{ first = last + 1u - mt[11]; }}
+    let scale = bitcast<f32>(mt[12]);
+    let q = mt[6] + (i * hq + h) * d;
+    var mx = bitcast<f32>(0xff800000u);
+    for (var j = first; j <= last; j++) {{
+        var s = 0.0;
+        for (var e = 0u; e < d; e++) {{ s += ld(q + e) * ld(mt[7] + (j * hkv + kh) * d + e); }}
+        mx = max(mx, s * scale);
+    }}
+    var sum = 0.0;
+    var acc = 0.0;
+    for (var j = first; j <= last; j++) {{
+        var s = 0.0;
+        for (var e = 0u; e < d; e++) {{ s += ld(q + e) * ld(mt[7] + (j * hkv + kh) * d + e); }}
+        let w = exp(s * scale - mx);
+        sum += w;
+        acc += w * ld(mt[8] + (j * hkv + kh) * dv + c);
+    }}
+    st(mt[10] + idx, {rnd});
+}}
+"#
+    )
+}

@@ -45,6 +45,22 @@ struct ModelArgs {
     /// KV-cache length in tokens (default: enough for the prompt and the tokens asked for).
     #[arg(long)]
     ctx: Option<usize>,
+    /// Where to run: cpu, or gpu (wgpu: Vulkan, Metal, DX12; on Linux without a GPU, Mesa's
+    /// software Vulkan, which is correct but slow). `RLX_WGPU_ADAPTER` picks an adapter.
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: rlx::Device,
+}
+
+fn parse_device(s: &str) -> Result<rlx::Device, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "cpu" => Ok(rlx::Device::Cpu),
+        "gpu" => Ok(rlx::Device::Gpu),
+        "vulkan" => Ok(rlx::Device::Vulkan),
+        "dx12" | "directx" => Ok(rlx::Device::DirectX),
+        other => Err(format!(
+            "unknown device \"{other}\"; one of cpu, gpu, vulkan, dx12"
+        )),
+    }
 }
 
 #[derive(Args, Clone)]
@@ -172,6 +188,7 @@ fn load(args: &ModelArgs, need: usize) -> rlx::Result<Llm> {
         LoadOptions {
             threads: args.threads,
             ctx: Some(ctx),
+            device: args.device,
             ..LoadOptions::default()
         },
     )

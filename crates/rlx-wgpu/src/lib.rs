@@ -181,6 +181,31 @@ impl Backend for WgpuBackend {
     }
 
     fn compile(&self, graph: &Graph, _opts: &CompileOptions) -> Result<Box<dyn Executable>> {
-        Ok(Box::new(program::compile(Gpu::get(self.device)?, graph)?))
+        Ok(Box::new(program::compile(
+            Gpu::get(self.device)?,
+            graph,
+            None,
+        )?))
+    }
+
+    fn compile_sharing(
+        &self,
+        graph: &Graph,
+        _opts: &CompileOptions,
+        other: &dyn Executable,
+    ) -> Result<Box<dyn Executable>> {
+        let other = other
+            .as_any()
+            .and_then(|a| a.downcast_ref::<GpuProgram>())
+            .ok_or_else(|| {
+                Error::Invalid(
+                    "params can only be shared with another graph compiled for the GPU".into(),
+                )
+            })?;
+        Ok(Box::new(program::compile(
+            Gpu::get(self.device)?,
+            graph,
+            Some(other),
+        )?))
     }
 }

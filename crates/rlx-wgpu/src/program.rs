@@ -6,7 +6,7 @@
 //! shapes and offsets from its words in one meta buffer, so pipelines are shared by every step
 //! of the same kind. A run is one command submission; outputs are copied out on request.
 
-use crate::shaders::{self, MAX_GROUPS, RANK, TILE, WG};
+use crate::shaders::{self, MAX_GROUPS, RANK, SHARED, TILE, WG};
 use crate::Gpu;
 use rlx_driver::{Executable, IoSlot};
 use rlx_ir::{DType, Error, Graph, NodeId, Op, Result};
@@ -22,18 +22,26 @@ struct Step {
     groups: (u32, u32, u32),
 }
 
+/// Where a value's words are: a byte offset in the graph's arena or in the params buffer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Loc {
+    Arena(u64),
+    Params(u64),
+}
+
 /// A graph compiled for a wgpu device.
 pub struct GpuProgram {
     gpu: Arc<Gpu>,
     arena: wgpu::Buffer,
+    /// The params buffer: this graph's own, or the one of the graph it shares params with.
+    pbuf: Arc<wgpu::Buffer>,
     steps: Vec<Step>,
     inputs: Vec<IoSlot>,
     params: Vec<IoSlot>,
     outputs: Vec<IoSlot>,
-    /// Byte offsets in the arena.
     input_at: Vec<u64>,
-    param_at: Vec<u64>,
-    output_at: Vec<u64>,
+    param_at: Vec<Loc>,
+    output_at: Vec<Loc>,
 }
 
 impl GpuProgram {
@@ -52,11 +60,22 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
     let packed_ok = match &n.op {
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => out == DType::U8,
         Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => true,
-        Op::Gather { axis } => out == DType::U8 && *axis + 1 < n.shape.rank() && n.shape.dims().last().and_then(|d| d.as_static()).is_some_and(|b| b % 4 == 0),
+        Op::Gather { axis } => {
+            out == DType::U8
+                && *axis + 1 < n.shape.rank()
+                && n.shape
+                    .dims()
+                    .last()
+                    .and_then(|d| d.as_static())
+                    .is_some_and(|b| b % 4 == 0)
+        }
         _ => false,
     };
     let held = |d: &DType| shaders::wgsl_type(*d).is_some() || (*d == DType::U8 && packed_ok);
-    if let Some(d) = std::iter::once(out).chain(ins.iter().copied()).find(|d| !held(d)) {
+    if let Some(d) = std::iter::once(out)
+        .chain(ins.iter().copied())
+        .find(|d| !held(d))
+    {
         return Some(format!(
             "{d} values do not run on the GPU (f32, f16, bf16, i32, u32 and bool do)"
         ));
@@ -85,7 +104,9 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         Op::Cumsum { .. } => float(out),
         Op::ScatterAdd { .. } => float(out) && matches!(ins[1], DType::I32 | DType::U32),
         Op::TopK { .. } | Op::Attention { .. } | Op::Rope { .. } => false,
-        Op::DequantMatMul { scheme } => float(out) && ins[0] == DType::F32 && shaders::gguf_decoder(*scheme).is_some(),
+        Op::DequantMatMul { scheme } => {
+            float(out) && ins[0] == DType::F32 && shaders::gguf_decoder(*scheme).is_some()
+        }
         Op::DequantizeRows { scheme } => float(out) && shaders::gguf_decoder(*scheme).is_some(),
         Op::CacheWrite => float(out) && float(ins[1]),
         Op::CachedAttention { .. } => float(out) && float(ins[1]),
@@ -269,9 +290,14 @@ enum Kernel {
     },
 }
 
-/// Compile `g` for `gpu`.
-pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
+/// Compile `g` for `gpu`; params with the name and shape of a param that `share` holds in its
+/// params buffer use that storage (`Backend::compile_sharing`), the others get their own.
+pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<GpuProgram> {
     let n = g.len();
+    // Params in the params buffer: byte offset of each node that is one (or an alias of one).
+    let mut pbuf_of: Vec<Option<u64>> = vec![None; n];
+    let mut pbuf_size: u64 = 0;
+    let mut param_loc: Vec<Option<u64>> = Vec::new();
     // Arena request of each node's words (aliases share one), in node order.
     let mut req_of: Vec<Option<usize>> = vec![None; n];
     let mut reqs: Vec<BufferRequest> = Vec::new();
@@ -293,7 +319,11 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
         let node = g.node(id);
         let d = dims(g, id)?;
         let elems = d.iter().product::<usize>().max(1);
-        let bytes = if node.shape.dtype() == DType::U8 { elems.next_multiple_of(4) } else { elems * 4 } as u64;
+        let bytes = if node.shape.dtype() == DType::U8 {
+            elems.next_multiple_of(4)
+        } else {
+            elems * 4
+        } as u64;
         let step = pending.len();
         let new_req = |start: usize, end: usize, reqs: &mut Vec<BufferRequest>| {
             reqs.push(BufferRequest {
@@ -329,9 +359,38 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                     name: name.clone(),
                     shape: node.shape.clone(),
                 });
-                let r = new_req(0, usize::MAX, &mut reqs);
-                param_req.push(r);
-                req_of[i] = Some(r);
+                let shared = share.and_then(|o| {
+                    let k = o
+                        .params
+                        .iter()
+                        .position(|p| p.name == *name && p.shape == node.shape)?;
+                    match o.param_at[k] {
+                        Loc::Params(off) => Some(off),
+                        Loc::Arena(_) => None,
+                    }
+                });
+                let at = match (share, shared) {
+                    (_, Some(off)) => Some(off),
+                    (None, None) => {
+                        let off = pbuf_size;
+                        pbuf_size += bytes.next_multiple_of(16);
+                        Some(off)
+                    }
+                    // Sharing, but the other graph has no such param: its own words in the arena.
+                    (Some(_), None) => None,
+                };
+                match at {
+                    Some(off) => {
+                        pbuf_of[i] = Some(off);
+                        param_req.push(usize::MAX);
+                    }
+                    None => {
+                        let r = new_req(0, usize::MAX, &mut reqs);
+                        param_req.push(r);
+                        req_of[i] = Some(r);
+                    }
+                }
+                param_loc.push(at);
                 continue;
             }
             Op::Constant { data } => {
@@ -342,6 +401,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
             }
             Op::Reshape { .. } => {
                 req_of[i] = req_of[ins[0]];
+                pbuf_of[i] = pbuf_of[ins[0]];
                 continue;
             }
             Op::Binary(_) | Op::Activation(_) | Op::Compare(_) | Op::Where | Op::Cast { .. } => {
@@ -474,14 +534,41 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                 idx: ins[1],
                 axis: *axis,
             },
-            Op::ScatterAdd { axis } => Kernel::ScatterAdd { x: ins[0], idx: ins[1], u: ins[2], axis: *axis },
-            Op::DequantMatMul { scheme } => Kernel::DequantMatMul { x: ins[0], w: ins[1], scheme: *scheme },
-            Op::DequantizeRows { scheme } => Kernel::DequantizeRows { w: ins[0], scheme: *scheme },
-            Op::CachedAttention { scale, window } => Kernel::CachedAttention { q: ins[0], k: ins[1], v: ins[2], pos: ins[3], scale: *scale, window: *window },
+            Op::ScatterAdd { axis } => Kernel::ScatterAdd {
+                x: ins[0],
+                idx: ins[1],
+                u: ins[2],
+                axis: *axis,
+            },
+            Op::DequantMatMul { scheme } => Kernel::DequantMatMul {
+                x: ins[0],
+                w: ins[1],
+                scheme: *scheme,
+            },
+            Op::DequantizeRows { scheme } => Kernel::DequantizeRows {
+                w: ins[0],
+                scheme: *scheme,
+            },
+            Op::CachedAttention { scale, window } => Kernel::CachedAttention {
+                q: ins[0],
+                k: ins[1],
+                v: ins[2],
+                pos: ins[3],
+                scale: *scale,
+                window: *window,
+            },
             Op::CacheWrite => {
                 // The cache is updated in place: the result is the cache's own words.
                 req_of[i] = req_of[ins[0]];
-                pending.push((i, Kernel::CacheWrite { cache: ins[0], upd: ins[1], pos: ins[2] }));
+                pbuf_of[i] = pbuf_of[ins[0]];
+                pending.push((
+                    i,
+                    Kernel::CacheWrite {
+                        cache: ins[0],
+                        upd: ins[1],
+                        pos: ins[2],
+                    },
+                ));
                 continue;
             }
             other => {
@@ -530,8 +617,19 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
             limit as f64 / 1048576.0
         )));
     }
-    let word =
-        |node: usize| -> usize { plan.offsets[req_of[node].expect("every value has words")] / 4 };
+    let word = |node: usize| -> usize {
+        match pbuf_of[node] {
+            Some(off) => SHARED + off as usize / 4,
+            None => plan.offsets[req_of[node].expect("every value has words")] / 4,
+        }
+    };
+    // Byte address of a packed value: from SHARED on in the params buffer.
+    let byte_addr = |node: usize| -> usize {
+        match pbuf_of[node] {
+            Some(off) => SHARED + off as usize,
+            None => plan.offsets[req_of[node].expect("every value has words")],
+        }
+    };
     let arena = gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("rlx arena"),
         size: (plan.arena_size.max(4) as u64).next_multiple_of(4),
@@ -540,6 +638,27 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
             | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: false,
     });
+    let pbuf = match share {
+        Some(o) => o.pbuf.clone(),
+        None => {
+            if pbuf_size > limit {
+                return Err(Error::Invalid(format!(
+                    "graph \"{}\" has {:.1} MiB of params; the adapter binds at most {:.1} MiB",
+                    g.name(),
+                    pbuf_size as f64 / 1048576.0,
+                    limit as f64 / 1048576.0
+                )));
+            }
+            Arc::new(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("rlx params"),
+                size: pbuf_size.max(16),
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }))
+        }
+    };
     for (r, data, dt) in &consts {
         gpu.queue
             .write_buffer(&arena, plan.offsets[*r] as u64, &to_words(*dt, data));
@@ -643,29 +762,91 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                 let xd = dims(g, NodeId(*x as u32))?;
                 let wd = dims(g, NodeId(*w as u32))?;
                 let (k, nn) = (*xd.last().unwrap_or(&1), *out_d.last().unwrap_or(&1));
-                meta.extend([count as u32, k as u32, nn as u32, word(*x) as u32, (word(*w) * 4) as u32, *wd.last().unwrap_or(&0) as u32, word(*node) as u32]);
+                meta.extend([
+                    count as u32,
+                    k as u32,
+                    nn as u32,
+                    word(*x) as u32,
+                    byte_addr(*w) as u32,
+                    *wd.last().unwrap_or(&0) as u32,
+                    word(*node) as u32,
+                ]);
                 let dec = shaders::gguf_decoder(*scheme).expect("checked by unsupported()");
-                (shaders::dequant_matmul(dec, g.shape(id).dtype()), groups_1d(count))
+                (
+                    shaders::dequant_matmul(dec, g.shape(id).dtype()),
+                    groups_1d(count),
+                )
             }
             Kernel::DequantizeRows { w, scheme } => {
                 let wd = dims(g, NodeId(*w as u32))?;
                 let k = *out_d.last().unwrap_or(&1);
-                meta.extend([count as u32, k as u32, *wd.last().unwrap_or(&0) as u32, (word(*w) * 4) as u32, word(*node) as u32]);
+                meta.extend([
+                    count as u32,
+                    k as u32,
+                    *wd.last().unwrap_or(&0) as u32,
+                    byte_addr(*w) as u32,
+                    word(*node) as u32,
+                ]);
                 let dec = shaders::gguf_decoder(*scheme).expect("checked by unsupported()");
-                (shaders::dequantize_rows(dec, g.shape(id).dtype()), groups_1d(count))
+                (
+                    shaders::dequantize_rows(dec, g.shape(id).dtype()),
+                    groups_1d(count),
+                )
             }
             Kernel::CacheWrite { cache, upd, pos } => {
-                let (cd, ud) = (dims(g, NodeId(*cache as u32))?, dims(g, NodeId(*upd as u32))?);
+                let (cd, ud) = (
+                    dims(g, NodeId(*cache as u32))?,
+                    dims(g, NodeId(*upd as u32))?,
+                );
                 let row: usize = cd[1..].iter().product();
                 let n_upd: usize = ud.iter().product();
-                meta.extend([n_upd as u32, row.max(1) as u32, cd[0] as u32, word(*cache) as u32, word(*upd) as u32, word(*pos) as u32]);
-                (shaders::cache_write(g.shape(NodeId(*cache as u32)).dtype()), groups_1d(n_upd))
+                meta.extend([
+                    n_upd as u32,
+                    row.max(1) as u32,
+                    cd[0] as u32,
+                    word(*cache) as u32,
+                    word(*upd) as u32,
+                    word(*pos) as u32,
+                ]);
+                (
+                    shaders::cache_write(g.shape(NodeId(*cache as u32)).dtype()),
+                    groups_1d(n_upd),
+                )
             }
-            Kernel::CachedAttention { q, k, v, pos, scale, window } => {
-                let (qd, kd, vd) = (dims(g, NodeId(*q as u32))?, dims(g, NodeId(*k as u32))?, dims(g, NodeId(*v as u32))?);
-                meta.extend([count as u32, qd[1] as u32, qd[2] as u32, vd[2] as u32, kd[0] as u32, kd[1] as u32]);
-                meta.extend([word(*q) as u32, word(*k) as u32, word(*v) as u32, word(*pos) as u32, word(*node) as u32, window.unwrap_or(0) as u32, scale.to_bits()]);
-                (shaders::cached_attention(g.shape(id).dtype()), groups_1d(count))
+            Kernel::CachedAttention {
+                q,
+                k,
+                v,
+                pos,
+                scale,
+                window,
+            } => {
+                let (qd, kd, vd) = (
+                    dims(g, NodeId(*q as u32))?,
+                    dims(g, NodeId(*k as u32))?,
+                    dims(g, NodeId(*v as u32))?,
+                );
+                meta.extend([
+                    count as u32,
+                    qd[1] as u32,
+                    qd[2] as u32,
+                    vd[2] as u32,
+                    kd[0] as u32,
+                    kd[1] as u32,
+                ]);
+                meta.extend([
+                    word(*q) as u32,
+                    word(*k) as u32,
+                    word(*v) as u32,
+                    word(*pos) as u32,
+                    word(*node) as u32,
+                    window.unwrap_or(0) as u32,
+                    scale.to_bits(),
+                ]);
+                (
+                    shaders::cached_attention(g.shape(id).dtype()),
+                    groups_1d(count),
+                )
             }
             Kernel::ScatterAdd { x, idx, u, axis } => {
                 let (ud, id_d) = (dims(g, NodeId(*u as u32))?, dims(g, NodeId(*idx as u32))?);
@@ -674,7 +855,13 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                 meta.extend([word(*x) as u32, word(*u) as u32]);
                 meta.extend(pad(&dense_strides(&ud)));
                 meta.extend([word(*idx) as u32, id_d[0] as u32, *axis as u32]);
-                (shaders::scatter_add(g.shape(NodeId(*idx as u32)).dtype() == DType::I32, g.shape(id).dtype()), groups_1d(count))
+                (
+                    shaders::scatter_add(
+                        g.shape(NodeId(*idx as u32)).dtype() == DType::I32,
+                        g.shape(id).dtype(),
+                    ),
+                    groups_1d(count),
+                )
             }
             Kernel::Gather { x, idx, axis } => {
                 let (mut xd, id_d) = (dims(g, NodeId(*x as u32))?, dims(g, NodeId(*idx as u32))?);
@@ -786,6 +973,10 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
                         resource: arena.as_entire_binding(),
                     },
                     wgpu::BindGroupEntry {
+                        binding: 2,
+                        resource: pbuf.as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
                         binding: 1,
                         resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                             buffer: &meta_buf,
@@ -807,6 +998,14 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
             .map(|&r| plan.offsets[r] as u64)
             .collect::<Vec<_>>()
     };
+    let param_at = param_loc
+        .iter()
+        .zip(&param_req)
+        .map(|(p, &r)| match p {
+            Some(off) => Loc::Params(*off),
+            None => Loc::Arena(plan.offsets[r] as u64),
+        })
+        .collect();
     let outputs = g
         .outputs()
         .iter()
@@ -819,14 +1018,18 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
     let output_at = g
         .outputs()
         .iter()
-        .map(|o| plan.offsets[req_of[o.index()].expect("outputs have words")] as u64)
+        .map(|o| match pbuf_of[o.index()] {
+            Some(off) => Loc::Params(off),
+            None => Loc::Arena(plan.offsets[req_of[o.index()].expect("outputs have words")] as u64),
+        })
         .collect();
     Ok(GpuProgram {
         input_at: at(&input_req),
-        param_at: at(&param_req),
+        param_at,
         output_at,
         gpu,
         arena,
+        pbuf,
         steps,
         inputs,
         params,
@@ -835,15 +1038,28 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph) -> Result<GpuProgram> {
 }
 
 impl GpuProgram {
-    /// Read the words at byte `at` of the arena as `out.len()` host bytes of `dt`.
-    fn read_words(&self, at: u64, dt: DType, out: &mut [u8]) {
+    fn buffer(&self, loc: Loc) -> (&wgpu::Buffer, u64) {
+        match loc {
+            Loc::Arena(off) => (&self.arena, off),
+            Loc::Params(off) => (&self.pbuf, off),
+        }
+    }
+
+    /// Read the words at `loc` as `out.len()` host bytes of `dt`.
+    fn read_words(&self, loc: Loc, dt: DType, out: &mut [u8]) {
+        let (buf, at) = self.buffer(loc);
         if matches!(dt, DType::F32 | DType::I32 | DType::U32) {
-            self.gpu.read(&self.arena, at, out);
+            self.gpu.read(buf, at, out);
             return;
         }
         let mut words = vec![0u8; device_bytes(dt, out.len())];
-        self.gpu.read(&self.arena, at, &mut words);
+        self.gpu.read(buf, at, &mut words);
         from_words(dt, &words, out);
+    }
+
+    fn write_words(&self, loc: Loc, dt: DType, bytes: &[u8]) {
+        let (buf, at) = self.buffer(loc);
+        self.gpu.queue.write_buffer(buf, at, &to_words(dt, bytes));
     }
 }
 
@@ -862,16 +1078,12 @@ impl Executable for GpuProgram {
 
     fn write_input(&mut self, idx: usize, bytes: &[u8]) {
         let dt = self.inputs[idx].shape.dtype();
-        self.gpu
-            .queue
-            .write_buffer(&self.arena, self.input_at[idx], &to_words(dt, bytes));
+        self.write_words(Loc::Arena(self.input_at[idx]), dt, bytes);
     }
 
     fn write_param(&mut self, idx: usize, bytes: &[u8]) {
         let dt = self.params[idx].shape.dtype();
-        self.gpu
-            .queue
-            .write_buffer(&self.arena, self.param_at[idx], &to_words(dt, bytes));
+        self.write_words(self.param_at[idx], dt, bytes);
     }
 
     fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
@@ -885,10 +1097,11 @@ impl Executable for GpuProgram {
             self.write_param(idx, &all);
             return;
         }
-        let at = self.param_at[idx] + device_bytes(dt, offset) as u64;
-        self.gpu
-            .queue
-            .write_buffer(&self.arena, at, &to_words(dt, bytes));
+        let at = match self.param_at[idx] {
+            Loc::Arena(o) => Loc::Arena(o + device_bytes(dt, offset) as u64),
+            Loc::Params(o) => Loc::Params(o + device_bytes(dt, offset) as u64),
+        };
+        self.write_words(at, dt, bytes);
     }
 
     fn read_param(&self, idx: usize, out: &mut [u8]) {

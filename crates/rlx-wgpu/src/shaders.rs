@@ -2,7 +2,9 @@
 //! region's ops, a reduction's kind), never on shapes or addresses: those are read from the
 //! step's words in the meta buffer, so one pipeline serves every step of the same kind.
 //!
-//! Every value lives in one arena of 32-bit words (`buf`, binding 0), one word per element: f32
+//! Every value lives in the graph's arena of 32-bit words (`buf`, binding 0) or, for params, in
+//! a params buffer (`pbuf`, binding 2) that graphs sharing weights bind together; a word
+//! address from `SHARED` (2^31) on is in the params buffer. One word per element: f32
 //! bits for f32 (and for f16 / bf16, computed in f32 and rounded to their precision after every
 //! op), i32 / u32 as they are, bool as 0 / 1. A step's meta words are binding 1.
 //! Invocations are numbered across a 2-D dispatch (`i = x + y * ROW`), `ROW` elements per row of
@@ -14,11 +16,19 @@ use rlx_ir::{Activation, BinaryOp, CmpOp, DType, Graph, Op, ReduceKind};
 pub const WG: u32 = 64;
 /// Workgroups per dispatch row.
 pub const MAX_GROUPS: u32 = 65535;
+/// Word addresses from this one on are in the params buffer (see the module docs).
+pub const SHARED: usize = 1 << 31;
 /// Largest rank the kernels take.
 pub const RANK: usize = 6;
 
 const HEADER: &str = r#"@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
 @group(0) @binding(1) var<storage, read> mt: array<u32>;
+@group(0) @binding(2) var<storage, read_write> pbuf: array<u32>;
+// Word addresses from SHARED on are in the params buffer (which graphs compiled to share
+// their weights bind together); the others in the graph's own arena.
+const SHARED: u32 = 0x80000000u;
+fn rd(a: u32) -> u32 { if (a >= SHARED) { return pbuf[a - SHARED]; } return buf[a]; }
+fn wr(a: u32, v: u32) { if (a >= SHARED) { pbuf[a - SHARED] = v; } else { buf[a] = v; } }
 const ROW: u32 = 4194240u; // 65535 workgroups of 64
 
 fn nan_or(a: f32, b: f32, r: f32) -> f32 { return select(r, a + b, a != a || b != b); }
@@ -54,8 +64,8 @@ fn bf16r(x: f32) -> f32 {
     if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu) != 0u) { return x; }
     return bitcast<f32>((u + 0x7fffu + ((u >> 16u) & 1u)) & 0xffff0000u);
 }
-fn ld(k: u32) -> f32 { return bitcast<f32>(buf[k]); }
-fn st(k: u32, v: f32) { buf[k] = bitcast<u32>(v); }
+fn ld(k: u32) -> f32 { return bitcast<f32>(rd(k)); }
+fn st(k: u32, v: f32) { wr(k, bitcast<u32>(v)); }
 fn gelu_u(x: f32) -> f32 { return 0.7978845608 * (x + 0.044715 * x * x * x); }
 fn gelu_grad(x: f32) -> f32 {
     let s = sigm(2.0 * gelu_u(x));
@@ -127,10 +137,10 @@ fn round_to(dt: DType, x: String) -> String {
 /// The word at `at` as a value of `dt`.
 fn load(dt: DType, at: &str) -> String {
     match wgsl_type(dt) {
-        Some("f32") => format!("bitcast<f32>(buf[{at}])"),
-        Some("i32") => format!("bitcast<i32>(buf[{at}])"),
-        Some("bool") => format!("(buf[{at}] != 0u)"),
-        _ => format!("buf[{at}]"),
+        Some("f32") => format!("bitcast<f32>(rd({at}))"),
+        Some("i32") => format!("bitcast<i32>(rd({at}))"),
+        Some("bool") => format!("(rd({at}) != 0u)"),
+        _ => format!("rd({at})"),
     }
 }
 
@@ -271,7 +281,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
             format!("mt[{}u]", EW_OPERANDS + n_ops * (RANK + 1) + r - 1)
         };
         s.push_str(&format!(
-            "    buf[{at} + i] = {};\n",
+            "    wr({at} + i, {});\n",
             word(body.shape(*o).dtype(), &name[o.index()])
         ));
     }
@@ -299,7 +309,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
         dst += c * mt[{ds}u + ax];
         src += c * mt[{ss}u + ax];
     }}
-    buf[dst] = buf[src];
+    wr(dst, rd(src));
 }}
 "#,
         ds = 3 + RANK,
@@ -410,10 +420,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
         xo += c * mt[{xs}u + a];
         io += c * mt[{is}u + a];
     }}
-    let raw = buf[io];
+    let raw = rd(io);
     let len = mt[{al}u];
     let row = {row};
-    buf[mt[2] + i] = buf[xo + row * mt[{ax}u]];
+    wr(mt[2] + i, rd(xo + row * mt[{ax}u]));
 }}
 "#,
         xs = xo + 1,
@@ -430,7 +440,12 @@ pub fn scatter_add(signed: bool, out: DType) -> String {
     let rnd = round_to(out, "acc".into());
     let us = 5 + RANK;
     let io = us + RANK;
-    let target = if signed { "bitcast<i32>(buf[mt[IO] + j]) == i32(row)" } else { "buf[mt[IO] + j] == row" }.replace("IO", &format!("{io}u"));
+    let target = if signed {
+        "bitcast<i32>(rd(mt[IO] + j)) == i32(row)"
+    } else {
+        "rd(mt[IO] + j) == row"
+    }
+    .replace("IO", &format!("{io}u"));
     format!(
         r#"{HEADER}
 @compute @workgroup_size({WG})
@@ -538,7 +553,11 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid:
 
 /// Byte access to the arena (packed u8 values: 4 bytes a word, little-endian).
 const BYTES: &str = r#"
-fn byte(b: u32) -> u32 { return (buf[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu; }
+// Byte addresses from SHARED on are in the params buffer too.
+fn byte(b: u32) -> u32 {
+    let w = select(b >> 2u, SHARED + ((b - SHARED) >> 2u), b >= SHARED);
+    return (rd(w) >> ((b & 3u) * 8u)) & 0xffu;
+}
 fn u16at(b: u32) -> u32 { return byte(b) | (byte(b + 1u) << 8u); }
 fn u32at(b: u32) -> u32 { return u16at(b) | (u16at(b + 2u) << 16u); }
 fn f16at(b: u32) -> f32 { return unpack2x16float(u16at(b)).x; }
@@ -609,7 +628,7 @@ pub fn cache_write(cache: DType) -> String {
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let i = gid.x + gid.y * ROW;
     if (i >= mt[0]) {{ return; }}
-    let pos = u32(max(bitcast<i32>(buf[mt[5]]), 0));
+    let pos = u32(max(bitcast<i32>(rd(mt[5])), 0));
     let r = pos + i / mt[1];
     if (r >= mt[2]) {{ return; }}
     st(mt[3] + r * mt[1] + i % mt[1], {rnd});
@@ -635,7 +654,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let h = (idx / dv) % hq;
     let i = idx / (dv * hq);
     let kh = h / (hq / hkv);
-    let pos = u32(max(bitcast<i32>(buf[mt[9]]), 0));
+    let pos = u32(max(bitcast<i32>(rd(mt[9])), 0));
     let last = min(pos + i, t - 1u);
     var first = 0u;
     if (mt[11] > 0u && last + 1u > mt[11]) {{ first = last + 1u - mt[11]; }}

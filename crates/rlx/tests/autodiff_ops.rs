@@ -311,27 +311,47 @@ fn reverse_and_forward_mode_match_finite_differences_for_every_op() {
 /// grad graph needs an op the GPU does not lower yet are counted, not failed.
 #[test]
 fn gradients_on_the_gpu_match_the_cpu() {
-    assert!(Device::Gpu.is_available(), "no GPU adapter: {}", Device::Gpu.availability_hint());
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
     let (mut ran, mut skipped, mut failures) = (0, Vec::new(), Vec::new());
     for case in &cases() {
         let name = case["name"].as_str().unwrap();
         let mut rng = Rng(0x5eed ^ name.len() as u64);
-        let Some(b) = build_in(case, &mut rng, DType::F32) else { continue };
-        let wrt: Vec<NodeId> = b.params.iter().map(|(n, _)| b.graph.find_leaf(n).unwrap()).collect();
-        let Ok(gg) = grad_with_loss(&b.graph, &wrt) else { continue };
+        let Some(b) = build_in(case, &mut rng, DType::F32) else {
+            continue;
+        };
+        let wrt: Vec<NodeId> = b
+            .params
+            .iter()
+            .map(|(n, _)| b.graph.find_leaf(n).unwrap())
+            .collect();
+        let Ok(gg) = grad_with_loss(&b.graph, &wrt) else {
+            continue;
+        };
         let run = |device: Device| -> Result<Vec<Vec<f64>>, String> {
-            let mut c = Session::new(device).try_compile(gg.clone()).map_err(|e| e.to_string())?;
+            let mut c = Session::new(device)
+                .try_compile(gg.clone())
+                .map_err(|e| e.to_string())?;
             for (n, v) in &b.params {
                 c.set_param_typed(n, &encode(v, DType::F32), DType::F32);
             }
             let one = encode(&[1.0], DType::F32);
-            let outs = c.try_run_typed(&[(D_OUTPUT, &one, DType::F32)]).map_err(|e| e.to_string())?;
+            let outs = c
+                .try_run_typed(&[(D_OUTPUT, &one, DType::F32)])
+                .map_err(|e| e.to_string())?;
             Ok(outs.iter().map(|(o, d)| decode(o, *d)).collect())
         };
         let cpu = run(Device::Cpu).unwrap_or_else(|e| panic!("{name} on the CPU: {e}"));
         let gpu = match run(Device::Gpu) {
             Ok(v) => v,
-            Err(e) if e.contains("no WGSL kernel") || e.contains("do not run on the GPU") || e.contains("no kernel and no decomposition") => {
+            Err(e)
+                if e.contains("no WGSL kernel")
+                    || e.contains("do not run on the GPU")
+                    || e.contains("no kernel and no decomposition") =>
+            {
                 skipped.push(case["op"].as_str().unwrap().to_string());
                 continue;
             }
@@ -343,17 +363,32 @@ fn gradients_on_the_gpu_match_the_cpu() {
         ran += 1;
         for (k, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
             let scale = c.iter().fold(1.0f64, |m, x| m.max(x.abs()));
-            if let Some((e, (x, y))) = c.iter().zip(g).enumerate().find(|(_, (x, y))| (*x - *y).abs() > 1e-4 * scale || x.is_nan() != y.is_nan()) {
+            if let Some((e, (x, y))) = c
+                .iter()
+                .zip(g)
+                .enumerate()
+                .find(|(_, (x, y))| (*x - *y).abs() > 1e-4 * scale || x.is_nan() != y.is_nan())
+            {
                 failures.push(format!("{name}: output {k}[{e}]: CPU {x}, GPU {y}"));
                 break;
             }
         }
     }
-    assert!(failures.is_empty(), "{} gradient cases differ on the GPU:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} gradient cases differ on the GPU:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     skipped.sort();
     skipped.dedup();
-    assert!(ran >= 200, "only {ran} gradient cases ran on the GPU (ops not lowered: {skipped:?})");
-    eprintln!("{ran} gradient cases on the GPU; ops whose grads need what the GPU lacks: {skipped:?}");
+    assert!(
+        ran >= 200,
+        "only {ran} gradient cases ran on the GPU (ops not lowered: {skipped:?})"
+    );
+    eprintln!(
+        "{ran} gradient cases on the GPU; ops whose grads need what the GPU lacks: {skipped:?}"
+    );
 }
 
 #[test]

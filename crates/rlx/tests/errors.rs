@@ -1036,12 +1036,27 @@ fn from_json_with_an_element_count_that_overflows() {
 
 #[test]
 fn an_op_the_gpu_lacks_is_a_compile_error_naming_it() {
-    assert!(Device::Gpu.is_available(), "no GPU adapter: {}", Device::Gpu.availability_hint());
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
     let mut g = Graph::new("topk_on_gpu");
     let x = g.input("x", f32s(&[2, 8]));
-    let v = g.try_op(Op::TopK { k: 3, output: rlx::ops::TopKOutput::Values }, &[x]).unwrap();
+    let v = g
+        .try_op(
+            Op::TopK {
+                k: 3,
+                output: rlx::ops::TopKOutput::Values,
+            },
+            &[x],
+        )
+        .unwrap();
     g.set_outputs(vec![v]);
-    let err = Session::new(Device::Gpu).try_compile(g).err().expect("top-k has no GPU kernel yet");
+    let err = Session::new(Device::Gpu)
+        .try_compile(g)
+        .err()
+        .expect("top-k has no GPU kernel yet");
     assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
     assert_mentions(&err.to_string(), &["wgpu", "topk", "%1"]);
 }

@@ -20,6 +20,8 @@ pub struct LoadOptions {
     pub batch: usize,
     /// KV-cache element type: F16 (llama.cpp's default) or F32.
     pub cache_dtype: DType,
+    /// Where the model runs (default: the CPU; `Device::Gpu` for the wgpu backend).
+    pub device: Device,
 }
 
 impl Default for LoadOptions {
@@ -29,6 +31,7 @@ impl Default for LoadOptions {
             ctx: None,
             batch: 512,
             cache_dtype: DType::F16,
+            device: Device::Cpu,
         }
     }
 }
@@ -101,7 +104,7 @@ impl Llm {
                 opts.cache_dtype
             )));
         }
-        let mut session = Session::new(Device::Cpu);
+        let mut session = Session::new(opts.device);
         if let Some(t) = opts.threads {
             session = session.with_threads(t);
         }

@@ -562,6 +562,11 @@ fn u16at(b: u32) -> u32 { return byte(b) | (byte(b + 1u) << 8u); }
 fn u32at(b: u32) -> u32 { return u16at(b) | (u16at(b + 2u) << 16u); }
 fn f16at(b: u32) -> f32 { return unpack2x16float(u16at(b)).x; }
 fn nib(b: u32, j: u32) -> u32 { return select(byte(b + j) & 0xfu, byte(b + j - 16u) >> 4u, j >= 16u); }
+// Scale and min of sub-block j of a Q4_K / Q5_K block whose 12 scale bytes start at s.
+fn scmin(s: u32, j: u32) -> vec2<u32> {
+    if (j < 4u) { return vec2<u32>(byte(s + j) & 63u, byte(s + j + 4u) & 63u); }
+    return vec2<u32>((byte(s + j + 4u) & 0xfu) | ((byte(s + j - 4u) >> 6u) << 4u), (byte(s + j + 4u) >> 4u) | ((byte(s + j) >> 6u) << 4u));
+}
 "#;
 
 /// WGSL `deq(row, e)`: element `e` of the packed GGUF row starting at byte `row`, for the block
@@ -576,6 +581,13 @@ pub fn gguf_decoder(scheme: rlx_ir::QuantScheme) -> Option<&'static str> {
         GgufQ5_0 => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 32u) * 22u; let j = e % 32u; let h = (u32at(b + 2u) >> j) & 1u; return (f32(nib(b + 6u, j) | (h << 4u)) - 16.0) * f16at(b); }",
         GgufQ5_1 => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 32u) * 24u; let j = e % 32u; let h = (u32at(b + 4u) >> j) & 1u; return f32(nib(b + 8u, j) | (h << 4u)) * f16at(b) + f16at(b + 2u); }",
         GgufQ8_0 => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 32u) * 34u; let q = byte(b + 2u + e % 32u); return f32(i32(q << 24u) >> 24u) * f16at(b); }",
+        // K-quants: 256 elements a block; element e sits in sub-block `is` with its own scale.
+        GgufQ2K => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 256u) * 84u; let w = e % 256u; let h = w / 128u; let j = (w % 128u) / 32u; let r = w % 32u; let sc = byte(b + h * 8u + j * 2u + r / 16u); let q = (byte(b + 16u + h * 32u + r) >> (2u * j)) & 3u; return f16at(b + 80u) * f32(sc & 0xfu) * f32(q) - f16at(b + 82u) * f32(sc >> 4u); }",
+        GgufQ3K => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 256u) * 110u; let w = e % 256u; let h = w / 128u; let j = (w % 128u) / 32u; let r = w % 32u; let is = h * 8u + j * 2u + r / 16u; let s = b + 96u; let lo = select(byte(s + is - 8u) >> 4u, byte(s + is) & 0xfu, is < 8u); let hi = (byte(s + 8u + is % 4u) >> (2u * (is / 4u))) & 3u; let sc = i32(lo | (hi << 4u)) - 32; let q = i32((byte(b + 32u + h * 32u + r) >> (2u * j)) & 3u) - select(4, 0, ((byte(b + r) >> (h * 4u + j)) & 1u) == 1u); return f16at(b + 108u) * f32(sc) * f32(q); }",
+        GgufQ4K => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 256u) * 144u; let w = e % 256u; let c = w / 64u; let hi = (w % 64u) / 32u; let l = w % 32u; let q = byte(b + 16u + c * 32u + l); let nb = select(q & 0xfu, q >> 4u, hi == 1u); let sm = scmin(b + 4u, 2u * c + hi); return f16at(b) * f32(sm.x) * f32(nb) - f16at(b + 2u) * f32(sm.y); }",
+        GgufQ5K => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 256u) * 176u; let w = e % 256u; let c = w / 64u; let hi = (w % 64u) / 32u; let l = w % 32u; let q = byte(b + 48u + c * 32u + l); let nb = select(q & 0xfu, q >> 4u, hi == 1u) + 16u * ((byte(b + 16u + l) >> (2u * c + hi)) & 1u); let sm = scmin(b + 4u, 2u * c + hi); return f16at(b) * f32(sm.x) * f32(nb) - f16at(b + 2u) * f32(sm.y); }",
+        GgufQ6K => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 256u) * 210u; let w = e % 256u; let h = w / 128u; let quad = (w % 128u) / 32u; let l = w % 32u; let ql = byte(b + h * 64u + l + (quad & 1u) * 32u); let nb = select(ql & 0xfu, ql >> 4u, quad >= 2u); let qh = (byte(b + 128u + h * 32u + l) >> (2u * quad)) & 3u; let q = i32(nb | (qh << 4u)) - 32; let sc = i32(byte(b + 192u + h * 8u + l / 16u + 2u * quad) << 24u) >> 24u; return f16at(b + 208u) * f32(sc) * f32(q); }",
+        GgufQ8K => "fn deq(row: u32, e: u32) -> f32 { let b = row + (e / 256u) * 292u; let q = byte(b + 4u + e % 256u); return bitcast<f32>(u32at(b)) * f32(i32(q << 24u) >> 24u); }",
         _ => return None,
     })
 }

@@ -259,9 +259,12 @@ fn the_gpu_backend_matches_the_reference_evaluator() {
     );
     let cases = cases();
     let (mut ran, mut failures, mut skipped) = (BTreeSet::new(), Vec::new(), BTreeSet::new());
+    let (mut schemes, mut schemes_ran) = (BTreeSet::new(), BTreeSet::new());
     for c in &cases {
         let name = c["name"].as_str().unwrap_or("?");
         let Ok(b) = build(c) else { continue };
+        let scheme = c["attrs"]["scheme"].as_str().filter(|s| s.starts_with("Gguf")).map(str::to_string);
+        schemes.extend(scheme.clone());
         let got = match run_on(Device::Gpu, &b, true) {
             Ok(v) => v,
             Err(e)
@@ -284,6 +287,7 @@ fn the_gpu_backend_matches_the_reference_evaluator() {
         match run_reference(&b).and_then(|want| compare(&tol, &got, &want, "reference evaluator")) {
             Ok(()) => {
                 ran.insert(c["op"].as_str().unwrap_or("?").to_string());
+                schemes_ran.extend(scheme);
             }
             Err(e) => failures.push(format!("{name}: {e}")),
         }
@@ -312,6 +316,7 @@ fn the_gpu_backend_matches_the_reference_evaluator() {
             "no {op} case ran on the GPU (ran {ran:?}; not on the GPU: {skipped:?})"
         );
     }
+    assert_eq!(schemes, schemes_ran, "every GGUF block type is decoded on the GPU");
     let never: Vec<&String> = skipped.difference(&ran).collect();
     eprintln!("GPU op table: ops run {ran:?}; ops not lowered yet {never:?} (and the non-f32 cases of the others)");
 }

@@ -6,7 +6,7 @@
 //! shapes and offsets from its words in one meta buffer, so pipelines are shared by every step
 //! of the same kind. A run is one command submission; outputs are copied out on request.
 
-use crate::shaders::{self, MAX_GROUPS, RANK, SHARED, TILE, WG};
+use crate::shaders::{self, MAX_GROUPS, PARAMS_CHUNK, PARAMS_CHUNKS, RANK, SHARED, TILE, WG};
 use crate::Gpu;
 use rlx_driver::{Executable, IoSlot};
 use rlx_ir::{DType, Error, Graph, NodeId, Op, Result};
@@ -33,8 +33,8 @@ enum Loc {
 pub struct GpuProgram {
     gpu: Arc<Gpu>,
     arena: wgpu::Buffer,
-    /// The params buffer: this graph's own, or the one of the graph it shares params with.
-    pbuf: Arc<wgpu::Buffer>,
+    /// The params buffers: this graph's own, or those of the graph it shares params with.
+    pbuf: Arc<Vec<wgpu::Buffer>>,
     steps: Vec<Step>,
     inputs: Vec<IoSlot>,
     params: Vec<IoSlot>,
@@ -641,22 +641,33 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
     let pbuf = match share {
         Some(o) => o.pbuf.clone(),
         None => {
-            if pbuf_size > limit {
+            let cap = PARAMS_CHUNK * PARAMS_CHUNKS as u64;
+            if pbuf_size > cap {
                 return Err(Error::Invalid(format!(
-                    "graph \"{}\" has {:.1} MiB of params; the adapter binds at most {:.1} MiB",
+                    "graph \"{}\" has {:.1} MiB of params; the GPU backend holds at most {:.1} MiB",
                     g.name(),
                     pbuf_size as f64 / 1048576.0,
-                    limit as f64 / 1048576.0
+                    cap as f64 / 1048576.0
                 )));
             }
-            Arc::new(gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("rlx params"),
-                size: pbuf_size.max(16),
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_DST
-                    | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            }))
+            Arc::new(
+                (0..PARAMS_CHUNKS as u64)
+                    .map(|c| {
+                        let size = pbuf_size
+                            .saturating_sub(c * PARAMS_CHUNK)
+                            .min(PARAMS_CHUNK)
+                            .max(16);
+                        gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                            label: Some("rlx params"),
+                            size,
+                            usage: wgpu::BufferUsages::STORAGE
+                                | wgpu::BufferUsages::COPY_DST
+                                | wgpu::BufferUsages::COPY_SRC,
+                            mapped_at_creation: false,
+                        })
+                    })
+                    .collect::<Vec<_>>(),
+            )
         }
     };
     for (r, data, dt) in &consts {
@@ -974,7 +985,27 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                     },
                     wgpu::BindGroupEntry {
                         binding: 2,
-                        resource: pbuf.as_entire_binding(),
+                        resource: pbuf[0].as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 3,
+                        resource: pbuf[1].as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 4,
+                        resource: pbuf[2].as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 5,
+                        resource: pbuf[3].as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 6,
+                        resource: pbuf[4].as_entire_binding(),
+                    },
+                    wgpu::BindGroupEntry {
+                        binding: 7,
+                        resource: pbuf[5].as_entire_binding(),
                     },
                     wgpu::BindGroupEntry {
                         binding: 1,
@@ -1038,28 +1069,42 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
 }
 
 impl GpuProgram {
-    fn buffer(&self, loc: Loc) -> (&wgpu::Buffer, u64) {
+    /// The pieces of `len` bytes at `loc`: `(buffer, offset, start in the bytes, length)`,
+    /// split where params buffers end.
+    fn pieces(&self, loc: Loc, len: u64) -> Vec<(&wgpu::Buffer, u64, usize, usize)> {
         match loc {
-            Loc::Arena(off) => (&self.arena, off),
-            Loc::Params(off) => (&self.pbuf, off),
+            Loc::Arena(off) => vec![(&self.arena, off, 0, len as usize)],
+            Loc::Params(off) => {
+                let mut out = Vec::new();
+                let mut done = 0;
+                while done < len {
+                    let at = off + done;
+                    let (c, within) = ((at / PARAMS_CHUNK) as usize, at % PARAMS_CHUNK);
+                    let n = (len - done).min(PARAMS_CHUNK - within);
+                    out.push((&self.pbuf[c], within, done as usize, n as usize));
+                    done += n;
+                }
+                out
+            }
         }
     }
 
     /// Read the words at `loc` as `out.len()` host bytes of `dt`.
     fn read_words(&self, loc: Loc, dt: DType, out: &mut [u8]) {
-        let (buf, at) = self.buffer(loc);
-        if matches!(dt, DType::F32 | DType::I32 | DType::U32) {
-            self.gpu.read(buf, at, out);
-            return;
-        }
         let mut words = vec![0u8; device_bytes(dt, out.len())];
-        self.gpu.read(buf, at, &mut words);
+        for (buf, at, start, n) in self.pieces(loc, words.len() as u64) {
+            self.gpu.read(buf, at, &mut words[start..start + n]);
+        }
         from_words(dt, &words, out);
     }
 
     fn write_words(&self, loc: Loc, dt: DType, bytes: &[u8]) {
-        let (buf, at) = self.buffer(loc);
-        self.gpu.queue.write_buffer(buf, at, &to_words(dt, bytes));
+        let words = to_words(dt, bytes);
+        for (buf, at, start, n) in self.pieces(loc, words.len() as u64) {
+            self.gpu
+                .queue
+                .write_buffer(buf, at, &words[start..start + n]);
+        }
     }
 }
 

@@ -16,19 +16,50 @@ use rlx_ir::{Activation, BinaryOp, CmpOp, DType, Graph, Op, ReduceKind};
 pub const WG: u32 = 64;
 /// Workgroups per dispatch row.
 pub const MAX_GROUPS: u32 = 65535;
-/// Word addresses from this one on are in the params buffer (see the module docs).
+/// Word addresses from this one on are in the params buffers (see the module docs).
 pub const SHARED: usize = 1 << 31;
+/// Bytes of one params buffer (a binding no adapter refuses: WebGPU guarantees 128 MiB).
+pub const PARAMS_CHUNK: u64 = 1 << 26;
+/// Params buffers a graph binds (so at most 384 MiB of params).
+pub const PARAMS_CHUNKS: usize = 6;
 /// Largest rank the kernels take.
 pub const RANK: usize = 6;
 
 const HEADER: &str = r#"@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
 @group(0) @binding(1) var<storage, read> mt: array<u32>;
-@group(0) @binding(2) var<storage, read_write> pbuf: array<u32>;
-// Word addresses from SHARED on are in the params buffer (which graphs compiled to share
-// their weights bind together); the others in the graph's own arena.
+@group(0) @binding(2) var<storage, read_write> p0: array<u32>;
+@group(0) @binding(3) var<storage, read_write> p1: array<u32>;
+@group(0) @binding(4) var<storage, read_write> p2: array<u32>;
+@group(0) @binding(5) var<storage, read_write> p3: array<u32>;
+@group(0) @binding(6) var<storage, read_write> p4: array<u32>;
+@group(0) @binding(7) var<storage, read_write> p5: array<u32>;
+// Word addresses from SHARED on are in the params buffers (which graphs compiled to share
+// their weights bind together), 2^24 words a buffer; the others in the graph's own arena.
 const SHARED: u32 = 0x80000000u;
-fn rd(a: u32) -> u32 { if (a >= SHARED) { return pbuf[a - SHARED]; } return buf[a]; }
-fn wr(a: u32, v: u32) { if (a >= SHARED) { pbuf[a - SHARED] = v; } else { buf[a] = v; } }
+fn rd(a: u32) -> u32 {
+    if (a < SHARED) { return buf[a]; }
+    let k = (a - SHARED) & 0xffffffu;
+    switch ((a - SHARED) >> 24u) {
+        case 0u: { return p0[k]; }
+        case 1u: { return p1[k]; }
+        case 2u: { return p2[k]; }
+        case 3u: { return p3[k]; }
+        case 4u: { return p4[k]; }
+        default: { return p5[k]; }
+    }
+}
+fn wr(a: u32, v: u32) {
+    if (a < SHARED) { buf[a] = v; return; }
+    let k = (a - SHARED) & 0xffffffu;
+    switch ((a - SHARED) >> 24u) {
+        case 0u: { p0[k] = v; }
+        case 1u: { p1[k] = v; }
+        case 2u: { p2[k] = v; }
+        case 3u: { p3[k] = v; }
+        case 4u: { p4[k] = v; }
+        default: { p5[k] = v; }
+    }
+}
 const ROW: u32 = 4194240u; // 65535 workgroups of 64
 
 fn nan_or(a: f32, b: f32, r: f32) -> f32 { return select(r, a + b, a != a || b != b); }

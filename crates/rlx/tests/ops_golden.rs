@@ -263,7 +263,10 @@ fn the_gpu_backend_matches_the_reference_evaluator() {
     for c in &cases {
         let name = c["name"].as_str().unwrap_or("?");
         let Ok(b) = build(c) else { continue };
-        let scheme = c["attrs"]["scheme"].as_str().filter(|s| s.starts_with("Gguf")).map(str::to_string);
+        let scheme = c["attrs"]["scheme"]
+            .as_str()
+            .filter(|s| s.starts_with("Gguf"))
+            .map(str::to_string);
         schemes.extend(scheme.clone());
         let got = match run_on(Device::Gpu, &b, true) {
             Ok(v) => v,
@@ -316,7 +319,10 @@ fn the_gpu_backend_matches_the_reference_evaluator() {
             "no {op} case ran on the GPU (ran {ran:?}; not on the GPU: {skipped:?})"
         );
     }
-    assert_eq!(schemes, schemes_ran, "every GGUF block type is decoded on the GPU");
+    assert_eq!(
+        schemes, schemes_ran,
+        "every GGUF block type is decoded on the GPU"
+    );
     let never: Vec<&String> = skipped.difference(&ran).collect();
     eprintln!("GPU op table: ops run {ran:?}; ops not lowered yet {never:?} (and the non-f32 cases of the others)");
 }

@@ -653,10 +653,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             Arc::new(
                 (0..PARAMS_CHUNKS as u64)
                     .map(|c| {
-                        let size = pbuf_size
-                            .saturating_sub(c * PARAMS_CHUNK)
-                            .min(PARAMS_CHUNK)
-                            .max(16);
+                        let size = pbuf_size.saturating_sub(c * PARAMS_CHUNK).clamp(16, PARAMS_CHUNK);
                         gpu.device.create_buffer(&wgpu::BufferDescriptor {
                             label: Some("rlx params"),
                             size,

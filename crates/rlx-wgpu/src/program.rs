@@ -103,7 +103,8 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         Op::Gather { .. } => matches!(ins[1], DType::I32 | DType::U32),
         Op::Cumsum { .. } => float(out),
         Op::ScatterAdd { .. } => float(out) && matches!(ins[1], DType::I32 | DType::U32),
-        Op::TopK { .. } | Op::Attention { .. } | Op::Rope { .. } => false,
+        Op::TopK { .. } => ins[0] != DType::Bool,
+        Op::Attention { .. } | Op::Rope { .. } => false,
         Op::DequantMatMul { scheme } => {
             float(out) && ins[0] == DType::F32 && shaders::gguf_decoder(*scheme).is_some()
         }
@@ -261,6 +262,11 @@ enum Kernel {
         idx: usize,
         u: usize,
         axis: usize,
+    },
+    TopK {
+        x: usize,
+        k: usize,
+        indices: bool,
     },
     DequantMatMul {
         x: usize,
@@ -540,6 +546,11 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                 u: ins[2],
                 axis: *axis,
             },
+            Op::TopK { k, output } => Kernel::TopK {
+                x: ins[0],
+                k: *k,
+                indices: *output == rlx_ir::TopKOutput::Indices,
+            },
             Op::DequantMatMul { scheme } => Kernel::DequantMatMul {
                 x: ins[0],
                 w: ins[1],
@@ -653,7 +664,9 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             Arc::new(
                 (0..PARAMS_CHUNKS as u64)
                     .map(|c| {
-                        let size = pbuf_size.saturating_sub(c * PARAMS_CHUNK).clamp(16, PARAMS_CHUNK);
+                        let size = pbuf_size
+                            .saturating_sub(c * PARAMS_CHUNK)
+                            .clamp(16, PARAMS_CHUNK);
                         gpu.device.create_buffer(&wgpu::BufferDescriptor {
                             label: Some("rlx params"),
                             size,
@@ -765,6 +778,20 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                     word(*node) as u32,
                 ]);
                 (shaders::cumsum(g.shape(id).dtype()), groups_1d(count))
+            }
+            Kernel::TopK { x, k, indices } => {
+                let xd = dims(g, NodeId(*x as u32))?;
+                meta.extend([
+                    count as u32,
+                    *k as u32,
+                    *xd.last().unwrap_or(&1) as u32,
+                    word(*x) as u32,
+                    word(*node) as u32,
+                ]);
+                (
+                    shaders::topk(g.shape(NodeId(*x as u32)).dtype(), *indices),
+                    groups_1d(count),
+                )
             }
             Kernel::DequantMatMul { x, w, scheme } => {
                 let xd = dims(g, NodeId(*x as u32))?;

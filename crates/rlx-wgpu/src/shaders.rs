@@ -529,6 +529,47 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     )
 }
 
+/// Top-k along the last axis: meta `[n_out, k, len, x_off, out_off]`; result `t` of a row is
+/// its element of rank `t` in descending order (NaN largest, the lower index first among
+/// equals, as the reference evaluator sorts). `indices`: write the position (i32), else the
+/// value's word. `x` is the input dtype.
+pub fn topk(x: DType, indices: bool) -> String {
+    let key = match wgsl_type(x) {
+        Some("f32") => "fn key(w: u32) -> f32 { let v = bitcast<f32>(w); return select(v, bitcast<f32>(0x7f800000u), v != v); }",
+        Some("i32") => "fn key(w: u32) -> i32 { return bitcast<i32>(w); }",
+        _ => "fn key(w: u32) -> u32 { return w; }",
+    };
+    let store = if indices {
+        "wr(mt[4] + i, bitcast<u32>(i32(j)))"
+    } else {
+        "wr(mt[4] + i, rd(base + j))"
+    };
+    format!(
+        r#"{HEADER}{key}
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let i = gid.x + gid.y * ROW;
+    if (i >= mt[0]) {{ return; }}
+    let t = i % mt[1];
+    let len = mt[2];
+    let base = mt[3] + (i / mt[1]) * len;
+    for (var j = 0u; j < len; j++) {{
+        let kj = key(rd(base + j));
+        var rank = 0u;
+        for (var o = 0u; o < len; o++) {{
+            let ko = key(rd(base + o));
+            if (ko > kj || (ko == kj && o < j)) {{ rank++; }}
+        }}
+        if (rank == t) {{
+            {store};
+            return;
+        }}
+    }}
+}}
+"#
+    )
+}
+
 /// Tile edge of the matmul kernel.
 pub const TILE: u32 = 16;
 

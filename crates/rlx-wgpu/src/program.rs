@@ -797,8 +797,9 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                 let xd = dims(g, NodeId(*x as u32))?;
                 let wd = dims(g, NodeId(*w as u32))?;
                 let (k, nn) = (*xd.last().unwrap_or(&1), *out_d.last().unwrap_or(&1));
+                let rows = count / nn.max(1);
                 meta.extend([
-                    count as u32,
+                    rows as u32,
                     k as u32,
                     nn as u32,
                     word(*x) as u32,
@@ -807,9 +808,10 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                     word(*node) as u32,
                 ]);
                 let dec = shaders::gguf_decoder(*scheme).expect("checked by unsupported()");
+                let invocations = rows.div_ceil(shaders::QROWS as usize) * nn;
                 (
                     shaders::dequant_matmul(dec, g.shape(id).dtype()),
-                    groups_1d(count),
+                    groups_1d(invocations),
                 )
             }
             Kernel::DequantizeRows { w, scheme } => {

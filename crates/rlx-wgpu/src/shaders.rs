@@ -664,23 +664,35 @@ pub fn gguf_decoder(scheme: rlx_ir::QuantScheme) -> Option<&'static str> {
     })
 }
 
-/// `x [.., K] @ decode(w)^T` for packed GGUF rows `w [N, row_bytes]`: meta `[n, K, N, x_off,
-/// w_byte, row_bytes, out_off]`, one invocation per result element.
+/// Rows of `x` one invocation of the quantized product computes: each decoded weight serves
+/// them all.
+pub const QROWS: u32 = 8;
+
+/// `x [R, K] @ decode(w)^T` for packed GGUF rows `w [N, row_bytes]`: meta `[R, K, N, x_off,
+/// w_byte, row_bytes, out_off]`; invocation `(tile, j)` computes result column `j` for rows
+/// `tile * QROWS ..` (up to `QROWS` of them), decoding each weight once.
 pub fn dequant_matmul(decoder: &str, out: DType) -> String {
-    let rnd = round_to(out, "acc".into());
+    let rnd = round_to(out, "acc[t]".into());
     format!(
         r#"{HEADER}{BYTES}{decoder}
 @compute @workgroup_size({WG})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let i = gid.x + gid.y * ROW;
-    if (i >= mt[0]) {{ return; }}
+    let rows = mt[0];
     let k = mt[1];
-    let r = i / mt[2];
-    let j = i % mt[2];
+    let n = mt[2];
+    let tiles = (rows + {QROWS}u - 1u) / {QROWS}u;
+    if (i >= tiles * n) {{ return; }}
+    let r0 = (i / n) * {QROWS}u;
+    let j = i % n;
+    let m = min({QROWS}u, rows - r0);
     let row = mt[4] + j * mt[5];
-    var acc: f32 = 0.0;
-    for (var p = 0u; p < k; p++) {{ acc += ld(mt[3] + r * k + p) * deq(row, p); }}
-    st(mt[6] + i, {rnd});
+    var acc: array<f32, {QROWS}>;
+    for (var p = 0u; p < k; p++) {{
+        let w = deq(row, p);
+        for (var t = 0u; t < m; t++) {{ acc[t] += ld(mt[3] + (r0 + t) * k + p) * w; }}
+    }}
+    for (var t = 0u; t < m; t++) {{ st(mt[6] + (r0 + t) * n + j, {rnd}); }}
 }}
 "#
     )

@@ -1,8 +1,8 @@
 //! SmolLM2 and Gemma 3 on the GPU (lavapipe in CI): the same GGUF graphs as on the CPU, with
 //! the weights kept packed on the device and decoded in the shaders. Teacher-forced on the
-//! start of the parity text (lavapipe is slow: 24 and 12 positions), the GPU's top-1 token
-//! agrees with the CPU's, every difference a near-tie; greedy decoding continues a parity
-//! prompt as the CPU does until a near-tie.
+//! start of the parity text (lavapipe is slow: 24 and 12 positions; `RLX_GPU_FULL_PARITY=1`
+//! runs SmolLM2 over all 310), the GPU's top-1 token agrees with the CPU's, every difference a
+//! near-tie; greedy decoding continues a parity prompt as the CPU does until a near-tie.
 
 use rlx::hub::{ensure, KnownModel};
 use rlx::llm::{Llm, LoadOptions};
@@ -38,8 +38,8 @@ fn load_model(m: KnownModel, device: Device) -> Llm {
     Llm::load(
         path,
         LoadOptions {
-            ctx: Some(160),
-            batch: 64,
+            ctx: Some(384),
+            batch: 128,
             device,
             ..LoadOptions::default()
         },
@@ -107,9 +107,16 @@ fn smollm2_on_the_gpu_agrees_with_the_cpu() {
     );
     let g = golden("smollm2");
     let (mut cpu, mut gpu) = (load(Device::Cpu), load(Device::Gpu));
-    let rate = forced_agreement(&mut cpu, &mut gpu, &g, 24);
+    // The whole parity text (310 positions) takes ~15 minutes on lavapipe, too long for CI:
+    // RLX_GPU_FULL_PARITY=1 runs it (measured: 310/310 agree); CI runs the first 24.
+    let n = if std::env::var_os("RLX_GPU_FULL_PARITY").is_some() {
+        310
+    } else {
+        24
+    };
+    let rate = forced_agreement(&mut cpu, &mut gpu, &g, n);
     eprintln!(
-        "SmolLM2: GPU vs CPU teacher-forced top-1 agreement {:.1}% over 24 positions",
+        "SmolLM2: GPU vs CPU teacher-forced top-1 agreement {:.1}% over {n} positions of the parity text",
         100.0 * rate
     );
     assert!(rate >= 0.99, "agreement {rate:.3} < 0.99");

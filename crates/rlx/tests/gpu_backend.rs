@@ -20,9 +20,7 @@ fn rlx_wgpu_adapter_picks_by_name_and_names_what_exists() {
     let picked = rlx::driver::gpu::adapter(Device::Vulkan).expect("picked by part of its name");
     assert_eq!(picked.get_info().name, name);
     std::env::set_var("RLX_WGPU_ADAPTER", "no-such-adapter-anywhere");
-    let err = rlx::driver::gpu::adapter(Device::Vulkan)
-        .err()
-        .expect("no such adapter");
+    let err = rlx::driver::gpu::adapter(Device::Vulkan).expect_err("no such adapter");
     assert!(
         err.contains("no-such-adapter-anywhere") && err.contains(&name),
         "{err}"

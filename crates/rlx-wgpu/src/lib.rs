@@ -167,6 +167,16 @@ impl Backend for WgpuBackend {
     fn fuses(&self, graph: &Graph, id: NodeId, kind: FusionKind) -> bool {
         let n = graph.node(id);
         let ins: Vec<rlx_ir::DType> = n.inputs.iter().map(|i| graph.shape(*i).dtype()).collect();
+        if kind == FusionKind::MultiplyReduce {
+            return matches!(
+                n.op,
+                rlx_ir::Op::Reduce {
+                    kind: rlx_ir::ReduceKind::Sum | rlx_ir::ReduceKind::Mean,
+                    ..
+                }
+            ) && n.shape.dtype() == rlx_ir::DType::F32
+                && unsupported(graph, id).is_none();
+        }
         kind == FusionKind::Elementwise
             && matches!(
                 n.op,

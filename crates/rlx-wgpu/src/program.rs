@@ -96,9 +96,11 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         | Op::Narrow { .. }
         | Op::Expand { .. }
         | Op::Concat { .. } => true,
-        Op::Fused(r) => {
-            r.kind == rlx_ir::FusionKind::Elementwise && shaders::elementwise(&r.body).is_some()
-        }
+        Op::Fused(r) => match r.kind {
+            rlx_ir::FusionKind::Elementwise => shaders::elementwise(&r.body).is_some(),
+            rlx_ir::FusionKind::MultiplyReduce => shaders::multiply_reduce(&r.body).is_some(),
+            _ => false,
+        },
         Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } => false,
         Op::Gather { .. } => matches!(ins[1], DType::I32 | DType::U32),
         Op::Cumsum { .. } => float(out),
@@ -294,6 +296,10 @@ enum Kernel {
         a: usize,
         b: usize,
     },
+    MultiplyReduce {
+        body: Graph,
+        operands: Vec<usize>,
+    },
 }
 
 /// Compile `g` for `gpu`; params with the name and shape of a param that `share` holds in its
@@ -426,6 +432,12 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                     extra: Vec::new(),
                 }
             }
+            Op::Fused(r) if r.kind == rlx_ir::FusionKind::MultiplyReduce => {
+                Kernel::MultiplyReduce {
+                    body: (*r.body).clone(),
+                    operands: ins,
+                }
+            }
             Op::Fused(r) => {
                 // Further results of this region: the nodes right after it with the same body.
                 let mut extra = Vec::new();
@@ -438,14 +450,16 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                         break;
                     }
                     extra.push(s);
-                    extra_of[s] = Some(i);
                 }
                 let mut body = (*r.body).clone();
                 if r.output != 0 || extra.len() + 1 != r.body.outputs().len() {
-                    // Compute just the result this node names.
+                    // Compute just the result this node names; the others compute their own.
                     let o = body.outputs()[r.output];
                     body.set_outputs(vec![o]);
                     extra.clear();
+                }
+                for &s in &extra {
+                    extra_of[s] = Some(i);
                 }
                 Kernel::Elementwise {
                     body,
@@ -754,6 +768,46 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                 meta.extend(pad(&axes.iter().map(|&a| ss[a]).collect::<Vec<_>>()));
                 (
                     shaders::reduce(*kind, g.shape(id).dtype()),
+                    groups_1d(count),
+                )
+            }
+            Kernel::MultiplyReduce { body, operands } => {
+                // The reduction walks the dense index space of the reduced value.
+                let last = body.node(*body.outputs().first().expect("one output"));
+                let Op::Reduce { axes, .. } = &last.op else {
+                    return Err(Error::Unsupported {
+                        backend: "wgpu".into(),
+                        op: "fused".into(),
+                        node: id,
+                        msg: "a multiply-reduce region must end in a reduction".into(),
+                    });
+                };
+                let pre = body.shape(last.inputs[0]).static_dims().expect("static");
+                let ps = dense_strides(&pre);
+                let keep: Vec<usize> = (0..pre.len()).filter(|a| !axes.contains(a)).collect();
+                let m: usize = axes.iter().map(|&a| pre[a]).product();
+                meta.extend([
+                    count as u32,
+                    m as u32,
+                    0,
+                    word(*node) as u32,
+                    keep.len() as u32,
+                ]);
+                meta.extend(pad(&keep.iter().map(|&a| pre[a]).collect::<Vec<_>>()));
+                meta.extend(pad(&keep.iter().map(|&a| ps[a]).collect::<Vec<_>>()));
+                meta.push(axes.len() as u32);
+                meta.extend(pad(&axes.iter().map(|&a| pre[a]).collect::<Vec<_>>()));
+                meta.extend(pad(&axes.iter().map(|&a| ps[a]).collect::<Vec<_>>()));
+                debug_assert_eq!(meta.len() - at, shaders::MR_EW);
+                meta.push(pre.len() as u32);
+                meta.extend(pad(&pre));
+                for &x in operands {
+                    let xd = dims(g, NodeId(x as u32))?;
+                    meta.push(word(x) as u32);
+                    meta.extend(pad(&broadcast_strides(&xd, &pre)));
+                }
+                (
+                    shaders::multiply_reduce(body).expect("checked by unsupported()"),
                     groups_1d(count),
                 )
             }

@@ -320,6 +320,108 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     Some(s)
 }
 
+/// Meta word where a multiply-reduce step's elementwise part starts (its rank, dims and
+/// operands, laid out as an elementwise step's from its word 1 on).
+pub const MR_EW: usize = 5 + 2 * RANK + 1 + 2 * RANK;
+
+/// The kernel of a multiply-reduce region: an elementwise body whose last node is a Sum or Mean
+/// (`None` for other bodies). Meta: the reduction's words (see [`reduce`]: `[n_out, m, _,
+/// out_off, outer..., inner...]`, the walks over the dense index space of the reduced value),
+/// then from [`MR_EW`] `[rank, dims[RANK], (off, strides[RANK]) per operand]`. Each invocation
+/// sums the body's values over its output's elements, which never go to memory.
+pub fn multiply_reduce(body: &Graph) -> Option<String> {
+    let ids: Vec<rlx_ir::NodeId> = body.ids().collect();
+    let last = *ids.last()?;
+    let Op::Reduce { kind, .. } = &body.node(last).op else {
+        return None;
+    };
+    let fin = match kind {
+        ReduceKind::Sum => "acc",
+        ReduceKind::Mean => "acc / f32(m)",
+        _ => return None,
+    };
+    let root = body.node(last).inputs[0];
+    if body.outputs() != [last] || wgsl_type(body.shape(root).dtype()) != Some("f32") {
+        return None;
+    }
+    let mut f = String::new();
+    let mut name = vec![String::new(); body.len()];
+    let mut k = 0;
+    for &id in &ids[..ids.len() - 1] {
+        let n = body.node(id);
+        let dt = n.shape.dtype();
+        wgsl_type(dt)?;
+        let e = match &n.op {
+            Op::Input { .. } => {
+                k += 1;
+                load(dt, &format!("src({}u, i)", k - 1))
+            }
+            op => {
+                let a: Vec<String> = n.inputs.iter().map(|x| name[x.index()].clone()).collect();
+                let ins: Vec<DType> = n.inputs.iter().map(|x| body.shape(*x).dtype()).collect();
+                if ins.iter().any(|d| wgsl_type(*d).is_none()) {
+                    return None;
+                }
+                expr(op, dt, &a, &ins)?
+            }
+        };
+        f.push_str(&format!("    let v{} = {e};\n", id.0));
+        name[id.index()] = format!("v{}", id.0);
+    }
+    let rnd = round_to(body.shape(last).dtype(), fin.to_string());
+    let (od, os) = (5, 5 + RANK);
+    let (ir, id, is) = (os + RANK, os + RANK + 1, os + 2 * RANK + 1);
+    Some(format!(
+        r#"{HEADER}
+fn src(k: u32, i: u32) -> u32 {{
+    let base = {ops}u + k * {stride}u;
+    let rank = mt[{MR_EW}u];
+    var rem = i;
+    var off = mt[base];
+    for (var d = 0u; d < rank; d++) {{
+        let ax = rank - 1u - d;
+        let dim = mt[{dims}u + ax];
+        off += (rem % dim) * mt[base + 1u + ax];
+        rem = rem / dim;
+    }}
+    return off;
+}}
+
+fn walk(i: u32, rank_at: u32, dims_at: u32, strides_at: u32) -> u32 {{
+    let rank = mt[rank_at];
+    var rem = i;
+    var off = 0u;
+    for (var d = 0u; d < rank; d++) {{
+        let ax = rank - 1u - d;
+        let dim = mt[dims_at + ax];
+        off += (rem % dim) * mt[strides_at + ax];
+        rem = rem / dim;
+    }}
+    return off;
+}}
+
+fn val(i: u32) -> f32 {{
+{f}    return {root};
+}}
+
+@compute @workgroup_size({WG})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
+    let o = gid.x + gid.y * ROW;
+    if (o >= mt[0]) {{ return; }}
+    let m = mt[1];
+    let base = walk(o, 4u, {od}u, {os}u);
+    var acc: f32 = 0.0;
+    for (var j = 0u; j < m; j++) {{ acc += val(base + walk(j, {ir}u, {id}u, {is}u)); }}
+    st(mt[3] + o, {rnd});
+}}
+"#,
+        ops = MR_EW + 1 + RANK,
+        stride = RANK + 1,
+        dims = MR_EW + 1,
+        root = name[root.index()],
+    ))
+}
+
 /// Strided copy: meta `[n, rank, dst_off, dims[RANK], dst_strides[RANK], src_off, src_strides[RANK]]`.
 pub fn copy() -> String {
     format!(

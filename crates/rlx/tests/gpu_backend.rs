@@ -55,3 +55,49 @@ fn rlx_wgpu_adapter_picks_by_name_and_names_what_exists() {
     );
     assert_eq!(d.counts().4, 0, "nothing unsupported: {d}");
 }
+
+/// Elementwise regions with several results and multiply-reduce regions run as generated
+/// shaders on the GPU and give the CPU's values.
+#[test]
+fn fused_regions_on_the_gpu_give_the_cpus_values() {
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
+    let text = r#"graph "regions" {
+  %x = input {name = "x"} : f32[8, 16]
+  %u = input {name = "u"} : f32[8, 16]
+  %a = silu %x : f32[8, 16]
+  %m = mul %a, %u : f32[8, 16]
+  %e = exp %m : f32[8, 16]
+  %t = tanh %e : f32[8, 16]
+  %p = mul %t, %u : f32[8, 16]
+  %r = reduce %p {kind = sum, axes = [1], keepdims = true} : f32[8, 1]
+  %s = sub %e, %r : f32[8, 16]
+  return %m, %s, %r
+}"#;
+    let x: Vec<f32> = (0..128).map(|i| (i % 13) as f32 / 6.5 - 1.0).collect();
+    let u: Vec<f32> = (0..128).map(|i| (i % 7) as f32 / 3.5 - 1.0).collect();
+    let run = |device: Device| {
+        let mut c = Session::new(device)
+            .try_compile(Graph::parse(text).unwrap())
+            .unwrap();
+        let kinds: Vec<FusionKind> = c.fusion_report().regions.iter().map(|r| r.kind).collect();
+        (c.run(&[("x", &x), ("u", &u)]), kinds)
+    };
+    let (cpu, _) = run(Device::Cpu);
+    let (gpu, kinds) = run(Device::Gpu);
+    assert!(
+        kinds.contains(&FusionKind::MultiplyReduce) && kinds.contains(&FusionKind::Elementwise),
+        "{kinds:?}"
+    );
+    for (o, (a, b)) in cpu.iter().zip(&gpu).enumerate() {
+        for (i, (p, q)) in a.iter().zip(b).enumerate() {
+            assert!(
+                (p - q).abs() <= 1e-5 * (1.0 + p.abs()),
+                "output {o}[{i}]: CPU {p}, GPU {q}"
+            );
+        }
+    }
+}

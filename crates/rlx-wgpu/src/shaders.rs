@@ -10,7 +10,7 @@
 //! Invocations are numbered across a 2-D dispatch (`i = x + y * ROW`), `ROW` elements per row of
 //! workgroups, so more than 65535 workgroups fit.
 
-use rlx_ir::{Activation, BinaryOp, CmpOp, DType, Graph, Op, ReduceKind};
+use rlx_ir::{Activation, BinaryOp, CmpOp, DType, Graph, NodeId, Op, ReduceKind};
 
 /// Invocations per workgroup of the 1-D kernels.
 pub const WG: u32 = 64;
@@ -245,6 +245,36 @@ pub fn elementwise_op(op: &Op, out: DType, ins: &[DType]) -> bool {
         && expr(op, out, &a, ins).is_some()
 }
 
+/// WGSL `let` statements computing `nodes` of `body` at element `i` (operand `k` read through
+/// `src(k, i)`), and each node's variable name; `None` if one has no WGSL form.
+fn lets(body: &Graph, nodes: &[NodeId]) -> Option<(String, Vec<String>)> {
+    let mut s = String::new();
+    let mut name = vec![String::new(); body.len()];
+    let mut k = 0;
+    for &id in nodes {
+        let n = body.node(id);
+        let dt = n.shape.dtype();
+        wgsl_type(dt)?;
+        let e = match &n.op {
+            Op::Input { .. } => {
+                k += 1;
+                load(dt, &format!("src({}u, i)", k - 1))
+            }
+            op => {
+                let a: Vec<String> = n.inputs.iter().map(|x| name[x.index()].clone()).collect();
+                let ins: Vec<DType> = n.inputs.iter().map(|x| body.shape(*x).dtype()).collect();
+                if ins.iter().any(|d| wgsl_type(*d).is_none()) {
+                    return None;
+                }
+                expr(op, dt, &a, &ins)?
+            }
+        };
+        s.push_str(&format!("    let v{} = {e};\n", id.0));
+        name[id.index()] = format!("v{}", id.0);
+    }
+    Some((s, name))
+}
+
 /// Meta words of an elementwise step: `[n, rank, out_off, dims[RANK], (off, strides[RANK]) per
 /// operand, extra result offsets...]`.
 pub const EW_OPERANDS: usize = 3 + RANK;
@@ -281,30 +311,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
 "#,
         stride = RANK + 1
     ));
-    let mut name = vec![String::new(); body.len()];
-    let mut k = 0;
-    for id in body.ids() {
-        let n = body.node(id);
-        let v = format!("v{}", id.0);
-        let dt = n.shape.dtype();
-        wgsl_type(dt)?;
-        let e = match &n.op {
-            Op::Input { .. } => {
-                k += 1;
-                load(dt, &format!("src({}u, i)", k - 1))
-            }
-            op => {
-                let a: Vec<String> = n.inputs.iter().map(|x| name[x.index()].clone()).collect();
-                let ins: Vec<DType> = n.inputs.iter().map(|x| body.shape(*x).dtype()).collect();
-                if ins.iter().any(|d| wgsl_type(*d).is_none()) {
-                    return None;
-                }
-                expr(op, dt, &a, &ins)?
-            }
-        };
-        s.push_str(&format!("    let {v} = {e};\n"));
-        name[id.index()] = v;
-    }
+    let ids: Vec<NodeId> = body.ids().collect();
+    let (lets, name) = lets(body, &ids)?;
+    s.push_str(&lets);
     for (r, o) in body.outputs().iter().enumerate() {
         let at = if r == 0 {
             "mt[2]".to_string()
@@ -330,7 +339,7 @@ pub const MR_EW: usize = 5 + 2 * RANK + 1 + 2 * RANK;
 /// then from [`MR_EW`] `[rank, dims[RANK], (off, strides[RANK]) per operand]`. Each invocation
 /// sums the body's values over its output's elements, which never go to memory.
 pub fn multiply_reduce(body: &Graph) -> Option<String> {
-    let ids: Vec<rlx_ir::NodeId> = body.ids().collect();
+    let ids: Vec<NodeId> = body.ids().collect();
     let last = *ids.last()?;
     let Op::Reduce { kind, .. } = &body.node(last).op else {
         return None;
@@ -344,30 +353,7 @@ pub fn multiply_reduce(body: &Graph) -> Option<String> {
     if body.outputs() != [last] || wgsl_type(body.shape(root).dtype()) != Some("f32") {
         return None;
     }
-    let mut f = String::new();
-    let mut name = vec![String::new(); body.len()];
-    let mut k = 0;
-    for &id in &ids[..ids.len() - 1] {
-        let n = body.node(id);
-        let dt = n.shape.dtype();
-        wgsl_type(dt)?;
-        let e = match &n.op {
-            Op::Input { .. } => {
-                k += 1;
-                load(dt, &format!("src({}u, i)", k - 1))
-            }
-            op => {
-                let a: Vec<String> = n.inputs.iter().map(|x| name[x.index()].clone()).collect();
-                let ins: Vec<DType> = n.inputs.iter().map(|x| body.shape(*x).dtype()).collect();
-                if ins.iter().any(|d| wgsl_type(*d).is_none()) {
-                    return None;
-                }
-                expr(op, dt, &a, &ins)?
-            }
-        };
-        f.push_str(&format!("    let v{} = {e};\n", id.0));
-        name[id.index()] = format!("v{}", id.0);
-    }
+    let (f, name) = lets(body, &ids[..ids.len() - 1])?;
     let rnd = round_to(body.shape(last).dtype(), fin.to_string());
     let (od, os) = (5, 5 + RANK);
     let (ir, id, is) = (os + RANK, os + RANK + 1, os + 2 * RANK + 1);

@@ -574,6 +574,11 @@ fn peak_rss_kib() -> Option<u64> {
 }
 
 fn main() -> ExitCode {
+    // Mesa's Vulkan drivers (the software one included) complain on stderr when the session has
+    // no runtime directory (containers, CI); give them one before any thread starts.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
     let cli = Cli::parse();
     let r = match cli.cmd {
         Cmd::Generate(a) => cmd_generate(a),

@@ -483,8 +483,8 @@ macro_rules! with_dtype {
                 type $T = $crate::elem::Bool8;
                 $body
             }
-            #[allow(unreachable_patterns)]
-            _ => $other,
+            // Exhaustive: a new dtype is a compile error here until it gets an element type.
+            rlx_ir::DType::C64 => $other,
         }
     };
 }
@@ -511,7 +511,15 @@ macro_rules! with_float {
                 type $T = half::bf16;
                 $body
             }
-            _ => $other,
+            // Exhaustive: a new dtype is a compile error here until it is sorted in or out.
+            rlx_ir::DType::I8
+            | rlx_ir::DType::I16
+            | rlx_ir::DType::I32
+            | rlx_ir::DType::I64
+            | rlx_ir::DType::U8
+            | rlx_ir::DType::U32
+            | rlx_ir::DType::Bool
+            | rlx_ir::DType::C64 => $other,
         }
     };
 }

@@ -4,30 +4,13 @@
 //! runs SmolLM2 over all 310), the GPU's top-1 token agrees with the CPU's, every difference a
 //! near-tie; greedy decoding continues a parity prompt as the CPU does until a near-tie.
 
+mod common;
+use common::llm::{argmax, golden, ids};
+
 use rlx::hub::{ensure, KnownModel};
 use rlx::llm::{Llm, LoadOptions};
 use rlx::prelude::*;
 use serde_json::Value;
-
-fn golden(name: &str) -> Value {
-    let p = format!(
-        "{}/tests/golden/llm/{name}.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    serde_json::from_str(&std::fs::read_to_string(p).expect("golden file")).expect("json")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn argmax(l: &[f32]) -> usize {
-    (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b })
-}
 
 fn load(device: Device) -> Llm {
     load_model(KnownModel::SmolLM2, device)

@@ -5,6 +5,9 @@
 //! References: `tests/golden/llm/*.json`, written by `gen_llama_cpp.py` through
 //! llama-cpp-python (flash attention off); regenerate with `scripts/regen-llm-goldens.sh`.
 
+mod common;
+use common::llm::{argmax, floats, golden, ids};
+
 use rlx::hub::{ensure, KnownModel};
 use rlx::llm::{Llm, LoadOptions};
 use serde_json::Value;
@@ -21,34 +24,6 @@ const NEAR_TIE: f32 = 0.5;
 /// Batched teacher-forced top-1 agreement required over all positions (llama.cpp's batched run
 /// against its own token-by-token run: 97.4%).
 const OVERALL_AGREEMENT: f64 = 0.95;
-
-fn golden(name: &str) -> Value {
-    let p = format!(
-        "{}/tests/golden/llm/{name}.json",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    serde_json::from_str(&std::fs::read_to_string(p).expect("golden file")).expect("json")
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .expect("ids")
-        .iter()
-        .map(|x| x.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn floats(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .expect("floats")
-        .iter()
-        .map(|x| x.as_f64().expect("float") as f32)
-        .collect()
-}
-
-fn argmax(l: &[f32]) -> usize {
-    (0..l.len()).fold(0, |b, i| if l[i] > l[b] { i } else { b })
-}
 
 fn load(m: KnownModel) -> Llm {
     let path = ensure(m, false).expect("model fetched from PyPI");

@@ -254,7 +254,7 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                     } else {
                         None
                     };
-                    with_float!(dt, T => attention::<T>(i[0], i[1], i[2], m, o, mask, scale, s), else unreachable!())
+                    with_float!(dt, T => attention::<T>(i[0], i[1], i[2], m, o, mask, scale, s), else unreachable!("the dtype was checked when the node was lowered"))
                 }),
             }
         }
@@ -264,7 +264,7 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             Lowered::Compute {
                 scratch: (s_len * (d / 2) * 16).max(16),
                 build: Box::new(
-                    move |i, o, s| with_float!(dt, T => rope::<T>(i[0], i[1], o, theta, interleaved, s), else unreachable!()),
+                    move |i, o, s| with_float!(dt, T => rope::<T>(i[0], i[1], o, theta, interleaved, s), else unreachable!("the dtype was checked when the node was lowered")),
                 ),
             }
         }

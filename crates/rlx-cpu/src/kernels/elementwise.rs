@@ -472,19 +472,19 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         return Err(no(op.name()));
     }
     Ok(match op {
-        Op::Binary(BinaryOp::Pow) => {
-            compute(move |i, o| with_float!(dt, T => pow::<T>(i[0], i[1], o), else unreachable!()))
-        }
+        Op::Binary(BinaryOp::Pow) => compute(
+            move |i, o| with_float!(dt, T => pow::<T>(i[0], i[1], o), else unreachable!("the dtype was checked when the node was lowered")),
+        ),
         Op::Binary(b) => compute(
-            move |i, o| with_dtype!(dt, T => binary::<T>(b, i[0], i[1], o), else unreachable!()),
+            move |i, o| with_dtype!(dt, T => binary::<T>(b, i[0], i[1], o), else unreachable!("the dtype was checked when the node was lowered")),
         ),
         Op::Compare(c) => compute(
-            move |i, o| with_dtype!(dt, T => compare::<T>(c, i[0], i[1], o), else unreachable!()),
+            move |i, o| with_dtype!(dt, T => compare::<T>(c, i[0], i[1], o), else unreachable!("the dtype was checked when the node was lowered")),
         ),
         Op::Where => {
             let vt = info.in_dtypes[1];
             compute(
-                move |i, o| with_dtype!(vt, T => map3(i[0], i[1], i[2], o, |c: Bool8, x: T, y: T| if c.0 != 0 { x } else { y }), else unreachable!()),
+                move |i, o| with_dtype!(vt, T => map3(i[0], i[1], i[2], o, |c: Bool8, x: T, y: T| if c.0 != 0 { x } else { y }), else unreachable!("the dtype was checked when the node was lowered")),
             )
         }
         Op::Activation(Activation::GeluApprox) if dt == rlx_ir::DType::F16 => compute(|i, o| {
@@ -495,7 +495,7 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         }),
         Op::Activation(a) => compute(move |i, o| {
             with_float!(dt, T => activation_float::<T>(a, i[0], o),
-                else with_dtype!(dt, T => activation_int::<T>(a, i[0], o), else unreachable!()))
+                else with_dtype!(dt, T => activation_int::<T>(a, i[0], o), else unreachable!("the dtype was checked when the node was lowered")))
         }),
         Op::Cast {
             to: rlx_ir::DType::F16,
@@ -518,7 +518,7 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             )
         }),
         Op::Cast { to } => compute(
-            move |i, o| with_dtype!(dt, A => with_dtype!(to, B => cast::<A, B>(i[0], o), else unreachable!()), else unreachable!()),
+            move |i, o| with_dtype!(dt, A => with_dtype!(to, B => cast::<A, B>(i[0], o), else unreachable!("the dtype was checked when the node was lowered")), else unreachable!("the dtype was checked when the node was lowered")),
         ),
         _ => return Err(info.unsupported("not an elementwise op")),
     })

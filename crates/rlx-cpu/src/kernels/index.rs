@@ -156,7 +156,7 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             }
         }),
         Op::ScatterAdd { axis } => compute(
-            move |i, o| with_dtype!(dt, T => scatter_add::<T>(i[0], i[1], i[2], o, axis), else unreachable!()),
+            move |i, o| with_dtype!(dt, T => scatter_add::<T>(i[0], i[1], i[2], o, axis), else unreachable!("the dtype was checked when the node was lowered")),
         ),
         _ => return Err(info.unsupported("not an indexing op")),
     })

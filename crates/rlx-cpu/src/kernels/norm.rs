@@ -158,13 +158,13 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     }
     Ok(match info.node.op.clone() {
         Op::Softmax { axis } => compute(
-            move |i, o| with_float!(dt, T => softmax::<T>(i[0], o, axis), else unreachable!()),
+            move |i, o| with_float!(dt, T => softmax::<T>(i[0], o, axis), else unreachable!("the dtype was checked when the node was lowered")),
         ),
         Op::LayerNorm { eps } => compute(
-            move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], Some(i[2]), o, eps, false), else unreachable!()),
+            move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], Some(i[2]), o, eps, false), else unreachable!("the dtype was checked when the node was lowered")),
         ),
         Op::RmsNorm { eps } => compute(
-            move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], None, o, eps, true), else unreachable!()),
+            move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], None, o, eps, true), else unreachable!("the dtype was checked when the node was lowered")),
         ),
         _ => return Err(info.unsupported("not a normalization")),
     })

@@ -265,10 +265,10 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     }
     Ok(match info.node.op.clone() {
         Op::Reduce { kind, axes, .. } => compute(
-            move |i, o| with_float!(dt, T => reduce_float::<T>(kind, i[0], o, axes), else with_dtype!(dt, T => reduce_int::<T>(kind, i[0], o, axes), else unreachable!())),
+            move |i, o| with_float!(dt, T => reduce_float::<T>(kind, i[0], o, axes), else with_dtype!(dt, T => reduce_int::<T>(kind, i[0], o, axes), else unreachable!("the dtype was checked when the node was lowered"))),
         ),
         Op::Cumsum { axis } => compute(
-            move |i, o| with_dtype!(dt, T => cumsum::<T>(i[0], o, axis), else unreachable!()),
+            move |i, o| with_dtype!(dt, T => cumsum::<T>(i[0], o, axis), else unreachable!("the dtype was checked when the node was lowered")),
         ),
         Op::TopK { k, output } => {
             if k == 0 {
@@ -278,7 +278,7 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 return Err(info.unsupported("topk of bool"));
             }
             compute(
-                move |i, o| with_dtype!(dt, T => topk::<T>(i[0], o, k, output), else unreachable!()),
+                move |i, o| with_dtype!(dt, T => topk::<T>(i[0], o, k, output), else unreachable!("the dtype was checked when the node was lowered")),
             )
         }
         _ => return Err(info.unsupported("not a reduction")),

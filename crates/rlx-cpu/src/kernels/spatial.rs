@@ -187,11 +187,11 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     }
     Ok(match info.node.op.clone() {
         Op::Conv(a) => compute(
-            move |i, o| with_float!(dt, T => conv::<T>(i[0], i[1], o, a), else unreachable!()),
+            move |i, o| with_float!(dt, T => conv::<T>(i[0], i[1], o, a), else unreachable!("the dtype was checked when the node was lowered")),
         ),
-        Op::Pool(a) => {
-            compute(move |i, o| with_float!(dt, T => pool_k::<T>(i[0], o, a), else unreachable!()))
-        }
+        Op::Pool(a) => compute(
+            move |i, o| with_float!(dt, T => pool_k::<T>(i[0], o, a), else unreachable!("the dtype was checked when the node was lowered")),
+        ),
         _ => return Err(info.unsupported("not a spatial op")),
     })
 }

@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod llm;
 pub mod table;
 
 use rlx::ir::convert;

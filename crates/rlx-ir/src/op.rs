@@ -327,26 +327,6 @@ pub enum Op {
         /// Row layout (a GGUF scheme).
         scheme: crate::QuantScheme,
     },
-    /// `(x, scale, zero_point)`: `saturate(round_half_even(x / scale) + zero_point)` as int8 or
-    /// uint8 (the zero point's dtype), per tensor (`axis: None`, scalar scale and zero point) or
-    /// per channel along `axis` (both of length `x.dims[axis]`), as ONNX `QuantizeLinear`.
-    Quantize {
-        /// Channel axis of per-channel parameters; `None` for per-tensor.
-        axis: Option<usize>,
-    },
-    /// `(q, scale, zero_point)`: `(q - zero_point) * scale` in the scale's float dtype, per
-    /// tensor or per channel as [`Op::Quantize`].
-    Dequantize {
-        /// Channel axis of per-channel parameters; `None` for per-tensor.
-        axis: Option<usize>,
-    },
-    /// `(x, scale, zero_point)`: [`Op::Quantize`] then [`Op::Dequantize`] without leaving
-    /// floats. Differentiated with the straight-through estimator (the cotangent passes where
-    /// the value was not clamped).
-    FakeQuantize {
-        /// Channel axis of per-channel parameters; `None` for per-tensor.
-        axis: Option<usize>,
-    },
     /// `(cache [T, ...], update [S, ...], pos I32 [1])`: the cache with rows `[pos, pos + S)`
     /// replaced. `cache` must be a param used only here: backends update it in place, which is
     /// what makes a KV cache persist from one run to the next.
@@ -363,6 +343,10 @@ pub enum Op {
     },
     /// A fused region made by a fusion pass; see [`FusedRegion`].
     Fused(FusedRegion),
+    /// An op defined in one file by an [`OpDef`](crate::ops::OpDef) (all its rules are
+    /// methods), e.g. the affine int8 ops [`Quantize`](crate::ops::Quantize),
+    /// [`Dequantize`](crate::ops::Dequantize) and [`FakeQuantize`](crate::ops::FakeQuantize).
+    Defined(crate::ops::DefinedOp),
 }
 
 /// What a fused region computes; a backend that has a kernel for a kind runs the region as one
@@ -469,30 +453,63 @@ pub struct CustomFn {
 macro_rules! op_kinds {
     ($($(#[$m:meta])* $kind:ident = $name:literal,)*) => {
         /// Every op of the IR, one kind per name (each binary, compare and activation function
-        /// counts on its own). [`OpKind::ALL`] enumerates them, so tables that must cover every
+        /// counts on its own). [`OpKind::all`] enumerates them, so tables that must cover every
         /// op (the op test table, a backend's support list) can check themselves.
-        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub enum OpKind {
             $($(#[$m])* $kind,)*
+            /// An op defined by an [`OpDef`](crate::ops::OpDef), by its registered name.
+            Defined(&'static str),
         }
 
         impl OpKind {
-            /// Every kind, in declaration order.
-            pub const ALL: &'static [OpKind] = &[$(OpKind::$kind,)*];
+            /// The kinds of the IR's own variants, in declaration order (without the
+            /// [`OpKind::Defined`] ones; [`OpKind::all`] has both).
+            pub const BUILTIN: &'static [OpKind] = &[$(OpKind::$kind,)*];
 
             /// The op's lowercase name, as printed and parsed.
             pub fn name(self) -> &'static str {
                 match self {
                     $(OpKind::$kind => $name,)*
+                    OpKind::Defined(name) => name,
                 }
-            }
-
-            /// The kind named `name`.
-            pub fn from_name(name: &str) -> Option<OpKind> {
-                OpKind::ALL.iter().copied().find(|k| k.name() == name)
             }
         }
     };
+}
+
+impl OpKind {
+    /// Every kind: the IR's own, then each registered defined op.
+    pub fn all() -> Vec<OpKind> {
+        let defined = crate::ops::registrations()
+            .iter()
+            .map(|r| OpKind::Defined(r.name));
+        OpKind::BUILTIN.iter().copied().chain(defined).collect()
+    }
+
+    /// The kind named `name`.
+    pub fn from_name(name: &str) -> Option<OpKind> {
+        OpKind::BUILTIN
+            .iter()
+            .copied()
+            .find(|k| k.name() == name)
+            .or_else(|| crate::ops::registration(name).map(|r| OpKind::Defined(r.name)))
+    }
+}
+
+/// Kinds serialize as their names (`"matmul"`, `"quantize"`).
+impl Serialize for OpKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for OpKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        OpKind::from_name(&name)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown op `{name}`")))
+    }
 }
 
 op_kinds! {
@@ -614,12 +631,6 @@ op_kinds! {
     DequantMatMul = "dequant_matmul",
     /// `dequantize`
     DequantizeRows = "dequantize_rows",
-    /// `quantize`
-    Quantize = "quantize",
-    /// `dequantize`
-    Dequantize = "dequantize",
-    /// `fake_quantize`
-    FakeQuantize = "fake_quantize",
     /// `cache_write`
     CacheWrite = "cache_write",
     /// `cached_attention`
@@ -629,6 +640,11 @@ op_kinds! {
 }
 
 impl Op {
+    /// The op defined by `def` ([`Op::Defined`]), e.g. `Op::defined(Quantize { axis: None })`.
+    pub fn defined(def: impl crate::ops::OpDef) -> Op {
+        Op::Defined(crate::ops::DefinedOp::new(def))
+    }
+
     /// The op's kind (its name without attributes).
     pub fn kind(&self) -> OpKind {
         use OpKind as K;
@@ -698,12 +714,10 @@ impl Op {
             Op::Custom(_) => K::Custom,
             Op::DequantMatMul { .. } => K::DequantMatMul,
             Op::DequantizeRows { .. } => K::DequantizeRows,
-            Op::Quantize { .. } => K::Quantize,
-            Op::Dequantize { .. } => K::Dequantize,
-            Op::FakeQuantize { .. } => K::FakeQuantize,
             Op::CacheWrite => K::CacheWrite,
             Op::CachedAttention { .. } => K::CachedAttention,
             Op::Fused(_) => K::Fused,
+            Op::Defined(d) => K::Defined(d.name()),
         }
     }
 

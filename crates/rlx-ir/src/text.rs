@@ -318,6 +318,36 @@ impl Attrs {
     }
 }
 
+/// `{k = v, ...}`
+fn write_attrs(out: &mut String, attrs: &[(&str, Attr)], indent: usize) {
+    out.push('{');
+    for (i, (k, a)) in attrs.iter().enumerate() {
+        let _ = write!(out, "{}{k} = ", if i == 0 { "" } else { ", " });
+        a.write(out, indent);
+    }
+    out.push('}');
+}
+
+/// Attributes written as in the text form, `{axis = 0}`; empty when there are none.
+pub(crate) fn attrs_text(attrs: &[(&str, Attr)]) -> String {
+    let mut out = String::new();
+    if !attrs.is_empty() {
+        write_attrs(&mut out, attrs, 0);
+    }
+    out
+}
+
+/// Attributes from text written as [`attrs_text`] writes them (empty text: none).
+pub(crate) fn parse_attrs(text: &str) -> Result<Vec<(String, Attr)>> {
+    let mut p = Parser { src: text, pos: 0 };
+    let items = p.attr_list()?;
+    p.skip_space();
+    if p.pos != text.len() {
+        return Err(p.err("unexpected text after the attributes"));
+    }
+    Ok(items)
+}
+
 fn write_graph(out: &mut String, g: &Graph, indent: usize) {
     let pad = "  ".repeat(indent + 1);
     let _ = writeln!(out, "graph {:?} {{", g.name());
@@ -329,12 +359,8 @@ fn write_graph(out: &mut String, g: &Graph, indent: usize) {
         }
         let attrs = ops::attrs(&n.op);
         if !attrs.is_empty() {
-            out.push_str(" {");
-            for (i, (k, a)) in attrs.iter().enumerate() {
-                let _ = write!(out, "{}{k} = ", if i == 0 { "" } else { ", " });
-                a.write(out, indent + 1);
-            }
-            out.push('}');
+            out.push(' ');
+            write_attrs(out, &attrs, indent + 1);
         }
         let _ = writeln!(out, " : {}", n.shape);
     }
@@ -536,6 +562,23 @@ impl<'a> Parser<'a> {
             .map_err(|_| self.err(format!("`{w}` is not a number")))
     }
 
+    /// An optional `{key = value, ...}` list.
+    fn attr_list(&mut self) -> Result<Vec<(String, Attr)>> {
+        let mut items = Vec::new();
+        if self.eat('{') && !self.eat('}') {
+            loop {
+                let key = self.word()?.to_string();
+                self.expect('=')?;
+                items.push((key, self.attr()?));
+                if self.eat('}') {
+                    break;
+                }
+                self.expect(',')?;
+            }
+        }
+        Ok(items)
+    }
+
     fn attr(&mut self) -> Result<Attr> {
         match self.peek() {
             Some('"') => return self.string().map(Attr::Str),
@@ -663,18 +706,7 @@ impl<'a> Parser<'a> {
                     self.err(format!("unknown op `{op_name}`"))
                 })?;
                 let inputs = self.node_list(&names)?;
-                let mut items = Vec::new();
-                if self.eat('{') && !self.eat('}') {
-                    loop {
-                        let key = self.word()?.to_string();
-                        self.expect('=')?;
-                        items.push((key, self.attr()?));
-                        if self.eat('}') {
-                            break;
-                        }
-                        self.expect(',')?;
-                    }
-                }
+                let items = self.attr_list()?;
                 let at_attrs = self.pos;
                 let op = ops::from_attrs(kind, Attrs::new(kind.name(), items)).map_err(|e| {
                     self.pos = at_attrs;

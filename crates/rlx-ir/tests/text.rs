@@ -162,9 +162,12 @@ fn op_of(kind: OpKind, v: &[usize], x: f32, s: &str, body: &Graph) -> Op {
         K::DequantizeRows => Op::DequantizeRows {
             scheme: schemes[pick(0, schemes.len())],
         },
-        K::Quantize => Op::Quantize { axis: opt(0) },
-        K::Dequantize => Op::Dequantize { axis: opt(0) },
-        K::FakeQuantize => Op::FakeQuantize { axis: opt(0) },
+        K::Defined(name) => {
+            let examples = (rlx_ir::ops::registration(name)
+                .expect("registered")
+                .examples)();
+            Op::Defined(examples[pick(0, examples.len())].clone())
+        }
         K::CachedAttention => Op::CachedAttention {
             scale: x,
             window: opt(0),
@@ -209,7 +212,7 @@ fn float() -> impl Strategy<Value = f32> {
 fn graph() -> impl Strategy<Value = Graph> {
     let text = || prop::collection::vec(any::<char>(), 0..12).prop_map(String::from_iter);
     let node = (
-        0..OpKind::ALL.len(),
+        0..OpKind::all().len(),
         prop::collection::vec(0usize..100_000, 4..10),
         float(),
         text(),
@@ -229,7 +232,7 @@ fn graph() -> impl Strategy<Value = Graph> {
             body.set_outputs(vec![e, a]);
             let mut g = Graph::new(&gname);
             for (i, (k, v, x, s, ins)) in nodes.iter().enumerate() {
-                let op = op_of(OpKind::ALL[*k], v, *x, &format!("{s}{i}"), &body);
+                let op = op_of(OpKind::all()[*k], v, *x, &format!("{s}{i}"), &body);
                 let inputs = if op.is_leaf() || i == 0 {
                     Vec::new()
                 } else {

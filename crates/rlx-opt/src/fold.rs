@@ -16,9 +16,8 @@ pub struct ConstantFolding {
 impl ConstantFolding {
     /// The folding rule (`fold`, for every op kind) as a rule list.
     pub fn rules(&self) -> RuleSet<'_> {
-        let kinds: Vec<OpKind> = OpKind::ALL
-            .iter()
-            .copied()
+        let kinds: Vec<OpKind> = OpKind::all()
+            .into_iter()
             .filter(|k| !matches!(k, OpKind::Input | OpKind::Param | OpKind::Constant))
             .collect();
         RuleSet::new("const_fold").with(Rule::new(

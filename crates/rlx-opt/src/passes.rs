@@ -69,7 +69,7 @@ impl Decompose<'_> {
     /// One rule per op kind: decompose a node the backend does not run.
     pub fn rules(&self) -> RuleSet<'_> {
         let mut set = RuleSet::new("decompose");
-        for &kind in OpKind::ALL {
+        for kind in OpKind::all() {
             set = set.with(Rule::new(
                 format!("decompose:{}", kind.name()),
                 &[kind],

@@ -114,7 +114,7 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         Op::CacheWrite => float(out) && float(ins[1]),
         Op::CachedAttention { .. } => float(out) && float(ins[1]),
         Op::Conv(_) | Op::Pool(_) | Op::Custom(_) => false,
-        Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => false,
+        Op::Defined(_) => false,
     };
     (!ok).then(|| format!("{} on {} has no WGSL kernel yet", n.op.name(), n.shape))
 }

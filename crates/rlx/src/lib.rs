@@ -42,6 +42,9 @@ pub use rlx_runtime::{CompiledGraph, Session};
 
 /// Op attribute enums taken by the builder methods (`g.binary`, `g.activation`, ...).
 pub mod ops {
+    /// Ops defined in one file each ([`OpDef`](rlx_ir::ops::OpDef)), built with
+    /// [`Op::defined`](rlx_ir::Op::defined).
+    pub use rlx_ir::ops::{Dequantize, FakeQuantize, Quantize};
     pub use rlx_ir::{
         Activation, BinaryOp, CmpOp, ConvAttrs, DotDims, FusedRegion, FusionKind, MaskKind,
         PoolAttrs, PoolKind, ReduceKind, TopKOutput,

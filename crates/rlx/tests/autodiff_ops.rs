@@ -490,7 +490,7 @@ fn fake_quantize_passes_gradients_straight_through() {
         let z = g
             .try_constant_bytes(Shape::new(&sd, DType::I8), encode(&zv, DType::I8))
             .unwrap();
-        let y = g.op(Op::FakeQuantize { axis }, &[x, s, z]);
+        let y = g.op(Op::defined(FakeQuantize { axis }), &[x, s, z]);
         let w = g.constant_f32(&[2, 3], &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
         let l = g.mul(y, w);
         let l = g.sum(l, &[0, 1], false);

@@ -1048,7 +1048,7 @@ fn an_op_the_gpu_lacks_is_a_compile_error_naming_it() {
     let scale = g.scalar(0.1, DType::F32);
     let zp = g.constant_bytes(Shape::new(&[], DType::I8), vec![0]);
     let q = g
-        .try_op(Op::Quantize { axis: None }, &[x, scale, zp])
+        .try_op(Op::defined(Quantize { axis: None }), &[x, scale, zp])
         .unwrap();
     g.set_outputs(vec![q]);
     let err = Session::new(Device::Gpu)

@@ -172,12 +172,9 @@ pub fn supports(op: &Op) -> bool {
         Op::DequantMatMul { scheme } => scheme.is_gguf(),
         // Elementwise and multiply-reduce regions the group loop runs; the rest are inlined.
         Op::Fused(r) => fused::region_program(r).is_some(),
-        // Decomposed into primitives before lowering.
-        Op::DotGeneral(_)
-        | Op::Custom(_)
-        | Op::Quantize { .. }
-        | Op::Dequantize { .. }
-        | Op::FakeQuantize { .. } => false,
+        // Decomposed into primitives before lowering (ops defined by an `OpDef` too: one that
+        // needs a native kernel gets an arm here matching its name).
+        Op::DotGeneral(_) | Op::Custom(_) | Op::Defined(_) => false,
     }
 }
 

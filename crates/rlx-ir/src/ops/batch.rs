@@ -5,7 +5,7 @@
 //! batching their decomposition instead.
 
 use super::ad::dims;
-use super::{elementwise, index, linalg, movement, nn, quant, quantize, reduce, spatial};
+use super::{elementwise, index, linalg, movement, nn, quant, reduce, spatial};
 use crate::{Error, Graph, NodeId, Op, Result};
 
 /// Move the batch axis `bd` of `x` to the front.
@@ -48,7 +48,7 @@ pub(super) fn align(g: &mut Graph, x: NodeId, rank: usize) -> Result<NodeId> {
 }
 
 /// What a batching rule gets: the operands, their batch axes and the number of examples.
-pub(super) struct Batched<'a> {
+pub struct Batched<'a> {
     /// The operands.
     pub ins: &'a [NodeId],
     /// Each operand's batch axis (`None`: shared by every example).
@@ -104,9 +104,7 @@ pub fn batch_supported(op: &Op, batched: &[bool]) -> bool {
         }
         Op::Conv(_) | Op::Pool(_) => spatial::batchable(op, batched),
         Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => quant::batchable(op, batched),
-        Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => {
-            quantize::batchable(batched)
-        }
+        Op::Defined(d) => d.def().batchable(batched),
         // Composites and state updates: vmap batches the decomposition.
         Op::DotGeneral(_)
         | Op::Custom(_)
@@ -157,9 +155,7 @@ pub fn batch(
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::batch(g, op, &b),
         Op::Conv(_) | Op::Pool(_) => spatial::batch(g, op, &b),
         Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => quant::batch(g, op, &b),
-        Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => {
-            quantize::batch(g, op, &b)
-        }
+        Op::Defined(d) => d.def().batch(g, &b),
         Op::DotGeneral(_)
         | Op::Custom(_)
         | Op::Fused(_)

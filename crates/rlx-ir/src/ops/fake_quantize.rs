@@ -2,43 +2,15 @@
 //! quantization error of Quantize then Dequantize without leaving floats (quantization-aware
 //! training). Its gradient is the straight-through estimator: the cotangent passes where the
 //! quantized value was not clamped and is zero where it was; scale and zero point get none.
+//! All its rules are the methods of [`FakeQuantize`].
 
-use super::quantize::{along, check_params, eval_unclamped, qrange, quantized_float};
+use super::quantize::{
+    affine_op, along, check_params, eval_unclamped, param_index, qrange, quantized_float, Grads,
+    Tangent,
+};
 use super::{require_float, same_dtype, Cost};
 use crate::eval::Tensor;
 use crate::{BinaryOp, CmpOp, Graph, NodeId, Result, Shape};
-
-pub(super) fn infer(axis: Option<usize>, ins: &[&Shape]) -> Result<Shape> {
-    const OP: &str = "fake_quantize";
-    let (x, scale, zp) = (ins[0], ins[1], ins[2]);
-    require_float(OP, x)?;
-    same_dtype(OP, x, scale)?;
-    check_params(OP, axis, x, scale, zp)?;
-    Ok(x.clone())
-}
-
-pub(super) fn decompose(g: &mut Graph, axis: Option<usize>, ins: &[NodeId]) -> Result<NodeId> {
-    let (q, _) = quantized_float(g, axis, ins)?;
-    let fdt = g.shape(ins[0]).dtype();
-    let rank = g.shape(ins[0]).rank();
-    let zf = g.try_cast(ins[2], fdt)?;
-    let zf = along(g, zf, axis, rank)?;
-    let s = along(g, ins[1], axis, rank)?;
-    let c = g.try_binary(BinaryOp::Sub, q, zf)?;
-    g.try_mul(c, s)
-}
-
-pub(super) fn eval(axis: Option<usize>, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
-    let (lo, hi) = qrange(ins[2].dtype());
-    let (s, zp) = (ins[1].f64s(), ins[2].f64s());
-    let idx = super::quantize::param_index(ins[0].dims(), axis);
-    let v = eval_unclamped(axis, ins)
-        .into_iter()
-        .zip(idx)
-        .map(|(q, c)| (q.clamp(lo, hi) - zp[c]) * s[c])
-        .collect();
-    Ok(Tensor::from_f64(ins[0].dims(), out.dtype(), v))
-}
 
 /// Where the quantized value lies inside the quantized range: 1 there, 0 where it was clamped.
 fn pass_mask(g: &mut Graph, axis: Option<usize>, ins: &[NodeId]) -> Result<NodeId> {
@@ -52,36 +24,68 @@ fn pass_mask(g: &mut Graph, axis: Option<usize>, ins: &[NodeId]) -> Result<NodeI
     g.try_mul(above, below)
 }
 
-/// Straight-through: `ct` where not clamped, zero where clamped; no gradient for scale or zero
-/// point.
-pub(super) fn vjp(
-    g: &mut Graph,
-    axis: Option<usize>,
-    ins: &[NodeId],
-    ct: NodeId,
-) -> Result<Vec<Option<NodeId>>> {
-    let m = pass_mask(g, axis, ins)?;
-    Ok(vec![Some(g.try_mul(ct, m)?), None, None])
-}
+affine_op! {
+    /// The op: `(x, scale, zero_point) -> x'` (same shape and dtype as `x`).
+    FakeQuantize = "fake_quantize";
+    fn infer(&self, ins: &[&Shape]) -> Result<Shape> {
+        let (x, scale, zp) = (ins[0], ins[1], ins[2]);
+        require_float(OP.name, x)?;
+        same_dtype(OP.name, x, scale)?;
+        check_params(OP.name, self.axis, x, scale, zp)?;
+        Ok(x.clone())
+    }
 
-/// Straight-through tangent: `tx` where not clamped.
-pub(super) fn jvp(
-    g: &mut Graph,
-    axis: Option<usize>,
-    ins: &[NodeId],
-    t: &[Option<NodeId>],
-) -> Result<Option<NodeId>> {
-    let Some(tx) = t[0] else { return Ok(None) };
-    let m = pass_mask(g, axis, ins)?;
-    Ok(Some(g.try_mul(tx, m)?))
-}
+    fn eval(&self, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+        let (lo, hi) = qrange(ins[2].dtype());
+        let (s, zp) = (ins[1].f64s(), ins[2].f64s());
+        let idx = param_index(ins[0].dims(), self.axis);
+        let v = eval_unclamped(self.axis, ins)
+            .into_iter()
+            .zip(idx)
+            .map(|(q, c)| (q.clamp(lo, hi) - zp[c]) * s[c])
+            .collect();
+        Ok(Tensor::from_f64(ins[0].dims(), out.dtype(), v))
+    }
 
-/// About six operations per element (divide, round, add, clamp, subtract, multiply).
-pub(super) fn cost(ins: &[&Shape], out: &Shape) -> Cost {
-    Cost::streaming(ins, out, 6)
-}
+    /// About six operations per element (divide, round, add, clamp, subtract, multiply).
+    fn cost(&self, ins: &[&Shape], out: &Shape) -> Cost {
+        Cost::streaming(ins, out, 6)
+    }
 
-/// Text-form attributes: the channel axis, or `none` per tensor (as [`super::quantize::attrs`]).
-pub fn attrs(axis: Option<usize>) -> Vec<(&'static str, crate::text::Attr)> {
-    super::quantize::attrs(axis)
+    fn decompose(&self, g: &mut Graph, ins: &[NodeId]) -> Option<Result<NodeId>> {
+        let axis = self.axis;
+        Some(quantized_float(g, axis, ins).and_then(|(q, _)| {
+            let fdt = g.shape(ins[0]).dtype();
+            let rank = g.shape(ins[0]).rank();
+            let zf = g.try_cast(ins[2], fdt)?;
+            let zf = along(g, zf, axis, rank)?;
+            let s = along(g, ins[1], axis, rank)?;
+            let c = g.try_binary(BinaryOp::Sub, q, zf)?;
+            g.try_mul(c, s)
+        }))
+    }
+
+    fn has_ad_rules(&self) -> bool {
+        true
+    }
+
+    /// Straight-through: `ct` where not clamped, zero where clamped; no gradient for scale or
+    /// zero point.
+    fn vjp(&self, g: &mut Graph, ins: &[NodeId], _: NodeId, ct: NodeId) -> Result<Grads> {
+        let m = pass_mask(g, self.axis, ins)?;
+        Ok(vec![Some(g.try_mul(ct, m)?), None, None])
+    }
+
+    /// Straight-through tangent: `tx` where not clamped.
+    fn jvp(
+        &self,
+        g: &mut Graph,
+        ins: &[NodeId],
+        _: NodeId,
+        t: &[Option<NodeId>],
+    ) -> Result<Tangent> {
+        let Some(tx) = t[0] else { return Ok(None) };
+        let m = pass_mask(g, self.axis, ins)?;
+        Ok(Some(g.try_mul(tx, m)?))
+    }
 }

@@ -1,12 +1,15 @@
 //! Op rules, one file per op family.
 //!
-//! Each family file owns the shape/dtype inference of its ops (and, where an op is a composite,
-//! its decomposition into simpler ops). This module only dispatches to them, so adding an op means
-//! one variant in [`crate::Op`] plus its rules in one family file.
+//! Each family file owns every rule of its ops: shape/dtype inference, the reference evaluator,
+//! cost, decomposition, derivatives, batching and text-form attributes. This module only
+//! dispatches to them. The IR's own ops are variants of [`crate::Op`]; an op can also be defined
+//! in one file as an [`OpDef`] and listed in the registry ([`registrations`]), which is all it
+//! takes to add it (see `quantize.rs`, `dequantize.rs`, `fake_quantize.rs`).
 
 mod ad;
 mod batch;
 mod custom;
+mod def;
 mod dequantize;
 mod elementwise;
 mod fake_quantize;
@@ -21,7 +24,14 @@ mod quantize;
 mod reduce;
 mod spatial;
 
-pub use batch::{batch, batch_supported, materialize as batch_materialize};
+pub use batch::{batch, batch_supported, materialize as batch_materialize, Batched};
+pub use def::{registration, registrations, DefinedOp, OpDef, OpRegistration};
+pub use dequantize::Dequantize;
+pub use fake_quantize::FakeQuantize;
+pub use quantize::Quantize;
+
+/// The ops defined in one file each ([`OpDef`]): adding one is its file plus one line here.
+const DEFINED: &[OpRegistration] = &[quantize::OP, dequantize::OP, fake_quantize::OP];
 
 use crate::{Dim, Error, Graph, NodeId, Op, Result, Shape};
 
@@ -93,12 +103,10 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
         Op::Custom(f) => custom::infer(f, inputs),
         Op::DequantMatMul { scheme } => quant::dequant_matmul(*scheme, inputs),
         Op::DequantizeRows { scheme } => quant::dequantize(*scheme, inputs),
-        Op::Quantize { axis } => quantize::infer(*axis, inputs),
-        Op::Dequantize { axis } => dequantize::infer(*axis, inputs),
-        Op::FakeQuantize { axis } => fake_quantize::infer(*axis, inputs),
         Op::CacheWrite => kv::cache_write(inputs),
         Op::CachedAttention { window, .. } => kv::cached_attention(*window, inputs),
         Op::Fused(r) => fused::infer(r, inputs),
+        Op::Defined(d) => d.def().infer(inputs),
     }
 }
 
@@ -131,9 +139,7 @@ pub fn eval(op: &Op, ins: &[&crate::eval::Tensor], out: &Shape) -> Result<crate:
             quant::eval_dequant_matmul(*scheme, ins, out)
         }
         Op::DequantizeRows { scheme } => quant::eval_dequantize(*scheme, ins, out),
-        Op::Quantize { axis } => quantize::eval(*axis, ins, out),
-        Op::Dequantize { axis } => dequantize::eval(*axis, ins, out),
-        Op::FakeQuantize { axis } => fake_quantize::eval(*axis, ins, out),
+        Op::Defined(d) => d.def().eval(ins, out),
         Op::CacheWrite => kv::eval_cache_write(ins, out),
         Op::CachedAttention { scale, window } => {
             kv::eval_cached_attention(ins, out, *scale, *window)
@@ -231,9 +237,7 @@ pub fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> Cost {
         Op::Conv(_) | Op::Pool(_) => spatial::cost(op, ins, out),
         Op::Custom(f) => custom::cost(f),
         Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => quant::cost(op, ins, out),
-        Op::Quantize { .. } => quantize::cost(ins, out),
-        Op::Dequantize { .. } => dequantize::cost(ins, out),
-        Op::FakeQuantize { .. } => fake_quantize::cost(ins, out),
+        Op::Defined(d) => d.def().cost(ins, out),
         Op::CacheWrite | Op::CachedAttention { .. } => kv::cost(op, ins, out),
         Op::Fused(r) => fused::cost(r, ins, out),
     }
@@ -256,7 +260,7 @@ pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => (0, 0),
         Op::Binary(_) | Op::Compare(_) | Op::MatMul | Op::DotGeneral(_) => (2, 2),
         Op::Where | Op::LayerNorm { .. } | Op::ScatterAdd { .. } => (3, 3),
-        Op::Quantize { .. } | Op::Dequantize { .. } | Op::FakeQuantize { .. } => (3, 3),
+        Op::Defined(d) => d.def().arity(),
         Op::RmsNorm { .. } | Op::Gather { .. } | Op::Rope { .. } | Op::Conv(_) => (2, 2),
         Op::Attention { mask, .. } => {
             if matches!(mask, crate::MaskKind::Custom) {
@@ -311,9 +315,7 @@ pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<Nod
         Op::Custom(f) => custom::inline(g, &f.body, inputs).map(|o| o[0]),
         Op::Fused(r) => fused::decompose(g, r, inputs),
         Op::DequantMatMul { scheme } => return quant::decompose(g, *scheme, inputs),
-        Op::Quantize { axis } => quantize::decompose(g, *axis, inputs),
-        Op::Dequantize { axis } => dequantize::decompose(g, *axis, inputs),
-        Op::FakeQuantize { axis } => fake_quantize::decompose(g, *axis, inputs),
+        Op::Defined(d) => return d.def().decompose(g, inputs),
         // Primitives: every backend runs them (or reports it cannot).
         Op::Input { .. }
         | Op::Param { .. }
@@ -394,6 +396,7 @@ macro_rules! without_ad_rules {
 pub fn has_vjp_rule(op: &Op) -> bool {
     match op {
         Op::Custom(f) => f.vjp.is_some(),
+        Op::Defined(d) => d.def().has_ad_rules(),
         op => !composite(op) && !inference_only(op),
     }
 }
@@ -402,6 +405,7 @@ pub fn has_vjp_rule(op: &Op) -> bool {
 pub fn has_jvp_rule(op: &Op) -> bool {
     match op {
         Op::Custom(f) => f.jvp.is_some(),
+        Op::Defined(d) => d.def().has_ad_rules(),
         op => !composite(op) && !inference_only(op),
     }
 }
@@ -437,9 +441,7 @@ pub fn vjp(
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::vjp(g, op, ins, ct),
         Op::Rope { .. } => nn::vjp_rope(g, op, ins, ct),
         Op::Custom(f) => custom::vjp(g, f, ins, out, ct),
-        Op::Quantize { .. } => quantize::vjp(ins),
-        Op::Dequantize { axis } => dequantize::vjp(g, *axis, ins, ct),
-        Op::FakeQuantize { axis } => fake_quantize::vjp(g, *axis, ins, ct),
+        Op::Defined(d) => d.def().vjp(g, ins, out, ct),
         without_ad_rules!() => Err(no_rule(op, "reverse-mode (VJP)")),
     })
 }
@@ -476,9 +478,7 @@ pub fn jvp(
         Op::Gather { .. } | Op::ScatterAdd { .. } => index::jvp(g, op, ins, tangents),
         Op::Rope { .. } => nn::jvp_rope(g, op, ins, tangents),
         Op::Custom(f) => custom::jvp(g, f, ins, tangents),
-        Op::Quantize { .. } => Ok(None),
-        Op::Dequantize { axis } => dequantize::jvp(g, *axis, ins, tangents),
-        Op::FakeQuantize { axis } => fake_quantize::jvp(g, *axis, ins, tangents),
+        Op::Defined(d) => d.def().jvp(g, ins, out, tangents),
         without_ad_rules!() => Err(no_rule(op, "forward-mode (JVP)")),
     })
 }
@@ -570,9 +570,7 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, crate::text::Attr)> {
         Op::DequantMatMul { scheme } | Op::DequantizeRows { scheme } => {
             vec![("scheme", quant::scheme_attr(*scheme))]
         }
-        Op::Quantize { axis } => quantize::attrs(*axis),
-        Op::Dequantize { axis } => dequantize::attrs(*axis),
-        Op::FakeQuantize { axis } => fake_quantize::attrs(*axis),
+        Op::Defined(d) => d.def().attrs(),
         Op::CacheWrite => Vec::new(),
         Op::CachedAttention { scale, window } => kv::attrs(*scale, *window),
         Op::Fused(r) => fused::attrs(r),
@@ -634,15 +632,11 @@ pub fn from_attrs(kind: crate::OpKind, mut a: crate::text::Attrs) -> Result<Op> 
         K::DequantizeRows => Op::DequantizeRows {
             scheme: quant::scheme_from_attrs("dequantize_rows", &mut a)?,
         },
-        K::Quantize => Op::Quantize {
-            axis: quantize::from_attrs(&mut a)?,
-        },
-        K::Dequantize => Op::Dequantize {
-            axis: quantize::from_attrs(&mut a)?,
-        },
-        K::FakeQuantize => Op::FakeQuantize {
-            axis: quantize::from_attrs(&mut a)?,
-        },
+        K::Defined(name) => {
+            let reg =
+                registration(name).ok_or_else(|| Error::op(name, "is not a registered op"))?;
+            Op::Defined((reg.from_attrs)(&mut a)?)
+        }
         K::CacheWrite => Op::CacheWrite,
         K::CachedAttention => kv::from_attrs(&mut a)?,
         K::Fused => Op::Fused(fused::from_attrs(&mut a)?),

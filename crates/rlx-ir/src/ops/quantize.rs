@@ -1,12 +1,12 @@
 //! Quantize: `q = saturate(round_half_even(x / scale) + zero_point)` to int8 or uint8, per
 //! tensor (`axis: None`, scalar scale and zero point) or per channel along `axis` (scale and zero
 //! point of length `x.dims[axis]`), as ONNX `QuantizeLinear`. The result dtype is the zero
-//! point's. All its rules are here; the helpers are shared with `dequantize.rs` and
-//! `fake_quantize.rs`.
+//! point's. All its rules are here, as the methods of [`Quantize`]; the helpers are shared
+//! with `dequantize.rs` and `fake_quantize.rs`.
 
 use super::{require_float, same_dtype, static_dims, Cost};
 use crate::eval::Tensor;
-use crate::{Activation, BinaryOp, DType, Error, Graph, NodeId, Op, Result, Shape};
+use crate::{Activation, BinaryOp, DType, Error, Graph, NodeId, Result, Shape};
 
 /// The range of a quantized dtype.
 pub(super) fn qrange(dt: DType) -> (f64, f64) {
@@ -58,15 +58,6 @@ pub(super) fn check_params(
     Ok(())
 }
 
-pub(super) fn infer(axis: Option<usize>, ins: &[&Shape]) -> Result<Shape> {
-    const OP: &str = "quantize";
-    let (x, scale, zp) = (ins[0], ins[1], ins[2]);
-    require_float(OP, x)?;
-    same_dtype(OP, x, scale)?;
-    check_params(OP, axis, x, scale, zp)?;
-    Ok(x.with_dtype(zp.dtype()))
-}
-
 /// `p` (scale or zero point) shaped to broadcast against data of rank `rank` along `axis`.
 pub(super) fn along(g: &mut Graph, p: NodeId, axis: Option<usize>, rank: usize) -> Result<NodeId> {
     match axis {
@@ -102,12 +93,6 @@ pub(super) fn quantized_float(
     Ok((g.try_binary(BinaryOp::Min, c, hi)?, q))
 }
 
-pub(super) fn decompose(g: &mut Graph, axis: Option<usize>, ins: &[NodeId]) -> Result<NodeId> {
-    let (q, _) = quantized_float(g, axis, ins)?;
-    let dt = g.shape(ins[2]).dtype();
-    g.try_cast(q, dt)
-}
-
 /// Per element of data `dims`, the index of its scale / zero point.
 pub(super) fn param_index(dims: &[usize], axis: Option<usize>) -> Vec<usize> {
     let n: usize = dims.iter().product();
@@ -129,66 +114,104 @@ pub(super) fn eval_unclamped(axis: Option<usize>, ins: &[&Tensor]) -> Vec<f64> {
         .collect()
 }
 
-pub(super) fn eval(axis: Option<usize>, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
-    let (lo, hi) = qrange(out.dtype());
-    let q: Vec<i64> = eval_unclamped(axis, ins)
-        .into_iter()
-        .map(|v| v.clamp(lo, hi) as i64)
-        .collect();
-    Ok(Tensor::from_i64(ins[0].dims(), out.dtype(), q))
+/// Declares one of the affine int8 ops (an [`OpDef`] holding the channel `axis`) with the rules
+/// the three share written once: the struct, its registration `OP` (text form, examples), name,
+/// attributes, arity and batching. The op's own rules follow its name.
+macro_rules! affine_op {
+    ($(#[$doc:meta])* $ty:ident = $name:literal; $($rules:tt)*) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub struct $ty {
+            /// Channel axis of per-channel parameters; `None` for per-tensor.
+            pub axis: Option<usize>,
+        }
+
+        #[doc = concat!("The text form's `", $name, "`.")]
+        pub(super) const OP: $crate::ops::OpRegistration = $crate::ops::OpRegistration {
+            name: $name,
+            from_attrs: |a| Ok($crate::ops::DefinedOp::new($ty { axis: a.opt_usize("axis")? })),
+            examples: || [None, Some(0), Some(1)].map(|axis| $crate::ops::DefinedOp::new($ty { axis })).to_vec(),
+        };
+
+        impl $crate::ops::OpDef for $ty {
+            fn name(&self) -> &'static str {
+                OP.name
+            }
+
+            fn attrs(&self) -> Vec<(&'static str, $crate::text::Attr)> {
+                vec![("axis", self.axis.into())]
+            }
+
+            fn arity(&self) -> (usize, usize) {
+                (3, 3)
+            }
+
+            /// Only shared scales and zero points (batched ones: vmap batches the
+            /// decomposition).
+            fn batchable(&self, batched: &[bool]) -> bool {
+                !batched[1..].iter().any(|&b| b)
+            }
+
+            /// The batch goes in front and a per-channel axis moves by one.
+            fn batch(&self, g: &mut $crate::Graph, b: &$crate::ops::Batched) -> $crate::Result<($crate::NodeId, Option<usize>)> {
+                let x = b.front(g, 0)?;
+                let op = $crate::Op::defined($ty { axis: self.axis.map(|a| a + 1) });
+                Ok((g.try_op(op, &[x, b.ins[1], b.ins[2]])?, Some(0)))
+            }
+
+            $($rules)*
+        }
+    };
+}
+pub(super) use affine_op;
+
+affine_op! {
+    /// The op: `(x, scale, zero_point) -> q`.
+    Quantize = "quantize";
+    fn infer(&self, ins: &[&Shape]) -> Result<Shape> {
+        let (x, scale, zp) = (ins[0], ins[1], ins[2]);
+        require_float(OP.name, x)?;
+        same_dtype(OP.name, x, scale)?;
+        check_params(OP.name, self.axis, x, scale, zp)?;
+        Ok(x.with_dtype(zp.dtype()))
+    }
+
+    fn eval(&self, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+        let (lo, hi) = qrange(out.dtype());
+        let q: Vec<i64> = eval_unclamped(self.axis, ins)
+            .into_iter()
+            .map(|v| v.clamp(lo, hi) as i64)
+            .collect();
+        Ok(Tensor::from_i64(ins[0].dims(), out.dtype(), q))
+    }
+
+    /// About four operations per element (divide, round, add, clamp).
+    fn cost(&self, ins: &[&Shape], out: &Shape) -> Cost {
+        Cost::streaming(ins, out, 4)
+    }
+
+    fn decompose(&self, g: &mut Graph, ins: &[NodeId]) -> Option<Result<NodeId>> {
+        Some(quantized_float(g, self.axis, ins).and_then(|(q, _)| {
+            let dt = g.shape(ins[2]).dtype();
+            g.try_cast(q, dt)
+        }))
+    }
+
+    /// An integer result: no derivative flows through it.
+    fn has_ad_rules(&self) -> bool {
+        true
+    }
+
+    fn vjp(&self, _: &mut Graph, ins: &[NodeId], _: NodeId, _: NodeId) -> Result<Grads> {
+        Ok(vec![None; ins.len()])
+    }
+
+    fn jvp(&self, _: &mut Graph, _: &[NodeId], _: NodeId, _: &[Option<NodeId>]) -> Result<Tangent> {
+        Ok(None)
+    }
 }
 
-/// Integer result: no derivative flows through it.
-pub(super) fn vjp(ins: &[NodeId]) -> Result<Vec<Option<NodeId>>> {
-    Ok(vec![None; ins.len()])
-}
-
-/// Batching rule for data batched at the front and shared parameters: the same op with `axis`
-/// moved past the batch axis. (Batched parameters make vmap batch the decomposition.)
-pub(super) fn batched(op: &Op) -> Result<Op> {
-    Ok(match op {
-        Op::Quantize { axis } => Op::Quantize {
-            axis: axis.map(|a| a + 1),
-        },
-        Op::Dequantize { axis } => Op::Dequantize {
-            axis: axis.map(|a| a + 1),
-        },
-        Op::FakeQuantize { axis } => Op::FakeQuantize {
-            axis: axis.map(|a| a + 1),
-        },
-        other => return Err(Error::op(other.name(), "is not an affine quantization op")),
-    })
-}
-
-/// About four operations per element (divide, round, add, clamp).
-pub(super) fn cost(ins: &[&Shape], out: &Shape) -> Cost {
-    Cost::streaming(ins, out, 4)
-}
-
-/// Text-form attributes: the channel axis, or `none` per tensor.
-pub fn attrs(axis: Option<usize>) -> Vec<(&'static str, crate::text::Attr)> {
-    vec![("axis", axis.into())]
-}
-
-/// The channel axis from the text-form attributes.
-pub fn from_attrs(a: &mut crate::text::Attrs) -> Result<Option<usize>> {
-    a.opt_usize("axis")
-}
-
-// Batching (shared by Quantize, Dequantize and FakeQuantize).
-
-/// Whether the batching rule covers the operands flagged `batched`: only shared scales and
-/// zero points (batched ones: vmap batches the decomposition).
-pub(super) fn batchable(batched: &[bool]) -> bool {
-    !batched[1..].iter().any(|&b| b)
-}
-
-/// Batching rule: the batch goes in front and a per-channel axis moves by one.
-pub(super) fn batch(
-    g: &mut Graph,
-    op: &Op,
-    b: &super::batch::Batched,
-) -> Result<(NodeId, Option<usize>)> {
-    let x = b.front(g, 0)?;
-    Ok((g.try_op(batched(op)?, &[x, b.ins[1], b.ins[2]])?, Some(0)))
-}
+/// Cotangents of the operands.
+pub(super) type Grads = Vec<Option<NodeId>>;
+/// A result's tangent.
+pub(super) type Tangent = Option<NodeId>;

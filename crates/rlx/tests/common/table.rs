@@ -175,15 +175,24 @@ pub fn op_of(name: &str, a: &Value) -> Op {
         "dequant_matmul" => Op::DequantMatMul {
             scheme: scheme(&a["scheme"]),
         },
-        "quantize" => Op::Quantize {
-            axis: a["axis"].as_u64().map(|v| v as usize),
-        },
-        "dequantize" => Op::Dequantize {
-            axis: a["axis"].as_u64().map(|v| v as usize),
-        },
-        "fake_quantize" => Op::FakeQuantize {
-            axis: a["axis"].as_u64().map(|v| v as usize),
-        },
+        // Ops defined by an `OpDef`: the row's attributes in the text form (null is `none`).
+        name if rlx::ir::ops::registration(name).is_some() => {
+            let items: Vec<String> = a
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| match v {
+                    Value::Null => format!("{k} = none"),
+                    v => format!("{k} = {v}"),
+                })
+                .collect();
+            let text = if items.is_empty() {
+                String::new()
+            } else {
+                format!("{{{}}}", items.join(", "))
+            };
+            Op::Defined(rlx::ir::ops::DefinedOp::parse(name, &text).expect("the row's attributes"))
+        }
         "cache_write" => Op::CacheWrite,
         "cached_attention" => Op::CachedAttention {
             scale: f("scale"),

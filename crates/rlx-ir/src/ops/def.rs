@@ -1,0 +1,225 @@
+//! Ops defined in one file each.
+//!
+//! An [`OpDef`] is a value (the op with its attributes) whose methods are every rule the IR
+//! needs: shape/dtype inference, the reference evaluator, cost, decomposition, reverse- and
+//! forward-mode derivatives, batching and its text-form attributes. An [`OpRegistration`] names
+//! the op and parses it back from the text form. [`Op::Defined`](crate::Op::Defined) holds one,
+//! so adding such an op touches its own file and one line of the registry
+//! ([`registrations`]); the IR's enum, the rule dispatchers, the passes and the backends stay as
+//! they are (a backend without a native kernel for it gets its decomposition).
+
+use super::batch::Batched;
+use super::Cost;
+use crate::eval::Tensor;
+use crate::text::{Attr, Attrs};
+use crate::{Error, Graph, NodeId, Result, Shape};
+use std::fmt;
+use std::sync::Arc;
+
+/// Every rule of one op. Implemented by a type holding the op's attributes (`Quantize { axis }`).
+///
+/// Required: the name, attributes, arity, inference, the reference evaluator and the cost. The
+/// rest default to "none": a primitive without a decomposition, no derivative rules
+/// (autodiff then differentiates the decomposition, or reports the op), no batching rule (vmap
+/// batches the decomposition).
+pub trait OpDef: Send + Sync + 'static {
+    /// The lowercase name, as printed and parsed; equal to its [`OpRegistration::name`].
+    fn name(&self) -> &'static str;
+
+    /// The attributes in print order. The text form, JSON, equality and hashing use them, so two
+    /// ops with equal names and attributes are the same op.
+    fn attrs(&self) -> Vec<(&'static str, Attr)>;
+
+    /// Operand count bounds `(min, max)`.
+    fn arity(&self) -> (usize, usize);
+
+    /// The result shape and dtype for operands of shapes `ins` (the count is already checked
+    /// against [`OpDef::arity`]). Errors name the op and the offending shapes.
+    fn infer(&self, ins: &[&Shape]) -> Result<Shape>;
+
+    /// The reference evaluator: the result for host values `ins` whose result shape is `out`.
+    fn eval(&self, ins: &[&Tensor], out: &Shape) -> Result<Tensor>;
+
+    /// Estimated arithmetic and memory traffic.
+    fn cost(&self, ins: &[&Shape], out: &Shape) -> Cost;
+
+    /// The op rewritten into simpler ops appended to `g` (`None`: a primitive, which a backend
+    /// must run natively).
+    fn decompose(&self, _g: &mut Graph, _ins: &[NodeId]) -> Option<Result<NodeId>> {
+        None
+    }
+
+    /// Whether [`OpDef::vjp`] and [`OpDef::jvp`] are rules of this op. When false, autodiff
+    /// differentiates the decomposition (or reports that the op has none).
+    fn has_ad_rules(&self) -> bool {
+        false
+    }
+
+    /// Reverse mode: the cotangents of the operands `ins` given the cotangent `ct` of the result
+    /// `out` (`None`: zero or not differentiable). Only called when [`OpDef::has_ad_rules`].
+    fn vjp(
+        &self,
+        _g: &mut Graph,
+        _ins: &[NodeId],
+        _out: NodeId,
+        _ct: NodeId,
+    ) -> Result<Vec<Option<NodeId>>> {
+        Err(Error::op(self.name(), "has no reverse-mode (VJP) rule"))
+    }
+
+    /// Forward mode: the tangent of the result `out` given the operands' tangents (`None` is
+    /// zero; at least one is present). Only called when [`OpDef::has_ad_rules`].
+    fn jvp(
+        &self,
+        _g: &mut Graph,
+        _ins: &[NodeId],
+        _out: NodeId,
+        _tangents: &[Option<NodeId>],
+    ) -> Result<Option<NodeId>> {
+        Err(Error::op(self.name(), "has no forward-mode (JVP) rule"))
+    }
+
+    /// Whether [`OpDef::batch`] handles the operands flagged in `batched` carrying a batch axis.
+    fn batchable(&self, _batched: &[bool]) -> bool {
+        false
+    }
+
+    /// The batching rule: the result and its batch axis. Only called when
+    /// [`OpDef::batchable`] said yes.
+    fn batch(&self, _g: &mut Graph, _b: &Batched) -> Result<(NodeId, Option<usize>)> {
+        Err(Error::op(
+            self.name(),
+            "has no batching rule; vmap batches its decomposition",
+        ))
+    }
+}
+
+/// How the text form (and JSON) finds a defined op by name.
+pub struct OpRegistration {
+    /// The op's name.
+    pub name: &'static str,
+    /// The op from its text-form attributes (unknown or missing ones are errors naming the op).
+    pub from_attrs: fn(&mut Attrs) -> Result<DefinedOp>,
+    /// A few instances with different attributes, for property tests of the text form.
+    pub examples: fn() -> Vec<DefinedOp>,
+}
+
+/// The registered ops, in the order their kinds enumerate.
+pub fn registrations() -> &'static [OpRegistration] {
+    super::DEFINED
+}
+
+/// The registration named `name`.
+pub fn registration(name: &str) -> Option<&'static OpRegistration> {
+    registrations().iter().find(|r| r.name == name)
+}
+
+/// An op defined by an [`OpDef`], shared cheaply between graphs.
+#[derive(Clone)]
+pub struct DefinedOp(Arc<dyn OpDef>);
+
+impl DefinedOp {
+    /// Wrap a definition.
+    pub fn new(def: impl OpDef) -> DefinedOp {
+        DefinedOp(Arc::new(def))
+    }
+
+    /// The definition and its rules.
+    pub fn def(&self) -> &dyn OpDef {
+        &*self.0
+    }
+
+    /// The op's name.
+    pub fn name(&self) -> &'static str {
+        self.0.name()
+    }
+
+    /// The attributes written as in the text form, `{axis = 0}` (empty without attributes).
+    pub fn attrs_text(&self) -> String {
+        crate::text::attrs_text(&self.0.attrs())
+    }
+
+    /// Parse the op named `name` with attributes written as [`DefinedOp::attrs_text`] gives.
+    pub fn parse(name: &str, attrs: &str) -> Result<DefinedOp> {
+        let reg = registration(name)
+            .ok_or_else(|| Error::op(name.to_string(), "is not a registered op"))?;
+        let mut a = Attrs::new(reg.name, crate::text::parse_attrs(attrs)?);
+        let op = (reg.from_attrs)(&mut a)?;
+        a.finish()?;
+        Ok(op)
+    }
+}
+
+impl fmt::Debug for DefinedOp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{}", self.name(), self.attrs_text())
+    }
+}
+
+impl PartialEq for DefinedOp {
+    fn eq(&self, o: &DefinedOp) -> bool {
+        self.name() == o.name() && self.0.attrs() == o.0.attrs()
+    }
+}
+
+impl serde::Serialize for DefinedOp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        (self.name(), self.attrs_text()).serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for DefinedOp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let (name, attrs) = <(String, String)>::deserialize(d)?;
+        DefinedOp::parse(&name, &attrs).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::{Dequantize, Quantize};
+    use crate::{DType, Graph, Op, OpKind, Shape};
+
+    #[test]
+    fn defined_ops_are_kinds_and_round_trip_through_text_and_json() {
+        let kind = OpKind::from_name("quantize").expect("registered");
+        assert_eq!(kind, OpKind::Defined("quantize"));
+        assert!(OpKind::all().contains(&kind));
+        assert_eq!(serde_json::to_string(&kind).unwrap(), "\"quantize\"");
+
+        let mut g = Graph::new("q");
+        let x = g.input("x", Shape::new(&[2, 3], DType::F32));
+        let s = g.constant_f32(&[3], &[0.5, 0.25, 1.0]);
+        let z = g
+            .try_constant_bytes(Shape::new(&[3], DType::I8), vec![0, 3, 254])
+            .unwrap();
+        let q = g.op(Op::defined(Quantize { axis: Some(1) }), &[x, s, z]);
+        let y = g.op(Op::defined(Dequantize { axis: Some(1) }), &[q, s, z]);
+        g.set_outputs(vec![y]);
+        assert_eq!(g.shape(q).dtype(), DType::I8);
+        assert_ne!(g.node(q).op, Op::defined(Quantize { axis: None }));
+
+        let text = g.to_string();
+        assert!(text.contains("quantize %0, %1, %2 {axis = 1}"), "{text}");
+        assert_eq!(Graph::parse(&text).unwrap(), g);
+        let json = g.to_json();
+        assert_eq!(Graph::from_json(&json).unwrap(), g);
+    }
+
+    #[test]
+    fn bad_defined_ops_are_named_errors() {
+        let e = Graph::parse(
+            "graph \"g\" {\n  %0 = input {name = \"x\"} : f32[2]\n  %1 = quantize %0, %0, %0 {axes = 1} : i8[2]\n  return %1\n}",
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("quantize"), "{e}");
+        let e = super::DefinedOp::parse("no_such_op", "").unwrap_err();
+        assert!(e.to_string().contains("no_such_op"), "{e}");
+        let mut g = Graph::new("g");
+        let x = g.input("x", Shape::new(&[2], DType::F32));
+        let e = g
+            .try_op(Op::defined(Quantize { axis: None }), &[x, x])
+            .unwrap_err();
+        assert!(e.to_string().contains("quantize"), "{e}");
+    }
+}

@@ -291,6 +291,28 @@ impl Graph {
     ) -> Result<NodeId> {
         self.try_op(Op::CachedAttention { scale, window }, &[q, k, v, pos])
     }
+
+    /// Attention of queries `q [S, Hq, D]` over a paged cache `k`, `v` of `block`-row blocks,
+    /// query `i` at position `pos[i]` of the sequence whose block table is row `i` of `table`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_paged_attention(
+        &mut self,
+        q: NodeId,
+        k: NodeId,
+        v: NodeId,
+        pos: NodeId,
+        table: NodeId,
+        scale: f32,
+        window: Option<usize>,
+        block: usize,
+    ) -> Result<NodeId> {
+        let op = Op::PagedAttention {
+            scale,
+            window,
+            block,
+        };
+        self.try_op(op, &[q, k, v, pos, table])
+    }
 }
 
 short_forms! {

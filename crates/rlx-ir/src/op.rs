@@ -328,7 +328,9 @@ pub enum Op {
         scheme: crate::QuantScheme,
     },
     /// `(cache [T, ...], update [S, ...], pos I32 [1])`: the cache with rows `[pos, pos + S)`
-    /// replaced. `cache` must be a param used only here: backends update it in place, which is
+    /// replaced. With `slots I32 [S]` in place of `pos` (a paged cache), update row `i` goes to
+    /// cache row `slots[i]` instead (the two forms agree when `S = 1`); rows outside the cache
+    /// are dropped. `cache` must be a param used only here: backends update it in place, which is
     /// what makes a KV cache persist from one run to the next.
     CacheWrite,
     /// Causal attention of new queries over a KV cache: `(q [S, Hq, D], k [T, Hkv, D],
@@ -340,6 +342,22 @@ pub enum Op {
         scale: f32,
         /// Sliding-window length, if any.
         window: Option<usize>,
+    },
+    /// Attention over a paged KV cache, for many sequences in one batch:
+    /// `(q [S, Hq, D], k [R, Hkv, D], v [R, Hkv, Dv], pos I32 [S], table I32 [S, M]) ->
+    /// [S, Hq, Dv]`. The cache is a pool of blocks of `block` rows (`R` a multiple of `block`).
+    /// Query `i` sits at position `pos[i]` of its sequence, whose position `j` is cache row
+    /// `table[i, j / block] * block + j % block`; it attends to positions `j <= pos[i]` (and
+    /// `j > pos[i] - window` with a sliding window), exactly as [`Op::CachedAttention`] over
+    /// that sequence's rows laid end to end. Positions in a block outside the pool are skipped;
+    /// a query that sees no position gives zeros.
+    PagedAttention {
+        /// Score scale.
+        scale: f32,
+        /// Sliding-window length, if any.
+        window: Option<usize>,
+        /// Rows per cache block.
+        block: usize,
     },
     /// A fused region made by a fusion pass; see [`FusedRegion`].
     Fused(FusedRegion),
@@ -635,6 +653,8 @@ op_kinds! {
     CacheWrite = "cache_write",
     /// `cached_attention`
     CachedAttention = "cached_attention",
+    /// `paged_attention`
+    PagedAttention = "paged_attention",
     /// `fused`
     Fused = "fused",
 }
@@ -716,6 +736,7 @@ impl Op {
             Op::DequantizeRows { .. } => K::DequantizeRows,
             Op::CacheWrite => K::CacheWrite,
             Op::CachedAttention { .. } => K::CachedAttention,
+            Op::PagedAttention { .. } => K::PagedAttention,
             Op::Fused(_) => K::Fused,
             Op::Defined(d) => K::Defined(d.name()),
         }

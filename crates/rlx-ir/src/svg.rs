@@ -55,7 +55,9 @@ fn label(g: &Graph, id: NodeId) -> (Vec<String>, &'static str) {
                 Op::MatMul | Op::DotGeneral(_) | Op::DequantMatMul { .. } | Op::Conv(_) => {
                     "product"
                 }
-                Op::Attention { .. } | Op::CachedAttention { .. } => "product",
+                Op::Attention { .. } | Op::CachedAttention { .. } | Op::PagedAttention { .. } => {
+                    "product"
+                }
                 _ => "op",
             };
             (vec![format!("{id} {}", op.name()), shape], class)

@@ -172,6 +172,11 @@ fn op_of(kind: OpKind, v: &[usize], x: f32, s: &str, body: &Graph) -> Op {
             scale: x,
             window: opt(0),
         },
+        K::PagedAttention => Op::PagedAttention {
+            scale: x,
+            window: opt(0),
+            block: pick(1, 64) + 1,
+        },
         K::Fused => Op::Fused(FusedRegion {
             kind: FusionKind::ALL[pick(0, FusionKind::ALL.len())],
             body: Box::new(body.clone()),

@@ -111,10 +111,13 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
             float(out) && ins[0] == DType::F32 && shaders::gguf_decoder(*scheme).is_some()
         }
         Op::DequantizeRows { scheme } => float(out) && shaders::gguf_decoder(*scheme).is_some(),
-        Op::CacheWrite => float(out) && float(ins[1]),
+        // The position form only (the slot form of a paged cache has no WGSL kernel yet).
+        Op::CacheWrite => {
+            float(out) && float(ins[1]) && g.shape(n.inputs[2]).static_dims() == Some(vec![1])
+        }
         Op::CachedAttention { .. } => float(out) && float(ins[1]),
         Op::Conv(_) | Op::Pool(_) | Op::Custom(_) => false,
-        Op::Defined(_) => false,
+        Op::Defined(_) | Op::PagedAttention { .. } => false,
     };
     (!ok).then(|| format!("{} on {} has no WGSL kernel yet", n.op.name(), n.shape))
 }

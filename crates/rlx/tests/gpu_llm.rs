@@ -72,13 +72,18 @@ fn gemma3_on_the_gpu_agrees_with_the_cpu() {
         load_model(KnownModel::Gemma3, Device::Cpu),
         load_model(KnownModel::Gemma3, Device::Gpu),
     );
-    // Lavapipe runs Gemma slowly: 12 positions (every difference a near-tie, checked above).
-    let rate = forced_agreement(&mut cpu, &mut gpu, &g, 12);
+    // Lavapipe runs Gemma slowly: CI forces 12 positions (every difference a near-tie, checked
+    // above); RLX_GPU_FULL_PARITY=1 forces the whole parity text and asks for 99%.
+    let full = std::env::var_os("RLX_GPU_FULL_PARITY").is_some();
+    let n = if full { usize::MAX } else { 12 };
+    let rate = forced_agreement(&mut cpu, &mut gpu, &g, n);
+    let n = n.min(g["forced"]["ids"].as_array().map_or(0, Vec::len));
     eprintln!(
-        "Gemma 3: GPU vs CPU teacher-forced top-1 agreement {:.1}% over 12 positions",
+        "Gemma 3: GPU vs CPU teacher-forced top-1 agreement {:.1}% over {n} positions",
         100.0 * rate
     );
-    assert!(rate >= 0.9, "agreement {rate:.3} < 0.9");
+    let want = if full { 0.99 } else { 0.9 };
+    assert!(rate >= want, "agreement {rate:.3} < {want}");
 }
 
 #[test]

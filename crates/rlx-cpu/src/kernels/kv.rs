@@ -91,12 +91,36 @@ fn round_slice(dt: DType, x: &mut [f32]) {
     }
 }
 
+/// CacheWrite: rows `[pos, pos + S)` of the cache, or (with one slot per update row) row
+/// `slots[i]` for update row `i`; rows outside the cache are dropped.
 fn cache_write(cache: TRef, upd: TRef, pos: TRef) -> Box<dyn Kernel> {
     kernel(move |_pool: &Pool| {
         let dims = upd.layout.dims().to_vec();
         let t = cache.layout.dims()[0];
-        // SAFETY: rows past the cache are dropped, so every write lands inside the param buffer.
+        // SAFETY: rows outside the cache are dropped, so every write lands inside the param
+        // buffer.
         unsafe {
+            if pos.layout.dims()[0] > 1 {
+                let inner: usize = dims[1..].iter().product();
+                let mut d = dims.clone();
+                d[0] = 1;
+                for r in 0..dims[0] {
+                    let slot = *pos
+                        .base::<i32>()
+                        .add(pos.layout.offset + r * pos.layout.strides()[0]);
+                    if slot < 0 || slot as usize >= t {
+                        continue;
+                    }
+                    let dst = cache.layout.narrow(0, slot as usize, 1);
+                    let src = upd.layout.narrow(0, r, 1);
+                    for_each_run(&d, [&dst, &src], 0..inner, |[o, i], len, [so, si]| {
+                        for k in 0..len {
+                            store(&cache, o + k * so, load(&upd, i + k * si));
+                        }
+                    });
+                }
+                return;
+            }
             let p = read_pos(&pos);
             let rows = dims[0].min(t.saturating_sub(p));
             if rows == 0 {
@@ -335,118 +359,248 @@ fn cached_attention(
     scale: f32,
     window: Option<usize>,
 ) -> Box<dyn Kernel> {
-    let (qd, kd, vd) = (
-        q.layout.dims().to_vec(),
-        k.layout.dims().to_vec(),
-        v.layout.dims().to_vec(),
-    );
-    let (s_len, hq, dh) = (qd[0], qd[1], qd[2]);
-    let (t_len, hkv, dv) = (kd[0], kd[1], vd[2]);
-    let group = hq / hkv;
-    let (qs, ks, vs) = (
-        q.layout.strides().to_vec(),
-        k.layout.strides().to_vec(),
-        v.layout.strides().to_vec(),
-    );
-    let os = out.layout.strides().to_vec();
-    let cdt = k.dtype;
-    let (kr, vr) = (
-        Rows::of(&k).expect("checked at lowering"),
-        Rows::of(&v).expect("checked at lowering"),
-    );
-    #[cfg(target_arch = "x86_64")]
-    let simd = crate::isa::avx2();
-    #[cfg(not(target_arch = "x86_64"))]
-    let simd = false;
-    let slot = scratch_floats(t_len, dh, dv);
+    let a = PerQuery::new(q, k, v, out, scratch, scale, k.layout.dims()[0]);
+    let t_len = a.positions;
     kernel(move |pool: &Pool| {
-        // SAFETY: reads stay below row pos + S <= T (clamped); each task owns one (query, head)
-        // output row and its thread's scratch slot.
+        // SAFETY: reads stay below row pos + S <= T (clamped).
         unsafe {
             let p = read_pos(&pos);
-            pool.run(s_len * hq, &|task, thread| {
-                let (i, h) = (task / hq, task % hq);
-                let kh = h / group;
-                let last = (p + i).min(t_len - 1);
-                let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
-                let buf = scratch.get().add(thread * slot * 4) as *mut f32;
-                let sc = std::slice::from_raw_parts_mut(buf, t_len);
-                let qv = std::slice::from_raw_parts_mut(buf.add(t_len), dh);
-                let acc = std::slice::from_raw_parts_mut(buf.add(t_len + dh), LANES * dv);
-                let qo = q.layout.offset + i * qs[0] + h * qs[1];
-                for (d, x) in qv.iter_mut().enumerate() {
-                    *x = round_to(cdt, load(&q, qo + d * qs[2]));
-                }
-                let mut mx = f32::NEG_INFINITY;
-                for (j, s) in sc.iter_mut().enumerate().take(last + 1).skip(first) {
-                    *s = row_dot(qv, kr, k.layout.offset + j * ks[0] + kh * ks[1], simd) * scale;
-                    mx = mx.max(*s);
-                }
-                let inv = (1.0 / exp_blocks_fast(sc, first, last, mx, simd)) as f32;
-                // Lane rows that receive a product: all of them once the range spans a block,
-                // else the lanes first % 64 ..= last % 64. Untouched rows count as zero below.
-                let (lo, hi) = if last / LANES == first / LANES {
-                    (first % LANES, last % LANES + 1)
-                } else {
-                    (0, LANES)
-                };
-                acc[lo * dv..hi * dv].fill(0.0);
-                for (j, &e) in sc.iter().enumerate().take(last + 1).skip(first) {
-                    let lane = &mut acc[(j % LANES) * dv..][..dv];
-                    row_axpy(
-                        lane,
-                        round_to(cdt, e * inv),
-                        vr,
-                        v.layout.offset + j * vs[0] + kh * vs[1],
-                        simd,
-                    );
-                }
-                // reduce64 for every d at once, on whole rows (acc row l = lane l); adding a
-                // zero row is a copy.
-                let mut live: [bool; LANES] = std::array::from_fn(|l| (lo..hi).contains(&l));
-                let mut combine = |dst: usize, a: usize, b: usize| {
-                    let (src, other) = match (live[a], live[b]) {
-                        (true, true) => (a, Some(b)),
-                        (true, false) => (a, None),
-                        (false, true) => (b, None),
-                        (false, false) => {
-                            live[dst] = false;
-                            return;
-                        }
-                    };
-                    // SAFETY: the three rows lie in `acc`; `dst` may be `src` (element-wise).
-                    let base = acc.as_mut_ptr();
-                    let (x, y) = (base.add(dst * dv), base.add(src * dv) as *const f32);
-                    match other {
-                        Some(o) => {
-                            let z = base.add(o * dv) as *const f32;
-                            (0..dv).for_each(|d| *x.add(d) = *y.add(d) + *z.add(d));
-                        }
-                        None => (0..dv).for_each(|d| *x.add(d) = *y.add(d) + 0.0),
-                    }
-                    live[dst] = true;
-                };
-                for l in 0..16 {
-                    combine(l, l, l + 32);
-                    combine(l + 16, l + 16, l + 48);
-                    combine(l, l, l + 16);
-                }
-                for l in 0..8 {
-                    combine(l, l + 8, l);
-                }
-                for l in 0..4 {
-                    combine(l, l + 4, l);
-                }
-                combine(0, 2, 0);
-                combine(1, 3, 1);
-                combine(0, 0, 1);
-                let oo = out.layout.offset + i * os[0] + h * os[1];
-                for (d, v) in acc[..dv].iter().enumerate() {
-                    store(&out, oo + d * os[2], *v);
-                }
-            });
+            a.run(
+                pool,
+                |i| {
+                    let last = (p + i).min(t_len - 1);
+                    let first = window.map_or(0, |w| (last + 1).saturating_sub(w));
+                    Some((first, last))
+                },
+                |_, j| Some(j),
+            );
         }
     })
+}
+
+/// [`cached_attention`] over a paged cache: query `i` sees positions `j <= pos[i]` of its
+/// sequence at cache rows `table[i, j / block] * block + j % block`, computed operation for
+/// operation as [`cached_attention`] computes them over that sequence's rows laid end to end.
+#[allow(clippy::too_many_arguments)]
+fn paged_attention(
+    ins: &[TRef],
+    out: TRef,
+    scratch: super::Ptr,
+    scale: f32,
+    window: Option<usize>,
+    block: usize,
+) -> Box<dyn Kernel> {
+    let (pos, table) = (ins[3], ins[4]);
+    let m = table.layout.dims()[1];
+    let blocks = (ins[1].layout.dims()[0] / block) as i32;
+    let a = PerQuery::new(ins[0], ins[1], ins[2], out, scratch, scale, m * block);
+    let (ps, ts) = (pos.layout.strides()[0], table.layout.strides().to_vec());
+    kernel(move |pool: &Pool| {
+        // SAFETY: positions are clamped to the table, block ids outside the pool are skipped,
+        // so every cache row read lies inside the pool.
+        unsafe {
+            let pos_at = |i: usize| *pos.base::<i32>().add(pos.layout.offset + i * ps);
+            let block_of = |i: usize, b: usize| {
+                *table
+                    .base::<i32>()
+                    .add(table.layout.offset + i * ts[0] + b * ts[1])
+            };
+            a.run(
+                pool,
+                |i| {
+                    let p = pos_at(i);
+                    (p >= 0).then(|| {
+                        let last = (p as usize).min(m * block - 1);
+                        (window.map_or(0, |w| (last + 1).saturating_sub(w)), last)
+                    })
+                },
+                |i, j| {
+                    let b = block_of(i, j / block);
+                    (0..blocks)
+                        .contains(&b)
+                        .then_some(b as usize * block + j % block)
+                },
+            );
+        }
+    })
+}
+
+/// The per-query attention both cache forms share: one (query, head) per task, the scores of
+/// positions `first..=last` in the thread's scratch, lanes by position.
+#[derive(Clone, Copy)]
+struct PerQuery {
+    q: TRef,
+    k: TRef,
+    v: TRef,
+    out: TRef,
+    kr: Rows,
+    vr: Rows,
+    scratch: super::Ptr,
+    scale: f32,
+    /// Positions a query may see (the scores' length).
+    positions: usize,
+    simd: bool,
+}
+
+impl PerQuery {
+    fn new(
+        q: TRef,
+        k: TRef,
+        v: TRef,
+        out: TRef,
+        scratch: super::Ptr,
+        scale: f32,
+        positions: usize,
+    ) -> PerQuery {
+        #[cfg(target_arch = "x86_64")]
+        let simd = crate::isa::avx2();
+        #[cfg(not(target_arch = "x86_64"))]
+        let simd = false;
+        PerQuery {
+            q,
+            k,
+            v,
+            out,
+            kr: Rows::of(&k).expect("checked at lowering"),
+            vr: Rows::of(&v).expect("checked at lowering"),
+            scratch,
+            scale,
+            positions,
+            simd,
+        }
+    }
+
+    /// Run every (query, head): `span(i)` gives the positions `(first, last)` query `i` sees
+    /// (`None`: none, zeros out), `row(i, j)` the cache row of its position `j` (`None`: skipped).
+    ///
+    /// # Safety
+    /// Every row `row` gives lies inside the cache; `last < positions`.
+    unsafe fn run(
+        &self,
+        pool: &Pool,
+        span: impl Fn(usize) -> Option<(usize, usize)> + Sync,
+        row: impl Fn(usize, usize) -> Option<usize> + Sync,
+    ) {
+        let PerQuery {
+            q,
+            k,
+            v,
+            out,
+            kr,
+            vr,
+            scratch,
+            scale,
+            positions,
+            simd,
+        } = *self;
+        let (qd, kd, vd) = (q.layout.dims(), k.layout.dims(), v.layout.dims());
+        let (s_len, hq, dh) = (qd[0], qd[1], qd[2]);
+        let (hkv, dv) = (kd[1], vd[2]);
+        let group = hq / hkv;
+        let (qs, ks, vs, os) = (
+            q.layout.strides(),
+            k.layout.strides(),
+            v.layout.strides(),
+            out.layout.strides(),
+        );
+        let cdt = k.dtype;
+        let slot = scratch_floats(positions, dh, dv);
+        pool.run(s_len * hq, &|task, thread| {
+            let (i, h) = (task / hq, task % hq);
+            let kh = h / group;
+            let oo = out.layout.offset + i * os[0] + h * os[1];
+            let Some((first, last)) = span(i) else {
+                (0..dv).for_each(|d| store(&out, oo + d * os[2], 0.0));
+                return;
+            };
+            // SAFETY (of the block): each task owns one (query, head) output row and its
+            // thread's scratch slot; cache rows come from `row`, inside the cache.
+            let buf = scratch.get().add(thread * slot * 4) as *mut f32;
+            let sc = std::slice::from_raw_parts_mut(buf, positions);
+            let qv = std::slice::from_raw_parts_mut(buf.add(positions), dh);
+            let acc = std::slice::from_raw_parts_mut(buf.add(positions + dh), LANES * dv);
+            let qo = q.layout.offset + i * qs[0] + h * qs[1];
+            for (d, x) in qv.iter_mut().enumerate() {
+                *x = round_to(cdt, load(&q, qo + d * qs[2]));
+            }
+            let mut mx = f32::NEG_INFINITY;
+            for (j, s) in sc.iter_mut().enumerate().take(last + 1).skip(first) {
+                *s = match row(i, j) {
+                    Some(r) => {
+                        row_dot(qv, kr, k.layout.offset + r * ks[0] + kh * ks[1], simd) * scale
+                    }
+                    None => f32::NEG_INFINITY,
+                };
+                mx = mx.max(*s);
+            }
+            if mx == f32::NEG_INFINITY {
+                (0..dv).for_each(|d| store(&out, oo + d * os[2], 0.0));
+                return;
+            }
+            let inv = (1.0 / exp_blocks_fast(sc, first, last, mx, simd)) as f32;
+            // Lane rows that receive a product: all of them once the range spans a block,
+            // else the lanes first % 64 ..= last % 64. Untouched rows count as zero below.
+            let (lo, hi) = if last / LANES == first / LANES {
+                (first % LANES, last % LANES + 1)
+            } else {
+                (0, LANES)
+            };
+            acc[lo * dv..hi * dv].fill(0.0);
+            for (j, &e) in sc.iter().enumerate().take(last + 1).skip(first) {
+                let Some(r) = row(i, j) else { continue };
+                let lane = &mut acc[(j % LANES) * dv..][..dv];
+                row_axpy(
+                    lane,
+                    round_to(cdt, e * inv),
+                    vr,
+                    v.layout.offset + r * vs[0] + kh * vs[1],
+                    simd,
+                );
+            }
+            // reduce64 for every d at once, on whole rows (acc row l = lane l); adding a
+            // zero row is a copy.
+            let mut live: [bool; LANES] = std::array::from_fn(|l| (lo..hi).contains(&l));
+            let mut combine = |dst: usize, a: usize, b: usize| {
+                let (src, other) = match (live[a], live[b]) {
+                    (true, true) => (a, Some(b)),
+                    (true, false) => (a, None),
+                    (false, true) => (b, None),
+                    (false, false) => {
+                        live[dst] = false;
+                        return;
+                    }
+                };
+                // SAFETY: the three rows lie in `acc`; `dst` may be `src` (element-wise).
+                let base = acc.as_mut_ptr();
+                let (x, y) = (base.add(dst * dv), base.add(src * dv) as *const f32);
+                match other {
+                    Some(o) => {
+                        let z = base.add(o * dv) as *const f32;
+                        (0..dv).for_each(|d| *x.add(d) = *y.add(d) + *z.add(d));
+                    }
+                    None => (0..dv).for_each(|d| *x.add(d) = *y.add(d) + 0.0),
+                }
+                live[dst] = true;
+            };
+            for l in 0..16 {
+                combine(l, l, l + 32);
+                combine(l + 16, l + 16, l + 48);
+                combine(l, l, l + 16);
+            }
+            for l in 0..8 {
+                combine(l, l + 8, l);
+            }
+            for l in 0..4 {
+                combine(l, l + 4, l);
+            }
+            combine(0, 2, 0);
+            combine(1, 3, 1);
+            combine(0, 0, 1);
+            for (d, v) in acc[..dv].iter().enumerate() {
+                store(&out, oo + d * os[2], *v);
+            }
+        });
+    }
 }
 
 /// Scratch floats per thread of [`cached_attention`]: scores, the query, 64 partial value rows.
@@ -601,26 +755,33 @@ fn cached_attention_gemm(
     })
 }
 
-/// Lower CacheWrite (in place on its param) and CachedAttention.
+/// Lower CacheWrite (in place on its param), CachedAttention and PagedAttention.
 pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     match &info.node.op {
         Op::CacheWrite => Ok(Lowered::InPlace {
             src: 0,
             build: Box::new(|ins, out| cache_write(out, ins[1], ins[2])),
         }),
+        Op::PagedAttention {
+            scale,
+            window,
+            block,
+        } => {
+            let (scale, window, block) = (*scale, *window, *block);
+            dense_caches(info)?;
+            let positions = info.ins[4].dims()[1] * block;
+            let (dh, dv) = (info.ins[0].dims()[2], info.ins[2].dims()[2]);
+            Ok(Lowered::Compute {
+                scratch: info.threads * scratch_floats(positions, dh, dv) * 4,
+                build: Box::new(move |ins, out, s| {
+                    paged_attention(ins, out, s, scale, window, block)
+                }),
+            })
+        }
         Op::CachedAttention { scale, window } => {
             let (scale, window) = (*scale, *window);
             let t = info.ins[1].dims()[0];
-            for (what, i) in [("k", 1), ("v", 2)] {
-                if !matches!(info.in_dtypes[i], DType::F16 | DType::F32)
-                    || info.ins[i].strides().last() != Some(&1)
-                {
-                    return Err(info.unsupported(format!(
-                        "the {what} cache must be a dense f16 or f32 tensor, got {}",
-                        info.in_dtypes[i]
-                    )));
-                }
-            }
+            dense_caches(info)?;
             let (s_len, hkv) = (info.ins[0].dims()[0], info.ins[1].dims()[1]);
             let (dh, dv) = (info.ins[0].dims()[2], info.ins[2].dims()[2]);
             let dense_out = info.dtype() == DType::F32;
@@ -639,6 +800,21 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 }),
             })
         }
-        _ => unreachable!("dispatched by op"),
+        other => Err(info.unsupported(format!("{} is not a KV-cache op", other.name()))),
     }
+}
+
+/// The attention kernels read the caches as dense f16 or f32 rows.
+fn dense_caches(info: &NodeInfo<'_>) -> Result<()> {
+    for (what, i) in [("k", 1), ("v", 2)] {
+        if !matches!(info.in_dtypes[i], DType::F16 | DType::F32)
+            || info.ins[i].strides().last() != Some(&1)
+        {
+            return Err(info.unsupported(format!(
+                "the {what} cache must be a dense f16 or f32 tensor, got {}",
+                info.in_dtypes[i]
+            )));
+        }
+    }
+    Ok(())
 }

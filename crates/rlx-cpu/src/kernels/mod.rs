@@ -169,6 +169,7 @@ pub fn supports(op: &Op) -> bool {
         | Op::Expand { .. } => true,
         Op::Gather { .. } | Op::ScatterAdd { .. } | Op::Conv(_) | Op::Pool(_) => true,
         Op::DequantizeRows { .. } | Op::CacheWrite | Op::CachedAttention { .. } => true,
+        Op::PagedAttention { .. } => true,
         Op::DequantMatMul { scheme } => scheme.is_gguf(),
         // Elementwise and multiply-reduce regions the group loop runs; the rest are inlined.
         Op::Fused(r) => fused::region_program(r).is_some(),
@@ -196,7 +197,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         Op::Attention { .. } | Op::Rope { .. } => attention::lower(info),
         Op::Conv(_) | Op::Pool(_) => spatial::lower(info),
         Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => quant::lower(info),
-        Op::CacheWrite | Op::CachedAttention { .. } => kv::lower(info),
+        Op::CacheWrite | Op::CachedAttention { .. } | Op::PagedAttention { .. } => kv::lower(info),
         op => Err(info.unsupported(format!("{} has no CPU kernel", op.name()))),
     }
 }

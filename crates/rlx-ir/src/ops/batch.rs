@@ -110,7 +110,8 @@ pub fn batch_supported(op: &Op, batched: &[bool]) -> bool {
         | Op::Custom(_)
         | Op::Fused(_)
         | Op::CacheWrite
-        | Op::CachedAttention { .. } => false,
+        | Op::CachedAttention { .. }
+        | Op::PagedAttention { .. } => false,
     }
 }
 
@@ -160,7 +161,8 @@ pub fn batch(
         | Op::Custom(_)
         | Op::Fused(_)
         | Op::CacheWrite
-        | Op::CachedAttention { .. } => Err(Error::op(
+        | Op::CachedAttention { .. }
+        | Op::PagedAttention { .. } => Err(Error::op(
             op.name(),
             "has no batching rule; vmap batches its decomposition",
         )),

@@ -58,7 +58,9 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
         Op::LayerNorm { eps } | Op::RmsNorm { eps } => Some(("eps", *eps)),
         Op::Attention { scale, .. } => Some(("scale", *scale)),
         Op::Rope { theta, .. } => Some(("theta", *theta)),
-        Op::CachedAttention { scale, .. } => Some(("scale", *scale)),
+        Op::CachedAttention { scale, .. } | Op::PagedAttention { scale, .. } => {
+            Some(("scale", *scale))
+        }
         _ => None,
     };
     if let Some((what, v)) = float_attr.filter(|(_, v)| !v.is_finite()) {
@@ -105,6 +107,7 @@ pub fn infer(op: &Op, inputs: &[&Shape]) -> Result<Shape> {
         Op::DequantizeRows { scheme } => quant::dequantize(*scheme, inputs),
         Op::CacheWrite => kv::cache_write(inputs),
         Op::CachedAttention { window, .. } => kv::cached_attention(*window, inputs),
+        Op::PagedAttention { window, block, .. } => kv::paged_attention(*window, *block, inputs),
         Op::Fused(r) => fused::infer(r, inputs),
         Op::Defined(d) => d.def().infer(inputs),
     }
@@ -144,6 +147,11 @@ pub fn eval(op: &Op, ins: &[&crate::eval::Tensor], out: &Shape) -> Result<crate:
         Op::CachedAttention { scale, window } => {
             kv::eval_cached_attention(ins, out, *scale, *window)
         }
+        Op::PagedAttention {
+            scale,
+            window,
+            block,
+        } => kv::eval_paged_attention(ins, out, *scale, *window, *block),
         Op::DotGeneral(_)
         | Op::Attention { .. }
         | Op::Rope { .. }
@@ -238,7 +246,9 @@ pub fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> Cost {
         Op::Custom(f) => custom::cost(f),
         Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => quant::cost(op, ins, out),
         Op::Defined(d) => d.def().cost(ins, out),
-        Op::CacheWrite | Op::CachedAttention { .. } => kv::cost(op, ins, out),
+        Op::CacheWrite | Op::CachedAttention { .. } | Op::PagedAttention { .. } => {
+            kv::cost(op, ins, out)
+        }
         Op::Fused(r) => fused::cost(r, ins, out),
     }
 }
@@ -276,6 +286,7 @@ pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
         }
         Op::CacheWrite => (3, 3),
         Op::CachedAttention { .. } => (4, 4),
+        Op::PagedAttention { .. } => (5, 5),
         Op::Custom(f) => {
             let n = custom::arity(f);
             (n, n)
@@ -339,7 +350,8 @@ pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<Nod
         | Op::TopK { .. }
         | Op::DequantizeRows { .. }
         | Op::CacheWrite
-        | Op::CachedAttention { .. } => return None,
+        | Op::CachedAttention { .. }
+        | Op::PagedAttention { .. } => return None,
     })
 }
 
@@ -371,6 +383,7 @@ fn inference_only(op: &Op) -> bool {
             | Op::DequantizeRows { .. }
             | Op::CacheWrite
             | Op::CachedAttention { .. }
+            | Op::PagedAttention { .. }
     )
 }
 
@@ -389,6 +402,7 @@ macro_rules! without_ad_rules {
             | Op::DequantizeRows { .. }
             | Op::CacheWrite
             | Op::CachedAttention { .. }
+            | Op::PagedAttention { .. }
     };
 }
 
@@ -573,6 +587,11 @@ pub fn attrs(op: &Op) -> Vec<(&'static str, crate::text::Attr)> {
         Op::Defined(d) => d.def().attrs(),
         Op::CacheWrite => Vec::new(),
         Op::CachedAttention { scale, window } => kv::attrs(*scale, *window),
+        Op::PagedAttention {
+            scale,
+            window,
+            block,
+        } => kv::paged_attrs(*scale, *window, *block),
         Op::Fused(r) => fused::attrs(r),
     }
 }
@@ -638,7 +657,7 @@ pub fn from_attrs(kind: crate::OpKind, mut a: crate::text::Attrs) -> Result<Op> 
             Op::Defined((reg.from_attrs)(&mut a)?)
         }
         K::CacheWrite => Op::CacheWrite,
-        K::CachedAttention => kv::from_attrs(&mut a)?,
+        K::CachedAttention | K::PagedAttention => kv::from_attrs(kind, &mut a)?,
         K::Fused => Op::Fused(fused::from_attrs(&mut a)?),
     };
     a.finish()?;

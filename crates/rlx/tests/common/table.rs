@@ -198,6 +198,11 @@ pub fn op_of(name: &str, a: &Value) -> Op {
             scale: f("scale"),
             window: a["window"].as_u64().map(|w| w as usize),
         },
+        "paged_attention" => Op::PagedAttention {
+            scale: f("scale"),
+            window: a["window"].as_u64().map(|w| w as usize),
+            block: u("block"),
+        },
         "custom" => {
             assert_eq!(a["fn"], "softplus", "the table's custom functions");
             Op::Custom(softplus(Shape::new(

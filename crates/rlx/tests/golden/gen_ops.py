@@ -1286,6 +1286,59 @@ def gen_affine_quant(table):
                   "elementwise")
 
 
+def paged_attention_ref(q, k, v, pos, table, scale, window, block):
+    s, hq, _ = q.shape
+    r, hkv, dv = v.shape
+    blocks, m = r // block, table.shape[1]
+    out = np.zeros((s, hq, dv))
+    for i in range(s):
+        if pos[i] < 0:
+            continue
+        last = min(pos[i], m * block - 1)
+        first = 0 if window is None else max(last + 1 - window, 0)
+        rows = [table[i, j // block] * block + j % block for j in range(first, last + 1)
+                if 0 <= table[i, j // block] < blocks]
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            sc = scale * (k[rows, kh] @ q[i, h])
+            w = np.exp(sc - sc.max())
+            out[i, h] = (w / w.sum()) @ v[rows, kh]
+    return out
+
+
+def gen_paged(table):
+    """The paged KV cache: CacheWrite with one slot per update row (slots outside the cache
+    dropped) and PagedAttention (rows of several sequences in one batch, each through its
+    block-table row; a block outside the pool skipped, a negative position giving zeros)."""
+    for cache_dt, slots, tag in [("f32", [5, 0, 9, -1], "slots"), ("f16", [7, 2], "slots_f16")]:
+        cache = normal([8, 2, 3], 1.0, cache_dt)
+        upd = normal([len(slots), 2, 3], 1.0, "f32")
+        want = wide(cache).copy()
+        for r, slot in enumerate(slots):
+            if 0 <= slot < 8:
+                want[slot] = wide(upd)[r]
+        table.add("cache_write", tag, {}, [arg(cache, cache_dt), arg(upd, "f32"),
+                                           arg(np.array(slots, np.int32), "i32")], want, cache_dt, "exact")
+    cases = [
+        # Two sequences side by side: A (blocks 2, 0, 3) at positions 5 and 6, B (blocks 1, 3) at 2.
+        (4, None, [5, 2, 6], [[2, 0, 3], [1, 3, 3], [2, 0, 3]], 4, 4, 2, "batch"),
+        # A sliding window over blocks of 2; the second query's table names a block past the pool.
+        (2, 3, [4, 5], [[3, 1, 0], [3, 9, 0]], 4, 2, 1, "window"),
+        # A query with no position sees nothing; a position past the table is clamped.
+        (4, None, [-1, 40], [[0, 1], [1, 0]], 2, 2, 2, "edges"),
+    ]
+    for block, window, pos, tab, nb, hq, hkv, tag in cases:
+        s = len(pos)
+        q = normal([s, hq, 4], 1.0, "f32")
+        k = normal([nb * block, hkv, 4], 1.0, "f32")
+        v = normal([nb * block, hkv, 5], 1.0, "f32")
+        pos, tab = np.array(pos, np.int32), np.array(tab, np.int32)
+        want = paged_attention_ref(wide(q), wide(k), wide(v), pos, tab, 0.5, window, block)
+        table.add("paged_attention", tag, {"scale": 0.5, "window": window, "block": block},
+                  [arg(q, "f32"), arg(k, "f32"), arg(v, "f32"), arg(pos, "i32"), arg(tab, "i32")], want, "f32",
+                  "accumulate")
+
+
 # ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
@@ -1296,7 +1349,7 @@ GENERATORS = [
     gen_transpose, gen_narrow, gen_concat, gen_expand, gen_gather,
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
     gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
-    gen_affine_quant, gen_fused,
+    gen_affine_quant, gen_fused, gen_paged,
 ]
 
 

@@ -74,6 +74,8 @@ pub mod hub;
 #[cfg(feature = "gguf")]
 pub mod llm;
 pub mod models;
+#[cfg(feature = "gguf")]
+pub mod serve;
 pub mod train;
 
 /// Everything most programs need: `use rlx::prelude::*;`.

@@ -100,12 +100,23 @@ fn paged(
     out[0].0.clone()
 }
 
-/// A sequence's `len` cache rows (`width` values each) scattered into the pool at `blocks`.
+/// A sequence's cache rows (`width` values each) scattered into the pool at `blocks`.
 fn scatter(pool: &mut [f64], seq: &[f64], blocks: &[i32], width: usize) {
     for (j, row) in seq.chunks(width).enumerate() {
         let r = blocks[j / BLOCK] as usize * BLOCK + j % BLOCK;
         pool[r * width..(r + 1) * width].copy_from_slice(row);
     }
+}
+
+/// K and V pools of `nb` blocks of filler holding each sequence's `(k, v)` rows at its blocks.
+fn pool_with(nb: usize, seed: u64, seqs: &[(&[f64], &[f64], &[i32])]) -> (Vec<f64>, Vec<f64>) {
+    let mut kp = values(nb * BLOCK * HKV * D, seed);
+    let mut vp = values(nb * BLOCK * HKV * DV, seed + 1);
+    for (k, v, t) in seqs {
+        scatter(&mut kp, k, t, HKV * D);
+        scatter(&mut vp, v, t, HKV * DV);
+    }
+    (kp, vp)
 }
 
 #[test]
@@ -122,12 +133,7 @@ fn paged_attention_is_cached_attention_bit_for_bit_beside_other_sequences() {
             let va = values(la * HKV * DV, 2);
             let kb = values(lb * HKV * D, 3);
             let vb = values(lb * HKV * DV, 4);
-            let mut kp = values(nb * BLOCK * HKV * D, 5);
-            let mut vp = values(nb * BLOCK * HKV * DV, 6);
-            scatter(&mut kp, &ka, &ta, HKV * D);
-            scatter(&mut vp, &va, &ta, HKV * DV);
-            scatter(&mut kp, &kb, &tb, HKV * D);
-            scatter(&mut vp, &vb, &tb, HKV * DV);
+            let (kp, vp) = pool_with(nb, 5, &[(&ka, &va, &ta), (&kb, &vb, &tb)]);
             // Queries: A's last two positions (a decode step of 2), then B's last position.
             let q = values(3 * HQ * D, 7);
             let row = HQ * D;
@@ -245,4 +251,38 @@ fn paged_attention_shapes_are_checked() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("table I32 [2, M]"), "{e}");
+}
+
+#[test]
+fn a_paged_prompt_chunk_is_the_contiguous_chunk_bit_for_bit() {
+    for cache in [DType::F16, DType::F32] {
+        for (start, s, window) in [(0usize, 40usize, None), (23, 33, None), (16, 20, Some(24))] {
+            let len = start + s;
+            let table: Vec<i32> = vec![5, 0, 3, 6, 1];
+            let nb = 8;
+            let k = values(len * HKV * D, 11);
+            let v = values(len * HKV * DV, 12);
+            let (kp, vp) = pool_with(nb, 13, &[(&k, &v, &table)]);
+            let q = values(s * HQ * D, 15);
+            // The contiguous cache has as many rows as the table covers; rows past the chunk
+            // are never read.
+            let t = table.len() * BLOCK;
+            let (mut kc, mut vc) = (k.clone(), v.clone());
+            kc.resize(t * HKV * D, 0.5);
+            vc.resize(t * HKV * DV, 0.5);
+            let want = contiguous(cache, &q, &kc, &vc, t, start, window);
+            let pos: Vec<i32> = (start..len).map(|p| p as i32).collect();
+            let got = paged(
+                cache,
+                &q,
+                &kp,
+                &vp,
+                nb * BLOCK,
+                &pos,
+                &vec![table.clone(); s],
+                window,
+            );
+            assert_eq!(got, want, "{cache}, chunk of {s} from {start}");
+        }
+    }
 }

@@ -381,6 +381,9 @@ fn cached_attention(
 /// [`cached_attention`] over a paged cache: query `i` sees positions `j <= pos[i]` of its
 /// sequence at cache rows `table[i, j / block] * block + j % block`, computed operation for
 /// operation as [`cached_attention`] computes them over that sequence's rows laid end to end.
+/// When `gemm` is set and the queries are one prompt chunk (one sequence, consecutive
+/// positions, every block of it in the pool), they run as [`cached_attention_gemm`] runs a chunk
+/// of that length, so a prompt gives the rows the contiguous cache gives.
 #[allow(clippy::too_many_arguments)]
 fn paged_attention(
     ins: &[TRef],
@@ -389,15 +392,27 @@ fn paged_attention(
     scale: f32,
     window: Option<usize>,
     block: usize,
+    gemm: bool,
 ) -> Box<dyn Kernel> {
     let (pos, table) = (ins[3], ins[4]);
-    let m = table.layout.dims()[1];
+    let (s_len, m) = (ins[0].layout.dims()[0], table.layout.dims()[1]);
     let blocks = (ins[1].layout.dims()[0] / block) as i32;
     let a = PerQuery::new(ins[0], ins[1], ins[2], out, scratch, scale, m * block);
+    let chunk = GemmAttention {
+        q: ins[0],
+        k: ins[1],
+        v: ins[2],
+        out,
+        scratch,
+        scale,
+        window,
+        positions: m * block,
+    };
     let (ps, ts) = (pos.layout.strides()[0], table.layout.strides().to_vec());
     kernel(move |pool: &Pool| {
-        // SAFETY: positions are clamped to the table, block ids outside the pool are skipped,
-        // so every cache row read lies inside the pool.
+        // SAFETY: positions are clamped to the table, block ids outside the pool are skipped
+        // (a chunk runs as one only when all of its blocks are in the pool), so every cache row
+        // read lies inside the pool.
         unsafe {
             let pos_at = |i: usize| *pos.base::<i32>().add(pos.layout.offset + i * ps);
             let block_of = |i: usize, b: usize| {
@@ -405,6 +420,21 @@ fn paged_attention(
                     .base::<i32>()
                     .add(table.layout.offset + i * ts[0] + b * ts[1])
             };
+            let p0 = pos_at(0);
+            let one_chunk = gemm
+                && p0 >= 0
+                && (p0 as usize + s_len) <= m * block
+                && (1..s_len).all(|i| {
+                    pos_at(i) == p0 + i as i32 && (0..m).all(|b| block_of(i, b) == block_of(0, b))
+                })
+                && (0..(p0 as usize + s_len).div_ceil(block))
+                    .all(|b| (0..blocks).contains(&block_of(0, b)));
+            if one_chunk {
+                chunk.run(pool, p0 as usize, |j| {
+                    block_of(0, j / block) as usize * block + j % block
+                });
+                return;
+            }
             a.run(
                 pool,
                 |i| {
@@ -418,11 +448,36 @@ fn paged_attention(
                     let b = block_of(i, j / block);
                     (0..blocks)
                         .contains(&b)
-                        .then_some(b as usize * block + j % block)
+                        .then(|| b as usize * block + j % block)
                 },
             );
         }
     })
+}
+
+/// The sizes of an attention's `q [S, Hq, D]`, `k [.., Hkv, D]`, `v [.., Hkv, Dv]`.
+struct AttentionShape {
+    s_len: usize,
+    hq: usize,
+    dh: usize,
+    hkv: usize,
+    dv: usize,
+    /// Query heads per key head.
+    group: usize,
+}
+
+impl AttentionShape {
+    fn of(q: &TRef, k: &TRef, v: &TRef) -> AttentionShape {
+        let (qd, kd, vd) = (q.layout.dims(), k.layout.dims(), v.layout.dims());
+        AttentionShape {
+            s_len: qd[0],
+            hq: qd[1],
+            dh: qd[2],
+            hkv: kd[1],
+            dv: vd[2],
+            group: qd[1] / kd[1],
+        }
+    }
 }
 
 /// The per-query attention both cache forms share: one (query, head) per task, the scores of
@@ -493,16 +548,15 @@ impl PerQuery {
             positions,
             simd,
         } = *self;
-        let (qd, kd, vd) = (q.layout.dims(), k.layout.dims(), v.layout.dims());
-        let (s_len, hq, dh) = (qd[0], qd[1], qd[2]);
-        let (hkv, dv) = (kd[1], vd[2]);
-        let group = hq / hkv;
-        let (qs, ks, vs, os) = (
-            q.layout.strides(),
-            k.layout.strides(),
-            v.layout.strides(),
-            out.layout.strides(),
-        );
+        let AttentionShape {
+            s_len,
+            hq,
+            dh,
+            hkv: _,
+            dv,
+            group,
+        } = AttentionShape::of(&q, &k, &v);
+        let [qs, ks, vs, os] = [&q, &k, &v, &out].map(|t| t.layout.strides());
         let cdt = k.dtype;
         let slot = scratch_floats(positions, dh, dv);
         pool.run(s_len * hq, &|task, thread| {
@@ -635,29 +689,68 @@ fn cached_attention_gemm(
     scale: f32,
     window: Option<usize>,
 ) -> Box<dyn Kernel> {
-    use super::gemm::{scratch_len, sgemm, Mat};
-    let (qd, kd, vd) = (
-        q.layout.dims().to_vec(),
-        k.layout.dims().to_vec(),
-        v.layout.dims().to_vec(),
-    );
-    let (s_len, hq, dh) = (qd[0], qd[1], qd[2]);
-    let (t_len, hkv, dv) = (kd[0], kd[1], vd[2]);
-    let group = hq / hkv;
-    let (qs, ks, vs, os) = (
-        q.layout.strides().to_vec(),
-        k.layout.strides().to_vec(),
-        v.layout.strides().to_vec(),
-        out.layout.strides().to_vec(),
-    );
-    let cdt = k.dtype;
-    let per_thread = QB * dh + QB * t_len + scratch_len(QB, t_len.max(dv), t_len.max(dh), 1);
-    kernel(move |pool: &Pool| {
+    let a = GemmAttention {
+        q,
+        k,
+        v,
+        out,
+        scratch,
+        scale,
+        window,
+        positions: k.layout.dims()[0],
+    };
+    // SAFETY: reads stay below row pos + S (clamped to the cache).
+    kernel(move |pool: &Pool| unsafe { a.run(pool, read_pos(&pos), |j| j) })
+}
+
+/// The prompt-chunk attention both cache forms share (see [`cached_attention_gemm`]): `S`
+/// queries of one sequence at positions `p..p + S`.
+#[derive(Clone, Copy)]
+struct GemmAttention {
+    q: TRef,
+    k: TRef,
+    v: TRef,
+    out: TRef,
+    scratch: super::Ptr,
+    scale: f32,
+    window: Option<usize>,
+    /// Positions a query may see.
+    positions: usize,
+}
+
+impl GemmAttention {
+    /// Run the chunk whose first query is at position `p`; `cache_row(j)` is the cache row of
+    /// position `j`.
+    ///
+    /// # Safety
+    /// Every row `cache_row` gives for `j < min(p + S, positions)` lies inside the cache.
+    unsafe fn run(&self, pool: &Pool, p: usize, cache_row: impl Fn(usize) -> usize + Sync) {
+        use super::gemm::{scratch_len, sgemm, Mat};
+        let GemmAttention {
+            q,
+            k,
+            v,
+            out,
+            scratch,
+            scale,
+            window,
+            positions: t_len,
+        } = *self;
+        let AttentionShape {
+            s_len,
+            hq,
+            dh,
+            hkv,
+            dv,
+            group,
+        } = AttentionShape::of(&q, &k, &v);
+        let [qs, ks, vs, os] = [&q, &k, &v, &out].map(|t| t.layout.strides());
+        let cdt = k.dtype;
+        let per_thread = QB * dh + QB * t_len + scratch_len(QB, t_len.max(dv), t_len.max(dh), 1);
         // SAFETY: cache rows below pos + S (clamped to T) are read; the f32 copies, query
         // blocks, score blocks and GEMM buffers are disjoint slices of this step's scratch; each
         // task writes the output rows of its own (head, query block).
         unsafe {
-            let p = read_pos(&pos);
             let filled = (p + s_len).min(t_len);
             let k32 = scratch.get() as *mut f32;
             let v32 = k32.add(t_len * hkv * dh);
@@ -675,12 +768,20 @@ fn cached_attention_gemm(
                         (kp.get() as *mut f32).add((kh * t_len + j) * dh),
                         dh,
                     );
-                    load_row(&k, k.layout.offset + j * ks[0] + kh * ks[1], kdst);
+                    load_row(
+                        &k,
+                        k.layout.offset + cache_row(j) * ks[0] + kh * ks[1],
+                        kdst,
+                    );
                     let vdst = std::slice::from_raw_parts_mut(
                         (vp.get() as *mut f32).add((kh * t_len + j) * dv),
                         dv,
                     );
-                    load_row(&v, v.layout.offset + j * vs[0] + kh * vs[1], vdst);
+                    load_row(
+                        &v,
+                        v.layout.offset + cache_row(j) * vs[0] + kh * vs[1],
+                        vdst,
+                    );
                 }
             });
             let blocks = s_len.div_ceil(QB);
@@ -752,7 +853,7 @@ fn cached_attention_gemm(
                 );
             });
         }
-    })
+    }
 }
 
 /// Lower CacheWrite (in place on its param), CachedAttention and PagedAttention.
@@ -770,11 +871,20 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let (scale, window, block) = (*scale, *window, *block);
             dense_caches(info)?;
             let positions = info.ins[4].dims()[1] * block;
+            let (s_len, hkv) = (info.ins[0].dims()[0], info.ins[1].dims()[1]);
             let (dh, dv) = (info.ins[0].dims()[2], info.ins[2].dims()[2]);
+            // As CachedAttention: a chunk of this many queries would run as GEMMs.
+            let gemm = s_len >= GEMM_MIN_S && info.dtype() == DType::F32;
+            let per_query = info.threads * scratch_floats(positions, dh, dv) * 4;
+            let scratch = if gemm {
+                per_query.max(gemm_scratch(positions, hkv, dh, dv, info.threads))
+            } else {
+                per_query
+            };
             Ok(Lowered::Compute {
-                scratch: info.threads * scratch_floats(positions, dh, dv) * 4,
+                scratch,
                 build: Box::new(move |ins, out, s| {
-                    paged_attention(ins, out, s, scale, window, block)
+                    paged_attention(ins, out, s, scale, window, block, gemm)
                 }),
             })
         }

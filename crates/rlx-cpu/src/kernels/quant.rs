@@ -1005,7 +1005,8 @@ fn dequantize_rows(
     })
 }
 
-/// Rows of at least this many activations go through the f32 GEMM instead of int8 dot products.
+/// Matrices of at least this many activation rows go through the f32 GEMM instead of int8 dot
+/// products.
 pub const GEMM_MIN_M: usize = 8;
 /// Weight rows dequantized per GEMM panel.
 const PANEL: usize = 256;
@@ -1149,7 +1150,16 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let k = *info.ins[0].dims().last().unwrap_or(&0);
             let n = *info.dims.last().unwrap_or(&0);
             let m = info.ins[0].numel() / k.max(1);
-            if m >= GEMM_MIN_M && info.ins[0].is_contiguous() {
+            // Axes before the matrix rows are independent products: `x [B, 1, K]` is B one-row
+            // products on the int8 path, each computed as a one-token step computes it, however
+            // large B is (what batch-invariant serving relies on).
+            let dims = info.ins[0].dims();
+            let rows = if dims.len() >= 2 {
+                dims[dims.len() - 2]
+            } else {
+                1
+            };
+            if rows >= GEMM_MIN_M && info.ins[0].is_contiguous() {
                 let threads = info.threads;
                 return Ok(Lowered::Compute {
                     scratch: gemm_scratch(m, k, threads),

@@ -182,7 +182,7 @@ pub(super) fn eval_paged_attention(
                 let b = table[i * m + j / block];
                 (0..blocks)
                     .contains(&b)
-                    .then_some(b as usize * block + j % block)
+                    .then(|| b as usize * block + j % block)
             })
             .collect()
     })

@@ -69,6 +69,9 @@ struct Builder<'a> {
     g: Graph,
     f: &'a GgufFile,
     params: HashMap<String, NodeId>,
+    /// The rows of the values `linear` takes: a chunk's rows (one product, a GEMM from 8 rows
+    /// on), then rows that are each a one-row product.
+    rows: (usize, usize),
 }
 
 impl Builder<'_> {
@@ -89,8 +92,53 @@ impl Builder<'_> {
         self.f.tensor(name).is_some()
     }
 
-    /// `x @ W^T (+ b)` for weight `name.weight`.
+    /// Rows stacked along axis 0 (one part as it is).
+    fn concat_rows(&mut self, parts: &[NodeId]) -> Result<NodeId> {
+        match parts {
+            [one] => Ok(*one),
+            _ => self.g.try_concat(parts, 0),
+        }
+    }
+
+    /// `x @ W^T (+ b)` for weight `name.weight`, on rows laid out as [`Builder::rows`] says:
+    /// the chunk's rows as one product, each further row as its own (`[D, 1, K]`), so every row
+    /// gets the kernel a step of its own size would give it.
     fn linear(&mut self, x: NodeId, name: &str) -> Result<NodeId> {
+        let (np, nd) = self.rows;
+        if nd == 0 {
+            return self.linear_rows(x, name);
+        }
+        let k = *self
+            .g
+            .shape(x)
+            .static_dims()
+            .unwrap_or_default()
+            .last()
+            .unwrap_or(&0);
+        let mut parts = Vec::new();
+        if np > 0 {
+            let xp = self.g.try_narrow(x, 0, 0, np)?;
+            parts.push(self.linear_rows(xp, name)?);
+        }
+        let xd = if np > 0 {
+            self.g.try_narrow(x, 0, np, nd)?
+        } else {
+            x
+        };
+        let xd = self.g.try_reshape(xd, &[nd, 1, k])?;
+        let yd = self.linear_rows(xd, name)?;
+        let n = *self
+            .g
+            .shape(yd)
+            .static_dims()
+            .unwrap_or_default()
+            .last()
+            .unwrap_or(&0);
+        parts.push(self.g.try_reshape(yd, &[nd, n])?);
+        self.concat_rows(&parts)
+    }
+
+    fn linear_rows(&mut self, x: NodeId, name: &str) -> Result<NodeId> {
         let wname = format!("{name}.weight");
         let ty = self
             .f
@@ -147,6 +195,45 @@ impl Builder<'_> {
     }
 }
 
+/// What one run of the paged (serving) graph holds: one prompt chunk of `prefill` tokens of one
+/// sequence (0: none) followed by `decode` rows, each the next token of its own sequence, over a
+/// paged cache of `blocks` blocks of `block` rows, every sequence's table `max_blocks` long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BatchSpec {
+    /// Tokens of the prompt chunk (computed as a `prefill`-token step of `rlx generate` computes
+    /// them).
+    pub prefill: usize,
+    /// Decode rows (each computed as a one-token step computes it).
+    pub decode: usize,
+    /// Blocks in the cache pool.
+    pub blocks: usize,
+    /// Rows per block.
+    pub block: usize,
+    /// Block-table length (the longest sequence is `max_blocks * block` tokens).
+    pub max_blocks: usize,
+    /// Cache element type.
+    pub cache_dtype: DType,
+}
+
+/// How a run's rows are laid out and where their cache is.
+enum Layout {
+    /// One chunk of one sequence over a contiguous cache: inputs `tokens`, `positions`, `pos`.
+    Contiguous(StepSpec),
+    /// A prompt chunk and decode rows over the paged cache: inputs `tokens`, `positions`,
+    /// `slots I32 [N]` (each row's cache row) and `table I32 [N, max_blocks]`.
+    Paged(BatchSpec),
+}
+
+impl Layout {
+    /// Rows of the prompt chunk and decode rows.
+    fn rows(&self) -> (usize, usize) {
+        match self {
+            Layout::Contiguous(s) => (s.tokens, 0),
+            Layout::Paged(b) => (b.prefill, b.decode),
+        }
+    }
+}
+
 /// Build the graph that feeds `spec.tokens` new tokens: inputs `tokens I32 [S]`,
 /// `positions I32 [S]` and `pos I32 [1]` (the cache row of the first new token); output the
 /// logits `[S or 1, vocab]`.
@@ -158,14 +245,54 @@ pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph
             spec.ctx
         )));
     }
+    build(cfg, f, Layout::Contiguous(spec))
+}
+
+/// Build the paged graph of one serving step (see [`BatchSpec`]): inputs `tokens I32 [N]`,
+/// `positions I32 [N]`, `slots I32 [N]` and `table I32 [N, max_blocks]` (N = prefill + decode,
+/// the prompt chunk first); output the logits of the chunk's last token (when there is a chunk)
+/// and of every decode row, `[(prefill > 0) + decode, vocab]`. Every row is computed with the
+/// kernels and float order of the `rlx generate` step that would compute it, so a sequence's
+/// tokens do not depend on what runs beside it.
+pub fn build_batch(cfg: &LlmConfig, f: &GgufFile, spec: BatchSpec) -> Result<Graph> {
+    if spec.prefill + spec.decode == 0 || spec.block == 0 || spec.max_blocks == 0 {
+        return Err(Error::Invalid(format!(
+            "a serving step needs rows, blocks and a table: {spec:?}"
+        )));
+    }
+    build(cfg, f, Layout::Paged(spec))
+}
+
+fn build(cfg: &LlmConfig, f: &GgufFile, layout: Layout) -> Result<Graph> {
+    let (np, nd) = layout.rows();
+    let s = np + nd;
+    let name = match &layout {
+        Layout::Contiguous(_) => format!("{}_step{s}", cfg.arch_name),
+        Layout::Paged(_) => format!("{}_batch{np}p{nd}d", cfg.arch_name),
+    };
     let mut b = Builder {
-        g: Graph::new(&format!("{}_step{s}", cfg.arch_name)),
+        g: Graph::new(&name),
         f,
         params: HashMap::new(),
+        rows: (np, nd),
     };
     let tokens = b.g.try_input("tokens", Shape::new(&[s], DType::I32))?;
     let positions = b.g.try_input("positions", Shape::new(&[s], DType::I32))?;
-    let pos = b.g.try_input("pos", Shape::new(&[1], DType::I32))?;
+    let (kv_rows, cache_dtype) = match &layout {
+        Layout::Contiguous(spec) => (spec.ctx, spec.cache_dtype),
+        Layout::Paged(p) => (p.blocks * p.block, p.cache_dtype),
+    };
+    // Where rows are written: the position of the first (contiguous) or one slot per row.
+    let at = match &layout {
+        Layout::Contiguous(_) => b.g.try_input("pos", Shape::new(&[1], DType::I32))?,
+        Layout::Paged(_) => b.g.try_input("slots", Shape::new(&[s], DType::I32))?,
+    };
+    let table = match &layout {
+        Layout::Contiguous(_) => None,
+        Layout::Paged(p) => {
+            Some(b.g.try_input("table", Shape::new(&[s, p.max_blocks], DType::I32))?)
+        }
+    };
     let (hq, hkv, dh, dv) = (cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.v_head_dim);
     let gemma = cfg.arch == Arch::Gemma3;
     let mut x = b.embed(tokens)?;
@@ -197,11 +324,11 @@ pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph
         let k = rope(&mut b, k)?;
         let (kn, vn) = cache_names(l);
         let kc =
-            b.g.try_param(&kn, Shape::new(&[spec.ctx, hkv, dh], spec.cache_dtype))?;
+            b.g.try_param(&kn, Shape::new(&[kv_rows, hkv, dh], cache_dtype))?;
         let vc =
-            b.g.try_param(&vn, Shape::new(&[spec.ctx, hkv, dv], spec.cache_dtype))?;
-        let kc = b.g.try_cache_write(kc, k, pos)?;
-        let vc = b.g.try_cache_write(vc, v, pos)?;
+            b.g.try_param(&vn, Shape::new(&[kv_rows, hkv, dv], cache_dtype))?;
+        let kc = b.g.try_cache_write(kc, k, at)?;
+        let vc = b.g.try_cache_write(vc, v, at)?;
         // Gemma scales the queries before the (f16) products, llama the scores after them; the
         // two round differently, and RLX follows each model's reference.
         let (q, scale) = if gemma {
@@ -210,8 +337,37 @@ pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph
         } else {
             (q, cfg.attn_scale)
         };
-        let a =
-            b.g.try_cached_attention(q, kc, vc, pos, scale, cfg.window(l))?;
+        let a = match (&layout, table) {
+            (Layout::Paged(spec), Some(table)) => {
+                // The chunk and the decode rows attend separately, each as its own step would.
+                let mut parts = Vec::new();
+                for (from, len) in [(0, np), (np, nd)] {
+                    if len == 0 {
+                        continue;
+                    }
+                    let rows = |b: &mut Builder, t: NodeId| b.g.try_narrow(t, 0, from, len);
+                    let (qr, pr, tr) = (
+                        rows(&mut b, q)?,
+                        rows(&mut b, positions)?,
+                        rows(&mut b, table)?,
+                    );
+                    parts.push(b.g.try_paged_attention(
+                        qr,
+                        kc,
+                        vc,
+                        pr,
+                        tr,
+                        scale,
+                        cfg.window(l),
+                        spec.block,
+                    )?);
+                }
+                b.concat_rows(&parts)?
+            }
+            _ => {
+                b.g.try_cached_attention(q, kc, vc, at, scale, cfg.window(l))?
+            }
+        };
         let a = b.g.try_reshape(a, &[s, hq * dv])?;
         let mut o = b.linear(a, &p("attn_output"))?;
         if gemma {
@@ -233,8 +389,25 @@ pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph
         }
         x = b.g.try_add(x, d)?;
     }
-    if !spec.all_logits && s > 1 {
-        x = b.g.try_narrow(x, 0, s - 1, 1)?;
+    // The rows whose logits are wanted: a chunk's last (unless all are asked for) and every
+    // decode row, each a one-row product as a one-token step computes it.
+    match &layout {
+        Layout::Contiguous(spec) => {
+            if !spec.all_logits && s > 1 {
+                x = b.g.try_narrow(x, 0, s - 1, 1)?;
+            }
+        }
+        Layout::Paged(_) => {
+            let mut rows = Vec::new();
+            if np > 0 {
+                rows.push(b.g.try_narrow(x, 0, np - 1, 1)?);
+            }
+            if nd > 0 {
+                rows.push(b.g.try_narrow(x, 0, np, nd)?);
+            }
+            x = b.concat_rows(&rows)?;
+            b.rows = (0, (np > 0) as usize + nd);
+        }
     }
     let x = b.norm(x, "output_norm", cfg.eps)?;
     let head = if b.has("output.weight") {

@@ -23,6 +23,9 @@ mod sample;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use config::{Arch, LlmConfig};
-pub use graph::{build_step, cache_names, param_shape, scheme_of, StepSpec};
+pub use graph::{
+    build_batch, build_step, cache_names, param_shape, scheme_of, BatchSpec, StepSpec,
+};
+pub(crate) use model::{load_weights, open_model};
 pub use model::{Llm, LoadOptions, LoadStats};
 pub use sample::{Sampler, SamplerConfig};

@@ -76,7 +76,7 @@ impl std::fmt::Debug for Llm {
     }
 }
 
-fn gguf_err(e: rlx_gguf::GgufError) -> Error {
+pub(crate) fn gguf_err(e: rlx_gguf::GgufError) -> Error {
     Error::Invalid(e.to_string())
 }
 
@@ -90,13 +90,7 @@ impl Llm {
     /// Load a GGUF model.
     pub fn load(path: impl AsRef<Path>, opts: LoadOptions) -> Result<Llm> {
         let t0 = Instant::now();
-        let file = GgufFile::open(path.as_ref()).map_err(gguf_err)?;
-        let config = LlmConfig::from_gguf(&file).map_err(gguf_err)?;
-        let tokenizer = Tokenizer::from_gguf(&file).map_err(gguf_err)?;
-        let chat_template = file
-            .get("tokenizer.chat_template")
-            .and_then(|v| v.as_str())
-            .map(str::to_string);
+        let (file, config, tokenizer, chat_template) = open_model(path.as_ref())?;
         let ctx = opts.ctx.unwrap_or(config.ctx_train.min(4096)).max(1);
         if !matches!(opts.cache_dtype, DType::F16 | DType::F32 | DType::BF16) {
             return Err(Error::Invalid(format!(
@@ -140,27 +134,9 @@ impl Llm {
         Ok(llm)
     }
 
-    /// Copy every weight from the file into the decode graph's params (shared by all steps),
-    /// releasing the file pages as it goes so the weights are resident once.
+    /// Copy every weight from the file into the decode graph's params (shared by all steps).
     fn load_weights(&mut self) -> Result<()> {
-        let (_, graph) = &mut self.steps[0];
-        let names: Vec<String> = graph.params().iter().map(|p| p.name.clone()).collect();
-        for name in names {
-            if name.starts_with("cache.") {
-                continue;
-            }
-            let t = self.file.require_tensor(&name).map_err(gguf_err)?;
-            param_shape(t)?;
-            // Copy in pieces, dropping each piece's file pages once copied, so the weights are
-            // resident once rather than twice at the peak.
-            let data = self.file.tensor_data(t);
-            for (i, piece) in data.chunks(PIECE).enumerate() {
-                graph.try_set_param_bytes_at(&name, i * PIECE, piece)?;
-                self.file
-                    .release_range(t, (i * PIECE) as u64, piece.len() as u64);
-            }
-        }
-        Ok(())
+        load_weights(&mut self.steps[0].1, &self.file)
     }
 
     /// The compiled one-token decode graph: its optimized graph, fusion and dispatch reports.
@@ -279,4 +255,37 @@ impl Llm {
         }
         Ok(all)
     }
+}
+
+/// A GGUF model's file, hyper-parameters, tokenizer and chat template.
+pub(crate) fn open_model(path: &Path) -> Result<(GgufFile, LlmConfig, Tokenizer, Option<String>)> {
+    let file = GgufFile::open(path).map_err(gguf_err)?;
+    let config = LlmConfig::from_gguf(&file).map_err(gguf_err)?;
+    let tokenizer = Tokenizer::from_gguf(&file).map_err(gguf_err)?;
+    let chat_template = file
+        .get("tokenizer.chat_template")
+        .and_then(|v| v.as_str())
+        .map(str::to_string);
+    Ok((file, config, tokenizer, chat_template))
+}
+
+/// Copy every weight of `file` into `graph`'s params (the KV caches excepted), releasing the
+/// file pages as it goes so the weights are resident once.
+pub(crate) fn load_weights(graph: &mut CompiledGraph, file: &GgufFile) -> Result<()> {
+    let names: Vec<String> = graph.params().iter().map(|p| p.name.clone()).collect();
+    for name in names {
+        if name.starts_with("cache.") {
+            continue;
+        }
+        let t = file.require_tensor(&name).map_err(gguf_err)?;
+        param_shape(t)?;
+        // Copy in pieces, dropping each piece's file pages once copied, so the weights are
+        // resident once rather than twice at the peak.
+        let data = file.tensor_data(t);
+        for (i, piece) in data.chunks(PIECE).enumerate() {
+            graph.try_set_param_bytes_at(&name, i * PIECE, piece)?;
+            file.release_range(t, (i * PIECE) as u64, piece.len() as u64);
+        }
+    }
+    Ok(())
 }

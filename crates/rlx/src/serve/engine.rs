@@ -1,0 +1,529 @@
+//! The serving engine: many sequences decoded together over one paged KV cache.
+//!
+//! One [`Engine`] owns the model. Each [`Engine::step`] runs **one** forward pass holding the
+//! next token of every decoding sequence plus (at most) one chunk of a waiting prompt, so
+//! sequences join and leave between steps (continuous batching). Every row of that pass is
+//! computed with the kernels and float order of the `rlx generate` step that would compute it
+//! (a prompt chunk as one product, each decode row as a one-row product, attention through the
+//! sequence's block table exactly as over a contiguous cache), so a request's tokens do not
+//! depend on what runs beside it.
+//!
+//! Blocks of the cache come from a [`BlockPool`]: a prompt starting with blocks another request
+//! already filled (a shared system prompt) maps them instead of computing them; when the pool
+//! runs dry a running sequence is preempted (its blocks freed) and recomputed later (its prompt
+//! in the same chunks, its generated tokens one per step, so it still computes what it computed
+//! the first time), so no request is dropped or changed.
+
+use super::blocks::{BlockPool, PoolStats, SeqBlocks};
+use crate::llm::{build_batch, BatchSpec, LlmConfig, Sampler, SamplerConfig};
+use crate::{CompiledGraph, Device, Session};
+use rlx_gguf::{GgufFile, Tokenizer};
+use rlx_ir::{DType, Error, Result};
+use std::collections::VecDeque;
+use std::path::Path;
+
+/// How to load a model for serving.
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    /// Kernel threads (`None`: `RLX_NUM_THREADS`, else one per core).
+    pub threads: Option<usize>,
+    /// Cache rows of all sequences together (`None`: 8192, at most 64 × the trained context).
+    pub ctx_size: Option<usize>,
+    /// Longest sequence in tokens (`None`: the trained context, at most `ctx_size`).
+    pub max_seq_len: Option<usize>,
+    /// Sequences decoded together at most.
+    pub parallel: usize,
+    /// Rows per cache block.
+    pub block: usize,
+    /// Prompt tokens per chunk (as `rlx generate`'s `--batch`).
+    pub batch: usize,
+    /// Cache element type.
+    pub cache_dtype: DType,
+    /// Requests waiting for a slot at most; more are refused ([`Engine::submit`] fails).
+    pub max_waiting: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            threads: None,
+            ctx_size: None,
+            max_seq_len: None,
+            parallel: 8,
+            block: 16,
+            batch: 512,
+            cache_dtype: DType::F16,
+            max_waiting: 256,
+        }
+    }
+}
+
+/// What a request asks for besides its prompt.
+#[derive(Clone, Debug)]
+pub struct GenParams {
+    /// Tokens to generate at most.
+    pub max_tokens: usize,
+    /// Sampling settings.
+    pub sampler: SamplerConfig,
+    /// Stop at the model's end-of-generation tokens.
+    pub stop_at_eog: bool,
+}
+
+impl Default for GenParams {
+    fn default() -> Self {
+        GenParams {
+            max_tokens: 128,
+            sampler: SamplerConfig::greedy(),
+            stop_at_eog: true,
+        }
+    }
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-generation token (not emitted).
+    Stop,
+    /// `max_tokens` reached, or the sequence filled its context.
+    Length,
+    /// Cancelled by the caller.
+    Cancelled,
+}
+
+/// A step's news for one request: a new token and/or its end.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    /// The request.
+    pub id: u64,
+    /// The generated token (`None` when the request ended without one).
+    pub token: Option<u32>,
+    /// Set on the request's last event.
+    pub finish: Option<Finish>,
+}
+
+/// Counters and gauges of the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Sequences being computed.
+    pub running: usize,
+    /// Requests waiting for a slot or for blocks.
+    pub waiting: usize,
+    /// Cache blocks held by sequences.
+    pub blocks_in_use: usize,
+    /// Cache blocks in the pool.
+    pub blocks: usize,
+    /// Forward passes run.
+    pub steps: u64,
+    /// Prompt tokens computed (prefix-cache hits excluded).
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Sequences preempted for lack of blocks (and recomputed later).
+    pub preemptions: u64,
+    /// Graphs compiled for step shapes.
+    pub compiles: u64,
+    /// The block pool's counters (prefix-cache hits).
+    pub pool: PoolStats,
+}
+
+struct Seq {
+    id: u64,
+    /// Prompt and generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Tokens whose rows are in the cache.
+    computed: usize,
+    blocks: SeqBlocks,
+    sampler: Sampler,
+    params: GenParams,
+}
+
+impl Seq {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Past its prompt: one row per step (the last token, or a generated token being replayed
+    /// after preemption).
+    fn decoding(&self) -> bool {
+        self.computed >= self.prompt_len && self.computed < self.tokens.len()
+    }
+}
+
+/// Graphs kept for step shapes besides the one holding the weights.
+const KEEP_GRAPHS: usize = 16;
+
+/// A model serving many sequences; see the module documentation.
+pub struct Engine {
+    /// Hyper-parameters.
+    pub config: LlmConfig,
+    /// The tokenizer from the file's metadata.
+    pub tokenizer: Tokenizer,
+    /// The chat template from the metadata, if any.
+    pub chat_template: Option<String>,
+    file: GgufFile,
+    session: Session,
+    opts: EngineOptions,
+    max_seq: usize,
+    /// Step graphs by shape; the first holds the weights and the cache.
+    graphs: Vec<(BatchSpec, CompiledGraph)>,
+    pool: BlockPool,
+    running: Vec<Seq>,
+    waiting: VecDeque<Seq>,
+    next_id: u64,
+    stats: EngineStats,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("config", &self.config)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// Load a GGUF model for serving (on the CPU).
+    pub fn load(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine> {
+        let (file, config, tokenizer, chat_template) = crate::llm::open_model(path.as_ref())?;
+        if opts.parallel == 0 || opts.block == 0 || opts.batch == 0 {
+            return Err(Error::Invalid(format!(
+                "parallel, block and batch must be positive: {opts:?}"
+            )));
+        }
+        let ctx_size = opts
+            .ctx_size
+            .unwrap_or(8192.min(64 * config.ctx_train.max(1)));
+        let max_seq = opts
+            .max_seq_len
+            .unwrap_or(config.ctx_train)
+            .min(ctx_size)
+            .max(1);
+        let blocks = ctx_size.div_ceil(opts.block);
+        let mut session = Session::new(Device::Cpu);
+        if let Some(t) = opts.threads {
+            session = session.with_threads(t);
+        }
+        let mut engine = Engine {
+            config,
+            tokenizer,
+            chat_template,
+            file,
+            session,
+            max_seq,
+            pool: BlockPool::new(blocks, opts.block),
+            opts,
+            graphs: Vec::new(),
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            next_id: 0,
+            stats: EngineStats::default(),
+        };
+        let owner = engine.spec(0, 1);
+        let g = build_batch(&engine.config, &engine.file, owner)?;
+        let mut compiled = engine.session.try_compile(g)?;
+        crate::llm::load_weights(&mut compiled, &engine.file)?;
+        engine.graphs.push((owner, compiled));
+        engine.stats.compiles = 1;
+        Ok(engine)
+    }
+
+    fn spec(&self, prefill: usize, decode: usize) -> BatchSpec {
+        BatchSpec {
+            prefill,
+            decode,
+            blocks: self.pool.len(),
+            block: self.opts.block,
+            max_blocks: self.max_seq.div_ceil(self.opts.block),
+            cache_dtype: self.opts.cache_dtype,
+        }
+    }
+
+    /// The longest sequence (prompt and generated tokens) a request may reach.
+    pub fn max_seq_len(&self) -> usize {
+        self.max_seq
+    }
+
+    /// Counters and gauges.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            blocks_in_use: self.pool.in_use(),
+            blocks: self.pool.len(),
+            pool: self.pool.stats(),
+            ..self.stats
+        }
+    }
+
+    /// Whether any request is running or waiting.
+    pub fn has_work(&self) -> bool {
+        !self.running.is_empty() || !self.waiting.is_empty()
+    }
+
+    /// Queue a request; returns its id. Fails when the prompt is empty, has an unknown token,
+    /// cannot fit the longest sequence, or the queue is full.
+    pub fn submit(&mut self, prompt: Vec<u32>, params: GenParams) -> Result<u64> {
+        if prompt.is_empty() {
+            return Err(Error::Invalid("the prompt has no tokens".into()));
+        }
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= self.config.vocab) {
+            return Err(Error::Invalid(format!(
+                "token id {bad} is out of range for the {}-token vocabulary",
+                self.config.vocab
+            )));
+        }
+        if prompt.len() >= self.max_seq {
+            return Err(Error::Invalid(format!(
+                "the prompt has {} tokens; sequences hold at most {} (prompt and generated tokens)",
+                prompt.len(),
+                self.max_seq
+            )));
+        }
+        if self.waiting.len() >= self.opts.max_waiting {
+            return Err(Error::Invalid(format!(
+                "{} requests are already waiting; try again later",
+                self.waiting.len()
+            )));
+        }
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut sampler = Sampler::new(params.sampler.clone());
+        for &t in &prompt {
+            sampler.accept(t);
+        }
+        self.waiting.push_back(Seq {
+            id,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            computed: 0,
+            blocks: SeqBlocks::default(),
+            sampler,
+            params,
+        });
+        Ok(id)
+    }
+
+    /// Stop a request; its blocks go back to the pool. Returns whether it was known.
+    pub fn cancel(&mut self, id: u64) -> bool {
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let mut s = self.running.remove(i);
+            s.blocks.free(&mut self.pool);
+            return true;
+        }
+        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+            if let Some(mut s) = self.waiting.remove(i) {
+                s.blocks.free(&mut self.pool);
+            }
+            return true;
+        }
+        false
+    }
+
+    /// Move waiting requests into the running set while there are slots and blocks for their
+    /// prompts (mapping cached prefix blocks first).
+    fn admit(&mut self) {
+        while self.running.len() < self.opts.parallel {
+            let Some(mut s) = self.waiting.pop_front() else {
+                return;
+            };
+            s.blocks = SeqBlocks::with_prefix(&mut self.pool, &s.tokens);
+            if !s.blocks.reserve(&mut self.pool, s.tokens.len()) {
+                s.blocks.free(&mut self.pool);
+                self.waiting.push_front(s);
+                return;
+            }
+            s.computed = s.blocks.cached_tokens;
+            self.running.push(s);
+        }
+    }
+
+    /// Free the blocks of the most recently admitted running sequence other than `keep` and
+    /// queue it to be recomputed first; false when there is none.
+    fn preempt(&mut self, keep: u64) -> bool {
+        let Some(i) = self.running.iter().rposition(|s| s.id != keep) else {
+            return false;
+        };
+        let mut s = self.running.remove(i);
+        s.blocks.free(&mut self.pool);
+        s.computed = 0;
+        self.waiting.push_front(s);
+        self.stats.preemptions += 1;
+        true
+    }
+
+    /// Run one forward pass (if there is work) and return what it produced.
+    pub fn step(&mut self) -> Result<Vec<Event>> {
+        self.admit();
+        let mut events = Vec::new();
+        // Each decoding sequence needs a cache row for its next token.
+        let mut i = 0;
+        while i < self.running.len() {
+            let s = &self.running[i];
+            let (id, need) = (s.id, s.computed + 1);
+            if s.decoding() {
+                let s = &mut self.running[i];
+                if !s.blocks.reserve(&mut self.pool, need) {
+                    if self.preempt(id) {
+                        continue;
+                    }
+                    return Err(Error::Invalid(
+                        "the KV cache cannot hold one sequence; raise --ctx-size".into(),
+                    ));
+                }
+            }
+            i += 1;
+        }
+        // One prompt chunk (the oldest sequence still in its prompt), then every decode row.
+        let chunk = self.running.iter().position(|s| s.computed < s.prompt_len);
+        let decode: Vec<usize> = (0..self.running.len())
+            .filter(|&i| self.running[i].decoding())
+            .collect();
+        if chunk.is_none() && decode.is_empty() {
+            return Ok(events);
+        }
+        let bs = self.opts.block;
+        let np = chunk.map_or(0, |c| {
+            let s = &self.running[c];
+            // Chunks end where `rlx generate`'s would: at multiples of `batch`, and at the end
+            // of the prompt (a preempted sequence replays its generated tokens one per step,
+            // as they were computed).
+            let to_boundary = self.opts.batch - s.computed % self.opts.batch;
+            (s.prompt_len - s.computed).min(to_boundary)
+        });
+        let nd = decode
+            .len()
+            .next_power_of_two()
+            .min(self.opts.parallel.max(decode.len()));
+        let nd = if decode.is_empty() { 0 } else { nd };
+        let spec = self.spec(np, nd);
+        let m = spec.max_blocks;
+        let rows = np + nd;
+        let (mut tokens, mut positions, mut slots) = (
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+            Vec::with_capacity(rows),
+        );
+        let mut table: Vec<i32> = Vec::with_capacity(rows * m);
+        let mut push = |s: &Seq, pos: usize| {
+            tokens.push(s.tokens[pos] as i32);
+            positions.push(pos as i32);
+            slots.push(s.blocks.slot(pos, bs));
+            table.extend((0..m).map(|b| s.blocks.table.get(b).map_or(-1, |&x| x as i32)));
+        };
+        if let Some(c) = chunk {
+            let s = &self.running[c];
+            for pos in s.computed..s.computed + np {
+                push(s, pos);
+            }
+        }
+        for &i in &decode {
+            let s = &self.running[i];
+            push(s, s.computed);
+        }
+        // Padding rows: write nowhere, attend to nothing.
+        for _ in decode.len()..nd {
+            tokens.push(0);
+            positions.push(0);
+            slots.push(-1);
+            table.extend(std::iter::repeat_n(-1, m));
+        }
+        let logits = self.run(spec, &tokens, &positions, &slots, &table)?;
+        self.stats.steps += 1;
+        self.stats.prompt_tokens += np as u64;
+        let vocab = self.config.vocab;
+        // Logit rows: the chunk's last token (used when it ends the prompt), then decode rows.
+        let mut row = 0;
+        let mut sampled: Vec<(usize, usize)> = Vec::new();
+        if let Some(c) = chunk {
+            let s = &mut self.running[c];
+            s.computed += np;
+            if s.computed == s.tokens.len() {
+                sampled.push((c, row));
+            }
+            row += 1;
+        }
+        for &i in &decode {
+            let s = &mut self.running[i];
+            s.computed += 1;
+            // A replayed token's successor is already known.
+            if s.computed == s.tokens.len() {
+                sampled.push((i, row));
+            }
+            row += 1;
+        }
+        let mut done = Vec::new();
+        for (i, r) in sampled {
+            let mut l = logits[r * vocab..(r + 1) * vocab].to_vec();
+            let s = &mut self.running[i];
+            let tok = s.sampler.sample(&mut l);
+            if s.params.stop_at_eog && self.tokenizer.is_eog(tok) {
+                events.push(Event {
+                    id: s.id,
+                    token: None,
+                    finish: Some(Finish::Stop),
+                });
+                done.push(i);
+                continue;
+            }
+            s.sampler.accept(tok);
+            s.tokens.push(tok);
+            self.stats.generated_tokens += 1;
+            let full = s.generated() >= s.params.max_tokens || s.tokens.len() >= self.max_seq;
+            events.push(Event {
+                id: s.id,
+                token: Some(tok),
+                finish: full.then_some(Finish::Length),
+            });
+            if full {
+                done.push(i);
+            }
+        }
+        for s in &mut self.running {
+            let upto = s.computed.min(s.tokens.len());
+            s.blocks.register_full(&mut self.pool, &s.tokens[..upto]);
+        }
+        done.sort_unstable();
+        for i in done.into_iter().rev() {
+            let mut s = self.running.remove(i);
+            s.blocks.free(&mut self.pool);
+        }
+        Ok(events)
+    }
+
+    /// Run the step graph of `spec` (compiling it the first time it is seen).
+    fn run(
+        &mut self,
+        spec: BatchSpec,
+        tokens: &[i32],
+        positions: &[i32],
+        slots: &[i32],
+        table: &[i32],
+    ) -> Result<Vec<f32>> {
+        let i = match self.graphs.iter().position(|(s, _)| *s == spec) {
+            Some(i) => i,
+            None => {
+                let g = build_batch(&self.config, &self.file, spec)?;
+                let compiled = self.session.try_compile_sharing(g, &self.graphs[0].1)?;
+                if self.graphs.len() > KEEP_GRAPHS {
+                    self.graphs.remove(1);
+                }
+                self.graphs.push((spec, compiled));
+                self.stats.compiles += 1;
+                self.graphs.len() - 1
+            }
+        };
+        let bytes = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+        let out = self.graphs[i].1.try_run_typed(&[
+            ("tokens", &bytes(tokens), DType::I32),
+            ("positions", &bytes(positions), DType::I32),
+            ("slots", &bytes(slots), DType::I32),
+            ("table", &bytes(table), DType::I32),
+        ])?;
+        let (b, _) = out.into_iter().next().expect("one output");
+        Ok(b.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+}

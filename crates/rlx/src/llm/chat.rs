@@ -1,5 +1,6 @@
-//! Chat prompts. Like llama.cpp, RLX recognises the common template families from the Jinja
-//! text stored in `tokenizer.chat_template` instead of running Jinja.
+//! Chat prompts: the model's own Jinja template (`tokenizer.chat_template`) rendered by a real
+//! template engine ([`JinjaTemplate`], minijinja), and, for models without one, the common
+//! template families recognised by name ([`ChatTemplate`]).
 
 /// One chat turn.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,6 +131,68 @@ impl ChatTemplate {
             }
         }
         s
+    }
+}
+
+/// A model's own chat template: the Jinja source from its metadata, rendered with minijinja
+/// (with Python string methods such as `.strip()`, as Hugging Face templates use them).
+pub struct JinjaTemplate {
+    env: minijinja::Environment<'static>,
+    bos: String,
+    eos: String,
+}
+
+impl std::fmt::Debug for JinjaTemplate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JinjaTemplate").finish_non_exhaustive()
+    }
+}
+
+impl JinjaTemplate {
+    /// Compile `source`; `bos` and `eos` are the texts of the tokenizer's special tokens, which
+    /// templates use as `bos_token` / `eos_token`. A template that does not parse is an error
+    /// naming the line.
+    pub fn new(source: &str, bos: &str, eos: &str) -> Result<JinjaTemplate, String> {
+        let mut env = minijinja::Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
+        env.add_template_owned("chat", source.to_string())
+            .map_err(|e| format!("the model's chat template does not parse: {e}"))?;
+        Ok(JinjaTemplate {
+            env,
+            bos: bos.to_string(),
+            eos: eos.to_string(),
+        })
+    }
+
+    /// The prompt text for `messages`, with the assistant's turn header when
+    /// `add_generation_prompt`. A template that raises (e.g. for roles it does not take) gives
+    /// its message.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        let msgs: Vec<std::collections::BTreeMap<&str, &str>> = messages
+            .iter()
+            .map(|m| [("role", m.role.as_str()), ("content", m.content.as_str())].into())
+            .collect();
+        let t = self.env.get_template("chat").map_err(|e| e.to_string())?;
+        t.render(minijinja::context! {
+            messages => msgs,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos,
+            eos_token => self.eos,
+        })
+        .map_err(|e| format!("the model's chat template failed: {e}"))
     }
 }
 

@@ -21,7 +21,7 @@ mod graph;
 mod model;
 mod sample;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, JinjaTemplate};
 pub use config::{Arch, LlmConfig};
 pub use graph::{
     build_batch, build_step, cache_names, param_shape, scheme_of, BatchSpec, StepSpec,

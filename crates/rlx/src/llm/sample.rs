@@ -15,7 +15,11 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// Divide positive (multiply negative) logits of recently generated tokens by this (1: off).
     pub repeat_penalty: f32,
-    /// How many recent tokens the penalty looks at.
+    /// Subtract this from the logit of every token among the recent ones (0: off).
+    pub presence_penalty: f32,
+    /// Subtract this times its count among the recent ones from a token's logit (0: off).
+    pub frequency_penalty: f32,
+    /// How many recent tokens the penalties look at.
     pub repeat_last_n: usize,
     /// Random seed.
     pub seed: u64,
@@ -29,6 +33,8 @@ impl Default for SamplerConfig {
             top_p: 0.95,
             min_p: 0.05,
             repeat_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
             repeat_last_n: 64,
             seed: 0,
         }
@@ -100,17 +106,21 @@ impl Sampler {
             0.0
         };
         let c = &self.cfg;
-        if c.repeat_penalty != 1.0 {
-            let mut seen = std::collections::HashSet::new();
+        if c.repeat_penalty != 1.0 || c.presence_penalty != 0.0 || c.frequency_penalty != 0.0 {
+            // As llama.cpp's penalties sampler: each distinct recent token once, scaled by the
+            // repeat penalty, then lowered by presence + frequency * count.
+            let mut counts = std::collections::BTreeMap::new();
             for &t in &self.recent {
-                if seen.insert(t) {
-                    if let Some(l) = logits.get_mut(t as usize) {
-                        *l = if *l > 0.0 {
-                            *l / c.repeat_penalty
-                        } else {
-                            *l * c.repeat_penalty
-                        };
-                    }
+                *counts.entry(t).or_insert(0u32) += 1;
+            }
+            for (t, n) in counts {
+                if let Some(l) = logits.get_mut(t as usize) {
+                    *l = if *l > 0.0 {
+                        *l / c.repeat_penalty
+                    } else {
+                        *l * c.repeat_penalty
+                    };
+                    *l -= n as f32 * c.frequency_penalty + c.presence_penalty;
                 }
             }
         }

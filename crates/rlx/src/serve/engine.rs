@@ -67,6 +67,9 @@ pub struct GenParams {
     pub sampler: SamplerConfig,
     /// Stop at the model's end-of-generation tokens.
     pub stop_at_eog: bool,
+    /// Report each generated token's log-probability and this many most likely alternatives
+    /// (`None`: no log-probabilities).
+    pub logprobs: Option<usize>,
 }
 
 impl Default for GenParams {
@@ -75,6 +78,7 @@ impl Default for GenParams {
             max_tokens: 128,
             sampler: SamplerConfig::greedy(),
             stop_at_eog: true,
+            logprobs: None,
         }
     }
 }
@@ -97,8 +101,53 @@ pub struct Event {
     pub id: u64,
     /// The generated token (`None` when the request ended without one).
     pub token: Option<u32>,
+    /// Its log-probability under the model (before penalties and temperature) and the most
+    /// likely tokens', when the request asked for them.
+    pub logprobs: Option<TokenLogprobs>,
     /// Set on the request's last event.
     pub finish: Option<Finish>,
+}
+
+/// Log-probabilities of one position.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The chosen token's.
+    pub logprob: f32,
+    /// The most likely tokens and theirs, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// The log-softmax of `logits` at `token`, and the `n` largest.
+    pub fn of(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
+        let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let lse = m + logits
+            .iter()
+            .map(|&l| ((l - m) as f64).exp())
+            .sum::<f64>()
+            .ln() as f32;
+        let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+        let by = |a: &u32, b: &u32| {
+            logits[*b as usize]
+                .total_cmp(&logits[*a as usize])
+                .then(a.cmp(b))
+        };
+        let n = n.min(idx.len());
+        if n > 0 && n < idx.len() {
+            idx.select_nth_unstable_by(n - 1, by);
+        }
+        idx.truncate(n);
+        idx.sort_unstable_by(by);
+        TokenLogprobs {
+            logprob: logits
+                .get(token as usize)
+                .map_or(f32::NEG_INFINITY, |l| l - lse),
+            top: idx
+                .into_iter()
+                .map(|t| (t, logits[t as usize] - lse))
+                .collect(),
+        }
+    }
 }
 
 /// Counters and gauges of the engine.
@@ -255,6 +304,11 @@ impl Engine {
             pool: self.pool.stats(),
             ..self.stats
         }
+    }
+
+    /// Requests that may wait at most (more are refused).
+    pub fn max_waiting(&self) -> usize {
+        self.opts.max_waiting
     }
 
     /// Whether any request is running or waiting.
@@ -455,13 +509,15 @@ impl Engine {
         }
         let mut done = Vec::new();
         for (i, r) in sampled {
-            let mut l = logits[r * vocab..(r + 1) * vocab].to_vec();
+            let raw = &logits[r * vocab..(r + 1) * vocab];
+            let mut l = raw.to_vec();
             let s = &mut self.running[i];
             let tok = s.sampler.sample(&mut l);
             if s.params.stop_at_eog && self.tokenizer.is_eog(tok) {
                 events.push(Event {
                     id: s.id,
                     token: None,
+                    logprobs: None,
                     finish: Some(Finish::Stop),
                 });
                 done.push(i);
@@ -474,6 +530,7 @@ impl Engine {
             events.push(Event {
                 id: s.id,
                 token: Some(tok),
+                logprobs: s.params.logprobs.map(|n| TokenLogprobs::of(raw, tok, n)),
                 finish: full.then_some(Finish::Length),
             });
             if full {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it. Installs what the tests need that cargo cannot:
-# Mesa's software Vulkan (lavapipe), so the GPU backend's tests run on a machine without a GPU.
-# Extra arguments go to `cargo test`.
+# Mesa's software Vulkan (lavapipe), so the GPU backend's tests run on a machine without a GPU,
+# and Python's venv module, in which the server tests install the `openai` client
+# (scripts/setup-serve-pyenv.sh). Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
@@ -9,6 +10,12 @@ if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get install -y -q mesa-vulkan-drivers >/dev/null 2>&1 || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q mesa-vulkan-drivers >/dev/null; }
+fi
+if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
+    echo "installing python3-venv (the server tests drive rlx serve with the openai client)" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get install -y -q python3-venv >/dev/null 2>&1 || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q python3-venv >/dev/null; }
 fi
 # Vulkan through wgpu; lavapipe's window-system layer wants a runtime directory.
 export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"

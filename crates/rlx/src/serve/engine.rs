@@ -199,8 +199,9 @@ impl Seq {
     }
 }
 
-/// Graphs kept for step shapes besides the one holding the weights.
-const KEEP_GRAPHS: usize = 16;
+/// Graphs kept for step shapes besides the one holding the weights (least recently used
+/// dropped first).
+const KEEP_GRAPHS: usize = 48;
 
 /// A model serving many sequences; see the module documentation.
 pub struct Engine {
@@ -559,6 +560,12 @@ impl Engine {
         table: &[i32],
     ) -> Result<Vec<f32>> {
         let i = match self.graphs.iter().position(|(s, _)| *s == spec) {
+            // Most recently used last (the weights' owner stays first).
+            Some(i) if i > 0 => {
+                let g = self.graphs.remove(i);
+                self.graphs.push(g);
+                self.graphs.len() - 1
+            }
             Some(i) => i,
             None => {
                 let g = build_batch(&self.config, &self.file, spec)?;

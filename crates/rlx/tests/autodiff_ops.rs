@@ -31,6 +31,7 @@ const NOT_DIFFERENTIABLE: &[(&str, &str)] = &[
     ("dequant_matmul", "inference-only: the weights are packed integers"),
     ("cache_write", "inference-only: updates the KV cache in place"),
     ("cached_attention", "inference-only: reads the KV cache"),
+    ("paged_attention", "inference-only: reads the paged KV cache"),
 ];
 
 /// A small deterministic generator (tests must not depend on a crate's RNG stream).

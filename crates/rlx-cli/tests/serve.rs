@@ -127,6 +127,11 @@ fn bad_requests_get_openai_shaped_400s() {
             "outside the",
         ),
         ("/v1/completions", r#"{"prompt": "hi", "n": 3}"#, "`n`"),
+        (
+            "/v1/completions",
+            r#"{"prompt": "hi", "max_tokens": 0}"#,
+            "`max_tokens` must be at least 1",
+        ),
         ("/v1/chat/completions", r#"{"messages": []}"#, "empty"),
         (
             "/v1/chat/completions",

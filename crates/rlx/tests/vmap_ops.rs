@@ -18,7 +18,9 @@ const B: usize = 3;
 /// batch of packed quantized weights would need one weight matrix per example.
 fn unbatchable(op: &str, axes: &[(usize, usize)]) -> Option<&'static str> {
     match op {
-        "cache_write" | "cached_attention" | "paged_attention" => Some("the KV cache is state updated in place"),
+        "cache_write" | "cached_attention" | "paged_attention" => {
+            Some("the KV cache is state updated in place")
+        }
         "dequant_matmul" if axes.iter().any(|&(i, _)| i == 1) => {
             Some("packed weights are shared by every example")
         }

@@ -537,6 +537,12 @@ fn options(f: &Fields, chat: bool) -> Result<Options, ApiError> {
     } else {
         f.uint("logprobs")?.map(|n| n.min(20) as usize)
     };
+    if f.uint(max_key)? == Some(0) {
+        return Err(ApiError::bad(
+            format!("`{max_key}` must be at least 1"),
+            Some(max_key),
+        ));
+    }
     let include_usage = match f.get("stream_options") {
         Some(Value::Object(o)) => Fields(o).boolean("include_usage")?.unwrap_or(false),
         Some(v) => {

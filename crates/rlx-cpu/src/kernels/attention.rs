@@ -248,14 +248,14 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let scratch = info.threads * sk.max(1) * 8;
             Lowered::Compute {
                 scratch,
-                build: Box::new(move |i, o, s| {
+                build: with_float!(dt, T => Box::new(move |i: &[TRef], o, s| {
                     let m = if mask == MaskKind::Custom {
                         Some(i[3])
                     } else {
                         None
                     };
-                    with_float!(dt, T => attention::<T>(i[0], i[1], i[2], m, o, mask, scale, s), else unreachable!("the dtype was checked when the node was lowered"))
-                }),
+                    attention::<T>(i[0], i[1], i[2], m, o, mask, scale, s)
+                }) as super::Build, else return Err(info.unsupported(format!("dtype {dt}")))),
             }
         }
         Op::Rope { theta, interleaved } => {
@@ -263,9 +263,9 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let (s_len, d) = (info.ins[0].dims()[r - 2], info.ins[0].dims()[r - 1]);
             Lowered::Compute {
                 scratch: (s_len * (d / 2) * 16).max(16),
-                build: Box::new(
-                    move |i, o, s| with_float!(dt, T => rope::<T>(i[0], i[1], o, theta, interleaved, s), else unreachable!("the dtype was checked when the node was lowered")),
-                ),
+                build: with_float!(dt, T => Box::new(
+                    move |i: &[TRef], o, s| rope::<T>(i[0], i[1], o, theta, interleaved, s),
+                ) as super::Build, else return Err(info.unsupported(format!("dtype {dt}")))),
             }
         }
         _ => return Err(info.unsupported("not an attention op")),

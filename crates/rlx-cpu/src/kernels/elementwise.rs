@@ -472,20 +472,18 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         return Err(no(op.name()));
     }
     Ok(match op {
-        Op::Binary(BinaryOp::Pow) => compute(
-            move |i, o| with_float!(dt, T => pow::<T>(i[0], i[1], o), else unreachable!("the dtype was checked when the node was lowered")),
-        ),
-        Op::Binary(b) => compute(
-            move |i, o| with_dtype!(dt, T => binary::<T>(b, i[0], i[1], o), else unreachable!("the dtype was checked when the node was lowered")),
-        ),
-        Op::Compare(c) => compute(
-            move |i, o| with_dtype!(dt, T => compare::<T>(c, i[0], i[1], o), else unreachable!("the dtype was checked when the node was lowered")),
-        ),
+        Op::Binary(BinaryOp::Pow) => {
+            with_float!(dt, T => compute(move |i, o| pow::<T>(i[0], i[1], o)), else return Err(info.unsupported(format!("dtype {}", dt))))
+        }
+        Op::Binary(b) => {
+            with_dtype!(dt, T => compute(move |i, o| binary::<T>(b, i[0], i[1], o)), else return Err(info.unsupported(format!("dtype {}", dt))))
+        }
+        Op::Compare(c) => {
+            with_dtype!(dt, T => compute(move |i, o| compare::<T>(c, i[0], i[1], o)), else return Err(info.unsupported(format!("dtype {}", dt))))
+        }
         Op::Where => {
             let vt = info.in_dtypes[1];
-            compute(
-                move |i, o| with_dtype!(vt, T => map3(i[0], i[1], i[2], o, |c: Bool8, x: T, y: T| if c.0 != 0 { x } else { y }), else unreachable!("the dtype was checked when the node was lowered")),
-            )
+            with_dtype!(vt, T => compute(move |i, o| map3(i[0], i[1], i[2], o, |c: Bool8, x: T, y: T| if c.0 != 0 { x } else { y })), else return Err(info.unsupported(format!("dtype {}", vt))))
         }
         Op::Activation(Activation::GeluApprox) if dt == rlx_ir::DType::F16 => compute(|i, o| {
             let table = gelu_f16_table();
@@ -493,10 +491,10 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 half::f16::from_bits(table[v.to_bits() as usize])
             })
         }),
-        Op::Activation(a) => compute(move |i, o| {
-            with_float!(dt, T => activation_float::<T>(a, i[0], o),
-                else with_dtype!(dt, T => activation_int::<T>(a, i[0], o), else unreachable!("the dtype was checked when the node was lowered")))
-        }),
+        Op::Activation(a) => {
+            with_float!(dt, T => compute(move |i, o| activation_float::<T>(a, i[0], o)),
+            else with_dtype!(dt, T => compute(move |i, o| activation_int::<T>(a, i[0], o)), else return Err(info.unsupported(format!("dtype {dt}")))))
+        }
         Op::Cast {
             to: rlx_ir::DType::F16,
         } if dt == rlx_ir::DType::F32 => compute(|i, o| {
@@ -517,9 +515,10 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 f16_to_f32,
             )
         }),
-        Op::Cast { to } => compute(
-            move |i, o| with_dtype!(dt, A => with_dtype!(to, B => cast::<A, B>(i[0], o), else unreachable!("the dtype was checked when the node was lowered")), else unreachable!("the dtype was checked when the node was lowered")),
-        ),
+        Op::Cast { to } => {
+            with_dtype!(dt, A => with_dtype!(to, B => compute(move |i, o| cast::<A, B>(i[0], o)),
+            else return Err(info.unsupported(format!("cast to {to}")))), else return Err(info.unsupported(format!("dtype {dt}"))))
+        }
         _ => return Err(info.unsupported("not an elementwise op")),
     })
 }

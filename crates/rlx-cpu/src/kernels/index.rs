@@ -155,9 +155,9 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 _ => gather::<i64>(i[0], i[1], o, axis),
             }
         }),
-        Op::ScatterAdd { axis } => compute(
-            move |i, o| with_dtype!(dt, T => scatter_add::<T>(i[0], i[1], i[2], o, axis), else unreachable!("the dtype was checked when the node was lowered")),
-        ),
+        Op::ScatterAdd { axis } => {
+            with_dtype!(dt, T => compute(move |i, o| scatter_add::<T>(i[0], i[1], i[2], o, axis)), else return Err(info.unsupported(format!("dtype {}", dt))))
+        }
         _ => return Err(info.unsupported("not an indexing op")),
     })
 }

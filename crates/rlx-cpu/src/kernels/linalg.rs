@@ -237,7 +237,9 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     if !ok {
         return Err(info.unsupported(format!("matmul of {dt}")));
     }
-    Ok(super::compute(
-        move |i, o| with_float!(dt, T => float_matmul::<T>(i[0], i[1], o), else with_dtype!(dt, T => int_matmul::<T>(i[0], i[1], o), else unreachable!("the dtype was checked when the node was lowered"))),
-    ))
+    Ok(
+        with_float!(dt, T => super::compute(move |i, o| float_matmul::<T>(i[0], i[1], o)),
+            else with_dtype!(dt, T => super::compute(move |i, o| int_matmul::<T>(i[0], i[1], o)),
+                else return Err(info.unsupported(format!("matmul of {dt}"))))),
+    )
 }

@@ -157,15 +157,15 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         return Err(info.unsupported(format!("dtype {dt}")));
     }
     Ok(match info.node.op.clone() {
-        Op::Softmax { axis } => compute(
-            move |i, o| with_float!(dt, T => softmax::<T>(i[0], o, axis), else unreachable!("the dtype was checked when the node was lowered")),
-        ),
-        Op::LayerNorm { eps } => compute(
-            move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], Some(i[2]), o, eps, false), else unreachable!("the dtype was checked when the node was lowered")),
-        ),
-        Op::RmsNorm { eps } => compute(
-            move |i, o| with_float!(dt, T => norm::<T>(i[0], i[1], None, o, eps, true), else unreachable!("the dtype was checked when the node was lowered")),
-        ),
+        Op::Softmax { axis } => {
+            with_float!(dt, T => compute(move |i, o| softmax::<T>(i[0], o, axis)), else return Err(info.unsupported(format!("dtype {}", dt))))
+        }
+        Op::LayerNorm { eps } => {
+            with_float!(dt, T => compute(move |i, o| norm::<T>(i[0], i[1], Some(i[2]), o, eps, false)), else return Err(info.unsupported(format!("dtype {}", dt))))
+        }
+        Op::RmsNorm { eps } => {
+            with_float!(dt, T => compute(move |i, o| norm::<T>(i[0], i[1], None, o, eps, true)), else return Err(info.unsupported(format!("dtype {}", dt))))
+        }
         _ => return Err(info.unsupported("not a normalization")),
     })
 }

@@ -264,12 +264,13 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         return Err(info.unsupported(format!("dtype {dt}")));
     }
     Ok(match info.node.op.clone() {
-        Op::Reduce { kind, axes, .. } => compute(
-            move |i, o| with_float!(dt, T => reduce_float::<T>(kind, i[0], o, axes), else with_dtype!(dt, T => reduce_int::<T>(kind, i[0], o, axes), else unreachable!("the dtype was checked when the node was lowered"))),
-        ),
-        Op::Cumsum { axis } => compute(
-            move |i, o| with_dtype!(dt, T => cumsum::<T>(i[0], o, axis), else unreachable!("the dtype was checked when the node was lowered")),
-        ),
+        Op::Reduce { kind, axes, .. } => {
+            with_float!(dt, T => compute(move |i, o| reduce_float::<T>(kind, i[0], o, axes)),
+            else with_dtype!(dt, T => compute(move |i, o| reduce_int::<T>(kind, i[0], o, axes)), else return Err(info.unsupported(format!("dtype {dt}")))))
+        }
+        Op::Cumsum { axis } => {
+            with_dtype!(dt, T => compute(move |i, o| cumsum::<T>(i[0], o, axis)), else return Err(info.unsupported(format!("dtype {}", dt))))
+        }
         Op::TopK { k, output } => {
             if k == 0 {
                 return Ok(compute(|_, _| kernel(|_| {})));
@@ -277,9 +278,7 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             if dt == DType::Bool && output == TopKOutput::Values {
                 return Err(info.unsupported("topk of bool"));
             }
-            compute(
-                move |i, o| with_dtype!(dt, T => topk::<T>(i[0], o, k, output), else unreachable!("the dtype was checked when the node was lowered")),
-            )
+            with_dtype!(dt, T => compute(move |i, o| topk::<T>(i[0], o, k, output)), else return Err(info.unsupported(format!("dtype {}", dt))))
         }
         _ => return Err(info.unsupported("not a reduction")),
     })

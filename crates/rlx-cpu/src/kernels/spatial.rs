@@ -186,12 +186,12 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         return Err(info.unsupported(format!("dtype {dt}")));
     }
     Ok(match info.node.op.clone() {
-        Op::Conv(a) => compute(
-            move |i, o| with_float!(dt, T => conv::<T>(i[0], i[1], o, a), else unreachable!("the dtype was checked when the node was lowered")),
-        ),
-        Op::Pool(a) => compute(
-            move |i, o| with_float!(dt, T => pool_k::<T>(i[0], o, a), else unreachable!("the dtype was checked when the node was lowered")),
-        ),
+        Op::Conv(a) => {
+            with_float!(dt, T => compute(move |i, o| conv::<T>(i[0], i[1], o, a)), else return Err(info.unsupported(format!("dtype {}", dt))))
+        }
+        Op::Pool(a) => {
+            with_float!(dt, T => compute(move |i, o| pool_k::<T>(i[0], o, a)), else return Err(info.unsupported(format!("dtype {}", dt))))
+        }
         _ => return Err(info.unsupported("not a spatial op")),
     })
 }

@@ -8,7 +8,7 @@ use common::llm::{golden, ids};
 
 use rlx::hub::{ensure, KnownModel};
 use rlx::llm::{Llm, LoadOptions, Sampler, SamplerConfig};
-use rlx::serve::{Engine, EngineOptions, Finish, GenParams};
+use rlx::serve::{Engine, EngineOptions, Finish, GenParams, TokenLogprobs};
 use std::collections::BTreeMap;
 
 fn model() -> std::path::PathBuf {
@@ -30,7 +30,7 @@ fn gemma3_requests_decoded_together_match_each_decoded_alone() {
         .map(|t| llm.tokenizer.encode(t, llm.tokenizer.add_bos(), true))
         .collect();
     let n = 16;
-    let want: Vec<Vec<u32>> = prompts.iter().map(|p| reference(&mut llm, p, n)).collect();
+    let want: Vec<Vec<Tok>> = prompts.iter().map(|p| reference(&mut llm, p, n)).collect();
     let mut engine = Engine::load(&path, EngineOptions::default()).unwrap();
     let got = run_all(&mut engine, &prompts, n);
     for (i, ((tokens, _), want)) in got.iter().zip(&want).enumerate() {
@@ -38,26 +38,31 @@ fn gemma3_requests_decoded_together_match_each_decoded_alone() {
     }
 }
 
+/// A generated token and the bits of its log-probability: equal pairs mean equal tokens from
+/// bit-identical logits, not only the same argmax.
+type Tok = (u32, u32);
+
 /// Greedy tokens as `rlx generate` produces them (prompt in chunks of 512, then one token per
 /// step), stopping at an end-of-generation token.
-fn reference(llm: &mut Llm, prompt: &[u32], n: usize) -> Vec<u32> {
+fn reference(llm: &mut Llm, prompt: &[u32], n: usize) -> Vec<Tok> {
     llm.reset();
     let mut sampler = Sampler::new(SamplerConfig::greedy());
     let mut logits = llm.forward(prompt).unwrap();
     let mut out = Vec::new();
     for _ in 0..n {
+        let raw = logits.clone();
         let t = sampler.sample(&mut logits);
         if llm.tokenizer.is_eog(t) {
             break;
         }
-        out.push(t);
+        out.push((t, TokenLogprobs::of(&raw, t, 0).logprob.to_bits()));
         logits = llm.forward(&[t]).unwrap();
     }
     out
 }
 
 /// Run every request to its end; tokens and finish reason by request, in submission order.
-fn run_all(engine: &mut Engine, prompts: &[Vec<u32>], n: usize) -> Vec<(Vec<u32>, Finish)> {
+fn run_all(engine: &mut Engine, prompts: &[Vec<u32>], n: usize) -> Vec<(Vec<Tok>, Finish)> {
     let ids: Vec<u64> = prompts
         .iter()
         .map(|p| {
@@ -66,18 +71,22 @@ fn run_all(engine: &mut Engine, prompts: &[Vec<u32>], n: usize) -> Vec<(Vec<u32>
                     p.clone(),
                     GenParams {
                         max_tokens: n,
+                        logprobs: Some(0),
                         ..GenParams::default()
                     },
                 )
                 .unwrap()
         })
         .collect();
-    let mut got: BTreeMap<u64, (Vec<u32>, Option<Finish>)> = BTreeMap::new();
+    let mut got: BTreeMap<u64, (Vec<Tok>, Option<Finish>)> = BTreeMap::new();
     let mut steps = 0;
     while engine.has_work() {
         for e in engine.step().unwrap() {
             let entry = got.entry(e.id).or_default();
-            entry.0.extend(e.token);
+            if let Some(t) = e.token {
+                let lp = e.logprobs.as_ref().expect("logprobs were asked for");
+                entry.0.push((t, lp.logprob.to_bits()));
+            }
             if e.finish.is_some() {
                 assert!(entry.1.is_none(), "request {} finished twice", e.id);
                 entry.1 = e.finish;
@@ -116,7 +125,7 @@ fn requests_decoded_together_match_each_decoded_alone() {
     let mut llm = Llm::load(&path, LoadOptions::default()).unwrap();
     let prompts = prompts(&llm);
     let n = 24;
-    let want: Vec<Vec<u32>> = prompts.iter().map(|p| reference(&mut llm, p, n)).collect();
+    let want: Vec<Vec<Tok>> = prompts.iter().map(|p| reference(&mut llm, p, n)).collect();
     for parallel in [8, 1] {
         let mut engine = Engine::load(
             &path,

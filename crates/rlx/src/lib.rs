@@ -69,6 +69,8 @@ pub mod autodiff {
     pub use rlx_opt::vmap::{vmap, vmap_axes};
 }
 
+#[cfg(feature = "embed")]
+pub mod embed;
 #[cfg(feature = "hub")]
 pub mod hub;
 #[cfg(feature = "gguf")]

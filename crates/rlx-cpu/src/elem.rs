@@ -278,7 +278,7 @@ macro_rules! real {
 }
 real!(
     f32,
-    libm::erff,
+    crate::math::erf_f32,
     crate::math::exp_f32,
     crate::math::exp_fast_f32,
     crate::math::tanh_f32

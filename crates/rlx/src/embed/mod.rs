@@ -99,6 +99,19 @@ fn resolve(model: &str, progress: bool) -> Result<PathBuf> {
     )))
 }
 
+/// Read and check encoder weights from the bytes of a safetensors file, as
+/// [`Embedder::load`] does with `model.safetensors`: every tensor `config` implies must be there,
+/// F32, F16 or BF16, of the implied shape. Returns the graph's params (linear weights
+/// transposed to `[in, out]`, Q, K and V joined). `file` names the file in errors. Public for
+/// tools and the fuzz target.
+pub fn read_weights(
+    file: &str,
+    bytes: &[u8],
+    config: &EncoderConfig,
+) -> Result<Vec<(String, Vec<f32>)>> {
+    weights::from_bytes(file, bytes, config)
+}
+
 fn round_up(n: usize, to: usize) -> usize {
     n.div_ceil(to) * to
 }
@@ -439,6 +452,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("m.safetensors: not a valid safetensors file"), "{e}");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+        /// A valid file with bytes overwritten or cut short loads or gives an error naming the
+        /// file; it never panics.
+        #[test]
+        fn corrupted_files_load_or_give_a_named_error(
+            edits in proptest::collection::vec((0usize..4096, proptest::prelude::any::<u8>()), 0..8),
+            cut in proptest::option::of(0usize..4096),
+        ) {
+            let cfg = config();
+            let mut bytes = file(&cfg, None);
+            for (at, b) in edits {
+                // Mostly the 8-byte length and the JSON header, where the structure is.
+                let n = bytes.len();
+                let hdr = (u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize + 8).min(n);
+                let i = if at % 4 == 0 { at % n } else { at % hdr };
+                bytes[i] = b;
+            }
+            if let Some(c) = cut {
+                bytes.truncate(c % (bytes.len() + 1));
+            }
+            if let Err(e) = read_weights("m.safetensors", &bytes, &cfg) {
+                proptest::prop_assert!(e.to_string().contains("m.safetensors"), "{}", e);
+            }
+        }
     }
 
     #[test]

@@ -24,7 +24,6 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc as tmpsc, oneshot};
 
 /// Where and as what to serve.
-#[derive(Clone, Debug)]
 pub struct ServerOptions {
     /// Address to bind.
     pub host: String,
@@ -32,6 +31,9 @@ pub struct ServerOptions {
     pub port: u16,
     /// The model's name in responses and `/v1/models`.
     pub model_name: String,
+    /// A sentence encoder answering `POST /v1/embeddings` (none: that endpoint says how to
+    /// start one).
+    pub embedder: Option<crate::embed::Embedder>,
 }
 
 /// How prompts of chat requests are written.
@@ -113,6 +115,8 @@ struct Metrics {
 
 struct Shared {
     cmd: Mutex<mpsc::Sender<Cmd>>,
+    /// The encoder of `/v1/embeddings` (one request embeds at a time).
+    embedder: Option<Arc<Mutex<crate::embed::Embedder>>>,
     tokenizer: Tokenizer,
     template: Template,
     model: String,
@@ -178,6 +182,7 @@ pub fn run(engine: Engine, opts: ServerOptions) -> rlx_ir::Result<()> {
     let (tx, rx) = mpsc::channel();
     let shared = Arc::new(Shared {
         cmd: Mutex::new(tx),
+        embedder: opts.embedder.map(|e| Arc::new(Mutex::new(e))),
         tokenizer: tokenizer.clone(),
         template,
         model: opts.model_name.clone(),
@@ -210,6 +215,7 @@ pub fn run(engine: Engine, opts: ServerOptions) -> rlx_ir::Result<()> {
             .route("/detokenize", post(detokenize))
             .route("/v1/completions", post(completions))
             .route("/v1/chat/completions", post(chat_completions))
+            .route("/v1/embeddings", post(embeddings))
             .with_state(shared);
         let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
             .await
@@ -303,10 +309,150 @@ fn engine_loop(mut engine: Engine, rx: mpsc::Receiver<Cmd>, shared: Shared_) {
 }
 
 async fn models(State(s): State<Shared_>) -> impl IntoResponse {
-    axum::Json(json!({"object": "list", "data": [{
+    let mut data = vec![json!({
         "id": s.model, "object": "model", "created": s.created, "owned_by": "rlx",
         "meta": {"max_seq_len": s.max_seq}
-    }]}))
+    })];
+    if let Some(e) = &s.embedder {
+        let e = e.lock().unwrap_or_else(|e| e.into_inner());
+        data.push(json!({
+            "id": e.name(), "object": "model", "created": s.created, "owned_by": "rlx",
+            "meta": {"max_seq_len": e.config().max_length, "dim": e.dim(), "kind": "embedding"}
+        }));
+    }
+    axum::Json(json!({"object": "list", "data": data}))
+}
+
+/// A `/v1/embeddings` body: the texts and whether vectors go back as base64.
+#[derive(Debug)]
+struct EmbedRequest {
+    input: Vec<String>,
+    base64: bool,
+    dimensions: Option<u64>,
+}
+
+/// Most texts one `/v1/embeddings` request may carry (OpenAI's limit).
+const MAX_EMBED_INPUTS: usize = 2048;
+
+fn parse_embeddings(bytes: &[u8]) -> Result<EmbedRequest, ApiError> {
+    let b = body(bytes)?;
+    let f = Fields(&b);
+    let must = "`input` must be a string or a list of strings";
+    let input = match b.get("input") {
+        Some(Value::String(t)) => vec![t.clone()],
+        Some(Value::Array(a)) if a.is_empty() => {
+            return Err(ApiError::bad("`input` is an empty list", Some("input")))
+        }
+        Some(Value::Array(a)) if a.iter().all(Value::is_string) => a
+            .iter()
+            .map(|v| v.as_str().unwrap_or_default().to_string())
+            .collect(),
+        Some(Value::Array(a)) if a.iter().all(|v| v.is_u64() || v.is_array()) => {
+            return Err(ApiError::bad(
+                format!("{must}; token-id input is not supported (send the text)"),
+                Some("input"),
+            ))
+        }
+        Some(_) => return Err(ApiError::bad(must, Some("input"))),
+        None => {
+            return Err(ApiError::bad(
+                "`input` (a string or a list of strings) is required",
+                Some("input"),
+            ))
+        }
+    };
+    if input.len() > MAX_EMBED_INPUTS {
+        return Err(ApiError::bad(
+            format!(
+                "`input` has {} texts; at most {MAX_EMBED_INPUTS} per request",
+                input.len()
+            ),
+            Some("input"),
+        ));
+    }
+    let base64 = match f.string("encoding_format")? {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::bad(
+                format!("`encoding_format` \"{other}\" is not one of \"float\", \"base64\""),
+                Some("encoding_format"),
+            ))
+        }
+    };
+    let dimensions = match b.get("dimensions") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| {
+            ApiError::bad("`dimensions` must be a positive integer", Some("dimensions"))
+        })?),
+    };
+    f.string("model")?;
+    Ok(EmbedRequest {
+        input,
+        base64,
+        dimensions,
+    })
+}
+
+async fn embeddings(State(s): State<Shared_>, bytes: Bytes) -> Result<Response, ApiError> {
+    let req = parse_embeddings(&bytes)?;
+    let Some(enc) = s.embedder.clone() else {
+        return Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: "this server has no embedding model; start it with `rlx serve \
+                      --embedding-model minilm` (or a model directory)"
+                .into(),
+            param: Some("model".into()),
+        });
+    };
+    let work = tokio::task::spawn_blocking(move || {
+        let mut e = enc.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = req.dimensions {
+            if d != e.dim() as u64 {
+                return Err(ApiError::bad(
+                    format!(
+                        "`dimensions` {d}: {} gives {}-dimensional vectors and cannot shorten them",
+                        e.name(),
+                        e.dim()
+                    ),
+                    Some("dimensions"),
+                ));
+            }
+        }
+        let refs: Vec<&str> = req.input.iter().map(String::as_str).collect();
+        let server = |err: rlx_ir::Error| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: err.to_string(),
+            param: None,
+        };
+        let tokens: usize = e.count_tokens(&refs).map_err(server)?.iter().sum();
+        let vecs = e.embed(&refs).map_err(server)?;
+        Ok((e.name().to_string(), tokens, vecs, req.base64))
+    });
+    let (model, tokens, vecs, b64) = work.await.map_err(|e| ApiError {
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        message: format!("the embedding task failed: {e}"),
+        param: None,
+    })??;
+    let data: Vec<Value> = vecs
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if b64 {
+                use base64::Engine as _;
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                Value::from(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "object": "list", "data": data, "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}
+    }))
+    .into_response())
 }
 
 async fn metrics(State(s): State<Shared_>) -> impl IntoResponse {
@@ -1080,7 +1226,7 @@ fn rand_id() -> u64 {
 
 #[cfg(all(test, feature = "hub"))]
 mod tests {
-    use super::{parse_chat, parse_completion, Template, TextStream};
+    use super::{parse_chat, parse_completion, parse_embeddings, Template, TextStream};
     use crate::llm::ChatTemplate;
     use proptest::prelude::*;
     use serde_json::{json, Value};
@@ -1138,6 +1284,9 @@ mod tests {
             "frequency_penalty",
             "ignore_eos",
             "model",
+            "input",
+            "encoding_format",
+            "dimensions",
         ];
         prop::collection::vec((0..keys.len(), value()), 0..8).prop_map(move |kv| {
             Value::Object(
@@ -1156,7 +1305,12 @@ mod tests {
             let tok = tokenizer();
             let t = Template::Known(ChatTemplate::detect(None, "llama"));
             for bytes in [serde_json::to_vec(&req).unwrap(), junk] {
-                for r in [parse_completion(&bytes, tok).map(|_| ()), parse_chat(&bytes, tok, &t).map(|_| ())] {
+                let parsed = [
+                    parse_completion(&bytes, tok).map(|_| ()),
+                    parse_chat(&bytes, tok, &t).map(|_| ()),
+                    parse_embeddings(&bytes).map(|_| ()),
+                ];
+                for r in parsed {
                     if let Err(e) = r {
                         prop_assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST);
                         prop_assert!(!e.message.is_empty());
@@ -1173,6 +1327,25 @@ mod tests {
             let f = rlx_gguf::GgufFile::open(path).expect("opens");
             rlx_gguf::Tokenizer::from_gguf(&f).expect("tokenizer")
         })
+    }
+
+    #[test]
+    fn embedding_bodies_take_a_string_or_strings() {
+        let ok = |v: Value| parse_embeddings(&serde_json::to_vec(&v).unwrap()).unwrap();
+        let bad = |v: Value| parse_embeddings(&serde_json::to_vec(&v).unwrap()).unwrap_err();
+        assert_eq!(ok(json!({"input": "a"})).input, vec!["a"]);
+        let r = ok(json!({"input": ["a", ""], "encoding_format": "base64", "model": "m"}));
+        assert_eq!(r.input, vec!["a", ""]);
+        assert!(r.base64);
+        assert_eq!(bad(json!({})).param.as_deref(), Some("input"));
+        assert!(bad(json!({"input": [1, 2]})).message.contains("token-id input"));
+        assert!(bad(json!({"input": []})).message.contains("empty"));
+        assert_eq!(
+            bad(json!({"input": "a", "encoding_format": "int8"})).param.as_deref(),
+            Some("encoding_format")
+        );
+        let many: Vec<&str> = vec!["x"; 2049];
+        assert!(bad(json!({ "input": many })).message.contains("at most 2048"));
     }
 
     #[test]

@@ -462,7 +462,7 @@ unsafe fn block(
     kc: usize,
     a: ABlock,
     pa: *mut f32,
-    pb: *const f32,
+    b: BBlock,
     c: *mut f32,
     ldc: usize,
     acc: bool,
@@ -509,7 +509,8 @@ unsafe fn block(
                     ap.add(lo * cs),
                     rs,
                     cs,
-                    pb.add(jr * kc + lo * nr),
+                    b.ptr.add(jr * b.step + lo * b.ld),
+                    b.ld,
                     ct,
                     ldc,
                     acc,
@@ -527,6 +528,33 @@ unsafe fn block(
         }
         jr += nr;
     }
+}
+
+/// Where a block's B slivers are: sliver column `j` at `ptr + j * step`, depth `p` of it `ld`
+/// floats further (packed: `step = kc`, `ld = nr`; read in place: `step = 1`, `ld` = B's row
+/// stride).
+#[derive(Clone, Copy)]
+struct BBlock {
+    ptr: *const f32,
+    step: usize,
+    ld: usize,
+}
+
+/// Most rows of C for which the AVX-512 and AVX2 kernels read a row-major B in place instead
+/// of packing it: with few rows each B sliver is used by one or two tiles only, so packing (a
+/// copy of all of B per product) costs as much as the multiply-adds it feeds.
+const DIRECT_B_MAX_M: usize = 24;
+
+/// Whether the kernels read B in place: row-major, whole slivers (no ragged last one to
+/// pad), few rows (see [`DIRECT_B_MAX_M`]). `RLX_GEMM_DIRECT_B=0` turns it off.
+fn direct_b(isa: Isa, b: &Mat, m: usize, n: usize) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var_os("RLX_GEMM_DIRECT_B").is_some_and(|v| v == "0"));
+    let (_, nr) = isa.tile();
+    !off && matches!(isa, Isa::Avx512 | Isa::Avx2)
+        && b.cs == 1
+        && n.is_multiple_of(nr)
+        && m <= DIRECT_B_MAX_M
 }
 
 /// Whether the AVX-512 and AVX2 kernels read this row-major A in place instead of packing it:
@@ -565,6 +593,7 @@ unsafe fn gemm_serial(
     let pa = buf;
     let own_b = buf.add(k.min(kc_b) * m.min(mc_b).div_ceil(mr) * mr);
     let direct = direct_a(isa, &a, n);
+    let in_place_b = !matches!(shared, Shared::PackedB(..)) && direct_b(isa, &b, m, n);
     let mut jc = 0;
     while jc < n {
         let nc = (n - jc).min(nc_b);
@@ -575,6 +604,8 @@ unsafe fn gemm_serial(
             // slivers, so the block at (row or column `x`, depth `pc`) is at `pc * pad + x * kc`.
             let pb = if let Shared::PackedB(p, npad) = shared {
                 p.add(pc * npad + jc * kc)
+            } else if in_place_b {
+                b.ptr.add(pc * b.rs + jc)
             } else {
                 pack_b(
                     kc,
@@ -635,7 +666,19 @@ unsafe fn gemm_serial(
                     kc,
                     ab,
                     pa,
-                    pb,
+                    if in_place_b {
+                        BBlock {
+                            ptr: pb,
+                            step: 1,
+                            ld: b.rs,
+                        }
+                    } else {
+                        BBlock {
+                            ptr: pb,
+                            step: kc,
+                            ld: nr,
+                        }
+                    },
                     c.add(ic * ldc + jc),
                     ldc,
                     pc > 0,
@@ -785,6 +828,7 @@ unsafe fn micro(
     ars: usize,
     acs: usize,
     b: *const f32,
+        ldb: usize,
     c: *mut f32,
     ldc: usize,
     acc: bool,
@@ -794,14 +838,14 @@ unsafe fn micro(
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if rows <= 8 => x86::micro_short(kc, a, ars, acs, b, c, ldc, acc, rows, cols),
+        Isa::Avx512 if rows <= 8 => x86::micro_short(kc, a, ars, acs, b, ldb, c, ldc, acc, rows, cols),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if ars == 1 => x86::micro_12x32(kc, a, acs, b, c, ldc, acc, rows, cols, next),
+        Isa::Avx512 if ars == 1 => x86::micro_12x32(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, next),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => x86::micro_12x32_rows(kc, a, ars, b, c, ldc, acc, rows, cols, next),
+        Isa::Avx512 => x86::micro_12x32_rows(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, next),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::micro_avx2(kc, a, ars, acs, b, c, ldc, acc, rows, cols, next),
-        _ => micro_generic(kc, a, b, c, ldc, acc, rows, cols),
+        Isa::Avx2 => x86::micro_avx2(kc, a, ars, acs, b, ldb, c, ldc, acc, rows, cols, next),
+        _ => micro_generic(kc, a, b, ldb, c, ldc, acc, rows, cols),
     }
 }
 
@@ -828,6 +872,7 @@ unsafe fn micro_generic(
     kc: usize,
     a: *const f32,
     b: *const f32,
+        ldb: usize,
     c: *mut f32,
     ldc: usize,
     acc: bool,
@@ -837,7 +882,7 @@ unsafe fn micro_generic(
     let mut t = [[0f32; 8]; 4];
     for p in 0..kc {
         let ap = a.add(p * 4);
-        let bp = b.add(p * 8);
+        let bp = b.add(p * ldb);
         for (i, row) in t.iter_mut().enumerate() {
             let av = *ap.add(i);
             for (j, v) in row.iter_mut().enumerate() {
@@ -860,6 +905,7 @@ mod x86 {
         a: *const f32,
         acs: usize,
         b: *const f32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         acc: bool,
@@ -867,7 +913,7 @@ mod x86 {
         cols: usize,
         next: *const f32,
     ) {
-        micro_avx512::<12, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols, next)
+        micro_avx512::<12, 2, 32, false>(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, next)
     }
 
     /// [`micro_12x32`] reading A in place from rows `ars` apart (row-major A).
@@ -878,6 +924,7 @@ mod x86 {
         a: *const f32,
         ars: usize,
         b: *const f32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         acc: bool,
@@ -885,7 +932,7 @@ mod x86 {
         cols: usize,
         next: *const f32,
     ) {
-        micro_avx512::<12, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, next)
+        micro_avx512::<12, 2, 32, true>(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, next)
     }
 
     /// A tile of at most 8 rows (the last of a block whose height is not a multiple of 12): a
@@ -898,6 +945,7 @@ mod x86 {
         ars: usize,
         acs: usize,
         b: *const f32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         acc: bool,
@@ -907,16 +955,16 @@ mod x86 {
         let null = std::ptr::null();
         match (rows <= 4, ars == 1) {
             (true, true) => {
-                micro_avx512::<4, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null)
+                micro_avx512::<4, 2, 32, false>(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, null)
             }
             (true, false) => {
-                micro_avx512::<4, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null)
+                micro_avx512::<4, 2, 32, true>(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, null)
             }
             (false, true) => {
-                micro_avx512::<8, 2, 32, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null)
+                micro_avx512::<8, 2, 32, false>(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, null)
             }
             (false, false) => {
-                micro_avx512::<8, 2, 32, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null)
+                micro_avx512::<8, 2, 32, true>(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, null)
             }
         }
     }
@@ -930,6 +978,7 @@ mod x86 {
         a: *const f32,
         lda: usize,
         b: *const f32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         acc: bool,
@@ -956,7 +1005,7 @@ mod x86 {
             }
             let end = (p0 + chunk).min(kc);
             for p in p0..end {
-                let bp = b.add(p * NR);
+                let bp = b.add(p * ldb);
                 let mut bv = [_mm512_setzero_ps(); NV];
                 for (v, x) in bv.iter_mut().enumerate() {
                     *x = _mm512_loadu_ps(bp.add(16 * v));
@@ -1122,6 +1171,7 @@ mod x86 {
         ars: usize,
         acs: usize,
         b: *const f32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         acc: bool,
@@ -1131,12 +1181,12 @@ mod x86 {
     ) {
         let null = std::ptr::null();
         match (rows, ars == 1) {
-            (5.., true) => micro_ymm::<6, false>(kc, a, acs, b, c, ldc, acc, rows, cols, next),
-            (5.., false) => micro_ymm::<6, true>(kc, a, ars, b, c, ldc, acc, rows, cols, next),
-            (3..=4, true) => micro_ymm::<4, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null),
-            (3..=4, false) => micro_ymm::<4, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null),
-            (_, true) => micro_ymm::<2, false>(kc, a, acs, b, c, ldc, acc, rows, cols, null),
-            (_, false) => micro_ymm::<2, true>(kc, a, ars, b, c, ldc, acc, rows, cols, null),
+            (5.., true) => micro_ymm::<6, false>(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, next),
+            (5.., false) => micro_ymm::<6, true>(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, next),
+            (3..=4, true) => micro_ymm::<4, false>(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, null),
+            (3..=4, false) => micro_ymm::<4, true>(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, null),
+            (_, true) => micro_ymm::<2, false>(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, null),
+            (_, false) => micro_ymm::<2, true>(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, null),
         }
     }
 
@@ -1150,6 +1200,7 @@ mod x86 {
         a: *const f32,
         lda: usize,
         b: *const f32,
+        ldb: usize,
         c: *mut f32,
         ldc: usize,
         acc: bool,
@@ -1169,7 +1220,7 @@ mod x86 {
             }
             let end = (p0 + chunk).min(kc);
             for p in p0..end {
-                let bp = b.add(p * 16);
+                let bp = b.add(p * ldb);
                 let (b0, b1) = (_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8)));
                 for (i, ri) in r.iter_mut().enumerate() {
                     let av = _mm256_broadcast_ss(&*if ROWS {
@@ -1434,6 +1485,13 @@ mod tests {
                 (25, 70, 300),
                 (200, 65, 513),
                 (3, 3100, 5),
+                // B read in place (few rows, whole slivers): one and several depth panels,
+                // column blocks, and every short-tile height.
+                (1, 32, 300),
+                (13, 64, 7),
+                (16, 1536, 1536),
+                (24, 96, 513),
+                (5, 4096, 40),
             ] {
                 check(m, n, k, false, 1);
                 check(m, n, k, true, 2);

@@ -355,6 +355,48 @@ pub fn sum_f64(x: &[f32]) -> f64 {
 }
 }
 
+multiversion! {
+/// LayerNorm of each dense `n`-element row of `x` into `y`: the mean and then the variance of
+/// `x - mean` (differences in f32, squares and sums in f64, each sum over 8 lanes so it
+/// vectorizes), `1/sqrt(var + eps)` in f64 rounded to f32, then `(x - mean) * inv * g + b` in
+/// f32 — the scalar kernel's operations with only the order of the f64 sums changed.
+pub fn layer_norm_rows(x: &[f32], g: &[f32], b: &[f32], y: &mut [f32], n: usize, eps: f32) -> () {
+    for (xs, ys) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+        let mut lanes = [0f64; 8];
+        let chunks = xs.chunks_exact(8);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for (l, v) in lanes.iter_mut().zip(c) {
+                *l += *v as f64;
+            }
+        }
+        let s = lanes.iter().sum::<f64>() + tail.iter().map(|v| *v as f64).sum::<f64>();
+        let mean = (s / n as f64) as f32;
+        let mut lanes = [0f64; 8];
+        let chunks = xs.chunks_exact(8);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for (l, v) in lanes.iter_mut().zip(c) {
+                let d = (*v - mean) as f64;
+                *l += d * d;
+            }
+        }
+        let v = lanes.iter().sum::<f64>()
+            + tail
+                .iter()
+                .map(|v| {
+                    let d = (*v - mean) as f64;
+                    d * d
+                })
+                .sum::<f64>();
+        let inv = (1.0 / (v / n as f64 + eps as f64).sqrt()) as f32;
+        for (((o, xv), gv), bv) in ys.iter_mut().zip(xs).zip(g).zip(b) {
+            *o = (*xv - mean) * inv * *gv + *bv;
+        }
+    }
+}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -382,6 +424,31 @@ mod tests {
                             (xs[t] * inv * g[t]).to_bits(),
                             "row {r} of {rows}, element {t}"
                         );
+                    }
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn layer_norm_rows_matches_f64() {
+        crate::isa::for_each_level(|_| {
+            for (rows, n) in [(1usize, 1usize), (3, 7), (4, 384), (2, 1000)] {
+                let x: Vec<f32> = (0..rows * n)
+                    .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0 + 3.0)
+                    .collect();
+                let g: Vec<f32> = (0..n).map(|i| 1.0 + (i % 5) as f32 * 0.25).collect();
+                let b: Vec<f32> = (0..n).map(|i| (i % 3) as f32 - 1.0).collect();
+                let mut y = vec![0f32; rows * n];
+                layer_norm_rows(&x, &g, &b, &mut y, n, 1e-5);
+                for r in 0..rows {
+                    let xs: Vec<f64> = x[r * n..(r + 1) * n].iter().map(|&v| v as f64).collect();
+                    let mean = xs.iter().sum::<f64>() / n as f64;
+                    let var = xs.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n as f64;
+                    for t in 0..n {
+                        let want = (xs[t] - mean) / (var + 1e-5).sqrt() * g[t] as f64 + b[t] as f64;
+                        let got = y[r * n + t] as f64;
+                        assert!((got - want).abs() <= 1e-5 * (1.0 + want.abs()), "{n}: {got} vs {want}");
                     }
                 }
             }

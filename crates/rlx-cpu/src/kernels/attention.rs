@@ -161,9 +161,18 @@ fn attention_f32(
                 let (lo, hi) = visible((i0 + i) as isize + off);
                 let (lo, hi) = (lo.max(c0) - c0, hi.max(c0) - c0);
                 if let (Some(m), Some(l)) = (&mask, &ml) {
-                    let pm = m.base::<f32>() as *const f32;
-                    for (j, s) in row.iter_mut().enumerate().take(hi).skip(lo) {
-                        *s = *s * scale + *pm.add(at4(l, [bi, h, i0 + i, c0 + j]));
+                    // The query's mask row (a key-padding mask is one row for all queries).
+                    let pm = (m.base::<f32>() as *const f32).add(at4(l, [bi, h, i0 + i, c0]));
+                    let js = l.strides()[3];
+                    if js == 1 {
+                        let mrow = std::slice::from_raw_parts(pm, hi);
+                        for (s, mv) in row[lo..hi].iter_mut().zip(&mrow[lo..hi]) {
+                            *s = *s * scale + *mv;
+                        }
+                    } else {
+                        for (j, s) in row.iter_mut().enumerate().take(hi).skip(lo) {
+                            *s = *s * scale + *pm.add(j * js);
+                        }
                     }
                     if hi > lo {
                         crate::math::scaled_softmax_in_place(&mut row[lo..hi], 1.0);

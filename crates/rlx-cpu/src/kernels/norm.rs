@@ -81,12 +81,13 @@ fn norm<T: FloatElem>(
         let sg = g.layout.strides()[0];
         let count = x.layout.numel() / n.max(1);
         let c = |v: f64| <T as FloatElem>::C::c(v);
-        let rows_dense = rms
-            && T::DTYPE == rlx_ir::DType::F32
+        let sb = b.map_or(1, |b| b.layout.strides()[0]);
+        let rows_dense = T::DTYPE == rlx_ir::DType::F32
             && axis + 1 == x.layout.rank()
             && x.layout.is_contiguous()
             && out.layout.is_contiguous()
-            && (sg == 1 || n == 1);
+            && (sg == 1 || n == 1)
+            && (sb == 1 || n == 1);
         par_ranges(pool, count, (1 << 14) / n.max(1) + 1, |r| {
             let (px, po, pg) = (
                 x.base::<T>() as *const T,
@@ -108,7 +109,19 @@ fn norm<T: FloatElem>(
                         std::slice::from_raw_parts_mut((po as *mut f32).add(oo), r.len() * n),
                     )
                 };
-                crate::math::rms_norm_rows(xs, gs, ys, n, eps);
+                match &b {
+                    None => crate::math::rms_norm_rows(xs, gs, ys, n, eps),
+                    Some(b) => {
+                        // SAFETY: the bias has `n` dense values.
+                        let bs = unsafe {
+                            std::slice::from_raw_parts(
+                                (b.base::<f32>() as *const f32).add(b.layout.offset),
+                                n,
+                            )
+                        };
+                        crate::math::layer_norm_rows(xs, gs, bs, ys, n, eps)
+                    }
+                }
                 return;
             }
             for_each_line(&x.layout, &out.layout, axis, r, |i, o| unsafe {

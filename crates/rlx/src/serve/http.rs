@@ -128,6 +128,7 @@ struct Shared {
 type Shared_ = Arc<Shared>;
 
 /// An error answered as OpenAI does: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
 struct ApiError {
     status: StatusCode,
     message: String,

@@ -7,7 +7,8 @@
 # ~90 tokens, MAX_TOKENS generated with ignore_eos) through the `openai` client.
 #
 # Usage: scripts/bench-serve.sh [MODEL...]   (default: smollm2 gemma3)
-# Env: THREADS (2), LEVELS ("1 4 16 64"), MAX_TOKENS (128), ROUNDS (1)
+# Env: THREADS (2), LEVELS ("1 4 16 64"), MAX_TOKENS (128), ROUNDS (1), RLX_BASE (a second rlx
+# binary, say an earlier commit's, served as "rlx-base" beside the others: a same-run A/B)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 THREADS="${THREADS:-2}"
@@ -42,9 +43,11 @@ for m in "${MODELS[@]}"; do
             requests=$(( c < 4 ? 4 : c * 2 ))
             [ "$c" -ge 64 ] && requests=$c
             ctx=$(( c * 512 ))
-            for server in rlx llama-server; do
-                if [ "$server" = rlx ]; then
-                    $RLX serve --model "$path" --port $PORT --parallel "$c" --ctx-size "$ctx" \
+            for server in rlx ${RLX_BASE:+rlx-base} llama-server; do
+                if [ "$server" != llama-server ]; then
+                    bin=$RLX
+                    [ "$server" = rlx-base ] && bin=$RLX_BASE
+                    $bin serve --model "$path" --port $PORT --parallel "$c" --ctx-size "$ctx" \
                         --threads "$THREADS" >/dev/null 2>&1 &
                 else
                     "$LLAMA_BIN/llama-server" -m "$path" --port $PORT -np "$c" -c "$ctx" \

@@ -478,14 +478,27 @@ fn fused(ty: GgmlType) -> bool {
     }
 }
 
-/// Dot products of up to four packed rows of a 32-element block type with one quantized
-/// activation row, straight from the packed bytes. Quants enter the integer product as unsigned
-/// bytes; the format's offset (`-8`, `-16`) or min is applied through the activation block sums.
-/// Four rows share each activation load and keep four independent accumulator chains.
+/// One quantized activation row: its quants, block scales and block sums (see `row_views`).
+#[cfg(target_arch = "x86_64")]
+type Act<'a> = (&'a [i8], &'a [f32], &'a [f32]);
+
+/// Activation rows one call of [`dot_packed_rows`] takes at most.
+#[cfg(target_arch = "x86_64")]
+const ACTS: usize = 4;
+
+/// Dot products of up to four packed rows of a 32-element block type with up to [`ACTS`]
+/// quantized activation rows, straight from the packed bytes. Quants enter the integer product
+/// as unsigned bytes; the format's offset (`-8`, `-16`) or min is applied through the
+/// activation block sums. Four weight rows share each activation load and keep independent
+/// accumulator chains; each weight block is decoded once for all the activation rows (a batch
+/// of decode rows then costs little more than one), and every (weight row, activation row) pair
+/// goes through the same operations in the same order as alone, so results do not depend on how
+/// many rows come together.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C, and the VNNI form `vnni` names; `rows` points at `n` rows of
-/// `row_bytes` bytes (`1 <= n <= 4`) holding `k / 32` blocks of `ty`; `out` has `n` slots.
+/// `row_bytes` bytes (`1 <= n <= 4`) holding `k / 32` blocks of `ty`; `acts` holds 1 to
+/// [`ACTS`] rows of `k` quants; `out[a]` gets activation row `a`'s `n` results.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn dot_packed_rows(
@@ -495,30 +508,43 @@ unsafe fn dot_packed_rows(
     rows: *const u8,
     row_bytes: usize,
     n: usize,
-    qx: &[i8],
-    la: &[f32],
-    xs: &[f32],
-    out: &mut [f32],
+    acts: &[Act<'_>],
+    out: &mut [[f32; ROWS]; ACTS],
 ) {
+    // Slots past `acts.len()` repeat the last row (computed, never read).
+    let pick = |i: usize| acts[i.min(acts.len() - 1)];
     macro_rules! go {
-        ($f:literal) => {
+        ($f:literal, $a:literal) => {{
+            let a: [Act<'_>; $a] = std::array::from_fn(pick);
+            let o = (&mut out[..$a]).try_into().expect("$a slots");
             match vnni {
-                Vnni::Vex => dot_rows_vnni::<$f>(rows, row_bytes, n, far, qx, la, xs, out),
-                Vnni::Evex => dot_rows_vnni512::<$f>(rows, row_bytes, n, far, qx, la, xs, out),
-                Vnni::None => dot_rows_avx2::<$f>(rows, row_bytes, n, far, qx, la, xs, out),
+                Vnni::Vex => dot_rows_vnni::<$f, $a>(rows, row_bytes, n, far, a, o),
+                Vnni::Evex => dot_rows_vnni512::<$f, $a>(rows, row_bytes, n, far, a, o),
+                Vnni::None => dot_rows_avx2::<$f, $a>(rows, row_bytes, n, far, a, o),
+            }
+        }};
+    }
+    macro_rules! by_acts {
+        ($f:literal) => {
+            match acts.len() {
+                1 => go!($f, 1),
+                2 => go!($f, 2),
+                _ => go!($f, 4),
             }
         };
     }
     match ty {
-        GgmlType::Q4_0 => go!(0),
-        GgmlType::Q4_1 => go!(1),
-        GgmlType::Q5_0 => go!(2),
-        GgmlType::Q5_1 => go!(3),
-        GgmlType::Q8_0 => go!(4),
+        GgmlType::Q4_0 => by_acts!(0),
+        GgmlType::Q4_1 => by_acts!(1),
+        GgmlType::Q5_0 => by_acts!(2),
+        GgmlType::Q5_1 => by_acts!(3),
+        GgmlType::Q8_0 => by_acts!(4),
         _ => {
-            for (r, o) in out.iter_mut().enumerate().take(n) {
-                let row = std::slice::from_raw_parts(rows.add(r * row_bytes), row_bytes);
-                *o = dot_kquant_avx2(ty, row, far, qx, la, xs);
+            for (o, &(qx, la, xs)) in out.iter_mut().zip(acts) {
+                for (r, v) in o.iter_mut().enumerate().take(n) {
+                    let row = std::slice::from_raw_parts(rows.add(r * row_bytes), row_bytes);
+                    *v = dot_kquant_avx2(ty, row, far, qx, la, xs);
+                }
             }
         }
     }
@@ -632,17 +658,15 @@ unsafe fn dot_kquant_avx2(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_rows_vnni<const F: u8>(
+unsafe fn dot_rows_vnni<const F: u8, const A: usize>(
     rows: *const u8,
     rb: usize,
     n: usize,
     far: bool,
-    qx: &[i8],
-    la: &[f32],
-    xs: &[f32],
-    out: &mut [f32],
+    acts: [Act<'_>; A],
+    out: &mut [[f32; ROWS]; A],
 ) {
-    dot_rows::<F, { Vnni::Vex as u8 }>(rows, rb, n, far, qx, la, xs, out)
+    dot_rows::<F, { Vnni::Vex as u8 }, A>(rows, rb, n, far, acts, out)
 }
 
 /// [`dot_rows`] with the EVEX-encoded 256-bit `vpdpbusd` of AVX-512 VNNI + VL (CPUs such as
@@ -650,56 +674,51 @@ unsafe fn dot_rows_vnni<const F: u8>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl,avx512vnni")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_rows_vnni512<const F: u8>(
+unsafe fn dot_rows_vnni512<const F: u8, const A: usize>(
     rows: *const u8,
     rb: usize,
     n: usize,
     far: bool,
-    qx: &[i8],
-    la: &[f32],
-    xs: &[f32],
-    out: &mut [f32],
+    acts: [Act<'_>; A],
+    out: &mut [[f32; ROWS]; A],
 ) {
-    dot_rows::<F, { Vnni::Evex as u8 }>(rows, rb, n, far, qx, la, xs, out)
+    dot_rows::<F, { Vnni::Evex as u8 }, A>(rows, rb, n, far, acts, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_rows_avx2<const F: u8>(
+unsafe fn dot_rows_avx2<const F: u8, const A: usize>(
     rows: *const u8,
     rb: usize,
     n: usize,
     far: bool,
-    qx: &[i8],
-    la: &[f32],
-    xs: &[f32],
-    out: &mut [f32],
+    acts: [Act<'_>; A],
+    out: &mut [[f32; ROWS]; A],
 ) {
-    dot_rows::<F, { Vnni::None as u8 }>(rows, rb, n, far, qx, la, xs, out)
+    dot_rows::<F, { Vnni::None as u8 }, A>(rows, rb, n, far, acts, out)
 }
 
-/// The body of [`dot_packed_rows`] for format `F` (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0).
+/// The body of [`dot_packed_rows`] for format `F` (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0)
+/// and `A` activation rows.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn dot_rows<const F: u8, const VNNI: u8>(
+unsafe fn dot_rows<const F: u8, const VNNI: u8, const A: usize>(
     rows: *const u8,
     rb: usize,
     n: usize,
     far: bool,
-    qx: &[i8],
-    la: &[f32],
-    xs: &[f32],
-    out: &mut [f32],
+    acts: [Act<'_>; A],
+    out: &mut [[f32; ROWS]; A],
 ) {
     use std::arch::x86_64::*;
     const R: usize = ROWS;
     let bb = [18, 20, 22, 24, 34][F as usize];
     let nb = rb / bb;
     let ones = _mm256_set1_epi16(1);
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut off = [0f32; R];
+    let mut acc = [[_mm256_setzero_ps(); R]; A];
+    let mut off = [[0f32; R]; A];
     // Rows past `n` repeat the last one (computed, never stored).
     let rp: [*const u8; R] = std::array::from_fn(|r| rows.add(r.min(n - 1) * rb));
     let dot = |q: __m256i, a: __m256i| -> __m256i {
@@ -713,17 +732,23 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8>(
         }
     };
     for b in 0..nb {
-        let dx = *la.get_unchecked(8 * b);
-        let sx = *xs.get_unchecked(2 * b) + *xs.get_unchecked(2 * b + 1);
-        let a = _mm256_loadu_si256(qx.as_ptr().add(b * 32) as *const __m256i);
+        let dx: [f32; A] = std::array::from_fn(|i| *acts[i].1.get_unchecked(8 * b));
+        let sx: [f32; A] = std::array::from_fn(|i| {
+            *acts[i].2.get_unchecked(2 * b) + *acts[i].2.get_unchecked(2 * b + 1)
+        });
+        let av: [__m256i; A] = std::array::from_fn(|i| {
+            _mm256_loadu_si256(acts[i].0.as_ptr().add(b * 32) as *const __m256i)
+        });
         // 8 or 16 times the activation's sum per 4-byte lane (zero for the other formats).
         // For Q8_0 with VNNI, 128 times it (see below).
-        let a_off = match F {
-            0 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), a), 3),
-            2 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), a), 4),
-            4 if VNNI != Vnni::None as u8 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), a), 7),
+        let a_off: [__m256i; A] = std::array::from_fn(|i| match F {
+            0 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), av[i]), 3),
+            2 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), av[i]), 4),
+            4 if VNNI != Vnni::None as u8 => {
+                _mm256_slli_epi32(dot(_mm256_set1_epi8(1), av[i]), 7)
+            }
             _ => _mm256_setzero_si256(),
-        };
+        });
         for r in 0..R {
             let blk = rp[r].add(b * bb);
             // Decoding streams weights faster than the hardware prefetcher fetches them: ask for
@@ -733,16 +758,10 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8>(
             // d (and m) as f32 through F16C.
             let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()));
             let d = _mm_cvtss_f32(dm);
-            let p32 = if F == 4 {
+            // The block's weights, decoded once for every activation row.
+            let (w, q) = if F == 4 {
                 let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                if VNNI != Vnni::None as u8 {
-                    // `vpdpbusd` has no i16 saturation: take w + 128 (a u8) and subtract 128 sum(a),
-                    // exact for every weight byte, -128 included.
-                    _mm256_sub_epi32(dot(_mm256_xor_si256(w, _mm256_set1_epi8(-128)), a), a_off)
-                } else {
-                    // |w| and a * sign(w): a -128 weight is 128 as u8 (see `dot_avx2`).
-                    dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
-                }
+                (w, _mm256_xor_si256(w, _mm256_set1_epi8(-128)))
             } else {
                 let mut q = rlx_gguf::simd::nibbles32(blk.add([2, 4, 6, 8][F as usize]));
                 if F == 2 || F == 3 {
@@ -751,27 +770,46 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8>(
                         (blk.add(if F == 2 { 2 } else { 4 }) as *const i32).read_unaligned(),
                     );
                 }
-                // Q4_0 / Q5_0: the lane sums of the signed weights (q - 8, q - 16), exactly the
-                // integers llama.cpp converts to float: sum(q a) - 8 sum(a) per lane.
-                if F == 0 || F == 2 {
-                    _mm256_sub_epi32(dot(q, a), a_off)
+                (q, q)
+            };
+            for i in 0..A {
+                let a = av[i];
+                let p32 = if F == 4 {
+                    if VNNI != Vnni::None as u8 {
+                        // `vpdpbusd` has no i16 saturation: take w + 128 (a u8, `q`) and
+                        // subtract 128 sum(a), exact for every weight byte, -128 included.
+                        _mm256_sub_epi32(dot(q, a), a_off[i])
+                    } else {
+                        // |w| and a * sign(w): a -128 weight is 128 as u8 (see `dot_avx2`).
+                        dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+                    }
+                } else if F == 0 || F == 2 {
+                    // Q4_0 / Q5_0: the lane sums of the signed weights (q - 8, q - 16), exactly
+                    // the integers llama.cpp converts to float: sum(q a) - 8 sum(a) per lane.
+                    _mm256_sub_epi32(dot(q, a), a_off[i])
                 } else {
                     dot(q, a)
+                };
+                acc[i][r] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(p32),
+                    _mm256_set1_ps(d * dx[i]),
+                    acc[i][r],
+                );
+                // Offset term m sx of Q4_1 and Q5_1.
+                if F == 1 || F == 3 {
+                    off[i][r] += _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)) * sx[i];
                 }
-            };
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p32), _mm256_set1_ps(d * dx), acc[r]);
-            // Offset term m sx of Q4_1 and Q5_1.
-            if F == 1 || F == 3 {
-                off[r] += _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)) * sx;
             }
         }
     }
-    for r in 0..n {
-        let v = acc[r];
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        out[r] = _mm_cvtss_f32(s) + off[r];
+    for i in 0..A {
+        for r in 0..n {
+            let v = acc[i][r];
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+            out[i][r] = _mm_cvtss_f32(s) + off[i][r];
+        }
     }
 }
 
@@ -809,6 +847,19 @@ unsafe fn row_views<'a>(
         std::slice::from_raw_parts_mut(base as *mut i8, k),
         std::slice::from_raw_parts_mut(base.add(z.q) as *mut f32, k / ABLK * 8),
         std::slice::from_raw_parts_mut(base.add(z.q + z.ls) as *mut f32, k / SUB),
+    )
+}
+
+/// Shared views of one quantized activation row inside a scratch buffer (see [`row_views`]).
+///
+/// # Safety
+/// As [`row_views`], and no mutable view of the row is alive.
+#[cfg(target_arch = "x86_64")]
+unsafe fn act_views<'a>(base: *const u8, k: usize, z: &Sizes) -> Act<'a> {
+    (
+        std::slice::from_raw_parts(base as *const i8, k),
+        std::slice::from_raw_parts(base.add(z.q) as *const f32, k / ABLK * 8),
+        std::slice::from_raw_parts(base.add(z.q + z.ls) as *const f32, k / SUB),
     )
 }
 
@@ -908,9 +959,13 @@ fn dequant_matmul(
                     }
                     #[cfg(target_arch = "x86_64")]
                     if packed {
-                        let mut res = [0f32; ROWS];
-                        for r in 0..m {
-                            let (qx, la, xs) = row_views(sp.get().add(r * z.row()), k, &z);
+                        let mut res = [[0f32; ROWS]; ACTS];
+                        let mut r0 = 0;
+                        while r0 < m {
+                            let take = (m - r0).min(ACTS);
+                            let acts: [Act<'_>; ACTS] = std::array::from_fn(|i| {
+                                act_views(sp.get().add((r0 + i.min(take - 1)) * z.row()), k, &z)
+                            });
                             dot_packed_rows(
                                 ty,
                                 vnni,
@@ -918,14 +973,15 @@ fn dequant_matmul(
                                 wp.add(n0 * row_bytes),
                                 row_bytes,
                                 n1 - n0,
-                                qx,
-                                la,
-                                xs,
+                                &acts[..take],
                                 &mut res,
                             );
-                            for j in n0..n1 {
-                                *op.add(out_index(&out, r, j, n)) = res[j - n0];
+                            for (i, row) in res.iter().enumerate().take(take) {
+                                for j in n0..n1 {
+                                    *op.add(out_index(&out, r0 + i, j, n)) = row[j - n0];
+                                }
                             }
+                            r0 += take;
                         }
                         continue;
                     }

@@ -239,9 +239,11 @@ fn model_path(arg: &Option<String>) -> rlx::Result<PathBuf> {
     match arg {
         None => hub::ensure(KnownModel::SmolLM2, true),
         Some(s) => match KnownModel::from_name(s) {
-            Some(m) if m.is_dir() && !PathBuf::from(s).exists() => Err(rlx::Error::Invalid(
-                format!("{s} is a sentence encoder, not a language model; use `rlx embed --model {s}`"),
-            )),
+            Some(m) if m.is_dir() && !PathBuf::from(s).exists() => {
+                Err(rlx::Error::Invalid(format!(
+                    "{s} is a sentence encoder, not a language model; use `rlx embed --model {s}`"
+                )))
+            }
             Some(m) if !PathBuf::from(s).exists() => hub::ensure(m, true),
             _ => Ok(PathBuf::from(s)),
         },
@@ -291,7 +293,8 @@ fn cmd_embed(a: EmbedArgs) -> rlx::Result<()> {
     let vecs = e.embed_with_progress(&refs, |done, _| bar.set_position(done as u64))?;
     bar.finish_and_clear();
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
-    let w = |r: std::io::Result<()>| r.map_err(|e| rlx::Error::Invalid(format!("cannot write: {e}")));
+    let w =
+        |r: std::io::Result<()>| r.map_err(|e| rlx::Error::Invalid(format!("cannot write: {e}")));
     if a.json {
         let v = serde_json::json!({"model": e.name(), "dim": e.dim(), "embeddings": vecs});
         w(writeln!(out, "{v}"))?;

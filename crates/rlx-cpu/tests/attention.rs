@@ -64,7 +64,10 @@ fn check(c: &Case) {
                 .collect();
         }
         let bytes: Vec<u8> = vals.iter().flat_map(|x| x.to_le_bytes()).collect();
-        leaves.insert(name.to_string(), Tensor::from_bytes(&shape, &bytes).unwrap());
+        leaves.insert(
+            name.to_string(),
+            Tensor::from_bytes(&shape, &bytes).unwrap(),
+        );
         feeds.push(bytes);
     }
     let want = evaluate(&g, &leaves).unwrap()[0].f64s();

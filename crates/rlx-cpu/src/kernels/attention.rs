@@ -153,8 +153,16 @@ fn attention_f32(
             let pq = (q.base::<f32>() as *const f32).add(at4(&q.layout, [bi, h, i0, 0]));
             let pk = (k.base::<f32>() as *const f32).add(at4(&k.layout, [bi, kh, c0, 0]));
             let pv = (v.base::<f32>() as *const f32).add(at4(&v.layout, [bi, kh, c0, 0]));
-            let qm = Mat { ptr: pq, rs: qs[2], cs: qs[3] };
-            let kt = Mat { ptr: pk, rs: ks[3], cs: ks[2] };
+            let qm = Mat {
+                ptr: pq,
+                rs: qs[2],
+                cs: qs[3],
+            };
+            let kt = Mat {
+                ptr: pk,
+                rs: ks[3],
+                cs: ks[2],
+            };
             sgemm(None, qb, ncol, d, qm, kt, sm, ncol, gs);
             for i in 0..qb {
                 let row = std::slice::from_raw_parts_mut(sm.add(i * ncol), ncol);
@@ -183,8 +191,16 @@ fn attention_f32(
                 row[..lo].fill(0.0);
                 row[hi..].fill(0.0);
             }
-            let p = Mat { ptr: sm, rs: ncol, cs: 1 };
-            let vm = Mat { ptr: pv, rs: vs[2], cs: vs[3] };
+            let p = Mat {
+                ptr: sm,
+                rs: ncol,
+                cs: 1,
+            };
+            let vm = Mat {
+                ptr: pv,
+                rs: vs[2],
+                cs: vs[3],
+            };
             sgemm(None, qb, dv, ncol, p, vm, po, os[2], gs);
         });
     })

@@ -828,7 +828,7 @@ unsafe fn micro(
     ars: usize,
     acs: usize,
     b: *const f32,
-        ldb: usize,
+    ldb: usize,
     c: *mut f32,
     ldc: usize,
     acc: bool,
@@ -838,9 +838,13 @@ unsafe fn micro(
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if rows <= 8 => x86::micro_short(kc, a, ars, acs, b, ldb, c, ldc, acc, rows, cols),
+        Isa::Avx512 if rows <= 8 => {
+            x86::micro_short(kc, a, ars, acs, b, ldb, c, ldc, acc, rows, cols)
+        }
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 if ars == 1 => x86::micro_12x32(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, next),
+        Isa::Avx512 if ars == 1 => {
+            x86::micro_12x32(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, next)
+        }
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => x86::micro_12x32_rows(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, next),
         #[cfg(target_arch = "x86_64")]
@@ -872,7 +876,7 @@ unsafe fn micro_generic(
     kc: usize,
     a: *const f32,
     b: *const f32,
-        ldb: usize,
+    ldb: usize,
     c: *mut f32,
     ldc: usize,
     acc: bool,
@@ -1183,8 +1187,12 @@ mod x86 {
         match (rows, ars == 1) {
             (5.., true) => micro_ymm::<6, false>(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, next),
             (5.., false) => micro_ymm::<6, true>(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, next),
-            (3..=4, true) => micro_ymm::<4, false>(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, null),
-            (3..=4, false) => micro_ymm::<4, true>(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, null),
+            (3..=4, true) => {
+                micro_ymm::<4, false>(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, null)
+            }
+            (3..=4, false) => {
+                micro_ymm::<4, true>(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, null)
+            }
             (_, true) => micro_ymm::<2, false>(kc, a, acs, b, ldb, c, ldc, acc, rows, cols, null),
             (_, false) => micro_ymm::<2, true>(kc, a, ars, b, ldb, c, ldc, acc, rows, cols, null),
         }

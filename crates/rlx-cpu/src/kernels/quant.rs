@@ -790,7 +790,10 @@ unsafe fn dot_kquant_avx2<const A: usize>(
         if ty == GgmlType::Q4_K {
             return acc_q4[i] - acc_min[i];
         }
-        let s = _mm_add_ps(_mm256_castps256_ps128(acc[i]), _mm256_extractf128_ps(acc[i], 1));
+        let s = _mm_add_ps(
+            _mm256_castps256_ps128(acc[i]),
+            _mm256_extractf128_ps(acc[i], 1),
+        );
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
         _mm_cvtss_f32(s)
@@ -886,9 +889,7 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8, const A: usize>(
         let a_off: [__m256i; A] = std::array::from_fn(|i| match F {
             0 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), av[i]), 3),
             2 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), av[i]), 4),
-            4 if VNNI != Vnni::None as u8 => {
-                _mm256_slli_epi32(dot(_mm256_set1_epi8(1), av[i]), 7)
-            }
+            4 if VNNI != Vnni::None as u8 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), av[i]), 7),
             _ => _mm256_setzero_si256(),
         });
         for r in 0..R {

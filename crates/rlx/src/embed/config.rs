@@ -79,7 +79,12 @@ fn read_json(dir: &Path, file: &str) -> Result<Option<Value>> {
     let text = match std::fs::read_to_string(&path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(Error::Invalid(format!("cannot read {}: {e}", path.display()))),
+        Err(e) => {
+            return Err(Error::Invalid(format!(
+                "cannot read {}: {e}",
+                path.display()
+            )))
+        }
     };
     serde_json::from_str(&text)
         .map(Some)

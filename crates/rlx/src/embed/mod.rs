@@ -137,7 +137,10 @@ impl Embedder {
             )));
         }
         let mut tokenizer = Tokenizer::from_file(&tok_path).map_err(|e| {
-            Error::Invalid(format!("{}: cannot load the tokenizer: {e}", tok_path.display()))
+            Error::Invalid(format!(
+                "{}: cannot load the tokenizer: {e}",
+                tok_path.display()
+            ))
         })?;
         // sentence-transformers truncates to the model's max_seq_length and pads per batch,
         // whatever tokenizer.json says; so does RLX (padding is the batch's business).
@@ -147,7 +150,10 @@ impl Embedder {
                 ..Default::default()
             }))
             .map_err(|e| {
-                Error::Invalid(format!("{}: cannot set truncation: {e}", tok_path.display()))
+                Error::Invalid(format!(
+                    "{}: cannot set truncation: {e}",
+                    tok_path.display()
+                ))
             })?;
         tokenizer.with_padding(None);
         let params = weights::load(&dir.join("model.safetensors"), &config)?;
@@ -156,7 +162,8 @@ impl Embedder {
             session = session.with_threads(t.max(1));
         }
         let owner_shape = (1, 8.min(config.max_positions));
-        let mut owner = session.try_compile(graph::build(&config, owner_shape.0, owner_shape.1)?)?;
+        let mut owner =
+            session.try_compile(graph::build(&config, owner_shape.0, owner_shape.1)?)?;
         for (name, values) in &params {
             owner.try_set_param(name, values)?;
         }
@@ -226,7 +233,10 @@ impl Embedder {
                 self.config.vocab
             )));
         }
-        if let Some(&bad) = types.iter().find(|&&t| t as usize >= self.config.type_vocab) {
+        if let Some(&bad) = types
+            .iter()
+            .find(|&&t| t as usize >= self.config.type_vocab)
+        {
             return Err(Error::Invalid(format!(
                 "tokenizer.json gave token type {bad}; the model has {}",
                 self.config.type_vocab
@@ -255,10 +265,7 @@ impl Embedder {
 
     /// Number of tokens each text becomes (special tokens included, after truncation).
     pub fn count_tokens(&self, texts: &[&str]) -> Result<Vec<usize>> {
-        texts
-            .iter()
-            .map(|t| Ok(self.encode(t)?.0.len()))
-            .collect()
+        texts.iter().map(|t| Ok(self.encode(t)?.0.len())).collect()
     }
 
     fn embed_tokens(
@@ -282,12 +289,10 @@ impl Embedder {
             let mut mask = vec![0u8; b * seq * 4];
             for (r, &i) in chunk.iter().enumerate() {
                 let (ti, tt) = &enc[i];
-                for j in 0..seq {
+                let real = ti.iter().zip(tt).map(|(&id, &ty)| (id, ty, 1f32));
+                let pad = std::iter::repeat((self.config.pad_id, 0, 0f32));
+                for (j, (id, ty, m)) in real.chain(pad).take(seq).enumerate() {
                     let at = (r * seq + j) * 4;
-                    let (id, ty, m) = match ti.get(j) {
-                        Some(&id) => (id, tt[j], 1f32),
-                        None => (self.config.pad_id, 0, 0f32),
-                    };
                     ids[at..at + 4].copy_from_slice(&(id as i32).to_le_bytes());
                     types[at..at + 4].copy_from_slice(&(ty as i32).to_le_bytes());
                     mask[at..at + 4].copy_from_slice(&m.to_le_bytes());
@@ -299,9 +304,10 @@ impl Embedder {
                 ("types", &types, DType::I32),
                 ("mask", &mask, DType::F32),
             ])?;
-            let (bytes, _) = res.into_iter().next().ok_or_else(|| {
-                Error::Invalid("the encoder graph returned no output".into())
-            })?;
+            let (bytes, _) = res
+                .into_iter()
+                .next()
+                .ok_or_else(|| Error::Invalid("the encoder graph returned no output".into()))?;
             let vals: Vec<f32> = bytes
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -359,13 +365,25 @@ mod tests {
     }
 
     /// A safetensors file with every tensor `config()` needs, all F32 zeros but the given one.
-    fn file(cfg: &EncoderConfig, replace: Option<(&str, safetensors::Dtype, Vec<usize>)>) -> Vec<u8> {
+    fn file(
+        cfg: &EncoderConfig,
+        replace: Option<(&str, safetensors::Dtype, Vec<usize>)>,
+    ) -> Vec<u8> {
         use safetensors::tensor::TensorView;
         let (h, f) = (cfg.hidden, cfg.intermediate);
         let mut specs: Vec<(String, Vec<usize>)> = vec![
-            ("embeddings.word_embeddings.weight".into(), vec![cfg.vocab, h]),
-            ("embeddings.position_embeddings.weight".into(), vec![cfg.max_positions, h]),
-            ("embeddings.token_type_embeddings.weight".into(), vec![cfg.type_vocab, h]),
+            (
+                "embeddings.word_embeddings.weight".into(),
+                vec![cfg.vocab, h],
+            ),
+            (
+                "embeddings.position_embeddings.weight".into(),
+                vec![cfg.max_positions, h],
+            ),
+            (
+                "embeddings.token_type_embeddings.weight".into(),
+                vec![cfg.type_vocab, h],
+            ),
             ("embeddings.LayerNorm.weight".into(), vec![h]),
             ("embeddings.LayerNorm.bias".into(), vec![h]),
         ];
@@ -430,7 +448,10 @@ mod tests {
         )
         .unwrap_err()
         .to_string();
-        assert!(e.contains("m.safetensors") && e.contains(name) && e.contains("[8, 7]"), "{e}");
+        assert!(
+            e.contains("m.safetensors") && e.contains(name) && e.contains("[8, 7]"),
+            "{e}"
+        );
         let e = weights::from_bytes(
             "m.safetensors",
             &file(&cfg, Some((name, safetensors::Dtype::I64, vec![8, 8]))),
@@ -451,7 +472,10 @@ mod tests {
         let e = weights::from_bytes("m.safetensors", &lying, &cfg)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("m.safetensors: not a valid safetensors file"), "{e}");
+        assert!(
+            e.contains("m.safetensors: not a valid safetensors file"),
+            "{e}"
+        );
     }
 
     proptest::proptest! {
@@ -483,7 +507,12 @@ mod tests {
 
     #[test]
     fn the_encoder_graph_verifies_for_every_pooling() {
-        for pooling in [Pooling::Mean, Pooling::Cls, Pooling::Max, Pooling::MeanSqrtLen] {
+        for pooling in [
+            Pooling::Mean,
+            Pooling::Cls,
+            Pooling::Max,
+            Pooling::MeanSqrtLen,
+        ] {
             for normalize in [false, true] {
                 let cfg = EncoderConfig {
                     pooling,

@@ -384,7 +384,10 @@ fn parse_embeddings(bytes: &[u8]) -> Result<EmbedRequest, ApiError> {
     let dimensions = match b.get("dimensions") {
         None | Some(Value::Null) => None,
         Some(v) => Some(v.as_u64().ok_or_else(|| {
-            ApiError::bad("`dimensions` must be a positive integer", Some("dimensions"))
+            ApiError::bad(
+                "`dimensions` must be a positive integer",
+                Some("dimensions"),
+            )
         })?),
     };
     f.string("model")?;
@@ -1339,14 +1342,20 @@ mod tests {
         assert_eq!(r.input, vec!["a", ""]);
         assert!(r.base64);
         assert_eq!(bad(json!({})).param.as_deref(), Some("input"));
-        assert!(bad(json!({"input": [1, 2]})).message.contains("token-id input"));
+        assert!(bad(json!({"input": [1, 2]}))
+            .message
+            .contains("token-id input"));
         assert!(bad(json!({"input": []})).message.contains("empty"));
         assert_eq!(
-            bad(json!({"input": "a", "encoding_format": "int8"})).param.as_deref(),
+            bad(json!({"input": "a", "encoding_format": "int8"}))
+                .param
+                .as_deref(),
             Some("encoding_format")
         );
         let many: Vec<&str> = vec!["x"; 2049];
-        assert!(bad(json!({ "input": many })).message.contains("at most 2048"));
+        assert!(bad(json!({ "input": many }))
+            .message
+            .contains("at most 2048"));
     }
 
     #[test]

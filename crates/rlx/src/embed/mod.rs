@@ -19,7 +19,8 @@
 //! Inputs are sorted by length and embedded `batch_size` at a time, each batch padded to its
 //! longest input (rounded up to a multiple of 8, so batches share compiled graphs) and masked:
 //! attention ignores padded keys and pooling weighs tokens by the mask. The encoder is an RLX
-//! graph ([`graph`]) compiled once per batch shape, all shapes sharing one copy of the weights.
+//! graph (`embed/graph.rs`) compiled once per batch shape, all shapes sharing one copy of the
+//! weights.
 
 mod config;
 mod graph;

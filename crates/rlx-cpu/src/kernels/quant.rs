@@ -569,9 +569,10 @@ unsafe fn dot_packed_rows(
 /// through the activation's integer per-16 sums. The float steps follow llama.cpp's x86 code
 /// for the same type (repacked 8-row Q4_K, plain Q6_K), so results are bit-identical to it.
 ///
-/// Decoding and use stay interleaved here: the single-row (token-by-token decode) form measured
-/// ~5% faster than [`dot_kquant_avx2`] with one row, which decodes a super-block up front for
-/// several rows. Both take the same float steps in the same order.
+/// This single-row form (token-by-token decode) is kept beside [`dot_kquant_avx2`], which
+/// takes several rows: that one instantiated for one row decoded Gemma 3 ~6% slower (same-run
+/// A/B, `rlx bench -t 1 -r 3 -p 64 -n 128`, 6 runs each: 55 against 58.5 tok/s, also with
+/// its decoding interleaved per sub-block). Both take the same float steps in the same order.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `row` holds whole super-blocks of `ty`.

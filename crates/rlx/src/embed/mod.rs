@@ -257,16 +257,25 @@ impl Embedder {
         texts: &[&str],
         progress: impl FnMut(usize, usize),
     ) -> Result<Vec<Vec<f32>>> {
-        let enc = texts
-            .iter()
-            .map(|t| self.encode(t))
-            .collect::<Result<Vec<_>>>()?;
+        let enc = self.encode_all(texts)?;
         self.embed_tokens(&enc, progress)
+    }
+
+    fn encode_all(&self, texts: &[&str]) -> Result<Vec<(Vec<u32>, Vec<u32>)>> {
+        texts.iter().map(|t| self.encode(t)).collect()
     }
 
     /// Number of tokens each text becomes (special tokens included, after truncation).
     pub fn count_tokens(&self, texts: &[&str]) -> Result<Vec<usize>> {
         texts.iter().map(|t| Ok(self.encode(t)?.0.len())).collect()
+    }
+
+    /// [`Embedder::embed`] and the total number of tokens the texts became, tokenizing once
+    /// (what `/v1/embeddings` reports as usage).
+    pub fn embed_counting(&mut self, texts: &[&str]) -> Result<(Vec<Vec<f32>>, usize)> {
+        let enc = self.encode_all(texts)?;
+        let tokens = enc.iter().map(|(ids, _)| ids.len()).sum();
+        Ok((self.embed_tokens(&enc, |_, _| {})?, tokens))
     }
 
     fn embed_tokens(

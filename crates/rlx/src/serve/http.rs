@@ -429,8 +429,7 @@ async fn embeddings(State(s): State<Shared_>, bytes: Bytes) -> Result<Response, 
             message: err.to_string(),
             param: None,
         };
-        let tokens: usize = e.count_tokens(&refs).map_err(server)?.iter().sum();
-        let vecs = e.embed(&refs).map_err(server)?;
+        let (vecs, tokens) = e.embed_counting(&refs).map_err(server)?;
         Ok((e.name().to_string(), tokens, vecs, req.base64))
     });
     let (model, tokens, vecs, b64) = work.await.map_err(|e| ApiError {

@@ -7,11 +7,12 @@
 //! products use a tiled kernel with workgroup-memory tiles; every value lives in one device
 //! arena laid out by the memory planner; a run is one command submission.
 //!
-//! What runs today: f32 elementwise ops and regions, matmul, reductions, softmax, and the
-//! movement ops (reshape, transpose, narrow, expand, concat); composites the compiler
-//! decomposes into them (dot_general, layer/rms norm, attention, ...) run too. Other dtypes
-//! and the index, LLM and spatial ops are not lowered yet: compiling a graph that needs them
-//! is an error naming the op and node.
+//! What runs: elementwise ops and regions on f32, f16, bf16, i32, i16, i8, u32, u8 and bool
+//! values, multiply-reduce regions, matmul, reductions, softmax, cumsum, top-k, the movement and
+//! index ops, and the LLM ops (GGUF `DequantMatMul` / `DequantizeRows` with the rows packed on
+//! the device, `CacheWrite`, `CachedAttention`); composites the compiler decomposes into them
+//! (dot_general, norms, attention, RoPE, conv, pool, Quantize / Dequantize / FakeQuantize, ...)
+//! run too. What does not ([`unsupported`] says why) is a compile error naming the op and node.
 
 #![deny(missing_docs)]
 

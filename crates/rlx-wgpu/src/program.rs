@@ -1,7 +1,8 @@
 //! Lowering a graph to a list of compute dispatches over one device arena.
 //!
-//! Every value is dense f32 at an offset of one arena buffer (params, constants, inputs and
-//! intermediates alike), laid out by the memory planner; a reshape is the same words under
+//! Every value is dense, one 32-bit word per element (GGUF rows: packed bytes; see [`Form`]), at
+//! an offset of the graph's arena (constants, inputs, intermediates) or of the params buffers,
+//! laid out by the memory planner; a reshape is the same words under
 //! other dims, a transpose, narrow, expand or concat a strided copy. Each step reads its
 //! shapes and offsets from its words in one meta buffer, so pipelines are shared by every step
 //! of the same kind. A run is one command submission; outputs are copied out on request.
@@ -42,6 +43,9 @@ pub struct GpuProgram {
     input_at: Vec<u64>,
     param_at: Vec<Loc>,
     output_at: Vec<Loc>,
+    input_form: Vec<Form>,
+    param_form: Vec<Form>,
+    output_form: Vec<Form>,
 }
 
 impl GpuProgram {
@@ -56,28 +60,12 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
     let n = g.node(id);
     let out = n.shape.dtype();
     let ins: Vec<DType> = n.inputs.iter().map(|i| g.shape(*i).dtype()).collect();
-    // Packed bytes (GGUF weights) are held as they are, for the ops that read them.
-    let packed_ok = match &n.op {
-        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => out == DType::U8,
-        Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => true,
-        Op::Gather { axis } => {
-            out == DType::U8
-                && *axis + 1 < n.shape.rank()
-                && n.shape
-                    .dims()
-                    .last()
-                    .and_then(|d| d.as_static())
-                    .is_some_and(|b| b % 4 == 0)
-        }
-        _ => false,
-    };
-    let held = |d: &DType| shaders::wgsl_type(*d).is_some() || (*d == DType::U8 && packed_ok);
     if let Some(d) = std::iter::once(out)
         .chain(ins.iter().copied())
-        .find(|d| !held(d))
+        .find(|d| shaders::wgsl_type(*d).is_none())
     {
         return Some(format!(
-            "{d} values do not run on the GPU (f32, f16, bf16, i32, u32 and bool do)"
+            "{d} values do not run on the GPU (f32, f16, bf16, i32, i16, i8, u32, u8 and bool do)"
         ));
     }
     if n.shape.rank() > RANK || n.inputs.iter().any(|i| g.shape(*i).rank() > RANK) {
@@ -122,8 +110,100 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
     (!ok).then(|| format!("{} on {} has no WGSL kernel yet", n.op.name(), n.shape))
 }
 
-/// Host bytes of `dt` as device words (one 32-bit word per element).
-pub fn to_words(dt: DType, bytes: &[u8]) -> Vec<u8> {
+/// How a value's elements lie in device memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// One 32-bit word per element of this dtype (see the [`crate::shaders`] module docs).
+    Words(DType),
+    /// The host's bytes, four to a word: u8 rows that only the GGUF decoders read.
+    Packed,
+}
+
+impl Form {
+    /// Device bytes of `n` elements.
+    fn bytes(self, n: usize) -> usize {
+        match self {
+            Form::Words(_) => n * 4,
+            Form::Packed => n.next_multiple_of(4),
+        }
+    }
+}
+
+/// The form of every node of `g`: u8 values that are read only as GGUF rows (the weights of
+/// `DequantMatMul` and `DequantizeRows`, also through a `Gather` of whole rows) stay packed,
+/// every other value is words. A u8 value read both ways, or packed rows a kernel cannot
+/// move, is an error naming the node.
+fn forms(g: &Graph) -> Result<Vec<Form>> {
+    let n = g.len();
+    let (mut packed, mut words) = (vec![false; n], vec![false; n]);
+    let mut form = vec![Form::Packed; n];
+    for id in g.ids().collect::<Vec<_>>().into_iter().rev() {
+        let (i, node) = (id.index(), g.node(id));
+        let err = |msg: String| Error::Unsupported {
+            backend: "wgpu".into(),
+            op: node.op.name().into(),
+            node: id,
+            msg,
+        };
+        form[i] = if packed[i] {
+            if words[i] {
+                return Err(err(
+                    "this u8 value is read both as packed GGUF rows and as numbers".into(),
+                ));
+            }
+            let movable = match &node.op {
+                Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => true,
+                Op::Gather { axis } => {
+                    *axis + 1 < node.shape.rank()
+                        && node
+                            .shape
+                            .dims()
+                            .last()
+                            .and_then(|d| d.as_static())
+                            .is_some_and(|b| b % 4 == 0)
+                }
+                _ => false,
+            };
+            if !movable {
+                return Err(err(format!(
+                    "packed GGUF rows {} must be a leaf or a gather of rows of a multiple of 4 bytes",
+                    node.shape
+                )));
+            }
+            Form::Packed
+        } else {
+            Form::Words(node.shape.dtype())
+        };
+        for (k, x) in node.inputs.iter().enumerate() {
+            let reads_packed = match &node.op {
+                Op::DequantMatMul { .. } => k == 1,
+                Op::DequantizeRows { .. } => k == 0,
+                Op::Gather { .. } => k == 0 && form[i] == Form::Packed,
+                _ => false,
+            };
+            if reads_packed {
+                packed[x.index()] = true;
+            } else {
+                words[x.index()] = true;
+            }
+        }
+    }
+    Ok(form)
+}
+
+/// Host bytes of a value of form `f` as device memory.
+pub fn to_words(f: Form, bytes: &[u8]) -> Vec<u8> {
+    let dt = match f {
+        Form::Words(dt) => dt,
+        Form::Packed => {
+            let mut v = bytes.to_vec();
+            v.resize(bytes.len().next_multiple_of(4), 0);
+            return v;
+        }
+    };
+    let ints = |v: &mut dyn Iterator<Item = i64>| -> Vec<u8> {
+        v.flat_map(|x| (x as i32).to_le_bytes()).collect()
+    };
     match dt {
         DType::F16 => bytes
             .chunks_exact(2)
@@ -141,11 +221,13 @@ pub fn to_words(dt: DType, bytes: &[u8]) -> Vec<u8> {
                     .to_le_bytes()
             })
             .collect(),
-        DType::U8 => {
-            let mut v = bytes.to_vec();
-            v.resize(bytes.len().next_multiple_of(4), 0);
-            v
-        }
+        DType::U8 => ints(&mut bytes.iter().map(|&b| b as i64)),
+        DType::I8 => ints(&mut bytes.iter().map(|&b| b as i8 as i64)),
+        DType::I16 => ints(
+            &mut bytes
+                .chunks_exact(2)
+                .map(|b| i16::from_le_bytes([b[0], b[1]]) as i64),
+        ),
         DType::Bool => bytes
             .iter()
             .flat_map(|&b| u32::from(b != 0).to_le_bytes())
@@ -154,9 +236,13 @@ pub fn to_words(dt: DType, bytes: &[u8]) -> Vec<u8> {
     }
 }
 
-/// Device words as host bytes of `dt` (the inverse of [`to_words`]).
-pub fn from_words(dt: DType, words: &[u8], out: &mut [u8]) {
+/// Device memory of a value of form `f` as host bytes (the inverse of [`to_words`]).
+pub fn from_words(f: Form, words: &[u8], out: &mut [u8]) {
     let w = |c: &[u8]| [c[0], c[1], c[2], c[3]];
+    let Form::Words(dt) = f else {
+        out.copy_from_slice(&words[..out.len()]);
+        return;
+    };
     match dt {
         DType::F16 => words
             .chunks_exact(4)
@@ -174,16 +260,24 @@ pub fn from_words(dt: DType, words: &[u8], out: &mut [u8]) {
             .chunks_exact(4)
             .zip(out.iter_mut())
             .for_each(|(c, o)| *o = u8::from(u32::from_le_bytes(w(c)) != 0)),
+        // The low bytes of each word (the value, wrapped to the dtype's range).
+        DType::I8 | DType::U8 | DType::I16 => {
+            let size = dt.size_bytes();
+            words
+                .chunks_exact(4)
+                .zip(out.chunks_exact_mut(size))
+                .for_each(|(c, o)| o.copy_from_slice(&c[..size]))
+        }
         _ => out.copy_from_slice(&words[..out.len()]),
     }
 }
 
-/// Bytes of device memory a host buffer of `bytes` bytes of `dt` takes (packed u8 as they are).
-fn device_bytes(dt: DType, bytes: usize) -> usize {
-    if dt == DType::U8 {
-        return bytes;
+/// Bytes of device memory a host buffer of `bytes` bytes of form `f` takes.
+fn device_bytes(f: Form, bytes: usize) -> usize {
+    match f {
+        Form::Packed => bytes,
+        Form::Words(dt) => bytes / dt.size_bytes() * 4,
     }
-    bytes / dt.size_bytes() * 4
 }
 
 fn dims(g: &Graph, id: NodeId) -> Result<Vec<usize>> {
@@ -317,10 +411,11 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
     let mut req_of: Vec<Option<usize>> = vec![None; n];
     let mut reqs: Vec<BufferRequest> = Vec::new();
     let mut pending: Vec<(usize, Kernel)> = Vec::new();
-    let mut consts: Vec<(usize, Vec<u8>, DType)> = Vec::new();
+    let mut consts: Vec<(usize, Vec<u8>, Form)> = Vec::new();
     let (mut inputs, mut params) = (Vec::new(), Vec::new());
     let (mut input_req, mut param_req) = (Vec::new(), Vec::new());
     let mut extra_of: Vec<Option<usize>> = vec![None; n]; // further results: computed by the step of node
+    let form = forms(g)?;
     for id in g.ids() {
         let i = id.index();
         if let Some(why) = unsupported(g, id) {
@@ -334,11 +429,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
         let node = g.node(id);
         let d = dims(g, id)?;
         let elems = d.iter().product::<usize>().max(1);
-        let bytes = if node.shape.dtype() == DType::U8 {
-            elems.next_multiple_of(4)
-        } else {
-            elems * 4
-        } as u64;
+        let bytes = form[i].bytes(elems) as u64;
         let step = pending.len();
         let new_req = |start: usize, end: usize, reqs: &mut Vec<BufferRequest>| {
             reqs.push(BufferRequest {
@@ -379,6 +470,9 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                         .params
                         .iter()
                         .position(|p| p.name == *name && p.shape == node.shape)?;
+                    if o.param_form[k] != form[i] {
+                        return None;
+                    }
                     match o.param_at[k] {
                         Loc::Params(off) => Some(off),
                         Loc::Arena(_) => None,
@@ -410,7 +504,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             }
             Op::Constant { data } => {
                 let r = new_req(0, usize::MAX, &mut reqs);
-                consts.push((r, data.clone(), node.shape.dtype()));
+                consts.push((r, data.clone(), form[i]));
                 req_of[i] = Some(r);
                 continue;
             }
@@ -960,7 +1054,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             Kernel::Gather { x, idx, axis } => {
                 let (mut xd, id_d) = (dims(g, NodeId(*x as u32))?, dims(g, NodeId(*idx as u32))?);
                 let mut out_d = out_d.clone();
-                if g.shape(id).dtype() == DType::U8 {
+                if form[*node] == Form::Packed {
                     // Packed rows move as words (their byte length is a multiple of 4).
                     *xd.last_mut().expect("rank >= 2") /= 4;
                     *out_d.last_mut().expect("rank >= 2") /= 4;
@@ -1137,7 +1231,16 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             None => Loc::Arena(plan.offsets[req_of[o.index()].expect("outputs have words")] as u64),
         })
         .collect();
+    let leaf_forms = |leaf: fn(&Op) -> bool| -> Vec<Form> {
+        g.ids()
+            .filter(|&id| leaf(&g.node(id).op))
+            .map(|id| form[id.index()])
+            .collect()
+    };
     Ok(GpuProgram {
+        input_form: leaf_forms(|op| matches!(op, Op::Input { .. })),
+        param_form: leaf_forms(|op| matches!(op, Op::Param { .. })),
+        output_form: g.outputs().iter().map(|o| form[o.index()]).collect(),
         input_at: at(&input_req),
         param_at,
         output_at,
@@ -1173,16 +1276,16 @@ impl GpuProgram {
     }
 
     /// Read the words at `loc` as `out.len()` host bytes of `dt`.
-    fn read_words(&self, loc: Loc, dt: DType, out: &mut [u8]) {
-        let mut words = vec![0u8; device_bytes(dt, out.len())];
+    fn read_words(&self, loc: Loc, f: Form, out: &mut [u8]) {
+        let mut words = vec![0u8; device_bytes(f, out.len())];
         for (buf, at, start, n) in self.pieces(loc, words.len() as u64) {
             self.gpu.read(buf, at, &mut words[start..start + n]);
         }
-        from_words(dt, &words, out);
+        from_words(f, &words, out);
     }
 
-    fn write_words(&self, loc: Loc, dt: DType, bytes: &[u8]) {
-        let words = to_words(dt, bytes);
+    fn write_words(&self, loc: Loc, f: Form, bytes: &[u8]) {
+        let words = to_words(f, bytes);
         for (buf, at, start, n) in self.pieces(loc, words.len() as u64) {
             self.gpu
                 .queue
@@ -1205,13 +1308,11 @@ impl Executable for GpuProgram {
     }
 
     fn write_input(&mut self, idx: usize, bytes: &[u8]) {
-        let dt = self.inputs[idx].shape.dtype();
-        self.write_words(Loc::Arena(self.input_at[idx]), dt, bytes);
+        self.write_words(Loc::Arena(self.input_at[idx]), self.input_form[idx], bytes);
     }
 
     fn write_param(&mut self, idx: usize, bytes: &[u8]) {
-        let dt = self.params[idx].shape.dtype();
-        self.write_words(self.param_at[idx], dt, bytes);
+        self.write_words(self.param_at[idx], self.param_form[idx], bytes);
     }
 
     fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
@@ -1225,16 +1326,16 @@ impl Executable for GpuProgram {
             self.write_param(idx, &all);
             return;
         }
+        let f = self.param_form[idx];
         let at = match self.param_at[idx] {
-            Loc::Arena(o) => Loc::Arena(o + device_bytes(dt, offset) as u64),
-            Loc::Params(o) => Loc::Params(o + device_bytes(dt, offset) as u64),
+            Loc::Arena(o) => Loc::Arena(o + device_bytes(f, offset) as u64),
+            Loc::Params(o) => Loc::Params(o + device_bytes(f, offset) as u64),
         };
-        self.write_words(at, dt, bytes);
+        self.write_words(at, f, bytes);
     }
 
     fn read_param(&self, idx: usize, out: &mut [u8]) {
-        let dt = self.params[idx].shape.dtype();
-        self.read_words(self.param_at[idx], dt, out);
+        self.read_words(self.param_at[idx], self.param_form[idx], out);
     }
 
     fn execute(&mut self) {
@@ -1259,8 +1360,7 @@ impl Executable for GpuProgram {
     }
 
     fn read_output(&self, idx: usize, out: &mut [u8]) {
-        let dt = self.outputs[idx].shape.dtype();
-        self.read_words(self.output_at[idx], dt, out);
+        self.read_words(self.output_at[idx], self.output_form[idx], out);
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

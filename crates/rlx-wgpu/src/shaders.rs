@@ -6,7 +6,8 @@
 //! a params buffer (`pbuf`, binding 2) that graphs sharing weights bind together; a word
 //! address from `SHARED` (2^31) on is in the params buffer. One word per element: f32
 //! bits for f32 (and for f16 / bf16, computed in f32 and rounded to their precision after every
-//! op), i32 / u32 as they are, bool as 0 / 1. A step's meta words are binding 1.
+//! op), i32 / u32 as they are, i8 / i16 sign-extended and u8 zero-extended (integer results
+//! wrapped to their dtype), bool as 0 / 1; GGUF rows stay packed bytes. A step's meta words are binding 1.
 //! Invocations are numbered across a 2-D dispatch (`i = x + y * ROW`), `ROW` elements per row of
 //! workgroups, so more than 65535 workgroups fit.
 
@@ -149,11 +150,36 @@ fn activation(act: Activation, x: &str) -> String {
 pub fn wgsl_type(dt: DType) -> Option<&'static str> {
     match dt {
         DType::F32 | DType::F16 | DType::BF16 => Some("f32"),
-        DType::I32 => Some("i32"),
-        DType::U32 => Some("u32"),
+        DType::I32 | DType::I16 | DType::I8 => Some("i32"),
+        DType::U32 | DType::U8 => Some("u32"),
         DType::Bool => Some("bool"),
-        DType::F64 | DType::I64 | DType::I8 | DType::I16 | DType::U8 | DType::C64 => None,
+        DType::F64 | DType::I64 | DType::C64 => None,
     }
+}
+
+/// `x` (an i32 / u32 expression) wrapped to `dt`'s range, as the IR's integer arithmetic wraps:
+/// i8 and i16 words hold the sign-extended value, u8 words the value itself.
+fn wrap_to(dt: DType, x: String) -> String {
+    match dt {
+        DType::I8 => format!("(({x}) << 24u) >> 24u"),
+        DType::I16 => format!("(({x}) << 16u) >> 16u"),
+        DType::U8 => format!("(({x}) & 0xffu)"),
+        _ => x,
+    }
+}
+
+/// `x` (an f32 expression) converted to the integer dtype `dt` as the IR's casts do: toward
+/// zero, saturated at the dtype's range, NaN to 0.
+fn saturate_to(dt: DType, x: &str) -> Option<String> {
+    let (lo, hi, ty) = match dt {
+        DType::I8 => ("-128.0", "127.0", "i32"),
+        DType::I16 => ("-32768.0", "32767.0", "i32"),
+        DType::U8 => ("0.0", "255.0", "u32"),
+        _ => return None,
+    };
+    Some(format!(
+        "select({ty}(0), {ty}(clamp({x}, {lo}, {hi})), {x} == {x})"
+    ))
 }
 
 /// `x` (an f32 expression) rounded to `dt`'s precision.
@@ -188,12 +214,12 @@ fn word(dt: DType, v: &str) -> String {
 /// `None` when the GPU has no form for it.
 fn expr(op: &Op, out: DType, a: &[String], ins: &[DType]) -> Option<String> {
     let float = |d: DType| wgsl_type(d) == Some("f32");
-    let int = |d: DType| matches!(d, DType::I32 | DType::U32);
+    let int = |d: DType| matches!(wgsl_type(d), Some("i32") | Some("u32"));
     let e = match op {
         Op::Binary(b) if float(out) => round_to(out, binary(*b, &a[0], &a[1])),
         Op::Binary(b) if int(out) => {
             let ty = wgsl_type(out)?;
-            match b {
+            let e = match b {
                 BinaryOp::Add => format!("{} + {}", a[0], a[1]),
                 BinaryOp::Sub => format!("{} - {}", a[0], a[1]),
                 BinaryOp::Mul => format!("{} * {}", a[0], a[1]),
@@ -205,9 +231,22 @@ fn expr(op: &Op, out: DType, a: &[String], ins: &[DType]) -> Option<String> {
                 BinaryOp::Max => format!("max({}, {})", a[0], a[1]),
                 BinaryOp::Min => format!("min({}, {})", a[0], a[1]),
                 BinaryOp::Pow => return None,
-            }
+            };
+            wrap_to(out, e)
         }
         Op::Activation(act) if float(out) => round_to(out, activation(*act, &a[0])),
+        Op::Activation(act) if int(out) => {
+            let (x, signed) = (&a[0], wgsl_type(out) == Some("i32"));
+            match act {
+                Activation::Abs if signed => wrap_to(out, format!("abs({x})")),
+                Activation::Neg if signed => wrap_to(out, format!("-{x}")),
+                Activation::Neg => wrap_to(out, format!("0u - {x}")),
+                Activation::Abs => x.clone(),
+                Activation::Relu if signed => format!("max({x}, 0)"),
+                Activation::Relu => x.clone(),
+                _ => return None,
+            }
+        }
         Op::Compare(c) if ins[0] != DType::Bool => {
             let o = match c {
                 CmpOp::Eq => "==",
@@ -228,8 +267,9 @@ fn expr(op: &Op, out: DType, a: &[String], ins: &[DType]) -> Option<String> {
                 (f, "bool") => format!("({x} != {f}(0))"),
                 ("bool", t) => round_to(*to, format!("select({t}(0), {t}(1), {x})")),
                 ("f32", "f32") => round_to(*to, x.clone()),
-                ("i32", "u32") | ("u32", "i32") => format!("bitcast<{ty}>({x})"),
-                (_, t) => round_to(*to, format!("{t}({x})")),
+                ("f32", _) if saturate_to(*to, x).is_some() => saturate_to(*to, x)?,
+                ("i32", "u32") | ("u32", "i32") => wrap_to(*to, format!("bitcast<{ty}>({x})")),
+                (_, t) => wrap_to(*to, round_to(*to, format!("{t}({x})"))),
             }
         }
         _ => return None,

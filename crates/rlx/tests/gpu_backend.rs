@@ -101,3 +101,64 @@ fn fused_regions_on_the_gpu_give_the_cpus_values() {
         }
     }
 }
+
+/// Narrow integers on the GPU (one word per element): i8 / u8 arithmetic wraps before the next
+/// op reads it, float-to-int casts saturate, and an int8 quantize / dequantize round trip with
+/// u8 zero points given as a param (not packed GGUF rows) gives the CPU's values.
+#[test]
+fn narrow_integers_on_the_gpu_wrap_and_saturate_as_on_the_cpu() {
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
+    let text = r#"graph "narrow_ints" {
+  %a = input {name = "a"} : i8[6]
+  %b = input {name = "b"} : i8[6]
+  %x = input {name = "x"} : f32[2, 6]
+  %s = param {name = "s"} : f32[6]
+  %z = param {name = "z"} : u8[6]
+  %sum = add %a, %b : i8[6]
+  %half = div %sum, %b : i8[6]
+  %wide = cast %half {to = f32} : f32[6]
+  %big = mul %x, %x : f32[2, 6]
+  %q = quantize %x, %s, %z {axis = 1} : u8[2, 6]
+  %d = dequantize %q, %s, %z {axis = 1} : f32[2, 6]
+  %sat = cast %big {to = i8} : i8[2, 6]
+  %back = cast %sat {to = f32} : f32[2, 6]
+  return %wide, %d, %back
+}"#;
+    let a: Vec<u8> = [100i8, -100, 127, -128, 7, 90]
+        .iter()
+        .map(|&v| v as u8)
+        .collect();
+    let b: Vec<u8> = [100i8, -100, 1, -1, 3, 60]
+        .iter()
+        .map(|&v| v as u8)
+        .collect();
+    let x: Vec<f32> = (0..12).map(|i| (i as f32 - 5.5) * 3.7).collect();
+    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let s: Vec<f32> = vec![0.5, 0.25, 1.0, 0.125, 2.0, 0.75];
+    let z: Vec<u8> = vec![128, 0, 10, 255, 127, 3];
+    let run = |device: Device| {
+        let mut c = Session::new(device)
+            .try_compile(Graph::parse(text).unwrap())
+            .unwrap();
+        c.set_param("s", &s);
+        c.set_param_typed("z", &z, DType::U8);
+        c.run_typed(&[
+            ("a", &a, DType::I8),
+            ("b", &b, DType::I8),
+            ("x", &xb, DType::F32),
+        ])
+    };
+    let (cpu, gpu) = (run(Device::Cpu), run(Device::Gpu));
+    // The wrapped sums are -56, 56, -128, 127, 10, -106: dividing them shows the wrap.
+    let wide: Vec<f32> = cpu[0]
+        .0
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    assert_eq!(wide, [0.0, 0.0, -128.0, -127.0, 3.0, -1.0], "CPU reference");
+    assert_eq!(cpu, gpu, "CPU and GPU results");
+}

@@ -1261,6 +1261,44 @@ def quantize_ref(x, scale, zp, axis, qdtype):
 AFFINE_LAYOUTS = [([2, 7], None, "tensor"), ([3, 4], 0, "channel0"), ([2, 3, 5], 1, "channel1")]
 
 
+def gen_narrow_ints(table):
+    """Casts into and out of i8 / u8 (float to int truncates toward zero and saturates at the
+    range; int to int wraps) and i8 / u8 arithmetic that wraps. Fixed values (no
+    draws), so the cases before these keep their inputs."""
+    f32 = lambda v: np.asarray(v, dtype=np.float32)  # noqa: E731
+
+    def saturate(v, lo, hi):
+        v = np.asarray(v, np.float64)
+        return np.where(np.isnan(v), 0, np.clip(np.trunc(v), lo, hi)).astype(np.int64)
+
+    floats = f32([-300.0, -128.9, -2.7, -0.5, 0.9, 127.9, 254.6, 1e10, -1e10, 77.0])
+    ints = np.asarray([-129, 128, 255, 256, -1, 1000, 42, -2**31], np.int32)
+    casts = [  # (tag, from, to, value, expected)
+        ("f32_to_i8", "f32", "i8", floats, saturate(floats, -128, 127)),
+        ("f32_to_u8", "f32", "u8", floats, saturate(floats, 0, 255)),
+        ("i32_to_i8", "i32", "i8", ints, ints.astype(np.int8)),
+        ("i32_to_u8", "i32", "u8", ints, ints.astype(np.uint8)),
+        ("u8_to_i8", "u8", "i8", np.asarray([0, 1, 127, 128, 255], np.uint8),
+         np.asarray([0, 1, 127, -128, -1])),
+        ("i8_to_u8", "i8", "u8", np.asarray([-128, -1, 0, 1, 127], np.int8),
+         np.asarray([128, 255, 0, 1, 127])),
+        ("i8_to_f32", "i8", "f32", np.asarray([-128, -1, 0, 5, 127], np.int8),
+         np.asarray([-128.0, -1.0, 0.0, 5.0, 127.0])),
+        ("i8_to_i32", "i8", "i32", np.asarray([-128, -7, 0, 127], np.int8),
+         np.asarray([-128, -7, 0, 127])),
+    ]
+    for tag, src, dst, value, expected in casts:
+        table.add("cast", tag, {"to": dst}, [arg(value, src)], expected, dst, "exact")
+    for dtype, a, b in [
+        ("i8", [100, -100, 127, -128, 7, -9], [100, -100, 1, -1, 0, 2]),
+        ("u8", [200, 0, 255, 3, 17, 9], [100, 1, 1, 5, 0, 2]),
+    ]:
+        a, b = np.asarray(a, NP_DTYPE[dtype]), np.asarray(b, NP_DTYPE[dtype])
+        wa, wb = wide(a), wide(b)
+        for op, ref in [("add", wa + wb), ("sub", wa - wb), ("mul", wa * wb)]:
+            table.add(op, "wrap", {}, [arg(a, dtype), arg(b, dtype)], ref, dtype, "exact")
+
+
 def gen_affine_quant(table):
     """Quantize / Dequantize / FakeQuantize, int8 and uint8, per tensor and per channel. The
     inputs include exact ties (x / scale = k + 0.5) and values far outside the range."""
@@ -1349,7 +1387,7 @@ GENERATORS = [
     gen_transpose, gen_narrow, gen_concat, gen_expand, gen_gather,
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
     gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
-    gen_affine_quant, gen_fused, gen_paged,
+    gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints,
 ]
 
 

@@ -7,7 +7,10 @@
 //! shapes and offsets from its words in one meta buffer, so pipelines are shared by every step
 //! of the same kind. A run is one command submission; outputs are copied out on request.
 
-use crate::shaders::{self, MAX_GROUPS, PARAMS_CHUNK, PARAMS_CHUNKS, RANK, SHARED, TILE, WG};
+use crate::shaders::{
+    self, ARENA_BINDING, ARENA_CHUNK, MAX_GROUPS, PARAMS_CHUNK, PARAMS_CHUNKS, RANK, SHARED, TILE,
+    WG,
+};
 use crate::Gpu;
 use rlx_driver::{Executable, IoSlot};
 use rlx_ir::{DType, Error, Graph, NodeId, Op, Result};
@@ -33,7 +36,9 @@ enum Loc {
 /// A graph compiled for a wgpu device.
 pub struct GpuProgram {
     gpu: Arc<Gpu>,
-    arena: wgpu::Buffer,
+    /// The graph's arena: one buffer, or several of `ARENA_CHUNK` bytes when it is larger than
+    /// one binding may be.
+    arena: Vec<wgpu::Buffer>,
     /// The params buffers: this graph's own, or those of the graph it shares params with.
     pbuf: Arc<Vec<wgpu::Buffer>>,
     steps: Vec<Step>,
@@ -731,12 +736,25 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
         .limits
         .max_storage_buffer_binding_size
         .min(gpu.limits.max_buffer_size);
-    if plan.arena_size as u64 > limit {
+    // An arena larger than one binding may be is split into buffers of ARENA_CHUNK bytes, as
+    // many as the adapter lets a shader bind beside the meta and params buffers.
+    let size = plan.arena_size as u64;
+    let chunks = if size <= limit {
+        1
+    } else {
+        size.div_ceil(ARENA_CHUNK) as usize
+    };
+    let bindable = (gpu.limits.max_storage_buffers_per_shader_stage as usize)
+        .saturating_sub(ARENA_BINDING as usize - 1)
+        .min(32);
+    if chunks > 1 && (chunks > bindable || limit < ARENA_CHUNK) {
         return Err(Error::Invalid(format!(
-            "graph \"{}\" needs {:.1} MiB of device memory in one buffer; the adapter binds at most {:.1} MiB",
+            "graph \"{}\" needs {:.1} MiB of device memory; the adapter binds {} storage buffers of at most {:.1} MiB to a shader, room for {:.1} MiB",
             g.name(),
-            plan.arena_size as f64 / 1048576.0,
-            limit as f64 / 1048576.0
+            size as f64 / 1048576.0,
+            gpu.limits.max_storage_buffers_per_shader_stage,
+            limit as f64 / 1048576.0,
+            (bindable as u64 * ARENA_CHUNK.min(limit)) as f64 / 1048576.0,
         )));
     }
     let word = |node: usize| -> usize {
@@ -752,14 +770,23 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             None => plan.offsets[req_of[node].expect("every value has words")],
         }
     };
-    let arena = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("rlx arena"),
-        size: (plan.arena_size.max(4) as u64).next_multiple_of(4),
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_DST
-            | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
+    let arena: Vec<wgpu::Buffer> = (0..chunks as u64)
+        .map(|c| {
+            let size = if chunks == 1 {
+                size.max(4).next_multiple_of(4)
+            } else {
+                size.saturating_sub(c * ARENA_CHUNK).clamp(16, ARENA_CHUNK)
+            };
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("rlx arena"),
+                size,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_DST
+                    | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        })
+        .collect();
     let pbuf = match share {
         Some(o) => o.pbuf.clone(),
         None => {
@@ -791,9 +818,11 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             )
         }
     };
-    for (r, data, dt) in &consts {
-        gpu.queue
-            .write_buffer(&arena, plan.offsets[*r] as u64, &to_words(*dt, data));
+    for (r, data, f) in &consts {
+        let words = to_words(*f, data);
+        for (buf, at, start, n) in pieces(&arena, plan.offsets[*r] as u64, words.len() as u64) {
+            gpu.queue.write_buffer(buf, at, &words[start..start + n]);
+        }
     }
     // Meta words and pipelines of every step.
     let mut meta: Vec<u32> = Vec::new();
@@ -1131,6 +1160,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             }
         };
         meta.resize(meta.len().next_multiple_of(META_ALIGN), 0);
+        let source = shaders::chunked_arena(&source, chunks);
         let pipeline = gpu.pipeline(&source).map_err(|e| Error::Unsupported {
             backend: "wgpu".into(),
             op: g.node(id).op.name().into(),
@@ -1152,47 +1182,27 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
         .enumerate()
         .map(|(s, (pipeline, at, end, groups))| {
             let layout = pipeline.get_bind_group_layout(0);
+            fn whole(binding: u32, b: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
+                wgpu::BindGroupEntry {
+                    binding,
+                    resource: b.as_entire_binding(),
+                }
+            }
+            let mut entries = vec![whole(0, &arena[0])];
+            entries.extend((2..).zip(pbuf.iter()).map(|(k, b)| whole(k, b)));
+            entries.extend((ARENA_BINDING..).zip(&arena[1..]).map(|(k, b)| whole(k, b)));
+            entries.push(wgpu::BindGroupEntry {
+                binding: 1,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &meta_buf,
+                    offset: (at * 4) as u64,
+                    size: wgpu::BufferSize::new(((end - at) * 4) as u64),
+                }),
+            });
             let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&format!("step {s}")),
                 layout: &layout,
-                entries: &[
-                    wgpu::BindGroupEntry {
-                        binding: 0,
-                        resource: arena.as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 2,
-                        resource: pbuf[0].as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 3,
-                        resource: pbuf[1].as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 4,
-                        resource: pbuf[2].as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 5,
-                        resource: pbuf[3].as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 6,
-                        resource: pbuf[4].as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 7,
-                        resource: pbuf[5].as_entire_binding(),
-                    },
-                    wgpu::BindGroupEntry {
-                        binding: 1,
-                        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                            buffer: &meta_buf,
-                            offset: (at * 4) as u64,
-                            size: wgpu::BufferSize::new(((end - at) * 4) as u64),
-                        }),
-                    },
-                ],
+                entries: &entries,
             });
             Step {
                 pipeline,
@@ -1254,24 +1264,32 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
     })
 }
 
+const _: () = assert!(ARENA_CHUNK == PARAMS_CHUNK, "pieces() splits both alike");
+
+/// The pieces of `len` bytes at byte `off` of memory held in `bufs` (one buffer, or buffers of
+/// [`ARENA_CHUNK`] = [`PARAMS_CHUNK`] bytes each): `(buffer, offset, start in the bytes, length)`.
+fn pieces(bufs: &[wgpu::Buffer], off: u64, len: u64) -> Vec<(&wgpu::Buffer, u64, usize, usize)> {
+    if bufs.len() == 1 {
+        return vec![(&bufs[0], off, 0, len as usize)];
+    }
+    let mut out = Vec::new();
+    let mut done = 0;
+    while done < len {
+        let at = off + done;
+        let (c, within) = ((at / ARENA_CHUNK) as usize, at % ARENA_CHUNK);
+        let n = (len - done).min(ARENA_CHUNK - within);
+        out.push((&bufs[c], within, done as usize, n as usize));
+        done += n;
+    }
+    out
+}
+
 impl GpuProgram {
-    /// The pieces of `len` bytes at `loc`: `(buffer, offset, start in the bytes, length)`,
-    /// split where params buffers end.
+    /// The pieces of `len` bytes at `loc` (see [`pieces`]).
     fn pieces(&self, loc: Loc, len: u64) -> Vec<(&wgpu::Buffer, u64, usize, usize)> {
         match loc {
-            Loc::Arena(off) => vec![(&self.arena, off, 0, len as usize)],
-            Loc::Params(off) => {
-                let mut out = Vec::new();
-                let mut done = 0;
-                while done < len {
-                    let at = off + done;
-                    let (c, within) = ((at / PARAMS_CHUNK) as usize, at % PARAMS_CHUNK);
-                    let n = (len - done).min(PARAMS_CHUNK - within);
-                    out.push((&self.pbuf[c], within, done as usize, n as usize));
-                    done += n;
-                }
-                out
-            }
+            Loc::Arena(off) => pieces(&self.arena, off, len),
+            Loc::Params(off) => pieces(&self.pbuf, off, len),
         }
     }
 

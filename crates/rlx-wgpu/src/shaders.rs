@@ -25,6 +25,57 @@ pub const PARAMS_CHUNK: u64 = 1 << 26;
 pub const PARAMS_CHUNKS: usize = 6;
 /// Largest rank the kernels take.
 pub const RANK: usize = 6;
+/// Bytes of one arena buffer when a graph's arena is larger than one binding may be.
+pub const ARENA_CHUNK: u64 = 1 << 26;
+/// Binding number of the second arena buffer (the third is the next one, ...).
+pub const ARENA_BINDING: u32 = 8;
+
+/// `source` (a kernel of this module) reading and writing an arena held in `chunks` buffers of
+/// [`ARENA_CHUNK`] bytes (bindings 0, then [`ARENA_BINDING`] on) instead of one: word address
+/// `a` below `SHARED` is word `a % 2^24` of buffer `a / 2^24`, so a value may span two.
+pub fn chunked_arena(source: &str, chunks: usize) -> String {
+    if chunks <= 1 {
+        return source.to_string();
+    }
+    let decls: String = (0..chunks)
+        .map(|c| {
+            let b = if c == 0 {
+                0
+            } else {
+                ARENA_BINDING as usize + c - 1
+            };
+            format!("@group(0) @binding({b}) var<storage, read_write> a{c}: array<u32>;\n")
+        })
+        .collect();
+    let cases = |body: &dyn Fn(usize) -> String| -> String {
+        (0..chunks)
+            .map(|c| {
+                let label = if c + 1 == chunks {
+                    "default".to_string()
+                } else {
+                    format!("case {c}u")
+                };
+                format!("        {label}: {{ {} }}\n", body(c))
+            })
+            .collect()
+    };
+    let read = format!(
+        "if (a < SHARED) {{\n    let k = a & 0xffffffu;\n    switch (a >> 24u) {{\n{}    }}\n    }}",
+        cases(&|c| format!("return a{c}[k];"))
+    );
+    let write = format!(
+        "if (a < SHARED) {{\n    let k = a & 0xffffffu;\n    switch (a >> 24u) {{\n{}    }}\n    return;\n    }}",
+        cases(&|c| format!("a{c}[k] = v;"))
+    );
+    source
+        .replacen(ARENA_DECL, &decls, 1)
+        .replacen(ARENA_READ, &read, 1)
+        .replacen(ARENA_WRITE, &write, 1)
+}
+
+const ARENA_DECL: &str = "@group(0) @binding(0) var<storage, read_write> buf: array<u32>;\n";
+const ARENA_READ: &str = "if (a < SHARED) { return buf[a]; }";
+const ARENA_WRITE: &str = "if (a < SHARED) { buf[a] = v; return; }";
 
 const HEADER: &str = r#"@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
 @group(0) @binding(1) var<storage, read> mt: array<u32>;

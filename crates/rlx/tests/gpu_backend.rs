@@ -162,3 +162,54 @@ fn narrow_integers_on_the_gpu_wrap_and_saturate_as_on_the_cpu() {
     assert_eq!(wide, [0.0, 0.0, -128.0, -127.0, 3.0, -1.0], "CPU reference");
     assert_eq!(cpu, gpu, "CPU and GPU results");
 }
+
+/// A graph whose arena is larger than one storage binding may be (128 MiB on lavapipe) runs:
+/// the arena is split into buffers and values span them.
+#[test]
+fn an_arena_above_the_binding_limit_is_split_across_buffers() {
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
+    let limits = rlx::driver::gpu::adapter(Device::Gpu)
+        .expect("an adapter")
+        .limits();
+    let limit = limits
+        .max_storage_buffer_binding_size
+        .min(limits.max_buffer_size);
+    if limit > 1 << 29 {
+        eprintln!("this adapter binds {limit} bytes at once: the split is not exercised here");
+        return;
+    }
+    // Two live values of 0.6 of the limit each (the input and the product).
+    let cols = 4096;
+    let rows = (limit as usize / 4 * 6 / 10).div_ceil(cols);
+    let mut g = Graph::new("big_arena");
+    let x = g
+        .try_input("x", Shape::new(&[rows, cols], DType::F32))
+        .unwrap();
+    let (three, one) = (
+        g.try_scalar(3.0, DType::F32).unwrap(),
+        g.try_scalar(1.0, DType::F32).unwrap(),
+    );
+    let m = g.try_mul(x, three).unwrap();
+    let y = g.try_sub(m, one).unwrap();
+    let r = g.try_sum(y, &[1], false).unwrap();
+    g.set_outputs(vec![y, r]);
+    let x: Vec<f32> = (0..rows * cols).map(|i| (i % 1000) as f32).collect();
+    let mut c = Session::new(Device::Gpu)
+        .try_compile(g)
+        .expect("compiles with the arena split");
+    let out = c.run(&[("x", &x)]);
+    for (i, (&y, &v)) in out[0].iter().zip(&x).enumerate() {
+        assert_eq!(y, v * 3.0 - 1.0, "y[{i}]");
+    }
+    for (r, &s) in out[1].iter().enumerate() {
+        let want: f32 = x[r * cols..(r + 1) * cols]
+            .iter()
+            .map(|v| v * 3.0 - 1.0)
+            .sum();
+        assert_eq!(s, want, "row sum {r}");
+    }
+}

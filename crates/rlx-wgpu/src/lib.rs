@@ -36,6 +36,9 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     /// The limits the device was opened with (the adapter's own).
     pub limits: wgpu::Limits,
+    /// Whether f16 values are stored as 16 bits: the adapter has `SHADER_F16` (opened with it)
+    /// and binds enough storage buffers to bind each buffer a second time as `array<f16>`.
+    pub f16: bool,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
 }
 
@@ -55,9 +58,16 @@ impl Gpu {
         };
         let adapter = rlx_driver::gpu::adapter(device).map_err(unavailable)?;
         let limits = adapter.limits();
+        let f16 = adapter.features().contains(wgpu::Features::SHADER_F16)
+            && limits.max_storage_buffers_per_shader_stage >= 16;
         let desc = wgpu::DeviceDescriptor {
             label: Some("rlx"),
             required_limits: limits.clone(),
+            required_features: if f16 {
+                wgpu::Features::SHADER_F16
+            } else {
+                wgpu::Features::empty()
+            },
             ..Default::default()
         };
         let (dev, queue) = pollster::block_on(adapter.request_device(&desc))
@@ -67,6 +77,7 @@ impl Gpu {
             queue,
             info: adapter.get_info(),
             limits,
+            f16,
             pipelines: Mutex::default(),
         });
         open.push((device, gpu.clone()));

@@ -8,8 +8,8 @@
 //! of the same kind. A run is one command submission; outputs are copied out on request.
 
 use crate::shaders::{
-    self, ARENA_BINDING, ARENA_CHUNK, MAX_GROUPS, PARAMS_CHUNK, PARAMS_CHUNKS, RANK, SHARED, TILE,
-    WG,
+    self, Bound, Memory, ARENA_CHUNK, HALF, MAX_GROUPS, PARAMS_CHUNK, PARAMS_CHUNKS, RANK, SHARED,
+    TILE, WG,
 };
 use crate::Gpu;
 use rlx_driver::{Executable, IoSlot};
@@ -122,6 +122,9 @@ pub enum Form {
     Words(DType),
     /// The host's bytes, four to a word: u8 rows that only the GGUF decoders read.
     Packed,
+    /// f16 as 16 bits (the adapter has `SHADER_F16`), two to a word, addressed with
+    /// [`HALF`]; kernels see the same f32 bits as for `Words(F16)`.
+    Half,
 }
 
 impl Form {
@@ -130,15 +133,16 @@ impl Form {
         match self {
             Form::Words(_) => n * 4,
             Form::Packed => n.next_multiple_of(4),
+            Form::Half => (n * 2).next_multiple_of(4),
         }
     }
 }
 
 /// The form of every node of `g`: u8 values that are read only as GGUF rows (the weights of
 /// `DequantMatMul` and `DequantizeRows`, also through a `Gather` of whole rows) stay packed,
-/// every other value is words. A u8 value read both ways, or packed rows a kernel cannot
-/// move, is an error naming the node.
-fn forms(g: &Graph) -> Result<Vec<Form>> {
+/// f16 values are halves when `half`, and every other value is words. A u8 value read both
+/// ways, or packed rows a kernel cannot move, is an error naming the node.
+fn forms(g: &Graph, half: bool) -> Result<Vec<Form>> {
     let n = g.len();
     let (mut packed, mut words) = (vec![false; n], vec![false; n]);
     let mut form = vec![Form::Packed; n];
@@ -176,6 +180,8 @@ fn forms(g: &Graph) -> Result<Vec<Form>> {
                 )));
             }
             Form::Packed
+        } else if half && node.shape.dtype() == DType::F16 {
+            Form::Half
         } else {
             Form::Words(node.shape.dtype())
         };
@@ -200,7 +206,7 @@ fn forms(g: &Graph) -> Result<Vec<Form>> {
 pub fn to_words(f: Form, bytes: &[u8]) -> Vec<u8> {
     let dt = match f {
         Form::Words(dt) => dt,
-        Form::Packed => {
+        Form::Packed | Form::Half => {
             let mut v = bytes.to_vec();
             v.resize(bytes.len().next_multiple_of(4), 0);
             return v;
@@ -245,6 +251,7 @@ pub fn to_words(f: Form, bytes: &[u8]) -> Vec<u8> {
 pub fn from_words(f: Form, words: &[u8], out: &mut [u8]) {
     let w = |c: &[u8]| [c[0], c[1], c[2], c[3]];
     let Form::Words(dt) = f else {
+        // Packed bytes and f16 halves are the host's bytes.
         out.copy_from_slice(&words[..out.len()]);
         return;
     };
@@ -280,7 +287,7 @@ pub fn from_words(f: Form, words: &[u8], out: &mut [u8]) {
 /// Bytes of device memory a host buffer of `bytes` bytes of form `f` takes.
 fn device_bytes(f: Form, bytes: usize) -> usize {
     match f {
-        Form::Packed => bytes,
+        Form::Packed | Form::Half => bytes,
         Form::Words(dt) => bytes / dt.size_bytes() * 4,
     }
 }
@@ -420,7 +427,11 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
     let (mut inputs, mut params) = (Vec::new(), Vec::new());
     let (mut input_req, mut param_req) = (Vec::new(), Vec::new());
     let mut extra_of: Vec<Option<usize>> = vec![None; n]; // further results: computed by the step of node
-    let form = forms(g)?;
+                                                          // f16 values as halves where the adapter can (RLX_WGPU_F16_STORAGE=0: as words).
+    let half = gpu.f16
+        && std::env::var("RLX_WGPU_F16_STORAGE").map_or(true, |v| v != "0")
+        && g.ids().any(|id| g.shape(id).dtype() == DType::F16);
+    let form = forms(g, half)?;
     for id in g.ids() {
         let i = id.index();
         if let Some(why) = unsupported(g, id) {
@@ -744,23 +755,32 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
     } else {
         size.div_ceil(ARENA_CHUNK) as usize
     };
-    let bindable = (gpu.limits.max_storage_buffers_per_shader_stage as usize)
-        .saturating_sub(ARENA_BINDING as usize - 1)
-        .min(32);
-    if chunks > 1 && (chunks > bindable || limit < ARENA_CHUNK) {
+    let memory = Memory {
+        arena_chunks: chunks,
+        half: form.contains(&Form::Half),
+    };
+    let bindable = gpu.limits.max_storage_buffers_per_shader_stage as usize;
+    if memory.bindings().len() > bindable || (chunks > 1 && limit < ARENA_CHUNK) {
         return Err(Error::Invalid(format!(
-            "graph \"{}\" needs {:.1} MiB of device memory; the adapter binds {} storage buffers of at most {:.1} MiB to a shader, room for {:.1} MiB",
+            "graph \"{}\" needs {:.1} MiB of device memory, {} buffers of at most {:.1} MiB; the adapter binds {} storage buffers of at most {:.1} MiB to a shader{}",
             g.name(),
             size as f64 / 1048576.0,
-            gpu.limits.max_storage_buffers_per_shader_stage,
+            chunks,
+            ARENA_CHUNK.min(limit) as f64 / 1048576.0,
+            bindable,
             limit as f64 / 1048576.0,
-            (bindable as u64 * ARENA_CHUNK.min(limit)) as f64 / 1048576.0,
+            if memory.half { " (f16 storage binds each twice; RLX_WGPU_F16_STORAGE=0 does not)" } else { "" },
         )));
     }
     let word = |node: usize| -> usize {
-        match pbuf_of[node] {
-            Some(off) => SHARED + off as usize / 4,
-            None => plan.offsets[req_of[node].expect("every value has words")] / 4,
+        let byte = match pbuf_of[node] {
+            Some(off) => off as usize,
+            None => plan.offsets[req_of[node].expect("every value has words")],
+        };
+        let space = if pbuf_of[node].is_some() { SHARED } else { 0 };
+        match form[node] {
+            Form::Half => space | HALF | (byte / 2),
+            _ => space | (byte / 4),
         }
     };
     // Byte address of a packed value: from SHARED on in the params buffer.
@@ -827,7 +847,13 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
     // Meta words and pipelines of every step.
     let mut meta: Vec<u32> = Vec::new();
     // Pipeline, meta words `at..end`, workgroups of each step.
-    type Planned = (Arc<wgpu::ComputePipeline>, usize, usize, (u32, u32, u32));
+    type Planned = (
+        Arc<wgpu::ComputePipeline>,
+        usize,
+        usize,
+        (u32, u32, u32),
+        Memory,
+    );
     let mut kinds: Vec<Planned> = Vec::new();
     let groups_1d = |count: usize| -> (u32, u32, u32) {
         let g = (count as u32).div_ceil(WG).max(1);
@@ -1160,14 +1186,27 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             }
         };
         meta.resize(meta.len().next_multiple_of(META_ALIGN), 0);
-        let source = shaders::chunked_arena(&source, chunks);
+        // Only the kernels that touch an f16 value bind the halves (less code to compile).
+        let extra: &[usize] = match k {
+            Kernel::Elementwise { extra, .. } => extra,
+            _ => &[],
+        };
+        let memory = Memory {
+            half: memory.half
+                && std::iter::once(*node)
+                    .chain(g.node(id).inputs.iter().map(|x| x.index()))
+                    .chain(extra.iter().copied())
+                    .any(|v| form[v] == Form::Half),
+            ..memory
+        };
+        let source = shaders::finish(&source, &memory);
         let pipeline = gpu.pipeline(&source).map_err(|e| Error::Unsupported {
             backend: "wgpu".into(),
             op: g.node(id).op.name().into(),
             node: id,
             msg: format!("shader rejected: {e}"),
         })?;
-        kinds.push((pipeline, at, meta.len(), groups));
+        kinds.push((pipeline, at, meta.len(), groups, memory));
     }
     let meta_buf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("rlx meta"),
@@ -1180,7 +1219,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
     let steps = kinds
         .into_iter()
         .enumerate()
-        .map(|(s, (pipeline, at, end, groups))| {
+        .map(|(s, (pipeline, at, end, groups, memory))| {
             let layout = pipeline.get_bind_group_layout(0);
             fn whole(binding: u32, b: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
                 wgpu::BindGroupEntry {
@@ -1188,17 +1227,22 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                     resource: b.as_entire_binding(),
                 }
             }
-            let mut entries = vec![whole(0, &arena[0])];
-            entries.extend((2..).zip(pbuf.iter()).map(|(k, b)| whole(k, b)));
-            entries.extend((ARENA_BINDING..).zip(&arena[1..]).map(|(k, b)| whole(k, b)));
-            entries.push(wgpu::BindGroupEntry {
+            let meta = wgpu::BindGroupEntry {
                 binding: 1,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                     buffer: &meta_buf,
                     offset: (at * 4) as u64,
                     size: wgpu::BufferSize::new(((end - at) * 4) as u64),
                 }),
-            });
+            };
+            let entries: Vec<wgpu::BindGroupEntry> = (0u32..)
+                .zip(memory.bindings())
+                .map(|(k, b)| match b {
+                    Bound::Meta => meta.clone(),
+                    Bound::Arena(c) | Bound::HalfArena(c) => whole(k, &arena[c]),
+                    Bound::Params(c) | Bound::HalfParams(c) => whole(k, &pbuf[c]),
+                })
+                .collect();
             let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&format!("step {s}")),
                 layout: &layout,

@@ -27,91 +27,159 @@ pub const PARAMS_CHUNKS: usize = 6;
 pub const RANK: usize = 6;
 /// Bytes of one arena buffer when a graph's arena is larger than one binding may be.
 pub const ARENA_CHUNK: u64 = 1 << 26;
-/// Binding number of the second arena buffer (the third is the next one, ...).
-pub const ARENA_BINDING: u32 = 8;
+/// Word addresses with this bit (below [`SHARED`] or above it) are f16 elements held as 16 bits
+/// (see [`Memory::half`]): their index counts halves, not words.
+pub const HALF: usize = 1 << 30;
 
-/// `source` (a kernel of this module) reading and writing an arena held in `chunks` buffers of
-/// [`ARENA_CHUNK`] bytes (bindings 0, then [`ARENA_BINDING`] on) instead of one: word address
-/// `a` below `SHARED` is word `a % 2^24` of buffer `a / 2^24`, so a value may span two.
-pub fn chunked_arena(source: &str, chunks: usize) -> String {
-    if chunks <= 1 {
-        return source.to_string();
+/// What a graph's kernels bind, and so how `rd` / `wr` reach a word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Memory {
+    /// Buffers of the arena: one, or several of [`ARENA_CHUNK`] bytes.
+    pub arena_chunks: usize,
+    /// Whether f16 values are stored as 16 bits (the adapter has `SHADER_F16`): each arena and
+    /// params buffer is bound a second time as `array<f16>`, and an address with the [`HALF`]
+    /// bit reads and writes it, converting to and from the f32 bits every kernel computes on.
+    pub half: bool,
+}
+
+/// A buffer a kernel binds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bound {
+    /// The step's meta words.
+    Meta,
+    /// Arena buffer `c`, as words.
+    Arena(usize),
+    /// Params buffer `k`, as words.
+    Params(usize),
+    /// Arena buffer `c`, as f16 halves.
+    HalfArena(usize),
+    /// Params buffer `k`, as f16 halves.
+    HalfParams(usize),
+}
+
+impl Memory {
+    /// Every binding of group 0 and what it holds, in binding order.
+    pub fn bindings(&self) -> Vec<Bound> {
+        let mut b = vec![Bound::Arena(0), Bound::Meta];
+        b.extend((0..PARAMS_CHUNKS).map(Bound::Params));
+        b.extend((1..self.arena_chunks).map(Bound::Arena));
+        if self.half {
+            b.extend((0..self.arena_chunks).map(Bound::HalfArena));
+            b.extend((0..PARAMS_CHUNKS).map(Bound::HalfParams));
+        }
+        b
     }
-    let decls: String = (0..chunks)
-        .map(|c| {
-            let b = if c == 0 {
-                0
-            } else {
-                ARENA_BINDING as usize + c - 1
+
+    /// The WGSL that declares the bindings and defines `rd(a) -> u32` and `wr(a, v: u32)`.
+    fn prelude(&self) -> String {
+        let mut s = String::new();
+        if self.half {
+            s.push_str("enable f16;\n");
+        }
+        for (k, b) in self.bindings().iter().enumerate() {
+            let (name, ty) = match b {
+                Bound::Meta => {
+                    s.push_str(&format!(
+                        "@group(0) @binding({k}) var<storage, read> mt: array<u32>;\n"
+                    ));
+                    continue;
+                }
+                Bound::Arena(c) => (format!("a{c}"), "u32"),
+                Bound::Params(c) => (format!("p{c}"), "u32"),
+                Bound::HalfArena(c) => (format!("ha{c}"), "f16"),
+                Bound::HalfParams(c) => (format!("hp{c}"), "f16"),
             };
-            format!("@group(0) @binding({b}) var<storage, read_write> a{c}: array<u32>;\n")
-        })
-        .collect();
-    let cases = |body: &dyn Fn(usize) -> String| -> String {
-        (0..chunks)
-            .map(|c| {
-                let label = if c + 1 == chunks {
-                    "default".to_string()
-                } else {
-                    format!("case {c}u")
-                };
-                format!("        {label}: {{ {} }}\n", body(c))
-            })
-            .collect()
-    };
-    let read = format!(
-        "if (a < SHARED) {{\n    let k = a & 0xffffffu;\n    switch (a >> 24u) {{\n{}    }}\n    }}",
-        cases(&|c| format!("return a{c}[k];"))
-    );
-    let write = format!(
-        "if (a < SHARED) {{\n    let k = a & 0xffffffu;\n    switch (a >> 24u) {{\n{}    }}\n    return;\n    }}",
-        cases(&|c| format!("a{c}[k] = v;"))
-    );
-    source
-        .replacen(ARENA_DECL, &decls, 1)
-        .replacen(ARENA_READ, &read, 1)
-        .replacen(ARENA_WRITE, &write, 1)
-}
-
-const ARENA_DECL: &str = "@group(0) @binding(0) var<storage, read_write> buf: array<u32>;\n";
-const ARENA_READ: &str = "if (a < SHARED) { return buf[a]; }";
-const ARENA_WRITE: &str = "if (a < SHARED) { buf[a] = v; return; }";
-
-const HEADER: &str = r#"@group(0) @binding(0) var<storage, read_write> buf: array<u32>;
-@group(0) @binding(1) var<storage, read> mt: array<u32>;
-@group(0) @binding(2) var<storage, read_write> p0: array<u32>;
-@group(0) @binding(3) var<storage, read_write> p1: array<u32>;
-@group(0) @binding(4) var<storage, read_write> p2: array<u32>;
-@group(0) @binding(5) var<storage, read_write> p3: array<u32>;
-@group(0) @binding(6) var<storage, read_write> p4: array<u32>;
-@group(0) @binding(7) var<storage, read_write> p5: array<u32>;
-// Word addresses from SHARED on are in the params buffers (which graphs compiled to share
-// their weights bind together), 2^24 words a buffer; the others in the graph's own arena.
-const SHARED: u32 = 0x80000000u;
-fn rd(a: u32) -> u32 {
-    if (a < SHARED) { return buf[a]; }
-    let k = (a - SHARED) & 0xffffffu;
-    switch ((a - SHARED) >> 24u) {
-        case 0u: { return p0[k]; }
-        case 1u: { return p1[k]; }
-        case 2u: { return p2[k]; }
-        case 3u: { return p3[k]; }
-        case 4u: { return p4[k]; }
-        default: { return p5[k]; }
+            s.push_str(&format!(
+                "@group(0) @binding({k}) var<storage, read_write> {name}: array<{ty}>;\n"
+            ));
+        }
+        // One access of buffer family `pre` at index `k` (`{}` in `body` stands for it): a
+        // switch over `sel` when there are several buffers.
+        let access = |pre: &str, n: usize, sel: &str, k: &str, body: &str| -> String {
+            if n == 1 {
+                return format!("{{ {} }}", body.replace("{}", &format!("{pre}0[{k}]")));
+            }
+            let cases: String = (0..n)
+                .map(|c| {
+                    let label = if c + 1 == n {
+                        "default".to_string()
+                    } else {
+                        format!("case {c}u")
+                    };
+                    format!(
+                        "        {label}: {{ {} }}\n",
+                        body.replace("{}", &format!("{pre}{c}[{k}]"))
+                    )
+                })
+                .collect();
+            format!("{{\n    switch ({sel}) {{\n{cases}    }}\n    }}")
+        };
+        let family = |arena: &str, params: &str, words: bool, body: &str| -> String {
+            // Words: 2^24 a buffer; halves: 2^25 a buffer.
+            let (bits, mask) = if words {
+                (24, "0xffffffu")
+            } else {
+                (25, "0x1ffffffu")
+            };
+            // k: the index without the SHARED and HALF bits; j: its index within its buffer.
+            let sel = format!("k >> {bits}u");
+            let within = if self.arena_chunks == 1 { "k" } else { "j" };
+            format!(
+                "    let k = a & 0x3fffffffu;\n    let j = k & {mask};\n    if (a < SHARED) {}\n    {}\n",
+                access(arena, self.arena_chunks, &sel, within, body),
+                access(params, PARAMS_CHUNKS, &sel, "j", body),
+            )
+        };
+        s.push_str(
+            "// Word addresses from SHARED on are in the params buffers (which graphs compiled to share\n\
+             // their weights bind together), the others in the graph's own arena; with HALF set they\n\
+             // count f16 halves of the same buffers.\n\
+             const SHARED: u32 = 0x80000000u;\n",
+        );
+        // (signature, buffer families, words or halves, body of one access)
+        let mut fns = vec![
+            ("rdw(a: u32) -> u32", ("a", "p"), true, "return {};"),
+            ("wrw(a: u32, v: u32)", ("a", "p"), true, "{} = v; return;"),
+        ];
+        if self.half {
+            fns.push(("rdh(a: u32) -> f32", ("ha", "hp"), false, "return f32({});"));
+            fns.push((
+                "wrh(a: u32, v: f32)",
+                ("ha", "hp"),
+                false,
+                "{} = f16(v); return;",
+            ));
+        }
+        for (sig, (arena, params), words, body) in fns {
+            s.push_str(&format!(
+                "fn {sig} {{\n{}}}\n",
+                family(arena, params, words, body)
+            ));
+        }
+        if self.half {
+            s.push_str(&format!(
+                "fn rd(a: u32) -> u32 {{\n    if ((a & {HALF}u) != 0u) {{ return bitcast<u32>(rdh(a)); }}\n    return rdw(a);\n}}\n\
+                 fn wr(a: u32, v: u32) {{\n    if ((a & {HALF}u) != 0u) {{ wrh(a, bitcast<f32>(v)); return; }}\n    wrw(a, v);\n}}\n"
+            ));
+        } else {
+            s.push_str(
+                "fn rd(a: u32) -> u32 { return rdw(a); }\nfn wr(a: u32, v: u32) { wrw(a, v); }\n",
+            );
+        }
+        s
     }
 }
-fn wr(a: u32, v: u32) {
-    if (a < SHARED) { buf[a] = v; return; }
-    let k = (a - SHARED) & 0xffffffu;
-    switch ((a - SHARED) >> 24u) {
-        case 0u: { p0[k] = v; }
-        case 1u: { p1[k] = v; }
-        case 2u: { p2[k] = v; }
-        case 3u: { p3[k] = v; }
-        case 4u: { p4[k] = v; }
-        default: { p5[k] = v; }
-    }
+
+/// `source` (a kernel of this module) for a graph whose memory is `m`: its bindings and the
+/// `rd` / `wr` that reach them.
+pub fn finish(source: &str, m: &Memory) -> String {
+    source.replacen(MEMORY, &m.prelude(), 1)
 }
+
+/// Where [`finish`] puts the bindings: the first line of every kernel.
+const MEMORY: &str = "// rlx: memory\n";
+
+const HEADER: &str = r#"// rlx: memory
 const ROW: u32 = 4194240u; // 65535 workgroups of 64
 
 fn nan_or(a: f32, b: f32, r: f32) -> f32 { return select(r, a + b, a != a || b != b); }

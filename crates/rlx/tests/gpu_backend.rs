@@ -164,7 +164,7 @@ fn narrow_integers_on_the_gpu_wrap_and_saturate_as_on_the_cpu() {
 }
 
 /// A graph whose arena is larger than one storage binding may be (128 MiB on lavapipe) runs:
-/// the arena is split into buffers and values span them.
+/// the arena is split into buffers and values (f32 words, f16 halves) span them.
 #[test]
 fn an_arena_above_the_binding_limit_is_split_across_buffers() {
     assert!(
@@ -196,14 +196,22 @@ fn an_arena_above_the_binding_limit_is_split_across_buffers() {
     let m = g.try_mul(x, three).unwrap();
     let y = g.try_sub(m, one).unwrap();
     let r = g.try_sum(y, &[1], false).unwrap();
-    g.set_outputs(vec![y, r]);
+    // An f16 value as well: with f16 storage its halves span arena buffers too.
+    let h = g.try_cast(y, DType::F16).unwrap();
+    g.set_outputs(vec![y, r, h]);
     let x: Vec<f32> = (0..rows * cols).map(|i| (i % 1000) as f32).collect();
     let mut c = Session::new(Device::Gpu)
         .try_compile(g)
         .expect("compiles with the arena split");
+    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let typed = c.run_typed(&[("x", &xb, DType::F32)]);
     let out = c.run(&[("x", &x)]);
     for (i, (&y, &v)) in out[0].iter().zip(&x).enumerate() {
         assert_eq!(y, v * 3.0 - 1.0, "y[{i}]");
+    }
+    for (i, (h, &v)) in typed[2].0.chunks_exact(2).zip(&x).enumerate() {
+        let want = half::f16::from_f32(v * 3.0 - 1.0);
+        assert_eq!(half::f16::from_le_bytes([h[0], h[1]]), want, "h[{i}]");
     }
     for (r, &s) in out[1].iter().enumerate() {
         let want: f32 = x[r * cols..(r + 1) * cols]

@@ -249,7 +249,9 @@ fn the_cpu_backend_matches_the_reference_evaluator() {
 /// The backend test on the GPU (wgpu; lavapipe in CI): every case whose graph compiles there
 /// (f32 ops with a WGSL kernel, and composites decomposing into them) against the reference
 /// evaluator, within 1e-5 relative (or the case's own, looser, tolerance). A missing adapter is
-/// a failure: CI installs Mesa's software Vulkan.
+/// a failure: CI installs Mesa's software Vulkan. Cases with f16 values run twice: with f16
+/// stored as 16 bits (where the adapter has `SHADER_F16`, as lavapipe does) and as 32-bit words
+/// (`RLX_WGPU_F16_STORAGE=0`, what other adapters get).
 #[test]
 fn the_gpu_backend_matches_the_reference_evaluator() {
     assert!(
@@ -260,8 +262,20 @@ fn the_gpu_backend_matches_the_reference_evaluator() {
     let cases = cases();
     let (mut ran, mut failures, mut skipped) = (BTreeSet::new(), Vec::new(), BTreeSet::new());
     let (mut schemes, mut schemes_ran) = (BTreeSet::new(), BTreeSet::new());
-    for c in &cases {
-        let name = c["name"].as_str().unwrap_or("?");
+    let f16 = |c: &&Value| c.to_string().contains("\"dtype\":\"f16\"");
+    let words_pass = cases.iter().filter(f16).map(|c| (true, c));
+    let n_words = words_pass.clone().count();
+    assert!(n_words >= 40, "only {n_words} cases with f16 values");
+    for (words, c) in cases.iter().map(|c| (false, c)).chain(words_pass) {
+        // Only this test compiles for the GPU in this binary: nothing else reads the variable.
+        if words {
+            std::env::set_var("RLX_WGPU_F16_STORAGE", "0");
+        }
+        let name = &format!(
+            "{}{}",
+            c["name"].as_str().unwrap_or("?"),
+            if words { " (f16 as words)" } else { "" }
+        );
         let Ok(b) = build(c) else { continue };
         let scheme = c["attrs"]["scheme"]
             .as_str()
@@ -295,6 +309,7 @@ fn the_gpu_backend_matches_the_reference_evaluator() {
             Err(e) => failures.push(format!("{name}: {e}")),
         }
     }
+    std::env::remove_var("RLX_WGPU_F16_STORAGE");
     assert!(
         failures.is_empty(),
         "{} cases differ on the GPU:\n{}",

@@ -16,6 +16,7 @@
 
 #![deny(missing_docs)]
 
+mod nn;
 mod program;
 pub mod shaders;
 

@@ -94,12 +94,17 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
             rlx_ir::FusionKind::MultiplyReduce => shaders::multiply_reduce(&r.body).is_some(),
             _ => false,
         },
-        Op::DotGeneral(_) | Op::LayerNorm { .. } | Op::RmsNorm { .. } => false,
+        Op::DotGeneral(_) => false,
+        Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::Attention { .. }
+        | Op::Rope { .. }
+        | Op::Conv(_)
+        | Op::Pool(_) => crate::nn::native(g, id),
         Op::Gather { .. } => matches!(ins[1], DType::I32 | DType::U32),
         Op::Cumsum { .. } => float(out),
         Op::ScatterAdd { .. } => float(out) && matches!(ins[1], DType::I32 | DType::U32),
         Op::TopK { .. } => ins[0] != DType::Bool,
-        Op::Attention { .. } | Op::Rope { .. } => false,
         Op::DequantMatMul { scheme } => {
             float(out) && ins[0] == DType::F32 && shaders::gguf_decoder(*scheme).is_some()
         }
@@ -109,7 +114,7 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
             float(out) && float(ins[1]) && g.shape(n.inputs[2]).static_dims() == Some(vec![1])
         }
         Op::CachedAttention { .. } => float(out) && float(ins[1]),
-        Op::Conv(_) | Op::Pool(_) | Op::Custom(_) => false,
+        Op::Custom(_) => false,
         Op::Defined(_) | Op::PagedAttention { .. } => false,
     };
     (!ok).then(|| format!("{} on {} has no WGSL kernel yet", n.op.name(), n.shape))
@@ -409,6 +414,8 @@ enum Kernel {
         body: Graph,
         operands: Vec<usize>,
     },
+    /// A kernel of [`crate::nn`] (norms, RoPE, attention, convolution, pooling).
+    Native,
 }
 
 /// Compile `g` for `gpu`; params with the name and shape of a param that `share` holds in its
@@ -645,6 +652,12 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                 reqs[r].end = pending.len();
                 continue;
             }
+            Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Attention { .. }
+            | Op::Rope { .. }
+            | Op::Conv(_)
+            | Op::Pool(_) => Kernel::Native,
             Op::Reduce { kind, axes, .. } => Kernel::Reduce {
                 kind: *kind,
                 src: ins[0],
@@ -865,6 +878,12 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
         let out_d = dims(g, id)?;
         let count = out_d.iter().product::<usize>();
         let (source, groups) = match k {
+            Kernel::Native => {
+                let (source, words, invocations) =
+                    crate::nn::step(g, id, &|x: NodeId| word(x.index()) as u32)?;
+                meta.extend(words);
+                (source, groups_1d(invocations))
+            }
             Kernel::Elementwise {
                 body,
                 operands,

@@ -179,7 +179,7 @@ pub fn finish(source: &str, m: &Memory) -> String {
 /// Where [`finish`] puts the bindings: the first line of every kernel.
 const MEMORY: &str = "// rlx: memory\n";
 
-const HEADER: &str = r#"// rlx: memory
+pub(crate) const HEADER: &str = r#"// rlx: memory
 const ROW: u32 = 4194240u; // 65535 workgroups of 64
 
 fn nan_or(a: f32, b: f32, r: f32) -> f32 { return select(r, a + b, a != a || b != b); }
@@ -223,6 +223,14 @@ fn gelu_grad(x: f32) -> f32 {
     return s * (1.0 + 2.0 * x * (1.0 - s) * 0.7978845608 * (1.0 + 0.134145 * x * x));
 }
 "#;
+
+/// A kernel of one invocation per `mt[0]` items (numbered `var` across a 2-D dispatch) running
+/// `body` (WGSL statements, each line indented by four).
+pub(crate) fn one_d(var: &str, body: &str) -> String {
+    format!(
+        "{HEADER}\n@compute @workgroup_size({WG})\nfn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n    let {var} = gid.x + gid.y * ROW;\n    if ({var} >= mt[0]) {{ return; }}\n{body}}}\n"
+    )
+}
 
 /// The WGSL expression of a binary op.
 fn binary(op: BinaryOp, a: &str, b: &str) -> String {
@@ -302,7 +310,7 @@ fn saturate_to(dt: DType, x: &str) -> Option<String> {
 }
 
 /// `x` (an f32 expression) rounded to `dt`'s precision.
-fn round_to(dt: DType, x: String) -> String {
+pub(crate) fn round_to(dt: DType, x: String) -> String {
     match dt {
         DType::F16 => format!("f16r({x})"),
         DType::BF16 => format!("bf16r({x})"),
@@ -569,13 +577,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
 
 /// Strided copy: meta `[n, rank, dst_off, dims[RANK], dst_strides[RANK], src_off, src_strides[RANK]]`.
 pub fn copy() -> String {
-    format!(
-        r#"{HEADER}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let i = gid.x + gid.y * ROW;
-    if (i >= mt[0]) {{ return; }}
-    let rank = mt[1];
+    one_d(
+        "i",
+        &format!(
+            r#"    let rank = mt[1];
     var rem = i;
     var dst = mt[2];
     var src = mt[{so}u];
@@ -588,11 +593,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
         src += c * mt[{ss}u + ax];
     }}
     wr(dst, rd(src));
-}}
 "#,
-        ds = 3 + RANK,
-        so = 3 + 2 * RANK,
-        ss = 4 + 2 * RANK
+            ds = 3 + RANK,
+            so = 3 + 2 * RANK,
+            ss = 4 + 2 * RANK
+        ),
     )
 }
 
@@ -649,13 +654,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
 /// `i`'s row starts at `i - (i / stride % len) * stride`.
 pub fn softmax(out: DType) -> String {
     let rnd = round_to(out, "exp(ld(mt[3] + i) - mx) / sum".into());
-    format!(
-        r#"{HEADER}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let i = gid.x + gid.y * ROW;
-    if (i >= mt[0]) {{ return; }}
-    let len = mt[1];
+    one_d(
+        "i",
+        &format!(
+            r#"    let len = mt[1];
     let stride = mt[2];
     let row = i - ((i / stride) % len) * stride;
     var mx: f32 = ld(mt[3] + row);
@@ -663,8 +665,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     var sum: f32 = 0.0;
     for (var j = 0u; j < len; j++) {{ sum += exp(ld(mt[3] + row + j * stride) - mx); }}
     st(mt[4] + i, {rnd});
-}}
 "#
+        ),
     )
 }
 
@@ -681,13 +683,10 @@ pub fn gather(signed: bool) -> String {
     } else {
         "min(raw, len - 1u)"
     };
-    format!(
-        r#"{HEADER}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let i = gid.x + gid.y * ROW;
-    if (i >= mt[0]) {{ return; }}
-    let rank = mt[1];
+    one_d(
+        "i",
+        &format!(
+            r#"    let rank = mt[1];
     var rem = i;
     var xo = mt[{xo}u];
     var io = mt[{io}u];
@@ -702,11 +701,11 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     let len = mt[{al}u];
     let row = {row};
     wr(mt[2] + i, rd(xo + row * mt[{ax}u]));
-}}
 "#,
-        xs = xo + 1,
-        is = io + 1,
-        al = ax + 1
+            xs = xo + 1,
+            is = io + 1,
+            al = ax + 1
+        ),
     )
 }
 
@@ -724,13 +723,10 @@ pub fn scatter_add(signed: bool, out: DType) -> String {
         "rd(mt[IO] + j) == row"
     }
     .replace("IO", &format!("{io}u"));
-    format!(
-        r#"{HEADER}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let i = gid.x + gid.y * ROW;
-    if (i >= mt[0]) {{ return; }}
-    let rank = mt[1];
+    one_d(
+        "i",
+        &format!(
+            r#"    let rank = mt[1];
     let axis = mt[{ax}u];
     var rem = i;
     var uo = mt[{uo}u];
@@ -746,12 +742,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
         if ({target}) {{ acc += ld(uo + j * mt[{us}u + axis]); }}
     }}
     st(mt[2] + i, {rnd});
-}}
 "#,
-        xo = 3 + RANK,
-        uo = 4 + RANK,
-        m = io + 1,
-        ax = io + 2
+            xo = 3 + RANK,
+            uo = 4 + RANK,
+            m = io + 1,
+            ax = io + 2
+        ),
     )
 }
 
@@ -759,20 +755,17 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
 /// out_off]`.
 pub fn cumsum(out: DType) -> String {
     let rnd = round_to(out, "acc".into());
-    format!(
-        r#"{HEADER}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let i = gid.x + gid.y * ROW;
-    if (i >= mt[0]) {{ return; }}
-    let stride = mt[2];
+    one_d(
+        "i",
+        &format!(
+            r#"    let stride = mt[2];
     let c = (i / stride) % mt[1];
     let row = i - c * stride;
     var acc: f32 = 0.0;
     for (var j = 0u; j <= c; j++) {{ acc += ld(mt[3] + row + j * stride); }}
     st(mt[4] + i, {rnd});
-}}
 "#
+        ),
     )
 }
 
@@ -965,18 +958,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
 /// pos_off]`; the cache's dtype is `cache`.
 pub fn cache_write(cache: DType) -> String {
     let rnd = round_to(cache, "ld(mt[4] + i)".into());
-    format!(
-        r#"{HEADER}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let i = gid.x + gid.y * ROW;
-    if (i >= mt[0]) {{ return; }}
-    let pos = u32(max(bitcast<i32>(rd(mt[5])), 0));
+    one_d(
+        "i",
+        &format!(
+            r#"    let pos = u32(max(bitcast<i32>(rd(mt[5])), 0));
     let r = pos + i / mt[1];
     if (r >= mt[2]) {{ return; }}
     st(mt[3] + r * mt[1] + i % mt[1], {rnd});
-}}
 "#
+        ),
     )
 }
 
@@ -986,13 +976,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
 /// none), scale bits]`; one invocation per result element.
 pub fn cached_attention(out: DType) -> String {
     let rnd = round_to(out, "acc / sum".into());
-    format!(
-        r#"{HEADER}
-@compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let idx = gid.x + gid.y * ROW;
-    if (idx >= mt[0]) {{ return; }}
-    let hq = mt[1]; let d = mt[2]; let dv = mt[3]; let t = mt[4]; let hkv = mt[5];
+    one_d(
+        "idx",
+        &format!(
+            r#"    let hq = mt[1]; let d = mt[2]; let dv = mt[3]; let t = mt[4]; let hkv = mt[5];
     let c = idx % dv;
     let h = (idx / dv) % hq;
     let i = idx / (dv * hq);
@@ -1019,7 +1006,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
         acc += w * ld(mt[8] + (j * hkv + kh) * dv + c);
     }}
     st(mt[10] + idx, {rnd});
-}}
 "#
+        ),
     )
 }

@@ -1041,20 +1041,15 @@ fn an_op_the_gpu_lacks_is_a_compile_error_naming_it() {
         "no GPU adapter: {}",
         Device::Gpu.availability_hint()
     );
-    // Quantize gives int8, which the GPU does not hold; its decomposition ends in a cast to
-    // int8, which has no kernel and no decomposition.
-    let mut g = Graph::new("quantize_on_gpu");
-    let x = g.input("x", f32s(&[2, 8]));
-    let scale = g.scalar(0.1, DType::F32);
-    let zp = g.constant_bytes(Shape::new(&[], DType::I8), vec![0]);
-    let q = g
-        .try_op(Op::defined(Quantize { axis: None }), &[x, scale, zp])
-        .unwrap();
-    g.set_outputs(vec![q]);
+    // The GPU has no integer reductions, and a reduction has no decomposition.
+    let mut g = Graph::new("int_sum_on_gpu");
+    let x = g.input("x", Shape::new(&[2, 8], DType::I32));
+    let r = g.try_sum(x, &[1], false).unwrap();
+    g.set_outputs(vec![r]);
     let err = Session::new(Device::Gpu)
         .try_compile(g)
         .err()
-        .expect("int8 does not run on the GPU");
+        .expect("integer sums do not run on the GPU");
     assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
-    assert_mentions(&err.to_string(), &["wgpu", "no kernel", "%"]);
+    assert_mentions(&err.to_string(), &["wgpu", "no kernel", "reduce", "%1"]);
 }

@@ -27,7 +27,8 @@ fn rlx_wgpu_adapter_picks_by_name_and_names_what_exists() {
     );
     std::env::remove_var("RLX_WGPU_ADAPTER");
 
-    // What runs where on the GPU: a dot_general decomposed, an elementwise region, a softmax.
+    // What runs where on the GPU: a dot_general decomposed, an elementwise region, a softmax and
+    // an RMS norm on kernels of their own.
     let g = Graph::parse(
         r#"graph "gpu_dispatch" {
   %x = input {name = "x"} : f32[4, 8]
@@ -36,7 +37,9 @@ fn rlx_wgpu_adapter_picks_by_name_and_names_what_exists() {
   %a = silu %d : f32[4, 8]
   %m = mul %a, %x : f32[4, 8]
   %s = softmax %m {axis = 1} : f32[4, 8]
-  return %s
+  %gw = param {name = "gw"} : f32[8]
+  %n = rms_norm %s, %gw {eps = 1e-5} : f32[4, 8]
+  return %n
 }"#,
     )
     .expect("parses");
@@ -51,6 +54,12 @@ fn rlx_wgpu_adapter_picks_by_name_and_names_what_exists() {
         d.nodes
             .iter()
             .any(|n| n.op == "softmax" && n.dispatch == Dispatch::Native),
+        "{d}"
+    );
+    assert!(
+        d.nodes
+            .iter()
+            .any(|n| n.op == "rms_norm" && n.dispatch == Dispatch::Native),
         "{d}"
     );
     assert_eq!(d.counts().4, 0, "nothing unsupported: {d}");

@@ -133,6 +133,34 @@ impl QuantScheme {
         }
     }
 
+    /// Products of GGUF weights with fewer activation rows than this round the activations to
+    /// int8 blocks first, as llama.cpp's CPU code does (the weight type's `vec_dot_type`);
+    /// prompt-sized ones take the activations as they are. Every backend keeps this rule, so
+    /// their results agree with each other far more closely than with the exact product.
+    pub const ROUNDED_ACTS_BELOW: usize = 8;
+
+    /// The block an `rows`-row product with these weights rounds its activations to int8 in
+    /// (32: `Q8_0` / `Q8_1` for the 32-blocks, 256: `Q8_K` for the K-quants), or `None` when it
+    /// takes them as they are (float weights, the other schemes, [`Self::ROUNDED_ACTS_BELOW`]
+    /// rows or more). `rows` is the second-to-last axis of the activations (1 for a vector).
+    pub fn act_block(self, rows: usize) -> Option<usize> {
+        use QuantScheme::*;
+        if rows >= Self::ROUNDED_ACTS_BELOW {
+            return None;
+        }
+        match self {
+            GgufQ4_0 | GgufQ4_1 | GgufQ5_0 | GgufQ5_1 | GgufQ8_0 => Some(32),
+            GgufQ2K | GgufQ3K | GgufQ4K | GgufQ5K | GgufQ6K | GgufQ8K => Some(256),
+            GgufF16
+            | GgufBF16
+            | Int8Block { .. }
+            | Int8BlockAsym { .. }
+            | Int4Block { .. }
+            | Fp8E4m3
+            | Fp8E5m2 => None,
+        }
+    }
+
     /// The ggml block type of a GGUF scheme (`None` for the others).
     pub fn ggml_type(self) -> Option<rlx_gguf::GgmlType> {
         use rlx_gguf::GgmlType as G;

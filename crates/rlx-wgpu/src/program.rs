@@ -384,10 +384,19 @@ enum Kernel {
         k: usize,
         indices: bool,
     },
+    /// `x` rounded to int8 blocks of `blk` and back into arena request `to` (the product's
+    /// activations, as the CPU rounds them).
+    QuantizeActs {
+        x: usize,
+        to: usize,
+        blk: u32,
+    },
     DequantMatMul {
         x: usize,
         w: usize,
         scheme: rlx_ir::QuantScheme,
+        /// The arena request holding the rounded activations, if the scheme rounds them.
+        acts: Option<usize>,
     },
     DequantizeRows {
         w: usize,
@@ -691,11 +700,41 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                 k: *k,
                 indices: *output == rlx_ir::TopKOutput::Indices,
             },
-            Op::DequantMatMul { scheme } => Kernel::DequantMatMul {
-                x: ins[0],
-                w: ins[1],
-                scheme: *scheme,
-            },
+            Op::DequantMatMul { scheme } => {
+                // Activations rounded first (a step of their own, into a scratch request that
+                // lives until the product has read it).
+                let xd = dims(g, node.inputs[0])?;
+                let rows = if xd.len() >= 2 { xd[xd.len() - 2] } else { 1 };
+                let acts = scheme.act_block(rows).map(|blk| {
+                    let xe: usize = xd.iter().product();
+                    reqs.push(BufferRequest {
+                        size: xe.max(1) * 4,
+                        start: step,
+                        end: step + 1,
+                    });
+                    let to = reqs.len() - 1;
+                    pending.push((
+                        i,
+                        Kernel::QuantizeActs {
+                            x: ins[0],
+                            to,
+                            blk: blk as u32,
+                        },
+                    ));
+                    for x in &node.inputs {
+                        if let Some(r) = req_of[x.index()] {
+                            reqs[r].end = reqs[r].end.max(step + 1);
+                        }
+                    }
+                    to
+                });
+                Kernel::DequantMatMul {
+                    x: ins[0],
+                    w: ins[1],
+                    scheme: *scheme,
+                    acts,
+                }
+            }
             Op::DequantizeRows { scheme } => Kernel::DequantizeRows {
                 w: ins[0],
                 scheme: *scheme,
@@ -731,7 +770,9 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                 })
             }
         };
-        let r = new_req(step, step, &mut reqs);
+        // Live from this node's first step to the one that computes it (a product may round its
+        // activations in a step before).
+        let r = new_req(step, pending.len(), &mut reqs);
         req_of[i] = Some(r);
         if let Kernel::Elementwise { extra, .. } = &kernel {
             for &s in extra {
@@ -1018,16 +1059,30 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                     groups_1d(count),
                 )
             }
-            Kernel::DequantMatMul { x, w, scheme } => {
+            Kernel::QuantizeActs { x, to, blk } => {
+                let elems: usize = dims(g, NodeId(*x as u32))?.iter().product();
+                let blocks = elems / *blk as usize;
+                meta.extend([
+                    blocks as u32,
+                    word(*x) as u32,
+                    (plan.offsets[*to] / 4) as u32,
+                ]);
+                (shaders::quantize_acts(*blk), groups_1d(blocks))
+            }
+            Kernel::DequantMatMul { x, w, scheme, acts } => {
                 let xd = dims(g, NodeId(*x as u32))?;
                 let wd = dims(g, NodeId(*w as u32))?;
                 let (k, nn) = (*xd.last().unwrap_or(&1), *out_d.last().unwrap_or(&1));
                 let rows = count / nn.max(1);
+                let x_at = match acts {
+                    Some(r) => plan.offsets[*r] / 4,
+                    None => word(*x),
+                };
                 meta.extend([
                     rows as u32,
                     k as u32,
                     nn as u32,
-                    word(*x) as u32,
+                    x_at as u32,
                     byte_addr(*w) as u32,
                     *wd.last().unwrap_or(&0) as u32,
                     word(*node) as u32,
@@ -1106,7 +1161,10 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                     scale.to_bits(),
                 ]);
                 (
-                    shaders::cached_attention(g.shape(id).dtype()),
+                    shaders::cached_attention(
+                        g.shape(id).dtype(),
+                        g.shape(NodeId(*k as u32)).dtype(),
+                    ),
                     groups_1d(count),
                 )
             }

@@ -904,6 +904,41 @@ pub fn gguf_decoder(scheme: rlx_ir::QuantScheme) -> Option<&'static str> {
     })
 }
 
+/// Activations rounded to int8 blocks and back, one invocation per block of `blk`: meta
+/// `[blocks, x_off, out_off]`. Blocks of 32 (`Q8_0`): `d = amax / 127` rounded to f16,
+/// `q = round_even(x * 127 / amax)`; blocks of 256 (`Q8_K`): `q = min(round_even(x * -127 /
+/// m), 127)` with `m` the first element of largest magnitude, `d = m / -127`. The result is
+/// `d * q`, so the product's sum is the CPU's integer products times their scales.
+pub fn quantize_acts(blk: u32) -> String {
+    let body = if blk == 32 {
+        r#"    var amax = 0.0;
+    for (var e = 0u; e < 32u; e++) { amax = max(amax, abs(ld(x + e))); }
+    let d = f16r(amax / 127.0);
+    let id = select(0.0, 127.0 / amax, amax != 0.0);
+    for (var e = 0u; e < 32u; e++) { st(o + e, d * round(ld(x + e) * id)); }
+"#
+    } else {
+        r#"    var amax = 0.0;
+    var mx = 0.0;
+    for (var e = 0u; e < 256u; e++) {
+        let v = ld(x + e);
+        if (abs(v) > amax) { amax = abs(v); mx = v; }
+    }
+    if (amax == 0.0) {
+        for (var e = 0u; e < 256u; e++) { st(o + e, 0.0); }
+        return;
+    }
+    let iscale = -127.0 / mx;
+    let d = 1.0 / iscale;
+    for (var e = 0u; e < 256u; e++) { st(o + e, d * min(round(iscale * ld(x + e)), 127.0)); }
+"#
+    };
+    one_d(
+        "b",
+        &format!("    let x = mt[1] + b * {blk}u;\n    let o = mt[2] + b * {blk}u;\n{body}"),
+    )
+}
+
 /// Rows of `x` one invocation of the quantized product computes: each decoded weight serves
 /// them all.
 pub const QROWS: u32 = 8;
@@ -970,12 +1005,15 @@ pub fn cache_write(cache: DType) -> String {
     )
 }
 
-/// Attention of `q [S, Hq, D]` over the cache `k [T, Hkv, D]`, `v [T, Hkv, Dv]`: query `i` at
-/// position `pos + i` sees keys `first..=last` (causal, clamped to the cache, inside the
-/// window). Meta `[n, Hq, D, Dv, T, Hkv, q_off, k_off, v_off, pos_off, out_off, window (0:
-/// none), scale bits]`; one invocation per result element.
-pub fn cached_attention(out: DType) -> String {
-    let rnd = round_to(out, "acc / sum".into());
+/// Attention of query rows `q [S, Hq, D]` over the cache rows `0 ..= pos + i` (inside the
+/// window) of `k`, `v` (heads grouped), one invocation per result: meta `[n, hq, d, dv, t, hkv,
+/// q, k, v, pos, out, window, scale]`. With an f16 or bf16 cache the arithmetic is the CPU's
+/// (llama.cpp's default path): queries and the normalized weights are rounded to the cache's
+/// dtype before their products.
+pub fn cached_attention(out: DType, cache: DType) -> String {
+    let rnd = round_to(out, "acc".into());
+    let qv = round_to(cache, "ld(q + e)".into());
+    let w = round_to(cache, "exp(s * scale - mx) / sum".into());
     one_d(
         "idx",
         &format!(
@@ -993,17 +1031,20 @@ pub fn cached_attention(out: DType) -> String {
     var mx = bitcast<f32>(0xff800000u);
     for (var j = first; j <= last; j++) {{
         var s = 0.0;
-        for (var e = 0u; e < d; e++) {{ s += ld(q + e) * ld(mt[7] + (j * hkv + kh) * d + e); }}
+        for (var e = 0u; e < d; e++) {{ s += {qv} * ld(mt[7] + (j * hkv + kh) * d + e); }}
         mx = max(mx, s * scale);
     }}
     var sum = 0.0;
+    for (var j = first; j <= last; j++) {{
+        var s = 0.0;
+        for (var e = 0u; e < d; e++) {{ s += {qv} * ld(mt[7] + (j * hkv + kh) * d + e); }}
+        sum += exp(s * scale - mx);
+    }}
     var acc = 0.0;
     for (var j = first; j <= last; j++) {{
         var s = 0.0;
-        for (var e = 0u; e < d; e++) {{ s += ld(q + e) * ld(mt[7] + (j * hkv + kh) * d + e); }}
-        let w = exp(s * scale - mx);
-        sum += w;
-        acc += w * ld(mt[8] + (j * hkv + kh) * dv + c);
+        for (var e = 0u; e < d; e++) {{ s += {qv} * ld(mt[7] + (j * hkv + kh) * d + e); }}
+        acc += {w} * ld(mt[8] + (j * hkv + kh) * dv + c);
     }}
     st(mt[10] + idx, {rnd});
 "#

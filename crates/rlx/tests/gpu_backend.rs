@@ -230,3 +230,85 @@ fn an_arena_above_the_binding_limit_is_split_across_buffers() {
         assert_eq!(s, want, "row sum {r}");
     }
 }
+
+/// With an f16 KV cache, the GPU's cached attention rounds queries and weights to f16 as the
+/// CPU does (llama.cpp's default path): the two agree far more closely than either agrees with
+/// the exact (f64, unrounded) attention.
+#[test]
+fn cached_attention_over_an_f16_cache_rounds_as_the_cpu_does() {
+    assert!(
+        Device::Gpu.is_available(),
+        "{}",
+        Device::Gpu.availability_hint()
+    );
+    let (s, hq, hkv, d, t) = (3, 4, 2, 64, 16);
+    let mut g = Graph::new("f16_cache");
+    let q = g
+        .try_input("q", Shape::new(&[s, hq, d], DType::F32))
+        .unwrap();
+    let k = g
+        .try_param("k", Shape::new(&[t, hkv, d], DType::F16))
+        .unwrap();
+    let v = g
+        .try_param("v", Shape::new(&[t, hkv, d], DType::F16))
+        .unwrap();
+    let pos = g.try_input("pos", Shape::new(&[1], DType::I32)).unwrap();
+    let op = Op::CachedAttention {
+        scale: 0.125,
+        window: None,
+    };
+    let y = g.try_op(op, &[q, k, v, pos]).unwrap();
+    g.set_outputs(vec![y]);
+    let wave =
+        |n: usize, f: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * f).sin() * 2.0).collect() };
+    let f16s = |v: &[f32]| -> Vec<u8> {
+        v.iter()
+            .flat_map(|x| half::f16::from_f32(*x).to_le_bytes())
+            .collect()
+    };
+    let qv = wave(s * hq * d, 0.37);
+    let (kv, vv) = (
+        f16s(&wave(t * hkv * d, 0.11)),
+        f16s(&wave(t * hkv * d, 0.23)),
+    );
+    let qb: Vec<u8> = qv.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let pb = 5i32.to_le_bytes().to_vec();
+    let run = |device: Device| -> Vec<f32> {
+        let mut c = Session::new(device).try_compile(g.clone()).unwrap();
+        c.set_param_typed("k", &kv, DType::F16);
+        c.set_param_typed("v", &vv, DType::F16);
+        let out = c.run_typed(&[("q", &qb, DType::F32), ("pos", &pb, DType::I32)]);
+        out[0]
+            .0
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    let (cpu, gpu) = (run(Device::Cpu), run(Device::Gpu));
+    let mut leaves = std::collections::BTreeMap::new();
+    for (name, shape, bytes) in [
+        ("q", g.shape(q), &qb),
+        ("k", g.shape(k), &kv),
+        ("v", g.shape(v), &vv),
+        ("pos", g.shape(pos), &pb),
+    ] {
+        leaves.insert(
+            name.to_string(),
+            rlx::ir::eval::Tensor::from_bytes(shape, bytes).unwrap(),
+        );
+    }
+    let exact = rlx::ir::eval::evaluate(&g, &leaves).unwrap()[0].f64s();
+    let dist = |a: &[f32], b: &dyn Fn(usize) -> f64| {
+        a.iter()
+            .enumerate()
+            .map(|(i, x)| (*x as f64 - b(i)).abs())
+            .fold(0f64, f64::max)
+    };
+    let gpu_cpu = dist(&gpu, &|i| cpu[i] as f64);
+    let cpu_exact = dist(&cpu, &|i| exact[i]);
+    eprintln!("GPU - CPU {gpu_cpu:.2e}, CPU - exact {cpu_exact:.2e}");
+    assert!(
+        gpu_cpu <= 2e-6 && gpu_cpu * 20.0 <= cpu_exact,
+        "GPU - CPU {gpu_cpu}, CPU - exact {cpu_exact}"
+    );
+}

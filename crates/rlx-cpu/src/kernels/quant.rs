@@ -1215,8 +1215,8 @@ fn dequantize_rows(
 }
 
 /// Matrices of at least this many activation rows go through the f32 GEMM instead of int8 dot
-/// products.
-pub const GEMM_MIN_M: usize = 8;
+/// products (the IR's rule for when activations are rounded).
+pub const GEMM_MIN_M: usize = QuantScheme::ROUNDED_ACTS_BELOW;
 /// Weight rows dequantized per GEMM panel.
 const PANEL: usize = 256;
 

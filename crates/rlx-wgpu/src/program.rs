@@ -1143,8 +1143,9 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                     dims(g, NodeId(*k as u32))?,
                     dims(g, NodeId(*v as u32))?,
                 );
+                let rows = qd[0] * qd[1];
                 meta.extend([
-                    count as u32,
+                    rows as u32,
                     qd[1] as u32,
                     qd[2] as u32,
                     vd[2] as u32,
@@ -1165,7 +1166,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                         g.shape(id).dtype(),
                         g.shape(NodeId(*k as u32)).dtype(),
                     ),
-                    groups_1d(count),
+                    groups_1d(rows),
                 )
             }
             Kernel::ScatterAdd { x, idx, u, axis } => {

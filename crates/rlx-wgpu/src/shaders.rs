@@ -1006,48 +1006,57 @@ pub fn cache_write(cache: DType) -> String {
 }
 
 /// Attention of query rows `q [S, Hq, D]` over the cache rows `0 ..= pos + i` (inside the
-/// window) of `k`, `v` (heads grouped), one invocation per result: meta `[n, hq, d, dv, t, hkv,
-/// q, k, v, pos, out, window, scale]`. With an f16 or bf16 cache the arithmetic is the CPU's
-/// (llama.cpp's default path): queries and the normalized weights are rounded to the cache's
-/// dtype before their products.
+/// window) of `k`, `v` (heads grouped), one invocation per query row and head: meta `[S * Hq,
+/// hq, d, dv, t, hkv, q, k, v, pos, out, window, scale]`. Three passes over the keys (their
+/// maximum score, the sum of the weights, the weighted values in chunks of 256 columns), so the
+/// weights are normalized before their products: with an f16 or bf16 cache the arithmetic is the
+/// CPU's (llama.cpp's default path), queries and weights rounded to the cache's dtype.
 pub fn cached_attention(out: DType, cache: DType) -> String {
-    let rnd = round_to(out, "acc".into());
+    let rnd = round_to(out, "acc[c]".into());
     let qv = round_to(cache, "ld(q + e)".into());
-    let w = round_to(cache, "exp(s * scale - mx) / sum".into());
-    one_d(
+    let w = round_to(cache, "exp(score(j) - mx) / sum".into());
+    let score = format!(
+        "fn score(j: u32) -> f32 {{\n    var s = 0.0;\n    for (var e = 0u; e < d; e++) {{ s += {qv} * ld(kr + j * hkv * d + e); }}\n    return s * scale;\n}}\n"
+    );
+    let main = one_d(
         "idx",
         &format!(
-            r#"    let hq = mt[1]; let d = mt[2]; let dv = mt[3]; let t = mt[4]; let hkv = mt[5];
-    let c = idx % dv;
-    let h = (idx / dv) % hq;
-    let i = idx / (dv * hq);
+            r#"    h = idx % hq;
+    let i = idx / hq;
     let kh = h / (hq / hkv);
     let pos = u32(max(bitcast<i32>(rd(mt[9])), 0));
-    let last = min(pos + i, t - 1u);
+    let last = min(pos + i, mt[4] - 1u);
     var first = 0u;
     if (mt[11] > 0u && last + 1u > mt[11]) {{ first = last + 1u - mt[11]; }}
-    let scale = bitcast<f32>(mt[12]);
-    let q = mt[6] + (i * hq + h) * d;
+    q = mt[6] + (i * hq + h) * d;
+    kr = mt[7] + kh * d;
+    let vr = mt[8] + kh * dv;
     var mx = bitcast<f32>(0xff800000u);
-    for (var j = first; j <= last; j++) {{
-        var s = 0.0;
-        for (var e = 0u; e < d; e++) {{ s += {qv} * ld(mt[7] + (j * hkv + kh) * d + e); }}
-        mx = max(mx, s * scale);
-    }}
+    for (var j = first; j <= last; j++) {{ mx = max(mx, score(j)); }}
     var sum = 0.0;
-    for (var j = first; j <= last; j++) {{
-        var s = 0.0;
-        for (var e = 0u; e < d; e++) {{ s += {qv} * ld(mt[7] + (j * hkv + kh) * d + e); }}
-        sum += exp(s * scale - mx);
+    for (var j = first; j <= last; j++) {{ sum += exp(score(j) - mx); }}
+    let o = mt[10] + (i * hq + h) * dv;
+    var acc: array<f32, 256>;
+    for (var c0 = 0u; c0 < dv; c0 += 256u) {{
+        let cn = min(256u, dv - c0);
+        for (var c = 0u; c < cn; c++) {{ acc[c] = 0.0; }}
+        for (var j = first; j <= last; j++) {{
+            let w = {w};
+            for (var c = 0u; c < cn; c++) {{ acc[c] += w * ld(vr + j * hkv * dv + c0 + c); }}
+        }}
+        for (var c = 0u; c < cn; c++) {{ st(o + c0 + c, {rnd}); }}
     }}
-    var acc = 0.0;
-    for (var j = first; j <= last; j++) {{
-        var s = 0.0;
-        for (var e = 0u; e < d; e++) {{ s += {qv} * ld(mt[7] + (j * hkv + kh) * d + e); }}
-        acc += {w} * ld(mt[8] + (j * hkv + kh) * dv + c);
-    }}
-    st(mt[10] + idx, {rnd});
 "#
         ),
-    )
+    );
+    // The per-invocation values score() reads, set at the top of main.
+    let globals = "var<private> h: u32;\nvar<private> q: u32;\nvar<private> kr: u32;\n";
+    let consts = "var<private> hq: u32;\nvar<private> d: u32;\nvar<private> dv: u32;\nvar<private> hkv: u32;\nvar<private> scale: f32;\n";
+    let main = main.replacen(
+        "    let idx = gid.x + gid.y * ROW;\n",
+        "    let idx = gid.x + gid.y * ROW;\n    hq = mt[1]; d = mt[2]; dv = mt[3]; hkv = mt[5]; scale = bitcast<f32>(mt[12]);\n",
+        1,
+    );
+    let at = main.find("@compute").expect("a kernel");
+    format!("{}{globals}{consts}{score}{}", &main[..at], &main[at..])
 }

@@ -13,6 +13,17 @@ use rlx_ir::{DType, Graph, MaskKind, NodeId, Op, PoolKind, Result};
 
 /// Largest value head dim the attention kernel takes (its per-row accumulator).
 pub const MAX_DV: usize = 256;
+/// Loop iterations one invocation may run: lavapipe ends an invocation's loops after 65535 in
+/// all, silently (a few spare here for the kernels' short loops).
+pub const LOOP_LIMIT: usize = 65000;
+
+/// The last dim of a node's static shape (1 for a scalar).
+fn od_last(n: &rlx_ir::Node) -> usize {
+    n.shape
+        .static_dims()
+        .and_then(|d| d.last().copied())
+        .unwrap_or(1)
+}
 
 fn static_dims(g: &Graph, id: NodeId) -> Vec<usize> {
     g.shape(id).static_dims().unwrap_or_default()
@@ -25,12 +36,23 @@ pub fn native(g: &Graph, id: NodeId) -> bool {
         return false;
     }
     match &n.op {
-        Op::LayerNorm { .. } | Op::RmsNorm { .. } => n.shape.rank() >= 1,
         Op::Rope { .. } => wgsl_type(g.shape(n.inputs[1]).dtype()).is_some_and(|t| t != "f32"),
-        Op::Attention { .. } => static_dims(g, n.inputs[2])
-            .get(3)
-            .is_some_and(|&dv| dv <= MAX_DV),
-        Op::Conv(_) | Op::Pool(_) => matches!(n.shape.rank(), 3 | 4),
+        // One invocation loops over keys x (D + Dv): within lavapipe's loop limit.
+        Op::Attention { .. } => {
+            let (kd, vd) = (static_dims(g, n.inputs[1]), static_dims(g, n.inputs[2]));
+            vd.get(3).is_some_and(|&dv| dv <= MAX_DV) && kd[2] * (kd[3] + vd[3] + 2) <= LOOP_LIMIT
+        }
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } => {
+            n.shape.rank() >= 1 && 3 * od_last(n) <= LOOP_LIMIT
+        }
+        // One invocation loops over the window (and a convolution's input channels).
+        Op::Conv(_) => {
+            let wd = static_dims(g, n.inputs[1]);
+            matches!(n.shape.rank(), 3 | 4) && wd[1..].iter().product::<usize>() <= LOOP_LIMIT
+        }
+        Op::Pool(a) => {
+            matches!(n.shape.rank(), 3 | 4) && a.kernel.iter().product::<usize>() <= LOOP_LIMIT
+        }
         _ => false,
     }
 }

@@ -407,6 +407,10 @@ enum Kernel {
         upd: usize,
         pos: usize,
     },
+    /// Cached attention in three steps over a scratch of `[S, Hq, T]` scores (arena request
+    /// `scores`): `step` 0 the scaled scores (masked keys -inf), 1 the normalized weights in
+    /// place, 2 the weighted values. Each invocation loops over one axis only: lavapipe ends a
+    /// shader invocation's loops after 65535 iterations in all.
     CachedAttention {
         q: usize,
         k: usize,
@@ -414,6 +418,8 @@ enum Kernel {
         pos: usize,
         scale: f32,
         window: Option<usize>,
+        scores: usize,
+        step: u8,
     },
     MatMul {
         a: usize,
@@ -739,14 +745,33 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                 w: ins[0],
                 scheme: *scheme,
             },
-            Op::CachedAttention { scale, window } => Kernel::CachedAttention {
-                q: ins[0],
-                k: ins[1],
-                v: ins[2],
-                pos: ins[3],
-                scale: *scale,
-                window: *window,
-            },
+            Op::CachedAttention { scale, window } => {
+                let (qd, kd) = (dims(g, node.inputs[0])?, dims(g, node.inputs[1])?);
+                reqs.push(BufferRequest {
+                    size: (qd[0] * qd[1] * kd[0]).max(1) * 4,
+                    start: step,
+                    end: step + 2,
+                });
+                let scores = reqs.len() - 1;
+                for x in &node.inputs {
+                    if let Some(r) = req_of[x.index()] {
+                        reqs[r].end = reqs[r].end.max(step + 2);
+                    }
+                }
+                let attn = |step: u8| Kernel::CachedAttention {
+                    q: ins[0],
+                    k: ins[1],
+                    v: ins[2],
+                    pos: ins[3],
+                    scale: *scale,
+                    window: *window,
+                    scores,
+                    step,
+                };
+                pending.push((i, attn(0)));
+                pending.push((i, attn(1)));
+                attn(2)
+            }
             Op::CacheWrite => {
                 // The cache is updated in place: the result is the cache's own words.
                 req_of[i] = req_of[ins[0]];
@@ -1137,37 +1162,55 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                 pos,
                 scale,
                 window,
+                scores,
+                step,
             } => {
                 let (qd, kd, vd) = (
                     dims(g, NodeId(*q as u32))?,
                     dims(g, NodeId(*k as u32))?,
                     dims(g, NodeId(*v as u32))?,
                 );
-                let rows = qd[0] * qd[1];
-                meta.extend([
-                    rows as u32,
-                    qd[1] as u32,
-                    qd[2] as u32,
-                    vd[2] as u32,
-                    kd[0] as u32,
-                    kd[1] as u32,
-                ]);
-                meta.extend([
-                    word(*q) as u32,
-                    word(*k) as u32,
-                    word(*v) as u32,
-                    word(*pos) as u32,
-                    word(*node) as u32,
-                    window.unwrap_or(0) as u32,
-                    scale.to_bits(),
-                ]);
-                (
-                    shaders::cached_attention(
-                        g.shape(id).dtype(),
-                        g.shape(NodeId(*k as u32)).dtype(),
-                    ),
-                    groups_1d(rows),
-                )
+                let (rows, t) = (qd[0] * qd[1], kd[0]);
+                let sc = (plan.offsets[*scores] / 4) as u32;
+                let cache = g.shape(NodeId(*k as u32)).dtype();
+                match step {
+                    0 => {
+                        meta.extend([
+                            (rows * t) as u32,
+                            qd[1] as u32,
+                            qd[2] as u32,
+                            t as u32,
+                            kd[1] as u32,
+                            word(*q) as u32,
+                            word(*k) as u32,
+                            word(*pos) as u32,
+                            sc,
+                            window.unwrap_or(0) as u32,
+                            scale.to_bits(),
+                        ]);
+                        (shaders::attention_scores(cache), groups_1d(rows * t))
+                    }
+                    1 => {
+                        meta.extend([rows as u32, t as u32, sc]);
+                        (shaders::attention_weights(cache), groups_1d(rows))
+                    }
+                    _ => {
+                        meta.extend([
+                            count as u32,
+                            qd[1] as u32,
+                            vd[2] as u32,
+                            t as u32,
+                            kd[1] as u32,
+                            word(*v) as u32,
+                            sc,
+                            word(*node) as u32,
+                        ]);
+                        (
+                            shaders::attention_values(g.shape(id).dtype()),
+                            groups_1d(count),
+                        )
+                    }
+                }
             }
             Kernel::ScatterAdd { x, idx, u, axis } => {
                 let (ud, id_d) = (dims(g, NodeId(*u as u32))?, dims(g, NodeId(*idx as u32))?);

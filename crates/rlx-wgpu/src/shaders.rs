@@ -1005,58 +1005,78 @@ pub fn cache_write(cache: DType) -> String {
     )
 }
 
-/// Attention of query rows `q [S, Hq, D]` over the cache rows `0 ..= pos + i` (inside the
-/// window) of `k`, `v` (heads grouped), one invocation per query row and head: meta `[S * Hq,
-/// hq, d, dv, t, hkv, q, k, v, pos, out, window, scale]`. Three passes over the keys (their
-/// maximum score, the sum of the weights, the weighted values in chunks of 256 columns), so the
-/// weights are normalized before their products: with an f16 or bf16 cache the arithmetic is the
-/// CPU's (llama.cpp's default path), queries and weights rounded to the cache's dtype.
-pub fn cached_attention(out: DType, cache: DType) -> String {
-    let rnd = round_to(out, "acc[c]".into());
+// Cached attention: query row `i` of `q [S, Hq, D]` sees cache rows `first ..= pos + i` (inside
+// the window) of `k [T, Hkv, D]`, `v [T, Hkv, Dv]` (heads grouped), in three steps over a
+// scratch of scores `[S, Hq, T]`, each invocation looping over one axis (lavapipe ends an
+// invocation's loops after 65535 iterations in all). With an f16 or bf16 cache the arithmetic
+// is the CPU's (llama.cpp's default path): queries and the normalized weights are rounded to the
+// cache's dtype before their products.
+
+/// Step 1, one invocation per score: meta `[S * Hq * T, hq, d, t, hkv, q, k, pos, scores,
+/// window, scale]`; masked keys score -inf.
+pub fn attention_scores(cache: DType) -> String {
     let qv = round_to(cache, "ld(q + e)".into());
-    let w = round_to(cache, "exp(score(j) - mx) / sum".into());
-    let score = format!(
-        "fn score(j: u32) -> f32 {{\n    var s = 0.0;\n    for (var e = 0u; e < d; e++) {{ s += {qv} * ld(kr + j * hkv * d + e); }}\n    return s * scale;\n}}\n"
-    );
-    let main = one_d(
+    one_d(
         "idx",
         &format!(
-            r#"    h = idx % hq;
-    let i = idx / hq;
-    let kh = h / (hq / hkv);
-    let pos = u32(max(bitcast<i32>(rd(mt[9])), 0));
-    let last = min(pos + i, mt[4] - 1u);
+            r#"    let hq = mt[1]; let d = mt[2]; let t = mt[3]; let hkv = mt[4];
+    let j = idx % t;
+    let h = (idx / t) % hq;
+    let i = idx / (t * hq);
+    let pos = u32(max(bitcast<i32>(rd(mt[7])), 0));
+    let last = min(pos + i, t - 1u);
     var first = 0u;
-    if (mt[11] > 0u && last + 1u > mt[11]) {{ first = last + 1u - mt[11]; }}
-    q = mt[6] + (i * hq + h) * d;
-    kr = mt[7] + kh * d;
-    let vr = mt[8] + kh * dv;
-    var mx = bitcast<f32>(0xff800000u);
-    for (var j = first; j <= last; j++) {{ mx = max(mx, score(j)); }}
-    var sum = 0.0;
-    for (var j = first; j <= last; j++) {{ sum += exp(score(j) - mx); }}
-    let o = mt[10] + (i * hq + h) * dv;
-    var acc: array<f32, 256>;
-    for (var c0 = 0u; c0 < dv; c0 += 256u) {{
-        let cn = min(256u, dv - c0);
-        for (var c = 0u; c < cn; c++) {{ acc[c] = 0.0; }}
-        for (var j = first; j <= last; j++) {{
-            let w = {w};
-            for (var c = 0u; c < cn; c++) {{ acc[c] += w * ld(vr + j * hkv * dv + c0 + c); }}
-        }}
-        for (var c = 0u; c < cn; c++) {{ st(o + c0 + c, {rnd}); }}
-    }}
+    if (mt[9] > 0u && last + 1u > mt[9]) {{ first = last + 1u - mt[9]; }}
+    if (j < first || j > last) {{ st(mt[8] + idx, bitcast<f32>(0xff800000u)); return; }}
+    let q = mt[5] + (i * hq + h) * d;
+    let kr = mt[6] + (j * hkv + h / (hq / hkv)) * d;
+    var s = 0.0;
+    for (var e = 0u; e < d; e++) {{ s += {qv} * ld(kr + e); }}
+    st(mt[8] + idx, s * bitcast<f32>(mt[10]));
 "#
         ),
-    );
-    // The per-invocation values score() reads, set at the top of main.
-    let globals = "var<private> h: u32;\nvar<private> q: u32;\nvar<private> kr: u32;\n";
-    let consts = "var<private> hq: u32;\nvar<private> d: u32;\nvar<private> dv: u32;\nvar<private> hkv: u32;\nvar<private> scale: f32;\n";
-    let main = main.replacen(
-        "    let idx = gid.x + gid.y * ROW;\n",
-        "    let idx = gid.x + gid.y * ROW;\n    hq = mt[1]; d = mt[2]; dv = mt[3]; hkv = mt[5]; scale = bitcast<f32>(mt[12]);\n",
-        1,
-    );
-    let at = main.find("@compute").expect("a kernel");
-    format!("{}{globals}{consts}{score}{}", &main[..at], &main[at..])
+    )
+}
+
+/// Step 2, one invocation per query row and head: meta `[S * Hq, t, scores]`; the scores become
+/// the normalized weights (rounded to the cache's dtype), in place.
+pub fn attention_weights(cache: DType) -> String {
+    let w = round_to(cache, "exp(ld(r + j) - mx) / sum".into());
+    one_d(
+        "row",
+        &format!(
+            r#"    let t = mt[1];
+    let r = mt[2] + row * t;
+    var mx = bitcast<f32>(0xff800000u);
+    for (var j = 0u; j < t; j++) {{ mx = max(mx, ld(r + j)); }}
+    var sum = 0.0;
+    for (var j = 0u; j < t; j++) {{ sum += exp(ld(r + j) - mx); }}
+    for (var j = 0u; j < t; j++) {{ st(r + j, {w}); }}
+"#
+        ),
+    )
+}
+
+/// Step 3, one invocation per result: meta `[S * Hq * Dv, hq, dv, t, hkv, v, weights, out]`.
+pub fn attention_values(out: DType) -> String {
+    let rnd = round_to(out, "acc".into());
+    one_d(
+        "idx",
+        &format!(
+            r#"    let hq = mt[1]; let dv = mt[2]; let t = mt[3]; let hkv = mt[4];
+    let c = idx % dv;
+    let h = (idx / dv) % hq;
+    let i = idx / (dv * hq);
+    let w = mt[6] + (i * hq + h) * t;
+    let vr = mt[5] + (h / (hq / hkv)) * dv + c;
+    var acc = 0.0;
+    for (var j = 0u; j < t; j++) {{
+        // Masked keys weigh exactly 0: their cache rows (maybe never written) are not read.
+        let p = ld(w + j);
+        if (p != 0.0) {{ acc += p * ld(vr + j * hkv * dv); }}
+    }}
+    st(mt[7] + idx, {rnd});
+"#
+        ),
+    )
 }

@@ -233,7 +233,7 @@ fn an_arena_above_the_binding_limit_is_split_across_buffers() {
 
 /// With an f16 KV cache, the GPU's cached attention rounds queries and weights to f16 as the
 /// CPU does (llama.cpp's default path): the two agree far more closely than either agrees with
-/// the exact (f64, unrounded) attention.
+/// the exact (f64, unrounded) attention, also over hundreds of keys.
 #[test]
 fn cached_attention_over_an_f16_cache_rounds_as_the_cpu_does() {
     assert!(
@@ -241,7 +241,9 @@ fn cached_attention_over_an_f16_cache_rounds_as_the_cpu_does() {
         "{}",
         Device::Gpu.availability_hint()
     );
-    let (s, hq, hkv, d, t) = (3, 4, 2, 64, 16);
+    // 380 + 3 keys of 64: an invocation looping over keys and head dims together would pass
+    // lavapipe's 65535 loop iterations (which ends it silently).
+    let (s, hq, hkv, d, t) = (3, 4, 2, 64, 400);
     let mut g = Graph::new("f16_cache");
     let q = g
         .try_input("q", Shape::new(&[s, hq, d], DType::F32))
@@ -272,7 +274,7 @@ fn cached_attention_over_an_f16_cache_rounds_as_the_cpu_does() {
         f16s(&wave(t * hkv * d, 0.23)),
     );
     let qb: Vec<u8> = qv.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let pb = 5i32.to_le_bytes().to_vec();
+    let pb = 380i32.to_le_bytes().to_vec();
     let run = |device: Device| -> Vec<f32> {
         let mut c = Session::new(device).try_compile(g.clone()).unwrap();
         c.set_param_typed("k", &kv, DType::F16);
@@ -308,7 +310,7 @@ fn cached_attention_over_an_f16_cache_rounds_as_the_cpu_does() {
     let cpu_exact = dist(&cpu, &|i| exact[i]);
     eprintln!("GPU - CPU {gpu_cpu:.2e}, CPU - exact {cpu_exact:.2e}");
     assert!(
-        gpu_cpu <= 2e-6 && gpu_cpu * 20.0 <= cpu_exact,
+        gpu_cpu <= 2e-5 && gpu_cpu * 5.0 <= cpu_exact,
         "GPU - CPU {gpu_cpu}, CPU - exact {cpu_exact}"
     );
 }

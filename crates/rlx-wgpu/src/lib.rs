@@ -44,6 +44,12 @@ pub struct Gpu {
 }
 
 impl Gpu {
+    /// Whether the adapter ends a shader invocation's loops after 65535 iterations in all, as
+    /// Mesa's software rasterizers (lavapipe) do: a CPU-type adapter.
+    pub fn loop_limited(&self) -> bool {
+        self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
     /// The device for `device` (opened once per process and device kind).
     pub fn get(device: Device) -> Result<Arc<Gpu>> {
         type Opened = Mutex<Vec<(Device, Arc<Gpu>)>>;

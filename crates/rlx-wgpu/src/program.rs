@@ -120,6 +120,41 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
     (!ok).then(|| format!("{} on {} has no WGSL kernel yet", n.op.name(), n.shape))
 }
 
+/// Loop iterations one invocation of node `id`'s kernel runs, for the kernels that loop over a
+/// whole axis (reductions, softmax, cumsum, top-k, multiply-reduce regions); 0 for the others.
+fn loop_len(g: &Graph, id: NodeId) -> usize {
+    let n = g.node(id);
+    let axis_len = |x: NodeId, a: usize| axis_len_in(g, x, a);
+    match &n.op {
+        Op::Reduce { axes, .. } => axes.iter().map(|&a| axis_len(n.inputs[0], a)).product(),
+        Op::Softmax { axis } | Op::Cumsum { axis } => 3 * axis_len(n.inputs[0], *axis),
+        Op::TopK { .. } => {
+            let len = g
+                .shape(n.inputs[0])
+                .static_dims()
+                .and_then(|d| d.last().copied());
+            len.map_or(0, |l| l * (l + 1))
+        }
+        Op::Fused(r) if r.kind == rlx_ir::FusionKind::MultiplyReduce => r
+            .body
+            .outputs()
+            .first()
+            .map_or(0, |&o| match &r.body.node(o).op {
+                Op::Reduce { axes, .. } => {
+                    let x = r.body.node(o).inputs[0];
+                    axes.iter().map(|&a| axis_len_in(&r.body, x, a)).product()
+                }
+                _ => 0,
+            }),
+        _ => 0,
+    }
+}
+
+/// Length of axis `a` of value `x` of `g` (0 when symbolic).
+fn axis_len_in(g: &Graph, x: NodeId, a: usize) -> usize {
+    g.shape(x).static_dims().map_or(0, |d| d[a])
+}
+
 /// How a value's elements lie in device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Form {
@@ -456,7 +491,16 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
     let form = forms(g, half)?;
     for id in g.ids() {
         let i = id.index();
-        if let Some(why) = unsupported(g, id) {
+        let why = unsupported(g, id).or_else(|| {
+            let n = loop_len(g, id);
+            (gpu.loop_limited() && n > crate::nn::LOOP_LIMIT).then(|| {
+                format!(
+                    "one invocation would loop {n} times; this adapter ({}) ends an invocation's loops after 65535",
+                    gpu.info.name
+                )
+            })
+        });
+        if let Some(why) = why {
             return Err(Error::Unsupported {
                 backend: "wgpu".into(),
                 op: g.node(id).op.name().into(),

@@ -314,3 +314,44 @@ fn cached_attention_over_an_f16_cache_rounds_as_the_cpu_does() {
         "GPU - CPU {gpu_cpu}, CPU - exact {cpu_exact}"
     );
 }
+
+/// On an adapter that ends an invocation's loops after 65535 iterations (lavapipe, a CPU-type
+/// adapter), a kernel that would loop longer is a compile error naming the op and node, not a
+/// silently wrong result; shorter ones run.
+#[test]
+fn loops_past_the_adapters_limit_are_a_compile_error() {
+    assert!(
+        Device::Gpu.is_available(),
+        "{}",
+        Device::Gpu.availability_hint()
+    );
+    let info = rlx::driver::gpu::adapter(Device::Gpu)
+        .expect("an adapter")
+        .get_info();
+    let softmax = |n: usize| {
+        let mut g = Graph::new("long_softmax");
+        let x = g.try_input("x", Shape::new(&[1, n], DType::F32)).unwrap();
+        let y = g.try_softmax(x, 1).unwrap();
+        g.set_outputs(vec![y]);
+        Session::new(Device::Gpu).try_compile(g)
+    };
+    let mut short = softmax(1000).expect("a short softmax compiles");
+    let x: Vec<f32> = (0..1000).map(|i| (i % 7) as f32).collect();
+    let y = short.run(&[("x", &x)]);
+    assert!((y[0].iter().sum::<f32>() - 1.0).abs() < 1e-4);
+    let long = softmax(70_000);
+    if format!("{:?}", info.device_type) == "Cpu" {
+        let err = long
+            .err()
+            .expect("70000-long softmax refused on a loop-limited adapter");
+        assert_mentions(&err.to_string(), &["softmax", "%1", "65535"]);
+    } else {
+        long.expect("a real GPU has no such limit");
+    }
+}
+
+fn assert_mentions(text: &str, words: &[&str]) {
+    for w in words {
+        assert!(text.contains(w), "{w:?} missing from: {text}");
+    }
+}

@@ -121,13 +121,23 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
 }
 
 /// Loop iterations one invocation of node `id`'s kernel runs, for the kernels that loop over a
-/// whole axis (reductions, softmax, cumsum, top-k, multiply-reduce regions); 0 for the others.
+/// whole axis (reductions, softmax, cumsum, top-k, multiply-reduce regions, products, cached
+/// attention); 0 for the others (the native kernels of `nn` check their own).
 fn loop_len(g: &Graph, id: NodeId) -> usize {
     let n = g.node(id);
     let axis_len = |x: NodeId, a: usize| axis_len_in(g, x, a);
     match &n.op {
         Op::Reduce { axes, .. } => axes.iter().map(|&a| axis_len(n.inputs[0], a)).product(),
         Op::Softmax { axis } | Op::Cumsum { axis } => 3 * axis_len(n.inputs[0], *axis),
+        // The contraction (the tiled product's tiles of 16, plus the loads).
+        Op::MatMul => 2 * axis_len(n.inputs[0], g.shape(n.inputs[0]).rank() - 1),
+        // Each of k weights decoded once for up to QROWS rows.
+        Op::DequantMatMul { .. } => {
+            let k = axis_len(n.inputs[0], g.shape(n.inputs[0]).rank() - 1);
+            k * (shaders::QROWS as usize + 1)
+        }
+        // The weights step loops over the cache rows three times.
+        Op::CachedAttention { .. } => 3 * axis_len(n.inputs[1], 0),
         Op::TopK { .. } => {
             let len = g
                 .shape(n.inputs[0])

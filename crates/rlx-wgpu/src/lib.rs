@@ -19,8 +19,10 @@
 mod nn;
 mod program;
 pub mod shaders;
+mod values;
 
 pub use program::{unsupported, GpuProgram};
+pub use values::{from_words, to_words, Form};
 
 use rlx_driver::{Backend, CompileOptions, Device, Executable};
 use rlx_ir::{Error, FusionKind, Graph, NodeId, Result};

@@ -754,14 +754,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             } else {
                 size.saturating_sub(c * ARENA_CHUNK).clamp(16, ARENA_CHUNK)
             };
-            gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("rlx arena"),
-                size,
-                usage: wgpu::BufferUsages::STORAGE
-                    | wgpu::BufferUsages::COPY_DST
-                    | wgpu::BufferUsages::COPY_SRC,
-                mapped_at_creation: false,
-            })
+            storage(&gpu, "rlx arena", size)
         })
         .collect();
     let pbuf = match share {
@@ -782,14 +775,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                         let size = pbuf_size
                             .saturating_sub(c * PARAMS_CHUNK)
                             .clamp(16, PARAMS_CHUNK);
-                        gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                            label: Some("rlx params"),
-                            size,
-                            usage: wgpu::BufferUsages::STORAGE
-                                | wgpu::BufferUsages::COPY_DST
-                                | wgpu::BufferUsages::COPY_SRC,
-                            mapped_at_creation: false,
-                        })
+                        storage(&gpu, "rlx params", size)
                     })
                     .collect::<Vec<_>>(),
             )
@@ -1308,6 +1294,18 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
 }
 
 const _: () = assert!(ARENA_CHUNK == PARAMS_CHUNK, "pieces() splits both alike");
+
+/// A storage buffer of `size` bytes that the host writes and reads back.
+fn storage(gpu: &Gpu, label: &str, size: u64) -> wgpu::Buffer {
+    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    })
+}
 
 /// The pieces of `len` bytes at byte `off` of memory held in `bufs` (one buffer, or buffers of
 /// [`ARENA_CHUNK`] = [`PARAMS_CHUNK`] bytes each): `(buffer, offset, start in the bytes, length)`.

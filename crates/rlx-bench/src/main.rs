@@ -23,6 +23,8 @@ USAGE:
 
 SUITES:
     gemm         f32 C = A·B GFLOP/s for square sizes (default)
+    bf16         bf16 and f16 GEMM (f32 sums, rounded once) against RLX's f32 GEMM, square
+                 sizes, interleaved in one run (RLX only)
     elementwise  f32 add of two vectors, GB/s (kernel only, preallocated output)
     softmax      f32 row softmax of a [rows, cols] matrix, GB/s
     overhead     microseconds per CompiledGraph::run of a tiny graph (RLX only)
@@ -248,6 +250,116 @@ fn gemm_suite(o: &Opts, py: Option<&numpy::Numpy>) {
     }
 }
 
+/// Half-precision GEMMs against the f32 GEMM of the same size, alternating blocks.
+fn half_suite(o: &Opts) {
+    use gemm::half::{self, HMat, Half};
+    println!(
+        "\n### bf16 / f16 GEMM against f32 (C = A·B, square), GFLOP/s: median [min–max] of {} samples\n",
+        o.rounds * o.reps
+    );
+    println!("| n | threads | f32 | bf16 | bf16 / f32 | f16 | f16 / f32 |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for &n in &o.sizes {
+        let (a, b) = (fill(n * n, 1), fill(n * n, 2));
+        let bits = |v: &[f32], h: Half| -> Vec<f32> {
+            // Two halves per f32 slot of an arena buffer.
+            let h: Vec<u16> = v.iter().map(|&x| h.from_f32(x)).collect();
+            h.chunks(2)
+                .map(|c| f32::from_bits(c[0] as u32 | (*c.get(1).unwrap_or(&0) as u32) << 16))
+                .collect()
+        };
+        let (af, bf, cf) = (arena(&a), arena(&b), arena(&vec![0f32; n * n]));
+        let hs: Vec<_> = [Half::Bf16, Half::F16]
+            .iter()
+            .map(|&h| {
+                (
+                    h,
+                    arena(&bits(&a, h)),
+                    arena(&bits(&b, h)),
+                    arena(&vec![0f32; n * n / 2 + 1]),
+                )
+            })
+            .collect();
+        for &t in &o.threads {
+            let pool = Pool::shared(t);
+            let s32 = arena(&vec![0f32; gemm::scratch_len(n, n, n, t)]);
+            let sh = arena(&vec![
+                0f32;
+                half::scratch_bytes(n, n, n, t, Half::Bf16)
+                    .max(half::scratch_bytes(n, n, n, t, Half::F16))
+                    / 4
+                    + 1
+            ]);
+            let flops = 2.0 * (n as f64).powi(3);
+            let m32 = |p: *const u8| Mat {
+                ptr: p as *const f32,
+                rs: n,
+                cs: 1,
+            };
+            let mh = |p: *const u8| HMat {
+                ptr: p as *const u16,
+                rs: n,
+                cs: 1,
+            };
+            let reps = if n >= 2048 {
+                o.reps.clamp(1, 2)
+            } else {
+                o.reps
+            };
+            let mut f32s = Samples::default();
+            let mut per = [Samples::default(), Samples::default()];
+            for _ in 0..o.rounds {
+                // SAFETY: buffers sized for n×n; scratch sized by scratch_len / scratch_bytes.
+                f32s.extend(
+                    time_reps(reps, || unsafe {
+                        gemm::sgemm(
+                            Some(&pool),
+                            n,
+                            n,
+                            n,
+                            m32(af.ptr()),
+                            m32(bf.ptr()),
+                            cf.ptr() as *mut f32,
+                            n,
+                            s32.ptr() as *mut f32,
+                        )
+                    })
+                    .into_iter()
+                    .map(|s| flops / s / 1e9),
+                );
+                for (i, (h, ah, bh, ch)) in hs.iter().enumerate() {
+                    per[i].extend(
+                        time_reps(reps, || unsafe {
+                            half::hgemm(
+                                Some(&pool),
+                                *h,
+                                n,
+                                n,
+                                n,
+                                mh(ah.ptr()),
+                                mh(bh.ptr()),
+                                ch.ptr() as *mut u16,
+                                n,
+                                sh.ptr(),
+                            )
+                        })
+                        .into_iter()
+                        .map(|s| flops / s / 1e9),
+                    );
+                }
+            }
+            println!(
+                "| {n} | {t} | {} | {} | {} | {} | {} |",
+                f32s.show(1),
+                per[0].show(1),
+                stats::ratio(&per[0], &f32s),
+                per[1].show(1),
+                stats::ratio(&per[1], &f32s),
+            );
+        }
+    }
+}
+
 /// Rectangular GEMMs (`--shapes`), RLX only.
 fn gemm_shapes(o: &Opts) {
     println!("\n### f32 GEMM (C = A·B, A m×k or its transpose), GFLOP/s: median [min–max] of {} samples\n", o.rounds * o.reps);
@@ -460,6 +572,10 @@ fn main() {
     }
     let all = o.suite == "all";
     let mut ran = false;
+    if o.suite == "bf16" {
+        half_suite(&o);
+        ran = true;
+    }
     if all || o.suite == "gemm" {
         gemm_suite(&o, py.as_ref());
         ran = true;

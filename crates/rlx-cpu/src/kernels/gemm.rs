@@ -897,6 +897,7 @@ unsafe fn micro_generic(
     store_tile(&t, c, ldc, acc, rows, cols);
 }
 
+pub mod half;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

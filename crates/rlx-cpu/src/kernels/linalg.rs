@@ -1,7 +1,8 @@
-//! MatMul: batched, broadcast batch axes, strided operands. f32 goes through the packed GEMM;
-//! other dtypes through a simple loop accumulating in the compute type.
+//! MatMul: batched, broadcast batch axes, strided operands. f32 goes through the packed GEMM,
+//! bf16 and f16 through the half-precision GEMM (f32 sums, rounded once); other dtypes through
+//! a simple loop accumulating in the compute type.
 
-use super::gemm::{self, Mat};
+use super::gemm::{self, half::HMat, Mat};
 use super::{kernel, Kernel, Lowered, NodeInfo, Ptr, TRef};
 use crate::elem::{Elem, FloatElem, Real};
 use crate::layout::{for_each_run, Layout};
@@ -85,23 +86,50 @@ fn fold_batches(a: &Layout, b: &Layout, out: &Layout) -> Option<Layout> {
     Layout::strided(&[rows, d[ra - 1]], &[s[ra - 2], s[ra - 1]], a.offset)
 }
 
-fn f32_matmul(
+/// The element type of a product the packed GEMMs run.
+#[derive(Clone, Copy)]
+enum Packed {
+    /// f32 through [`gemm::sgemm`], skipping the zeros the plan names.
+    F32(gemm::Tri),
+    /// bf16 / f16 through [`gemm::half::hgemm`].
+    Half(gemm::half::Half),
+}
+
+impl Packed {
+    fn of(dt: DType, zeros: gemm::Tri) -> Option<Packed> {
+        match dt {
+            DType::F32 => Some(Packed::F32(zeros)),
+            DType::BF16 => Some(Packed::Half(gemm::half::Half::Bf16)),
+            DType::F16 => Some(Packed::Half(gemm::half::Half::F16)),
+            _ => None,
+        }
+    }
+
+    /// Scratch bytes of one `m×n×k` product on `threads` threads.
+    fn scratch(self, m: usize, n: usize, k: usize, threads: usize) -> usize {
+        match self {
+            Packed::F32(_) => gemm::scratch_len(m, n, k, threads) * 4,
+            Packed::Half(h) => gemm::half::scratch_bytes(m, n, k, threads, h),
+        }
+    }
+}
+
+fn packed_matmul(
     a: TRef,
     b: TRef,
     out: TRef,
     scratch: Ptr,
     threads: usize,
-    zeros: gemm::Tri,
+    kind: Packed,
 ) -> Box<dyn Kernel> {
-    if let Some(fa) =
-        fold_batches(&a.layout, &b.layout, &out.layout).filter(|_| zeros == gemm::Tri::Full)
-    {
+    let full = !matches!(kind, Packed::F32(z) if z != gemm::Tri::Full);
+    if let Some(fa) = fold_batches(&a.layout, &b.layout, &out.layout).filter(|_| full) {
         let rows = fa.dims()[0];
         let n = b.layout.dims()[1];
         let a2 = TRef { layout: fa, ..a };
         let mut ol = Layout::contiguous(&[rows, n]);
         ol.offset = out.layout.offset;
-        return f32_matmul(a2, b, TRef { layout: ol, ..out }, scratch, threads, zeros);
+        return packed_matmul(a2, b, TRef { layout: ol, ..out }, scratch, threads, kind);
     }
     let (m, n, k, ars, acs, brs, bcs) = mnk(&a.layout, &b.layout);
     // Rows of C may be further apart than `n` (an output laid out for a transpose that
@@ -110,45 +138,51 @@ fn f32_matmul(
     debug_assert!(out.layout.strides()[ro - 1] == 1 || n == 1);
     let ldc = out.layout.strides()[ro - 2];
     let batches = Batches::new(&a.layout, &b.layout, &out.layout);
-    let per_thread = gemm::scratch_per_thread(m, n, k);
+    // Bytes of one thread's share of the scratch, for products run one per task.
+    let per_thread = kind.scratch(m, n, k, 1);
     let nb = batches.count();
     // Many small products: one product per task. Otherwise threads split each product.
     let per_batch = nb >= threads && m * n * k < (1 << 21);
     kernel(move |pool| {
         let one = |o: usize, i: usize, j: usize, p: Option<&crate::pool::Pool>, th: usize| unsafe {
-            let (pa, pb, po, ps) = (
-                a.base::<f32>(),
-                b.base::<f32>(),
-                out.base::<f32>(),
-                scratch.get() as *mut f32,
-            );
-            let (am, bm) = (
-                Mat {
-                    ptr: pa.add(i),
-                    rs: ars,
-                    cs: acs,
-                },
-                Mat {
-                    ptr: pb.add(j),
-                    rs: brs,
-                    cs: bcs,
-                },
-            );
+            let ps = scratch.get().add(th * per_thread);
             // SAFETY: offsets come from the planned layouts; scratch holds `threads` slices; the
             // compiler proved the zeros `zeros` names. A product on one thread skips them.
-            match p {
-                None => gemm::sgemm_tri(
-                    m,
-                    n,
-                    k,
-                    am,
-                    bm,
-                    po.add(o),
-                    ldc,
-                    ps.add(th * per_thread),
-                    zeros,
-                ),
-                Some(_) => gemm::sgemm(p, m, n, k, am, bm, po.add(o), ldc, ps.add(th * per_thread)),
+            match kind {
+                Packed::F32(zeros) => {
+                    let (am, bm) = (
+                        Mat {
+                            ptr: a.base::<f32>().add(i),
+                            rs: ars,
+                            cs: acs,
+                        },
+                        Mat {
+                            ptr: b.base::<f32>().add(j),
+                            rs: brs,
+                            cs: bcs,
+                        },
+                    );
+                    let (po, ps) = (out.base::<f32>().add(o), ps as *mut f32);
+                    match p {
+                        None => gemm::sgemm_tri(m, n, k, am, bm, po, ldc, ps, zeros),
+                        Some(_) => gemm::sgemm(p, m, n, k, am, bm, po, ldc, ps),
+                    }
+                }
+                Packed::Half(h) => {
+                    let (am, bm) = (
+                        HMat {
+                            ptr: a.base::<u16>().add(i),
+                            rs: ars,
+                            cs: acs,
+                        },
+                        HMat {
+                            ptr: b.base::<u16>().add(j),
+                            rs: brs,
+                            cs: bcs,
+                        },
+                    );
+                    gemm::half::hgemm(p, h, m, n, k, am, bm, out.base::<u16>().add(o), ldc, ps)
+                }
             }
         };
         if per_batch {
@@ -216,7 +250,7 @@ fn int_matmul<T: Elem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
 pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     let dt = info.dtype();
     let threads = info.threads;
-    if dt == DType::F32 {
+    if let Some(kind) = Packed::of(dt, info.zeros) {
         let (a, b) = (&info.ins[0], &info.ins[1]);
         let (m, k, n) = (
             a.dims()[a.rank() - 2],
@@ -226,11 +260,13 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         // A folded product has more rows than one batch: size the scratch for the larger m.
         let out = Layout::contiguous(&info.dims);
         let m = fold_batches(a, b, &out).map_or(m, |f| f.dims()[0]);
-        let scratch = gemm::scratch_len(m, n, k, threads) * 4;
-        let zeros = info.zeros;
+        // Enough for one product split over every thread or one product per thread.
+        let scratch = kind
+            .scratch(m, n, k, threads)
+            .max(kind.scratch(m, n, k, 1) * threads);
         return Ok(Lowered::Compute {
             scratch,
-            build: Box::new(move |i, o, s| f32_matmul(i[0], i[1], o, s, threads, zeros)),
+            build: Box::new(move |i, o, s| packed_matmul(i[0], i[1], o, s, threads, kind)),
         });
     }
     let ok = with_dtype!(dt, T => { let _ = std::marker::PhantomData::<T>; dt != DType::Bool }, else false);

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerate all golden reference files (currently crates/rlx/tests/golden/ops.json).
+# Regenerate all golden reference files (crates/rlx/tests/golden/ops.json, jax_parity.json,
+# precision.json).
 #
 # Sets up the pinned Python environment (scripts/setup-pyenv.sh) and runs the
 # generators with it. The output is deterministic: running this twice with the
@@ -16,3 +17,4 @@ REPO="$(git -C "$SCRIPT_DIR" rev-parse --show-toplevel 2>/dev/null || (cd "$SCRI
 cd "$REPO"
 .venv/bin/python crates/rlx/tests/golden/gen_ops.py
 .venv/bin/python crates/rlx/tests/golden/gen_jax_parity.py
+.venv/bin/python crates/rlx/tests/golden/gen_precision.py

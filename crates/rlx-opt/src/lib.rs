@@ -18,6 +18,7 @@ pub mod passes;
 pub mod patterns;
 pub mod pipeline;
 pub mod plan;
+pub mod precision;
 pub mod rewrite;
 pub mod simplify;
 pub mod vmap;
@@ -31,6 +32,9 @@ pub use passes::{Cse, DeadCodeElimination, Decompose};
 pub use patterns::FusePatterns;
 pub use pipeline::{CompilePipeline, CompileResult, Pass, PassRecord};
 pub use plan::{prepare, Donation, LoweringOptions, LoweringPlan, Skip};
+pub use precision::{
+    op_class, AutoMixedPrecision, CustomPrecision, OpClass, Precision, PrecisionPolicy,
+};
 pub use rewrite::{rewrite, Rewrite, Rule, RuleSet, RuleSite, Site};
 pub use simplify::AlgebraicSimplify;
 pub use vmap::{vmap, vmap_axes};

@@ -223,9 +223,21 @@ impl CompiledGraph {
     }
 
     /// Set a param from raw little-endian bytes of its declared dtype (bool bytes must be 0 or 1).
+    /// f32 bytes for an f16 / bf16 param (one a precision policy stores in low precision) are
+    /// rounded to it.
     pub fn try_set_param_typed(&mut self, name: &str, bytes: &[u8], dtype: DType) -> Result<()> {
         let i = find(self.exe.params(), "param", name)?;
         let slot = &self.exe.params()[i];
+        if dtype == DType::F32
+            && matches!(slot.shape.dtype(), DType::F16 | DType::BF16)
+            && bytes.len().is_multiple_of(4)
+        {
+            let v: Vec<f32> = bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            return self.try_set_param(name, &v);
+        }
         check_typed("param", slot, name, bytes, dtype)?;
         self.exe.write_param(i, bytes);
         Ok(())

@@ -4,8 +4,9 @@ use crate::CompiledGraph;
 use rlx_driver::{registered_backend, Backend, CompileOptions, Device};
 use rlx_ir::{Error, Graph, Result};
 use rlx_opt::{
-    AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose,
-    KernelDispatchReport, LoweringOptions, PassRecord, RuleSite,
+    AlgebraicSimplify, AutoMixedPrecision, CompilePipeline, ConstantFolding, Cse,
+    DeadCodeElimination, Decompose, KernelDispatchReport, LoweringOptions, PassRecord,
+    PrecisionPolicy, RuleSite,
 };
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ pub struct Session {
     device: Device,
     threads: Option<usize>,
     optimize: bool,
+    precision: PrecisionPolicy,
 }
 
 /// The backend serving `device`: one registered at run time, else the built-in one.
@@ -56,6 +58,7 @@ impl Session {
             device,
             threads,
             optimize: true,
+            precision: PrecisionPolicy::default(),
         }
     }
 
@@ -63,6 +66,22 @@ impl Session {
     pub fn with_threads(mut self, n: usize) -> Session {
         self.threads = Some(n.max(1));
         self
+    }
+
+    /// Compute as `policy` says (see [`PrecisionPolicy`]): with
+    /// [`PrecisionPolicy::AutoMixedBf16`] matrix products run in bf16 (f32 sums, rounded once)
+    /// and everything numerically sensitive in f32. Inputs, outputs and `run`'s f32 API are
+    /// unchanged; a param read only by low-precision products is stored in that precision (so
+    /// `get_param` returns it rounded), except params bound as updates, which keep their f32
+    /// master copy and are cast at each run.
+    pub fn with_precision(mut self, policy: PrecisionPolicy) -> Session {
+        self.precision = policy;
+        self
+    }
+
+    /// The precision policy.
+    pub fn precision(&self) -> &PrecisionPolicy {
+        &self.precision
     }
 
     /// Skip the optimizing passes (decomposition of unsupported ops still runs).
@@ -132,6 +151,12 @@ impl Session {
         let b = backend.clone();
         let supports = move |g: &Graph, id| b.supports(g, id);
         let mut pipe = CompilePipeline::new();
+        if !self.precision.is_identity() {
+            pipe = pipe.with_pass(AutoMixedPrecision {
+                policy: self.precision.clone(),
+                keep_params: updates.iter().map(|&(p, _)| p.to_string()).collect(),
+            });
+        }
         if self.optimize {
             pipe = pipe
                 .with_pass(AlgebraicSimplify)

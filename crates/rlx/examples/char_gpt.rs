@@ -27,6 +27,8 @@ OPTIONS:
     --batch N      sequences per step              [default: 16]
     --lr F         peak learning rate (AdamW)      [default: 0.003]
     --threads N    CPU threads                     [default: all cores]
+    --precision P  f32, auto_mixed_bf16 (products in bf16), auto_mixed (f16), always_bf16,
+                   always_f16                      [default: f32]
     --sample N     characters to sample at the end [default: 400]
     --out DIR      where loss.svg and the checkpoint go [default: target/char_gpt]
     --seed N       data order, init and sampling seed   [default: 1]";
@@ -41,6 +43,7 @@ struct Cfg {
     batch: usize,
     lr: f32,
     threads: Option<usize>,
+    precision: PrecisionPolicy,
     sample: usize,
     out: std::path::PathBuf,
     seed: u64,
@@ -56,6 +59,7 @@ fn parse() -> Cfg {
         batch: 16,
         lr: 3e-3,
         threads: None,
+        precision: PrecisionPolicy::AlwaysF32,
         sample: 400,
         out: "target/char_gpt".into(),
         seed: 1,
@@ -89,6 +93,10 @@ fn parse() -> Cfg {
                     .unwrap_or_else(|_| fail(&format!("--lr: not a number: {v}")))
             }
             "--out" => c.out = v.into(),
+            "--precision" => {
+                c.precision = PrecisionPolicy::from_name(&v)
+                    .unwrap_or_else(|| fail(&format!("--precision: unknown policy {v}")))
+            }
             _ => fail(&format!("unknown option {k}")),
         }
     }
@@ -231,7 +239,7 @@ fn main() {
         ids.len()
     );
 
-    let mut session = Session::new(Device::Cpu);
+    let mut session = Session::new(Device::Cpu).with_precision(c.precision.clone());
     if let Some(t) = c.threads {
         session = session.with_threads(t);
     }

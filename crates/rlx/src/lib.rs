@@ -85,5 +85,5 @@ pub mod prelude {
     pub use crate::ops::*;
     pub use rlx_driver::Device;
     pub use rlx_ir::{DType, Dim, Error, Graph, NodeId, Op, OpKind, Result, Shape};
-    pub use rlx_runtime::{CompiledGraph, Session};
+    pub use rlx_runtime::{CompiledGraph, PrecisionPolicy, Session};
 }

@@ -4,6 +4,7 @@
 //! (numpy runs in a subprocess pinned to the same thread count), so drifting machine load hits
 //! both sides alike. Results are medians with the min–max spread, and the ratio RLX / numpy.
 
+mod amp;
 mod numpy;
 mod stats;
 mod train;
@@ -28,6 +29,8 @@ SUITES:
     elementwise  f32 add of two vectors, GB/s (kernel only, preallocated output)
     softmax      f32 row softmax of a [rows, cols] matrix, GB/s
     overhead     microseconds per CompiledGraph::run of a tiny graph (RLX only)
+    amp          the character GPT trained on Genesis in f32 and under --precision, one step
+                 of each in turn: step times and final losses (RLX only)
     train        training step (forward + backward + AdamW) of an MLP and a character GPT,
                  against JAX jit and PyTorch eager (python from --train-python)
     all          every suite but train
@@ -37,6 +40,10 @@ OPTIONS:
     --shapes LIST     rectangular GEMMs instead, as MxKxN, comma separated; a trailing `t`
                       reads A transposed (e.g. 1024x512x128,512x1024x128t); RLX only
     --threads LIST    thread counts                 [default: 1,2]
+    --gpt LIST        `amp` models as DIMxLAYERS     [default: 128x2,256x4]
+    --steps N         `amp` training steps           [default: 300]
+    --precision P     `amp` policy: auto_mixed_bf16, auto_mixed, always_bf16, always_f16
+                                                    [default: auto_mixed_bf16]
     --rounds N        alternating RLX/numpy blocks   [default: 3]
     --reps N          repetitions per block          [default: 3]
     --elems N         elementwise length             [default: 10000000]
@@ -63,6 +70,9 @@ struct Opts {
     python: Option<String>,
     train_python: Option<String>,
     numpy: bool,
+    gpt: Vec<(usize, usize)>,
+    steps: usize,
+    precision: PrecisionPolicy,
 }
 
 fn list(v: &str) -> Vec<usize> {
@@ -108,6 +118,9 @@ fn parse() -> Opts {
         python: None,
         train_python: None,
         numpy: true,
+        gpt: vec![(128, 2), (256, 4)],
+        steps: 300,
+        precision: PrecisionPolicy::AutoMixedBf16,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -131,6 +144,24 @@ fn parse() -> Opts {
             "--python" => o.python = Some(val()),
             "--train-python" => o.train_python = Some(val()),
             "--no-numpy" => o.numpy = false,
+            "--steps" => o.steps = list(&val())[0].max(1),
+            "--gpt" => {
+                o.gpt = val()
+                    .split(',')
+                    .map(|v| match v.trim().split_once('x') {
+                        Some((d, l)) => match (d.parse(), l.parse()) {
+                            (Ok(d), Ok(l)) if d >= 32 && d % 32 == 0 && l > 0 => (d, l),
+                            _ => die(&format!("--gpt: not DIMxLAYERS with DIM a multiple of 32: {v}")),
+                        },
+                        None => die(&format!("--gpt: not DIMxLAYERS: {v}")),
+                    })
+                    .collect()
+            }
+            "--precision" => {
+                let v = val();
+                o.precision = PrecisionPolicy::from_name(&v)
+                    .unwrap_or_else(|| die(&format!("--precision: unknown policy {v}")))
+            }
             s if !s.starts_with('-') => o.suite = s.to_string(),
             s => die(&format!("unknown option {s}")),
         }
@@ -547,6 +578,11 @@ fn overhead_suite(o: &Opts) {
 
 fn main() {
     let o = parse();
+    if o.suite == "amp" {
+        println!("{}", stats::machine_report());
+        amp::suite(&o.gpt, &o.threads, o.steps, &o.precision);
+        return;
+    }
     if o.suite == "train" {
         println!("{}", stats::machine_report());
         train::suite(

@@ -57,7 +57,8 @@ fn mlp_graph() -> (Graph, Vec<(String, Vec<usize>)>) {
     (g, params)
 }
 
-fn fill(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+/// `n` values uniform in `[-scale, scale)` from a xorshift seeded with `seed`.
+pub(crate) fn fill(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut s = seed | 1;
     (0..n)
         .map(|_| {

@@ -86,7 +86,12 @@ fn step(t: &mut Trainer, x: &[u8], y: &[u8]) -> f32 {
 }
 
 /// Run the comparison for each `(dim, layers)` and thread count.
-pub fn suite(configs: &[(usize, usize)], threads: &[usize], steps: usize, policy: &PrecisionPolicy) {
+pub fn suite(
+    configs: &[(usize, usize)],
+    threads: &[usize],
+    steps: usize,
+    policy: &PrecisionPolicy,
+) {
     let (ids, vocab) = corpus();
     let split = ids.len() * 9 / 10;
     let (train, held) = (&ids[..split], &ids[split..]);
@@ -134,7 +139,11 @@ pub fn suite(configs: &[(usize, usize)], threads: &[usize], steps: usize, policy
             for s in 0..steps {
                 let (x, y) = data.next(train);
                 // Alternate which runs first, so neither always follows the other.
-                let order: [bool; 2] = if s % 2 == 0 { [true, false] } else { [false, true] };
+                let order: [bool; 2] = if s % 2 == 0 {
+                    [true, false]
+                } else {
+                    [false, true]
+                };
                 for first in order {
                     let (tr, ts, ls) = if first {
                         (&mut a, &mut ta, &mut la)
@@ -149,7 +158,9 @@ pub fn suite(configs: &[(usize, usize)], threads: &[usize], steps: usize, policy
                     ls.push(l as f64);
                 }
             }
-            let tail = |l: &[f64]| l[l.len().saturating_sub(20)..].iter().sum::<f64>() / 20f64.min(l.len() as f64);
+            let tail = |l: &[f64]| {
+                l[l.len().saturating_sub(20)..].iter().sum::<f64>() / 20f64.min(l.len() as f64)
+            };
             let (fa, fb) = (tail(&la), tail(&lb));
             // Held-out loss: the forward graph under each policy with each trainer's weights.
             let mut held_data = Batches {
@@ -169,7 +180,8 @@ pub fn suite(configs: &[(usize, usize)], threads: &[usize], steps: usize, policy
                 batches
                     .iter()
                     .map(|(x, y)| {
-                        let o = e.run_typed(&[("tokens", x, DType::I32), ("targets", y, DType::I32)]);
+                        let o =
+                            e.run_typed(&[("tokens", x, DType::I32), ("targets", y, DType::I32)]);
                         f32::from_le_bytes(o[0].0[..4].try_into().expect("f32")) as f64
                     })
                     .sum::<f64>()

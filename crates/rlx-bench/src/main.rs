@@ -151,7 +151,9 @@ fn parse() -> Opts {
                     .map(|v| match v.trim().split_once('x') {
                         Some((d, l)) => match (d.parse(), l.parse()) {
                             (Ok(d), Ok(l)) if d >= 32 && d % 32 == 0 && l > 0 => (d, l),
-                            _ => die(&format!("--gpt: not DIMxLAYERS with DIM a multiple of 32: {v}")),
+                            _ => die(&format!(
+                                "--gpt: not DIMxLAYERS with DIM a multiple of 32: {v}"
+                            )),
                         },
                         None => die(&format!("--gpt: not DIMxLAYERS: {v}")),
                     })

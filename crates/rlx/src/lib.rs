@@ -25,6 +25,7 @@
 //! | [`opt`] | `rlx-opt` | passes, compile pipeline, memory planner |
 //! | [`driver`] | `rlx-driver` | `Device`, the `Backend` trait, backend registry |
 //! | [`runtime`] | `rlx-runtime` | `Session`, `CompiledGraph` |
+//! | [`macros`] | `rlx-macros` | `#[rlx_model]`: a graph-building function as a lazily compiled model |
 
 #![deny(missing_docs)]
 
@@ -38,7 +39,7 @@ pub use rlx_runtime as runtime;
 pub use rlx_driver::Device;
 pub use rlx_ir::{DType, Dim, Error, Graph, Node, NodeId, Op, OpKind, Result, Shape};
 pub use rlx_opt::{CompilePipeline, CompileResult, Pass, PassRecord};
-pub use rlx_runtime::{CompiledGraph, Session};
+pub use rlx_runtime::{CompiledGraph, PrecisionPolicy, Session};
 
 /// Op attribute enums taken by the builder methods (`g.binary`, `g.activation`, ...).
 pub mod ops {
@@ -75,6 +76,7 @@ pub mod embed;
 pub mod hub;
 #[cfg(feature = "gguf")]
 pub mod llm;
+pub mod macros;
 pub mod models;
 #[cfg(feature = "gguf")]
 pub mod serve;

@@ -369,10 +369,10 @@ fn auto_mixed_bf16_training_follows_the_f32_loss_curve() {
         for step in 0..40 {
             // Sequences counting up by a step size that depends on the batch row.
             let tok: Vec<i32> = (0..4 * 16)
-                .map(|i| ((i % 16) * (1 + (i / 16 + step) % 3) % 16) as i32)
+                .map(|i| (i % 16) * (1 + (i / 16 + step) % 3) % 16)
                 .collect();
             let tgt: Vec<i32> = (0..4 * 16)
-                .map(|i| (((i % 16) + 1) * (1 + (i / 16 + step) % 3) % 16) as i32)
+                .map(|i| ((i % 16) + 1) * (1 + (i / 16 + step) % 3) % 16)
                 .collect();
             let b = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
             let (tb, yb) = (b(&tok), b(&tgt));

@@ -5,6 +5,7 @@
 //! both sides alike. Results are medians with the min–max spread, and the ratio RLX / numpy.
 
 mod amp;
+mod compile;
 mod numpy;
 mod stats;
 mod train;
@@ -31,6 +32,8 @@ SUITES:
     overhead     microseconds per CompiledGraph::run of a tiny graph (RLX only)
     amp          the character GPT trained on Genesis in f32 and under --precision, one step
                  of each in turn: step times and final losses (RLX only)
+    compile      compiling the character GPT's training step in new processes without and
+                 with the compile cache (on disk), and again in one process (in memory)
     train        training step (forward + backward + AdamW) of an MLP and a character GPT,
                  against JAX jit and PyTorch eager (python from --train-python)
     all          every suite but train
@@ -579,7 +582,19 @@ fn overhead_suite(o: &Opts) {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("compile-child") {
+        compile::child(
+            &std::env::args()
+                .nth(2)
+                .unwrap_or_else(|| die("compile-child DIR")),
+        );
+        return;
+    }
     let o = parse();
+    if o.suite == "compile" {
+        compile::suite(o.rounds.max(5));
+        return;
+    }
     if o.suite == "amp" {
         println!("{}", stats::machine_report());
         amp::suite(&o.gpt, &o.threads, o.steps, &o.precision);

@@ -30,7 +30,7 @@ pub trait Pass {
 }
 
 /// What one pass did.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PassRecord {
     /// Pass name.
     pub pass: String,

@@ -143,7 +143,7 @@ impl<'r> RuleSet<'r> {
 }
 
 /// Where a rule fired (see [`RuleSet::apply_logged`]).
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RuleSite {
     /// The node of the pass's input graph.
     pub node: u32,

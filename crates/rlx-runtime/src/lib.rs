@@ -14,9 +14,11 @@
 
 #![deny(missing_docs)]
 
+mod cache;
 mod compiled;
 mod session;
 
+pub use cache::{fingerprint, CacheStats, CompileCache};
 pub use compiled::CompiledGraph;
 pub use rlx_driver::{register_backend, Backend, CompileOptions, Device, Executable, IoSlot};
 pub use rlx_ir::{Error, Graph, Result};

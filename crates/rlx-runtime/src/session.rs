@@ -1,10 +1,10 @@
 //! Sessions: pick a backend for a device and run the compile pipeline.
 
-use crate::CompiledGraph;
+use crate::{CompileCache, CompiledGraph};
 use rlx_driver::{registered_backend, Backend, CompileOptions, Device};
 use rlx_ir::{Error, Graph, Result};
 use rlx_opt::{
-    AlgebraicSimplify, AutoMixedPrecision, CompilePipeline, ConstantFolding, Cse,
+    AlgebraicSimplify, AutoMixedPrecision, CompilePipeline, CompileResult, ConstantFolding, Cse,
     DeadCodeElimination, Decompose, KernelDispatchReport, LoweringOptions, PassRecord,
     PrecisionPolicy, RuleSite,
 };
@@ -17,6 +17,7 @@ pub struct Session {
     threads: Option<usize>,
     optimize: bool,
     precision: PrecisionPolicy,
+    cache: Option<Arc<CompileCache>>,
 }
 
 /// The backend serving `device`: one registered at run time, else the built-in one.
@@ -47,8 +48,23 @@ fn report(var: &str, graph: &str, text: &str, json: &dyn Fn() -> String) {
     }
 }
 
+/// The process's shared compile cache when `RLX_COMPILE_CACHE` asks for one: `1` for
+/// [`CompileCache::default_dir`], `memory` for memory only, anything else a directory.
+fn env_cache() -> Option<Arc<CompileCache>> {
+    static CACHE: std::sync::OnceLock<Option<Arc<CompileCache>>> = std::sync::OnceLock::new();
+    CACHE
+        .get_or_init(|| match std::env::var("RLX_COMPILE_CACHE").ok()?.as_str() {
+            "" | "0" => None,
+            "1" => Some(CompileCache::on_disk()),
+            "memory" => Some(CompileCache::in_memory()),
+            dir => Some(CompileCache::at(dir)),
+        })
+        .clone()
+}
+
 impl Session {
-    /// A session for `device` (threads: `RLX_NUM_THREADS`, else one per core).
+    /// A session for `device` (threads: `RLX_NUM_THREADS`, else one per core; a compile cache
+    /// when `RLX_COMPILE_CACHE` is `1` (the RLX cache directory), `memory` or a directory).
     pub fn new(device: Device) -> Session {
         let threads = std::env::var("RLX_NUM_THREADS")
             .ok()
@@ -59,6 +75,7 @@ impl Session {
             threads,
             optimize: true,
             precision: PrecisionPolicy::default(),
+            cache: env_cache(),
         }
     }
 
@@ -77,6 +94,19 @@ impl Session {
     pub fn with_precision(mut self, policy: PrecisionPolicy) -> Session {
         self.precision = policy;
         self
+    }
+
+    /// Keep the optimized graphs of compiles in `cache` (see [`CompileCache`]): a later compile
+    /// of the same graph with the same options, by any session sharing the cache or, with a
+    /// cache on disk, by another process, skips the optimizing passes.
+    pub fn with_compile_cache(mut self, cache: Arc<CompileCache>) -> Session {
+        self.cache = Some(cache);
+        self
+    }
+
+    /// The compile cache, if any.
+    pub fn compile_cache(&self) -> Option<&Arc<CompileCache>> {
+        self.cache.as_ref()
     }
 
     /// The precision policy.
@@ -135,21 +165,15 @@ impl Session {
         self.compile_inner(graph, Some(other), &[])
     }
 
-    fn compile_inner(
+    /// The shared pipeline: precision, simplification, CSE, constant folding, DCE, then
+    /// decomposition of what `backend` does not run.
+    fn optimize_graph(
         &self,
-        graph: Graph,
-        share: Option<&CompiledGraph>,
+        graph: &Graph,
+        backend: &dyn Backend,
         updates: &[(&str, usize)],
-    ) -> Result<CompiledGraph> {
-        if graph.outputs().is_empty() {
-            return Err(Error::Invalid(format!(
-                "graph \"{}\" has no outputs; call set_outputs before compiling",
-                graph.name()
-            )));
-        }
-        let backend = backend_for(self.device)?;
-        let b = backend.clone();
-        let supports = move |g: &Graph, id| b.supports(g, id);
+    ) -> Result<CompileResult> {
+        let supports = move |g: &Graph, id| backend.supports(g, id);
         let mut pipe = CompilePipeline::new();
         if !self.precision.is_identity() {
             pipe = pipe.with_pass(AutoMixedPrecision {
@@ -172,7 +196,54 @@ impl Session {
                 supports: &supports,
             })
             .rounds(4);
-        let mut result = pipe.run(&graph)?;
+        pipe.run(graph)
+    }
+
+    fn compile_inner(
+        &self,
+        graph: Graph,
+        share: Option<&CompiledGraph>,
+        updates: &[(&str, usize)],
+    ) -> Result<CompiledGraph> {
+        if graph.outputs().is_empty() {
+            return Err(Error::Invalid(format!(
+                "graph \"{}\" has no outputs; call set_outputs before compiling",
+                graph.name()
+            )));
+        }
+        let backend = backend_for(self.device)?;
+        let cached = match &self.cache {
+            Some(cache) => {
+                let options = format!(
+                    "optimize={} precision={:?} updates={:?}",
+                    self.optimize, self.precision, updates
+                );
+                let key =
+                    crate::cache::key(&graph, backend.name(), &self.device.to_string(), &options);
+                Some((cache, key))
+            }
+            None => None,
+        };
+        let hit = cached.as_ref().and_then(|(c, k)| c.get(k));
+        let mut result = match hit {
+            Some(e) => CompileResult {
+                graph: e.graph.clone(),
+                records: e.records.clone(),
+            },
+            None => {
+                let r = self.optimize_graph(&graph, backend.as_ref(), updates)?;
+                if let Some((c, k)) = &cached {
+                    c.put(
+                        k,
+                        crate::cache::Entry {
+                            graph: r.graph.clone(),
+                            records: r.records.clone(),
+                        },
+                    );
+                }
+                r
+            }
+        };
         // The lowering plan: fusion for the backend's region kernels and the side tables.
         let updates: Vec<(String, usize)> =
             updates.iter().map(|&(p, o)| (p.to_string(), o)).collect();

@@ -1,0 +1,210 @@
+//! The compile cache: the optimized graph of a compile (after the precision, simplification,
+//! CSE, constant-folding, DCE and decomposition passes), keyed by a fingerprint of everything
+//! that decides it, kept in memory and optionally on disk, so a later compile of the same graph
+//! with the same options (in this process or a new one) skips the passes.
+//!
+//! The fingerprint is SHA-256 over a format tag, the RLX version, the backend and device, the
+//! session's options (threads, optimizations, precision policy, bound updates) and the graph's
+//! canonical text form: stable across Rust releases and runs, unlike `DefaultHasher`. A disk
+//! entry is a header line naming the format, the RLX version and the fingerprint, then JSON of
+//! the graph and the pass records; an entry whose header does not match, that does not parse,
+//! or whose graph does not verify is not used: the graph is compiled again and the entry
+//! rewritten (written to a temporary file and renamed, so readers never see half an entry).
+//! Fusion and lowering still run on every compile: their result holds the backend's kernels.
+
+use rlx_ir::Graph;
+use rlx_opt::PassRecord;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// The on-disk format; a change of format (or of RLX's version) makes old entries foreign.
+const FORMAT: &str = "rlx-compile-cache 1";
+
+/// What a compile stores: the optimized graph and what each pass did.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Entry {
+    pub(crate) graph: Graph,
+    pub(crate) records: Vec<PassRecord>,
+}
+
+/// How often the cache answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Compiles answered from memory.
+    pub memory_hits: usize,
+    /// Compiles answered from disk.
+    pub disk_hits: usize,
+    /// Compiles that found nothing and ran the passes.
+    pub misses: usize,
+    /// Disk entries found corrupt or foreign (then compiled again and rewritten).
+    pub rejected: usize,
+}
+
+/// A compile cache shared by sessions (see the module documentation). Clone the `Arc` to share
+/// it; `Session::with_compile_cache` uses it.
+#[derive(Debug, Default)]
+pub struct CompileCache {
+    dir: Option<PathBuf>,
+    memory: Mutex<HashMap<String, Arc<Entry>>>,
+    memory_hits: AtomicUsize,
+    disk_hits: AtomicUsize,
+    misses: AtomicUsize,
+    rejected: AtomicUsize,
+}
+
+/// A stable fingerprint: the lowercase hex SHA-256 of `parts`, each prefixed by its length so
+/// that no two lists of parts hash alike by concatenation.
+pub fn fingerprint(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl CompileCache {
+    /// A cache kept in this process's memory only.
+    pub fn in_memory() -> Arc<CompileCache> {
+        Arc::new(CompileCache::default())
+    }
+
+    /// A cache kept in memory and in `dir` (created when first written).
+    pub fn at(dir: impl Into<PathBuf>) -> Arc<CompileCache> {
+        Arc::new(CompileCache {
+            dir: Some(dir.into()),
+            ..CompileCache::default()
+        })
+    }
+
+    /// The RLX cache directory's `compile/` folder: `RLX_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/rlx`, else `~/.cache/rlx` (the models' cache), then `compile`.
+    pub fn default_dir() -> Option<PathBuf> {
+        let base = std::env::var_os("RLX_CACHE_DIR")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("rlx")))
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx")))?;
+        Some(base.join("compile"))
+    }
+
+    /// A cache in memory and in [`CompileCache::default_dir`] (memory only when there is none).
+    pub fn on_disk() -> Arc<CompileCache> {
+        match Self::default_dir() {
+            Some(d) => Self::at(d),
+            None => Self::in_memory(),
+        }
+    }
+
+    /// The directory entries are kept in, if any.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// How often the cache answered so far.
+    pub fn stats(&self) -> CacheStats {
+        CacheStats {
+            memory_hits: self.memory_hits.load(Ordering::Relaxed),
+            disk_hits: self.disk_hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            rejected: self.rejected.load(Ordering::Relaxed),
+        }
+    }
+
+    fn path(&self, key: &str) -> Option<PathBuf> {
+        self.dir.as_ref().map(|d| d.join(format!("{key}.rlxc")))
+    }
+
+    fn header(key: &str) -> String {
+        format!("{FORMAT} {} {key}\n", env!("CARGO_PKG_VERSION"))
+    }
+
+    /// The entry of `key`, from memory or disk.
+    pub(crate) fn get(&self, key: &str) -> Option<Arc<Entry>> {
+        if let Some(e) = self.memory.lock().ok()?.get(key) {
+            self.memory_hits.fetch_add(1, Ordering::Relaxed);
+            return Some(e.clone());
+        }
+        let path = self.path(key)?;
+        let bytes = std::fs::read(&path).ok()?;
+        match Self::decode(key, &bytes) {
+            Ok(e) => {
+                let e = Arc::new(e);
+                if let Ok(mut m) = self.memory.lock() {
+                    m.insert(key.to_string(), e.clone());
+                }
+                self.disk_hits.fetch_add(1, Ordering::Relaxed);
+                Some(e)
+            }
+            Err(why) => {
+                self.rejected.fetch_add(1, Ordering::Relaxed);
+                if std::env::var_os("RLX_VERBOSE").is_some() {
+                    eprintln!(
+                        "rlx: compile cache entry {} not used: {why}",
+                        path.display()
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    /// Read an entry, checking that it is of this format and version, for `key`, and that its
+    /// graph verifies.
+    fn decode(key: &str, bytes: &[u8]) -> std::result::Result<Entry, String> {
+        let header = Self::header(key);
+        let body = bytes
+            .strip_prefix(header.as_bytes())
+            .ok_or("its header names another format, RLX version or fingerprint")?;
+        let e: Entry = serde_json::from_slice(body).map_err(|e| format!("not valid: {e}"))?;
+        rlx_ir::verify(&e.graph).map_err(|e| format!("its graph does not verify: {e}"))?;
+        Ok(e)
+    }
+
+    /// Keep `entry` under `key` (in memory, and on disk when the cache has a directory; a disk
+    /// that cannot be written only costs the next process a compile).
+    pub(crate) fn put(&self, key: &str, entry: Entry) -> Arc<Entry> {
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let e = Arc::new(entry);
+        if let Ok(mut m) = self.memory.lock() {
+            m.insert(key.to_string(), e.clone());
+        }
+        if let Some(path) = self.path(key) {
+            if let Err(err) = self.write(&path, key, &e) {
+                if std::env::var_os("RLX_VERBOSE").is_some() {
+                    eprintln!(
+                        "rlx: cannot write compile cache entry {}: {err}",
+                        path.display()
+                    );
+                }
+            }
+        }
+        e
+    }
+
+    fn write(&self, path: &Path, key: &str, e: &Entry) -> std::io::Result<()> {
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let mut bytes = Self::header(key).into_bytes();
+        serde_json::to_writer(&mut bytes, e).map_err(std::io::Error::other)?;
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, &bytes)?;
+        std::fs::rename(&tmp, path)
+    }
+}
+
+/// The fingerprint of compiling `graph` with these options.
+pub(crate) fn key(graph: &Graph, backend: &str, device: &str, options: &str) -> String {
+    let text = graph.to_string();
+    fingerprint(&[
+        FORMAT.as_bytes(),
+        env!("CARGO_PKG_VERSION").as_bytes(),
+        backend.as_bytes(),
+        device.as_bytes(),
+        options.as_bytes(),
+        text.as_bytes(),
+    ])
+}

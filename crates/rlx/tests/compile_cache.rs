@@ -1,0 +1,173 @@
+//! The compile cache: a second compile of the same graph (another session, or a new cache over
+//! the same directory, as a new process would open) skips the passes and gives the same
+//! program; corrupt and foreign entries are detected and compiled again; the fingerprint is
+//! SHA-256 and so stable.
+
+use rlx::models::{Gpt, GptConfig};
+use rlx::prelude::*;
+use rlx::runtime::{fingerprint, CacheStats, CompileCache};
+use rlx::train::{Optimizer, Schedule, TrainConfig, Trainer};
+use std::sync::Arc;
+
+fn model() -> (Gpt, Graph) {
+    let m = Gpt::new(GptConfig {
+        vocab: 12,
+        ctx: 8,
+        dim: 32,
+        heads: 2,
+        layers: 1,
+    })
+    .unwrap();
+    let g = m.training_graph(2).unwrap();
+    (m, g)
+}
+
+/// Three training steps' losses of the small GPT, compiled by `session`.
+fn losses(session: &Session) -> Vec<f32> {
+    let (m, g) = model();
+    let names: Vec<String> = m.params().into_iter().map(|p| p.0).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let cfg = TrainConfig {
+        optimizer: Optimizer::adamw(0.01),
+        schedule: Schedule::Constant { lr: 1e-2 },
+        clip_norm: None,
+    };
+    let mut t = Trainer::new(&g, &refs, cfg, session).unwrap();
+    for (i, (n, shape, sc)) in m.params().into_iter().enumerate() {
+        let c: usize = shape.iter().product();
+        let v: Vec<f32> = (0..c)
+            .map(|j| match sc {
+                None => 1.0,
+                Some(s) => s * (((i * 31 + j * 17) % 23) as f32 / 11.0 - 1.0),
+            })
+            .collect();
+        t.set_param(&n, &v).unwrap();
+    }
+    let b = |v: Vec<i32>| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let x = b((0..16).map(|i| i % 12).collect());
+    let y = b((0..16).map(|i| (i + 1) % 12).collect());
+    (0..3)
+        .map(|_| {
+            t.step_typed(&[("tokens", &x, DType::I32), ("targets", &y, DType::I32)])
+                .unwrap()
+        })
+        .collect()
+}
+
+fn session(cache: &Arc<CompileCache>) -> Session {
+    Session::new(Device::Cpu)
+        .with_threads(1)
+        .with_compile_cache(cache.clone())
+}
+
+fn tempdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("rlx-cache-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn entries(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "rlxc"))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_second_compile_in_memory_or_from_disk_gives_the_same_program() {
+    let plain = losses(&Session::new(Device::Cpu).with_threads(1));
+    let dir = tempdir("hit");
+    let cache = CompileCache::at(&dir);
+    assert_eq!(losses(&session(&cache)), plain);
+    assert_eq!(cache.stats().misses, 1);
+    assert_eq!(losses(&session(&cache)), plain);
+    assert_eq!(cache.stats().memory_hits, 1);
+    assert_eq!(entries(&dir).len(), 1);
+    // A new cache over the same directory: what a new process sees.
+    let fresh = CompileCache::at(&dir);
+    assert_eq!(losses(&session(&fresh)), plain);
+    assert_eq!(
+        fresh.stats(),
+        CacheStats {
+            disk_hits: 1,
+            ..CacheStats::default()
+        }
+    );
+    // Other options are another entry.
+    let mixed = session(&fresh).with_precision(PrecisionPolicy::AutoMixedBf16);
+    losses(&mixed);
+    assert_eq!(fresh.stats().misses, 1);
+    assert_eq!(entries(&dir).len(), 2);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn corrupt_and_foreign_entries_are_compiled_again() {
+    let plain = losses(&Session::new(Device::Cpu).with_threads(1));
+    let dir = tempdir("bad");
+    losses(&session(&CompileCache::at(&dir)));
+    let path = entries(&dir).remove(0);
+    let good = std::fs::read(&path).unwrap();
+    let text = String::from_utf8(good.clone()).unwrap();
+    let (header, body) = text.split_once('\n').unwrap();
+    let other_key = "0".repeat(64);
+    let bad: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"\x00\xffnot an entry".to_vec()),
+        ("empty", Vec::new()),
+        ("truncated", good[..good.len() / 2].to_vec()),
+        (
+            "another fingerprint",
+            format!(
+                "{}\n{body}",
+                header.replace(&header[header.len() - 64..], &other_key)
+            )
+            .into_bytes(),
+        ),
+        (
+            "another version",
+            format!(
+                "{}\n{body}",
+                header.replace(env!("CARGO_PKG_VERSION"), "0.0.0-other")
+            )
+            .into_bytes(),
+        ),
+        // Valid JSON whose graph does not verify: a node's shape edited.
+        (
+            "a graph that does not verify",
+            format!(
+                "{header}\n{}",
+                body.replacen("\"dims\":[", "\"dims\":[7,", 1)
+            )
+            .into_bytes(),
+        ),
+    ];
+    for (what, bytes) in bad {
+        std::fs::write(&path, &bytes).unwrap();
+        let cache = CompileCache::at(&dir);
+        assert_eq!(losses(&session(&cache)), plain, "{what}");
+        let s = cache.stats();
+        assert_eq!(
+            (s.rejected, s.misses, s.disk_hits),
+            (1, 1, 0),
+            "{what}: {s:?}"
+        );
+        // The entry was rewritten and is good again.
+        let again = CompileCache::at(&dir);
+        losses(&session(&again));
+        assert_eq!(again.stats().disk_hits, 1, "{what}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn the_fingerprint_is_sha256_of_length_prefixed_parts() {
+    // python3 -c "import hashlib,struct; print(hashlib.sha256(struct.pack('<Q',3)+b'abc'+struct.pack('<Q',0)).hexdigest())"
+    assert_eq!(
+        fingerprint(&[b"abc", b""]),
+        "3e2f8940c3a0e0fd6f6e07bbf07f015dd7c147431e5fa14bf3f225d782641540"
+    );
+    assert_ne!(fingerprint(&[b"ab", b"c"]), fingerprint(&[b"a", b"bc"]));
+}

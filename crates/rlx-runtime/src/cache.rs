@@ -208,3 +208,61 @@ pub(crate) fn key(graph: &Graph, backend: &str, device: &str, options: &str) -> 
         text.as_bytes(),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use rlx_ir::{DType, Shape};
+
+    fn entry_bytes(key: &str) -> Vec<u8> {
+        let mut g = Graph::new("t");
+        let x = g.input("x", Shape::new(&[2, 3], DType::F32));
+        let w = g.param("w", Shape::new(&[3, 4], DType::F32));
+        let y = g.dot(x, w);
+        let c = g.constant_f32(&[4], &[1.0, 2.0, 3.0, 4.0]);
+        let y = g.add(y, c);
+        g.set_outputs(vec![y]);
+        let e = Entry {
+            graph: g,
+            records: Vec::new(),
+        };
+        let mut bytes = CompileCache::header(key).into_bytes();
+        serde_json::to_writer(&mut bytes, &e).unwrap();
+        bytes
+    }
+
+    #[test]
+    fn a_written_entry_reads_back() {
+        let key = fingerprint(&[b"k"]);
+        let e = CompileCache::decode(&key, &entry_bytes(&key)).unwrap();
+        assert_eq!(e.graph.len(), 5);
+        assert!(CompileCache::decode(&fingerprint(&[b"other"]), &entry_bytes(&key)).is_err());
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        /// Edited, truncated or extended entries never panic the reader: either they still
+        /// hold a graph that verifies, or they are refused.
+        #[test]
+        fn edited_entries_decode_to_a_verified_graph_or_are_refused(
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8),
+            cut in any::<Option<usize>>(),
+            tail in proptest::collection::vec(any::<u8>(), 0..16),
+        ) {
+            let key = fingerprint(&[b"k"]);
+            let mut b = entry_bytes(&key);
+            for (at, v) in edits {
+                let i = at % b.len();
+                b[i] = v;
+            }
+            if let Some(c) = cut {
+                b.truncate(c % (b.len() + 1));
+            }
+            b.extend(tail);
+            if let Ok(e) = CompileCache::decode(&key, &b) {
+                prop_assert!(rlx_ir::verify(&e.graph).is_ok());
+            }
+        }
+    }
+}

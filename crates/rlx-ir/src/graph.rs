@@ -189,6 +189,13 @@ impl Graph {
         Ok(self.push_unchecked(op, inputs.to_vec(), shape))
     }
 
+    /// Append the op `def` defines (a block such as [`crate::ops::Linear`], or any
+    /// [`crate::ops::OpDef`]) applied to `inputs`: block-level building of an HIR graph. The
+    /// result is inferred and checked like any op's.
+    pub fn define(&mut self, def: impl crate::ops::OpDef, inputs: &[NodeId]) -> Result<NodeId> {
+        self.try_op(Op::defined(def), inputs)
+    }
+
     /// Declare a graph input named `name`.
     pub fn try_input(&mut self, name: &str, shape: Shape) -> Result<NodeId> {
         self.add_leaf(

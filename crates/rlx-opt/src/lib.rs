@@ -14,6 +14,7 @@ pub mod dispatch;
 pub mod fold;
 pub mod fusion;
 pub mod memory;
+pub mod module;
 pub mod passes;
 pub mod patterns;
 pub mod pipeline;
@@ -28,6 +29,10 @@ pub use dispatch::{Dispatch, KernelDispatchReport, NodeDispatch};
 pub use fold::ConstantFolding;
 pub use fusion::{Accepts, FuseElementwise, FusionOptions, FusionReport, MissReason, Region};
 pub use memory::{plan_memory, BufferRequest, MemoryPlan};
+pub use module::{
+    inspect_hir, inspect_lir, inspect_mir, inspect_mir_diff, inspect_pipeline, maybe_dump_pipeline,
+    GraphModule, IoEntry, Lir, LirBuffer, LowerHir, Stage,
+};
 pub use passes::{Cse, DeadCodeElimination, Decompose};
 pub use patterns::FusePatterns;
 pub use pipeline::{CompilePipeline, CompileResult, Pass, PassRecord};

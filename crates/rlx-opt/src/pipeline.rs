@@ -109,13 +109,25 @@ impl<'a> CompilePipeline<'a> {
     fn dump(&self, step: usize, pass: &str, when: &str, g: &Graph) {
         if let Some(dir) = &self.dump_dir {
             let _ = std::fs::create_dir_all(dir);
-            let safe: String = g
-                .name()
-                .chars()
-                .map(|c| if c.is_alphanumeric() { c } else { '_' })
-                .collect();
+            let safe = safe_name(g.name());
             let path = dir.join(format!("{safe}.{step:02}.{pass}.{when}.txt"));
             if let Err(e) = std::fs::write(&path, g.to_string()) {
+                eprintln!("rlx: cannot write IR dump {}: {e}", path.display());
+            }
+        }
+    }
+
+    /// Whether the pipeline writes IR dumps.
+    pub(crate) fn dumps(&self) -> bool {
+        self.dump_dir.is_some()
+    }
+
+    /// Write `text` as `<graph>.<stage>.txt` in the dump directory, if any.
+    pub(crate) fn dump_stage(&self, g: &Graph, stage: &str, text: &str) {
+        if let Some(dir) = &self.dump_dir {
+            let _ = std::fs::create_dir_all(dir);
+            let path = dir.join(format!("{}.{stage}.txt", safe_name(g.name())));
+            if let Err(e) = std::fs::write(&path, text) {
                 eprintln!("rlx: cannot write IR dump {}: {e}", path.display());
             }
         }
@@ -158,6 +170,13 @@ impl<'a> CompilePipeline<'a> {
             records,
         })
     }
+}
+
+/// A graph name usable in a file name.
+fn safe_name(name: &str) -> String {
+    name.chars()
+        .map(|c| if c.is_alphanumeric() { c } else { '_' })
+        .collect()
 }
 
 impl Default for CompilePipeline<'_> {

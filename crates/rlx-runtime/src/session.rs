@@ -5,7 +5,7 @@ use rlx_driver::{registered_backend, Backend, CompileOptions, Device};
 use rlx_ir::{Error, Graph, Result};
 use rlx_opt::{
     AlgebraicSimplify, AutoMixedPrecision, CompilePipeline, CompileResult, ConstantFolding, Cse,
-    DeadCodeElimination, Decompose, KernelDispatchReport, LoweringOptions, PassRecord,
+    DeadCodeElimination, Decompose, KernelDispatchReport, LowerHir, LoweringOptions, PassRecord,
     PrecisionPolicy, RuleSite,
 };
 use std::sync::Arc;
@@ -174,7 +174,8 @@ impl Session {
         updates: &[(&str, usize)],
     ) -> Result<CompileResult> {
         let supports = move |g: &Graph, id| backend.supports(g, id);
-        let mut pipe = CompilePipeline::new();
+        // HIR blocks first, so every later pass (and the records) sees MIR.
+        let mut pipe = CompilePipeline::new().with_pass(LowerHir);
         if !self.precision.is_identity() {
             pipe = pipe.with_pass(AutoMixedPrecision {
                 policy: self.precision.clone(),
@@ -196,7 +197,9 @@ impl Session {
                 supports: &supports,
             })
             .rounds(4);
-        pipe.run(graph)
+        let result = pipe.run(graph)?;
+        rlx_opt::maybe_dump_pipeline(graph, &result.graph);
+        Ok(result)
     }
 
     fn compile_inner(

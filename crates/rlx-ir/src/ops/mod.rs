@@ -8,6 +8,7 @@
 
 mod ad;
 mod batch;
+pub mod blocks;
 mod custom;
 mod def;
 mod dequantize;
@@ -25,13 +26,22 @@ mod reduce;
 mod spatial;
 
 pub use batch::{batch, batch_supported, materialize as batch_materialize, Batched};
+pub use blocks::{Embedding, Linear, Mlp, TransformerBlock};
 pub use def::{registration, registrations, DefinedOp, OpDef, OpRegistration};
 pub use dequantize::Dequantize;
 pub use fake_quantize::FakeQuantize;
 pub use quantize::Quantize;
 
 /// The ops defined in one file each ([`OpDef`]): adding one is its file plus one line here.
-const DEFINED: &[OpRegistration] = &[quantize::OP, dequantize::OP, fake_quantize::OP];
+const DEFINED: &[OpRegistration] = &[
+    quantize::OP,
+    dequantize::OP,
+    fake_quantize::OP,
+    blocks::LINEAR,
+    blocks::EMBEDDING,
+    blocks::MLP,
+    blocks::TRANSFORMER_BLOCK,
+];
 
 use crate::{Dim, Error, Graph, NodeId, Op, Result, Shape};
 

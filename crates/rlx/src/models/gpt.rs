@@ -2,7 +2,8 @@
 //! embeddings, `layers` blocks of RMSNorm → causal multi-head attention → residual → RMSNorm →
 //! GELU MLP (4× width) → residual, a final RMSNorm and an untied output projection.
 
-use rlx_ir::{Activation, DType, Graph, MaskKind, NodeId, Result, Shape};
+use rlx_ir::ops::{Embedding, Linear, TransformerBlock};
+use rlx_ir::{DType, Graph, NodeId, Result, Shape};
 
 /// Sizes of a [`Gpt`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,46 +67,40 @@ impl Gpt {
     }
 
     /// Declare the params in `g` and return the logits `[batch * ctx, vocab]` of `tokens
-    /// [batch, ctx]` (an integer input).
+    /// [batch, ctx]` (an integer input). The graph is HIR: an `embedding`, one
+    /// `transformer_block` per layer and a `linear` head, which the compiler lowers to MIR.
     pub fn logits(&self, g: &mut Graph, batch: usize, tokens: NodeId) -> Result<NodeId> {
         let c = self.config;
-        let (t, d, h) = (c.ctx, c.dim, c.heads);
-        let dh = d / h;
+        let (t, h) = (c.ctx, c.heads);
         let mut ps = std::collections::HashMap::new();
         for (name, shape, _) in self.params() {
             let id = g.try_param(&name, Shape::new(&shape, DType::F32))?;
             ps.insert(name, id);
         }
-        let x = g.try_gather(ps["tok_emb"], tokens, 0)?;
+        let x = g.define(Embedding, &[ps["tok_emb"], tokens])?;
         let mut x = g.try_add(x, ps["pos_emb"])?;
+        let block = TransformerBlock {
+            heads: h,
+            eps: 1e-5,
+            causal: true,
+        };
         for l in 0..c.layers {
-            let hn = g.try_rms_norm(x, ps[&format!("l{l}.norm1")], 1e-5)?;
-            let qkv = g.try_dot(hn, ps[&format!("l{l}.wqkv")])?;
-            let mut heads = Vec::new();
-            for i in 0..3 {
-                let part = g.try_narrow(qkv, 2, i * d, d)?;
-                let r = g.try_reshape(part, &[batch, t, h, dh])?;
-                heads.push(g.try_transpose(r, &[0, 2, 1, 3])?);
-            }
-            let a = g.try_attention(
-                heads[0],
-                heads[1],
-                heads[2],
-                MaskKind::Causal,
-                (dh as f32).powf(-0.5),
+            let p = |n: &str| ps[&format!("l{l}.{n}")];
+            x = g.define(
+                block,
+                &[
+                    x,
+                    p("norm1"),
+                    p("wqkv"),
+                    p("wo"),
+                    p("norm2"),
+                    p("w1"),
+                    p("w2"),
+                ],
             )?;
-            let a = g.try_transpose(a, &[0, 2, 1, 3])?;
-            let a = g.try_reshape(a, &[batch, t, d])?;
-            let a = g.try_dot(a, ps[&format!("l{l}.wo")])?;
-            x = g.try_add(x, a)?;
-            let hn = g.try_rms_norm(x, ps[&format!("l{l}.norm2")], 1e-5)?;
-            let m = g.try_dot(hn, ps[&format!("l{l}.w1")])?;
-            let m = g.try_activation(Activation::GeluApprox, m)?;
-            let m = g.try_dot(m, ps[&format!("l{l}.w2")])?;
-            x = g.try_add(x, m)?;
         }
         let x = g.try_rms_norm(x, ps["norm_f"], 1e-5)?;
-        let logits = g.try_dot(x, ps["w_out"])?;
+        let logits = g.define(Linear, &[x, ps["w_out"]])?;
         g.try_reshape(logits, &[batch * t, c.vocab])
     }
 

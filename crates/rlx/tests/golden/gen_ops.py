@@ -1378,6 +1378,74 @@ def gen_paged(table):
 
 
 # ---------------------------------------------------------------------------
+# HIR blocks (linear, embedding, mlp, transformer_block): numpy written from the
+# layers' definitions, not from RLX's lowering.
+# ---------------------------------------------------------------------------
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def rms_norm_ref(x, g, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * g
+
+
+def gen_blocks(table):
+    x = normal([3, 4], 1.0, "f32")
+    w = normal([4, 5], 0.5, "f32")
+    b = normal([5], 0.5, "f32")
+    table.add("linear", "bias", {}, [arg(x, "f32"), arg(w, "f32"), arg(b, "f32")],
+              wide(x) @ wide(w) + wide(b), "f32", "accumulate")
+    x3 = normal([2, 3, 4], 1.0, "f32")
+    table.add("linear", "batched", {}, [arg(x3, "f32"), arg(w, "f32")],
+              wide(x3) @ wide(w), "f32", "accumulate")
+
+    emb = normal([6, 4], 1.0, "f32")
+    ids = np.asarray([[0, 5, 2], [2, 2, 1]], np.int32)
+    table.add("embedding", "rows", {}, [arg(emb, "f32"), arg(ids, "i32")], wide(emb)[ids], "f32", "exact")
+
+    x = normal([3, 4], 1.0, "f32")
+    wu, wd = normal([4, 8], 0.5, "f32"), normal([8, 4], 0.5, "f32")
+    table.add("mlp", "gelu", {"act": "gelu_approx", "gated": False},
+              [arg(x, "f32"), arg(wu, "f32"), arg(wd, "f32")],
+              gelu_tanh(wide(x) @ wide(wu)) @ wide(wd), "f32", "accumulate")
+    wg = normal([4, 8], 0.5, "f32")
+    table.add("mlp", "swiglu", {"act": "silu", "gated": True},
+              [arg(x, "f32"), arg(wg, "f32"), arg(wu, "f32"), arg(wd, "f32")],
+              (silu(wide(x) @ wide(wg)) * (wide(x) @ wide(wu))) @ wide(wd), "f32", "accumulate")
+
+    bsz, t, d, heads, hidden, eps = 2, 4, 8, 2, 16, 1e-5
+    x = normal([bsz, t, d], 1.0, "f32")
+    n1, n2 = quantize(1.0 + 0.1 * rng.standard_normal(d), "f32"), quantize(1.0 + 0.1 * rng.standard_normal(d), "f32")
+    wqkv, wo = normal([d, 3 * d], 0.3, "f32"), normal([d, d], 0.3, "f32")
+    w1, w2 = normal([d, hidden], 0.3, "f32"), normal([hidden, d], 0.3, "f32")
+    for causal in (True, False):
+        xf = wide(x)
+        qkv = rms_norm_ref(xf, wide(n1), eps) @ wide(wqkv)
+        dh = d // heads
+        q, k, v = (qkv[..., i * d:(i + 1) * d].reshape(bsz, t, heads, dh).transpose(0, 2, 1, 3)
+                   for i in range(3))
+        s = q @ k.transpose(0, 1, 3, 2) / math.sqrt(dh)
+        if causal:
+            s = np.where(np.tril(np.ones((t, t), bool)), s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        a = (p @ v).transpose(0, 2, 1, 3).reshape(bsz, t, d) @ wide(wo)
+        h = xf + a
+        y = h + gelu_tanh(rms_norm_ref(h, wide(n2), eps) @ wide(w1)) @ wide(w2)
+        table.add("transformer_block", "causal" if causal else "full",
+                  {"heads": heads, "eps": eps, "causal": causal},
+                  [arg(x, "f32"), arg(n1, "f32"), arg(wqkv, "f32"), arg(wo, "f32"),
+                   arg(n2, "f32"), arg(w1, "f32"), arg(w2, "f32")],
+                  y, "f32", "accumulate")
+
+
+# ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
 
@@ -1387,7 +1455,7 @@ GENERATORS = [
     gen_transpose, gen_narrow, gen_concat, gen_expand, gen_gather,
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
     gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
-    gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints,
+    gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints, gen_blocks,
 ]
 
 

@@ -575,9 +575,8 @@ mod x86 {
 mod tests {
     use super::*;
 
-    /// Products of every path at every level against an f64 sum of the widened operands,
-    /// rounded to the dtype: within one unit in the last place (f32 accumulation differs from
-    /// f64 only far below the half's precision here).
+    /// Products of every path at every level against the exact sum of the widened operands,
+    /// rounded once to the dtype.
     fn check(dt: Half, m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, threads: usize) {
         let val = |i: usize, s: usize| dt.from_f32(((i * s % 29) as f32 - 14.0) / 8.0);
         let a: Vec<u16> = (0..m * k).map(|i| val(i, 7)).collect();
@@ -618,16 +617,14 @@ mod tests {
                             * dt.to_f32(b[p * brs + j * bcs]) as f64
                     })
                     .sum();
-                let got = dt.to_f32(c[i * ldc + j]) as f64;
-                let ulp = (want.abs().max(1e-3))
-                    * if dt == Half::Bf16 {
-                        1.0 / 128.0
-                    } else {
-                        1.0 / 1024.0
-                    };
-                assert!(
-                    (got - want).abs() <= ulp,
-                    "{dt:?} {m}x{n}x{k} (ta {trans_a}, tb {trans_b}, {threads} threads) at ({i},{j}): {got} vs {want}"
+                // Operands are multiples of 1/8 below 2: every product and partial sum is exact
+                // in f32, so each result is the exact sum rounded once, bit for bit.
+                let got = c[i * ldc + j];
+                assert_eq!(
+                    got,
+                    dt.from_f32(want as f32),
+                    "{dt:?} {m}x{n}x{k} (ta {trans_a}, tb {trans_b}, {threads} threads) at ({i},{j}): {} vs {want}",
+                    dt.to_f32(got)
                 );
             }
             // Past the row's end C is untouched.
@@ -636,7 +633,7 @@ mod tests {
     }
 
     #[test]
-    fn half_products_match_f64_sums_on_every_path_and_edge() {
+    fn half_products_are_exact_sums_rounded_once_on_every_path_and_edge() {
         crate::isa::for_each_level(|_| {
             for dt in [Half::Bf16, Half::F16] {
                 for &(m, n, k) in &[

@@ -128,6 +128,11 @@ struct EmbedArgs {
     /// max over the passes) as JSON.
     #[arg(long, value_name = "SECONDS")]
     bench: Option<f64>,
+    /// f32 (default; equal to sentence-transformers), or bf16: products in bf16 with the
+    /// weights stored in bf16 (AutoMixedBf16; faster on CPUs with AVX-512 BF16, cosine >= 0.999
+    /// to the f32 vectors).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+    precision: String,
 }
 
 #[derive(Args, Clone)]
@@ -268,6 +273,11 @@ fn cmd_embed(a: EmbedArgs) -> rlx::Result<()> {
             batch_size: a.batch_size,
             threads: a.threads,
             progress: true,
+            precision: if a.precision == "bf16" {
+                rlx::PrecisionPolicy::AutoMixedBf16
+            } else {
+                rlx::PrecisionPolicy::AlwaysF32
+            },
             ..Default::default()
         },
     )?;

@@ -28,7 +28,7 @@ mod weights;
 
 pub use config::{EncoderConfig, HiddenAct, Pooling};
 
-use crate::{CompiledGraph, DType, Device, Error, Result, Session};
+use crate::{CompiledGraph, DType, Device, Error, PrecisionPolicy, Result, Session};
 use std::path::{Path, PathBuf};
 use tokenizers::{Tokenizer, TruncationParams};
 
@@ -49,6 +49,10 @@ pub struct EmbedOptions {
     pub device: Device,
     /// Show a progress bar on stderr while the default model is fetched.
     pub progress: bool,
+    /// How the encoder computes (default f32, equal to sentence-transformers within 1e-5);
+    /// `AutoMixedBf16` runs the products in bf16 with the weights stored in bf16 (faster where
+    /// the CPU has AVX-512 BF16, cosine ≥ 0.999 to the f32 vectors).
+    pub precision: PrecisionPolicy,
 }
 
 impl Default for EmbedOptions {
@@ -58,6 +62,7 @@ impl Default for EmbedOptions {
             threads: None,
             device: Device::Cpu,
             progress: false,
+            precision: PrecisionPolicy::AlwaysF32,
         }
     }
 }
@@ -158,7 +163,7 @@ impl Embedder {
             })?;
         tokenizer.with_padding(None);
         let params = weights::load(&dir.join("model.safetensors"), &config)?;
-        let mut session = Session::new(opts.device);
+        let mut session = Session::new(opts.device).with_precision(opts.precision.clone());
         if let Some(t) = opts.threads {
             session = session.with_threads(t.max(1));
         }

@@ -36,20 +36,48 @@ fn compile_once(session: &Session) -> f64 {
     ms
 }
 
-/// The child: compile with a cache in `dir`, then again in the same process; print both times
-/// and what the cache answered.
-pub fn child(dir: &str) {
+/// One compile of Gemma 3's one-token decode graph (context 4096, f16 cache, as `rlx generate`
+/// builds it), in ms; the weights are not loaded (only the graph is compiled).
+fn compile_gemma(session: &Session) -> f64 {
+    let path = rlx::hub::ensure(rlx::hub::KnownModel::Gemma3, false).expect("Gemma 3 fetched");
+    let f = rlx::gguf::GgufFile::open(&path).expect("gguf");
+    let cfg = rlx::llm::LlmConfig::from_gguf(&f).expect("config");
+    let spec = rlx::llm::StepSpec {
+        tokens: 1,
+        all_logits: false,
+        ctx: cfg.ctx_train.min(4096),
+        cache_dtype: DType::F16,
+    };
+    let g = rlx::llm::build_step(&cfg, &f, spec).expect("graph");
+    let t0 = Instant::now();
+    let c = session.try_compile(g).expect("compile");
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    std::hint::black_box(c);
+    ms
+}
+
+/// The child: compile `what` (`gpt` or `gemma3`) with a cache in `dir`, then again in the same
+/// process; print both times and what the cache answered.
+pub fn child(what: &str, dir: &str) {
     let cache = CompileCache::at(dir);
     let s = Session::new(Device::Cpu).with_compile_cache(cache.clone());
-    let first = compile_once(&s);
-    let again = compile_once(&s);
+    let once = |s: &Session| {
+        if what == "gemma3" {
+            compile_gemma(s)
+        } else {
+            compile_once(s)
+        }
+    };
+    let first = once(&s);
+    let again = once(&s);
     let st = cache.stats();
     println!("{first} {again} {} {}", st.disk_hits, st.misses);
 }
 
-fn run_child(dir: &std::path::Path) -> (f64, f64, usize, usize) {
+fn run_child(what: &str, dir: &std::path::Path) -> (f64, f64, usize, usize) {
     let out = Command::new(std::env::current_exe().expect("own path"))
         .arg("compile-child")
+        .arg(what)
         .arg(dir)
         .output()
         .expect("run child");
@@ -69,37 +97,37 @@ fn run_child(dir: &std::path::Path) -> (f64, f64, usize, usize) {
     }
 }
 
-/// `rounds` pairs of new processes (empty cache, then filled cache).
+/// `rounds` pairs of new processes (empty cache, then filled cache) for each graph.
 pub fn suite(rounds: usize) {
-    let (mut miss, mut disk, mut mem, mut plain2) = (
-        Samples::default(),
-        Samples::default(),
-        Samples::default(),
-        Samples::default(),
-    );
-    for r in 0..rounds {
-        let dir = std::env::temp_dir().join(format!("rlx-bench-cache-{}-{r}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let (a, a2, hits, misses) = run_child(&dir);
-        assert_eq!((hits, misses), (0, 1), "the first process compiles");
-        miss.push(a);
-        mem.push(a2);
-        let (b, b2, hits, _) = run_child(&dir);
-        assert_eq!(hits, 1, "the second process reads the entry");
-        disk.push(b);
-        plain2.push(b2);
-        let _ = std::fs::remove_dir_all(&dir);
+    println!("\n### Compiling in a new process without and with the compile cache, ms: median [min–max] of {rounds} processes each\n");
+    println!("| graph | new process, empty cache | new process, entry on disk | miss / disk hit | same process, entry in memory | miss / memory hit |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for (what, label) in [
+        ("gpt", "character GPT training step (Trainer::new)"),
+        ("gemma3", "Gemma 3 270M decode graph (compile only)"),
+    ] {
+        let (mut miss, mut disk, mut mem) =
+            (Samples::default(), Samples::default(), Samples::default());
+        for r in 0..rounds {
+            let dir =
+                std::env::temp_dir().join(format!("rlx-bench-cache-{}-{r}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            let (a, a2, hits, misses) = run_child(what, &dir);
+            assert_eq!((hits, misses), (0, 1), "the first process compiles");
+            miss.push(a);
+            mem.push(a2);
+            let (b, _, hits, _) = run_child(what, &dir);
+            assert_eq!(hits, 1, "the second process reads the entry");
+            disk.push(b);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        println!(
+            "| {label} | {} | {} | {} | {} | {} |",
+            miss.show(2),
+            disk.show(2),
+            crate::stats::ratio(&miss, &disk),
+            mem.show(2),
+            crate::stats::ratio(&miss, &mem),
+        );
     }
-    println!("\n### Compiling the character GPT's training step (Trainer::new), ms: median [min–max] of {rounds} processes each\n");
-    println!("| new process, empty cache | new process, entry on disk | miss / disk hit | same process, entry in memory | miss / memory hit |");
-    println!("|---:|---:|---:|---:|---:|");
-    println!(
-        "| {} | {} | {} | {} | {} |",
-        miss.show(2),
-        disk.show(2),
-        crate::stats::ratio(&miss, &disk),
-        mem.show(2),
-        crate::stats::ratio(&miss, &mem),
-    );
-    std::hint::black_box(plain2);
 }

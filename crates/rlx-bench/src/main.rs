@@ -583,11 +583,12 @@ fn overhead_suite(o: &Opts) {
 
 fn main() {
     if std::env::args().nth(1).as_deref() == Some("compile-child") {
-        compile::child(
-            &std::env::args()
-                .nth(2)
-                .unwrap_or_else(|| die("compile-child DIR")),
-        );
+        let arg = |i| {
+            std::env::args()
+                .nth(i)
+                .unwrap_or_else(|| die("compile-child WHAT DIR"))
+        };
+        compile::child(&arg(2), &arg(3));
         return;
     }
     let o = parse();

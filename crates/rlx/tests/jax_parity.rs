@@ -718,3 +718,72 @@ fn f_transformer_hessian_vector_product() {
         );
     }
 }
+
+/// `sum(cond(sum(x*w) > 0, u -> u*u/2, u -> -sin(u)) at u = x*w)` with `Graph::cond`.
+fn cond_graph(n: usize) -> Graph {
+    let branch = |name: &str, f: &dyn Fn(&mut Graph, NodeId) -> NodeId| {
+        let mut b = Graph::new(name);
+        let u = b.input("u", Shape::new(&[n], F));
+        let y = f(&mut b, u);
+        b.set_outputs(vec![y]);
+        b
+    };
+    let then_b = branch("square", &|b, u| {
+        let sq = b.mul(u, u);
+        let half = b.scalar(0.5, F);
+        let half = b.expand(half, &[n]);
+        b.mul(sq, half)
+    });
+    let else_b = branch("neg_sin", &|b, u| {
+        let s = b.activation(Activation::Sin, u);
+        b.activation(Activation::Neg, s)
+    });
+    let mut g = Graph::new("cond_piecewise");
+    let w = g.param("w", Shape::new(&[n], F));
+    let x = g.input("x", Shape::new(&[n], F));
+    let u = g.mul(x, w);
+    let s = g.sum(u, &[0], false);
+    let zero = g.scalar(0.0, F);
+    let pred = g.compare(rlx::ops::CmpOp::Gt, s, zero);
+    let y = g.cond(pred, then_b, else_b, &[u]).expect("cond");
+    let loss = g.sum(y, &[0], false);
+    g.set_outputs(vec![loss]);
+    g
+}
+
+/// (j) Control flow: `Graph::cond` against `lax.cond` — value and gradient on both sides of
+/// the predicate, forward mode, and vmap over a batch whose predicates differ.
+#[test]
+fn j_cond_against_lax_cond() {
+    let s = scenario("cond");
+    let n = s.input("w").shape[0];
+    let g = cond_graph(n);
+    let w = g.find_leaf("w").unwrap();
+    let gl = grad_with_loss(&g, &[w]).expect("grad of cond");
+    let jg = jvp(&g, &["w"]).expect("jvp of cond");
+    let tw = tangent_name("w");
+    for tag in ["pos", "neg"] {
+        let xname = format!("x_{tag}");
+        let v = run(g.clone(), &s, &["w"], &[("x", &xname)], &[]);
+        compare(&s, &format!("loss_{tag}"), None, &v[0], RTOL);
+        let outs = run(
+            gl.clone(),
+            &s,
+            &["w"],
+            &[("x", &xname)],
+            &[(D_OUTPUT, vec![1.0])],
+        );
+        compare(&s, &format!("loss_{tag}"), None, &outs[0], RTOL);
+        compare(&s, &format!("grad_w_{tag}"), None, &outs[1], RTOL);
+        let outs = run(jg.clone(), &s, &["w"], &[("x", &xname), (&tw, "t_w")], &[]);
+        compare(&s, &format!("jvp_{tag}"), None, &outs[1], RTOL);
+    }
+    let batch = s.input("xs").shape[0];
+    let vg = vmap(&g, &["x"], batch).expect("vmap of cond");
+    let outs = run(vg, &s, &["w"], &[("x", "xs")], &[]);
+    compare(&s, "vmap_losses", None, &outs[0], RTOL);
+    let gw = grad(&g, &[w]).expect("grad");
+    let vgw = vmap(&gw, &["x"], batch).expect("vmap of grad of cond");
+    let outs = run(vgw, &s, &["w"], &[("x", "xs")], &[]);
+    compare(&s, "vmap_grads", None, &outs[0], RTOL);
+}

@@ -4,6 +4,7 @@
 
 pub mod adam;
 mod attention;
+mod control;
 mod elementwise;
 pub mod fused;
 pub mod gemm;
@@ -173,6 +174,8 @@ pub fn supports(op: &Op) -> bool {
         Op::DequantMatMul { scheme } => scheme.is_gguf(),
         // Elementwise and multiply-reduce regions the group loop runs; the rest are inlined.
         Op::Fused(r) => fused::region_program(r).is_some(),
+        // `if` runs only its taken branch (its decomposition would run both).
+        Op::Defined(d) if d.name() == "if" => true,
         // Decomposed into primitives before lowering (ops defined by an `OpDef` too: one that
         // needs a native kernel gets an arm here matching its name).
         Op::DotGeneral(_) | Op::Custom(_) | Op::Defined(_) => false,
@@ -198,6 +201,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         Op::Conv(_) | Op::Pool(_) => spatial::lower(info),
         Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => quant::lower(info),
         Op::CacheWrite | Op::CachedAttention { .. } | Op::PagedAttention { .. } => kv::lower(info),
+        Op::Defined(d) if d.name() == "if" => control::lower(info),
         op => Err(info.unsupported(format!("{} has no CPU kernel", op.name()))),
     }
 }

@@ -9,6 +9,7 @@
 mod ad;
 mod batch;
 pub mod blocks;
+mod cond;
 mod custom;
 mod def;
 mod dequantize;
@@ -27,6 +28,7 @@ mod spatial;
 
 pub use batch::{batch, batch_supported, materialize as batch_materialize, Batched};
 pub use blocks::{Embedding, Linear, Mlp, TransformerBlock};
+pub use cond::If;
 pub use def::{registration, registrations, DefinedOp, OpDef, OpRegistration};
 pub use dequantize::Dequantize;
 pub use fake_quantize::FakeQuantize;
@@ -41,6 +43,7 @@ const DEFINED: &[OpRegistration] = &[
     blocks::EMBEDDING,
     blocks::MLP,
     blocks::TRANSFORMER_BLOCK,
+    cond::OP,
 ];
 
 use crate::{Dim, Error, Graph, NodeId, Op, Result, Shape};

@@ -175,6 +175,14 @@ pub fn op_of(name: &str, a: &Value) -> Op {
         "dequant_matmul" => Op::DequantMatMul {
             scheme: scheme(&a["scheme"]),
         },
+        // `if`: its branches are graphs in the text form.
+        "if" => {
+            let branch = |k: &str| {
+                Graph::parse(a[k].as_str().expect("branch text"))
+                    .unwrap_or_else(|e| panic!("if {k} branch: {e}"))
+            };
+            Op::defined(rlx::ir::ops::If::new(branch("then"), branch("else")))
+        }
         // Ops defined by an `OpDef`: the row's attributes in the text form (null is `none`).
         name if rlx::ir::ops::registration(name).is_some() => {
             let items: Vec<String> = a

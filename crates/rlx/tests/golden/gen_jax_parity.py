@@ -387,6 +387,37 @@ def scenario_mlp_jvp():
     }
 
 
+def cond_piecewise(w, x):
+    """sum(lax.cond(sum(x*w) > 0, u -> u*u/2, u -> -sin(u)) applied to u = x*w)."""
+    u = x * w
+    y = jax.lax.cond(jnp.sum(u) > 0, lambda u: u * u * 0.5, lambda u: -jnp.sin(u), u)
+    return jnp.sum(y)
+
+
+def scenario_cond():
+    """lax.cond: value and grad on both sides of the predicate, jvp, and vmap over a batch
+    whose predicates differ (batched cond becomes a per-element select)."""
+    w = normal((4,))
+    x_pos = np.abs(normal((4,))) * np.sign(w)        # sum(x*w) > 0
+    x_neg = -x_pos                                    # sum(x*w) < 0
+    t_w = normal((4,))
+    xs = np.stack([x_pos, x_neg, normal((4,))])
+    expected = {}
+    for tag, x in (("pos", x_pos), ("neg", x_neg)):
+        loss, g = jax.value_and_grad(cond_piecewise)(w, x)
+        expected[f"loss_{tag}"] = loss
+        expected[f"grad_w_{tag}"] = g
+        y, ty = jax.jvp(lambda w: cond_piecewise(w, x), (w,), (t_w,))
+        expected[f"jvp_{tag}"] = ty
+    expected["vmap_losses"] = jax.vmap(lambda x: cond_piecewise(w, x))(xs)
+    expected["vmap_grads"] = jax.vmap(lambda x: jax.grad(cond_piecewise)(w, x))(xs)
+    return {
+        "config": {},
+        "inputs": tensors({"w": w, "x_pos": x_pos, "x_neg": x_neg, "t_w": t_w, "xs": xs}),
+        "expected": tensors(expected),
+    }
+
+
 # ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
@@ -408,6 +439,7 @@ def main():
     scenarios["third_derivative"] = scenario_third_derivative()
     scenarios["mlp_jvp"] = scenario_mlp_jvp()
     scenarios["transformer_hvp"] = scenario_transformer_hvp(tf)
+    scenarios["cond"] = scenario_cond()
 
     header = {"generator": "gen_jax_parity.py", "numpy": np.__version__, "jax": jax.__version__}
     # One scenario per line keeps diffs of the golden file reviewable.

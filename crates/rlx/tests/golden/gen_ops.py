@@ -1445,6 +1445,22 @@ def gen_blocks(table):
                   y, "f32", "accumulate")
 
 
+def gen_if(table):
+    """lax.cond with a scalar predicate, both ways: then = x*x + 1, else = -x (the branches as
+    rlx text-form graphs)."""
+    for dtype in ["f32", "f64"]:
+        then_b = fused_body("sq1", [("x", dtype, [5])],
+                            [f"%1 = mul %0, %0 : {dtype}[5]",
+                             f"%2 = constant {{data = 0x{np.ones(5, NP_DTYPE[dtype]).tobytes().hex()}}} : {dtype}[5]",
+                             f"%3 = add %1, %2 : {dtype}[5]"], "%3")
+        else_b = fused_body("neg", [("x", dtype, [5])], [f"%1 = neg %0 : {dtype}[5]"], "%1")
+        x = normal([5], 1.5, dtype)
+        for p in (True, False):
+            ref = jax.lax.cond(p, lambda v: v * v + 1.0, lambda v: -v, wide(x))
+            table.add("if", "true" if p else "false", {"then": then_b, "else": else_b},
+                      [arg(np.asarray(p), "bool"), arg(x, dtype)], np.asarray(ref), dtype, "elementwise")
+
+
 # ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
@@ -1455,7 +1471,7 @@ GENERATORS = [
     gen_transpose, gen_narrow, gen_concat, gen_expand, gen_gather,
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
     gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
-    gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints, gen_blocks,
+    gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints, gen_blocks, gen_if,
 ]
 
 

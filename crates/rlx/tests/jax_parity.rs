@@ -787,3 +787,126 @@ fn j_cond_against_lax_cond() {
     let outs = run(vgw, &s, &["w"], &[("x", "xs")], &[]);
     compare(&s, "vmap_grads", None, &outs[0], RTOL);
 }
+
+/// Newton's square root as a `while_loop` over carries `(a, x)`: with the tolerance test
+/// (`exact`: false), or always true (a fixed trip count under `max_iterations`).
+fn newton_graph(max_iterations: Option<usize>, tolerance: bool) -> Graph {
+    let s = Shape::new(&[], F);
+    let mut cond = Graph::new("not_converged");
+    let a = cond.input("a", s.clone());
+    let x = cond.input("x", s.clone());
+    let p = if tolerance {
+        let xx = cond.mul(x, x);
+        let r = cond.sub(xx, a);
+        let r = cond.activation(Activation::Abs, r);
+        let eps = cond.scalar(1e-12, F);
+        let tol = cond.mul(eps, a);
+        cond.compare(rlx::ops::CmpOp::Gt, r, tol)
+    } else {
+        cond.compare(rlx::ops::CmpOp::Eq, x, x)
+    };
+    cond.set_outputs(vec![p]);
+    let mut body = Graph::new("newton_step");
+    let a = body.input("a", s.clone());
+    let x = body.input("x", s.clone());
+    let q = body.div(a, x);
+    let y = body.add(x, q);
+    let half = body.scalar(0.5, F);
+    let y = body.mul(half, y);
+    body.set_outputs(vec![a, y]);
+    let mut g = Graph::new("newton_sqrt");
+    let a = g.input("a", s);
+    let outs = g
+        .while_loop(cond, body, &[a, a], max_iterations)
+        .expect("while");
+    g.set_outputs(vec![outs[1]]);
+    g
+}
+
+/// (k) `while_loop` against `lax.while_loop` / `fori_loop`: the value by a real loop (no bound),
+/// forward mode and vmap through the bounded form, the gradient through a fixed trip count.
+#[test]
+fn k_while_loop_against_lax() {
+    let s = scenario("while");
+    let g = newton_graph(None, true);
+    let v = run(g, &s, &[], &[("a", "a")], &[]);
+    compare(&s, "sqrt", None, &v[0], RTOL);
+    let bounded = newton_graph(Some(50), true);
+    let jg = jvp(&bounded, &["a"]).expect("jvp of a bounded while");
+    let ta = tangent_name("a");
+    let outs = run(jg, &s, &[], &[("a", "a"), (&ta, "t_a")], &[]);
+    compare(&s, "sqrt", None, &outs[0], RTOL);
+    compare(&s, "jvp", None, &outs[1], RTOL);
+    let n = s.input("as").shape[0];
+    let vg = vmap(&bounded, &["a"], n).expect("vmap of a bounded while");
+    let outs = run(vg, &s, &[], &[("a", "as")], &[]);
+    compare(&s, "vmap", None, &outs[0], RTOL);
+    let fori = newton_graph(Some(30), false);
+    let a = fori.find_leaf("a").unwrap();
+    let dg = grad(&fori, &[a]).expect("grad of a fixed-trip while");
+    let outs = run(dg, &s, &[], &[("a", "a")], &[]);
+    compare(&s, "grad_fori", None, &outs[0], RTOL);
+    // Without a bound there is no reverse mode: a named error, not a panic.
+    let unbounded = newton_graph(None, true);
+    let a = unbounded.find_leaf("a").unwrap();
+    let e = grad(&unbounded, &[a]).unwrap_err();
+    assert!(e.to_string().contains("while"), "{e}");
+}
+
+/// A tanh RNN `h_t = tanh(h_{t-1} w + x_t u)` over `xs` by `scan_with` (w, u passed whole);
+/// outputs the loss `sum(hs)` and the stacked states.
+fn rnn_graph(s: &Scenario, xs_name: &str) -> Graph {
+    let (h, d) = (s.input("h0").shape[0], s.input("u").shape[0]);
+    let mut body = Graph::new("rnn_step");
+    let c = body.input("h", Shape::new(&[h], F));
+    let w = body.input("w", Shape::new(&[h, h], F));
+    let u = body.input("u", Shape::new(&[d, h], F));
+    let x = body.input("x", Shape::new(&[d], F));
+    let c2 = body.reshape(c, &[1, h]);
+    let hw = body.dot(c2, w);
+    let x2 = body.reshape(x, &[1, d]);
+    let xu = body.dot(x2, u);
+    let z = body.add(hw, xu);
+    let z = body.activation(Activation::Tanh, z);
+    let z = body.reshape(z, &[h]);
+    body.set_outputs(vec![z]);
+    let mut g = Graph::new("rnn");
+    let h0 = param(&mut g, s, "h0");
+    let w = param(&mut g, s, "w");
+    let u = param(&mut g, s, "u");
+    let xs = input(&mut g, s, xs_name);
+    let hs = g.scan_with(body, h0, &[w, u], &[xs]).expect("scan");
+    let loss = sum_all(&mut g, hs);
+    g.set_outputs(vec![loss, hs]);
+    g
+}
+
+/// (l) `scan` against `lax.scan`: the states and loss by a real loop, gradients w.r.t. the
+/// initial state and both weights, jvp along `w`, vmap over a batch of sequences.
+#[test]
+fn l_scan_against_lax_scan() {
+    let s = scenario("scan");
+    let ps = ["h0", "w", "u"];
+    let g = rnn_graph(&s, "xs");
+    let outs = run(g.clone(), &s, &ps, &[("xs", "xs")], &[]);
+    compare(&s, "loss", None, &outs[0], RTOL);
+    compare(&s, "hs", None, &outs[1], RTOL);
+    let mut lg = g.clone();
+    let loss = lg.outputs()[0];
+    lg.set_outputs(vec![loss]);
+    let ids: Vec<NodeId> = ps.iter().map(|p| lg.find_leaf(p).unwrap()).collect();
+    let gl = grad_with_loss(&lg, &ids).expect("grad of scan");
+    let outs = run(gl, &s, &ps, &[("xs", "xs")], &[(D_OUTPUT, vec![1.0])]);
+    compare(&s, "loss", None, &outs[0], RTOL);
+    compare(&s, "grad_h0", None, &outs[1], RTOL);
+    compare(&s, "grad_w", None, &outs[2], RTOL);
+    compare(&s, "grad_u", None, &outs[3], RTOL);
+    let jg = jvp(&lg, &["w"]).expect("jvp of scan");
+    let tw = tangent_name("w");
+    let outs = run(jg, &s, &ps, &[("xs", "xs"), (&tw, "t_w")], &[]);
+    compare(&s, "jvp_w", None, &outs[1], RTOL);
+    let b = s.input("batch").shape[0];
+    let vg = vmap(&lg, &["xs"], b).expect("vmap of scan");
+    let outs = run(vg, &s, &ps, &[("xs", "batch")], &[]);
+    compare(&s, "vmap_losses", None, &outs[0], RTOL);
+}

@@ -1,6 +1,9 @@
-//! Control flow: `if` runs only its taken branch. Each branch is compiled at lowering as a
-//! program of its own (its own arena, the same thread count); at run time the predicate is read,
-//! the args are copied into the taken branch's inputs, it runs, and its result is copied out.
+//! Control flow. Each graph an op carries (branch, loop condition, loop body) is compiled at
+//! lowering as a program of its own (its own arena, the same thread count). `if` copies its
+//! args into the taken branch only and runs it; `while` runs its condition and body programs
+//! in a loop over carries kept in host buffers, for as many iterations as the predicate asks
+//! (no unrolling); `scan` runs its body once per step, feeding each step's slice of the
+//! sequences and writing each new carry into its row of the result.
 
 use super::{materialize, Kernel, Lowered, NodeInfo, TRef};
 use crate::pool::Pool;
@@ -36,36 +39,175 @@ impl Kernel for IfKernel {
     }
 }
 
-/// Lower an `if` node: compile both branches for `info.threads` threads.
-pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
+/// A graph attribute of a defined op, compiled for `threads`.
+fn program(info: &NodeInfo<'_>, key: &str) -> Result<Program> {
     let Op::Defined(d) = &info.node.op else {
         return Err(info.unsupported("not control flow"));
     };
-    // The branches are the op's graph attributes.
-    let branch = |key: &str| {
-        d.def()
-            .attrs()
-            .into_iter()
-            .find_map(|(k, a)| match a {
-                Attr::Graph(g) if k == key => Some(*g),
-                _ => None,
-            })
-            .ok_or_else(|| info.unsupported(format!("{} has no {key} branch", d.name())))
+    let g = d
+        .def()
+        .attrs()
+        .into_iter()
+        .find_map(|(k, a)| match a {
+            Attr::Graph(g) if k == key => Some(*g),
+            _ => None,
+        })
+        .ok_or_else(|| info.unsupported(format!("{} has no {key} graph", d.name())))?;
+    crate::compile(&g, info.threads)
+}
+
+/// An integer attribute of a defined op (`None` when absent or `none`).
+fn int_attr(info: &NodeInfo<'_>, key: &str) -> Option<usize> {
+    let Op::Defined(d) = &info.node.op else {
+        return None;
     };
-    let threads = info.threads;
-    let then_p = crate::compile(&branch("then")?, threads)?;
-    let else_p = crate::compile(&branch("else")?, threads)?;
+    d.def().attrs().into_iter().find_map(|(k, a)| match a {
+        Attr::Int(v) if k == key => Some(v as usize),
+        _ => None,
+    })
+}
+
+/// Staging buffers of the operands' sizes.
+fn staging(ins: &[TRef]) -> Vec<Vec<u8>> {
+    ins.iter()
+        .map(|a| vec![0u8; a.layout.numel() * a.dtype.size_bytes()])
+        .collect()
+}
+
+/// Lower an `if` node: compile both branches for `info.threads` threads.
+pub(super) fn lower_if(info: &NodeInfo<'_>) -> Result<Lowered> {
+    let then_p = program(info, "then")?;
+    let else_p = program(info, "else")?;
     Ok(Lowered::Compute {
         scratch: 0,
         build: Box::new(move |ins, out, _| {
-            let staging = ins[1..]
-                .iter()
-                .map(|a| vec![0u8; a.layout.numel() * a.dtype.size_bytes()])
-                .collect();
             Box::new(IfKernel {
-                state: Mutex::new(([then_p, else_p], staging)),
+                state: Mutex::new(([then_p, else_p], staging(&ins[1..]))),
                 ins: ins.to_vec(),
                 out,
+            }) as Box<dyn Kernel>
+        }),
+    })
+}
+
+/// A `while` loop: condition and body programs and the carries.
+struct WhileKernel {
+    state: Mutex<(Program, Program, Vec<Vec<u8>>)>,
+    ins: Vec<TRef>,
+    out: TRef,
+    max: Option<usize>,
+    output: usize,
+}
+
+impl Kernel for WhileKernel {
+    fn run(&self, _pool: &Pool) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (cond, body, carries) = &mut *st;
+        for (a, c) in self.ins.iter().zip(carries.iter_mut()) {
+            materialize(a, c);
+        }
+        let mut done = 0;
+        while self.max.is_none_or(|m| done < m) {
+            for (i, c) in carries.iter().enumerate() {
+                cond.write_input(i, c);
+            }
+            cond.execute();
+            let mut p = [0u8; 1];
+            cond.read_output(0, &mut p);
+            if p[0] == 0 {
+                break;
+            }
+            for (i, c) in carries.iter().enumerate() {
+                body.write_input(i, c);
+            }
+            body.execute();
+            for (i, c) in carries.iter_mut().enumerate() {
+                body.read_output(i, c);
+            }
+            done += 1;
+        }
+        let r = &carries[self.output];
+        // SAFETY: the output is a fresh contiguous buffer of the carry's size.
+        unsafe { std::ptr::copy_nonoverlapping(r.as_ptr(), self.out.ptr.0, r.len()) };
+    }
+}
+
+/// Lower a `while` node.
+pub(super) fn lower_while(info: &NodeInfo<'_>) -> Result<Lowered> {
+    let cond = program(info, "cond")?;
+    let body = program(info, "body")?;
+    let max = int_attr(info, "max_iterations");
+    let output = int_attr(info, "output").unwrap_or(0);
+    Ok(Lowered::Compute {
+        scratch: 0,
+        build: Box::new(move |ins, out, _| {
+            Box::new(WhileKernel {
+                state: Mutex::new((cond, body, staging(ins))),
+                ins: ins.to_vec(),
+                out,
+                max,
+                output,
+            }) as Box<dyn Kernel>
+        }),
+    })
+}
+
+/// A `scan`: the body program, the carry and the sequences.
+struct ScanKernel {
+    state: Mutex<(Program, Vec<Vec<u8>>)>,
+    ins: Vec<TRef>,
+    out: TRef,
+    steps: usize,
+    consts: usize,
+}
+
+impl Kernel for ScanKernel {
+    fn run(&self, _pool: &Pool) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (body, bufs) = &mut *st;
+        for (a, b) in self.ins.iter().zip(bufs.iter_mut()) {
+            materialize(a, b);
+        }
+        let (carry, rest) = bufs.split_at_mut(1);
+        let carry = &mut carry[0];
+        let (consts, xs) = rest.split_at(self.consts);
+        for t in 0..self.steps {
+            body.write_input(0, carry);
+            for (j, c) in consts.iter().enumerate() {
+                body.write_input(1 + j, c);
+            }
+            for (j, x) in xs.iter().enumerate() {
+                let n = x.len() / self.steps;
+                body.write_input(1 + self.consts + j, &x[t * n..(t + 1) * n]);
+            }
+            body.execute();
+            body.read_output(0, carry);
+            // SAFETY: row `t` of the output holds one carry.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    carry.as_ptr(),
+                    self.out.ptr.0.add(t * carry.len()),
+                    carry.len(),
+                )
+            };
+        }
+    }
+}
+
+/// Lower a `scan` node.
+pub(super) fn lower_scan(info: &NodeInfo<'_>) -> Result<Lowered> {
+    let body = program(info, "body")?;
+    let steps = info.dims.first().copied().unwrap_or(0);
+    let consts = int_attr(info, "consts").unwrap_or(0);
+    Ok(Lowered::Compute {
+        scratch: 0,
+        build: Box::new(move |ins, out, _| {
+            Box::new(ScanKernel {
+                state: Mutex::new((body, staging(ins))),
+                ins: ins.to_vec(),
+                out,
+                steps,
+                consts,
             }) as Box<dyn Kernel>
         }),
     })

@@ -174,8 +174,9 @@ pub fn supports(op: &Op) -> bool {
         Op::DequantMatMul { scheme } => scheme.is_gguf(),
         // Elementwise and multiply-reduce regions the group loop runs; the rest are inlined.
         Op::Fused(r) => fused::region_program(r).is_some(),
-        // `if` runs only its taken branch (its decomposition would run both).
-        Op::Defined(d) if d.name() == "if" => true,
+        // Control flow loops and branches for real: `if` runs only its taken branch, `while`
+        // and `scan` without unrolling.
+        Op::Defined(d) if matches!(d.name(), "if" | "while" | "scan") => true,
         // Decomposed into primitives before lowering (ops defined by an `OpDef` too: one that
         // needs a native kernel gets an arm here matching its name).
         Op::DotGeneral(_) | Op::Custom(_) | Op::Defined(_) => false,
@@ -201,7 +202,9 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         Op::Conv(_) | Op::Pool(_) => spatial::lower(info),
         Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => quant::lower(info),
         Op::CacheWrite | Op::CachedAttention { .. } | Op::PagedAttention { .. } => kv::lower(info),
-        Op::Defined(d) if d.name() == "if" => control::lower(info),
+        Op::Defined(d) if d.name() == "if" => control::lower_if(info),
+        Op::Defined(d) if d.name() == "while" => control::lower_while(info),
+        Op::Defined(d) if d.name() == "scan" => control::lower_scan(info),
         op => Err(info.unsupported(format!("{} has no CPU kernel", op.name()))),
     }
 }

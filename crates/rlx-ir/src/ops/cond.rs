@@ -73,42 +73,103 @@ impl If {
     }
 }
 
-/// A branch applied to `args` in `g`: its nodes copied with its inputs replaced by the args.
-pub(crate) fn inline(g: &mut Graph, branch: &Graph, args: &[NodeId]) -> Result<NodeId> {
-    let mut map = Vec::with_capacity(branch.len());
+/// A graph applied to `args` in `g`: its nodes copied with its inputs (in declaration order)
+/// replaced by the args; its outputs' new ids. `op` names the op for errors.
+pub(crate) fn inline_all(
+    op: &str,
+    g: &mut Graph,
+    body: &Graph,
+    args: &[NodeId],
+) -> Result<Vec<NodeId>> {
+    let mut map = Vec::with_capacity(body.len());
     let mut next_arg = 0;
-    for id in branch.ids() {
-        let n = branch.node(id);
+    for id in body.ids() {
+        let n = body.node(id);
         let new = match &n.op {
             Op::Input { .. } => {
                 let a = *args.get(next_arg).ok_or_else(|| {
-                    Error::op("if", "a branch has more inputs than the op has args")
+                    Error::op(
+                        op.to_string(),
+                        format!(
+                            "graph \"{}\" has more inputs than the op has operands",
+                            body.name()
+                        ),
+                    )
                 })?;
                 next_arg += 1;
                 a
             }
             Op::Param { name } => {
                 return Err(Error::op(
-                    "if",
+                    op.to_string(),
                     format!(
-                        "branch \"{}\" declares param \"{name}\"; pass it as an arg",
-                        branch.name()
+                        "graph \"{}\" declares param \"{name}\"; pass it as an operand",
+                        body.name()
                     ),
                 ))
             }
             Op::Constant { .. } => g.push_unchecked(n.op.clone(), Vec::new(), n.shape.clone()),
-            op => {
+            other => {
                 let ins: Vec<NodeId> = n.inputs.iter().map(|i| map[i.index()]).collect();
-                g.try_op(op.clone(), &ins)?
+                g.try_op(other.clone(), &ins)?
             }
         };
         map.push(new);
     }
-    let out = branch
-        .outputs()
+    Ok(body.outputs().iter().map(|o| map[o.index()]).collect())
+}
+
+/// A branch applied to `args`: its one output.
+fn inline(g: &mut Graph, branch: &Graph, args: &[NodeId]) -> Result<NodeId> {
+    inline_all("if", g, branch, args)?
         .first()
-        .ok_or_else(|| Error::op("if", format!("branch \"{}\" has no output", branch.name())))?;
-    Ok(map[out.index()])
+        .copied()
+        .ok_or_else(|| Error::op("if", format!("branch \"{}\" has no output", branch.name())))
+}
+
+/// Check that `body`'s inputs take operands of shapes `args` and that it has no params.
+pub(crate) fn check_inputs(op: &str, which: &str, body: &Graph, args: &[&Shape]) -> Result<()> {
+    let inputs = body.inputs();
+    if inputs.len() != args.len() {
+        return Err(Error::op(
+            op.to_string(),
+            format!(
+                "the {which} graph \"{}\" takes {} inputs but the op has {} args",
+                body.name(),
+                inputs.len(),
+                args.len()
+            ),
+        ));
+    }
+    for (i, ((name, id), a)) in inputs.iter().zip(args).enumerate() {
+        if body.shape(*id) != *a {
+            return Err(Error::op(
+                op.to_string(),
+                format!(
+                    "arg {i} is {a} but the {which} graph's input \"{name}\" is {}",
+                    body.shape(*id)
+                ),
+            ));
+        }
+    }
+    if let Some((name, _)) = body.params().first() {
+        return Err(Error::op(
+            op.to_string(),
+            format!("the {which} graph declares param \"{name}\"; pass it as an arg"),
+        ));
+    }
+    Ok(())
+}
+
+/// Evaluate `body` on `args` (its inputs in declaration order) with the reference evaluator.
+pub(crate) fn eval_graph(body: &Graph, args: &[Tensor]) -> Result<Vec<Tensor>> {
+    let leaves: BTreeMap<String, Tensor> = body
+        .inputs()
+        .iter()
+        .zip(args)
+        .map(|((name, _), t)| (name.to_string(), t.clone()))
+        .collect();
+    crate::eval::evaluate(body, &leaves)
 }
 
 impl OpDef for If {
@@ -138,35 +199,7 @@ impl OpDef for If {
         let args = &ins[1..];
         let mut out: Option<Shape> = None;
         for (which, b) in self.branches() {
-            let inputs = b.inputs();
-            if inputs.len() != args.len() {
-                return Err(Error::op(
-                    "if",
-                    format!(
-                        "the {which} branch \"{}\" takes {} inputs but the op has {} args",
-                        b.name(),
-                        inputs.len(),
-                        args.len()
-                    ),
-                ));
-            }
-            for (i, ((name, id), a)) in inputs.iter().zip(args).enumerate() {
-                if b.shape(*id) != *a {
-                    return Err(Error::op(
-                        "if",
-                        format!(
-                            "arg {i} is {a} but the {which} branch's input \"{name}\" is {}",
-                            b.shape(*id)
-                        ),
-                    ));
-                }
-            }
-            if let Some((name, _)) = b.params().first() {
-                return Err(Error::op(
-                    "if",
-                    format!("the {which} branch declares param \"{name}\"; pass it as an arg"),
-                ));
-            }
+            check_inputs("if", which, b, args)?;
             let [o] = b.outputs() else {
                 return Err(Error::op(
                     "if",
@@ -196,13 +229,8 @@ impl OpDef for If {
         } else {
             &self.else_branch
         };
-        let leaves: BTreeMap<String, Tensor> = taken
-            .inputs()
-            .iter()
-            .zip(&ins[1..])
-            .map(|((name, _), t)| (name.to_string(), (*t).clone()))
-            .collect();
-        crate::eval::evaluate(taken, &leaves)?
+        let args: Vec<Tensor> = ins[1..].iter().map(|t| (*t).clone()).collect();
+        eval_graph(taken, &args)?
             .into_iter()
             .next()
             .ok_or_else(|| Error::op("if", "the branch gave no result"))

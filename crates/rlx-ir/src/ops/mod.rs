@@ -19,6 +19,7 @@ mod fused;
 mod index;
 mod kv;
 mod linalg;
+mod loops;
 mod movement;
 mod nn;
 mod quant;
@@ -32,6 +33,7 @@ pub use cond::If;
 pub use def::{registration, registrations, DefinedOp, OpDef, OpRegistration};
 pub use dequantize::Dequantize;
 pub use fake_quantize::FakeQuantize;
+pub use loops::{Scan, While};
 pub use quantize::Quantize;
 
 /// The ops defined in one file each ([`OpDef`]): adding one is its file plus one line here.
@@ -44,6 +46,8 @@ const DEFINED: &[OpRegistration] = &[
     blocks::MLP,
     blocks::TRANSFORMER_BLOCK,
     cond::OP,
+    loops::WHILE,
+    loops::SCAN,
 ];
 
 use crate::{Dim, Error, Graph, NodeId, Op, Result, Shape};

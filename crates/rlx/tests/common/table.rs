@@ -183,6 +183,27 @@ pub fn op_of(name: &str, a: &Value) -> Op {
             };
             Op::defined(rlx::ir::ops::If::new(branch("then"), branch("else")))
         }
+        "while" | "scan" => {
+            let body = |k: &str| {
+                std::sync::Arc::new(
+                    Graph::parse(a[k].as_str().expect("graph text"))
+                        .unwrap_or_else(|e| panic!("{name} {k} graph: {e}")),
+                )
+            };
+            if name == "while" {
+                Op::defined(rlx::ir::ops::While {
+                    cond: body("cond"),
+                    body: body("body"),
+                    max_iterations: a["max_iterations"].as_u64().map(|m| m as usize),
+                    output: a["output"].as_u64().unwrap_or(0) as usize,
+                })
+            } else {
+                Op::defined(rlx::ir::ops::Scan {
+                    body: body("body"),
+                    consts: a["consts"].as_u64().unwrap_or(0) as usize,
+                })
+            }
+        }
         // Ops defined by an `OpDef`: the row's attributes in the text form (null is `none`).
         name if rlx::ir::ops::registration(name).is_some() => {
             let items: Vec<String> = a

@@ -418,6 +418,65 @@ def scenario_cond():
     }
 
 
+def newton_sqrt(a, tol=True):
+    """sqrt(a) by Newton's iteration x <- (x + a/x)/2 from x = a: while |x*x - a| > 1e-12 * a
+    (tol), or exactly 30 iterations (a fori_loop, reverse-differentiable)."""
+    body = lambda c: (c[0], 0.5 * (c[1] + c[0] / c[1]))  # noqa: E731
+    if tol:
+        return jax.lax.while_loop(lambda c: jnp.abs(c[1] * c[1] - c[0]) > 1e-12 * c[0], body, (a, a))[1]
+    return jax.lax.fori_loop(0, 30, lambda i, c: body(c), (a, a))[1]
+
+
+def scenario_while():
+    """lax.while_loop (Newton's square root, carries (a, x)): values and jvp with the
+    tolerance test; the gradient through a fixed 30-iteration loop; vmap over several a."""
+    a = np.float64(2.7)
+    ta = np.float64(0.3)
+    as_ = np.array([0.5, 2.0, 9.0, 30.0])
+    y, ty = jax.jvp(newton_sqrt, (a,), (ta,))
+    return {
+        "config": {},
+        "inputs": tensors({"a": np.asarray(a), "t_a": np.asarray(ta), "as": as_}),
+        "expected": tensors({
+            "sqrt": np.asarray(y),
+            "jvp": np.asarray(ty),
+            "grad_fori": np.asarray(jax.grad(lambda a: newton_sqrt(a, tol=False))(a)),
+            "vmap": jax.vmap(newton_sqrt)(as_),
+        }),
+    }
+
+
+def rnn_loss(h0, w, u, xs):
+    """sum of the hidden states of h_t = tanh(h_{t-1} w + x_t u), by lax.scan."""
+    def step(h, x):
+        h = jnp.tanh(h @ w + x @ u)
+        return h, h
+    _, hs = jax.lax.scan(step, h0, xs)
+    return jnp.sum(hs), hs
+
+
+def scenario_scan():
+    """lax.scan (a tanh RNN over 5 steps): the stacked states, the loss and its gradients,
+    jvp along w, and vmap over a batch of sequences."""
+    hdim, d, t = 3, 2, 5
+    h0, w, u = normal((hdim,)), normal((hdim, hdim), 0.5), normal((d, hdim), 0.5)
+    xs = normal((t, d))
+    tw = normal((hdim, hdim))
+    batch = normal((4, t, d))
+    (loss, hs), grads = jax.value_and_grad(rnn_loss, argnums=(0, 1, 2), has_aux=True)(h0, w, u, xs)
+    _, tloss = jax.jvp(lambda w: rnn_loss(h0, w, u, xs)[0], (w,), (tw,))
+    return {
+        "config": {},
+        "inputs": tensors({"h0": h0, "w": w, "u": u, "xs": xs, "t_w": tw, "batch": batch}),
+        "expected": tensors({
+            "hs": hs, "loss": np.asarray(loss),
+            "grad_h0": grads[0], "grad_w": grads[1], "grad_u": grads[2],
+            "jvp_w": np.asarray(tloss),
+            "vmap_losses": jax.vmap(lambda xs: rnn_loss(h0, w, u, xs)[0])(batch),
+        }),
+    }
+
+
 # ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
@@ -440,6 +499,8 @@ def main():
     scenarios["mlp_jvp"] = scenario_mlp_jvp()
     scenarios["transformer_hvp"] = scenario_transformer_hvp(tf)
     scenarios["cond"] = scenario_cond()
+    scenarios["while"] = scenario_while()
+    scenarios["scan"] = scenario_scan()
 
     header = {"generator": "gen_jax_parity.py", "numpy": np.__version__, "jax": jax.__version__}
     # One scenario per line keeps diffs of the golden file reviewable.

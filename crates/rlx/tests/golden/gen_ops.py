@@ -1461,6 +1461,38 @@ def gen_if(table):
                       [arg(np.asarray(p), "bool"), arg(x, dtype)], np.asarray(ref), dtype, "elementwise")
 
 
+def gen_loops(table):
+    """lax.while_loop (halve x while max(x) > 1; also bounded at 2 iterations) and lax.scan (a
+    running sum with a decay constant passed whole), the graphs in the rlx text form."""
+    for dtype in ["f32", "f64"]:
+        cond = fused_body("big", [("x", dtype, [3])],
+                          [f"%1 = reduce %0 {{kind = max, axes = [0], keepdims = false}} : {dtype}[]",
+                           f"%2 = constant {{data = 0x{np.ones((), NP_DTYPE[dtype]).tobytes().hex()}}} : {dtype}[]",
+                           "%3 = gt %1, %2 : bool[]"], "%3")
+        body = fused_body("halve", [("x", dtype, [3])],
+                          [f"%1 = constant {{data = 0x{np.full(3, 0.5, NP_DTYPE[dtype]).tobytes().hex()}}} : {dtype}[3]",
+                           f"%2 = mul %0, %1 : {dtype}[3]"], "%2")
+        x = quantize(np.abs(normal([3], 6.0, dtype)) + 1.5, dtype)
+        for max_it in (None, 2):
+            def run(v):
+                return jax.lax.while_loop(lambda c: (c[1] if max_it is not None else True) & (jnp_max(c[0]) > 1.0),
+                                          lambda c: (c[0] * 0.5, c[2] + 1 < (max_it or 0), c[2] + 1), (v, True, 0))[0]
+            ref = run(wide(x))
+            table.add("while", "bounded" if max_it else "free",
+                      {"cond": cond, "body": body, "max_iterations": max_it, "output": 0},
+                      [arg(x, dtype)], np.asarray(ref), dtype, "elementwise")
+        sbody = fused_body("decay_sum", [("c", dtype, [3]), ("k", dtype, [3]), ("x", dtype, [3])],
+                           [f"%3 = mul %0, %1 : {dtype}[3]", f"%4 = add %3, %2 : {dtype}[3]"], "%4")
+        c0, k, xs = normal([3], 1.0, dtype), quantize(np.full(3, 0.5), dtype), normal([4, 3], 1.0, dtype)
+        _, hs = jax.lax.scan(lambda c, x: (c * wide(k) + x, c * wide(k) + x), wide(c0), wide(xs))
+        table.add("scan", "decay_sum", {"body": sbody, "consts": 1},
+                  [arg(c0, dtype), arg(k, dtype), arg(xs, dtype)], np.asarray(hs), dtype, "accumulate")
+
+
+def jnp_max(v):
+    return jax.numpy.max(v)
+
+
 # ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
@@ -1471,7 +1503,7 @@ GENERATORS = [
     gen_transpose, gen_narrow, gen_concat, gen_expand, gen_gather,
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
     gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
-    gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints, gen_blocks, gen_if,
+    gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints, gen_blocks, gen_if, gen_loops,
 ]
 
 

@@ -4,7 +4,7 @@
 //! one (a hit read from disk), and in the same process a second compile from memory.
 
 use crate::stats::Samples;
-use rlx::models::{Gpt, GptConfig};
+use rlx::models::Gpt;
 use rlx::prelude::*;
 use rlx::runtime::CompileCache;
 use rlx::train::{Optimizer, Schedule, TrainConfig, Trainer};
@@ -13,14 +13,7 @@ use std::time::Instant;
 
 /// One `Trainer::new` (gradient graph, optimizer graph, compile) of the GPT step, in ms.
 fn compile_once(session: &Session) -> f64 {
-    let m = Gpt::new(GptConfig {
-        vocab: 60,
-        ctx: 64,
-        dim: 128,
-        heads: 4,
-        layers: 2,
-    })
-    .expect("valid config");
+    let m = Gpt::new(crate::train::char_gpt()).expect("valid config");
     let g = m.training_graph(16).expect("valid graph");
     let names: Vec<String> = m.params().into_iter().map(|p| p.0).collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();

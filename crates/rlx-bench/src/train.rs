@@ -25,6 +25,17 @@ pub fn reference_python(given: Option<&str>) -> PathBuf {
     }
 }
 
+/// The benchmark GPT: `examples/char_gpt`'s (vocab 60, context 64, width 128, 4 heads, 2 layers).
+pub(crate) fn char_gpt() -> GptConfig {
+    GptConfig {
+        vocab: 60,
+        ctx: 64,
+        dim: 128,
+        heads: 4,
+        layers: 2,
+    }
+}
+
 fn config() -> TrainConfig {
     TrainConfig {
         optimizer: Optimizer::adamw(0.01),
@@ -103,14 +114,7 @@ fn build(name: &'static str, threads: usize) -> Model {
             )
         }
         _ => {
-            let m = Gpt::new(GptConfig {
-                vocab: 60,
-                ctx: 64,
-                dim: 128,
-                heads: 4,
-                layers: 2,
-            })
-            .expect("valid config");
+            let m = Gpt::new(char_gpt()).expect("valid config");
             let g = m.training_graph(16).expect("valid graph");
             let p = m.params().into_iter().map(|(n, s, _)| (n, s)).collect();
             let t = i32_bytes((0..16 * 64).map(|i| i * 13 % 60));

@@ -75,16 +75,15 @@ fn check(got: &[Vec<f32>], want: &[Vec<f64>], what: &str) -> f64 {
     worst
 }
 
-#[test]
-fn embeddings_equal_sentence_transformers_single_and_batched() {
-    let g = golden("embeddings.json");
-    let sentences: Vec<&str> = g["sentences"]
+/// The golden sentences and sentence-transformers' vectors for them.
+fn sentences_and_vectors(g: &Value) -> (Vec<&str>, Vec<Vec<f64>>) {
+    let sentences = g["sentences"]
         .as_array()
         .unwrap()
         .iter()
         .map(|s| s.as_str().unwrap())
         .collect();
-    let want: Vec<Vec<f64>> = g["embeddings"]
+    let want = g["embeddings"]
         .as_array()
         .unwrap()
         .iter()
@@ -96,6 +95,13 @@ fn embeddings_equal_sentence_transformers_single_and_batched() {
                 .collect()
         })
         .collect();
+    (sentences, want)
+}
+
+#[test]
+fn embeddings_equal_sentence_transformers_single_and_batched() {
+    let g = golden("embeddings.json");
+    let (sentences, want) = sentences_and_vectors(&g);
     let mut e = load(32);
     assert_eq!(e.dim() as u64, g["dim"].as_u64().unwrap());
     assert_eq!(e.config().pooling, Pooling::Mean);
@@ -181,12 +187,7 @@ fn bad_model_directories_name_the_file() {
 #[test]
 fn bf16_embeddings_stay_close_to_sentence_transformers() {
     let g = golden("embeddings.json");
-    let sentences: Vec<&str> = g["sentences"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap())
-        .collect();
+    let (sentences, want) = sentences_and_vectors(&g);
     let opts = EmbedOptions {
         batch_size: 5,
         precision: rlx::PrecisionPolicy::AutoMixedBf16,
@@ -196,21 +197,11 @@ fn bf16_embeddings_stay_close_to_sentence_transformers() {
     let got = e.embed(&sentences).unwrap();
     let mut worst = 1f64;
     let mut exact = true;
-    for (i, (a, b)) in got
-        .iter()
-        .zip(g["embeddings"].as_array().unwrap())
-        .enumerate()
-    {
-        let b: Vec<f64> = b
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_f64().unwrap())
-            .collect();
-        let c = cosine(a, &b);
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        let c = cosine(a, b);
         assert!(c >= 0.999, "sentence {i}: cosine {c}");
         worst = worst.min(c);
-        exact &= a.iter().zip(&b).all(|(x, y)| (*x as f64 - y).abs() < 1e-6);
+        exact &= a.iter().zip(b).all(|(x, y)| (*x as f64 - y).abs() < 1e-6);
     }
     eprintln!("bf16 embeddings: lowest cosine to sentence-transformers {worst:.6}");
     assert!(

@@ -817,7 +817,7 @@ fn newton_graph(max_iterations: Option<usize>, tolerance: bool) -> Graph {
     let mut g = Graph::new("newton_sqrt");
     let a = g.input("a", s);
     let outs = g
-        .while_loop(cond, body, &[a, a], max_iterations)
+        .while_loop_bounded(cond, body, &[a, a], max_iterations)
         .expect("while");
     g.set_outputs(vec![outs[1]]);
     g

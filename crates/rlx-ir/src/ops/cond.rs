@@ -8,10 +8,11 @@
 //! autodiff differentiates (so the cotangent flows only into the taken branch's values) and what
 //! vmap batches (a batched predicate becomes a per-element select of both branches, as in JAX).
 
+use super::custom::inline_for;
 use super::{graph_cost, Cost, DefinedOp, OpDef, OpRegistration};
 use crate::eval::Tensor;
 use crate::text::Attr;
-use crate::{Activation, DType, Error, Graph, NodeId, Op, Result, Shape};
+use crate::{Activation, DType, Error, Graph, NodeId, Result, Shape};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -73,55 +74,9 @@ impl If {
     }
 }
 
-/// A graph applied to `args` in `g`: its nodes copied with its inputs (in declaration order)
-/// replaced by the args; its outputs' new ids. `op` names the op for errors.
-pub(crate) fn inline_all(
-    op: &str,
-    g: &mut Graph,
-    body: &Graph,
-    args: &[NodeId],
-) -> Result<Vec<NodeId>> {
-    let mut map = Vec::with_capacity(body.len());
-    let mut next_arg = 0;
-    for id in body.ids() {
-        let n = body.node(id);
-        let new = match &n.op {
-            Op::Input { .. } => {
-                let a = *args.get(next_arg).ok_or_else(|| {
-                    Error::op(
-                        op.to_string(),
-                        format!(
-                            "graph \"{}\" has more inputs than the op has operands",
-                            body.name()
-                        ),
-                    )
-                })?;
-                next_arg += 1;
-                a
-            }
-            Op::Param { name } => {
-                return Err(Error::op(
-                    op.to_string(),
-                    format!(
-                        "graph \"{}\" declares param \"{name}\"; pass it as an operand",
-                        body.name()
-                    ),
-                ))
-            }
-            Op::Constant { .. } => g.push_unchecked(n.op.clone(), Vec::new(), n.shape.clone()),
-            other => {
-                let ins: Vec<NodeId> = n.inputs.iter().map(|i| map[i.index()]).collect();
-                g.try_op(other.clone(), &ins)?
-            }
-        };
-        map.push(new);
-    }
-    Ok(body.outputs().iter().map(|o| map[o.index()]).collect())
-}
-
 /// A branch applied to `args`: its one output.
 fn inline(g: &mut Graph, branch: &Graph, args: &[NodeId]) -> Result<NodeId> {
-    inline_all("if", g, branch, args)?
+    inline_for("if", g, branch, args)?
         .first()
         .copied()
         .ok_or_else(|| Error::op("if", format!("branch \"{}\" has no output", branch.name())))

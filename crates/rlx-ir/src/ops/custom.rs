@@ -63,6 +63,17 @@ pub(super) fn infer(f: &CustomFn, ins: &[&Shape]) -> Result<Shape> {
 
 /// Copy `body` into `g` with its inputs bound to `bind`; returns the body's outputs in `g`.
 pub(super) fn inline(g: &mut Graph, body: &Graph, bind: &[NodeId]) -> Result<Vec<NodeId>> {
+    inline_for("custom", g, body, bind)
+}
+
+/// [`inline`] for the op named `op` (errors name it): custom functions, fused regions and the
+/// control-flow ops' branches and bodies.
+pub(super) fn inline_for(
+    op: &str,
+    g: &mut Graph,
+    body: &Graph,
+    bind: &[NodeId],
+) -> Result<Vec<NodeId>> {
     let mut map = Vec::with_capacity(body.len());
     let mut next_arg = 0;
     for id in body.ids() {
@@ -71,11 +82,11 @@ pub(super) fn inline(g: &mut Graph, body: &Graph, bind: &[NodeId]) -> Result<Vec
             Op::Input { .. } => {
                 let a = *bind
                     .get(next_arg)
-                    .ok_or_else(|| Error::op("custom", "too few arguments for the body"))?;
+                    .ok_or_else(|| Error::op(op.to_string(), "too few arguments for the body"))?;
                 next_arg += 1;
                 if *g.shape(a) != n.shape {
                     return Err(Error::op(
-                        "custom",
+                        op.to_string(),
                         format!(
                             "argument {} is {}, the body expects {}",
                             next_arg - 1,
@@ -89,7 +100,7 @@ pub(super) fn inline(g: &mut Graph, body: &Graph, bind: &[NodeId]) -> Result<Vec
             Op::Constant { data } => g.try_constant_bytes(n.shape.clone(), data.clone())?,
             Op::Param { name } => {
                 return Err(Error::op(
-                    "custom",
+                    op.to_string(),
                     format!("bodies cannot declare params (\"{name}\")"),
                 ))
             }

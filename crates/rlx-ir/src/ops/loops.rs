@@ -15,7 +15,8 @@
 //!   decomposition unrolls the `T` steps (static), which gives every backend, reverse and
 //!   forward mode and vmap.
 
-use super::cond::{check_inputs, eval_graph, inline_all};
+use super::cond::{check_inputs, eval_graph};
+use super::custom::inline_for;
 use super::{graph_cost, Cost, DefinedOp, OpDef, OpRegistration};
 use crate::eval::Tensor;
 use crate::text::Attr;
@@ -176,9 +177,9 @@ impl OpDef for While {
         let max = self.max_iterations?;
         Some((|| {
             let mut carries = ins.to_vec();
-            let mut active = inline_all("while", g, &self.cond, &carries)?[0];
+            let mut active = inline_for("while", g, &self.cond, &carries)?[0];
             for _ in 0..max {
-                let next = inline_all("while", g, &self.body, &carries)?;
+                let next = inline_for("while", g, &self.body, &carries)?;
                 for (c, n) in carries.iter_mut().zip(next) {
                     let dims = g.shape(n).static_dims().unwrap_or_default();
                     let a = g.try_reshape(active, &vec![1; dims.len()])?;
@@ -186,7 +187,7 @@ impl OpDef for While {
                     *c = g.try_select(a, n, *c)?;
                 }
                 // Active while every predicate so far held: once false, stays false.
-                let p = inline_all("while", g, &self.cond, &carries)?[0];
+                let p = inline_for("while", g, &self.cond, &carries)?[0];
                 active = g.try_select(active, p, active)?;
             }
             Ok(carries[self.output])
@@ -364,7 +365,7 @@ impl OpDef for Scan {
                     let x = g.try_narrow(xs, 0, step, 1)?;
                     args.push(g.try_reshape(x, &s.static_dims().unwrap_or_default())?);
                 }
-                carry = inline_all("scan", g, &self.body, &args)?[0];
+                carry = inline_for("scan", g, &self.body, &args)?[0];
                 let mut d = vec![1];
                 d.extend(&cdims);
                 rows.push(g.try_reshape(carry, &d)?);
@@ -379,11 +380,17 @@ impl OpDef for Scan {
 
 impl Graph {
     /// `lax.while_loop` over the carries `init`: while `cond` (carries → one bool) holds, the
-    /// carries become `body(carries)`; returns one node per carry (their final values). With
-    /// `max_iterations` the loop also stops there, and reverse mode and vmap work (through the
-    /// bounded, masked unrolling); without it only the evaluator and backends with a loop kernel
-    /// (the CPU) run it.
-    pub fn while_loop(
+    /// carries become `body(carries)`; returns one node per carry (their final values). Only
+    /// the evaluator and backends with a loop kernel (the CPU) run it, and it has no reverse
+    /// mode or batching: [`Graph::while_loop_bounded`] has both.
+    pub fn while_loop(&mut self, cond: Graph, body: Graph, init: &[NodeId]) -> Result<Vec<NodeId>> {
+        self.while_loop_bounded(cond, body, init, None)
+    }
+
+    /// [`Graph::while_loop`] stopping after at most `max_iterations` (when `Some`): reverse mode
+    /// (a fixed trip count, as JAX's `fori_loop`), forward mode and vmap then work, through the
+    /// bounded, masked unrolling.
+    pub fn while_loop_bounded(
         &mut self,
         cond: Graph,
         body: Graph,

@@ -29,6 +29,7 @@ const NOT_DIFFERENTIABLE: &[(&str, &str)] = &[
     ("fake_quantize", "a step function: its gradient is the straight-through estimator, checked by fake_quantize_passes_gradients_straight_through"),
     ("dequantize_rows", "inference-only: decodes packed integer weights"),
     ("dequant_matmul", "inference-only: the weights are packed integers"),
+    ("quant_linear", "inference-only: the weights are packed integers"),
     ("cache_write", "inference-only: updates the KV cache in place"),
     ("cached_attention", "inference-only: reads the KV cache"),
     ("paged_attention", "inference-only: reads the paged KV cache"),

@@ -24,7 +24,7 @@ fn unbatchable(c: &Value, axes: &[(usize, usize)]) -> Option<&'static str> {
         "cache_write" | "cached_attention" | "paged_attention" => {
             Some("the KV cache is state updated in place")
         }
-        "dequant_matmul" if axes.iter().any(|&(i, _)| i == 1) => {
+        "dequant_matmul" | "quant_linear" if axes.iter().any(|&(i, _)| i == 1) => {
             Some("packed weights are shared by every example")
         }
         _ => None,

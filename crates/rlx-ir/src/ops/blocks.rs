@@ -17,7 +17,13 @@ pub fn is_block(op: &Op) -> bool {
 }
 
 /// The names of the block ops.
-pub const BLOCKS: &[&str] = &["linear", "embedding", "mlp", "transformer_block"];
+pub const BLOCKS: &[&str] = &[
+    "linear",
+    "quant_linear",
+    "embedding",
+    "mlp",
+    "transformer_block",
+];
 
 /// The decomposition of `def` over inputs of shapes `ins`, in a graph of its own.
 fn lowered(def: &dyn OpDef, ins: &[&Shape]) -> Result<(Graph, NodeId)> {
@@ -109,6 +115,44 @@ impl OpDef for Linear {
             Some(&b) => g.try_add(y, b),
             None => Ok(y),
         }))
+    }
+}
+
+/// `x · Wᵀ` for a weight kept packed as GGUF (or RLX block) rows `w` (`U8 [out, row_bytes]`)
+/// of `scheme`: the linear layer of a quantized model, lowered to `dequant_matmul`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantLinear {
+    /// How `w`'s rows are packed.
+    pub scheme: crate::QuantScheme,
+}
+
+pub(super) const QUANT_LINEAR: OpRegistration = OpRegistration {
+    name: "quant_linear",
+    from_attrs: |a| {
+        Ok(DefinedOp::new(QuantLinear {
+            scheme: super::quant::scheme_from_attrs("quant_linear", a)?,
+        }))
+    },
+    examples: || {
+        vec![DefinedOp::new(QuantLinear {
+            scheme: crate::QuantScheme::GgufQ4_0,
+        })]
+    },
+};
+
+impl OpDef for QuantLinear {
+    block_rules!("quant_linear");
+
+    fn attrs(&self) -> Vec<(&'static str, Attr)> {
+        vec![("scheme", super::quant::scheme_attr(self.scheme))]
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        (2, 2)
+    }
+
+    fn decompose(&self, g: &mut Graph, ins: &[NodeId]) -> Option<Result<NodeId>> {
+        Some(g.try_dequant_matmul(ins[0], ins[1], self.scheme))
     }
 }
 

@@ -28,7 +28,7 @@ mod reduce;
 mod spatial;
 
 pub use batch::{batch, batch_supported, materialize as batch_materialize, Batched};
-pub use blocks::{Embedding, Linear, Mlp, TransformerBlock};
+pub use blocks::{Embedding, Linear, Mlp, QuantLinear, TransformerBlock};
 pub use cond::If;
 pub use def::{registration, registrations, DefinedOp, OpDef, OpRegistration};
 pub use dequantize::Dequantize;
@@ -42,6 +42,7 @@ const DEFINED: &[OpRegistration] = &[
     dequantize::OP,
     fake_quantize::OP,
     blocks::LINEAR,
+    blocks::QUANT_LINEAR,
     blocks::EMBEDDING,
     blocks::MLP,
     blocks::TRANSFORMER_BLOCK,

@@ -3,6 +3,7 @@
 
 use super::config::{Arch, LlmConfig};
 use rlx_gguf::{GgmlType, GgufFile};
+use rlx_ir::ops::{Embedding, Linear, QuantLinear};
 use rlx_ir::{Activation, CmpOp, DType, Error, Graph, NodeId, QuantScheme, Result, Shape};
 use std::collections::HashMap;
 
@@ -146,11 +147,12 @@ impl Builder<'_> {
             .map_err(|e| Error::Invalid(e.to_string()))?
             .ty;
         let w = self.param(&wname)?;
+        // HIR blocks, lowered by the compiler to exactly `dequant_matmul` / `dot`.
         let y = match scheme_of(ty) {
-            Some(s) => self.g.try_dequant_matmul(x, w, s)?,
+            Some(scheme) => self.g.define(QuantLinear { scheme }, &[x, w])?,
             None => {
                 let wt = self.g.try_transpose(w, &[1, 0])?;
-                self.g.try_dot(x, wt)?
+                self.g.define(Linear, &[x, wt])?
             }
         };
         let bname = format!("{name}.bias");
@@ -187,7 +189,7 @@ impl Builder<'_> {
             .map_err(|e| Error::Invalid(e.to_string()))?
             .ty;
         let table = self.param(name)?;
-        let rows = self.g.try_gather(table, tokens, 0)?;
+        let rows = self.g.define(Embedding, &[table, tokens])?;
         match scheme_of(ty) {
             Some(s) => self.g.try_dequantize_rows(rows, s),
             None => Ok(rows),

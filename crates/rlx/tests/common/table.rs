@@ -183,6 +183,9 @@ pub fn op_of(name: &str, a: &Value) -> Op {
             };
             Op::defined(rlx::ir::ops::If::new(branch("then"), branch("else")))
         }
+        "quant_linear" => Op::defined(rlx::ir::ops::QuantLinear {
+            scheme: scheme(&a["scheme"]),
+        }),
         "while" | "scan" => {
             let body = |k: &str| {
                 std::sync::Arc::new(

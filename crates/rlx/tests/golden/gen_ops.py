@@ -1493,6 +1493,19 @@ def jnp_max(v):
     return jax.numpy.max(v)
 
 
+def gen_quant_linear(table):
+    """The quantized linear block: x @ W^T over packed rows (the dequant_matmul it lowers to,
+    one row per GGUF scheme family)."""
+    for scheme, packed, dec in gguf_rows():
+        if scheme not in ("GgufQ4_0", "GgufQ8_0", "GgufQ4K", "GgufQ6K"):
+            continue
+        x = normal([2, dec.shape[1]], 1.0, "f32")
+        table.add("quant_linear", scheme.lower(), {"scheme": scheme}, [arg(x, "f32"), arg(packed.copy(), "u8")],
+                  wide(x) @ wide(dec).T, "f32", "accumulate")
+        terms = np.abs(wide(x)) @ np.abs(wide(dec)).T
+        table.cases[-1]["atol"] = float(0.01 * terms.max())
+
+
 # ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
@@ -1503,7 +1516,7 @@ GENERATORS = [
     gen_transpose, gen_narrow, gen_concat, gen_expand, gen_gather,
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
     gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
-    gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints, gen_blocks, gen_if, gen_loops,
+    gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints, gen_blocks, gen_if, gen_loops, gen_quant_linear,
 ]
 
 

@@ -37,7 +37,7 @@
 //! ```compile_fail
 //! #[rlx::macros::rlx_model]
 //! fn no_graph(rows: usize) -> rlx::Result<rlx::NodeId> {
-//!     unimplemented!()
+//!     Err(rlx::Error::Invalid(format!("{rows} rows but no graph to put them in")))
 //! }
 //! ```
 //!

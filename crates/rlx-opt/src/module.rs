@@ -441,7 +441,29 @@ impl Pass for LowerHir {
     }
 
     fn run(&self, g: &Graph) -> Result<(Graph, usize)> {
-        lower_blocks().run(g)
+        let (out, fired) = self.run_counted(g)?;
+        Ok((out, fired.values().sum()))
+    }
+
+    fn run_counted(&self, g: &Graph) -> Result<(Graph, std::collections::BTreeMap<String, usize>)> {
+        let (out, fired, _) = self.run_logged(g)?;
+        Ok((out, fired))
+    }
+
+    /// Per-block rule counts; a graph without blocks (MIR already, every later round of a
+    /// session's pipeline) is returned as it is, without a rebuild.
+    fn run_logged(
+        &self,
+        g: &Graph,
+    ) -> Result<(
+        Graph,
+        std::collections::BTreeMap<String, usize>,
+        Vec<crate::rewrite::RuleSite>,
+    )> {
+        if !g.ids().any(|i| blocks::is_block(&g.node(i).op)) {
+            return Ok((g.clone(), Default::default(), Vec::new()));
+        }
+        lower_blocks().apply_logged(g)
     }
 }
 

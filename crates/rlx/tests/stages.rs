@@ -50,6 +50,22 @@ fn the_gpt_is_hir_and_lowers_to_mir_by_its_block_rules() {
     assert_eq!(back.to_string(), g.to_string());
     // A module of a block-free graph is MIR already.
     assert_eq!(GraphModule::new(mg.clone()).stage(), Stage::Mir);
+    // A session lowers the blocks first and records each block's rule.
+    let c = Session::new(Device::Cpu).compile(g);
+    let rec = c
+        .pass_records()
+        .iter()
+        .find(|r| r.pass == "lower_hir")
+        .expect("a lower_hir record");
+    assert_eq!(
+        rec.fired.get("lower:transformer_block"),
+        Some(&2),
+        "{rec:?}"
+    );
+    assert!(c
+        .graph()
+        .ids()
+        .all(|i| !rlx::ir::ops::blocks::is_block(&c.graph().node(i).op)));
 }
 
 #[test]

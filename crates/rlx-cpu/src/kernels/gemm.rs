@@ -162,13 +162,7 @@ pub unsafe fn sgemm(
     ldc: usize,
     scratch: *mut f32,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        for i in 0..m {
-            std::ptr::write_bytes(c.add(i * ldc), 0, n);
-        }
+    if empty_product(m, n, k, c, ldc) {
         return;
     }
     let isa = Isa::current();
@@ -284,6 +278,24 @@ pub unsafe fn sgemm(
             j.scratch.add(th * per),
         );
     });
+}
+
+/// Handle a product with nothing to multiply: no rows or columns (nothing to write), or no depth
+/// (C is zero). Returns whether it was one.
+///
+/// # Safety
+/// C must be valid for `m` rows of `n` elements, `ldc` apart.
+pub(crate) unsafe fn empty_product<T>(m: usize, n: usize, k: usize, c: *mut T, ldc: usize) -> bool {
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if k == 0 {
+        for i in 0..m {
+            std::ptr::write_bytes(c.add(i * ldc), 0, n);
+        }
+        return true;
+    }
+    false
 }
 
 /// Which depths `p` of a product can contribute to an element of C, when one operand is zero

@@ -160,13 +160,7 @@ pub unsafe fn hgemm(
     ldc: usize,
     scratch: *mut u8,
 ) {
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        for i in 0..m {
-            std::ptr::write_bytes(c.add(i * ldc), 0, n);
-        }
+    if super::empty_product(m, n, k, c, ldc) {
         return;
     }
     match path(dt) {

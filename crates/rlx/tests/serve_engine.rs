@@ -196,6 +196,49 @@ fn a_shared_prefix_is_computed_once_and_changes_nothing() {
     assert_eq!(got[0].0, want_b, "a prefix-cache hit changed the tokens");
 }
 
+/// Requests that arrive together and share a prefix: the first computes the shared blocks,
+/// the others map them when their own prompt comes up (they were admitted before the blocks
+/// existed), and every one still gets the tokens it gets alone.
+#[test]
+fn a_burst_sharing_a_prefix_computes_it_once() {
+    let path = model();
+    let mut llm = Llm::load(&path, LoadOptions::default()).unwrap();
+    let system = "You are a helpful assistant who answers questions about geography briefly and \
+                  precisely, always naming the country first. ";
+    let prompts: Vec<Vec<u32>> = [
+        "What is the capital of France?",
+        "Which river flows through Cairo?",
+        "Name the highest mountain in Japan.",
+    ]
+    .iter()
+    .map(|q| llm.tokenizer.encode(&format!("{system}{q}"), true, true))
+    .collect();
+    let n = 8;
+    let want: Vec<Vec<Tok>> = prompts.iter().map(|p| reference(&mut llm, p, n)).collect();
+    let mut engine = Engine::load(&path, EngineOptions::default()).unwrap();
+    let got = run_all(&mut engine, &prompts, n);
+    let stats = engine.stats();
+    let shared = ids_common_prefix(&prompts) / 16 * 16;
+    assert!(shared >= 16, "the prompts share whole blocks");
+    assert_eq!(
+        stats.pool.prefix_hit_tokens,
+        2 * shared as u64,
+        "the second and third requests map the first one's blocks: {stats:?}"
+    );
+    let total: usize = prompts.iter().map(Vec::len).sum();
+    assert_eq!(stats.prompt_tokens, (total - 2 * shared) as u64);
+    for (i, ((tokens, _), want)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(tokens, want, "prompt {i}");
+    }
+}
+
+/// Tokens all of `prompts` start with.
+fn ids_common_prefix(prompts: &[Vec<u32>]) -> usize {
+    (0..prompts[0].len())
+        .take_while(|&i| prompts.iter().all(|p| p.get(i) == Some(&prompts[0][i])))
+        .count()
+}
+
 #[test]
 fn running_out_of_blocks_preempts_and_every_request_completes() {
     let path = model();

@@ -577,12 +577,42 @@ impl PerQuery {
             for (d, x) in qv.iter_mut().enumerate() {
                 *x = round_to(cdt, load(&q, qo + d * qs[2]));
             }
+            let (koff, voff) = (k.layout.offset + kh * ks[1], v.layout.offset + kh * vs[1]);
+            let (ks0, vs0) = (ks[0], vs[0]);
+            let kpos = |j: usize| row(i, j).map(|r| koff + r * ks0);
+            let vpos = |j: usize| row(i, j).map(|r| voff + r * vs0);
+            // Lane rows that receive a product: all of them once the range spans a block,
+            // else the lanes first % 64 ..= last % 64. Untouched rows count as zero below.
+            let (lo, hi) = if last / LANES == first / LANES {
+                (first % LANES, last % LANES + 1)
+            } else {
+                (0, LANES)
+            };
+            #[cfg(target_arch = "x86_64")]
+            if simd {
+                let span = Span {
+                    first,
+                    last,
+                    lo,
+                    hi,
+                    scale,
+                    cdt,
+                };
+                // SAFETY: the CPU has the features; rows as above.
+                if !attend_avx2(qv, sc, acc, dv, kr, vr, span, &kpos, &vpos) {
+                    (0..dv).for_each(|d| store(&out, oo + d * os[2], 0.0));
+                    return;
+                }
+                reduce_lanes(acc, dv, lo, hi, simd);
+                for (d, v) in acc[..dv].iter().enumerate() {
+                    store(&out, oo + d * os[2], *v);
+                }
+                return;
+            }
             let mut mx = f32::NEG_INFINITY;
             for (j, s) in sc.iter_mut().enumerate().take(last + 1).skip(first) {
-                *s = match row(i, j) {
-                    Some(r) => {
-                        row_dot(qv, kr, k.layout.offset + r * ks[0] + kh * ks[1], simd) * scale
-                    }
+                *s = match kpos(j) {
+                    Some(at) => row_dot(qv, kr, at, simd) * scale,
                     None => f32::NEG_INFINITY,
                 };
                 mx = mx.max(*s);
@@ -592,68 +622,308 @@ impl PerQuery {
                 return;
             }
             let inv = (1.0 / exp_blocks_fast(sc, first, last, mx, simd)) as f32;
-            // Lane rows that receive a product: all of them once the range spans a block,
-            // else the lanes first % 64 ..= last % 64. Untouched rows count as zero below.
-            let (lo, hi) = if last / LANES == first / LANES {
-                (first % LANES, last % LANES + 1)
-            } else {
-                (0, LANES)
-            };
             acc[lo * dv..hi * dv].fill(0.0);
             for (j, &e) in sc.iter().enumerate().take(last + 1).skip(first) {
-                let Some(r) = row(i, j) else { continue };
+                let Some(at) = vpos(j) else { continue };
                 let lane = &mut acc[(j % LANES) * dv..][..dv];
-                row_axpy(
-                    lane,
-                    round_to(cdt, e * inv),
-                    vr,
-                    v.layout.offset + r * vs[0] + kh * vs[1],
-                    simd,
-                );
+                row_axpy(lane, round_to(cdt, e * inv), vr, at, simd);
             }
-            // reduce64 for every d at once, on whole rows (acc row l = lane l); adding a
-            // zero row is a copy.
-            let mut live: [bool; LANES] = std::array::from_fn(|l| (lo..hi).contains(&l));
-            let mut combine = |dst: usize, a: usize, b: usize| {
-                let (src, other) = match (live[a], live[b]) {
-                    (true, true) => (a, Some(b)),
-                    (true, false) => (a, None),
-                    (false, true) => (b, None),
-                    (false, false) => {
-                        live[dst] = false;
-                        return;
-                    }
-                };
-                // SAFETY: the three rows lie in `acc`; `dst` may be `src` (element-wise).
-                let base = acc.as_mut_ptr();
-                let (x, y) = (base.add(dst * dv), base.add(src * dv) as *const f32);
-                match other {
-                    Some(o) => {
-                        let z = base.add(o * dv) as *const f32;
-                        (0..dv).for_each(|d| *x.add(d) = *y.add(d) + *z.add(d));
-                    }
-                    None => (0..dv).for_each(|d| *x.add(d) = *y.add(d) + 0.0),
-                }
-                live[dst] = true;
-            };
-            for l in 0..16 {
-                combine(l, l, l + 32);
-                combine(l + 16, l + 16, l + 48);
-                combine(l, l, l + 16);
-            }
-            for l in 0..8 {
-                combine(l, l + 8, l);
-            }
-            for l in 0..4 {
-                combine(l, l + 4, l);
-            }
-            combine(0, 2, 0);
-            combine(1, 3, 1);
-            combine(0, 0, 1);
+            reduce_lanes(acc, dv, lo, hi, simd);
             for (d, v) in acc[..dv].iter().enumerate() {
                 store(&out, oo + d * os[2], *v);
             }
         });
+    }
+}
+
+/// Where one query's attention runs: positions `first..=last`, lane rows `lo..hi`, the score
+/// scale and the cache type.
+#[derive(Clone, Copy)]
+struct Span {
+    first: usize,
+    last: usize,
+    lo: usize,
+    hi: usize,
+    scale: f32,
+    cdt: DType,
+}
+
+/// One (query, head) of [`PerQuery::run`] compiled for AVX2 (its dot products, exponentials and
+/// value sums inline, the cache types fixed): the scores of the positions, their softmax weights
+/// rounded to the cache type, and the 64 lane rows of the value sum (row `l` holding positions
+/// `j % 64 == l` in order), each accumulated in registers rather than in memory. The operations
+/// and their order are those of the portable path. `kpos`/`vpos` give a position's key/value
+/// row offset (`None`: not in the cache). Returns false when no position is visible.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `sc` holds `last + 1` floats, `acc` `64 * dv`; every offset
+/// `kpos`/`vpos` gives starts a whole row of `kr`/`vr`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_avx2(
+    qv: &[f32],
+    sc: &mut [f32],
+    acc: &mut [f32],
+    dv: usize,
+    kr: Rows,
+    vr: Rows,
+    span: Span,
+    kpos: &impl Fn(usize) -> Option<usize>,
+    vpos: &impl Fn(usize) -> Option<usize>,
+) -> bool {
+    let raw = |r: Rows| match r {
+        Rows::F16(p) => (true, p as *const u8),
+        Rows::F32(p) => (false, p as *const u8),
+    };
+    let ((kh, kp), (vh, vp)) = (raw(kr), raw(vr));
+    macro_rules! go {
+        ($k:literal, $v:literal) => {
+            attend_typed::<$k, $v>(qv, sc, acc, dv, kp, vp, span, kpos, vpos)
+        };
+    }
+    match (kh, vh) {
+        (true, true) => go!(true, true),
+        (true, false) => go!(true, false),
+        (false, true) => go!(false, true),
+        (false, false) => go!(false, false),
+    }
+}
+
+/// Eight elements of a cache row from element `at` as f32 (`$h`: the row is f16).
+#[cfg(target_arch = "x86_64")]
+macro_rules! ld8 {
+    ($h:expr, $p:expr, $at:expr) => {
+        if $h {
+            _mm256_cvtph_ps(_mm_loadu_si128(
+                ($p as *const u16).add($at) as *const __m128i
+            ))
+        } else {
+            _mm256_loadu_ps(($p as *const f32).add($at))
+        }
+    };
+}
+
+/// One element of a cache row as f32 (`$h`: the row is f16).
+#[cfg(target_arch = "x86_64")]
+macro_rules! ld1 {
+    ($h:expr, $p:expr, $at:expr) => {
+        if $h {
+            f16::from_bits(*($p as *const u16).add($at)).to_f32()
+        } else {
+            *($p as *const f32).add($at)
+        }
+    };
+}
+
+/// [`attend_avx2`] for keys (`KH`) and values (`VH`) stored as f16 (else f32).
+///
+/// # Safety
+/// As [`attend_avx2`]; `kp`/`vp` point at the cache buffers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_typed<const KH: bool, const VH: bool>(
+    qv: &[f32],
+    sc: &mut [f32],
+    acc: &mut [f32],
+    dv: usize,
+    kp: *const u8,
+    vp: *const u8,
+    span: Span,
+    kpos: &impl Fn(usize) -> Option<usize>,
+    vpos: &impl Fn(usize) -> Option<usize>,
+) -> bool {
+    use std::arch::x86_64::*;
+    let Span {
+        first,
+        last,
+        lo,
+        hi,
+        scale,
+        cdt,
+    } = span;
+    let dh = qv.len();
+    let full = dh / LANES * LANES;
+    let q = qv.as_ptr();
+    let mut mx = f32::NEG_INFINITY;
+    let vrow = dv * if VH { 2 } else { 4 };
+    for j in first..=last {
+        // The value rows are read below lane by lane (64 positions apart), which the hardware
+        // prefetcher does not follow: ask for each now, in position order.
+        if let Some(at) = vpos(j) {
+            let p = vp.add(at * if VH { 2 } else { 4 });
+            let mut o = 0;
+            while o < vrow {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(o) as *const i8);
+                o += 64;
+            }
+        }
+        let s = match kpos(j) {
+            Some(at) => {
+                // `row_dot`: lane d % 64 of whole blocks (eight registers), reduced in
+                // `reduce64`'s order, then the leftover products one by one in f64.
+                let mut a = [_mm256_setzero_ps(); LANES / 8];
+                let mut b = 0;
+                while b < full {
+                    for (m, am) in a.iter_mut().enumerate() {
+                        *am = _mm256_fmadd_ps(
+                            _mm256_loadu_ps(q.add(b + 8 * m)),
+                            ld8!(KH, kp, at + b + 8 * m),
+                            *am,
+                        );
+                    }
+                    b += LANES;
+                }
+                let x0 = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+                let x1 = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+                let h = _mm256_add_ps(x1, x0);
+                let q4 = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+                let q2 = _mm_add_ps(q4, _mm_movehl_ps(q4, q4));
+                let blocks = _mm_cvtss_f32(_mm_add_ss(q2, _mm_shuffle_ps(q2, q2, 1)));
+                let mut t = blocks as f64;
+                for d in full..dh {
+                    t += (*q.add(d) * ld1!(KH, kp, at + d)) as f64;
+                }
+                t as f32 * scale
+            }
+            None => f32::NEG_INFINITY,
+        };
+        *sc.get_unchecked_mut(j) = s;
+        mx = mx.max(s);
+    }
+    if mx == f32::NEG_INFINITY {
+        return false;
+    }
+    let inv = (1.0 / exp_blocks(sc, first, last, mx)) as f32;
+    let w = &mut sc[first..=last];
+    for e in w.iter_mut() {
+        *e *= inv;
+    }
+    round_slice(cdt, w);
+    // Lane row l: positions l, l + 64, ... in order; 64 columns (eight registers) at a time,
+    // then single registers, then columns one by one (product, then sum, as `row_axpy_avx2`).
+    for l in lo..hi {
+        let j0 = first + (l + LANES - first % LANES) % LANES;
+        let dst = acc.as_mut_ptr().add(l * dv);
+        let mut c = 0;
+        while c + 64 <= dv {
+            let mut r = [_mm256_setzero_ps(); 8];
+            let mut j = j0;
+            while j <= last {
+                if let Some(at) = vpos(j) {
+                    let wv = _mm256_set1_ps(*sc.get_unchecked(j));
+                    for (m, rm) in r.iter_mut().enumerate() {
+                        *rm = _mm256_fmadd_ps(wv, ld8!(VH, vp, at + c + 8 * m), *rm);
+                    }
+                }
+                j += LANES;
+            }
+            for (m, rm) in r.iter().enumerate() {
+                _mm256_storeu_ps(dst.add(c + 8 * m), *rm);
+            }
+            c += 64;
+        }
+        while c + 8 <= dv {
+            let mut r = _mm256_setzero_ps();
+            let mut j = j0;
+            while j <= last {
+                if let Some(at) = vpos(j) {
+                    let wv = _mm256_set1_ps(*sc.get_unchecked(j));
+                    r = _mm256_fmadd_ps(wv, ld8!(VH, vp, at + c), r);
+                }
+                j += LANES;
+            }
+            _mm256_storeu_ps(dst.add(c), r);
+            c += 8;
+        }
+        for d in c..dv {
+            let mut a = 0f32;
+            let mut j = j0;
+            while j <= last {
+                if let Some(at) = vpos(j) {
+                    a += *sc.get_unchecked(j) * ld1!(VH, vp, at + d);
+                }
+                j += LANES;
+            }
+            *dst.add(d) = a;
+        }
+    }
+    true
+}
+
+/// Sum the 64 lane rows `acc[l * dv..]` (live: `lo..hi`) into row 0 in [`reduce64`]'s order,
+/// for every column at once; rows outside `lo..hi` count as zero.
+fn reduce_lanes(acc: &mut [f32], dv: usize, lo: usize, hi: usize, simd: bool) {
+    // Adding a zero row is a copy.
+    let mut live: [bool; LANES] = std::array::from_fn(|l| (lo..hi).contains(&l));
+    let mut combine = |dst: usize, a: usize, b: usize| {
+        let (src, other) = match (live[a], live[b]) {
+            (true, true) => (a, Some(b)),
+            (true, false) => (a, None),
+            (false, true) => (b, None),
+            (false, false) => {
+                live[dst] = false;
+                return;
+            }
+        };
+        // SAFETY: the three rows lie in `acc`; `dst` may be `src` (element-wise).
+        unsafe {
+            let base = acc.as_mut_ptr();
+            add_rows(
+                base.add(dst * dv),
+                base.add(src * dv),
+                other.map(|o| base.add(o * dv) as *const f32),
+                dv,
+                simd,
+            );
+        }
+        live[dst] = true;
+    };
+    for l in 0..16 {
+        combine(l, l, l + 32);
+        combine(l + 16, l + 16, l + 48);
+        combine(l, l, l + 16);
+    }
+    for l in 0..8 {
+        combine(l, l + 8, l);
+    }
+    for l in 0..4 {
+        combine(l, l + 4, l);
+    }
+    combine(0, 2, 0);
+    combine(1, 3, 1);
+    combine(0, 0, 1);
+}
+
+/// `x[d] = y[d] + z[d]` for `d < n` (`y[d] + 0.0` without `z`), eight at a time with AVX.
+///
+/// # Safety
+/// The three rows hold `n` floats; `x` may be `y` or `z` (element-wise), else they do not
+/// overlap. `simd` only when the CPU has AVX2.
+#[inline]
+unsafe fn add_rows(x: *mut f32, y: *const f32, z: Option<*const f32>, n: usize, simd: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        #[target_feature(enable = "avx")]
+        unsafe fn avx(x: *mut f32, y: *const f32, z: Option<*const f32>, n: usize) {
+            use std::arch::x86_64::*;
+            let mut d = 0;
+            while d + 8 <= n {
+                let b = z.map_or(_mm256_setzero_ps(), |z| _mm256_loadu_ps(z.add(d)));
+                _mm256_storeu_ps(x.add(d), _mm256_add_ps(_mm256_loadu_ps(y.add(d)), b));
+                d += 8;
+            }
+            for d in d..n {
+                *x.add(d) = *y.add(d) + z.map_or(0.0, |z| *z.add(d));
+            }
+        }
+        // SAFETY: the CPU has AVX; the rows as the caller promises.
+        return avx(x, y, z, n);
+    }
+    let _ = simd;
+    match z {
+        Some(z) => (0..n).for_each(|d| *x.add(d) = *y.add(d) + *z.add(d)),
+        None => (0..n).for_each(|d| *x.add(d) = *y.add(d) + 0.0),
     }
 }
 

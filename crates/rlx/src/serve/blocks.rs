@@ -162,6 +162,29 @@ impl BlockPool {
         Some((b, hash))
     }
 
+    /// Tokens at the front of `tokens` that [`SeqBlocks::with_prefix`] would map from the
+    /// cache now (whole blocks, leaving at least one token), without taking any block.
+    pub fn cached_prefix(&self, tokens: &[u32]) -> usize {
+        let bs = self.block_size();
+        let whole = tokens.len().saturating_sub(1) / bs;
+        let mut parent = 0;
+        let mut n = 0;
+        for chunk in tokens.chunks(bs).take(whole) {
+            let hash = chain_hash(parent, chunk);
+            let hit = self.by_hash.get(&hash).is_some_and(|&b| {
+                self.cached[b as usize]
+                    .as_ref()
+                    .is_some_and(|c| c.parent == parent && c.tokens == chunk)
+            });
+            if !hit {
+                break;
+            }
+            parent = hash;
+            n += bs;
+        }
+        n
+    }
+
     /// Register the filled block `b` (holding `tokens` after the block keyed `parent`) for
     /// later sequences; returns its key. A block already cached under that key stays the cached
     /// one and `b` stays private.

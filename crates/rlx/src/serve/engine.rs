@@ -394,6 +394,32 @@ impl Engine {
         }
     }
 
+    /// Before running sequence `c` computes its first prompt chunk, map the cached prefix blocks
+    /// that appeared since it was admitted: requests admitted together (a burst sharing a system
+    /// prompt) then compute the shared blocks once, the first of them, instead of each its own.
+    fn remap_prefix(&mut self, c: usize) {
+        let s = &mut self.running[c];
+        if s.computed != s.blocks.cached_tokens {
+            return;
+        }
+        if self.pool.cached_prefix(&s.tokens) <= s.blocks.cached_tokens {
+            return;
+        }
+        s.blocks.free(&mut self.pool);
+        let mut fresh = SeqBlocks::with_prefix(&mut self.pool, &s.tokens);
+        // The blocks just freed cover the whole prompt, so this cannot run short; if it did,
+        // the sequence would wait again rather than run without its rows.
+        if !fresh.reserve(&mut self.pool, s.tokens.len()) {
+            fresh.free(&mut self.pool);
+            let mut s = self.running.remove(c);
+            s.computed = 0;
+            self.waiting.push_front(s);
+            return;
+        }
+        s.computed = fresh.cached_tokens;
+        s.blocks = fresh;
+    }
+
     /// Free the blocks of the most recently admitted running sequence other than `keep` and
     /// queue it to be recomputed first; false when there is none.
     fn preempt(&mut self, keep: u64) -> bool {
@@ -431,6 +457,9 @@ impl Engine {
             i += 1;
         }
         // One prompt chunk (the oldest sequence still in its prompt), then every decode row.
+        if let Some(c) = self.running.iter().position(|s| s.computed < s.prompt_len) {
+            self.remap_prefix(c);
+        }
         let chunk = self.running.iter().position(|s| s.computed < s.prompt_len);
         let decode: Vec<usize> = (0..self.running.len())
             .filter(|&i| self.running[i].decoding())

@@ -8,6 +8,7 @@ use common::llm::{golden, ids};
 
 use rlx::hub::{ensure, KnownModel};
 use rlx::llm::{Llm, LoadOptions, Sampler, SamplerConfig};
+use rlx::serve::engine::prefix_limit;
 use rlx::serve::{Engine, EngineOptions, Finish, GenParams, TokenLogprobs};
 use std::collections::BTreeMap;
 
@@ -167,12 +168,12 @@ fn a_shared_prefix_is_computed_once_and_changes_nothing() {
     let system = "You are a helpful assistant who answers questions about geography briefly and \
                   precisely, always naming the country first. ";
     let a = llm.tokenizer.encode(
-        &format!("{system}What is the capital of France?"),
+        &format!("{system}What is the capital of France, and which river runs through it?"),
         true,
         true,
     );
     let b = llm.tokenizer.encode(
-        &format!("{system}Which river flows through Cairo?"),
+        &format!("{system}Which river flows through Cairo, and where does it reach the sea?"),
         true,
         true,
     );
@@ -211,25 +212,91 @@ fn a_burst_sharing_a_prefix_computes_it_once() {
         "Name the highest mountain in Japan.",
     ]
     .iter()
-    .map(|q| llm.tokenizer.encode(&format!("{system}{q}"), true, true))
+    .map(|q| {
+        let q = format!("{q} Answer in one short sentence, then stop.");
+        llm.tokenizer.encode(&format!("{system}{q}"), true, true)
+    })
     .collect();
     let n = 8;
     let want: Vec<Vec<Tok>> = prompts.iter().map(|p| reference(&mut llm, p, n)).collect();
     let mut engine = Engine::load(&path, EngineOptions::default()).unwrap();
     let got = run_all(&mut engine, &prompts, n);
     let stats = engine.stats();
-    let shared = ids_common_prefix(&prompts) / 16 * 16;
-    assert!(shared >= 16, "the prompts share whole blocks");
+    // Whole shared blocks, as many as leave a piece of at least 16 rows to compute.
+    let shared: Vec<usize> = prompts
+        .iter()
+        .map(|p| (ids_common_prefix(&prompts) / 16 * 16).min(prefix_limit(p.len(), 512, 16)))
+        .collect();
+    assert!(
+        shared[1] >= 16 && shared[2] >= 16,
+        "the prompts share whole blocks"
+    );
     assert_eq!(
         stats.pool.prefix_hit_tokens,
-        2 * shared as u64,
+        (shared[1] + shared[2]) as u64,
         "the second and third requests map the first one's blocks: {stats:?}"
     );
     let total: usize = prompts.iter().map(Vec::len).sum();
-    assert_eq!(stats.prompt_tokens, (total - 2 * shared) as u64);
+    assert_eq!(stats.prompt_tokens, (total - shared[1] - shared[2]) as u64);
     for (i, ((tokens, _), want)) in got.iter().zip(&want).enumerate() {
         assert_eq!(tokens, want, "prompt {i}");
     }
+}
+
+/// A long prompt computed a few rows per step (chunked prefill) beside decoding requests: every
+/// piece computes the rows `rlx generate`'s one chunk computes, so the tokens and their
+/// log-probability bits are those of the prompt computed whole.
+#[test]
+fn chunked_prefill_changes_nothing() {
+    let path = model();
+    let mut llm = Llm::load(&path, LoadOptions::default()).unwrap();
+    let long =
+        "A river begins as a thin thread of water high in the hills, where rain and melting \
+                snow gather in small hollows and spill over the rocks. As it runs downhill, it is \
+                joined by brooks and streams from either side, and it grows wider and slower. In \
+                its upper course the water is cold and clear, and it cuts a narrow valley through \
+                the stone, carrying pebbles and sand along its bed. Further down, the land becomes \
+                flatter, and the river begins to wander in long, lazy loops across the plain.";
+    let prompts: Vec<Vec<u32>> = [long, "The capital of France is", "Once upon a time"]
+        .iter()
+        .map(|t| llm.tokenizer.encode(t, true, true))
+        .collect();
+    assert!(
+        prompts[0].len() > 100,
+        "the long prompt spans several pieces"
+    );
+    let n = 6;
+    let want: Vec<Vec<Tok>> = prompts.iter().map(|p| reference(&mut llm, p, n)).collect();
+    for budget in [16, 40] {
+        let mut engine = Engine::load(
+            &path,
+            EngineOptions {
+                prefill_budget: budget,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap();
+        // The short prompts first, so they decode while the long one is computed in pieces.
+        let order = [1, 2, 0];
+        let ordered: Vec<Vec<u32>> = order.iter().map(|&i| prompts[i].clone()).collect();
+        let got = run_all(&mut engine, &ordered, n);
+        let steps = engine.stats().steps;
+        assert!(
+            steps as usize > prompts[0].len() / budget,
+            "budget {budget}: the long prompt took several steps ({steps} in all)"
+        );
+        for (k, &i) in order.iter().enumerate() {
+            assert_eq!(got[k].0, want[i], "budget {budget}, prompt {i}");
+        }
+    }
+    assert!(Engine::load(
+        &path,
+        EngineOptions {
+            prefill_budget: 8,
+            ..EngineOptions::default()
+        }
+    )
+    .is_err());
 }
 
 /// Tokens all of `prompts` start with.

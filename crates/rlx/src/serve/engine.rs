@@ -37,6 +37,11 @@ pub struct EngineOptions {
     pub block: usize,
     /// Prompt tokens per chunk (as `rlx generate`'s `--batch`).
     pub batch: usize,
+    /// Prompt tokens computed in one step at most (chunked prefill): a long prompt is spread
+    /// over several steps, so the sequences decoding beside it keep getting a token per step
+    /// instead of waiting for the whole prompt. Pieces are cut so that each computes what
+    /// `rlx generate`'s chunk computes (see [`prefill_piece`]); at least [`MIN_PIECE`].
+    pub prefill_budget: usize,
     /// Cache element type.
     pub cache_dtype: DType,
     /// Requests waiting for a slot at most; more are refused ([`Engine::submit`] fails).
@@ -52,6 +57,7 @@ impl Default for EngineOptions {
             parallel: 8,
             block: 16,
             batch: 512,
+            prefill_budget: 64,
             cache_dtype: DType::F16,
             max_waiting: 256,
         }
@@ -199,6 +205,46 @@ impl Seq {
     }
 }
 
+/// The fewest prompt rows a piece of a chunk may have. From this many rows on, a chunk's
+/// attention and products run as matrix products whose rows do not depend on the other rows
+/// (`rlx_cpu`'s prompt attention from 16 queries, the f32 GEMM path of quantized products from
+/// `QuantScheme::ROUNDED_ACTS_BELOW` rows), so pieces of at least this size compute exactly
+/// the rows the whole chunk computes.
+pub const MIN_PIECE: usize = 16;
+
+/// Prompt rows to compute this step out of the `rest` rows left in `rlx generate`'s current
+/// chunk, under a `budget`: all of them when they fit, else `budget`, shortened when needed so
+/// the rows left after it are not fewer than [`MIN_PIECE`]. Every piece but a whole chunk then
+/// has at least [`MIN_PIECE`] rows.
+pub fn prefill_piece(rest: usize, budget: usize) -> usize {
+    if rest <= budget {
+        rest
+    } else if rest - budget >= MIN_PIECE {
+        budget
+    } else if rest - MIN_PIECE >= MIN_PIECE {
+        rest - MIN_PIECE
+    } else {
+        rest
+    }
+}
+
+/// The most prompt tokens (a multiple of `block`, below `len`) a prompt of `len` tokens may take
+/// from the prefix cache so that what is left computes what `rlx generate` computes: the mapped
+/// prefix ends at a boundary of its chunks of `batch`, or leaves at least [`MIN_PIECE`] rows of
+/// its chunk (a shorter rest would take the few-row kernels where the whole chunk took the
+/// matrix ones).
+pub fn prefix_limit(len: usize, batch: usize, block: usize) -> usize {
+    let mut c = len.saturating_sub(1) / block * block;
+    while c > 0 {
+        let chunk_end = len.min((c / batch + 1) * batch);
+        if c.is_multiple_of(batch) || chunk_end - c >= MIN_PIECE {
+            return c;
+        }
+        c -= block;
+    }
+    0
+}
+
 /// Graphs kept for step shapes besides the one holding the weights (least recently used
 /// dropped first).
 const KEEP_GRAPHS: usize = 48;
@@ -240,6 +286,12 @@ impl Engine {
         if opts.parallel == 0 || opts.block == 0 || opts.batch == 0 {
             return Err(Error::Invalid(format!(
                 "parallel, block and batch must be positive: {opts:?}"
+            )));
+        }
+        if opts.prefill_budget < MIN_PIECE {
+            return Err(Error::Invalid(format!(
+                "the prefill budget must be at least {MIN_PIECE} tokens, got {}",
+                opts.prefill_budget
             )));
         }
         let ctx_size = opts
@@ -383,7 +435,8 @@ impl Engine {
             let Some(mut s) = self.waiting.pop_front() else {
                 return;
             };
-            s.blocks = SeqBlocks::with_prefix(&mut self.pool, &s.tokens);
+            let mappable = prefix_limit(s.tokens.len(), self.opts.batch, self.pool.block_size());
+            s.blocks = SeqBlocks::with_prefix(&mut self.pool, &s.tokens[..mappable + 1]);
             if !s.blocks.reserve(&mut self.pool, s.tokens.len()) {
                 s.blocks.free(&mut self.pool);
                 self.waiting.push_front(s);
@@ -402,11 +455,12 @@ impl Engine {
         if s.computed != s.blocks.cached_tokens {
             return;
         }
-        if self.pool.cached_prefix(&s.tokens) <= s.blocks.cached_tokens {
+        let mappable = prefix_limit(s.tokens.len(), self.opts.batch, self.pool.block_size()) + 1;
+        if self.pool.cached_prefix(&s.tokens[..mappable]) <= s.blocks.cached_tokens {
             return;
         }
         s.blocks.free(&mut self.pool);
-        let mut fresh = SeqBlocks::with_prefix(&mut self.pool, &s.tokens);
+        let mut fresh = SeqBlocks::with_prefix(&mut self.pool, &s.tokens[..mappable]);
         // The blocks just freed cover the whole prompt, so this cannot run short; if it did,
         // the sequence would wait again rather than run without its rows.
         if !fresh.reserve(&mut self.pool, s.tokens.len()) {
@@ -474,7 +528,10 @@ impl Engine {
             // of the prompt (a preempted sequence replays its generated tokens one per step,
             // as they were computed).
             let to_boundary = self.opts.batch - s.computed % self.opts.batch;
-            (s.prompt_len - s.computed).min(to_boundary)
+            prefill_piece(
+                (s.prompt_len - s.computed).min(to_boundary),
+                self.opts.prefill_budget,
+            )
         });
         let nd = decode
             .len()
@@ -618,5 +675,43 @@ impl Engine {
         Ok(b.chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// Pieces cover the chunk's rest exactly; each is within the budget or the whole rest,
+        /// and none but a whole rest is shorter than `MIN_PIECE`.
+        #[test]
+        fn pieces_cover_the_rest(rest in 1usize..2000, budget in MIN_PIECE..300) {
+            let mut left = rest;
+            while left > 0 {
+                let p = prefill_piece(left, budget);
+                prop_assert!(p >= 1 && p <= left);
+                prop_assert!(p == left || (p >= MIN_PIECE && p <= budget));
+                prop_assert!(p == left || left - p >= MIN_PIECE);
+                left -= p;
+            }
+        }
+
+        /// A mapped prefix ends on a chunk boundary or leaves `MIN_PIECE` rows of its chunk,
+        /// and is the longest such run of whole blocks.
+        #[test]
+        fn prefix_limits_leave_whole_pieces(len in 1usize..3000, batch_blocks in 1usize..40) {
+            let (block, batch) = (16, 16 * batch_blocks);
+            let ok = |c: usize| c < len && c.is_multiple_of(block)
+                && (c.is_multiple_of(batch) || len.min((c / batch + 1) * batch) - c >= MIN_PIECE);
+            let c = prefix_limit(len, batch, block);
+            prop_assert!(ok(c));
+            let mut d = c + block;
+            while d < len {
+                prop_assert!(!ok(d), "{d} would do for len {len}, batch {batch}");
+                d += block;
+            }
+        }
     }
 }

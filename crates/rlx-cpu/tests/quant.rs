@@ -525,3 +525,57 @@ fn check_cached_attention(
         );
     }
 }
+
+/// Decode-shaped products (`x [M, 1, K]`, M one-row products as serving batches them): every
+/// row's results are bit for bit those of the row alone, for every block format, at every SIMD
+/// level, whether the row goes through a group of four activation rows or the per-row kernel
+/// (M from 1 to 9 takes both, and groups with a partial last weight-row group: N = 7).
+#[test]
+fn rows_batched_together_equal_each_row_alone() {
+    use rlx_cpu::isa::{levels, with_level};
+    let (k, n) = (256, 7);
+    let formats = [
+        (QuantScheme::GgufQ4_0, GgmlType::Q4_0),
+        (QuantScheme::GgufQ4_1, GgmlType::Q4_1),
+        (QuantScheme::GgufQ5_0, GgmlType::Q5_0),
+        (QuantScheme::GgufQ5_1, GgmlType::Q5_1),
+        (QuantScheme::GgufQ8_0, GgmlType::Q8_0),
+        (QuantScheme::GgufQ4K, GgmlType::Q4_K),
+        (QuantScheme::GgufQ6K, GgmlType::Q6_K),
+    ];
+    let product = |scheme: QuantScheme, w: &[u8], rb: usize, x: &[f32], m: usize| {
+        let mut g = Graph::new("rows");
+        let xi = g.input("x", Shape::new(&[m, 1, k], DType::F32));
+        let wp = g.param("w", Shape::new(&[n, rb], DType::U8));
+        let y = g.dequant_matmul(xi, wp, scheme);
+        g.set_outputs(vec![y]);
+        let mut p = compile(&g, 2).unwrap();
+        p.write_param(0, w);
+        p.write_input(0, &f32_bytes(x));
+        p.execute();
+        let mut out = vec![0u8; m * n * 4];
+        p.read_output(0, &mut out);
+        out
+    };
+    for level in levels() {
+        with_level(level, || {
+            for (seed, &(scheme, ty)) in formats.iter().enumerate() {
+                let rb = ty.row_bytes(k).unwrap();
+                let w = random_rows(ty, n, k, 11 + seed as u64);
+                for m in 1..=9 {
+                    let x: Vec<f32> = (0..m * k)
+                        .map(|i| ((i * 131 + seed * 7) % 211) as f32 / 53.0 - 2.0)
+                        .collect();
+                    let together = product(scheme, &w, rb, &x, m);
+                    for r in 0..m {
+                        let alone = product(scheme, &w, rb, &x[r * k..(r + 1) * k], 1);
+                        assert!(
+                            together[r * n * 4..(r + 1) * n * 4] == alone[..],
+                            "{ty} at {level}: row {r} of {m} differs from the row alone"
+                        );
+                    }
+                }
+            }
+        });
+    }
+}

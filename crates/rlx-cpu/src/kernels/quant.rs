@@ -845,6 +845,92 @@ unsafe fn dot_rows_avx2<const F: u8, const A: usize>(
     dot_rows::<F, { Vnni::None as u8 }, A>(rows, rb, n, far, acts, out)
 }
 
+/// `u8 x i8 -> i32` dot products of 4-byte lanes in the `VNNI` form (the same integer sums
+/// either way: exact, so any form gives identical results).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn lane_dots<const VNNI: u8>(
+    q: std::arch::x86_64::__m256i,
+    a: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    if VNNI == Vnni::Vex as u8 {
+        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q, a)
+    } else if VNNI == Vnni::Evex as u8 {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a)
+    } else {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), _mm256_set1_epi16(1))
+    }
+}
+
+/// The activation block's offset lanes of format `F`: 8 or 16 times its sum per 4-byte lane
+/// (Q4_0, Q5_0), 128 times it for Q8_0 with VNNI, zero otherwise (see [`block_lanes`]).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn act_offset<const F: u8, const VNNI: u8>(
+    a: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let sum = || lane_dots::<VNNI>(_mm256_set1_epi8(1), a);
+    match F {
+        0 => _mm256_slli_epi32(sum(), 3),
+        2 => _mm256_slli_epi32(sum(), 4),
+        4 if VNNI != Vnni::None as u8 => _mm256_slli_epi32(sum(), 7),
+        _ => _mm256_setzero_si256(),
+    }
+}
+
+/// The 32 weights of the format-`F` block at `blk`, decoded once for every activation row:
+/// `(w, q)`, the signed bytes (Q8_0) and the unsigned quants the products take.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn block_quants<const F: u8>(
+    blk: *const u8,
+) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i) {
+    use std::arch::x86_64::*;
+    if F == 4 {
+        let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+        (w, _mm256_xor_si256(w, _mm256_set1_epi8(-128)))
+    } else {
+        let mut q = rlx_gguf::simd::nibbles32(blk.add([2, 4, 6, 8][F as usize]));
+        if F == 2 || F == 3 {
+            q = rlx_gguf::simd::with_fifth_bits(
+                q,
+                (blk.add(if F == 2 { 2 } else { 4 }) as *const i32).read_unaligned(),
+            );
+        }
+        (q, q)
+    }
+}
+
+/// The eight lane sums of a block's products with activation block `a` (offset lanes `a_off`
+/// from [`act_offset`]), as the integers llama.cpp converts to float.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn block_lanes<const F: u8, const VNNI: u8>(
+    w: std::arch::x86_64::__m256i,
+    q: std::arch::x86_64::__m256i,
+    a: std::arch::x86_64::__m256i,
+    a_off: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    if F == 4 {
+        if VNNI != Vnni::None as u8 {
+            // `vpdpbusd` has no i16 saturation: take w + 128 (a u8, `q`) and subtract
+            // 128 sum(a), exact for every weight byte, -128 included.
+            _mm256_sub_epi32(lane_dots::<VNNI>(q, a), a_off)
+        } else {
+            // |w| and a * sign(w): a -128 weight is 128 as u8 (see `dot_avx2`).
+            lane_dots::<VNNI>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
+        }
+    } else if F == 0 || F == 2 {
+        // Q4_0 / Q5_0: the lane sums of the signed weights (q - 8, q - 16): sum(q a) - 8 sum(a).
+        _mm256_sub_epi32(lane_dots::<VNNI>(q, a), a_off)
+    } else {
+        lane_dots::<VNNI>(q, a)
+    }
+}
+
 /// The body of [`dot_packed_rows`] for format `F` (0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0)
 /// and `A` activation rows.
 #[cfg(target_arch = "x86_64")]
@@ -862,21 +948,10 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8, const A: usize>(
     const R: usize = ROWS;
     let bb = [18, 20, 22, 24, 34][F as usize];
     let nb = rb / bb;
-    let ones = _mm256_set1_epi16(1);
     let mut acc = [[_mm256_setzero_ps(); R]; A];
     let mut off = [[0f32; R]; A];
     // Rows past `n` repeat the last one (computed, never stored).
     let rp: [*const u8; R] = std::array::from_fn(|r| rows.add(r.min(n - 1) * rb));
-    let dot = |q: __m256i, a: __m256i| -> __m256i {
-        // The same integer sums either way (exact, so any form gives identical results).
-        if VNNI == Vnni::Vex as u8 {
-            _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q, a)
-        } else if VNNI == Vnni::Evex as u8 {
-            _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a)
-        } else {
-            _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), ones)
-        }
-    };
     for b in 0..nb {
         let dx: [f32; A] = std::array::from_fn(|i| *acts[i].1.get_unchecked(8 * b));
         let sx: [f32; A] = std::array::from_fn(|i| {
@@ -885,14 +960,7 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8, const A: usize>(
         let av: [__m256i; A] = std::array::from_fn(|i| {
             _mm256_loadu_si256(acts[i].0.as_ptr().add(b * 32) as *const __m256i)
         });
-        // 8 or 16 times the activation's sum per 4-byte lane (zero for the other formats).
-        // For Q8_0 with VNNI, 128 times it (see below).
-        let a_off: [__m256i; A] = std::array::from_fn(|i| match F {
-            0 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), av[i]), 3),
-            2 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), av[i]), 4),
-            4 if VNNI != Vnni::None as u8 => _mm256_slli_epi32(dot(_mm256_set1_epi8(1), av[i]), 7),
-            _ => _mm256_setzero_si256(),
-        });
+        let a_off: [__m256i; A] = std::array::from_fn(|i| act_offset::<F, VNNI>(av[i]));
         for r in 0..R {
             let blk = rp[r].add(b * bb);
             // Decoding streams weights faster than the hardware prefetcher fetches them: ask for
@@ -902,38 +970,9 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8, const A: usize>(
             // d (and m) as f32 through F16C.
             let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((blk as *const i32).read_unaligned()));
             let d = _mm_cvtss_f32(dm);
-            // The block's weights, decoded once for every activation row.
-            let (w, q) = if F == 4 {
-                let w = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                (w, _mm256_xor_si256(w, _mm256_set1_epi8(-128)))
-            } else {
-                let mut q = rlx_gguf::simd::nibbles32(blk.add([2, 4, 6, 8][F as usize]));
-                if F == 2 || F == 3 {
-                    q = rlx_gguf::simd::with_fifth_bits(
-                        q,
-                        (blk.add(if F == 2 { 2 } else { 4 }) as *const i32).read_unaligned(),
-                    );
-                }
-                (q, q)
-            };
+            let (w, q) = block_quants::<F>(blk);
             for i in 0..A {
-                let a = av[i];
-                let p32 = if F == 4 {
-                    if VNNI != Vnni::None as u8 {
-                        // `vpdpbusd` has no i16 saturation: take w + 128 (a u8, `q`) and
-                        // subtract 128 sum(a), exact for every weight byte, -128 included.
-                        _mm256_sub_epi32(dot(q, a), a_off[i])
-                    } else {
-                        // |w| and a * sign(w): a -128 weight is 128 as u8 (see `dot_avx2`).
-                        dot(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
-                    }
-                } else if F == 0 || F == 2 {
-                    // Q4_0 / Q5_0: the lane sums of the signed weights (q - 8, q - 16), exactly
-                    // the integers llama.cpp converts to float: sum(q a) - 8 sum(a) per lane.
-                    _mm256_sub_epi32(dot(q, a), a_off[i])
-                } else {
-                    dot(q, a)
-                };
+                let p32 = block_lanes::<F, VNNI>(w, q, av[i], a_off[i]);
                 acc[i][r] = _mm256_fmadd_ps(
                     _mm256_cvtepi32_ps(p32),
                     _mm256_set1_ps(d * dx[i]),
@@ -955,6 +994,190 @@ unsafe fn dot_rows<const F: u8, const VNNI: u8, const A: usize>(
             out[i][r] = _mm_cvtss_f32(s) + off[i][r];
         }
     }
+}
+
+/// Bytes of one block of a packed group of [`ACTS`] activation rows (32-element block formats):
+/// the four rows' 32 quants, then their four scales, then their four block sums.
+#[cfg(target_arch = "x86_64")]
+const GROUP_BLOCK: usize = ACTS * 32 + 2 * ACTS * 4;
+
+/// Lay four quantized activation rows out block by block for [`dot_group`]: one stream read
+/// front to back instead of twelve, the block sums `s0 + s1` added once here (as the per-row
+/// kernel adds them).
+///
+/// # Safety
+/// `dst` holds `nb * GROUP_BLOCK` bytes; each act row holds `nb` blocks.
+#[cfg(target_arch = "x86_64")]
+unsafe fn pack_group(acts: &[Act<'_>; ACTS], nb: usize, dst: *mut u8) {
+    for b in 0..nb {
+        let blk = dst.add(b * GROUP_BLOCK);
+        for (i, (qx, la, xs)) in acts.iter().enumerate() {
+            std::ptr::copy_nonoverlapping(
+                qx.as_ptr().add(b * 32) as *const u8,
+                blk.add(32 * i),
+                32,
+            );
+            let f = blk.add(ACTS * 32) as *mut f32;
+            f.add(i).write_unaligned(la[8 * b]);
+            f.add(ACTS + i).write_unaligned(xs[2 * b] + xs[2 * b + 1]);
+        }
+    }
+}
+
+/// [`dot_rows`] for a packed group of four activation rows ([`pack_group`]): the same float
+/// steps per (weight row, activation row) in the same order (so the same results as the rows
+/// taken one at a time), with the scale products `d dx` and offset terms `m sx` of the four
+/// activation rows made four at a time and every activation read from one stream. Formats as
+/// [`dot_rows`]: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dot_group<const F: u8, const VNNI: u8>(
+    rows: *const u8,
+    rb: usize,
+    n: usize,
+    far: bool,
+    pk: *const u8,
+    out: &mut [[f32; ROWS]; ACTS],
+) {
+    use std::arch::x86_64::*;
+    const R: usize = ROWS;
+    const A: usize = ACTS;
+    let bb = [18, 20, 22, 24, 34][F as usize];
+    let nb = rb / bb;
+    let mut acc = [[_mm256_setzero_ps(); R]; A];
+    // Offset terms m sx of weight row r in lane i (activation row) of `off[r]`.
+    let mut off = [_mm_setzero_ps(); R];
+    let rp: [*const u8; R] = std::array::from_fn(|r| rows.add(r.min(n - 1) * rb));
+    // The scale products of the current block, read back as broadcasts.
+    let mut scale = [0f32; R * A];
+    for b in 0..nb {
+        let blk = pk.add(b * GROUP_BLOCK);
+        let av: [__m256i; A] =
+            std::array::from_fn(|i| _mm256_loadu_si256(blk.add(32 * i) as *const __m256i));
+        let dx = _mm_loadu_ps(blk.add(A * 32) as *const f32);
+        let sx = _mm_loadu_ps(blk.add(A * 32 + 16) as *const f32);
+        let a_off: [__m256i; A] = std::array::from_fn(|i| act_offset::<F, VNNI>(av[i]));
+        for r in 0..R {
+            let wb = rp[r].add(b * bb);
+            prefetch_ahead(wb.wrapping_add(PREFETCH), far);
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128((wb as *const i32).read_unaligned()));
+            // d dx_i for the four activation rows: the products a scalar `d * dx` gives.
+            _mm_storeu_ps(
+                scale.as_mut_ptr().add(A * r),
+                _mm_mul_ps(_mm_broadcastss_ps(dm), dx),
+            );
+            if F == 1 || F == 3 {
+                // `off += m * sx`: product, then sum, each rounded as the scalar steps are.
+                off[r] = _mm_add_ps(off[r], _mm_mul_ps(_mm_permute_ps::<0x55>(dm), sx));
+            }
+        }
+        // Read back from memory (broadcast loads rather than shuffles).
+        std::hint::black_box(&mut scale);
+        for r in 0..R {
+            let (w, q) = block_quants::<F>(rp[r].add(b * bb));
+            for i in 0..A {
+                let p32 = block_lanes::<F, VNNI>(w, q, av[i], a_off[i]);
+                acc[i][r] = _mm256_fmadd_ps(
+                    _mm256_cvtepi32_ps(p32),
+                    _mm256_broadcast_ss(&*scale.as_ptr().add(A * r + i)),
+                    acc[i][r],
+                );
+            }
+        }
+    }
+    for r in 0..n {
+        let mut o = [0f32; A];
+        _mm_storeu_ps(o.as_mut_ptr(), off[r]);
+        for i in 0..A {
+            let v = acc[i][r];
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+            out[i][r] = _mm_cvtss_f32(s) + o[i];
+        }
+    }
+}
+
+/// [`dot_group`] for `ty`, dispatched on the VNNI form; false (nothing computed) when `ty` is
+/// not a 32-element block format (see [`grouped`]).
+///
+/// # Safety
+/// As [`dot_packed_rows`], with `pk` a group packed by [`pack_group`] for this `k`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot_group_rows(
+    ty: GgmlType,
+    vnni: Vnni,
+    far: bool,
+    rows: *const u8,
+    rb: usize,
+    n: usize,
+    pk: *const u8,
+    out: &mut [[f32; ROWS]; ACTS],
+) -> bool {
+    // One instance per VNNI form, each compiled with the features it needs.
+    macro_rules! form {
+        ($name:ident, $features:literal, $vnni:expr) => {
+            #[target_feature(enable = $features)]
+            unsafe fn $name<const F: u8>(
+                rows: *const u8,
+                rb: usize,
+                n: usize,
+                far: bool,
+                pk: *const u8,
+                out: &mut [[f32; ROWS]; ACTS],
+            ) {
+                dot_group::<F, { $vnni as u8 }>(rows, rb, n, far, pk, out)
+            }
+        };
+    }
+    form!(vex, "avx2,fma,f16c,avxvnni", Vnni::Vex);
+    form!(
+        evex,
+        "avx2,fma,f16c,avx512f,avx512vl,avx512vnni",
+        Vnni::Evex
+    );
+    form!(plain, "avx2,fma,f16c", Vnni::None);
+    macro_rules! go {
+        ($f:literal) => {
+            match vnni {
+                Vnni::Vex => vex::<$f>(rows, rb, n, far, pk, out),
+                Vnni::Evex => evex::<$f>(rows, rb, n, far, pk, out),
+                Vnni::None => plain::<$f>(rows, rb, n, far, pk, out),
+            }
+        };
+    }
+    match ty {
+        GgmlType::Q4_0 => go!(0),
+        GgmlType::Q4_1 => go!(1),
+        GgmlType::Q5_0 => go!(2),
+        GgmlType::Q5_1 => go!(3),
+        GgmlType::Q8_0 => go!(4),
+        _ => return false,
+    }
+    true
+}
+
+/// Whether products of `ty` take four activation rows at a time through [`dot_group`].
+fn grouped(ty: GgmlType) -> bool {
+    cfg!(target_arch = "x86_64")
+        && fused(ty)
+        && matches!(
+            ty,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0
+        )
+}
+
+/// Scratch bytes of the packed activation groups of an `m`-row product (whole groups of
+/// [`ACTS`] rows; the rest go through [`dot_packed_rows`]).
+fn group_bytes(ty: GgmlType, m: usize, k: usize) -> usize {
+    if !grouped(ty) {
+        return 0;
+    }
+    #[cfg(target_arch = "x86_64")]
+    return (m / ACTS) * (k / ABLK) * GROUP_BLOCK;
+    #[cfg(not(target_arch = "x86_64"))]
+    return 0;
 }
 
 /// Byte sizes of the per-row scratch pieces for `K = k`.
@@ -1021,7 +1244,8 @@ fn dequant_matmul(
     let z = Sizes::new(k);
     let row_bytes = ty.row_bytes(k).expect("checked by shape inference");
     let float = matches!(ty, GgmlType::F16 | GgmlType::BF16);
-    let act_bytes = if float { 0 } else { m * z.row() };
+    let groups_at = if float { 0 } else { m * z.row() };
+    let act_bytes = groups_at + group_bytes(ty, m, k);
     let per_thread = if float { ROWS * k * 4 } else { ROWS * z.row() };
     let mode = ActQuant::of(ty);
     #[cfg(target_arch = "x86_64")]
@@ -1063,6 +1287,22 @@ fn dequant_matmul(
                     }
                 }
             });
+            #[cfg(target_arch = "x86_64")]
+            if grouped(ty) {
+                super::par_ranges(pool, m / ACTS, 1, |gs| {
+                    for g in gs {
+                        // SAFETY: each group has its own slice of the groups area; the rows
+                        // were quantized above.
+                        unsafe {
+                            let acts: [Act<'_>; ACTS] = std::array::from_fn(|i| {
+                                act_views(sp.get().add((g * ACTS + i) * z.row()), k, &z)
+                            });
+                            let dst = sp.get().add(groups_at + g * (k / ABLK) * GROUP_BLOCK);
+                            pack_group(&acts, k / ABLK, dst);
+                        }
+                    }
+                });
+            }
         }
         let groups = n.div_ceil(ROWS);
         let tasks = groups.min(pool.threads() * 8).max(1);
@@ -1112,6 +1352,27 @@ fn dequant_matmul(
                         let mut r0 = 0;
                         while r0 < m {
                             let take = (m - r0).min(ACTS);
+                            if take == ACTS
+                                && dot_group_rows(
+                                    ty,
+                                    vnni,
+                                    far,
+                                    wp.add(n0 * row_bytes),
+                                    row_bytes,
+                                    n1 - n0,
+                                    sp.get()
+                                        .add(groups_at + r0 / ACTS * (k / ABLK) * GROUP_BLOCK),
+                                    &mut res,
+                                )
+                            {
+                                for (i, row) in res.iter().enumerate() {
+                                    for j in n0..n1 {
+                                        *op.add(out_index(&out, r0 + i, j, n)) = row[j - n0];
+                                    }
+                                }
+                                r0 += ACTS;
+                                continue;
+                            }
                             let acts: [Act<'_>; ACTS] = if r0 == 0 {
                                 first
                             } else {
@@ -1382,7 +1643,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let scratch = if float {
                 info.threads * ROWS * k * 4
             } else {
-                (m + info.threads * ROWS) * z.row()
+                (m + info.threads * ROWS) * z.row() + group_bytes(ty, m, k)
             };
             Ok(Lowered::Compute {
                 scratch: scratch.max(64),

@@ -23,7 +23,7 @@ pub fn prepare_for_ad(g: &Graph) -> Result<Graph> {
     prepare(g, ops::has_ad_rules)
 }
 
-fn prepare(g: &Graph, has_rule: fn(&Op) -> bool) -> Result<Graph> {
+fn prepare(g: &Graph, has_rule: impl Fn(&Op) -> bool) -> Result<Graph> {
     let supports = |g: &Graph, id: NodeId| has_rule(&g.node(id).op);
     Ok(Decompose {
         backend: "autodiff",
@@ -186,7 +186,9 @@ pub fn grad(g: &Graph, wrt: &[NodeId]) -> Result<Graph> {
 /// [`tangent_name`]`(name)` of the same shape; the outputs are `[primals..., tangents...]` in the
 /// order of `g`'s outputs.
 pub fn jvp(g: &Graph, tangent_for: &[&str]) -> Result<Graph> {
-    let mut out = prepare(g, ops::has_jvp_rule)?;
+    let mut out = prepare(g, |op| {
+        ops::has_jvp_rule(op) || unbounded_while(op).is_some()
+    })?;
     let n = out.len();
     let mut t: Vec<Option<NodeId>> = vec![None; n];
     for name in tangent_for {
@@ -207,6 +209,11 @@ pub fn jvp(g: &Graph, tangent_for: &[&str]) -> Result<Graph> {
         }
         let ts: Vec<Option<NodeId>> = node.inputs.iter().map(|x| t[x.index()]).collect();
         if ts.iter().all(Option::is_none) {
+            continue;
+        }
+        if let Some(w) = unbounded_while(&node.op) {
+            t[i] =
+                while_jvp(&mut out, &w, &node.inputs, &ts).map_err(|e| e.at(NodeId(i as u32)))?;
             continue;
         }
         let rule =
@@ -232,6 +239,70 @@ pub fn jvp(g: &Graph, tangent_for: &[&str]) -> Result<Graph> {
     }
     out.try_set_outputs(outputs)?;
     Ok(out)
+}
+
+/// The `while` op of `op` when it has no iteration bound. Its forward mode is a rule here (it
+/// needs [`jvp`] of the body); a bounded `while` is differentiated through its decomposition,
+/// which reverse mode needs anyway.
+pub(crate) fn unbounded_while(op: &Op) -> Option<ops::While> {
+    match op {
+        Op::Defined(d) => d
+            .downcast::<ops::While>()
+            .filter(|w| w.max_iterations.is_none())
+            .cloned(),
+        _ => None,
+    }
+}
+
+/// Forward mode of a `while` loop, as JAX's: a loop over the carries and the tangents of its
+/// floating-point carries, the predicate on the carries alone, the body's [`jvp`] as the body
+/// (so the loop runs as many times as the primal one). Returns the tangent of the carry the
+/// node yields (`None` for a carry that is not floating-point).
+fn while_jvp(
+    g: &mut Graph,
+    w: &ops::While,
+    ins: &[NodeId],
+    ts: &[Option<NodeId>],
+) -> Result<Option<NodeId>> {
+    let floats: Vec<usize> = (0..ins.len())
+        .filter(|&j| g.shape(ins[j]).dtype().is_float())
+        .collect();
+    let Some(slot) = floats.iter().position(|&j| j == w.output) else {
+        return Ok(None);
+    };
+    let body_inputs: Vec<String> = w.body.inputs().iter().map(|(n, _)| n.to_string()).collect();
+    let perturbed: Vec<&str> = floats.iter().map(|&j| body_inputs[j].as_str()).collect();
+    // Body: (carries, tangents) -> (new carries, their tangents), the tangents of the float
+    // carries only.
+    let mut body = jvp(&w.body, &perturbed)?;
+    let n = ins.len();
+    let outs = body.outputs().to_vec();
+    let mut keep = outs[..n].to_vec();
+    keep.extend(floats.iter().map(|&j| outs[n + j]));
+    body.try_set_outputs(keep)?;
+    // Predicate: the carries' one, the tangents read by nobody.
+    let mut cond = (*w.cond).clone();
+    let cond_inputs: Vec<String> = w.cond.inputs().iter().map(|(n, _)| n.to_string()).collect();
+    for &j in &floats {
+        cond.try_input(&tangent_name(&cond_inputs[j]), g.shape(ins[j]).clone())?;
+    }
+    let mut operands = ins.to_vec();
+    for &j in &floats {
+        operands.push(match ts[j] {
+            Some(t) => t,
+            None => {
+                let s = g.shape(ins[j]).clone();
+                zeros(g, &s)?
+            }
+        });
+    }
+    let op = ops::While {
+        cond: std::sync::Arc::new(cond),
+        body: std::sync::Arc::new(body),
+        max_iterations: None,
+        output: n + slot,
+    };
+    Ok(Some(g.define(op, &operands)?))
 }
 
 /// Hessian-vector products by forward-over-reverse. Adds a tangent input

@@ -5,6 +5,7 @@
 //! batched operands need more than a rule offers (batched norm scales, convolution weights, rope
 //! positions, every dot_general) are first replaced by their decompositions.
 
+use crate::autodiff::unbounded_while;
 use crate::{rewrite, Rewrite};
 use rlx_ir::{ops, Dim, Error, Graph, NodeId, Op, Result, Shape};
 
@@ -29,7 +30,10 @@ fn prepare(g: &Graph, leaves: &[&str]) -> Result<Graph> {
         let needs = |g: &Graph, id: NodeId| {
             let n = g.node(id);
             let flags: Vec<bool> = n.inputs.iter().map(|i| b[i.index()]).collect();
-            b[id.index()] && !n.op.is_leaf() && !ops::batch_supported(&n.op, &flags)
+            b[id.index()]
+                && !n.op.is_leaf()
+                && !ops::batch_supported(&n.op, &flags)
+                && unbounded_while(&n.op).is_none()
         };
         if !cur.ids().any(|id| needs(&cur, id)) {
             return Ok(cur);
@@ -111,6 +115,10 @@ pub fn vmap_axes(
                 let bds: Vec<Option<usize>> = n.inputs.iter().map(|i| map[i.index()].1).collect();
                 if bds.iter().all(Option::is_none) {
                     (out.try_op(op.clone(), &ins).map_err(|e| e.at(id))?, None)
+                } else if let Some(w) = unbounded_while(op) {
+                    let y =
+                        while_batch(&mut out, &w, &ins, &bds, batch_size).map_err(|e| e.at(id))?;
+                    (y, Some(0))
                 } else {
                     ops::batch(&mut out, op, &ins, &bds, batch_size).map_err(|e| e.at(id))?
                 }
@@ -139,6 +147,80 @@ pub fn vmap_axes(
     }
     out.try_set_outputs(outputs)?;
     Ok(out)
+}
+
+/// Batching of a `while` loop without an iteration bound, as JAX batches one: every carry
+/// batched (on axis 0), the loop runs while the predicate holds for any example, and each
+/// step keeps the new carries only of the examples whose predicate holds, so each example
+/// stops where it would alone. Returns the carry the node yields, batched on axis 0.
+fn while_batch(
+    g: &mut Graph,
+    w: &ops::While,
+    ins: &[NodeId],
+    bds: &[Option<usize>],
+    n: usize,
+) -> Result<NodeId> {
+    let carries = ins
+        .iter()
+        .zip(bds)
+        .map(|(&x, &bd)| ops::batch_materialize(g, x, bd, n))
+        .collect::<Result<Vec<_>>>()?;
+    let names =
+        |h: &Graph| -> Vec<String> { h.inputs().iter().map(|(s, _)| s.to_string()).collect() };
+    let (cn, bn) = (names(&w.cond), names(&w.body));
+    let vc = vmap(
+        &w.cond,
+        &cn.iter().map(String::as_str).collect::<Vec<_>>(),
+        n,
+    )?;
+    let vb = vmap(
+        &w.body,
+        &bn.iter().map(String::as_str).collect::<Vec<_>>(),
+        n,
+    )?;
+    let leaves = |h: &mut Graph, base: &str| -> Result<Vec<NodeId>> {
+        carries
+            .iter()
+            .enumerate()
+            .map(|(j, &c)| h.try_input(&format!("{base}{j}"), g.shape(c).clone()))
+            .collect()
+    };
+    // Predicate: any example's.
+    let mut cond = Graph::new(&format!("any_{}", w.cond.name()));
+    let xs = leaves(&mut cond, "c")?;
+    let p = cond.try_inline(&vc, &xs)?[0];
+    let pf = cond.try_cast(p, rlx_ir::DType::F32)?;
+    let m = cond.try_reduce(rlx_ir::ReduceKind::Max, pf, &[0], false)?;
+    let zero = cond.try_scalar(0.0, rlx_ir::DType::F32)?;
+    let any = cond.try_compare(rlx_ir::CmpOp::Gt, m, zero)?;
+    cond.try_set_outputs(vec![any])?;
+    // Body: the new carries where the example's predicate holds, the old ones elsewhere.
+    let mut body = Graph::new(&format!("masked_{}", w.body.name()));
+    let xs = leaves(&mut body, "c")?;
+    let p = body.try_inline(&vc, &xs)?[0];
+    let new = body.try_inline(&vb, &xs)?;
+    let mut outs = Vec::with_capacity(xs.len());
+    for (&x, &y) in xs.iter().zip(&new) {
+        let dims = body
+            .shape(x)
+            .static_dims()
+            .ok_or_else(|| Error::op("while", "vmap of a loop needs static carry shapes"))?;
+        let mut one = vec![1; dims.len()];
+        one[0] = n;
+        let pm = body.try_reshape(p, &one)?;
+        let pm = body.try_expand(pm, &dims)?;
+        outs.push(body.try_select(pm, y, x)?);
+    }
+    body.try_set_outputs(outs)?;
+    g.define(
+        ops::While {
+            cond: std::sync::Arc::new(cond),
+            body: std::sync::Arc::new(body),
+            max_iterations: None,
+            output: w.output,
+        },
+        &carries,
+    )
 }
 
 /// Batch `g` over the leading axis of each input or param named in `batched`; outputs carry the

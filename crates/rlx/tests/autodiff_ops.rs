@@ -36,7 +36,8 @@ const NOT_DIFFERENTIABLE: &[(&str, &str)] = &[
 ];
 
 /// A `while` without `max_iterations`: no reverse mode, as JAX has none for `while_loop` (the
-/// bounded rows are checked; `jax_parity.rs` checks forward mode through the bound).
+/// bounded rows are checked here; `jax_parity.rs` checks the unbounded loop's forward mode
+/// against `jax.jvp` of `lax.while_loop`).
 fn unbounded_while(case: &Value) -> bool {
     case["op"] == "while" && case["attrs"]["max_iterations"].is_null()
 }

@@ -824,23 +824,39 @@ fn newton_graph(max_iterations: Option<usize>, tolerance: bool) -> Graph {
 }
 
 /// (k) `while_loop` against `lax.while_loop` / `fori_loop`: the value by a real loop (no bound),
-/// forward mode and vmap through the bounded form, the gradient through a fixed trip count.
+/// forward mode and vmap both of the unbounded loop (a loop over carries and tangents; a loop
+/// masked per example until no predicate holds, as JAX batches one) and through the bounded
+/// form, the gradient through a fixed trip count.
 #[test]
 fn k_while_loop_against_lax() {
     let s = scenario("while");
     let g = newton_graph(None, true);
     let v = run(g, &s, &[], &[("a", "a")], &[]);
     compare(&s, "sqrt", None, &v[0], RTOL);
-    let bounded = newton_graph(Some(50), true);
-    let jg = jvp(&bounded, &["a"]).expect("jvp of a bounded while");
     let ta = tangent_name("a");
-    let outs = run(jg, &s, &[], &[("a", "a"), (&ta, "t_a")], &[]);
-    compare(&s, "sqrt", None, &outs[0], RTOL);
-    compare(&s, "jvp", None, &outs[1], RTOL);
     let n = s.input("as").shape[0];
-    let vg = vmap(&bounded, &["a"], n).expect("vmap of a bounded while");
-    let outs = run(vg, &s, &[], &[("a", "as")], &[]);
+    for max_iterations in [None, Some(50)] {
+        let g = newton_graph(max_iterations, true);
+        let jg = jvp(&g, &["a"]).expect("jvp of a while");
+        // The unbounded loop's forward mode stays a loop (no unrolling).
+        let loops = jg
+            .ids()
+            .filter(|&id| jg.node(id).op.name() == "while")
+            .count();
+        assert_eq!(loops > 0, max_iterations.is_none(), "{max_iterations:?}");
+        let outs = run(jg, &s, &[], &[("a", "a"), (&ta, "t_a")], &[]);
+        compare(&s, "sqrt", None, &outs[0], RTOL);
+        compare(&s, "jvp", None, &outs[1], RTOL);
+        let vg = vmap(&g, &["a"], n).expect("vmap of a while");
+        let outs = run(vg, &s, &[], &[("a", "as")], &[]);
+        compare(&s, "vmap", None, &outs[0], RTOL);
+    }
+    // vmap of the jvp, and jvp of the vmap, of the unbounded loop (the rules compose).
+    let g = newton_graph(None, true);
+    let vj = vmap(&jvp(&g, &["a"]).unwrap(), &["a", &ta], n).expect("vmap of jvp");
+    let outs = run(vj, &s, &[], &[("a", "as"), (&ta, "t_as")], &[]);
     compare(&s, "vmap", None, &outs[0], RTOL);
+    compare(&s, "vmap_jvp", None, &outs[1], RTOL);
     let fori = newton_graph(Some(30), false);
     let a = fori.find_leaf("a").unwrap();
     let dg = grad(&fori, &[a]).expect("grad of a fixed-trip while");

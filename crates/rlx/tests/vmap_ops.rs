@@ -18,9 +18,6 @@ const B: usize = 3;
 /// batch of packed quantized weights would need one weight matrix per example.
 fn unbatchable(c: &Value, axes: &[(usize, usize)]) -> Option<&'static str> {
     match c["op"].as_str().unwrap_or("") {
-        "while" if c["attrs"]["max_iterations"].is_null() => {
-            Some("a while without max_iterations has no batching rule yet: vmap batches the bounded form")
-        }
         "cache_write" | "cached_attention" | "paged_attention" => {
             Some("the KV cache is state updated in place")
         }

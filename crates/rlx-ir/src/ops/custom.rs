@@ -61,6 +61,15 @@ pub(super) fn infer(f: &CustomFn, ins: &[&Shape]) -> Result<Shape> {
     Ok(f.body.shape(f.body.outputs()[0]).clone())
 }
 
+impl Graph {
+    /// Copy `body` (a graph of inputs, constants and ops; no params) into this graph with its
+    /// inputs bound to `args` in order; returns the body's outputs here. Argument shapes must
+    /// equal the body's inputs'.
+    pub fn try_inline(&mut self, body: &Graph, args: &[NodeId]) -> Result<Vec<NodeId>> {
+        inline_for("inline", self, body, args)
+    }
+}
+
 /// Copy `body` into `g` with its inputs bound to `bind`; returns the body's outputs in `g`.
 pub(super) fn inline(g: &mut Graph, body: &Graph, bind: &[NodeId]) -> Result<Vec<NodeId>> {
     inline_for("custom", g, body, bind)

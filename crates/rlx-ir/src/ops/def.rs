@@ -22,7 +22,7 @@ use std::sync::Arc;
 /// rest default to "none": a primitive without a decomposition, no derivative rules
 /// (autodiff then differentiates the decomposition, or reports the op), no batching rule (vmap
 /// batches the decomposition).
-pub trait OpDef: Send + Sync + 'static {
+pub trait OpDef: AsAny + Send + Sync + 'static {
     /// The lowercase name, as printed and parsed; equal to its [`OpRegistration::name`].
     fn name(&self) -> &'static str;
 
@@ -114,6 +114,20 @@ pub fn registration(name: &str) -> Option<&'static OpRegistration> {
     registrations().iter().find(|r| r.name == name)
 }
 
+/// The definition as `Any`, so a transform that needs an op's attributes as its own type (the
+/// loop rules of `rlx_opt`) can get them back ([`DefinedOp::downcast`]). Implemented for every
+/// type.
+pub trait AsAny {
+    /// `self` as `Any`.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<T: std::any::Any> AsAny for T {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 /// An op defined by an [`OpDef`], shared cheaply between graphs.
 #[derive(Clone)]
 pub struct DefinedOp(Arc<dyn OpDef>);
@@ -132,6 +146,12 @@ impl DefinedOp {
     /// The op's name.
     pub fn name(&self) -> &'static str {
         self.0.name()
+    }
+
+    /// The definition as a `T`, when it is one (`op.downcast::<While>()`).
+    pub fn downcast<T: OpDef>(&self) -> Option<&T> {
+        // Through the trait object: `self.0` itself (an `Arc`) is `Any` too.
+        (*self.0).as_any().downcast_ref::<T>()
     }
 
     /// The attributes written as in the text form, `{axis = 0}` (empty without attributes).

@@ -8,7 +8,9 @@
 //!   decomposition — the body unrolled that many times, each step kept only while the
 //!   predicate holds (the masked form JAX batches a loop with) — which backends without a loop
 //!   kernel run and which autodiff and vmap transform: reverse mode therefore needs the bound,
-//!   as JAX's `fori_loop` needs a static trip count.
+//!   as JAX's `fori_loop` needs a static trip count. Without a bound, forward mode and
+//!   batching are rules of `rlx_opt` (`jvp` and `vmap` of the body and predicate graphs), not
+//!   of this file, which cannot transform graphs.
 //! - `scan {body, consts}`: operands `(init, consts..., xs...)`, each `xs` with a leading axis of
 //!   length `T`; the `body` graph maps `(carry, consts..., x_t...)` to the new carry; the result stacks the `T` new carries
 //!   (`[T, ...]`; the last is the final carry). The evaluator and the CPU loop; the

@@ -429,19 +429,22 @@ def newton_sqrt(a, tol=True):
 
 def scenario_while():
     """lax.while_loop (Newton's square root, carries (a, x)): values and jvp with the
-    tolerance test; the gradient through a fixed 30-iteration loop; vmap over several a."""
+    tolerance test; the gradient through a fixed 30-iteration loop; vmap over several a, and
+    vmap of the jvp."""
     a = np.float64(2.7)
     ta = np.float64(0.3)
     as_ = np.array([0.5, 2.0, 9.0, 30.0])
+    t_as = np.array([1.0, -0.5, 0.25, 2.0])
     y, ty = jax.jvp(newton_sqrt, (a,), (ta,))
     return {
         "config": {},
-        "inputs": tensors({"a": np.asarray(a), "t_a": np.asarray(ta), "as": as_}),
+        "inputs": tensors({"a": np.asarray(a), "t_a": np.asarray(ta), "as": as_, "t_as": t_as}),
         "expected": tensors({
             "sqrt": np.asarray(y),
             "jvp": np.asarray(ty),
             "grad_fori": np.asarray(jax.grad(lambda a: newton_sqrt(a, tol=False))(a)),
             "vmap": jax.vmap(newton_sqrt)(as_),
+            "vmap_jvp": jax.vmap(lambda a, t: jax.jvp(newton_sqrt, (a,), (t,))[1])(as_, t_as),
         }),
     }
 

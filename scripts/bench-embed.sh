@@ -4,7 +4,8 @@
 # batch size and threads, in the same run: every round runs RLX then both references for each
 # setting. Texts (scripts/lib/embed_texts.py): "short" = 256 sentences of 11-15 tokens, "long"
 # = 64 texts of 128 tokens. Prints a Markdown table of sentences/s (median over rounds of each
-# round's median pass; min-max over rounds) and RLX's ratio to each reference.
+# round's median pass; min-max over rounds) and RLX's ratio to each reference, for RLX in
+# f32 (the default) and in bf16 (`--precision bf16`: products in bf16, weights stored in bf16).
 #
 # Usage: scripts/bench-embed.sh
 # Env: ROUNDS (2), SECONDS_PER_RUN (5), TEXTS ("short long"), BATCHES ("1 32"), THREADS_LIST ("1 2")
@@ -33,6 +34,9 @@ for round in $(seq 1 "$ROUNDS"); do
                 echo "round $round: $key" >&2
                 $RLX embed --model "$MODEL" -b "$b" -t "$th" --bench "$SECS" < "$DATA/$t.txt" \
                     | $PY -c 'import json,sys; print(json.load(sys.stdin)["median"])' >> "$OUT/rlx $key"
+                $RLX embed --model "$MODEL" -b "$b" -t "$th" --bench "$SECS" --precision bf16 \
+                    < "$DATA/$t.txt" \
+                    | $PY -c 'import json,sys; print(json.load(sys.stdin)["median"])' >> "$OUT/bf16 $key"
                 $PY scripts/lib/bench_embed.py --texts "$DATA/$t.txt" --batch "$b" --threads "$th" \
                     --seconds "$SECS" --json 2>/dev/null > "$OUT/ref"
                 $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["torch"]["median"])' "$OUT/ref" >> "$OUT/torch $key"
@@ -49,14 +53,15 @@ def vals(kind, key):
     return [float(x) for x in open(f"{out}/{kind} {key}").read().split()]
 def cell(v):
     return f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
-print("| texts | batch | threads | RLX | PyTorch | ONNX Runtime | RLX / PyTorch | RLX / ORT |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|")
+print("| texts | batch | threads | RLX | RLX bf16 | PyTorch | ONNX Runtime | RLX / PyTorch | RLX / ORT | bf16 / PyTorch | bf16 / ORT |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for t in texts:
     for b in batches:
         for th in threads:
             key = f"{t} {b} {th}"
-            r, p, o = (vals(k, key) for k in ("rlx", "torch", "onnx"))
+            r, h, p, o = (vals(k, key) for k in ("rlx", "bf16", "torch", "onnx"))
             m = statistics.median
-            print(f"| {t} | {b} | {th} | {cell(r)} | {cell(p)} | {cell(o)} | {m(r)/m(p):.2f}x | {m(r)/m(o):.2f}x |")
+            print(f"| {t} | {b} | {th} | {cell(r)} | {cell(h)} | {cell(p)} | {cell(o)} | "
+                  f"{m(r)/m(p):.2f}x | {m(r)/m(o):.2f}x | {m(h)/m(p):.2f}x | {m(h)/m(o):.2f}x |")
 PY
 rm -rf "$OUT"

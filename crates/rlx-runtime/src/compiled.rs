@@ -357,6 +357,11 @@ impl CompiledGraph {
             }
         }
         self.execute();
+        Ok(self.read_outputs_f32())
+    }
+
+    /// Every visible output as f32 (converted from its dtype), after a run.
+    fn read_outputs_f32(&mut self) -> Vec<Vec<f32>> {
         let mut outs = Vec::with_capacity(self.visible.len());
         for vi in 0..self.visible.len() {
             let i = self.visible[vi];
@@ -373,7 +378,7 @@ impl CompiledGraph {
             }
             outs.push(v);
         }
-        Ok(outs)
+        outs
     }
 
     /// Short form of [`CompiledGraph::try_run`]; panics with its error.
@@ -403,6 +408,20 @@ impl CompiledGraph {
             outs.push((b, s.shape.dtype()));
         }
         Ok(outs)
+    }
+
+    /// [`CompiledGraph::try_run_typed`]'s inputs, [`CompiledGraph::try_run`]'s outputs: raw
+    /// inputs of each input's dtype (token ids, positions), every output as f32, read straight
+    /// into its vector (one copy, no byte staging: what a server reading large logits wants).
+    pub fn try_run_typed_f32(&mut self, inputs: &[(&str, &[u8], DType)]) -> Result<Vec<Vec<f32>>> {
+        self.match_inputs(inputs.iter().map(|(n, _, _)| *n))?;
+        for (name, bytes, dt) in inputs {
+            let i = find(self.exe.inputs(), "input", name)?;
+            check_typed("input", &self.exe.inputs()[i], name, bytes, *dt)?;
+            self.exe.write_input(i, bytes);
+        }
+        self.execute();
+        Ok(self.read_outputs_f32())
     }
 
     /// Short form of [`CompiledGraph::try_run_typed`]; panics with its error.

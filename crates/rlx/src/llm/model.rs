@@ -198,17 +198,13 @@ impl Llm {
             .flat_map(|j| ((self.pos + j) as i32).to_le_bytes())
             .collect();
         let pos = (self.pos as i32).to_le_bytes();
-        let out = self.steps[i].1.try_run_typed(&[
+        let out = self.steps[i].1.try_run_typed_f32(&[
             ("tokens", &ids, DType::I32),
             ("positions", &positions, DType::I32),
             ("pos", &pos, DType::I32),
         ])?;
         self.pos += tokens.len();
-        let (bytes, _) = out.into_iter().next().expect("one output");
-        Ok(bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(out.into_iter().next().expect("one output"))
     }
 
     fn check(&self, tokens: &[u32]) -> Result<()> {

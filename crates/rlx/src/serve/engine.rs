@@ -665,16 +665,13 @@ impl Engine {
             }
         };
         let bytes = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-        let out = self.graphs[i].1.try_run_typed(&[
+        let out = self.graphs[i].1.try_run_typed_f32(&[
             ("tokens", &bytes(tokens), DType::I32),
             ("positions", &bytes(positions), DType::I32),
             ("slots", &bytes(slots), DType::I32),
             ("table", &bytes(table), DType::I32),
         ])?;
-        let (b, _) = out.into_iter().next().expect("one output");
-        Ok(b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect())
+        Ok(out.into_iter().next().expect("one output"))
     }
 }
 

@@ -227,6 +227,36 @@ mod tests {
     }
 
     #[test]
+    fn a_defined_op_gives_back_its_own_type_only() {
+        let d = super::DefinedOp::new(Quantize { axis: Some(1) });
+        assert_eq!(d.downcast::<Quantize>().map(|q| q.axis), Some(Some(1)));
+        assert!(d.downcast::<Dequantize>().is_none());
+        // Parsed back from text, it is the same type again.
+        let p = super::DefinedOp::parse("quantize", &d.attrs_text()).unwrap();
+        assert_eq!(p.downcast::<Quantize>().map(|q| q.axis), Some(Some(1)));
+    }
+
+    #[test]
+    fn inlining_binds_arguments_in_order_and_checks_shapes() {
+        let mut body = Graph::new("sub");
+        let a = body.input("a", Shape::new(&[2], DType::F32));
+        let b = body.input("b", Shape::new(&[2], DType::F32));
+        let d = body.sub(a, b);
+        body.set_outputs(vec![d, a]);
+        let mut g = Graph::new("g");
+        let x = g.constant_f32(&[2], &[5.0, 7.0]);
+        let y = g.constant_f32(&[2], &[1.0, 2.0]);
+        let outs = g.try_inline(&body, &[x, y]).unwrap();
+        assert_eq!(outs[1], x);
+        g.set_outputs(vec![outs[0]]);
+        let r = crate::eval::evaluate(&g, &Default::default()).unwrap();
+        assert_eq!(r[0].f64s(), vec![4.0, 5.0]);
+        let z = g.constant_f32(&[3], &[0.0; 3]);
+        let e = g.try_inline(&body, &[x, z]).unwrap_err();
+        assert!(e.to_string().contains("argument 1"), "{e}");
+    }
+
+    #[test]
     fn bad_defined_ops_are_named_errors() {
         let e = Graph::parse(
             "graph \"g\" {\n  %0 = input {name = \"x\"} : f32[2]\n  %1 = quantize %0, %0, %0 {axes = 1} : i8[2]\n  return %1\n}",

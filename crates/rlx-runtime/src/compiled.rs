@@ -393,12 +393,7 @@ impl CompiledGraph {
         &mut self,
         inputs: &[(&str, &[u8], DType)],
     ) -> Result<Vec<(Vec<u8>, DType)>> {
-        self.match_inputs(inputs.iter().map(|(n, _, _)| *n))?;
-        for (name, bytes, dt) in inputs {
-            let i = find(self.exe.inputs(), "input", name)?;
-            check_typed("input", &self.exe.inputs()[i], name, bytes, *dt)?;
-            self.exe.write_input(i, bytes);
-        }
+        self.write_typed_inputs(inputs)?;
         self.execute();
         let mut outs = Vec::with_capacity(self.visible.len());
         for &i in &self.visible {
@@ -414,14 +409,20 @@ impl CompiledGraph {
     /// inputs of each input's dtype (token ids, positions), every output as f32, read straight
     /// into its vector (one copy, no byte staging: what a server reading large logits wants).
     pub fn try_run_typed_f32(&mut self, inputs: &[(&str, &[u8], DType)]) -> Result<Vec<Vec<f32>>> {
+        self.write_typed_inputs(inputs)?;
+        self.execute();
+        Ok(self.read_outputs_f32())
+    }
+
+    /// Check and write raw inputs of each input's declared dtype.
+    fn write_typed_inputs(&mut self, inputs: &[(&str, &[u8], DType)]) -> Result<()> {
         self.match_inputs(inputs.iter().map(|(n, _, _)| *n))?;
         for (name, bytes, dt) in inputs {
             let i = find(self.exe.inputs(), "input", name)?;
             check_typed("input", &self.exe.inputs()[i], name, bytes, *dt)?;
             self.exe.write_input(i, bytes);
         }
-        self.execute();
-        Ok(self.read_outputs_f32())
+        Ok(())
     }
 
     /// Short form of [`CompiledGraph::try_run_typed`]; panics with its error.

@@ -734,14 +734,8 @@ unsafe fn attend_typed<const KH: bool, const VH: bool>(
     vpos: &impl Fn(usize) -> Option<usize>,
 ) -> bool {
     use std::arch::x86_64::*;
-    let Span {
-        first,
-        last,
-        lo,
-        hi,
-        scale,
-        cdt,
-    } = span;
+    let (first, last, lo, hi) = (span.first, span.last, span.lo, span.hi);
+    let (scale, cdt) = (span.scale, span.cdt);
     let dh = qv.len();
     let full = dh / LANES * LANES;
     let q = qv.as_ptr();

@@ -677,7 +677,8 @@ fn dequant_matmul(
                         let mut r0 = 0;
                         while r0 < m {
                             let take = (m - r0).min(ACTS);
-                            if take == ACTS
+                            // A whole group through its packed stream, else the rows as they are.
+                            let grouped = take == ACTS
                                 && dot_group_rows(
                                     ty,
                                     vnni,
@@ -688,33 +689,30 @@ fn dequant_matmul(
                                     sp.get()
                                         .add(groups_at + r0 / ACTS * (k / ABLK) * GROUP_BLOCK),
                                     &mut res,
-                                )
-                            {
-                                for (i, row) in res.iter().enumerate() {
-                                    for j in n0..n1 {
-                                        *op.add(out_index(&out, r0 + i, j, n)) = row[j - n0];
-                                    }
-                                }
-                                r0 += ACTS;
-                                continue;
+                                );
+                            if !grouped {
+                                let acts: [Act<'_>; ACTS] = if r0 == 0 {
+                                    first
+                                } else {
+                                    std::array::from_fn(|i| {
+                                        act_views(
+                                            sp.get().add((r0 + i.min(take - 1)) * z.row()),
+                                            k,
+                                            &z,
+                                        )
+                                    })
+                                };
+                                dot_packed_rows(
+                                    ty,
+                                    vnni,
+                                    far,
+                                    wp.add(n0 * row_bytes),
+                                    row_bytes,
+                                    n1 - n0,
+                                    &acts[..take],
+                                    &mut res,
+                                );
                             }
-                            let acts: [Act<'_>; ACTS] = if r0 == 0 {
-                                first
-                            } else {
-                                std::array::from_fn(|i| {
-                                    act_views(sp.get().add((r0 + i.min(take - 1)) * z.row()), k, &z)
-                                })
-                            };
-                            dot_packed_rows(
-                                ty,
-                                vnni,
-                                far,
-                                wp.add(n0 * row_bytes),
-                                row_bytes,
-                                n1 - n0,
-                                &acts[..take],
-                                &mut res,
-                            );
                             for (i, row) in res.iter().enumerate().take(take) {
                                 for j in n0..n1 {
                                     *op.add(out_index(&out, r0 + i, j, n)) = row[j - n0];

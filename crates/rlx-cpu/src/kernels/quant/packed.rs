@@ -365,28 +365,44 @@ unsafe fn lane_dots<const VNNI: u8>(
     q: std::arch::x86_64::__m256i,
     a: std::arch::x86_64::__m256i,
 ) -> std::arch::x86_64::__m256i {
+    lane_dots_onto::<VNNI>(std::arch::x86_64::_mm256_setzero_si256(), q, a)
+}
+
+/// `init` plus the lane dots of [`lane_dots`]: with VNNI the sums accumulate straight into
+/// `init` (one instruction, no separate add); exact integers either way.
+#[inline(always)]
+unsafe fn lane_dots_onto<const VNNI: u8>(
+    init: std::arch::x86_64::__m256i,
+    q: std::arch::x86_64::__m256i,
+    a: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
     if VNNI == Vnni::Vex as u8 {
-        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), q, a)
+        _mm256_dpbusd_avx_epi32(init, q, a)
     } else if VNNI == Vnni::Evex as u8 {
-        _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, a)
+        _mm256_dpbusd_epi32(init, q, a)
     } else {
-        _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), _mm256_set1_epi16(1))
+        _mm256_add_epi32(
+            init,
+            _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), _mm256_set1_epi16(1)),
+        )
     }
 }
 
-/// The activation block's offset lanes of format `F`: 8 or 16 times its sum per 4-byte lane
-/// (Q4_0, Q5_0), 128 times it for Q8_0 with VNNI, zero otherwise (see [`block_lanes`]).
+/// The activation block's offset lanes of format `F`, negated: minus 8 or 16 times its sum
+/// per 4-byte lane (Q4_0, Q5_0), minus 128 times it for Q8_0 with VNNI, zero otherwise (see
+/// [`block_lanes`], whose products start from them).
 #[inline(always)]
 unsafe fn act_offset<const F: u8, const VNNI: u8>(
     a: std::arch::x86_64::__m256i,
 ) -> std::arch::x86_64::__m256i {
     use std::arch::x86_64::*;
+    let neg = |shifted: __m256i| _mm256_sub_epi32(_mm256_setzero_si256(), shifted);
     let sum = || lane_dots::<VNNI>(_mm256_set1_epi8(1), a);
     match F {
-        0 => _mm256_slli_epi32(sum(), 3),
-        2 => _mm256_slli_epi32(sum(), 4),
-        4 if VNNI != Vnni::None as u8 => _mm256_slli_epi32(sum(), 7),
+        0 => neg(_mm256_slli_epi32(sum(), 3)),
+        2 => neg(_mm256_slli_epi32(sum(), 4)),
+        4 if VNNI != Vnni::None as u8 => neg(_mm256_slli_epi32(sum(), 7)),
         _ => _mm256_setzero_si256(),
     }
 }
@@ -413,8 +429,8 @@ unsafe fn block_quants<const F: u8>(
     }
 }
 
-/// The eight lane sums of a block's products with activation block `a` (offset lanes `a_off`
-/// from [`act_offset`]), as the integers llama.cpp converts to float.
+/// The eight lane sums of a block's products with activation block `a` (negated offset lanes
+/// `a_off` from [`act_offset`]), as the integers llama.cpp converts to float.
 #[inline(always)]
 unsafe fn block_lanes<const F: u8, const VNNI: u8>(
     w: std::arch::x86_64::__m256i,
@@ -426,15 +442,16 @@ unsafe fn block_lanes<const F: u8, const VNNI: u8>(
     if F == 4 {
         if VNNI != Vnni::None as u8 {
             // `vpdpbusd` has no i16 saturation: take w + 128 (a u8, `q`) and subtract
-            // 128 sum(a), exact for every weight byte, -128 included.
-            _mm256_sub_epi32(lane_dots::<VNNI>(q, a), a_off)
+            // 128 sum(a) (the products start from it), exact for every weight byte, -128
+            // included.
+            lane_dots_onto::<VNNI>(a_off, q, a)
         } else {
             // |w| and a * sign(w): a -128 weight is 128 as u8 (see `dot_avx2`).
             lane_dots::<VNNI>(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w))
         }
     } else if F == 0 || F == 2 {
         // Q4_0 / Q5_0: the lane sums of the signed weights (q - 8, q - 16): sum(q a) - 8 sum(a).
-        _mm256_sub_epi32(lane_dots::<VNNI>(q, a), a_off)
+        lane_dots_onto::<VNNI>(a_off, q, a)
     } else {
         lane_dots::<VNNI>(q, a)
     }

@@ -95,10 +95,11 @@ struct ServeArgs {
     /// Prompt tokens per chunk (as `rlx generate`'s chunks, so results match it).
     #[arg(long, default_value_t = 512)]
     batch: usize,
-    /// Prompt tokens computed per step at most (chunked prefill): a long prompt is spread over
-    /// several steps so the requests already generating keep getting tokens. Smaller values
-    /// lower their worst inter-token latency, larger ones process prompts faster. At least 16.
-    #[arg(long, default_value_t = 64, value_name = "TOKENS")]
+    /// Prompt tokens computed per step at most, all waiting prompts together (chunked
+    /// prefill): a long prompt is spread over several steps so the requests already generating
+    /// keep getting tokens. Smaller values lower their worst inter-token latency, larger ones
+    /// process prompts faster. At least 16.
+    #[arg(long, default_value_t = 512, value_name = "TOKENS")]
     prefill_budget: usize,
     /// Requests that may wait for a slot; more get 503 with Retry-After.
     #[arg(long, default_value_t = 256)]

@@ -146,7 +146,15 @@ mod tests {
     /// that can be written and read back, and frees without fault.
     #[test]
     fn buffers_of_every_size_are_aligned_zeroed_and_writable() {
-        for len in [0, 1, 4096, (128 << 10) - 1, 128 << 10, 1 << 20, (2 << 20) + 7] {
+        for len in [
+            0,
+            1,
+            4096,
+            (128 << 10) - 1,
+            128 << 10,
+            1 << 20,
+            (2 << 20) + 7,
+        ] {
             let b = Buffer::zeroed(len);
             assert_eq!(b.len(), len);
             assert_eq!(b.ptr() as usize % ALIGN, 0, "{len} bytes misaligned");
@@ -156,7 +164,11 @@ mod tests {
             for (i, x) in s.iter_mut().enumerate().step_by(4093) {
                 *x = i as u8 | 1;
             }
-            assert!(s.iter().enumerate().step_by(4093).all(|(i, &x)| x == i as u8 | 1));
+            assert!(s
+                .iter()
+                .enumerate()
+                .step_by(4093)
+                .all(|(i, &x)| x == i as u8 | 1));
             let c = Buffer::from_bytes(s);
             // SAFETY: `c` holds `len` bytes.
             assert_eq!(unsafe { std::slice::from_raw_parts(c.ptr(), len) }, &s[..]);

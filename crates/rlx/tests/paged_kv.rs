@@ -286,3 +286,67 @@ fn a_paged_prompt_chunk_is_the_contiguous_chunk_bit_for_bit() {
         }
     }
 }
+
+/// One serving step computing the prompts of several sequences: pieces of 40 and 20 rows (the
+/// GEMM form), one of 5 rows (the per-query form) and a decode row, in one PagedAttention. Each
+/// piece gives bit for bit what its sequence's contiguous chunk gives alone.
+#[test]
+fn prompt_pieces_of_several_sequences_in_one_op_are_their_chunks() {
+    for cache in [DType::F16, DType::F32] {
+        for window in [None, Some(24)] {
+            // (cached before the piece, piece rows, table); the pool has 24 blocks.
+            let seqs: [(usize, usize, Vec<i32>); 4] = [
+                (0, 40, vec![5, 0, 3]),
+                (23, 20, vec![7, 1, 9]),
+                (3, 5, vec![11]),
+                (50, 1, vec![2, 4, 6, 8]),
+            ];
+            let (nb, m) = (24, 4);
+            let kv: Vec<(Vec<f64>, Vec<f64>)> = seqs
+                .iter()
+                .enumerate()
+                .map(|(i, (start, s, _))| {
+                    let len = start + s;
+                    (
+                        values(len * HKV * D, 20 + 2 * i as u64),
+                        values(len * HKV * DV, 21 + 2 * i as u64),
+                    )
+                })
+                .collect();
+            let placed: Vec<(&[f64], &[f64], &[i32])> = seqs
+                .iter()
+                .zip(&kv)
+                .map(|((_, _, t), (k, v))| (&k[..], &v[..], &t[..]))
+                .collect();
+            let (kp, vp) = pool_with(nb, 30, &placed);
+            let rows: usize = seqs.iter().map(|s| s.1).sum();
+            let q = values(rows * HQ * D, 31);
+            let (mut pos, mut table) = (Vec::new(), Vec::new());
+            for (start, s, t) in &seqs {
+                let mut t = t.clone();
+                t.resize(m, -1);
+                for p in *start..start + s {
+                    pos.push(p as i32);
+                    table.push(t.clone());
+                }
+            }
+            let got = paged(cache, &q, &kp, &vp, nb * BLOCK, &pos, &table, window);
+            let (qrow, orow) = (HQ * D, HQ * DV * 4);
+            let mut r = 0;
+            for ((start, s, t), (k, v)) in seqs.iter().zip(&kv) {
+                let rows_t = t.len() * BLOCK;
+                let (mut kc, mut vc) = (k.clone(), v.clone());
+                kc.resize(rows_t * HKV * D, 0.5);
+                vc.resize(rows_t * HKV * DV, 0.5);
+                let qs = &q[r * qrow..(r + s) * qrow];
+                let want = contiguous(cache, qs, &kc, &vc, rows_t, *start, window);
+                assert_eq!(
+                    got[r * orow..(r + s) * orow],
+                    want[..],
+                    "{cache}, window {window:?}: the piece of {s} rows from {start}"
+                );
+                r += s;
+            }
+        }
+    }
+}

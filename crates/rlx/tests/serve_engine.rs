@@ -157,6 +157,10 @@ fn requests_decoded_together_match_each_decoded_alone() {
                 s.steps < (prompts.len() * n) as u64,
                 "rows were batched: {s:?}"
             );
+            assert!(
+                s.prompt_pieces > s.prefill_steps,
+                "some step computed several prompts: {s:?}"
+            );
         }
     }
 }
@@ -197,9 +201,9 @@ fn a_shared_prefix_is_computed_once_and_changes_nothing() {
     assert_eq!(got[0].0, want_b, "a prefix-cache hit changed the tokens");
 }
 
-/// Requests that arrive together and share a prefix: the first computes the shared blocks,
-/// the others map them when their own prompt comes up (they were admitted before the blocks
-/// existed), and every one still gets the tokens it gets alone.
+/// Requests that arrive together and share a prefix: the first computes the shared blocks, the
+/// others map them in the same step (they were admitted before the blocks existed), and every
+/// one still gets the tokens it gets alone.
 #[test]
 fn a_burst_sharing_a_prefix_computes_it_once() {
     let path = model();
@@ -238,6 +242,12 @@ fn a_burst_sharing_a_prefix_computes_it_once() {
     );
     let total: usize = prompts.iter().map(Vec::len).sum();
     assert_eq!(stats.prompt_tokens, (total - shared[1] - shared[2]) as u64);
+    assert_eq!(
+        (stats.prefill_steps, stats.prompt_pieces),
+        (1, 3),
+        "the three prompts went through one step, the second and third reading the shared \
+         blocks as the first one wrote them: {stats:?}"
+    );
     for (i, ((tokens, _), want)) in got.iter().zip(&want).enumerate() {
         assert_eq!(tokens, want, "prompt {i}");
     }

@@ -381,9 +381,10 @@ fn cached_attention(
 /// [`cached_attention`] over a paged cache: query `i` sees positions `j <= pos[i]` of its
 /// sequence at cache rows `table[i, j / block] * block + j % block`, computed operation for
 /// operation as [`cached_attention`] computes them over that sequence's rows laid end to end.
-/// When `gemm` is set and the queries are one prompt chunk (one sequence, consecutive
-/// positions, every block of it in the pool), they run as [`cached_attention_gemm`] runs a chunk
-/// of that length, so a prompt gives the rows the contiguous cache gives.
+/// When `gemm` is set, each prompt piece among the queries — a run of at least
+/// [`GEMM_MIN_S`] rows with one table row and consecutive positions, every block of it in the
+/// pool — runs as [`cached_attention_gemm`] runs a chunk of that length, so the prompts of
+/// several sequences computed in one step each give the rows the contiguous cache gives.
 #[allow(clippy::too_many_arguments)]
 fn paged_attention(
     ins: &[TRef],
@@ -411,8 +412,8 @@ fn paged_attention(
     let (ps, ts) = (pos.layout.strides()[0], table.layout.strides().to_vec());
     kernel(move |pool: &Pool| {
         // SAFETY: positions are clamped to the table, block ids outside the pool are skipped
-        // (a chunk runs as one only when all of its blocks are in the pool), so every cache row
-        // read lies inside the pool.
+        // (a run of queries goes through the GEMM form only when all of its blocks are in the
+        // pool), so every cache row read lies inside the pool.
         unsafe {
             let pos_at = |i: usize| *pos.base::<i32>().add(pos.layout.offset + i * ps);
             let block_of = |i: usize, b: usize| {
@@ -420,37 +421,64 @@ fn paged_attention(
                     .base::<i32>()
                     .add(table.layout.offset + i * ts[0] + b * ts[1])
             };
-            let p0 = pos_at(0);
-            let one_chunk = gemm
-                && p0 >= 0
-                && (p0 as usize + s_len) <= m * block
-                && (1..s_len).all(|i| {
-                    pos_at(i) == p0 + i as i32 && (0..m).all(|b| block_of(i, b) == block_of(0, b))
-                })
-                && (0..(p0 as usize + s_len).div_ceil(block))
-                    .all(|b| (0..blocks).contains(&block_of(0, b)));
-            if one_chunk {
-                chunk.run(pool, p0 as usize, |j| {
-                    block_of(0, j / block) as usize * block + j % block
-                });
-                return;
+            // The runs of queries that are prompt pieces long enough for the GEMM form.
+            let mut runs: Vec<(usize, usize)> = Vec::new();
+            let mut i = 0;
+            while gemm && i < s_len {
+                let mut e = i + 1;
+                while e < s_len
+                    && pos_at(e) == pos_at(e - 1).wrapping_add(1)
+                    && (0..m).all(|b| block_of(e, b) == block_of(i, b))
+                {
+                    e += 1;
+                }
+                let (p0, len) = (pos_at(i), e - i);
+                if len >= GEMM_MIN_S
+                    && p0 >= 0
+                    && (p0 as usize + len) <= m * block
+                    && (0..(p0 as usize + len).div_ceil(block))
+                        .all(|b| (0..blocks).contains(&block_of(i, b)))
+                {
+                    runs.push((i, len));
+                }
+                i = e;
             }
-            a.run(
-                pool,
-                |i| {
-                    let p = pos_at(i);
-                    (p >= 0).then(|| {
-                        let last = (p as usize).min(m * block - 1);
-                        (window.map_or(0, |w| (last + 1).saturating_sub(w)), last)
-                    })
-                },
-                |i, j| {
-                    let b = block_of(i, j / block);
-                    (0..blocks)
-                        .contains(&b)
-                        .then(|| b as usize * block + j % block)
-                },
-            );
+            let in_run = |i: usize| runs.iter().any(|&(r, len)| (r..r + len).contains(&i));
+            if runs.iter().map(|r| r.1).sum::<usize>() < s_len {
+                // The other queries one by one (the runs' rows are written below).
+                a.run(
+                    pool,
+                    |i| {
+                        let p = pos_at(i);
+                        (p >= 0 && !in_run(i)).then(|| {
+                            let last = (p as usize).min(m * block - 1);
+                            (window.map_or(0, |w| (last + 1).saturating_sub(w)), last)
+                        })
+                    },
+                    |i, j| {
+                        let b = block_of(i, j / block);
+                        (0..blocks)
+                            .contains(&b)
+                            .then(|| b as usize * block + j % block)
+                    },
+                );
+            }
+            for &(r, len) in &runs {
+                let piece = GemmAttention {
+                    q: TRef {
+                        layout: chunk.q.layout.narrow(0, r, len),
+                        ..chunk.q
+                    },
+                    out: TRef {
+                        layout: chunk.out.layout.narrow(0, r, len),
+                        ..chunk.out
+                    },
+                    ..chunk
+                };
+                piece.run(pool, pos_at(r) as usize, |j| {
+                    block_of(r, j / block) as usize * block + j % block
+                });
+            }
         }
     })
 }

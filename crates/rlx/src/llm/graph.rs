@@ -197,14 +197,20 @@ impl Builder<'_> {
     }
 }
 
-/// What one run of the paged (serving) graph holds: one prompt chunk of `prefill` tokens of one
-/// sequence (0: none) followed by `decode` rows, each the next token of its own sequence, over a
-/// paged cache of `blocks` blocks of `block` rows, every sequence's table `max_blocks` long.
+/// What one run of the paged (serving) graph holds: `prefill` prompt rows in `pieces` pieces,
+/// each a run of consecutive tokens of its own sequence (0 rows: none), followed by `decode`
+/// rows, each the next token of its own sequence, over a paged cache of `blocks` blocks of
+/// `block` rows, every sequence's table `max_blocks` long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BatchSpec {
-    /// Tokens of the prompt chunk (computed as a `prefill`-token step of `rlx generate` computes
-    /// them).
+    /// Prompt rows, all pieces together. Each piece is computed as the chunk of `rlx generate`
+    /// holding it computes it, provided a step with several pieces has none shorter than
+    /// [`QuantScheme::ROUNDED_ACTS_BELOW`](rlx_ir::QuantScheme::ROUNDED_ACTS_BELOW) rows (their
+    /// products share one matrix product, whose rows then do not depend on each other).
     pub prefill: usize,
+    /// Prompt pieces (sequences) among the `prefill` rows; their last rows are the input
+    /// `last_rows`. 0 when `prefill` is.
+    pub pieces: usize,
     /// Decode rows (each computed as a one-token step computes it).
     pub decode: usize,
     /// Blocks in the cache pool.
@@ -251,15 +257,21 @@ pub fn build_step(cfg: &LlmConfig, f: &GgufFile, spec: StepSpec) -> Result<Graph
 }
 
 /// Build the paged graph of one serving step (see [`BatchSpec`]): inputs `tokens I32 [N]`,
-/// `positions I32 [N]`, `slots I32 [N]` and `table I32 [N, max_blocks]` (N = prefill + decode,
-/// the prompt chunk first); output the logits of the chunk's last token (when there is a chunk)
-/// and of every decode row, `[(prefill > 0) + decode, vocab]`. Every row is computed with the
+/// `positions I32 [N]`, `slots I32 [N]`, `table I32 [N, max_blocks]` (N = prefill + decode,
+/// the prompt pieces first) and, when there are prompt rows, `last_rows I32 [pieces]` (the row
+/// ending each piece); output the logits of each piece's last row and of every decode row,
+/// `[pieces + decode, vocab]`. Every row is computed with the
 /// kernels and float order of the `rlx generate` step that would compute it, so a sequence's
 /// tokens do not depend on what runs beside it.
 pub fn build_batch(cfg: &LlmConfig, f: &GgufFile, spec: BatchSpec) -> Result<Graph> {
     if spec.prefill + spec.decode == 0 || spec.block == 0 || spec.max_blocks == 0 {
         return Err(Error::Invalid(format!(
             "a serving step needs rows, blocks and a table: {spec:?}"
+        )));
+    }
+    if (spec.prefill == 0) != (spec.pieces == 0) || spec.pieces > spec.prefill {
+        return Err(Error::Invalid(format!(
+            "a serving step's prompt rows come in 1..=prefill pieces: {spec:?}"
         )));
     }
     build(cfg, f, Layout::Paged(spec))
@@ -399,16 +411,19 @@ fn build(cfg: &LlmConfig, f: &GgufFile, layout: Layout) -> Result<Graph> {
                 x = b.g.try_narrow(x, 0, s - 1, 1)?;
             }
         }
-        Layout::Paged(_) => {
+        Layout::Paged(spec) => {
             let mut rows = Vec::new();
             if np > 0 {
-                rows.push(b.g.try_narrow(x, 0, np - 1, 1)?);
+                let last =
+                    b.g.try_input("last_rows", Shape::new(&[spec.pieces], DType::I32))?;
+                let prompt = b.g.try_narrow(x, 0, 0, np)?;
+                rows.push(b.g.try_gather(prompt, last, 0)?);
             }
             if nd > 0 {
                 rows.push(b.g.try_narrow(x, 0, np, nd)?);
             }
             x = b.concat_rows(&rows)?;
-            b.rows = (0, (np > 0) as usize + nd);
+            b.rows = (0, spec.pieces + nd);
         }
     }
     let x = b.norm(x, "output_norm", cfg.eps)?;

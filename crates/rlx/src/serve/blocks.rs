@@ -202,6 +202,17 @@ impl BlockPool {
         hash
     }
 
+    /// Forget every cached block (after a step that may not have filled the blocks it
+    /// registered ahead failed): nothing is shared from now on until blocks are filled again.
+    pub fn forget(&mut self) {
+        for c in &mut self.cached {
+            *c = None;
+        }
+        self.by_hash.clear();
+        let idle = std::mem::take(&mut self.idle);
+        self.free.extend(idle.into_values());
+    }
+
     /// Check the pool's invariants (for tests): every block is exactly one of free, idle or
     /// held; the hash index matches the cached blocks.
     pub fn check(&self) -> Result<(), String> {
@@ -375,16 +386,22 @@ mod tests {
     }
 
     proptest! {
-        /// Random admissions, growth and frees of sequences over a small pool keep every block
+        /// Random admissions, growth, frees of sequences and forgetting over a small pool keep every block
         /// in exactly one state, never give a block to two writers, and share only filled
         /// blocks whose tokens match.
         #[test]
-        fn pool_invariants_hold(ops in prop::collection::vec((0u8..3, 0usize..6, 1usize..12, 0u32..3), 1..80)) {
+        fn pool_invariants_hold(ops in prop::collection::vec((0u8..4, 0usize..6, 1usize..12, 0u32..3), 1..80)) {
             let bs = 4;
             let mut pool = BlockPool::new(12, bs);
             let mut seqs: Vec<Option<(SeqBlocks, Vec<u32>)>> = vec![None; 6];
             for (op, slot, n, base) in ops {
                 match (op, seqs[slot].take()) {
+                    (3, s) => {
+                        // A failed step: the cache forgets what it shared.
+                        seqs[slot] = s;
+                        pool.forget();
+                        prop_assert_eq!(pool.cached_prefix(&[0, 1, 2, 3, 4, 5, 6, 7, 8]), 0);
+                    }
                     (0, None) => {
                         // Admit: tokens from a few shared prefixes.
                         let tokens: Vec<u32> = (0..n as u32).map(|i| base * 100 + i).collect();

@@ -1,12 +1,13 @@
 //! The serving engine: many sequences decoded together over one paged KV cache.
 //!
 //! One [`Engine`] owns the model. Each [`Engine::step`] runs **one** forward pass holding the
-//! next token of every decoding sequence plus (at most) one chunk of a waiting prompt, so
-//! sequences join and leave between steps (continuous batching). Every row of that pass is
-//! computed with the kernels and float order of the `rlx generate` step that would compute it
-//! (a prompt chunk as one product, each decode row as a one-row product, attention through the
-//! sequence's block table exactly as over a contiguous cache), so a request's tokens do not
-//! depend on what runs beside it.
+//! next token of every decoding sequence plus pieces of waiting prompts (up to a token budget,
+//! several sequences' pieces in one pass), so sequences join and leave between steps
+//! (continuous batching). Every row of that pass is computed with the kernels and float order
+//! of the `rlx generate` step that would compute it (the prompt pieces' products as one matrix
+//! product whose rows do not depend on each other, each decode row as a one-row product,
+//! attention through the sequence's block table exactly as over a contiguous cache, each piece
+//! as its own chunk), so a request's tokens do not depend on what runs beside it.
 //!
 //! Blocks of the cache come from a [`BlockPool`]: a prompt starting with blocks another request
 //! already filled (a shared system prompt) maps them instead of computing them; when the pool
@@ -37,9 +38,10 @@ pub struct EngineOptions {
     pub block: usize,
     /// Prompt tokens per chunk (as `rlx generate`'s `--batch`).
     pub batch: usize,
-    /// Prompt tokens computed in one step at most (chunked prefill): a long prompt is spread
-    /// over several steps, so the sequences decoding beside it keep getting a token per step
-    /// instead of waiting for the whole prompt. Pieces are cut so that each computes what
+    /// Prompt tokens computed in one step at most, all sequences' pieces together (chunked
+    /// prefill): a long prompt is spread over several steps, so the sequences decoding beside
+    /// it keep getting a token per step instead of waiting for the whole prompt, and prompts
+    /// arriving together are computed together. Pieces are cut so that each computes what
     /// `rlx generate`'s chunk computes (see [`prefill_piece`]); at least [`MIN_PIECE`].
     pub prefill_budget: usize,
     /// Cache element type.
@@ -57,7 +59,7 @@ impl Default for EngineOptions {
             parallel: 8,
             block: 16,
             batch: 512,
-            prefill_budget: 64,
+            prefill_budget: 512,
             cache_dtype: DType::F16,
             max_waiting: 256,
         }
@@ -169,6 +171,10 @@ pub struct EngineStats {
     pub blocks: usize,
     /// Forward passes run.
     pub steps: u64,
+    /// Forward passes that computed prompt rows.
+    pub prefill_steps: u64,
+    /// Prompt pieces computed (a step may hold several sequences' pieces).
+    pub prompt_pieces: u64,
     /// Prompt tokens computed (prefix-cache hits excluded).
     pub prompt_tokens: u64,
     /// Tokens generated.
@@ -322,7 +328,7 @@ impl Engine {
             next_id: 0,
             stats: EngineStats::default(),
         };
-        let owner = engine.spec(0, 1);
+        let owner = engine.spec(0, 0, 1);
         let g = build_batch(&engine.config, &engine.file, owner)?;
         let mut compiled = engine.session.try_compile(g)?;
         crate::llm::load_weights(&mut compiled, &engine.file)?;
@@ -331,9 +337,10 @@ impl Engine {
         Ok(engine)
     }
 
-    fn spec(&self, prefill: usize, decode: usize) -> BatchSpec {
+    fn spec(&self, prefill: usize, pieces: usize, decode: usize) -> BatchSpec {
         BatchSpec {
             prefill,
+            pieces,
             decode,
             blocks: self.pool.len(),
             block: self.opts.block,
@@ -474,6 +481,79 @@ impl Engine {
         s.blocks = fresh;
     }
 
+    /// The prompt pieces of this step, as (running index, rows): sequences still in their
+    /// prompt, oldest first, each its next piece (cut where `rlx generate`'s chunk is cut and
+    /// by [`prefill_piece`]) while the prefill budget lasts. A sequence maps the blocks that the
+    /// pieces before it in this step fill (a burst sharing a system prompt computes it once, in
+    /// one step); one whose next block another piece computes later waits and maps it then.
+    /// A piece shorter than `QuantScheme::ROUNDED_ACTS_BELOW` rows (a whole short prompt, whose
+    /// products take the few-row kernels) is the step's only piece.
+    fn plan_pieces(&mut self) -> Vec<(usize, usize)> {
+        let (budget, batch, block) = (
+            self.opts.prefill_budget,
+            self.opts.batch,
+            self.pool.block_size(),
+        );
+        let short = rlx_ir::QuantScheme::ROUNDED_ACTS_BELOW;
+        let mut pieces: Vec<(usize, usize)> = Vec::new();
+        let mut used = 0;
+        let mut c = 0;
+        while c < self.running.len() && used < budget {
+            if self.running[c].computed >= self.running[c].prompt_len {
+                c += 1;
+                continue;
+            }
+            let before = self.running.len();
+            self.remap_prefix(c);
+            if self.running.len() < before {
+                // It went back to the queue (see `remap_prefix`).
+                continue;
+            }
+            let s = &self.running[c];
+            let end = s.computed + block;
+            let computed_beside = end <= prefix_limit(s.tokens.len(), batch, block)
+                && pieces.iter().any(|&(o, _)| {
+                    let o = &self.running[o];
+                    o.computed <= s.computed
+                        && o.tokens.len() >= end
+                        && o.tokens[..end] == s.tokens[..end]
+                });
+            if computed_beside {
+                c += 1;
+                continue;
+            }
+            // Chunks end where `rlx generate`'s would: at multiples of `batch`, and at the end
+            // of the prompt (a preempted sequence replays its generated tokens one per step, as
+            // they were computed).
+            let rest = (s.prompt_len - s.computed).min(batch - s.computed % batch);
+            let left = budget - used;
+            let n = if rest <= left {
+                rest
+            } else if left >= MIN_PIECE {
+                prefill_piece(rest, left)
+            } else {
+                break;
+            };
+            if n < short && !pieces.is_empty() {
+                c += 1;
+                continue;
+            }
+            pieces.push((c, n));
+            used += n;
+            // The blocks this piece fills are keyed now, so the sequences after it in this
+            // step can map them: within a layer the step writes every row's keys and values
+            // before any row attends, so they read what this piece writes.
+            let s = &mut self.running[c];
+            s.blocks
+                .register_full(&mut self.pool, &s.tokens[..s.computed + n]);
+            if n < short {
+                break;
+            }
+            c += 1;
+        }
+        pieces
+    }
+
     /// Free the blocks of the most recently admitted running sequence other than `keep` and
     /// queue it to be recomputed first; false when there is none.
     fn preempt(&mut self, keep: u64) -> bool {
@@ -510,35 +590,22 @@ impl Engine {
             }
             i += 1;
         }
-        // One prompt chunk (the oldest sequence still in its prompt), then every decode row.
-        if let Some(c) = self.running.iter().position(|s| s.computed < s.prompt_len) {
-            self.remap_prefix(c);
-        }
-        let chunk = self.running.iter().position(|s| s.computed < s.prompt_len);
+        // Prompt pieces (oldest sequence first) within the budget, then every decode row.
+        let pieces = self.plan_pieces();
         let decode: Vec<usize> = (0..self.running.len())
             .filter(|&i| self.running[i].decoding())
             .collect();
-        if chunk.is_none() && decode.is_empty() {
+        if pieces.is_empty() && decode.is_empty() {
             return Ok(events);
         }
         let bs = self.opts.block;
-        let np = chunk.map_or(0, |c| {
-            let s = &self.running[c];
-            // Chunks end where `rlx generate`'s would: at multiples of `batch`, and at the end
-            // of the prompt (a preempted sequence replays its generated tokens one per step,
-            // as they were computed).
-            let to_boundary = self.opts.batch - s.computed % self.opts.batch;
-            prefill_piece(
-                (s.prompt_len - s.computed).min(to_boundary),
-                self.opts.prefill_budget,
-            )
-        });
+        let np: usize = pieces.iter().map(|p| p.1).sum();
         let nd = decode
             .len()
             .next_power_of_two()
             .min(self.opts.parallel.max(decode.len()));
         let nd = if decode.is_empty() { 0 } else { nd };
-        let spec = self.spec(np, nd);
+        let spec = self.spec(np, pieces.len(), nd);
         let m = spec.max_blocks;
         let rows = np + nd;
         let (mut tokens, mut positions, mut slots) = (
@@ -553,11 +620,15 @@ impl Engine {
             slots.push(s.blocks.slot(pos, bs));
             table.extend((0..m).map(|b| s.blocks.table.get(b).map_or(-1, |&x| x as i32)));
         };
-        if let Some(c) = chunk {
+        let mut last_rows = Vec::with_capacity(pieces.len());
+        let mut row = 0;
+        for &(c, n) in &pieces {
             let s = &self.running[c];
-            for pos in s.computed..s.computed + np {
+            for pos in s.computed..s.computed + n {
                 push(s, pos);
             }
+            row += n;
+            last_rows.push(row as i32 - 1);
         }
         for &i in &decode {
             let s = &self.running[i];
@@ -570,16 +641,27 @@ impl Engine {
             slots.push(-1);
             table.extend(std::iter::repeat_n(-1, m));
         }
-        let logits = self.run(spec, &tokens, &positions, &slots, &table)?;
+        let logits = match self.run(spec, &tokens, &positions, &slots, &table, &last_rows) {
+            Ok(l) => l,
+            Err(e) => {
+                // Blocks were keyed before the step filled them (see `plan_pieces`).
+                self.pool.forget();
+                return Err(e);
+            }
+        };
         self.stats.steps += 1;
         self.stats.prompt_tokens += np as u64;
+        if np > 0 {
+            self.stats.prefill_steps += 1;
+            self.stats.prompt_pieces += pieces.len() as u64;
+        }
         let vocab = self.config.vocab;
-        // Logit rows: the chunk's last token (used when it ends the prompt), then decode rows.
+        // Logit rows: each piece's last token (used when it ends the prompt), then decode rows.
         let mut row = 0;
         let mut sampled: Vec<(usize, usize)> = Vec::new();
-        if let Some(c) = chunk {
+        for &(c, n) in &pieces {
             let s = &mut self.running[c];
-            s.computed += np;
+            s.computed += n;
             if s.computed == s.tokens.len() {
                 sampled.push((c, row));
             }
@@ -644,6 +726,7 @@ impl Engine {
         positions: &[i32],
         slots: &[i32],
         table: &[i32],
+        last_rows: &[i32],
     ) -> Result<Vec<f32>> {
         let i = match self.graphs.iter().position(|(s, _)| *s == spec) {
             // Most recently used last (the weights' owner stays first).
@@ -665,12 +748,23 @@ impl Engine {
             }
         };
         let bytes = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
-        let out = self.graphs[i].1.try_run_typed_f32(&[
-            ("tokens", &bytes(tokens), DType::I32),
-            ("positions", &bytes(positions), DType::I32),
-            ("slots", &bytes(slots), DType::I32),
-            ("table", &bytes(table), DType::I32),
-        ])?;
+        let (tokens, positions, slots, table, last_rows) = (
+            bytes(tokens),
+            bytes(positions),
+            bytes(slots),
+            bytes(table),
+            bytes(last_rows),
+        );
+        let mut inputs = vec![
+            ("tokens", &tokens[..], DType::I32),
+            ("positions", &positions[..], DType::I32),
+            ("slots", &slots[..], DType::I32),
+            ("table", &table[..], DType::I32),
+        ];
+        if spec.prefill > 0 {
+            inputs.push(("last_rows", &last_rows[..], DType::I32));
+        }
+        let out = self.graphs[i].1.try_run_typed_f32(&inputs)?;
         Ok(out.into_iter().next().expect("one output"))
     }
 }

@@ -1,6 +1,8 @@
-//! The attention op on the CPU backend (f32 takes the GEMM path, query blocks of 64) against the
-//! reference evaluator (f64), for every mask kind, grouped heads, fewer queries than keys, query
-//! counts that do not fill a block, broadcast custom masks and strided operands.
+//! The attention op on the CPU backend (f32 takes the GEMM path, query blocks of 64, or with
+//! AVX-512 and heads of at most 64 the register-blocked path) against the reference evaluator
+//! (f64), at every instruction-set level, for every mask kind, grouped heads, fewer queries than
+//! keys, query counts that do not fill a block, head widths that do not fill a vector, broadcast
+//! custom masks and strided operands.
 
 use rlx_driver::Executable;
 use rlx_ir::eval::{evaluate, Tensor};
@@ -71,22 +73,28 @@ fn check(c: &Case) {
         feeds.push(bytes);
     }
     let want = evaluate(&g, &leaves).unwrap()[0].f64s();
+    rlx_cpu::isa::for_each_level(|_| check_against(&g, &feeds, &want, c));
+}
+
+fn check_against(g: &Graph, feeds: &[Vec<u8>], want: &[f64], c: &Case) {
     for threads in [1, 2] {
-        let mut p = rlx_cpu::compile(&g, threads).unwrap();
+        let mut p = rlx_cpu::compile(g, threads).unwrap();
         for (i, f) in feeds.iter().enumerate() {
             p.write_input(i, f);
         }
         p.execute();
         let mut o = vec![0u8; want.len() * 4];
         p.read_output(0, &mut o);
-        for (i, (x, w)) in o.chunks_exact(4).zip(&want).enumerate() {
+        for (i, (x, w)) in o.chunks_exact(4).zip(want).enumerate() {
             let x = f32::from_le_bytes(x.try_into().unwrap()) as f64;
             assert!(
                 (x - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                "{:?} Sq {} Sk {} threads {threads} [{i}]: {x} vs {w}",
+                "{:?} Sq {} Sk {} D {} Dv {} threads {threads} [{i}]: {x} vs {w}",
                 c.mask,
                 c.sq,
-                c.sk
+                c.sk,
+                c.d,
+                c.dv
             );
         }
     }
@@ -125,6 +133,21 @@ fn f32_attention_matches_the_reference_evaluator() {
                     ..base
                 });
             }
+        }
+    }
+    // Head widths around the register-blocked path's: values filling one, three and four
+    // vectors or part of one, queries wider than it.
+    for (d, dv) in [(64, 40), (8, 64), (20, 33), (80, 16)] {
+        for mask in [MaskKind::None, MaskKind::Causal, MaskKind::Custom] {
+            check(&Case {
+                d,
+                dv,
+                mask,
+                sq: 37,
+                sk: 37,
+                mask_dims: vec![base.b, 1, 1, 37],
+                ..base
+            });
         }
     }
     // A full [Sq, Sk] mask broadcast over batch and heads.

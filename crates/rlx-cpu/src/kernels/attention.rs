@@ -88,16 +88,30 @@ fn attention<T: FloatElem>(
 /// Query rows per task of [`attention_f32`].
 const QB: usize = 64;
 
-/// Scratch floats one thread of [`attention_f32`] needs: a block of scores and GEMM buffers.
-fn f32_scratch_per_thread(sk: usize, d: usize, dv: usize) -> usize {
-    QB * sk.max(1) + super::gemm::scratch_per_thread(QB, sk.max(dv), sk.max(d))
+/// Scratch floats one thread of [`attention_f32`] needs: a block of scores and GEMM buffers,
+/// or, for heads of at most [`SMALL_D`], the keys transposed and every query's scores.
+fn f32_scratch_per_thread(sq: usize, sk: usize, d: usize, dv: usize) -> usize {
+    let gemm = QB * sk.max(1) + super::gemm::scratch_per_thread(QB, sk.max(dv), sk.max(d));
+    if d <= SMALL_D && dv <= SMALL_D {
+        gemm.max(small::scratch(sq, sk, d))
+    } else {
+        gemm
+    }
 }
+
+/// Widest heads (`D` and `Dv`) [`attention_f32`] runs through its register-blocked products
+/// (encoders such as MiniLM: 32) instead of the general GEMM, whose packing costs as much as
+/// the products at these sizes.
+const SMALL_D: usize = 64;
 
 /// f32 attention through the GEMM: each task takes one (batch, head) and a block of up to
 /// [`QB`] queries, computes the block's scores against the keys it may see with one product,
 /// scales and masks them, takes each row's softmax and multiplies by V with a second product.
 /// Operands are read through their strides (no copies); the output's last axis must be dense.
-/// Same results as [`attention`] up to f32 rounding (that one sums in f64).
+/// With AVX-512 and heads of at most [`SMALL_D`] (V's last axis dense), a task takes all the
+/// queries of one (batch, head) and its two products are register-blocked loops over the keys
+/// transposed once ([`small`]). Same results as [`attention`] up to f32 rounding (that one
+/// sums in f64).
 #[allow(clippy::too_many_arguments)]
 fn attention_f32(
     q: TRef,
@@ -114,7 +128,9 @@ fn attention_f32(
     let (hkv, sk, dv) = (k.layout.dims()[1], k.layout.dims()[2], v.layout.dims()[3]);
     let group = (hq / hkv.max(1)).max(1);
     let ml = mask.map(|m| m.layout.broadcast_to(&[b, hq, sq, sk]));
-    let per_thread = f32_scratch_per_thread(sk, d, dv);
+    let per_thread = f32_scratch_per_thread(sq, sk, d, dv);
+    let small =
+        (1..=SMALL_D).contains(&d) && (1..=SMALL_D).contains(&dv) && v.layout.strides()[3] == 1;
     // Query i sits at key position i + off (the last Sq positions when Sq < Sk).
     let off = sk as isize - sq as isize;
     // Keys query position `p` may see, as a half-open range clamped to [0, sk).
@@ -127,9 +143,83 @@ fn attention_f32(
         let lo = lo.clamp(0, sk as isize) as usize;
         (lo, (hi.clamp(0, sk as isize) as usize).max(lo))
     };
+    // Keys `c0..c0 + ncol` that queries `i0..i1` see between them.
+    let columns = move |i0: usize, i1: usize| {
+        let (lo0, _) = visible(i0 as isize + off);
+        let (_, hi1) = visible(i1 as isize - 1 + off);
+        (lo0.min(hi1), hi1.saturating_sub(lo0))
+    };
+    // Scale, mask and softmax of query `i`'s scores over keys `c0..c0 + row.len()`; keys it
+    // may not see get 0.
+    let finish_row = move |row: &mut [f32], bi: usize, h: usize, i: usize, c0: usize| {
+        let (lo, hi) = visible(i as isize + off);
+        let (lo, hi) = (
+            (lo.max(c0) - c0).min(row.len()),
+            (hi.max(c0) - c0).min(row.len()),
+        );
+        let hi = hi.max(lo);
+        if let (Some(m), Some(l)) = (&mask, &ml) {
+            // SAFETY: the mask row lies inside the (broadcast) mask operand.
+            unsafe {
+                // The query's mask row (a key-padding mask is one row for all queries).
+                let pm = (m.base::<f32>() as *const f32).add(at4(l, [bi, h, i, c0]));
+                let js = l.strides()[3];
+                if js == 1 {
+                    let mrow = std::slice::from_raw_parts(pm, hi);
+                    for (s, mv) in row[lo..hi].iter_mut().zip(&mrow[lo..hi]) {
+                        *s = *s * scale + *mv;
+                    }
+                } else {
+                    for (j, s) in row.iter_mut().enumerate().take(hi).skip(lo) {
+                        *s = *s * scale + *pm.add(j * js);
+                    }
+                }
+            }
+            if hi > lo {
+                crate::math::scaled_softmax_in_place(&mut row[lo..hi], 1.0);
+            }
+        } else if hi > lo {
+            crate::math::scaled_softmax_in_place(&mut row[lo..hi], scale);
+        }
+        row[..lo].fill(0.0);
+        row[hi..].fill(0.0);
+    };
     kernel(move |pool| {
-        let blocks = sq.div_ceil(QB);
         let [qs, ks, vs, os] = [&q, &k, &v, &out].map(|t| t.layout.strides());
+        #[cfg(target_arch = "x86_64")]
+        if small && crate::isa::avx512() {
+            let (c0, ncol) = columns(0, sq);
+            pool.run(b * hq, &|bh, th| unsafe {
+                // SAFETY: as below; each task writes the output rows of its own (batch, head).
+                let (bi, h) = (bh / hq, bh % hq);
+                let kh = h / group;
+                let po = out.base::<f32>().add(at4(&out.layout, [bi, h, 0, 0]));
+                if ncol == 0 {
+                    for i in 0..sq {
+                        std::ptr::write_bytes(po.add(i * os[2]), 0, dv);
+                    }
+                    return;
+                }
+                let heads = small::Head {
+                    q: (q.base::<f32>() as *const f32).add(at4(&q.layout, [bi, h, 0, 0])),
+                    q_strides: (qs[2], qs[3]),
+                    k: (k.base::<f32>() as *const f32).add(at4(&k.layout, [bi, kh, c0, 0])),
+                    k_strides: (ks[2], ks[3]),
+                    v: (v.base::<f32>() as *const f32).add(at4(&v.layout, [bi, kh, c0, 0])),
+                    v_row: vs[2],
+                    out: po,
+                    out_row: os[2],
+                    sq,
+                    ncol,
+                    d,
+                    dv,
+                };
+                let work = (scratch.get() as *mut f32).add(th * per_thread);
+                small::attend(&heads, work, |i, row| finish_row(row, bi, h, i, c0));
+            });
+            return;
+        }
+        let blocks = sq.div_ceil(QB);
         pool.run(b * hq * blocks, &|task, th| unsafe {
             // SAFETY: pointers come from the operands' layouts; each thread owns `per_thread`
             // scratch floats; each task writes the output rows of its own (batch, head, block).
@@ -138,9 +228,7 @@ fn attention_f32(
             let kh = h / group;
             let (i0, i1) = (blk * QB, ((blk + 1) * QB).min(sq));
             let qb = i1 - i0;
-            let (lo0, _) = visible(i0 as isize + off);
-            let (_, hi1) = visible(i1 as isize - 1 + off);
-            let (c0, ncol) = (lo0.min(hi1), hi1.saturating_sub(lo0));
+            let (c0, ncol) = columns(i0, i1);
             let sm = (scratch.get() as *mut f32).add(th * per_thread);
             let gs = sm.add(QB * sk.max(1));
             let po = out.base::<f32>().add(at4(&out.layout, [bi, h, i0, 0]));
@@ -166,30 +254,7 @@ fn attention_f32(
             sgemm(None, qb, ncol, d, qm, kt, sm, ncol, gs);
             for i in 0..qb {
                 let row = std::slice::from_raw_parts_mut(sm.add(i * ncol), ncol);
-                let (lo, hi) = visible((i0 + i) as isize + off);
-                let (lo, hi) = (lo.max(c0) - c0, hi.max(c0) - c0);
-                if let (Some(m), Some(l)) = (&mask, &ml) {
-                    // The query's mask row (a key-padding mask is one row for all queries).
-                    let pm = (m.base::<f32>() as *const f32).add(at4(l, [bi, h, i0 + i, c0]));
-                    let js = l.strides()[3];
-                    if js == 1 {
-                        let mrow = std::slice::from_raw_parts(pm, hi);
-                        for (s, mv) in row[lo..hi].iter_mut().zip(&mrow[lo..hi]) {
-                            *s = *s * scale + *mv;
-                        }
-                    } else {
-                        for (j, s) in row.iter_mut().enumerate().take(hi).skip(lo) {
-                            *s = *s * scale + *pm.add(j * js);
-                        }
-                    }
-                    if hi > lo {
-                        crate::math::scaled_softmax_in_place(&mut row[lo..hi], 1.0);
-                    }
-                } else if hi > lo {
-                    crate::math::scaled_softmax_in_place(&mut row[lo..hi], scale);
-                }
-                row[..lo].fill(0.0);
-                row[hi..].fill(0.0);
+                finish_row(row, bi, h, i0 + i, c0);
             }
             let p = Mat {
                 ptr: sm,
@@ -204,6 +269,180 @@ fn attention_f32(
             sgemm(None, qb, dv, ncol, p, vm, po, os[2], gs);
         });
     })
+}
+
+/// The register-blocked attention of one (batch, head) with small heads (AVX-512).
+mod small {
+    #[cfg(target_arch = "x86_64")]
+    use std::arch::x86_64::*;
+
+    /// Floats of scratch one head takes: its keys transposed and every query's scores, both
+    /// with rows padded to whole vectors of keys.
+    pub(super) fn scratch(sq: usize, sk: usize, d: usize) -> usize {
+        let ncolp = sk.next_multiple_of(16).max(16);
+        d * ncolp + sq.max(1) * ncolp
+    }
+
+    /// One (batch, head): queries `q` (`sq` rows of `d`, strides `q_strides` = (row, element)),
+    /// the `ncol` keys it sees (strides `k_strides`), their values (rows of `dv` dense floats
+    /// `v_row` apart) and where its `sq` output rows go (`out_row` apart, dense).
+    pub(super) struct Head {
+        pub q: *const f32,
+        pub q_strides: (usize, usize),
+        pub k: *const f32,
+        pub k_strides: (usize, usize),
+        pub v: *const f32,
+        pub v_row: usize,
+        pub out: *mut f32,
+        pub out_row: usize,
+        pub sq: usize,
+        pub ncol: usize,
+        pub d: usize,
+        pub dv: usize,
+    }
+
+    /// Scores `S = Q Kᵀ` (rows of `ncolp` floats in `work`, after the transposed keys), each row
+    /// finished by `finish(i, row)` (scale, mask, softmax), then `out = S V`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; the pointers of `h` address what it says; `work` holds
+    /// [`scratch`]`(sq, ncol, d)` floats.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn attend(h: &Head, work: *mut f32, finish: impl Fn(usize, &mut [f32])) {
+        let ncolp = h.ncol.next_multiple_of(16);
+        let kt = work;
+        let sm = work.add(h.d * ncolp);
+        // Kᵀ, padded with zero keys to whole vectors.
+        for dd in 0..h.d {
+            let dst = kt.add(dd * ncolp);
+            for j in 0..h.ncol {
+                *dst.add(j) = *h.k.add(j * h.k_strides.0 + dd * h.k_strides.1);
+            }
+            for j in h.ncol..ncolp {
+                *dst.add(j) = 0.0;
+            }
+        }
+        let mut j0 = 0;
+        while j0 < ncolp {
+            let two = j0 + 32 <= ncolp;
+            let mut i0 = 0;
+            while i0 < h.sq {
+                let rows = (h.sq - i0).min(8);
+                macro_rules! tile {
+                    ($($r:literal)*) => {
+                        match (rows, two) {
+                            $(($r, true) => scores::<$r, 2>(h, i0, j0, kt, ncolp, sm),
+                              ($r, false) => scores::<$r, 1>(h, i0, j0, kt, ncolp, sm),)*
+                            // Eight rows.
+                            (_, true) => scores::<8, 2>(h, i0, j0, kt, ncolp, sm),
+                            (_, false) => scores::<8, 1>(h, i0, j0, kt, ncolp, sm),
+                        }
+                    };
+                }
+                tile!(1 2 3 4 5 6 7);
+                i0 += rows;
+            }
+            j0 += if two { 32 } else { 16 };
+        }
+        for i in 0..h.sq {
+            finish(i, std::slice::from_raw_parts_mut(sm.add(i * ncolp), h.ncol));
+        }
+        let nv = h.dv.div_ceil(16);
+        let most = if nv <= 2 { 8 } else { 4 };
+        let mut i0 = 0;
+        while i0 < h.sq {
+            let rows = (h.sq - i0).min(most);
+            macro_rules! tile {
+                ($($r:literal)*) => {
+                    match (rows, nv) {
+                        $(($r, 1) => values::<$r, 1>(h, i0, sm, ncolp),
+                          ($r, 2) => values::<$r, 2>(h, i0, sm, ncolp),)*
+                        (_, 1) => values::<8, 1>(h, i0, sm, ncolp),
+                        (_, 2) => values::<8, 2>(h, i0, sm, ncolp),
+                        (1, 3) => values::<1, 3>(h, i0, sm, ncolp),
+                        (2, 3) => values::<2, 3>(h, i0, sm, ncolp),
+                        (3, 3) => values::<3, 3>(h, i0, sm, ncolp),
+                        (_, 3) => values::<4, 3>(h, i0, sm, ncolp),
+                        (1, _) => values::<1, 4>(h, i0, sm, ncolp),
+                        (2, _) => values::<2, 4>(h, i0, sm, ncolp),
+                        (3, _) => values::<3, 4>(h, i0, sm, ncolp),
+                        // Four rows of four vectors (heads of at most `SMALL_D`).
+                        (_, _) => values::<4, 4>(h, i0, sm, ncolp),
+                    }
+                };
+            }
+            tile!(1 2 3 4 5 6 7);
+            i0 += rows;
+        }
+    }
+
+    /// Scores of queries `i0..i0 + R` against keys `j0..j0 + 16 NV`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn scores<const R: usize, const NV: usize>(
+        h: &Head,
+        i0: usize,
+        j0: usize,
+        kt: *const f32,
+        ncolp: usize,
+        sm: *mut f32,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); NV]; R];
+        let (qr, qc) = h.q_strides;
+        for dd in 0..h.d {
+            let kv: [__m512; NV] =
+                std::array::from_fn(|v| _mm512_loadu_ps(kt.add(dd * ncolp + j0 + 16 * v)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let x = _mm512_set1_ps(*h.q.add((i0 + r) * qr + dd * qc));
+                for (av, kvv) in a.iter_mut().zip(&kv) {
+                    *av = _mm512_fmadd_ps(x, *kvv, *av);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            for (v, av) in a.iter().enumerate() {
+                _mm512_storeu_ps(sm.add((i0 + r) * ncolp + j0 + 16 * v), *av);
+            }
+        }
+    }
+
+    /// Output rows `i0..i0 + R`: their weights (score rows of `ncolp`) times the values.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn values<const R: usize, const NV: usize>(
+        h: &Head,
+        i0: usize,
+        sm: *const f32,
+        ncolp: usize,
+    ) {
+        let lanes: [__mmask16; NV] = std::array::from_fn(|v| {
+            let left = h.dv - 16 * v;
+            if left >= 16 {
+                0xffff
+            } else {
+                ((1u32 << left) - 1) as __mmask16
+            }
+        });
+        let mut acc = [[_mm512_setzero_ps(); NV]; R];
+        for j in 0..h.ncol {
+            let row = h.v.add(j * h.v_row);
+            let vv: [__m512; NV] =
+                std::array::from_fn(|v| _mm512_maskz_loadu_ps(lanes[v], row.add(16 * v)));
+            for (r, a) in acc.iter_mut().enumerate() {
+                let w = _mm512_set1_ps(*sm.add((i0 + r) * ncolp + j));
+                for (av, vvv) in a.iter_mut().zip(&vv) {
+                    *av = _mm512_fmadd_ps(w, *vvv, *av);
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            let o = h.out.add((i0 + r) * h.out_row);
+            for (v, av) in a.iter().enumerate() {
+                _mm512_mask_storeu_ps(o.add(16 * v), lanes[v], *av);
+            }
+        }
+    }
 }
 
 /// Rotate one f32 head row (`d = 2 * table.len()` elements, source stride `sx`, dense
@@ -369,7 +608,7 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let (d, dv) = (info.ins[0].dims()[3], info.ins[2].dims()[3]);
             let f32_path = dt == rlx_ir::DType::F32;
             let scratch = if f32_path {
-                info.threads * f32_scratch_per_thread(sk, d, dv) * 4
+                info.threads * f32_scratch_per_thread(info.ins[0].dims()[2], sk, d, dv) * 4
             } else {
                 info.threads * sk.max(1) * 8
             };

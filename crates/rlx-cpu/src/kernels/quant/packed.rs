@@ -135,13 +135,14 @@ unsafe fn dot_kquant_one(
             // The pairs of sub-blocks decoded as they are used.
             let (total, mins) = q4k_sums(
                 |j| {
-                    let (s1, m1) = rlx_gguf::k4_scale_min(2 * j, &b[4..16]);
-                    let (s2, m2) = rlx_gguf::k4_scale_min(2 * j + 1, &b[4..16]);
+                    let (s1, _) = rlx_gguf::k4_scale_min(2 * j, &b[4..16]);
+                    let (s2, _) = rlx_gguf::k4_scale_min(2 * j + 1, &b[4..16]);
                     let (lo, hi) = rlx_gguf::simd::split_nibbles(_mm256_loadu_si256(
                         blk.add(16 + 32 * j) as *const __m256i,
                     ));
-                    (s1, m1, s2, m2, lo, hi)
+                    (s1, s2, lo, hi)
                 },
+                q4k_mins(&b[4..16]),
                 a,
                 xs,
             );
@@ -170,46 +171,58 @@ unsafe fn dot_kquant_one(
 /// The integer sums of one Q4_K super-block with one `Q8_K` activation super-block (quants at
 /// `a`, per-16 sums `xs`): `(sum of the sub-block products weighted by their scales, sum of
 /// the mins weighted by the activation sums)`. `part(j)` gives sub-blocks `2j` and `2j + 1`:
-/// their scales and mins and their two nibble halves.
+/// their scales and their two nibble halves; `mins` the eight mins in [`q4k_mins`]' order. Both
+/// sums are exact integers, so the order they are added in does not matter: the mins go
+/// through the activation's per-32 sums eight at a time, and the two sums are reduced across
+/// lanes together.
 ///
 /// # Safety
 /// AVX2; `a` points at 256 quants; `xs` holds 16 sums.
 #[inline(always)]
-#[allow(clippy::type_complexity)]
 unsafe fn q4k_sums(
     part: impl Fn(
         usize,
     ) -> (
         u8,
         u8,
-        u8,
-        u8,
         std::arch::x86_64::__m256i,
         std::arch::x86_64::__m256i,
     ),
+    mins: std::arch::x86_64::__m256i,
     a: *const i8,
     xs: &[f32],
 ) -> (i32, i32) {
     use std::arch::x86_64::*;
     let mut isum = _mm256_setzero_si256();
-    let mut mins = 0i32;
     for j in 0..4 {
-        let (s1, m1, s2, m2, lo, hi) = part(j);
+        let (s1, s2, lo, hi) = part(j);
         let a_lo = _mm256_loadu_si256(a.add(64 * j) as *const __m256i);
         let a_hi = _mm256_loadu_si256(a.add(64 * j + 32) as *const __m256i);
         let p_lo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, a_lo), _mm256_set1_epi16(s1 as i16));
         let p_hi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, a_hi), _mm256_set1_epi16(s2 as i16));
         isum = _mm256_add_epi32(isum, _mm256_add_epi32(p_lo, p_hi));
-        mins += m1 as i32 * (xs[4 * j] + xs[4 * j + 1]) as i32
-            + m2 as i32 * (xs[4 * j + 2] + xs[4 * j + 3]) as i32;
     }
-    let h = _mm_add_epi32(
-        _mm256_castsi256_si128(isum),
-        _mm256_extracti128_si256(isum, 1),
-    );
-    let h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0b01_00_11_10));
-    let total = _mm_cvtsi128_si32(_mm_add_epi32(h, _mm_shuffle_epi32(h, 0b10_11_00_01)));
-    (total, mins)
+    // The activation's per-32 sums (pairs of its per-16 sums, exact integers in f32), as
+    // `_mm256_hadd_epi32` leaves them: sub-blocks 0, 1, 4, 5, 2, 3, 6, 7.
+    let x0 = _mm256_cvtps_epi32(_mm256_loadu_ps(xs.as_ptr()));
+    let x1 = _mm256_cvtps_epi32(_mm256_loadu_ps(xs.as_ptr().add(8)));
+    let weighted = _mm256_mullo_epi32(_mm256_hadd_epi32(x0, x1), mins);
+    // Lanes 0 and 1 of each half: the half's sum of `isum`, then of `weighted`.
+    let h = _mm256_hadd_epi32(isum, weighted);
+    let h = _mm256_hadd_epi32(h, h);
+    let t = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    (_mm_cvtsi128_si32(t), _mm_extract_epi32::<1>(t))
+}
+
+/// The eight 6-bit mins of a Q4_K super-block (its 12 scale bytes `s`) as 32-bit lanes, in the
+/// order [`q4k_sums`] pairs them with the activation sums: sub-blocks 0, 1, 4, 5, 2, 3, 6, 7.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn q4k_mins(s: &[u8]) -> std::arch::x86_64::__m256i {
+    let m = |j: usize| rlx_gguf::k4_scale_min(j, s).1 as i32;
+    std::arch::x86_64::_mm256_setr_epi32(m(0), m(1), m(4), m(5), m(2), m(3), m(6), m(7))
 }
 
 /// The integer sum of one Q6_K super-block (its quant halves from `q(0)`, `q(1)`, its scales
@@ -283,21 +296,22 @@ unsafe fn dot_kquant_avx2<const A: usize>(
         if ty == GgmlType::Q4_K {
             let d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
             let dmin = half::f16::from_le_bytes([b[2], b[3]]).to_f32();
-            // Per pair of sub-blocks: (scale, min) of each and the two nibble halves.
+            // Per pair of sub-blocks: the scale of each and the two nibble halves.
             let parts: [_; 4] = std::array::from_fn(|j| {
-                let (s1, m1) = rlx_gguf::k4_scale_min(2 * j, &b[4..16]);
-                let (s2, m2) = rlx_gguf::k4_scale_min(2 * j + 1, &b[4..16]);
+                let (s1, _) = rlx_gguf::k4_scale_min(2 * j, &b[4..16]);
+                let (s2, _) = rlx_gguf::k4_scale_min(2 * j + 1, &b[4..16]);
                 let (lo, hi) = rlx_gguf::simd::split_nibbles(_mm256_loadu_si256(
                     blk.add(16 + 32 * j) as *const __m256i,
                 ));
-                (s1, m1, s2, m2, lo, hi)
+                (s1, s2, lo, hi)
             });
+            let mins = q4k_mins(&b[4..16]);
             for (i, &(qx, la, xs)) in acts.iter().enumerate() {
                 let a = qx.as_ptr().add(sb * 256);
                 // Integer sums of the 16 activation groups.
                 let xs = &xs[sb * 16..sb * 16 + 16];
                 let dx = *la.get_unchecked(sb * 64);
-                let (total, mins) = q4k_sums(|j| parts[j], a, xs);
+                let (total, mins) = q4k_sums(|j| parts[j], mins, a, xs);
                 acc_q4[i] = (total as f32).mul_add(d * dx, acc_q4[i]);
                 acc_min[i] = (mins as f32).mul_add(dmin * dx, acc_min[i]);
             }

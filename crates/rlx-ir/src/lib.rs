@@ -17,6 +17,7 @@ mod dtype;
 mod error;
 pub mod eval;
 mod graph;
+pub mod hex;
 mod op;
 pub mod ops;
 pub mod quant;

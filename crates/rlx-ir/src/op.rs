@@ -196,7 +196,8 @@ pub enum Op {
     },
     /// A literal; `data` holds the little-endian elements of the node's dtype.
     Constant {
-        /// Raw bytes.
+        /// Raw bytes (in JSON a hex string; an array of byte values is read too).
+        #[serde(with = "crate::hex")]
         data: Vec<u8>,
     },
     /// Elementwise arithmetic with broadcasting.

@@ -7,7 +7,10 @@ use std::collections::BTreeMap;
 
 /// Replaces every node whose operands are all constants by a constant holding its value,
 /// computed by the reference evaluator (exactly, or in f64 rounded once to the node's dtype),
-/// so every backend folds to the same bytes.
+/// so every backend folds to the same bytes. A broadcast (`Expand`) of a constant stays one:
+/// backends read it as a view, while its folded value would be a tensor as large as the
+/// result, stored in the graph (and in every compile-cache entry; a training step's gradient
+/// seed `1/N` expanded over the logits was 240 KB of the GPT's 300 KB of constants).
 pub struct ConstantFolding {
     /// Largest result (in elements) worth folding; bigger ones stay as computations.
     pub max_elements: usize,
@@ -35,6 +38,12 @@ impl ConstantFolding {
             && s.shape.numel().is_some_and(|n| n <= self.max_elements);
         if !foldable {
             return Ok(None);
+        }
+        if let Op::Expand { .. } = s.op {
+            let grows = out.node(s.ins[0]).shape.numel() < s.shape.numel();
+            if grows {
+                return Ok(None);
+            }
         }
         let mut tiny = Graph::new("fold");
         let mut args = Vec::with_capacity(s.ins.len());
@@ -77,5 +86,42 @@ impl Pass for ConstantFolding {
         Vec<crate::rewrite::RuleSite>,
     )> {
         self.rules().apply_logged(g)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlx_ir::{DType, Shape};
+
+    /// A constant broadcast over a large tensor stays a broadcast (a view for the backends),
+    /// while a computation on constants alone that does not grow is folded.
+    #[test]
+    fn broadcasts_of_constants_stay_views() {
+        let mut g = Graph::new("seed");
+        let x = g.input("x", Shape::new(&[1024, 60], DType::F32));
+        let c = g.try_scalar(1.0 / 1024.0, DType::F32).unwrap();
+        let two = g.try_scalar(2.0, DType::F32).unwrap();
+        let c2 = g.try_mul(c, two).unwrap();
+        let e = g.try_expand(c2, &[1024, 60]).unwrap();
+        let y = g.try_mul(e, x).unwrap();
+        g.set_outputs(vec![y]);
+        let (f, _) = ConstantFolding {
+            max_elements: 1 << 20,
+        }
+        .run(&g)
+        .unwrap();
+        let constants: Vec<usize> = f
+            .nodes()
+            .iter()
+            .filter(|n| matches!(n.op, Op::Constant { .. }))
+            .map(|n| n.shape.numel().unwrap_or(0))
+            .collect();
+        // The folded product and the scalars it came from (dead code is another pass's).
+        assert!(
+            constants.iter().all(|&n| n == 1) && constants.len() == 3,
+            "scalars only, no 1024 x 60 constant: {constants:?}"
+        );
+        assert!(f.nodes().iter().any(|n| matches!(n.op, Op::Expand { .. })));
     }
 }

@@ -545,7 +545,11 @@ fn bool_constant_with_a_byte_other_than_0_or_1() {
     g.set_outputs(vec![ok]);
     // The same check when reading JSON.
     let mut v: Value = serde_json::from_str(&g.to_json()).unwrap();
-    v["nodes"][0]["op"]["Constant"]["data"][1] = serde_json::json!(7);
+    // Constant bytes are a hex string in JSON.
+    let data = &mut v["nodes"][0]["op"]["Constant"]["data"];
+    let mut bytes = rlx::ir::hex::decode(data.as_str().expect("hex bytes")).unwrap();
+    bytes[1] = 7;
+    *data = serde_json::json!(rlx::ir::hex::encode(&bytes));
     assert_mentions(
         &verify_errors(from_value(&v)).join("\n"),
         &["%0", "constant", "byte 7", "index 1"],
@@ -977,10 +981,11 @@ fn from_json_with_inconsistent_nodes() {
     let c = g.constant_f32(&[2], &[1.0, 2.0]);
     g.set_outputs(vec![c]);
     let mut v: Value = serde_json::from_str(&g.to_json()).unwrap();
-    v["nodes"][0]["op"]["Constant"]["data"]
-        .as_array_mut()
-        .unwrap()
-        .pop();
+    // Written as an array of byte values, the form JSON graphs had before hex strings.
+    let data = &mut v["nodes"][0]["op"]["Constant"]["data"];
+    let mut bytes = rlx::ir::hex::decode(data.as_str().expect("hex bytes")).unwrap();
+    bytes.pop();
+    *data = serde_json::json!(bytes);
     let all = verify_errors(from_value(&v)).join("\n");
     assert_mentions(&all, &["%0", "constant", "f32[2]", "8 bytes", "7"]);
     assert!(

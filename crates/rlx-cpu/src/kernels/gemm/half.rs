@@ -259,6 +259,40 @@ unsafe fn dot_serial(
     let kp = k.div_ceil(2);
     let pa = buf as *mut u32;
     let pb = pa.add(mc_b * kp);
+    if direct_b(m, n, b) {
+        let mut ic = 0;
+        while ic < m {
+            let mc = (m - ic).min(mc_b);
+            pack_a_pairs(
+                mc,
+                k,
+                HMat {
+                    ptr: a.ptr.add(ic * a.rs),
+                    ..a
+                },
+                pa,
+            );
+            let mut jr = 0;
+            while jr < n {
+                let mut ir = 0;
+                while ir < mc {
+                    let rows = (mc - ir).min(MR);
+                    let (pa, pb, pc) =
+                        (pa.add(ir * kp), b.ptr.add(jr), c.add((ic + ir) * ldc + jr));
+                    // As many rows of multiply-adds as the tile has, in steps of four.
+                    match rows {
+                        1..=4 => x86::micro_dot_direct::<4>(k, pa, pb, b.rs, pc, ldc, rows),
+                        5..=8 => x86::micro_dot_direct::<8>(k, pa, pb, b.rs, pc, ldc, rows),
+                        _ => x86::micro_dot_direct::<MR>(k, pa, pb, b.rs, pc, ldc, rows),
+                    }
+                    ir += MR;
+                }
+                jr += NR;
+            }
+            ic += mc;
+        }
+        return;
+    }
     let mut jc = 0;
     while jc < n {
         let nc = (n - jc).min(nc_b);
@@ -306,6 +340,19 @@ unsafe fn dot_serial(
         }
         jc += nc;
     }
+}
+
+/// Most rows of C for which the dot path reads a row-major B in place (interleaving its row
+/// pairs in registers) instead of packing it: with few rows, packing B — a copy of all of it
+/// per product — took as long as the multiply-adds it fed (a sentence through MiniLM in bf16).
+const DIRECT_B_MAX_M: usize = 24;
+
+/// Whether [`dot_serial`] reads B in place: row-major, whole 32-column slivers, few rows.
+/// `RLX_HGEMM_DIRECT_B=0` turns it off.
+fn direct_b(m: usize, n: usize, b: HMat) -> bool {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var_os("RLX_HGEMM_DIRECT_B").is_some_and(|v| v == "0"));
+    !off && b.cs == 1 && n.is_multiple_of(NR) && m <= DIRECT_B_MAX_M
 }
 
 /// Two half elements as one word: `lo` in the low 16 bits.
@@ -519,6 +566,54 @@ mod x86 {
         }
     }
 
+    /// One tile of `rows <= R` rows × 32 columns of C from a packed A sliver and a row-major B
+    /// read in place (`b` at the tile's first column, rows `rs` apart, `k` of them): rows `2q`
+    /// and `2q + 1` are interleaved into depth pairs in registers (`vpunpck[lh]wd`, which
+    /// leaves columns 0–3, 8–11, … in one register and 4–7, 12–15, … in the other; the
+    /// results are put back in order when stored). The same pairs in the same order as
+    /// [`micro_dot`] on packed B, so the same bits.
+    #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+    pub(super) unsafe fn micro_dot_direct<const R: usize>(
+        k: usize,
+        a: *const u32,
+        b: *const u16,
+        rs: usize,
+        c: *mut u16,
+        ldc: usize,
+        rows: usize,
+    ) {
+        let mut r = [[_mm512_setzero_ps(); 2]; R];
+        let kp = k.div_ceil(2);
+        for q in 0..kp {
+            let r0 = _mm512_loadu_si512(b.add(2 * q * rs) as *const __m512i);
+            let r1 = if 2 * q + 1 < k {
+                _mm512_loadu_si512(b.add((2 * q + 1) * rs) as *const __m512i)
+            } else {
+                _mm512_setzero_si512()
+            };
+            let lo: __m512bh = std::mem::transmute(_mm512_unpacklo_epi16(r0, r1));
+            let hi: __m512bh = std::mem::transmute(_mm512_unpackhi_epi16(r0, r1));
+            let aq = a.add(q * MR);
+            for (i, ri) in r.iter_mut().enumerate() {
+                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*aq.add(i) as i32));
+                ri[0] = _mm512_dpbf16_ps(ri[0], av, lo);
+                ri[1] = _mm512_dpbf16_ps(ri[1], av, hi);
+            }
+        }
+        // Columns 0-15 are lanes 0 of lo, 0 of hi, 1 of lo, 1 of hi; 16-31 lanes 2 and 3.
+        let first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+        let second =
+            _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+        for (i, ri) in r.iter().enumerate().take(rows) {
+            let cp = c.add(i * ldc);
+            for (h, idx) in [first, second].into_iter().enumerate() {
+                let x = _mm512_permutex2var_ps(ri[0], idx, ri[1]);
+                let v: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
+                _mm256_storeu_si256(cp.add(16 * h) as *mut __m256i, v);
+            }
+        }
+    }
+
     /// One 12×32 tile of C from packed A and B slivers over `kp` depth pairs; each lane sums
     /// in f32 and is rounded to bf16 once, when stored (only `rows × cols` of it).
     #[target_feature(enable = "avx512f,avx512bf16")]
@@ -634,6 +729,10 @@ mod tests {
                     (1, 1, 1),
                     (13, 33, 7),
                     (12, 32, 64),
+                    // B read in place: 1-4, 5-8 and 9-12 row tiles, odd depth, two tiles.
+                    (3, 64, 33),
+                    (7, 32, 64),
+                    (24, 96, 50),
                     (37, 70, 129),
                     (100, 64, 300),
                 ] {
@@ -643,6 +742,7 @@ mod tests {
                 }
                 check(dt, 150, 96, 200, false, false, 2);
                 check(dt, 40, 300, 77, false, true, 2);
+                check(dt, 16, 1536, 384, false, false, 2);
             }
         });
     }

@@ -21,7 +21,7 @@ pub fn encode(bytes: &[u8]) -> String {
 /// The bytes of a hexadecimal string (either case); the error names the first bad character.
 pub fn decode(s: &str) -> Result<Vec<u8>, String> {
     let s = s.as_bytes();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return Err(format!(
             "a hex byte string has an even number of digits, this one {}",
             s.len()

@@ -332,9 +332,37 @@ impl Engine {
         let g = build_batch(&engine.config, &engine.file, owner)?;
         let mut compiled = engine.session.try_compile(g)?;
         crate::llm::load_weights(&mut compiled, &engine.file)?;
+        engine.touch_cache(&mut compiled)?;
         engine.graphs.push((owner, compiled));
         engine.stats.compiles = 1;
         Ok(engine)
+    }
+
+    /// Write the whole KV cache once (zeros) at load, as llama-server clears its cache at
+    /// startup: the cache's pages are mapped lazily, and otherwise the first steps to write
+    /// each part of it pay for bringing the pages in (~0.4 s over SmolLM2's first requests
+    /// with a 16 × 512-row cache).
+    fn touch_cache(&self, compiled: &mut CompiledGraph) -> Result<()> {
+        let c = &self.config;
+        let rows = self.pool.len() * self.opts.block;
+        let el = self.opts.cache_dtype.size_bytes();
+        let zeros = vec![0u8; 1 << 20];
+        for l in 0..c.n_layer {
+            let (kn, vn) = crate::llm::cache_names(l);
+            for (name, width) in [
+                (kn, c.n_head_kv * c.head_dim),
+                (vn, c.n_head_kv * c.v_head_dim),
+            ] {
+                let size = rows * width * el;
+                let mut at = 0;
+                while at < size {
+                    let n = (size - at).min(zeros.len());
+                    compiled.try_set_param_bytes_at(&name, at, &zeros[..n])?;
+                    at += n;
+                }
+            }
+        }
+        Ok(())
     }
 
     fn spec(&self, prefill: usize, pieces: usize, decode: usize) -> BatchSpec {

@@ -118,6 +118,8 @@ if full:
         assert e.status_code == 400
     # The shared system prompt was found in the prefix cache.
     assert metric("rlx_prefix_cache_hit_tokens_total") > 0
+    # Prompt pieces are counted; a step computing prompts holds one or more of them.
+    assert metric("rlx_prompt_pieces_total") >= metric("rlx_prefill_steps_total") > 0
     # Models list.
     assert [m.id for m in client.models.list().data]
 

@@ -535,6 +535,18 @@ async fn metrics(State(s): State<Shared_>) -> impl IntoResponse {
         "Forward passes run.",
         e.steps as f64,
     );
+    put(
+        "rlx_prefill_steps_total",
+        "counter",
+        "Forward passes that computed prompt tokens.",
+        e.prefill_steps as f64,
+    );
+    put(
+        "rlx_prompt_pieces_total",
+        "counter",
+        "Prompt pieces computed (several sequences' pieces may share a forward pass).",
+        e.prompt_pieces as f64,
+    );
     m.ttft.write(
         &mut out,
         "rlx_time_to_first_token_seconds",

@@ -259,52 +259,22 @@ unsafe fn dot_serial(
     let kp = k.div_ceil(2);
     let pa = buf as *mut u32;
     let pb = pa.add(mc_b * kp);
-    if direct_b(m, n, b) {
-        let mut ic = 0;
-        while ic < m {
-            let mc = (m - ic).min(mc_b);
-            pack_a_pairs(
-                mc,
-                k,
-                HMat {
-                    ptr: a.ptr.add(ic * a.rs),
-                    ..a
-                },
-                pa,
-            );
-            let mut jr = 0;
-            while jr < n {
-                let mut ir = 0;
-                while ir < mc {
-                    let rows = (mc - ir).min(MR);
-                    let (pa, pb, pc) =
-                        (pa.add(ir * kp), b.ptr.add(jr), c.add((ic + ir) * ldc + jr));
-                    // As many rows of multiply-adds as the tile has, in steps of four.
-                    match rows {
-                        1..=4 => x86::micro_dot_direct::<4>(k, pa, pb, b.rs, pc, ldc, rows),
-                        5..=8 => x86::micro_dot_direct::<8>(k, pa, pb, b.rs, pc, ldc, rows),
-                        _ => x86::micro_dot_direct::<MR>(k, pa, pb, b.rs, pc, ldc, rows),
-                    }
-                    ir += MR;
-                }
-                jr += NR;
-            }
-            ic += mc;
-        }
-        return;
-    }
+    // With B read in place (see `direct_b`) the whole width is one panel and nothing is packed.
+    let direct = direct_b(m, n, b);
     let mut jc = 0;
     while jc < n {
-        let nc = (n - jc).min(nc_b);
-        x86::pack_b_pairs(
-            k,
-            nc,
-            HMat {
-                ptr: b.ptr.add(jc * b.cs),
-                ..b
-            },
-            pb,
-        );
+        let nc = if direct { n } else { (n - jc).min(nc_b) };
+        if !direct {
+            x86::pack_b_pairs(
+                k,
+                nc,
+                HMat {
+                    ptr: b.ptr.add(jc * b.cs),
+                    ..b
+                },
+                pb,
+            );
+        }
         let mut ic = 0;
         while ic < m {
             let mc = (m - ic).min(mc_b);
@@ -323,15 +293,18 @@ unsafe fn dot_serial(
                 let mut ir = 0;
                 while ir < mc {
                     let rows = (mc - ir).min(MR);
-                    x86::micro_dot(
-                        kp,
-                        pa.add(ir * kp),
-                        pb.add(jr * kp),
-                        c.add((ic + ir) * ldc + jc + jr),
-                        ldc,
-                        rows,
-                        cols,
-                    );
+                    let (pa, pc) = (pa.add(ir * kp), c.add((ic + ir) * ldc + jc + jr));
+                    if direct {
+                        // As many rows of multiply-adds as the tile has, in steps of four.
+                        let pb = b.ptr.add(jr);
+                        match rows {
+                            1..=4 => x86::micro_dot_direct::<4>(k, pa, pb, b.rs, pc, ldc, rows),
+                            5..=8 => x86::micro_dot_direct::<8>(k, pa, pb, b.rs, pc, ldc, rows),
+                            _ => x86::micro_dot_direct::<MR>(k, pa, pb, b.rs, pc, ldc, rows),
+                        }
+                    } else {
+                        x86::micro_dot(kp, pa, pb.add(jr * kp), pc, ldc, rows, cols);
+                    }
                     ir += MR;
                 }
                 jr += NR;

@@ -278,6 +278,15 @@ unsafe fn dot_serial(
         let mut ic = 0;
         while ic < m {
             let mc = (m - ic).min(mc_b);
+            // Reading B in place, every tile costs a pass over B, and a tile of a few rows is
+            // bound by its accumulators' latency (13 rows as 12 + 1 took as long as 12 + 12):
+            // the block's rows are shared evenly between as few tiles as hold them (13 rows as
+            // 7 + 6). Packed B keeps 12-row tiles.
+            let h = if direct {
+                mc.div_ceil(mc.div_ceil(MR))
+            } else {
+                MR
+            };
             pack_a_pairs(
                 mc,
                 k,
@@ -286,26 +295,31 @@ unsafe fn dot_serial(
                     ..a
                 },
                 pa,
+                h,
             );
             let mut jr = 0;
             while jr < nc {
                 let cols = (nc - jr).min(NR);
                 let mut ir = 0;
                 while ir < mc {
-                    let rows = (mc - ir).min(MR);
+                    let rows = (mc - ir).min(h);
                     let (pa, pc) = (pa.add(ir * kp), c.add((ic + ir) * ldc + jc + jr));
                     if direct {
-                        // As many rows of multiply-adds as the tile has, in steps of four.
+                        // Exactly as many rows of multiply-adds as the tile has.
                         let pb = b.ptr.add(jr);
-                        match rows {
-                            1..=4 => x86::micro_dot_direct::<4>(k, pa, pb, b.rs, pc, ldc, rows),
-                            5..=8 => x86::micro_dot_direct::<8>(k, pa, pb, b.rs, pc, ldc, rows),
-                            _ => x86::micro_dot_direct::<MR>(k, pa, pb, b.rs, pc, ldc, rows),
+                        macro_rules! tile {
+                            ($($r:literal)*) => {
+                                match rows {
+                                    $($r => x86::micro_dot_direct::<$r>(k, pa, h, pb, b.rs, pc, ldc),)*
+                                    _ => x86::micro_dot_direct::<MR>(k, pa, h, pb, b.rs, pc, ldc),
+                                }
+                            };
                         }
+                        tile!(1 2 3 4 5 6 7 8 9 10 11);
                     } else {
                         x86::micro_dot(kp, pa, pb.add(jr * kp), pc, ldc, rows, cols);
                     }
-                    ir += MR;
+                    ir += h;
                 }
                 jr += NR;
             }
@@ -316,7 +330,7 @@ unsafe fn dot_serial(
 }
 
 /// Most rows of C for which the dot path reads a row-major B in place (interleaving its row
-/// pairs in registers, again for every 12-row tile) instead of packing it: with few rows,
+/// pairs in registers, again for every tile of rows) instead of packing it: with few rows,
 /// packing B — a copy of all of it per product — took as long as the multiply-adds it fed (a
 /// short sentence through MiniLM in bf16: 200 → 350 sentences/s), and at 128 rows (a
 /// 128-token text) reading it in place was still 5% faster.
@@ -336,19 +350,19 @@ fn pair(lo: u16, hi: u16) -> u32 {
     lo as u32 | (hi as u32) << 16
 }
 
-/// Pack `mc×k` of A into 12-row slivers of depth pairs: word `(s * kp + q) * 12 + i` holds
-/// `A[12s + i, 2q]` and `A[12s + i, 2q + 1]` (zero past the edges).
+/// Pack `mc×k` of A into `h`-row slivers (`h <= 12`) of depth pairs: word `(s * kp + q) * h + i`
+/// holds `A[hs + i, 2q]` and `A[hs + i, 2q + 1]` (zero past the edges).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-unsafe fn pack_a_pairs(mc: usize, k: usize, a: HMat, dst: *mut u32) {
+unsafe fn pack_a_pairs(mc: usize, k: usize, a: HMat, dst: *mut u32, h: usize) {
     let kp = k.div_ceil(2);
     let even = k / 2;
-    for s in 0..mc.div_ceil(MR) {
-        let d = dst.add(s * kp * MR);
-        for i in 0..MR {
-            let r = s * MR + i;
+    for s in 0..mc.div_ceil(h) {
+        let d = dst.add(s * kp * h);
+        for i in 0..h {
+            let r = s * h + i;
             if r >= mc {
                 for q in 0..kp {
-                    *d.add(q * MR + i) = 0;
+                    *d.add(q * h + i) = 0;
                 }
                 continue;
             }
@@ -356,15 +370,15 @@ unsafe fn pack_a_pairs(mc: usize, k: usize, a: HMat, dst: *mut u32) {
             if a.cs == 1 {
                 // Row-major: each pair is already one (unaligned) word.
                 for q in 0..even {
-                    *d.add(q * MR + i) = (row.add(2 * q) as *const u32).read_unaligned();
+                    *d.add(q * h + i) = (row.add(2 * q) as *const u32).read_unaligned();
                 }
             } else {
                 for q in 0..even {
-                    *d.add(q * MR + i) = pair(*row.add(2 * q * a.cs), *row.add((2 * q + 1) * a.cs));
+                    *d.add(q * h + i) = pair(*row.add(2 * q * a.cs), *row.add((2 * q + 1) * a.cs));
                 }
             }
             if kp > even {
-                *d.add(even * MR + i) = pair(*row.add((k - 1) * a.cs), 0);
+                *d.add(even * h + i) = pair(*row.add((k - 1) * a.cs), 0);
             }
         }
     }
@@ -541,8 +555,8 @@ mod x86 {
         }
     }
 
-    /// One tile of `rows <= R` rows × 32 columns of C from a packed A sliver and a row-major B
-    /// read in place (`b` at the tile's first column, rows `rs` apart, `k` of them): rows `2q`
+    /// One tile of `R` rows × 32 columns of C from a packed A sliver of height `h >= R` and a
+    /// row-major B read in place (`b` at the tile's first column, rows `rs` apart, `k` of them): rows `2q`
     /// and `2q + 1` are interleaved into depth pairs in registers (`vpunpck[lh]wd`, which
     /// leaves columns 0–3, 8–11, … in one register and 4–7, 12–15, … in the other; the
     /// results are put back in order when stored). The same pairs in the same order as
@@ -551,11 +565,11 @@ mod x86 {
     pub(super) unsafe fn micro_dot_direct<const R: usize>(
         k: usize,
         a: *const u32,
+        h: usize,
         b: *const u16,
         rs: usize,
         c: *mut u16,
         ldc: usize,
-        rows: usize,
     ) {
         let mut r = [[_mm512_setzero_ps(); 2]; R];
         let kp = k.div_ceil(2);
@@ -568,7 +582,7 @@ mod x86 {
             };
             let lo: __m512bh = std::mem::transmute(_mm512_unpacklo_epi16(r0, r1));
             let hi: __m512bh = std::mem::transmute(_mm512_unpackhi_epi16(r0, r1));
-            let aq = a.add(q * MR);
+            let aq = a.add(q * h);
             for (i, ri) in r.iter_mut().enumerate() {
                 let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*aq.add(i) as i32));
                 ri[0] = _mm512_dpbf16_ps(ri[0], av, lo);
@@ -579,12 +593,12 @@ mod x86 {
         let first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
         let second =
             _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
-        for (i, ri) in r.iter().enumerate().take(rows) {
+        for (i, ri) in r.iter().enumerate() {
             let cp = c.add(i * ldc);
-            for (h, idx) in [first, second].into_iter().enumerate() {
+            for (half, idx) in [first, second].into_iter().enumerate() {
                 let x = _mm512_permutex2var_ps(ri[0], idx, ri[1]);
                 let v: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(x));
-                _mm256_storeu_si256(cp.add(16 * h) as *mut __m256i, v);
+                _mm256_storeu_si256(cp.add(16 * half) as *mut __m256i, v);
             }
         }
     }
@@ -704,9 +718,12 @@ mod tests {
                     (1, 1, 1),
                     (13, 33, 7),
                     (12, 32, 64),
-                    // B read in place: 1-4, 5-8 and 9-12 row tiles, odd depth, two tiles.
+                    // B read in place: tiles of every height, odd depth, rows shared evenly
+                    // between tiles (13 as 7 + 6, 37 as 10 + 10 + 10 + 7).
                     (3, 64, 33),
                     (7, 32, 64),
+                    (13, 64, 33),
+                    (16, 32, 65),
                     (24, 96, 50),
                     (37, 70, 129),
                     (100, 64, 300),

@@ -468,8 +468,45 @@ fn cached_attention_per_query_and_blocked_paths_match_the_reference() {
     });
 }
 
-#[allow(clippy::too_many_arguments)]
-fn check_cached_attention(
+/// Decode attention takes the query heads of one key head together where the CPU has AVX-512
+/// (two or three at a time): every head's output is bit for bit the one the head-by-head kernel
+/// of the AVX2 levels gives, for groups of 2, 3 and 4 (three and one) heads, f16 and f32
+/// caches, head sizes of 64, 72 and 256, windows and positions inside one lane block.
+#[test]
+fn grouped_decode_heads_give_each_heads_own_bits_at_every_level() {
+    use rlx_cpu::isa::{levels, with_level};
+    for (hq, hkv, d, s, pos, window) in [
+        (6usize, 2usize, 64usize, 2usize, 130usize, None),
+        (8, 2, 72, 3, 40, Some(20)),
+        (4, 2, 256, 1, 90, None),
+        (3, 1, 64, 2, 5, None),
+    ] {
+        for cache in [DType::F32, DType::F16] {
+            let t = 160;
+            let mut outs = Vec::new();
+            // The portable level's exponential takes other float steps (no FMA).
+            for level in levels().filter(|l| *l >= rlx_cpu::isa::Level::Avx2) {
+                let got = with_level(level, || {
+                    run_cached_attention(t, hq, hkv, s, window, pos, d, cache, 0.125).0
+                });
+                outs.push((level, got));
+            }
+            let (first, want) = &outs[0];
+            for (level, got) in &outs[1..] {
+                assert!(
+                    got == want,
+                    "{hq} heads over {hkv}, d={d}, {cache} cache: {level} differs from {first}"
+                );
+            }
+        }
+    }
+}
+
+/// A compiled `cached_attention` of `s` queries at `pos` over a `t`-row cache of `cache` type,
+/// run on fixed values: its output bits and the (q, k, v) values it read (k and v as the cache
+/// holds them).
+#[allow(clippy::too_many_arguments, clippy::type_complexity)]
+fn run_cached_attention(
     t: usize,
     hq: usize,
     hkv: usize,
@@ -478,13 +515,14 @@ fn check_cached_attention(
     pos: usize,
     d: usize,
     cache: DType,
-) {
+    scale: f32,
+) -> (Vec<u8>, Vec<f32>, Vec<f32>, Vec<f32>) {
     let mut g = Graph::new("attn");
     let q = g.input("q", Shape::new(&[s, hq, d], DType::F32));
     let kc = g.param("k", Shape::new(&[t, hkv, d], cache));
     let vc = g.param("v", Shape::new(&[t, hkv, d], cache));
     let p = g.input("pos", Shape::new(&[1], DType::I32));
-    let a = g.cached_attention(q, kc, vc, p, 0.3, window);
+    let a = g.cached_attention(q, kc, vc, p, scale, window);
     g.set_outputs(vec![a]);
     let mut prog = compile(&g, 2).unwrap();
     let val = |n: usize, seed: usize| -> Vec<f32> {
@@ -508,7 +546,6 @@ fn check_cached_attention(
             f32_bytes(v)
         }
     };
-    let tol = if f16 { 2e-3 } else { 1e-4 };
     prog.write_input(0, &f32_bytes(&qv));
     prog.write_input(1, &(pos as i32).to_le_bytes());
     prog.write_param(0, &bytes(&kv));
@@ -516,6 +553,22 @@ fn check_cached_attention(
     prog.execute();
     let mut out = vec![0u8; s * hq * d * 4];
     prog.read_output(0, &mut out);
+    (out, qv, kv, vv)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_cached_attention(
+    t: usize,
+    hq: usize,
+    hkv: usize,
+    s: usize,
+    window: Option<usize>,
+    pos: usize,
+    d: usize,
+    cache: DType,
+) {
+    let (out, qv, kv, vv) = run_cached_attention(t, hq, hkv, s, window, pos, d, cache, 0.3);
+    let tol = if cache == DType::F16 { 2e-3 } else { 1e-4 };
     let got = to_f32(&out);
     let want = attention_reference(&qv, &kv, &vv, s, hq, hkv, d, pos, 0.3, window);
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {

@@ -343,7 +343,8 @@ fn exp_blocks_fast(sc: &mut [f32], first: usize, last: usize, max: f32, simd: bo
     exp_blocks(sc, first, last, max)
 }
 
-/// Attention of a few queries over the cache, one (query, head) per task. With an f16 cache the
+/// Attention of a few queries over the cache, one query and one head per task (with AVX-512,
+/// up to three heads of one key head, which then read each key and value row once). With an f16 cache the
 /// arithmetic is that of llama.cpp's non-flash decode on x86 (AVX-512 build) operation for
 /// operation: queries rounded to f16, blocked f16 dot products ([`row_dot`]), scores scaled,
 /// its exponential and block sums ([`exp_blocks`]), weights `e * (1 / sum)` rounded to f16, and
@@ -508,8 +509,9 @@ impl AttentionShape {
     }
 }
 
-/// The per-query attention both cache forms share: one (query, head) per task, the scores of
-/// positions `first..=last` in the thread's scratch, lanes by position.
+/// The per-query attention both cache forms share: one query and one head — or up to
+/// [`GROUP_MAX`] heads of one key head ([`attend_group`]) — per task, the scores of positions
+/// `first..=last` in the thread's scratch slots, lanes by position.
 #[derive(Clone, Copy)]
 struct PerQuery {
     q: TRef,
@@ -523,6 +525,9 @@ struct PerQuery {
     /// Positions a query may see (the scores' length).
     positions: usize,
     simd: bool,
+    /// Query heads of one key head a task takes together (see [`attend_group`]): up to
+    /// [`GROUP_MAX`] with AVX-512 VL, else 1.
+    heads: usize,
 }
 
 impl PerQuery {
@@ -539,6 +544,11 @@ impl PerQuery {
         let simd = crate::isa::avx2();
         #[cfg(not(target_arch = "x86_64"))]
         let simd = false;
+        #[cfg(target_arch = "x86_64")]
+        let wide = crate::isa::avx512() && std::is_x86_feature_detected!("avx512vl");
+        #[cfg(not(target_arch = "x86_64"))]
+        let wide = false;
+        let group = AttentionShape::of(&q, &k, &v).group;
         PerQuery {
             q,
             k,
@@ -550,6 +560,7 @@ impl PerQuery {
             scale,
             positions,
             simd,
+            heads: if wide { group.clamp(1, GROUP_MAX) } else { 1 },
         }
     }
 
@@ -575,36 +586,35 @@ impl PerQuery {
             scale,
             positions,
             simd,
+            heads,
         } = *self;
         let AttentionShape {
             s_len,
-            hq,
+            hq: _,
             dh,
-            hkv: _,
+            hkv,
             dv,
             group,
         } = AttentionShape::of(&q, &k, &v);
         let [qs, ks, vs, os] = [&q, &k, &v, &out].map(|t| t.layout.strides());
         let cdt = k.dtype;
         let slot = scratch_floats(positions, dh, dv);
-        pool.run(s_len * hq, &|task, thread| {
-            let (i, h) = (task / hq, task % hq);
-            let kh = h / group;
-            let oo = out.layout.offset + i * os[0] + h * os[1];
-            let Some((first, last)) = span(i) else {
+        // A task: one query, one key head, `heads` of its query heads (the last chunk fewer).
+        let chunks = group.div_ceil(heads);
+        pool.run(s_len * hkv * chunks, &|task, thread| {
+            let (i, kh, c) = (task / (hkv * chunks), task / chunks % hkv, task % chunks);
+            let h0 = kh * group + c * heads;
+            let n = heads.min(kh * group + group - h0);
+            let zero = |h: usize| {
+                let oo = out.layout.offset + i * os[0] + h * os[1];
                 (0..dv).for_each(|d| store(&out, oo + d * os[2], 0.0));
+            };
+            let Some((first, last)) = span(i) else {
+                (h0..h0 + n).for_each(zero);
                 return;
             };
-            // SAFETY (of the block): each task owns one (query, head) output row and its
-            // thread's scratch slot; cache rows come from `row`, inside the cache.
-            let buf = scratch.get().add(thread * slot * 4) as *mut f32;
-            let sc = std::slice::from_raw_parts_mut(buf, positions);
-            let qv = std::slice::from_raw_parts_mut(buf.add(positions), dh);
-            let acc = std::slice::from_raw_parts_mut(buf.add(positions + dh), LANES * dv);
-            let qo = q.layout.offset + i * qs[0] + h * qs[1];
-            for (d, x) in qv.iter_mut().enumerate() {
-                *x = round_to(cdt, load(&q, qo + d * qs[2]));
-            }
+            // SAFETY (of the block): each task owns its (query, head) output rows and its
+            // thread's scratch slots; cache rows come from `row`, inside the cache.
             let (koff, voff) = (k.layout.offset + kh * ks[1], v.layout.offset + kh * vs[1]);
             let (ks0, vs0) = (ks[0], vs[0]);
             let kpos = |j: usize| row(i, j).map(|r| koff + r * ks0);
@@ -616,6 +626,28 @@ impl PerQuery {
             } else {
                 (0, LANES)
             };
+            // Head `g` of the chunk: its scores, query and lane rows in slot `g`.
+            let parts = |g: usize| {
+                let buf = scratch.get().add((thread * GROUP_MAX + g) * slot * 4) as *mut f32;
+                let h = h0 + g;
+                let qv = std::slice::from_raw_parts_mut(buf.add(positions), dh);
+                let qo = q.layout.offset + i * qs[0] + h * qs[1];
+                for (d, x) in qv.iter_mut().enumerate() {
+                    *x = round_to(cdt, load(&q, qo + d * qs[2]));
+                }
+                (
+                    std::slice::from_raw_parts_mut(buf, positions),
+                    qv,
+                    std::slice::from_raw_parts_mut(buf.add(positions + dh), LANES * dv),
+                )
+            };
+            let finish = |h: usize, acc: &mut [f32]| {
+                let oo = out.layout.offset + i * os[0] + h * os[1];
+                reduce_lanes(acc, dv, lo, hi, simd);
+                for (d, v) in acc[..dv].iter().enumerate() {
+                    store(&out, oo + d * os[2], *v);
+                }
+            };
             #[cfg(target_arch = "x86_64")]
             if simd {
                 let span = Span {
@@ -626,39 +658,51 @@ impl PerQuery {
                     scale,
                     cdt,
                 };
-                // SAFETY: the CPU has the features; rows as above.
-                if !attend_avx2(qv, sc, acc, dv, kr, vr, span, &kpos, &vpos) {
-                    (0..dv).for_each(|d| store(&out, oo + d * os[2], 0.0));
-                    return;
+                // SAFETY: the CPU has the features (`heads > 1` only with AVX-512 VL); each
+                // head its own slot; rows as above.
+                macro_rules! group {
+                    ($($g:literal)*) => {{
+                        let mut sl = [$(parts($g)),*];
+                        let ok = attend_avx2(&mut sl, dv, kr, vr, span, &kpos, &vpos);
+                        for (g, (_, _, acc)) in sl.iter_mut().enumerate() {
+                            if ok[g] {
+                                finish(h0 + g, acc);
+                            } else {
+                                zero(h0 + g);
+                            }
+                        }
+                    }};
                 }
-                reduce_lanes(acc, dv, lo, hi, simd);
-                for (d, v) in acc[..dv].iter().enumerate() {
-                    store(&out, oo + d * os[2], *v);
+                match n {
+                    1 => group!(0),
+                    2 => group!(0 1),
+                    _ => group!(0 1 2),
                 }
                 return;
             }
-            let mut mx = f32::NEG_INFINITY;
-            for (j, s) in sc.iter_mut().enumerate().take(last + 1).skip(first) {
-                *s = match kpos(j) {
-                    Some(at) => row_dot(qv, kr, at, simd) * scale,
-                    None => f32::NEG_INFINITY,
-                };
-                mx = mx.max(*s);
-            }
-            if mx == f32::NEG_INFINITY {
-                (0..dv).for_each(|d| store(&out, oo + d * os[2], 0.0));
-                return;
-            }
-            let inv = (1.0 / exp_blocks_fast(sc, first, last, mx, simd)) as f32;
-            acc[lo * dv..hi * dv].fill(0.0);
-            for (j, &e) in sc.iter().enumerate().take(last + 1).skip(first) {
-                let Some(at) = vpos(j) else { continue };
-                let lane = &mut acc[(j % LANES) * dv..][..dv];
-                row_axpy(lane, round_to(cdt, e * inv), vr, at, simd);
-            }
-            reduce_lanes(acc, dv, lo, hi, simd);
-            for (d, v) in acc[..dv].iter().enumerate() {
-                store(&out, oo + d * os[2], *v);
+            for g in 0..n {
+                let h = h0 + g;
+                let (sc, qv, acc) = parts(g);
+                let mut mx = f32::NEG_INFINITY;
+                for (j, s) in sc.iter_mut().enumerate().take(last + 1).skip(first) {
+                    *s = match kpos(j) {
+                        Some(at) => row_dot(qv, kr, at, simd) * scale,
+                        None => f32::NEG_INFINITY,
+                    };
+                    mx = mx.max(*s);
+                }
+                if mx == f32::NEG_INFINITY {
+                    zero(h);
+                    continue;
+                }
+                let inv = (1.0 / exp_blocks_fast(sc, first, last, mx, simd)) as f32;
+                acc[lo * dv..hi * dv].fill(0.0);
+                for (j, &e) in sc.iter().enumerate().take(last + 1).skip(first) {
+                    let Some(at) = vpos(j) else { continue };
+                    let lane = &mut acc[(j % LANES) * dv..][..dv];
+                    row_axpy(lane, round_to(cdt, e * inv), vr, at, simd);
+                }
+                finish(h, acc);
             }
         });
     }
@@ -674,47 +718,6 @@ struct Span {
     hi: usize,
     scale: f32,
     cdt: DType,
-}
-
-/// One (query, head) of [`PerQuery::run`] compiled for AVX2 (its dot products, exponentials and
-/// value sums inline, the cache types fixed): the scores of the positions, their softmax weights
-/// rounded to the cache type, and the 64 lane rows of the value sum (row `l` holding positions
-/// `j % 64 == l` in order), each accumulated in registers rather than in memory. The operations
-/// and their order are those of the portable path. `kpos`/`vpos` give a position's key/value
-/// row offset (`None`: not in the cache). Returns false when no position is visible.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C; `sc` holds `last + 1` floats, `acc` `64 * dv`; every offset
-/// `kpos`/`vpos` gives starts a whole row of `kr`/`vr`.
-#[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_avx2(
-    qv: &[f32],
-    sc: &mut [f32],
-    acc: &mut [f32],
-    dv: usize,
-    kr: Rows,
-    vr: Rows,
-    span: Span,
-    kpos: &impl Fn(usize) -> Option<usize>,
-    vpos: &impl Fn(usize) -> Option<usize>,
-) -> bool {
-    let raw = |r: Rows| match r {
-        Rows::F16(p) => (true, p as *const u8),
-        Rows::F32(p) => (false, p as *const u8),
-    };
-    let ((kh, kp), (vh, vp)) = (raw(kr), raw(vr));
-    macro_rules! go {
-        ($k:literal, $v:literal) => {
-            attend_typed::<$k, $v>(qv, sc, acc, dv, kp, vp, span, kpos, vpos)
-        };
-    }
-    match (kh, vh) {
-        (true, true) => go!(true, true),
-        (true, false) => go!(true, false),
-        (false, true) => go!(false, true),
-        (false, false) => go!(false, false),
-    }
 }
 
 /// Eight elements of a cache row from element `at` as f32 (`$h`: the row is f16).
@@ -743,35 +746,108 @@ macro_rules! ld1 {
     };
 }
 
-/// [`attend_avx2`] for keys (`KH`) and values (`VH`) stored as f16 (else f32).
+/// Query heads of one key head that decode attention takes together at most.
+const GROUP_MAX: usize = 3;
+
+/// One query's attention for one to [`GROUP_MAX`] query heads of one key head, compiled for
+/// AVX2 with the cache types fixed: the scores of the positions, their softmax weights rounded
+/// to the cache type, and the 64 lane rows of the value sum (row `l` holding positions
+/// `j % 64 == l` in order), each accumulated in registers rather than in memory. The operations
+/// and their order are those of the portable path, head by head; heads taken together
+/// (grouped-query attention) share each key and value row's load, conversion and location, so
+/// each head's result is bit for bit the one it gets alone. `heads[g]` = (scores, query, lane
+/// rows) of head `g`; `kpos`/`vpos` give a position's key/value row offset (`None`: not in the
+/// cache). Returns, per head, whether any position was visible.
 ///
 /// # Safety
-/// As [`attend_avx2`]; `kp`/`vp` point at the cache buffers.
+/// The CPU has AVX2, FMA and F16C, and AVX-512 F and VL for more than one head (the
+/// accumulators of three heads need its 32 registers); each head's scores hold `last + 1`
+/// floats and its lane rows `64 * dv`; every offset `kpos`/`vpos` gives starts a whole row of
+/// `kr`/`vr`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn attend_typed<const KH: bool, const VH: bool>(
-    qv: &[f32],
-    sc: &mut [f32],
-    acc: &mut [f32],
+#[allow(clippy::type_complexity)]
+unsafe fn attend_avx2(
+    heads: &mut [(&mut [f32], &mut [f32], &mut [f32])],
+    dv: usize,
+    kr: Rows,
+    vr: Rows,
+    span: Span,
+    kpos: &impl Fn(usize) -> Option<usize>,
+    vpos: &impl Fn(usize) -> Option<usize>,
+) -> [bool; GROUP_MAX] {
+    let raw = |r: Rows| match r {
+        Rows::F16(p) => (true, p as *const u8),
+        Rows::F32(p) => (false, p as *const u8),
+    };
+    let ((kh, kp), (vh, vp)) = (raw(kr), raw(vr));
+    /// The one-head form on AVX2 and the grouped forms on AVX-512 VL.
+    macro_rules! forms {
+        ($($name:ident, $features:literal);*) => {$(
+            #[target_feature(enable = $features)]
+            #[allow(clippy::type_complexity)]
+            unsafe fn $name<const KH: bool, const VH: bool, const G: usize>(
+                heads: &mut [(&mut [f32], &mut [f32], &mut [f32])],
+                dv: usize,
+                kp: *const u8,
+                vp: *const u8,
+                span: Span,
+                kpos: &impl Fn(usize) -> Option<usize>,
+                vpos: &impl Fn(usize) -> Option<usize>,
+            ) -> [bool; GROUP_MAX] {
+                attend_heads::<KH, VH, G>(heads, dv, kp, vp, span, kpos, vpos)
+            }
+        )*};
+    }
+    forms!(one, "avx2,fma,f16c"; wide, "avx2,fma,f16c,avx512f,avx512vl");
+    macro_rules! go {
+        ($k:literal, $v:literal) => {
+            match heads.len() {
+                1 => one::<$k, $v, 1>(heads, dv, kp, vp, span, kpos, vpos),
+                2 => wide::<$k, $v, 2>(heads, dv, kp, vp, span, kpos, vpos),
+                _ => wide::<$k, $v, 3>(heads, dv, kp, vp, span, kpos, vpos),
+            }
+        };
+    }
+    match (kh, vh) {
+        (true, true) => go!(true, true),
+        (true, false) => go!(true, false),
+        (false, true) => go!(false, true),
+        (false, false) => go!(false, false),
+    }
+}
+
+/// The body of [`attend_avx2`] for `G` heads (`heads.len() == G`) and keys (`KH`) and values
+/// (`VH`) stored as f16 (else f32).
+///
+/// # Safety
+/// As [`attend_avx2`], inlined into a function with its features.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(
+    clippy::too_many_arguments,
+    clippy::type_complexity,
+    clippy::needless_range_loop
+)]
+unsafe fn attend_heads<const KH: bool, const VH: bool, const G: usize>(
+    heads: &mut [(&mut [f32], &mut [f32], &mut [f32])],
     dv: usize,
     kp: *const u8,
     vp: *const u8,
     span: Span,
     kpos: &impl Fn(usize) -> Option<usize>,
     vpos: &impl Fn(usize) -> Option<usize>,
-) -> bool {
+) -> [bool; GROUP_MAX] {
     use std::arch::x86_64::*;
     let (first, last, lo, hi) = (span.first, span.last, span.lo, span.hi);
     let (scale, cdt) = (span.scale, span.cdt);
-    let dh = qv.len();
+    let dh = heads[0].1.len();
     let full = dh / LANES * LANES;
-    let q = qv.as_ptr();
-    let mut mx = f32::NEG_INFINITY;
+    let q: [*const f32; G] = std::array::from_fn(|g| heads[g].1.as_ptr());
+    let sc: [*mut f32; G] = std::array::from_fn(|g| heads[g].0.as_mut_ptr());
+    let mut mx = [f32::NEG_INFINITY; G];
     let vrow = dv * if VH { 2 } else { 4 };
     for j in first..=last {
-        // The value rows are read below lane by lane (64 positions apart), which the hardware
-        // prefetcher does not follow: ask for each now, in position order.
+        // As in `attend_avx2`: the value rows, read lane by lane below, asked for now.
         if let Some(at) = vpos(j) {
             let p = vp.add(at * if VH { 2 } else { 4 });
             let mut o = 0;
@@ -780,97 +856,128 @@ unsafe fn attend_typed<const KH: bool, const VH: bool>(
                 o += 64;
             }
         }
-        let s = match kpos(j) {
-            Some(at) => {
-                // `row_dot`: lane d % 64 of whole blocks (eight registers), reduced in
-                // `reduce64`'s order, then the leftover products one by one in f64.
-                let mut a = [_mm256_setzero_ps(); LANES / 8];
-                let mut b = 0;
-                while b < full {
-                    for (m, am) in a.iter_mut().enumerate() {
-                        *am = _mm256_fmadd_ps(
-                            _mm256_loadu_ps(q.add(b + 8 * m)),
-                            ld8!(KH, kp, at + b + 8 * m),
-                            *am,
-                        );
-                    }
-                    b += LANES;
-                }
-                let x0 = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
-                let x1 = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-                let h = _mm256_add_ps(x1, x0);
-                let q4 = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
-                let q2 = _mm_add_ps(q4, _mm_movehl_ps(q4, q4));
-                let blocks = _mm_cvtss_f32(_mm_add_ss(q2, _mm_shuffle_ps(q2, q2, 1)));
-                let mut t = blocks as f64;
-                for d in full..dh {
-                    t += (*q.add(d) * ld1!(KH, kp, at + d)) as f64;
-                }
-                t as f32 * scale
+        let Some(at) = kpos(j) else {
+            for g in 0..G {
+                *sc[g].add(j) = f32::NEG_INFINITY;
             }
-            None => f32::NEG_INFINITY,
+            continue;
         };
-        *sc.get_unchecked_mut(j) = s;
-        mx = mx.max(s);
+        // `row_dot` per head, each key register shared by the heads.
+        let mut a = [[_mm256_setzero_ps(); LANES / 8]; G];
+        let mut b = 0;
+        while b < full {
+            for m in 0..LANES / 8 {
+                let kv = ld8!(KH, kp, at + b + 8 * m);
+                for g in 0..G {
+                    a[g][m] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g].add(b + 8 * m)), kv, a[g][m]);
+                }
+            }
+            b += LANES;
+        }
+        for g in 0..G {
+            let a = &a[g];
+            let x0 = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+            let x1 = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+            let h = _mm256_add_ps(x1, x0);
+            let q4 = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+            let q2 = _mm_add_ps(q4, _mm_movehl_ps(q4, q4));
+            let blocks = _mm_cvtss_f32(_mm_add_ss(q2, _mm_shuffle_ps(q2, q2, 1)));
+            let mut t = blocks as f64;
+            for d in full..dh {
+                t += (*q[g].add(d) * ld1!(KH, kp, at + d)) as f64;
+            }
+            let s = t as f32 * scale;
+            *sc[g].add(j) = s;
+            mx[g] = mx[g].max(s);
+        }
     }
-    if mx == f32::NEG_INFINITY {
-        return false;
+    let mut ok = [false; GROUP_MAX];
+    for g in 0..G {
+        if mx[g] == f32::NEG_INFINITY {
+            continue;
+        }
+        ok[g] = true;
+        let w = &mut heads[g].0[..=last];
+        let inv = (1.0 / exp_blocks(w, first, last, mx[g])) as f32;
+        let w = &mut w[first..];
+        for e in w.iter_mut() {
+            *e *= inv;
+        }
+        round_slice(cdt, w);
     }
-    let inv = (1.0 / exp_blocks(sc, first, last, mx)) as f32;
-    let w = &mut sc[first..=last];
-    for e in w.iter_mut() {
-        *e *= inv;
+    if !ok.contains(&true) {
+        return ok;
     }
-    round_slice(cdt, w);
-    // Lane row l: positions l, l + 64, ... in order; 64 columns (eight registers) at a time,
-    // then single registers, then columns one by one (product, then sum, as `row_axpy_avx2`).
+    // The heads with no visible position keep their scores out of the sums (their lane rows are
+    // not read): give them zero weights so the shared loop below stays branch-free.
+    for g in 0..G {
+        if !ok[g] {
+            heads[g].0[first..=last].fill(0.0);
+        }
+    }
+    let sc: [*const f32; G] = std::array::from_fn(|g| heads[g].0.as_ptr());
+    let acc: [*mut f32; G] = std::array::from_fn(|g| heads[g].2.as_mut_ptr());
+    // The lane rows of `attend_avx2`, every head's from the same value registers.
     for l in lo..hi {
         let j0 = first + (l + LANES - first % LANES) % LANES;
-        let dst = acc.as_mut_ptr().add(l * dv);
         let mut c = 0;
         while c + 64 <= dv {
-            let mut r = [_mm256_setzero_ps(); 8];
+            let mut r = [[_mm256_setzero_ps(); 8]; G];
             let mut j = j0;
             while j <= last {
                 if let Some(at) = vpos(j) {
-                    let wv = _mm256_set1_ps(*sc.get_unchecked(j));
-                    for (m, rm) in r.iter_mut().enumerate() {
-                        *rm = _mm256_fmadd_ps(wv, ld8!(VH, vp, at + c + 8 * m), *rm);
+                    let wv: [__m256; G] = std::array::from_fn(|g| _mm256_set1_ps(*sc[g].add(j)));
+                    for m in 0..8 {
+                        let vv = ld8!(VH, vp, at + c + 8 * m);
+                        for g in 0..G {
+                            r[g][m] = _mm256_fmadd_ps(wv[g], vv, r[g][m]);
+                        }
                     }
                 }
                 j += LANES;
             }
-            for (m, rm) in r.iter().enumerate() {
-                _mm256_storeu_ps(dst.add(c + 8 * m), *rm);
+            for g in 0..G {
+                for m in 0..8 {
+                    _mm256_storeu_ps(acc[g].add(l * dv + c + 8 * m), r[g][m]);
+                }
             }
             c += 64;
         }
         while c + 8 <= dv {
-            let mut r = _mm256_setzero_ps();
+            let mut r = [_mm256_setzero_ps(); G];
             let mut j = j0;
             while j <= last {
                 if let Some(at) = vpos(j) {
-                    let wv = _mm256_set1_ps(*sc.get_unchecked(j));
-                    r = _mm256_fmadd_ps(wv, ld8!(VH, vp, at + c), r);
+                    let vv = ld8!(VH, vp, at + c);
+                    for g in 0..G {
+                        r[g] = _mm256_fmadd_ps(_mm256_set1_ps(*sc[g].add(j)), vv, r[g]);
+                    }
                 }
                 j += LANES;
             }
-            _mm256_storeu_ps(dst.add(c), r);
+            for g in 0..G {
+                _mm256_storeu_ps(acc[g].add(l * dv + c), r[g]);
+            }
             c += 8;
         }
         for d in c..dv {
-            let mut a = 0f32;
+            let mut a = [0f32; G];
             let mut j = j0;
             while j <= last {
                 if let Some(at) = vpos(j) {
-                    a += *sc.get_unchecked(j) * ld1!(VH, vp, at + d);
+                    let x = ld1!(VH, vp, at + d);
+                    for g in 0..G {
+                        a[g] += *sc[g].add(j) * x;
+                    }
                 }
                 j += LANES;
             }
-            *dst.add(d) = a;
+            for g in 0..G {
+                *acc[g].add(l * dv + d) = a[g];
+            }
         }
     }
-    true
+    ok
 }
 
 /// Sum the 64 lane rows `acc[l * dv..]` (live: `lo..hi`) into row 0 in [`reduce64`]'s order,
@@ -949,7 +1056,8 @@ unsafe fn add_rows(x: *mut f32, y: *const f32, z: Option<*const f32>, n: usize, 
     }
 }
 
-/// Scratch floats per thread of [`cached_attention`]: scores, the query, 64 partial value rows.
+/// Scratch floats per head of [`cached_attention`]: scores, the query, 64 partial value rows
+/// (a thread has [`GROUP_MAX`] such slots).
 fn scratch_floats(t: usize, dh: usize, dv: usize) -> usize {
     t + dh + LANES * dv
 }
@@ -1167,7 +1275,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let (dh, dv) = (info.ins[0].dims()[2], info.ins[2].dims()[2]);
             // As CachedAttention: a chunk of this many queries would run as GEMMs.
             let gemm = s_len >= GEMM_MIN_S && info.dtype() == DType::F32;
-            let per_query = info.threads * scratch_floats(positions, dh, dv) * 4;
+            let per_query = info.threads * GROUP_MAX * scratch_floats(positions, dh, dv) * 4;
             let scratch = if gemm {
                 per_query.max(gemm_scratch(positions, hkv, dh, dv, info.threads))
             } else {
@@ -1196,7 +1304,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 });
             }
             Ok(Lowered::Compute {
-                scratch: info.threads * scratch_floats(t, dh, dv) * 4,
+                scratch: info.threads * GROUP_MAX * scratch_floats(t, dh, dv) * 4,
                 build: Box::new(move |ins, out, s| {
                     cached_attention(ins[0], ins[1], ins[2], ins[3], out, s, scale, window)
                 }),

@@ -846,8 +846,9 @@ unsafe fn attend_heads<const KH: bool, const VH: bool, const G: usize>(
     let sc: [*mut f32; G] = std::array::from_fn(|g| heads[g].0.as_mut_ptr());
     let mut mx = [f32::NEG_INFINITY; G];
     let vrow = dv * if VH { 2 } else { 4 };
-    for j in first..=last {
-        // As in `attend_avx2`: the value rows, read lane by lane below, asked for now.
+    // The value rows are read lane by lane below (64 positions apart), which the hardware
+    // prefetcher does not follow: ask for each as its position's score is made.
+    let fetch_value = |j: usize| {
         if let Some(at) = vpos(j) {
             let p = vp.add(at * if VH { 2 } else { 4 });
             let mut o = 0;
@@ -856,33 +857,46 @@ unsafe fn attend_heads<const KH: bool, const VH: bool, const G: usize>(
                 o += 64;
             }
         }
+    };
+    let mut j = first;
+    while j <= last {
+        // Eight positions whose keys are all in the cache, for heads of whole blocks (no
+        // leftover products): their eight-lane sums reduced together, each position's lanes
+        // added in the pairs the one-position reduction below adds (lanes i and i + 4, then
+        // 0 + 2 and 1 + 3, then the two), so the same scores.
+        if full == dh && j + 8 <= last + 1 {
+            let at: [Option<usize>; 8] = std::array::from_fn(|p| kpos(j + p));
+            if at.iter().all(Option::is_some) {
+                let mut hv = [[_mm256_setzero_ps(); 8]; G];
+                for (p, at) in at.iter().enumerate() {
+                    fetch_value(j + p);
+                    let h = lane_sums::<KH, G>(&q, kp, at.unwrap_unchecked(), full);
+                    for g in 0..G {
+                        hv[g][p] = h[g];
+                    }
+                }
+                for g in 0..G {
+                    let s = _mm256_mul_ps(sum_lanes8(&hv[g]), _mm256_set1_ps(scale));
+                    _mm256_storeu_ps(sc[g].add(j), s);
+                    for p in 0..8 {
+                        mx[g] = mx[g].max(*sc[g].add(j + p));
+                    }
+                }
+                j += 8;
+                continue;
+            }
+        }
+        fetch_value(j);
         let Some(at) = kpos(j) else {
             for g in 0..G {
                 *sc[g].add(j) = f32::NEG_INFINITY;
             }
+            j += 1;
             continue;
         };
-        // `row_dot` per head, each key register shared by the heads.
-        let mut a = [[_mm256_setzero_ps(); LANES / 8]; G];
-        let mut b = 0;
-        while b < full {
-            for m in 0..LANES / 8 {
-                let kv = ld8!(KH, kp, at + b + 8 * m);
-                for g in 0..G {
-                    a[g][m] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g].add(b + 8 * m)), kv, a[g][m]);
-                }
-            }
-            b += LANES;
-        }
+        let h = lane_sums::<KH, G>(&q, kp, at, full);
         for g in 0..G {
-            let a = &a[g];
-            let x0 = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
-            let x1 = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-            let h = _mm256_add_ps(x1, x0);
-            let q4 = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
-            let q2 = _mm_add_ps(q4, _mm_movehl_ps(q4, q4));
-            let blocks = _mm_cvtss_f32(_mm_add_ss(q2, _mm_shuffle_ps(q2, q2, 1)));
-            let mut t = blocks as f64;
+            let mut t = sum_lanes(h[g]) as f64;
             for d in full..dh {
                 t += (*q[g].add(d) * ld1!(KH, kp, at + d)) as f64;
             }
@@ -890,6 +904,7 @@ unsafe fn attend_heads<const KH: bool, const VH: bool, const G: usize>(
             *sc[g].add(j) = s;
             mx[g] = mx[g].max(s);
         }
+        j += 1;
     }
     let mut ok = [false; GROUP_MAX];
     for g in 0..G {
@@ -926,7 +941,10 @@ unsafe fn attend_heads<const KH: bool, const VH: bool, const G: usize>(
             let mut j = j0;
             while j <= last {
                 if let Some(at) = vpos(j) {
-                    let wv: [__m256; G] = std::array::from_fn(|g| _mm256_set1_ps(*sc[g].add(j)));
+                    let mut wv = [_mm256_setzero_ps(); G];
+                    for g in 0..G {
+                        wv[g] = _mm256_set1_ps(*sc[g].add(j));
+                    }
                     for m in 0..8 {
                         let vv = ld8!(VH, vp, at + c + 8 * m);
                         for g in 0..G {
@@ -978,6 +996,96 @@ unsafe fn attend_heads<const KH: bool, const VH: bool, const G: usize>(
         }
     }
     ok
+}
+
+/// `row_dot`'s products of the whole 64-element blocks (`full` elements) of `G` queries with the
+/// key row at `at`, each key register shared by the queries, summed over the blocks' eight
+/// registers in `reduce64`'s order: lane `d % 8` of each query's sum.
+///
+/// # Safety
+/// Inlined into a function with AVX2, FMA and F16C; each query holds `full` floats and the key
+/// row `full` elements from `at`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::needless_range_loop)]
+unsafe fn lane_sums<const KH: bool, const G: usize>(
+    q: &[*const f32; G],
+    kp: *const u8,
+    at: usize,
+    full: usize,
+) -> [std::arch::x86_64::__m256; G] {
+    use std::arch::x86_64::*;
+    let mut a = [[_mm256_setzero_ps(); LANES / 8]; G];
+    let mut b = 0;
+    while b < full {
+        for m in 0..LANES / 8 {
+            let kv = ld8!(KH, kp, at + b + 8 * m);
+            for g in 0..G {
+                a[g][m] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g].add(b + 8 * m)), kv, a[g][m]);
+            }
+        }
+        b += LANES;
+    }
+    // (Loops rather than closures here and below: a closure does not get the target features
+    // of the function it is inlined into, and its intrinsics would be calls.)
+    let mut h = [_mm256_setzero_ps(); G];
+    for g in 0..G {
+        let a = &a[g];
+        let x0 = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
+        let x1 = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
+        h[g] = _mm256_add_ps(x1, x0);
+    }
+    h
+}
+
+/// The sum of a register's eight lanes in `reduce64`'s order: lanes i + (i + 4), then
+/// 0 + 2 and 1 + 3, then the two.
+///
+/// # Safety
+/// The CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn sum_lanes(h: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let q4 = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
+    let q2 = _mm_add_ps(q4, _mm_movehl_ps(q4, q4));
+    _mm_cvtss_f32(_mm_add_ss(q2, _mm_shuffle_ps(q2, q2, 1)))
+}
+
+/// [`sum_lanes`] of eight registers at once, lane `p` of the result the sum of `h[p]`: the same
+/// pairs added in the same order, so the same bits, in ~3 instructions a register instead of 6.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn sum_lanes8(h: &[std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // Registers 2k and 2k + 1: lanes i + (i + 4) of each, in one register's two halves.
+    let mut quad = [_mm256_setzero_ps(); 4];
+    for (k, x) in quad.iter_mut().enumerate() {
+        let (a, b) = (h[2 * k], h[2 * k + 1]);
+        *x = _mm256_add_ps(
+            _mm256_permute2f128_ps::<0x31>(a, b),
+            _mm256_permute2f128_ps::<0x20>(a, b),
+        );
+    }
+    // Lanes 0 + 2 and 1 + 3 of registers (0, 2), (1, 3) and (4, 6), (5, 7).
+    let mut r = [_mm256_setzero_ps(); 2];
+    for (i, x) in r.iter_mut().enumerate() {
+        let (a, b) = (quad[2 * i], quad[2 * i + 1]);
+        *x = _mm256_add_ps(
+            _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
+            _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
+        );
+    }
+    let [r0, r1] = r;
+    // The two: registers 0, 2, 4, 6 in the low half, 1, 3, 5, 7 in the high; then in order.
+    let sums = _mm256_add_ps(
+        _mm256_shuffle_ps::<0b10_00_10_00>(r0, r1),
+        _mm256_shuffle_ps::<0b11_01_11_01>(r0, r1),
+    );
+    _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
 /// Sum the 64 lane rows `acc[l * dv..]` (live: `lo..hi`) into row 0 in [`reduce64`]'s order,
@@ -1327,4 +1435,43 @@ fn dense_caches(info: &NodeInfo<'_>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    /// Eight registers' lane sums taken at once are bit for bit each register's sum alone, on
+    /// values of mixed magnitudes (whose sums round differently when the pairs change).
+    #[test]
+    fn eight_lane_sums_at_once_equal_each_alone() {
+        if !crate::isa::avx2() {
+            return;
+        }
+        #[target_feature(enable = "avx2")]
+        unsafe fn check() {
+            use std::arch::x86_64::*;
+            let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+            let mut next = || {
+                seed = seed
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let unit = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                unit * 2f32.powi(((seed >> 20) % 24) as i32 - 12)
+            };
+            for _ in 0..500 {
+                let h: [__m256; 8] = std::array::from_fn(|_| {
+                    let v: [f32; 8] = std::array::from_fn(|_| next());
+                    _mm256_loadu_ps(v.as_ptr())
+                });
+                let mut got = [0f32; 8];
+                _mm256_storeu_ps(got.as_mut_ptr(), sum_lanes8(&h));
+                for (p, g) in got.iter().enumerate() {
+                    assert_eq!(g.to_bits(), sum_lanes(h[p]).to_bits(), "register {p}");
+                }
+            }
+        }
+        // SAFETY: the CPU has AVX2 (checked above).
+        unsafe { check() }
+    }
 }

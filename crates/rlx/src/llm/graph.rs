@@ -48,6 +48,43 @@ pub fn param_shape(t: &rlx_gguf::TensorInfo) -> Result<Shape> {
     Ok(Shape::new(&[rows, row_bytes], DType::U8))
 }
 
+/// The shape of graph param `name`: a GGUF tensor's [`param_shape`], or, for a name joining
+/// tensor names with `+` (weights stacked by `Builder::linears`), their rows stacked (all of one
+/// packed type and row length, checked).
+pub fn stacked_shape(f: &GgufFile, name: &str) -> Result<Shape> {
+    if !name.contains('+') {
+        let t = f
+            .require_tensor(name)
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        return param_shape(t);
+    }
+    let mut rows = 0;
+    let mut first: Option<Shape> = None;
+    for part in name.split('+') {
+        let t = f
+            .require_tensor(part)
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        let s = param_shape(t)?;
+        let dims = s.static_dims().unwrap_or_default();
+        if let Some(f0) = &first {
+            let d0 = f0.static_dims().unwrap_or_default();
+            if s.dtype() != f0.dtype() || dims.len() != 2 || dims.get(1) != d0.get(1) {
+                return Err(Error::Invalid(format!(
+                    "tensor \"{part}\" cannot be stacked under \"{name}\": {s} against {f0}"
+                )));
+            }
+        }
+        rows += dims.first().copied().unwrap_or(0);
+        first.get_or_insert(s);
+    }
+    let s = first.ok_or_else(|| Error::Invalid(format!("empty param name \"{name}\"")))?;
+    let dims = s.static_dims().unwrap_or_default();
+    Ok(Shape::new(
+        &[rows, dims.get(1).copied().unwrap_or(0)],
+        s.dtype(),
+    ))
+}
+
 /// Name of the KV-cache params of layer `l`.
 pub fn cache_names(l: usize) -> (String, String) {
     (format!("cache.k.{l}"), format!("cache.v.{l}"))
@@ -80,11 +117,7 @@ impl Builder<'_> {
         if let Some(&p) = self.params.get(name) {
             return Ok(p);
         }
-        let t = self
-            .f
-            .require_tensor(name)
-            .map_err(|e| Error::Invalid(e.to_string()))?;
-        let p = self.g.try_param(name, param_shape(t)?)?;
+        let p = self.g.try_param(name, stacked_shape(self.f, name)?)?;
         self.params.insert(name.to_string(), p);
         Ok(p)
     }
@@ -109,6 +142,18 @@ impl Builder<'_> {
         if nd == 0 {
             return self.linear_rows(x, name);
         }
+        self.split_rows(x, np, nd, |b, x| b.linear_rows(x, name))
+    }
+
+    /// `f` over the chunk's rows and, as one-row products, over the decode rows (see
+    /// [`Builder::rows`]), the results stacked.
+    fn split_rows(
+        &mut self,
+        x: NodeId,
+        np: usize,
+        nd: usize,
+        mut f: impl FnMut(&mut Self, NodeId) -> Result<NodeId>,
+    ) -> Result<NodeId> {
         let k = *self
             .g
             .shape(x)
@@ -119,7 +164,7 @@ impl Builder<'_> {
         let mut parts = Vec::new();
         if np > 0 {
             let xp = self.g.try_narrow(x, 0, 0, np)?;
-            parts.push(self.linear_rows(xp, name)?);
+            parts.push(f(self, xp)?);
         }
         let xd = if np > 0 {
             self.g.try_narrow(x, 0, np, nd)?
@@ -127,7 +172,7 @@ impl Builder<'_> {
             x
         };
         let xd = self.g.try_reshape(xd, &[nd, 1, k])?;
-        let yd = self.linear_rows(xd, name)?;
+        let yd = f(self, xd)?;
         let n = *self
             .g
             .shape(yd)
@@ -161,6 +206,60 @@ impl Builder<'_> {
             return self.g.try_add(y, b);
         }
         Ok(y)
+    }
+
+    /// [`Builder::linear`] for weights that share their input (a layer's query, key and value
+    /// projections; its gate and up projections). When they are all of one packed type with
+    /// rows of one length, they are one param — their rows stacked, named `a.weight+b.weight`
+    /// ([`stacked_shape`], loaded by `load_weights`) — and one product whose columns are then
+    /// split: every output is the same dot product of the same rows, so the same bits, while
+    /// the input is quantized and the product dispatched once rather than once per weight.
+    fn linears<const N: usize>(&mut self, x: NodeId, names: [&str; N]) -> Result<[NodeId; N]> {
+        let ws = names.map(|n| format!("{n}.weight"));
+        let info = |w: &String| {
+            self.f
+                .require_tensor(w)
+                .map(|t| (t.ty, t.shape().last().copied(), t.shape()[0..].to_vec()))
+                .map_err(|e| Error::Invalid(e.to_string()))
+        };
+        let first = info(&ws[0])?;
+        let mut rows = [0usize; N];
+        let mut stack = N > 1 && first.0 != GgmlType::F32 && scheme_of(first.0).is_some();
+        for (i, w) in ws.iter().enumerate() {
+            let (ty, k, shape) = info(w)?;
+            stack &= ty == first.0 && k == first.1 && shape.len() == 2;
+            rows[i] = shape.first().copied().unwrap_or(0);
+        }
+        if !stack {
+            let mut out = [x; N];
+            for (o, n) in out.iter_mut().zip(names) {
+                *o = self.linear(x, n)?;
+            }
+            return Ok(out);
+        }
+        let scheme = scheme_of(first.0).expect("checked above");
+        let w = self.param(&ws.join("+"))?;
+        let (np, nd) = self.rows;
+        let y = if nd == 0 {
+            self.g.define(QuantLinear { scheme }, &[x, w])?
+        } else {
+            self.split_rows(x, np, nd, |b, x| {
+                b.g.define(QuantLinear { scheme }, &[x, w])
+            })?
+        };
+        let axis = self.g.shape(y).rank() - 1;
+        let mut out = [y; N];
+        let mut at = 0;
+        for ((o, n), r) in out.iter_mut().zip(names).zip(rows) {
+            *o = self.g.try_narrow(y, axis, at, r)?;
+            at += r;
+            let bname = format!("{n}.bias");
+            if self.has(&bname) {
+                let b = self.param(&bname)?;
+                *o = self.g.try_add(*o, b)?;
+            }
+        }
+        Ok(out)
     }
 
     fn norm(&mut self, x: NodeId, name: &str, eps: f32) -> Result<NodeId> {
@@ -317,9 +416,7 @@ fn build(cfg: &LlmConfig, f: &GgufFile, layout: Layout) -> Result<Graph> {
     for l in 0..cfg.n_layer {
         let p = |n: &str| format!("blk.{l}.{n}");
         let h = b.norm(x, &p("attn_norm"), cfg.eps)?;
-        let q = b.linear(h, &p("attn_q"))?;
-        let k = b.linear(h, &p("attn_k"))?;
-        let v = b.linear(h, &p("attn_v"))?;
+        let [q, k, v] = b.linears(h, [&p("attn_q"), &p("attn_k"), &p("attn_v")])?;
         let mut q = b.g.try_reshape(q, &[s, hq, dh])?;
         let mut k = b.g.try_reshape(k, &[s, hkv, dh])?;
         let v = b.g.try_reshape(v, &[s, hkv, dv])?;
@@ -389,8 +486,7 @@ fn build(cfg: &LlmConfig, f: &GgufFile, layout: Layout) -> Result<Graph> {
         }
         x = b.g.try_add(x, o)?;
         let h = b.norm(x, &p("ffn_norm"), cfg.eps)?;
-        let gate = b.linear(h, &p("ffn_gate"))?;
-        let up = b.linear(h, &p("ffn_up"))?;
+        let [gate, up] = b.linears(h, [&p("ffn_gate"), &p("ffn_up")])?;
         let gate = if gemma {
             b.gelu_like_llama_cpp(gate)?
         } else {

@@ -266,21 +266,26 @@ pub(crate) fn open_model(path: &Path) -> Result<(GgufFile, LlmConfig, Tokenizer,
 }
 
 /// Copy every weight of `file` into `graph`'s params (the KV caches excepted), releasing the
-/// file pages as it goes so the weights are resident once.
+/// file pages as it goes so the weights are resident once. A param named `a+b` (stacked
+/// weights, see `graph::stacked_shape`) gets tensor `a`'s bytes, then `b`'s.
 pub(crate) fn load_weights(graph: &mut CompiledGraph, file: &GgufFile) -> Result<()> {
     let names: Vec<String> = graph.params().iter().map(|p| p.name.clone()).collect();
     for name in names {
         if name.starts_with("cache.") {
             continue;
         }
-        let t = file.require_tensor(&name).map_err(gguf_err)?;
-        param_shape(t)?;
-        // Copy in pieces, dropping each piece's file pages once copied, so the weights are
-        // resident once rather than twice at the peak.
-        let data = file.tensor_data(t);
-        for (i, piece) in data.chunks(PIECE).enumerate() {
-            graph.try_set_param_bytes_at(&name, i * PIECE, piece)?;
-            file.release_range(t, (i * PIECE) as u64, piece.len() as u64);
+        let mut at = 0;
+        for part in name.split('+') {
+            let t = file.require_tensor(part).map_err(gguf_err)?;
+            param_shape(t)?;
+            // Copy in pieces, dropping each piece's file pages once copied, so the weights are
+            // resident once rather than twice at the peak.
+            let data = file.tensor_data(t);
+            for (i, piece) in data.chunks(PIECE).enumerate() {
+                graph.try_set_param_bytes_at(&name, at + i * PIECE, piece)?;
+                file.release_range(t, (i * PIECE) as u64, piece.len() as u64);
+            }
+            at += data.len();
         }
     }
     Ok(())

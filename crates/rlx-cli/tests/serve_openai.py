@@ -120,6 +120,9 @@ if full:
     assert metric("rlx_prefix_cache_hit_tokens_total") > 0
     # Prompt pieces are counted; a step computing prompts holds one or more of them.
     assert metric("rlx_prompt_pieces_total") >= metric("rlx_prefill_steps_total") > 0
+    # Step graphs: the load's, then one per new step shape, with the time they took.
+    assert metric("rlx_step_graphs_compiled_total") >= 2
+    assert metric("rlx_step_graph_compile_seconds_total") > 0
     # Models list.
     assert [m.id for m in client.models.list().data]
 

@@ -183,6 +183,8 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Graphs compiled for step shapes.
     pub compiles: u64,
+    /// Microseconds spent compiling step graphs while serving (the load's excluded).
+    pub compile_us: u64,
     /// The block pool's counters (prefix-cache hits).
     pub pool: PoolStats,
 }
@@ -746,6 +748,19 @@ impl Engine {
         Ok(events)
     }
 
+    /// Compile the step graph of `spec` (sharing the owner's weights and caches) and keep it
+    /// last, dropping the least recently used beyond [`KEEP_GRAPHS`].
+    fn compile(&mut self, spec: BatchSpec) -> Result<()> {
+        let g = build_batch(&self.config, &self.file, spec)?;
+        let compiled = self.session.try_compile_sharing(g, &self.graphs[0].1)?;
+        if self.graphs.len() > KEEP_GRAPHS {
+            self.graphs.remove(1);
+        }
+        self.graphs.push((spec, compiled));
+        self.stats.compiles += 1;
+        Ok(())
+    }
+
     /// Run the step graph of `spec` (compiling it the first time it is seen).
     fn run(
         &mut self,
@@ -765,13 +780,9 @@ impl Engine {
             }
             Some(i) => i,
             None => {
-                let g = build_batch(&self.config, &self.file, spec)?;
-                let compiled = self.session.try_compile_sharing(g, &self.graphs[0].1)?;
-                if self.graphs.len() > KEEP_GRAPHS {
-                    self.graphs.remove(1);
-                }
-                self.graphs.push((spec, compiled));
-                self.stats.compiles += 1;
+                let t0 = std::time::Instant::now();
+                self.compile(spec)?;
+                self.stats.compile_us += t0.elapsed().as_micros() as u64;
                 self.graphs.len() - 1
             }
         };

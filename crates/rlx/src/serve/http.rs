@@ -542,6 +542,18 @@ async fn metrics(State(s): State<Shared_>) -> impl IntoResponse {
         e.prefill_steps as f64,
     );
     put(
+        "rlx_step_graphs_compiled_total",
+        "counter",
+        "Step graphs compiled (one per new step shape; at load included).",
+        e.compiles as f64,
+    );
+    put(
+        "rlx_step_graph_compile_seconds_total",
+        "counter",
+        "Time spent compiling step graphs while serving.",
+        e.compile_us as f64 / 1e6,
+    );
+    put(
         "rlx_prompt_pieces_total",
         "counter",
         "Prompt pieces computed (several sequences' pieces may share a forward pass).",

@@ -62,6 +62,59 @@ fn reference(llm: &mut Llm, prompt: &[u32], n: usize) -> Vec<Tok> {
     out
 }
 
+/// A frequency and presence penalty through the engine as through `rlx generate`'s loop (the
+/// prompt's tokens recorded, then each sampled token once): the same tokens. (The engine used
+/// to record each generated token twice, doubling its count in the penalty.)
+#[test]
+fn penalized_sampling_matches_rlx_generate() {
+    let path = model();
+    let mut llm = Llm::load(&path, LoadOptions::default()).unwrap();
+    let cfg = SamplerConfig {
+        frequency_penalty: 1.5,
+        presence_penalty: 0.5,
+        repeat_last_n: 64,
+        ..SamplerConfig::greedy()
+    };
+    let prompt = llm
+        .tokenizer
+        .encode("One, two, three, one, two, three, one,", true, true);
+    let n = 24;
+    llm.reset();
+    let mut sampler = Sampler::new(cfg.clone());
+    for &t in &prompt {
+        sampler.accept(t);
+    }
+    let mut logits = llm.forward(&prompt).unwrap();
+    let mut want = Vec::new();
+    for _ in 0..n {
+        let t = sampler.sample(&mut logits);
+        if llm.tokenizer.is_eog(t) {
+            break;
+        }
+        want.push(t);
+        logits = llm.forward(&[t]).unwrap();
+    }
+    let mut engine = Engine::load(&path, EngineOptions::default()).unwrap();
+    let id = engine
+        .submit(
+            prompt,
+            GenParams {
+                max_tokens: n,
+                sampler: cfg,
+                ..GenParams::default()
+            },
+        )
+        .unwrap();
+    let mut got = Vec::new();
+    while engine.has_work() {
+        for e in engine.step().unwrap() {
+            assert_eq!(e.id, id);
+            got.extend(e.token);
+        }
+    }
+    assert_eq!(got, want);
+}
+
 /// Run every request to its end; tokens and finish reason by request, in submission order.
 fn run_all(engine: &mut Engine, prompts: &[Vec<u32>], n: usize) -> Vec<(Vec<Tok>, Finish)> {
     let ids: Vec<u64> = prompts

@@ -94,19 +94,35 @@ impl Sampler {
 
     /// Pick the next token from `logits` (modified in place by the penalty) and record it.
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        self.penalize(logits);
         let tok = self.choose(logits);
         self.accept(tok);
         tok
     }
 
-    fn choose(&mut self, logits: &mut [f32]) -> u32 {
-        let r = if self.cfg.temperature > 0.0 {
-            self.uniform()
-        } else {
-            0.0
-        };
+    /// Whether [`Sampler::sample`] changes the logits (a repeat, presence or frequency
+    /// penalty is set); when not, [`Sampler::sample_unchanged`] takes them as they are.
+    pub fn penalizes(&self) -> bool {
         let c = &self.cfg;
-        if c.repeat_penalty != 1.0 || c.presence_penalty != 0.0 || c.frequency_penalty != 0.0 {
+        c.repeat_penalty != 1.0 || c.presence_penalty != 0.0 || c.frequency_penalty != 0.0
+    }
+
+    /// [`Sampler::sample`] for a sampler that does not [penalize](Sampler::penalizes): the
+    /// same token, without a copy of the logits to modify; `None` (nothing sampled) for a
+    /// sampler that penalizes.
+    pub fn sample_unchanged(&mut self, logits: &[f32]) -> Option<u32> {
+        if self.penalizes() {
+            return None;
+        }
+        let tok = self.choose(logits);
+        self.accept(tok);
+        Some(tok)
+    }
+
+    /// Apply the penalties to `logits` in place (nothing when none is set).
+    fn penalize(&mut self, logits: &mut [f32]) {
+        let c = &self.cfg;
+        if self.penalizes() {
             // As llama.cpp's penalties sampler: each distinct recent token once, scaled by the
             // repeat penalty, then lowered by presence + frequency * count.
             let mut counts = std::collections::BTreeMap::new();
@@ -124,6 +140,15 @@ impl Sampler {
                 }
             }
         }
+    }
+
+    fn choose(&mut self, logits: &[f32]) -> u32 {
+        let r = if self.cfg.temperature > 0.0 {
+            self.uniform()
+        } else {
+            0.0
+        };
+        let c = &self.cfg;
         if c.temperature <= 0.0 {
             return argmax(logits);
         }
@@ -214,6 +239,36 @@ mod tests {
             "top-k 2 keeps tokens 0 and 2"
         );
         assert!(a.contains(&0) && a.contains(&2));
+    }
+
+    /// Sampling the logits as they are gives what sampling a copy gives, draw for draw, for
+    /// a sampler without penalties; one with a penalty is refused.
+    #[test]
+    fn sampling_without_a_copy_matches_sampling_a_copy() {
+        let logits: Vec<f32> = (0..50).map(|i| ((i * 37 % 11) as f32) * 0.3).collect();
+        for cfg in [
+            SamplerConfig::greedy(),
+            SamplerConfig {
+                temperature: 0.8,
+                top_k: 10,
+                top_p: 0.9,
+                seed: 3,
+                ..SamplerConfig::default()
+            },
+        ] {
+            let (mut a, mut b) = (Sampler::new(cfg.clone()), Sampler::new(cfg));
+            for _ in 0..100 {
+                assert_eq!(
+                    a.sample_unchanged(&logits),
+                    Some(b.sample(&mut logits.clone()))
+                );
+            }
+        }
+        let mut p = Sampler::new(SamplerConfig {
+            frequency_penalty: 0.5,
+            ..SamplerConfig::greedy()
+        });
+        assert!(p.penalizes() && p.sample_unchanged(&logits).is_none());
     }
 
     #[test]

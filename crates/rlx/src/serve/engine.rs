@@ -271,6 +271,10 @@ pub struct Engine {
     max_seq: usize,
     /// Step graphs by shape; the first holds the weights and the cache.
     graphs: Vec<(BatchSpec, CompiledGraph)>,
+    /// The last step's logits, their memory reused from step to step.
+    logits: Vec<f32>,
+    /// A sampled row's logits copied for a sampler that penalizes (modifies them).
+    penalized: Vec<f32>,
     pool: BlockPool,
     running: Vec<Seq>,
     waiting: VecDeque<Seq>,
@@ -325,6 +329,8 @@ impl Engine {
             pool: BlockPool::new(blocks, opts.block),
             opts,
             graphs: Vec::new(),
+            logits: Vec::new(),
+            penalized: Vec::new(),
             running: Vec::new(),
             waiting: VecDeque::new(),
             next_id: 0,
@@ -672,7 +678,7 @@ impl Engine {
             table.extend(std::iter::repeat_n(-1, m));
         }
         let logits = match self.run(spec, &tokens, &positions, &slots, &table, &last_rows) {
-            Ok(l) => l,
+            Ok(()) => std::mem::take(&mut self.logits),
             Err(e) => {
                 // Blocks were keyed before the step filled them (see `plan_pieces`).
                 self.pool.forget();
@@ -709,9 +715,16 @@ impl Engine {
         let mut done = Vec::new();
         for (i, r) in sampled {
             let raw = &logits[r * vocab..(r + 1) * vocab];
-            let mut l = raw.to_vec();
             let s = &mut self.running[i];
-            let tok = s.sampler.sample(&mut l);
+            // The logits as they are, unless a penalty is to modify them (then a copy).
+            let tok = match s.sampler.sample_unchanged(raw) {
+                Some(t) => t,
+                None => {
+                    self.penalized.clear();
+                    self.penalized.extend_from_slice(raw);
+                    s.sampler.sample(&mut self.penalized)
+                }
+            };
             if s.params.stop_at_eog && self.tokenizer.is_eog(tok) {
                 events.push(Event {
                     id: s.id,
@@ -722,7 +735,7 @@ impl Engine {
                 done.push(i);
                 continue;
             }
-            s.sampler.accept(tok);
+            // (`sample` has recorded the token for the penalties, as `rlx generate`'s does.)
             s.tokens.push(tok);
             self.stats.generated_tokens += 1;
             let full = s.generated() >= s.params.max_tokens || s.tokens.len() >= self.max_seq;
@@ -761,7 +774,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Run the step graph of `spec` (compiling it the first time it is seen).
+    /// Run the step graph of `spec` (compiling it the first time it is seen), its logits into
+    /// `self.logits`.
     fn run(
         &mut self,
         spec: BatchSpec,
@@ -770,7 +784,7 @@ impl Engine {
         slots: &[i32],
         table: &[i32],
         last_rows: &[i32],
-    ) -> Result<Vec<f32>> {
+    ) -> Result<()> {
         let i = match self.graphs.iter().position(|(s, _)| *s == spec) {
             // Most recently used last (the weights' owner stays first).
             Some(i) if i > 0 => {
@@ -803,8 +817,9 @@ impl Engine {
         if spec.prefill > 0 {
             inputs.push(("last_rows", &last_rows[..], DType::I32));
         }
-        let out = self.graphs[i].1.try_run_typed_f32(&inputs)?;
-        Ok(out.into_iter().next().expect("one output"))
+        self.graphs[i]
+            .1
+            .try_run_typed_f32_into(&inputs, &mut self.logits)
     }
 }
 

@@ -1091,6 +1091,12 @@ unsafe fn sum_lanes8(h: &[std::arch::x86_64::__m256; 8]) -> std::arch::x86_64::_
 /// Sum the 64 lane rows `acc[l * dv..]` (live: `lo..hi`) into row 0 in [`reduce64`]'s order,
 /// for every column at once; rows outside `lo..hi` count as zero.
 fn reduce_lanes(acc: &mut [f32], dv: usize, lo: usize, hi: usize, simd: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if simd && lo == 0 && hi == LANES {
+        // SAFETY: `simd` is set only when the CPU has AVX2; `acc` holds the 64 rows.
+        unsafe { reduce_all_lanes(acc, dv) };
+        return;
+    }
     // Adding a zero row is a copy.
     let mut live: [bool; LANES] = std::array::from_fn(|l| (lo..hi).contains(&l));
     let mut combine = |dst: usize, a: usize, b: usize| {
@@ -1130,6 +1136,53 @@ fn reduce_lanes(acc: &mut [f32], dv: usize, lo: usize, hi: usize, simd: bool) {
     combine(0, 2, 0);
     combine(1, 3, 1);
     combine(0, 0, 1);
+}
+
+/// [`reduce_lanes`] when every lane row is live (a range of 64 positions or more): the same
+/// sums in the same order — rows `l + 32`, `l + 16`, `l + 48` into `l`, then `l + 8`, `l + 4`,
+/// `2`, `3` and `1` — taken eight columns at a time in registers, each lane row read once
+/// instead of every partial sum being stored and read back.
+///
+/// # Safety
+/// The CPU has AVX; `acc` holds `64 * dv` floats.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn reduce_all_lanes(acc: &mut [f32], dv: usize) {
+    use std::arch::x86_64::*;
+    let p = acc.as_mut_ptr();
+    let mut c = 0;
+    while c + 8 <= dv {
+        macro_rules! row {
+            ($l:expr) => {
+                _mm256_loadu_ps(p.add(($l) * dv + c))
+            };
+        }
+        // Lane rows q, q + 32, q + 16 and q + 48 summed as the first level sums them.
+        macro_rules! quad {
+            ($q:expr) => {
+                _mm256_add_ps(
+                    _mm256_add_ps(row!($q), row!($q + 32)),
+                    _mm256_add_ps(row!($q + 16), row!($q + 48)),
+                )
+            };
+        }
+        let mut e = [_mm256_setzero_ps(); 4];
+        for (l, e) in e.iter_mut().enumerate() {
+            let d = _mm256_add_ps(quad!(l + 8), quad!(l));
+            let d4 = _mm256_add_ps(quad!(l + 12), quad!(l + 4));
+            *e = _mm256_add_ps(d4, d);
+        }
+        let (f0, f1) = (_mm256_add_ps(e[2], e[0]), _mm256_add_ps(e[3], e[1]));
+        _mm256_storeu_ps(p.add(c), _mm256_add_ps(f0, f1));
+        c += 8;
+    }
+    for c in c..dv {
+        let r = |l: usize| *p.add(l * dv + c);
+        let quad = |q: usize| (r(q) + r(q + 32)) + (r(q + 16) + r(q + 48));
+        let e: [f32; 4] =
+            std::array::from_fn(|l| (quad(l + 12) + quad(l + 4)) + (quad(l + 8) + quad(l)));
+        *p.add(c) = (e[2] + e[0]) + (e[3] + e[1]);
+    }
 }
 
 /// `x[d] = y[d] + z[d]` for `d < n` (`y[d] + 0.0` without `z`), eight at a time with AVX.
@@ -1440,6 +1493,33 @@ fn dense_caches(info: &NodeInfo<'_>) -> Result<()> {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+
+    /// The all-lanes reduction in registers is bit for bit the row-by-row one, with and
+    /// without leftover columns, on values of mixed magnitudes.
+    #[test]
+    fn all_lanes_reduced_in_registers_equal_row_by_row() {
+        if !crate::isa::avx2() {
+            return;
+        }
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        for dv in [64usize, 12, 256] {
+            let acc: Vec<f32> = (0..LANES * dv)
+                .map(|_| {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let unit = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+                    unit * 2f32.powi(((seed >> 20) % 24) as i32 - 12)
+                })
+                .collect();
+            let (mut fast, mut slow) = (acc.clone(), acc);
+            reduce_lanes(&mut fast, dv, 0, LANES, true);
+            reduce_lanes(&mut slow, dv, 0, LANES, false);
+            for d in 0..dv {
+                assert_eq!(fast[d].to_bits(), slow[d].to_bits(), "dv {dv} column {d}");
+            }
+        }
+    }
 
     /// Eight registers' lane sums taken at once are bit for bit each register's sum alone, on
     /// values of mixed magnitudes (whose sums round differently when the pairs change).

@@ -204,20 +204,11 @@ unsafe fn at(rows: Rows, i: usize) -> f32 {
 /// queries every product is exact in f32, so only this order decides the rounding.
 ///
 /// # Safety
-/// The row lies inside the buffer; `simd` only when the CPU has AVX2, FMA and F16C.
+/// The row lies inside the buffer.
 #[inline]
-unsafe fn row_dot(q: &[f32], rows: Rows, off: usize, simd: bool) -> f32 {
-    let n = q.len();
-    let full = n / LANES * LANES;
-    #[cfg(target_arch = "x86_64")]
-    let blocks = if simd {
-        row_dot_avx2(&q[..full], rows, off)
-    } else {
-        row_dot_blocks(&q[..full], rows, off)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let blocks = row_dot_blocks(&q[..full], rows, off);
-    let mut s = blocks as f64;
+unsafe fn row_dot(q: &[f32], rows: Rows, off: usize) -> f32 {
+    let full = q.len() / LANES * LANES;
+    let mut s = row_dot_blocks(&q[..full], rows, off) as f64;
     for (d, x) in q.iter().enumerate().skip(full) {
         s += (x * at(rows, off + d)) as f64;
     }
@@ -243,69 +234,9 @@ unsafe fn row_dot_blocks(q: &[f32], rows: Rows, off: usize) -> f32 {
 /// # Safety
 /// As [`row_dot`].
 #[inline]
-unsafe fn row_axpy(acc: &mut [f32], w: f32, rows: Rows, off: usize, simd: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if simd {
-        return row_axpy_avx2(acc, w, rows, off);
-    }
-    let _ = simd;
+unsafe fn row_axpy(acc: &mut [f32], w: f32, rows: Rows, off: usize) {
     for (d, a) in acc.iter_mut().enumerate() {
         *a += w * at(rows, off + d);
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load8(rows: Rows, at: usize) -> std::arch::x86_64::__m256 {
-    use std::arch::x86_64::*;
-    match rows {
-        Rows::F16(p) => _mm256_cvtph_ps(_mm_loadu_si128(p.add(at) as *const __m128i)),
-        Rows::F32(p) => _mm256_loadu_ps(p.add(at)),
-    }
-}
-
-/// [`row_dot_blocks`] with AVX2: the 64 lanes in eight registers, reduced in registers in
-/// [`reduce64`]'s order.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn row_dot_avx2(q: &[f32], rows: Rows, off: usize) -> f32 {
-    use std::arch::x86_64::*;
-    let mut a = [_mm256_setzero_ps(); LANES / 8];
-    for b in (0..q.len()).step_by(LANES) {
-        for (m, am) in a.iter_mut().enumerate() {
-            *am = _mm256_fmadd_ps(
-                _mm256_loadu_ps(q.as_ptr().add(b + 8 * m)),
-                load8(rows, off + b + 8 * m),
-                *am,
-            );
-        }
-    }
-    // Register m holds lanes 8m..8m+8: lanes l and l + 32 are registers m and m + 4, l + 16 is m + 2.
-    let x0 = _mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6]));
-    let x1 = _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7]));
-    let h = _mm256_add_ps(x1, x0);
-    let q4 = _mm_add_ps(_mm256_extractf128_ps(h, 1), _mm256_castps256_ps128(h));
-    let q2 = _mm_add_ps(q4, _mm_movehl_ps(q4, q4));
-    _mm_cvtss_f32(_mm_add_ss(q2, _mm_shuffle_ps(q2, q2, 1)))
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn row_axpy_avx2(acc: &mut [f32], w: f32, rows: Rows, off: usize) {
-    use std::arch::x86_64::*;
-    let n = acc.len();
-    let wv = _mm256_set1_ps(w);
-    let mut d = 0;
-    while d + 8 <= n {
-        let a = acc.as_mut_ptr().add(d);
-        _mm256_storeu_ps(
-            a,
-            _mm256_fmadd_ps(wv, load8(rows, off + d), _mm256_loadu_ps(a)),
-        );
-        d += 8;
-    }
-    for (i, a) in acc.iter_mut().enumerate().skip(d) {
-        *a += w * at(rows, off + i);
     }
 }
 
@@ -327,23 +258,6 @@ fn exp_blocks(sc: &mut [f32], first: usize, last: usize, max: f32) -> f64 {
         b += 16;
     }
     sum
-}
-
-/// [`exp_blocks`] compiled with FMA (its exponential uses fused multiply-adds).
-fn exp_blocks_fast(sc: &mut [f32], first: usize, last: usize, max: f32, simd: bool) -> f64 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn fma(sc: &mut [f32], first: usize, last: usize, max: f32) -> f64 {
-            exp_blocks(sc, first, last, max)
-        }
-        if simd {
-            // SAFETY: `simd` is set only when the CPU has AVX2 and FMA.
-            return unsafe { fma(sc, first, last, max) };
-        }
-    }
-    let _ = simd;
-    exp_blocks(sc, first, last, max)
 }
 
 /// Attention of a few queries over the cache, one query and one head per task (with AVX-512,

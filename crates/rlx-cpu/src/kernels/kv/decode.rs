@@ -183,7 +183,7 @@ impl PerQuery {
                 let mut mx = f32::NEG_INFINITY;
                 for (j, s) in sc.iter_mut().enumerate().take(last + 1).skip(first) {
                     *s = match kpos(j) {
-                        Some(at) => row_dot(qv, kr, at, simd) * scale,
+                        Some(at) => row_dot(qv, kr, at) * scale,
                         None => f32::NEG_INFINITY,
                     };
                     mx = mx.max(*s);
@@ -192,12 +192,12 @@ impl PerQuery {
                     zero(h);
                     continue;
                 }
-                let inv = (1.0 / exp_blocks_fast(sc, first, last, mx, simd)) as f32;
+                let inv = (1.0 / exp_blocks(sc, first, last, mx)) as f32;
                 acc[lo * dv..hi * dv].fill(0.0);
                 for (j, &e) in sc.iter().enumerate().take(last + 1).skip(first) {
                     let Some(at) = vpos(j) else { continue };
                     let lane = &mut acc[(j % LANES) * dv..][..dv];
-                    row_axpy(lane, round_to(cdt, e * inv), vr, at, simd);
+                    row_axpy(lane, round_to(cdt, e * inv), vr, at);
                 }
                 finish(h, acc);
             }

@@ -332,11 +332,7 @@ fn half_suite(o: &Opts) {
                 rs: n,
                 cs: 1,
             };
-            let mh = |p: *const u8| HMat {
-                ptr: p as *const u16,
-                rs: n,
-                cs: 1,
-            };
+            let mh = |p: *const u8| HMat::strided(p as *const u16, n, 1);
             let reps = if n >= 2048 {
                 o.reps.clamp(1, 2)
             } else {

@@ -9,6 +9,7 @@
 //! 45 ms of compile went to zeroing weight buffers that loading then overwrote).
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::sync::Arc;
 
 /// An aligned byte buffer.
 pub struct Buffer {
@@ -16,6 +17,8 @@ pub struct Buffer {
     len: usize,
     /// The whole mapping (start, length) when the buffer is an anonymous mapping.
     map: Option<(*mut u8, usize)>,
+    /// The buffer this one is a part of (see [`Buffer::part`]), kept alive by it.
+    owner: Option<Arc<Buffer>>,
 }
 
 // SAFETY: a plain owned allocation.
@@ -40,6 +43,7 @@ impl Buffer {
                 ptr: ALIGN as *mut u8,
                 len: 0,
                 map: None,
+                owner: None,
             };
         }
         #[cfg(target_os = "linux")]
@@ -58,6 +62,29 @@ impl Buffer {
             ptr,
             len,
             map: None,
+            owner: None,
+        }
+    }
+
+    /// Bytes `offset..offset + len` of `whole` as a buffer of their own, which keeps `whole`
+    /// alive. Many small buffers carved from one large one share its huge pages: a compile puts
+    /// all its weights in one (each weight matrix of a small model is under 2 MiB, and a GEMM
+    /// streaming one from normal pages walks the page table for every few rows it reads).
+    ///
+    /// # Panics
+    /// If the range is not inside `whole` or `offset` is not a multiple of 64.
+    pub fn part(whole: &Arc<Buffer>, offset: usize, len: usize) -> Buffer {
+        assert!(
+            offset.is_multiple_of(ALIGN) && offset.checked_add(len).is_some_and(|e| e <= whole.len),
+            "part {offset}+{len} of a {}-byte buffer",
+            whole.len
+        );
+        Buffer {
+            // SAFETY: inside `whole` (checked above).
+            ptr: unsafe { whole.ptr.add(offset) },
+            len,
+            map: None,
+            owner: Some(whole.clone()),
         }
     }
 
@@ -86,6 +113,7 @@ impl Buffer {
                 ptr: base as *mut u8,
                 len,
                 map: Some((base as *mut u8, map_len)),
+                owner: None,
             });
         }
         let ptr = (base as usize).next_multiple_of(HUGE) as *mut u8;
@@ -96,6 +124,7 @@ impl Buffer {
             ptr,
             len,
             map: Some((base as *mut u8, map_len)),
+            owner: None,
         })
     }
 
@@ -125,6 +154,10 @@ impl Buffer {
 
 impl Drop for Buffer {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            // A part: the whole buffer is freed with its last part.
+            return;
+        }
         #[cfg(target_os = "linux")]
         if let Some((base, map_len)) = self.map {
             // SAFETY: the mapping made in `mapped`, unmapped once.
@@ -173,5 +206,30 @@ mod tests {
             // SAFETY: `c` holds `len` bytes.
             assert_eq!(unsafe { std::slice::from_raw_parts(c.ptr(), len) }, &s[..]);
         }
+    }
+
+    /// Parts of one buffer are disjoint views that keep it alive after it is dropped, and
+    /// a range outside it is refused.
+    #[test]
+    fn parts_share_the_whole_and_keep_it_alive() {
+        let whole = Arc::new(Buffer::zeroed(3 << 20));
+        let a = Buffer::part(&whole, 0, 1 << 20);
+        let b = Buffer::part(&whole, 1 << 20, (2 << 20) - 64);
+        drop(whole);
+        // SAFETY: each part holds its length in bytes.
+        unsafe {
+            std::ptr::write_bytes(a.ptr(), 1, a.len());
+            std::ptr::write_bytes(b.ptr(), 2, b.len());
+            assert!(std::slice::from_raw_parts(a.ptr(), a.len())
+                .iter()
+                .all(|&x| x == 1));
+            assert!(std::slice::from_raw_parts(b.ptr(), b.len())
+                .iter()
+                .all(|&x| x == 2));
+        }
+        assert_eq!(b.ptr() as usize - a.ptr() as usize, 1 << 20);
+        let whole = Arc::new(Buffer::zeroed(4096));
+        assert!(std::panic::catch_unwind(|| Buffer::part(&whole, 64, 4096)).is_err());
+        assert!(std::panic::catch_unwind(|| Buffer::part(&whole, 8, 16)).is_err());
     }
 }

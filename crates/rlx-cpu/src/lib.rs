@@ -50,6 +50,10 @@ impl Backend for CpuBackend {
         program::fuses(graph, id, kind)
     }
 
+    fn param_panels(&self) -> usize {
+        kernels::gemm::half::PANEL
+    }
+
     fn compile(&self, graph: &Graph, opts: &CompileOptions) -> Result<Box<dyn Executable>> {
         let threads = opts.threads.unwrap_or_else(default_threads);
         Ok(Box::new(program::lower(graph, &opts.plan, threads, None)?))

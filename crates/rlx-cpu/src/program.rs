@@ -6,8 +6,9 @@ use crate::kernels::{self, Kernel, Lowered, NodeInfo, Ptr, TRef};
 use crate::layout::{Layout, MAX_RANK};
 use crate::pool::Pool;
 use kernels::fused::RegionProgram;
+use kernels::gemm::half::PANEL;
 use rlx_driver::{Executable, IoSlot};
-use rlx_ir::{DType, Error, FusionKind, Graph, NodeId, Op, Result};
+use rlx_ir::{DType, Error, FusionKind, Graph, NodeId, Op, Result, Shape};
 use rlx_opt::{plan_memory, BufferRequest, LoweringOptions, LoweringPlan, Skip};
 use std::sync::Arc;
 
@@ -44,6 +45,8 @@ pub struct Program {
     outputs: Vec<IoSlot>,
     input_ptrs: Vec<Ptr>,
     param_bufs: Vec<Arc<Buffer>>,
+    /// `[k, n]` of each param stored in column panels (the plan's `panel_params`), else `None`.
+    param_panels: Vec<Option<[usize; 2]>>,
     output_refs: Vec<TRef>,
     // Owned storage the kernels point into; kept alive (and unmoved) for the program's lifetime.
     _arena: Buffer,
@@ -134,7 +137,11 @@ pub fn prepare(
     fuse: bool,
     updates: &[(String, usize)],
 ) -> Result<(Graph, LoweringPlan)> {
-    let mut options = LoweringOptions::default().with_env();
+    let mut options = LoweringOptions {
+        param_panels: kernels::gemm::half::PANEL,
+        ..LoweringOptions::default()
+    }
+    .with_env();
     options.fusion.elementwise &= fuse;
     rlx_opt::prepare(g, &options, &fuses, updates)
 }
@@ -261,6 +268,41 @@ fn output_layout(plan: &LoweringPlan, id: NodeId, dims: &[usize]) -> Layout {
     Layout::contiguous(&transposed).permute(&inverse)
 }
 
+/// The runs of bytes `range` of a param (row-major, as users see it) as it is stored: calls
+/// `f(logical, stored, len)` for each run contiguous in both. A plain param is one run; one
+/// stored in column panels (`[k, n]` of 2-byte elements, see [`HMat::panels`]) a run per
+/// panel row.
+///
+/// [`HMat::panels`]: kernels::gemm::half::HMat::panels
+fn stored_runs(
+    panels: Option<[usize; 2]>,
+    range: std::ops::Range<usize>,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    let Some([k, n]) = panels else {
+        if !range.is_empty() {
+            f(range.start, range.start, range.len());
+        }
+        return;
+    };
+    const E: usize = 2;
+    let mut at = range.start;
+    while at < range.end {
+        let (r, c) = (at / E / n, at / E % n);
+        let end = ((r * n + (c / PANEL + 1) * PANEL) * E).min(range.end);
+        f(
+            at,
+            kernels::gemm::half::panel_offset(k, r, c) * E + at % E,
+            end - at,
+        );
+        at = end;
+    }
+}
+
+/// Params adding up to this many bytes or more share one buffer (in huge pages, see
+/// [`Buffer::part`]); fewer get a buffer each.
+const PARAM_SLAB_MIN: usize = 2 << 20;
+
 /// Lower `g` (verified, decomposed to what [`kernels::supports`] runs) with the decisions of
 /// `plan` for `threads` threads; params with the same name and shape as a param of `share` use
 /// that param's storage (see `Backend::compile_sharing`).
@@ -275,6 +317,7 @@ pub fn lower(
     let mut reqs: Vec<BufferRequest> = Vec::new();
     let mut consts: Vec<Buffer> = Vec::new();
     let mut param_bufs: Vec<Arc<Buffer>> = Vec::new();
+    let mut param_panels: Vec<Option<[usize; 2]>> = Vec::new();
     let (mut inputs, mut params) = (Vec::new(), Vec::new());
     let mut input_reqs = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
@@ -283,6 +326,22 @@ pub fn lower(
     // Profile name and description of each chain step, by node.
     let mut chain_steps: std::collections::HashMap<usize, (&'static str, String)> =
         Default::default();
+    // The params this program owns (not shared with `share`) live in one buffer when they add
+    // up to a huge page or more, each at a multiple of 64 bytes (see `Buffer::part`).
+    let shared_param = |name: &str, shape: &Shape| {
+        share.is_some_and(|p| p.params.iter().any(|s| s.name == name && s.shape == *shape))
+    };
+    let mut slab_len = 0usize;
+    for id in g.ids() {
+        let n = g.node(id);
+        if let (Op::Param { name }, Some(bytes)) = (&n.op, n.shape.size_bytes()) {
+            if !shared_param(name, &n.shape) {
+                slab_len += bytes.next_multiple_of(64);
+            }
+        }
+    }
+    let slab = (slab_len >= PARAM_SLAB_MIN).then(|| Arc::new(Buffer::zeroed(slab_len)));
+    let mut slab_used = 0usize;
     for id in g.ids() {
         if let Some(v) = computed.remove(&id.index()) {
             vals.push(v);
@@ -322,14 +381,58 @@ pub fn lower(
                     name: name.clone(),
                     shape: node.shape.clone(),
                 });
-                let shared = share.and_then(|p| {
+                let panels = match plan.panels(id) {
+                    None => None,
+                    Some(w) if w == PANEL && dims.len() == 2 && dims[1] % PANEL == 0 => {
+                        Some([dims[0], dims[1]])
+                    }
+                    Some(w) => {
+                        return Err(Error::Invalid(format!(
+                            "param \"{name}\" ({}): the plan stores it in panels of {w} \
+                             columns; the CPU backend's are {PANEL} wide and need a 2-D \
+                             param whose columns are a multiple of that",
+                            node.shape
+                        )))
+                    }
+                };
+                param_panels.push(panels);
+                let shared = match share.and_then(|p| {
                     let i = p
                         .params
                         .iter()
                         .position(|s| s.name == *name && s.shape == node.shape)?;
-                    Some(p.param_bufs[i].clone())
-                });
-                param_bufs.push(shared.unwrap_or_else(|| Arc::new(Buffer::zeroed(bytes))));
+                    Some((p, i))
+                }) {
+                    Some((p, i)) if p.param_panels[i] != panels => {
+                        let how = |x: Option<[usize; 2]>| {
+                            if x.is_some() {
+                                "in column panels"
+                            } else {
+                                "row-major"
+                            }
+                        };
+                        return Err(Error::Invalid(format!(
+                            "param \"{name}\" ({}) is stored {} in the program it shares \
+                             storage with but {} here (it is read other than as the right \
+                             operand of products in one of them); set RLX_PARAM_PANELS=0 to \
+                             store every param row-major",
+                            node.shape,
+                            how(p.param_panels[i]),
+                            how(panels)
+                        )));
+                    }
+                    Some((p, i)) => Some(p.param_bufs[i].clone()),
+                    None => None,
+                };
+                let mut own = || match &slab {
+                    Some(whole) if slab_used + bytes <= whole.len() => {
+                        let b = Buffer::part(whole, slab_used, bytes);
+                        slab_used += bytes.next_multiple_of(64);
+                        b
+                    }
+                    _ => Buffer::zeroed(bytes),
+                };
+                param_bufs.push(shared.unwrap_or_else(|| Arc::new(own())));
                 Val {
                     buf: Buf::Param(param_bufs.len() - 1),
                     layout: dense,
@@ -443,6 +546,11 @@ pub fn lower(
                     dims: dims.clone(),
                     threads,
                     zeros: tri(plan.skip(id)),
+                    b_panels: matches!(node.op, Op::MatMul)
+                        && node
+                            .inputs
+                            .get(1)
+                            .is_some_and(|&b| plan.panels(b).is_some()),
                 };
                 match kernels::lower(&info)? {
                     Lowered::View { src, layout } => {
@@ -637,6 +745,7 @@ pub fn lower(
         outputs,
         input_ptrs,
         param_bufs,
+        param_panels,
         output_refs,
         arena_bytes: mem.arena_size,
         in_place_updates: donated,
@@ -742,8 +851,7 @@ impl Executable for Program {
             b.len(),
             "param byte length checked by the runtime"
         );
-        // SAFETY: the param buffer has exactly `b.len()` bytes.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.ptr(), b.len()) };
+        self.write_param_range(idx, 0, bytes);
     }
 
     fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
@@ -752,14 +860,24 @@ impl Executable for Program {
             offset + bytes.len() <= b.len(),
             "param range checked by the runtime"
         );
-        // SAFETY: the range lies inside the param buffer.
-        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), b.ptr().add(offset), bytes.len()) };
+        // SAFETY: every run lies inside the param buffer (the range is checked above and a
+        // panel layout is a permutation of the buffer's elements).
+        stored_runs(
+            self.param_panels[idx],
+            offset..offset + bytes.len(),
+            |at, to, len| unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr().add(at - offset), b.ptr().add(to), len)
+            },
+        );
     }
 
     fn read_param(&self, idx: usize, out: &mut [u8]) {
         let b = &self.param_bufs[idx];
-        // SAFETY: lengths checked by the caller; `out.len() == b.len()`.
-        unsafe { std::ptr::copy_nonoverlapping(b.ptr(), out.as_mut_ptr(), b.len().min(out.len())) };
+        let len = b.len().min(out.len());
+        // SAFETY: as in `write_param_range`; `out` holds `len` bytes.
+        stored_runs(self.param_panels[idx], 0..len, |at, from, n| unsafe {
+            std::ptr::copy_nonoverlapping(b.ptr().add(from), out.as_mut_ptr().add(at), n)
+        });
     }
 
     fn execute(&mut self) {
@@ -787,7 +905,7 @@ impl Executable for Program {
     fn assign_param(&mut self, param: usize, output: usize) {
         let src = self.output_refs[output];
         let dst = &self.param_bufs[param];
-        if src.ptr.0 == dst.ptr() {
+        if src.ptr.0 == dst.ptr() || self.param_panels[param].is_some() {
             if src.layout.is_contiguous() && src.layout.offset == 0 {
                 return; // the output is the param itself
             }

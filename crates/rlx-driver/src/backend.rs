@@ -45,6 +45,13 @@ pub trait Backend: Send + Sync {
         let _ = (graph, id, kind);
         false
     }
+    /// The column-panel width in which this backend wants 2-D bf16 weights stored when they
+    /// are read only as the right operand of products (the compiler decides which, see
+    /// `rlx_opt::plan::panel_params`; the executable converts when params are set and read).
+    /// The default, 0, keeps every param row-major.
+    fn param_panels(&self) -> usize {
+        0
+    }
     /// Compile a verified, optimized graph with static shapes.
     fn compile(&self, graph: &Graph, opts: &CompileOptions) -> Result<Box<dyn Executable>>;
 

@@ -252,6 +252,7 @@ impl Session {
             updates.iter().map(|&(p, o)| (p.to_string(), o)).collect();
         let mut lowering = LoweringOptions::default();
         lowering.fusion.elementwise &= self.optimize;
+        lowering.param_panels = backend.param_panels();
         let b = backend.clone();
         let accepts = move |g: &Graph, id, kind| b.fuses(g, id, kind);
         let (graph, plan) =

@@ -114,6 +114,7 @@ impl Packed {
     }
 }
 
+/// `b_panels`: B is a `[k, n]` param stored in column panels (half-precision products only).
 fn packed_matmul(
     a: TRef,
     b: TRef,
@@ -121,6 +122,7 @@ fn packed_matmul(
     scratch: Ptr,
     threads: usize,
     kind: Packed,
+    b_panels: bool,
 ) -> Box<dyn Kernel> {
     let full = !matches!(kind, Packed::F32(z) if z != gemm::Tri::Full);
     if let Some(fa) = fold_batches(&a.layout, &b.layout, &out.layout).filter(|_| full) {
@@ -129,7 +131,15 @@ fn packed_matmul(
         let a2 = TRef { layout: fa, ..a };
         let mut ol = Layout::contiguous(&[rows, n]);
         ol.offset = out.layout.offset;
-        return packed_matmul(a2, b, TRef { layout: ol, ..out }, scratch, threads, kind);
+        return packed_matmul(
+            a2,
+            b,
+            TRef { layout: ol, ..out },
+            scratch,
+            threads,
+            kind,
+            b_panels,
+        );
     }
     let (m, n, k, ars, acs, brs, bcs) = mnk(&a.layout, &b.layout);
     // Rows of C may be further apart than `n` (an output laid out for a transpose that
@@ -169,18 +179,12 @@ fn packed_matmul(
                     }
                 }
                 Packed::Half(h) => {
-                    let (am, bm) = (
-                        HMat {
-                            ptr: a.base::<u16>().add(i),
-                            rs: ars,
-                            cs: acs,
-                        },
-                        HMat {
-                            ptr: b.base::<u16>().add(j),
-                            rs: brs,
-                            cs: bcs,
-                        },
-                    );
+                    let am = HMat::strided(a.base::<u16>().add(i), ars, acs);
+                    let bm = if b_panels {
+                        HMat::panels(b.base::<u16>().add(j), k)
+                    } else {
+                        HMat::strided(b.base::<u16>().add(j), brs, bcs)
+                    };
                     gemm::half::hgemm(p, h, m, n, k, am, bm, out.base::<u16>().add(o), ldc, ps)
                 }
             }
@@ -250,6 +254,13 @@ fn int_matmul<T: Elem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
 pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     let dt = info.dtype();
     let threads = info.threads;
+    let b_panels = info.b_panels;
+    if b_panels && !(matches!(dt, DType::BF16 | DType::F16) && info.ins[1].rank() == 2) {
+        return Err(info.unsupported(format!(
+            "a right operand stored in column panels must be a 2-D bf16 / f16 param, not {dt} {:?}",
+            info.ins[1].dims()
+        )));
+    }
     if let Some(kind) = Packed::of(dt, info.zeros) {
         let (a, b) = (&info.ins[0], &info.ins[1]);
         let (m, k, n) = (
@@ -266,7 +277,9 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             .max(kind.scratch(m, n, k, 1) * threads);
         return Ok(Lowered::Compute {
             scratch,
-            build: Box::new(move |i, o, s| packed_matmul(i[0], i[1], o, s, threads, kind)),
+            build: Box::new(move |i, o, s| {
+                packed_matmul(i[0], i[1], o, s, threads, kind, b_panels)
+            }),
         });
     }
     let ok = with_dtype!(dt, T => { let _ = std::marker::PhantomData::<T>; dt != DType::Bool }, else false);

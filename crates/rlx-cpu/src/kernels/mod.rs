@@ -124,6 +124,9 @@ pub struct NodeInfo<'a> {
     /// For a MatMul: where an operand is known to be zero (causal attention), so the GEMM may
     /// skip those depths; [`gemm::Tri::Full`] otherwise.
     pub zeros: gemm::Tri,
+    /// For a MatMul: its right operand is a param stored in column panels
+    /// ([`gemm::half::HMat::panels`], the plan's `panel_params`).
+    pub b_panels: bool,
 }
 
 impl NodeInfo<'_> {

@@ -42,7 +42,8 @@ impl Half {
     }
 }
 
-/// A strided half-precision matrix operand (bits of each element).
+/// A strided half-precision matrix operand (bits of each element), optionally stored in
+/// column panels.
 #[derive(Clone, Copy, Debug)]
 pub struct HMat {
     /// Element (0, 0).
@@ -51,6 +52,62 @@ pub struct HMat {
     pub rs: usize,
     /// Column stride (elements).
     pub cs: usize,
+    /// 0 for a plain strided matrix. Otherwise the matrix is stored in panels of [`PANEL`]
+    /// columns, this many elements apart: element `(r, c)` is at
+    /// `ptr + (c / PANEL) * panel + r * rs + (c % PANEL) * cs`. A weight read as the right
+    /// operand of products is stored so (see [`panel_offset`]): the dot path then streams each
+    /// panel as one contiguous run instead of one cache line per row, a page apart.
+    pub panel: usize,
+}
+
+impl HMat {
+    /// A plain strided matrix.
+    pub fn strided(ptr: *const u16, rs: usize, cs: usize) -> HMat {
+        HMat {
+            ptr,
+            rs,
+            cs,
+            panel: 0,
+        }
+    }
+
+    /// A `rows`-row matrix stored in column panels (`rows × PANEL` elements each, row-major).
+    pub fn panels(ptr: *const u16, rows: usize) -> HMat {
+        HMat {
+            ptr,
+            rs: PANEL,
+            cs: 1,
+            panel: rows * PANEL,
+        }
+    }
+
+    /// The matrix from column `j` on (a multiple of [`PANEL`] when stored in panels).
+    ///
+    /// # Safety
+    /// Column `j` lies inside the matrix (or is its end).
+    pub unsafe fn from_col(self, j: usize) -> HMat {
+        if self.panel == 0 {
+            return HMat {
+                ptr: self.ptr.add(j * self.cs),
+                ..self
+            };
+        }
+        debug_assert!(j.is_multiple_of(PANEL));
+        HMat {
+            ptr: self.ptr.add(j / PANEL * self.panel),
+            ..self
+        }
+    }
+}
+
+/// Columns per panel of a weight stored in column panels: the width of the dot path's
+/// micro-tile.
+pub const PANEL: usize = NR;
+
+/// Where element `(r, c)` of a `k × n` row-major matrix goes when it is stored in column panels
+/// ([`HMat::panels`]; `n` a multiple of [`PANEL`]): in elements from the start.
+pub fn panel_offset(k: usize, r: usize, c: usize) -> usize {
+    c / PANEL * (k * PANEL) + r * PANEL + c % PANEL
 }
 
 /// Which kernel a half-precision product runs.
@@ -232,11 +289,7 @@ unsafe fn dot_gemm(
             };
             dot_serial(e - s, n, k, a, j.b, j.c.add(s * ldc), ldc, buf);
         } else {
-            let b = HMat {
-                ptr: j.b.ptr.add(s * j.b.cs),
-                ..j.b
-            };
-            dot_serial(m, e - s, k, j.a, b, j.c.add(s), ldc, buf);
+            dot_serial(m, e - s, k, j.a, j.b.from_col(s), j.c.add(s), ldc, buf);
         }
     });
 }
@@ -265,15 +318,7 @@ unsafe fn dot_serial(
     while jc < n {
         let nc = if direct { n } else { (n - jc).min(nc_b) };
         if !direct {
-            x86::pack_b_pairs(
-                k,
-                nc,
-                HMat {
-                    ptr: b.ptr.add(jc * b.cs),
-                    ..b
-                },
-                pb,
-            );
+            x86::pack_b_pairs(k, nc, b.from_col(jc), pb);
         }
         let mut ic = 0;
         while ic < m {
@@ -306,7 +351,7 @@ unsafe fn dot_serial(
                     let (pa, pc) = (pa.add(ir * kp), c.add((ic + ir) * ldc + jc + jr));
                     if direct {
                         // Exactly as many rows of multiply-adds as the tile has.
-                        let pb = b.ptr.add(jr);
+                        let pb = b.from_col(jr).ptr;
                         macro_rules! tile {
                             ($($r:literal)*) => {
                                 match rows {
@@ -452,6 +497,23 @@ unsafe fn widen_gemm(
 
 /// Widen a strided `rows×cols` half matrix into a dense row-major f32 one.
 unsafe fn widen(dt: Half, rows: usize, cols: usize, x: HMat, dst: *mut f32) {
+    if x.panel != 0 {
+        // Panel by panel, each a plain strided matrix of up to `PANEL` columns, into its
+        // columns of `dst` (rows `cols` apart).
+        let mut t = vec![0f32; rows * PANEL];
+        for j in (0..cols).step_by(PANEL) {
+            let w = (cols - j).min(PANEL);
+            let p = HMat {
+                panel: 0,
+                ..x.from_col(j)
+            };
+            widen(dt, rows, w, p, t.as_mut_ptr());
+            for i in 0..rows {
+                std::ptr::copy_nonoverlapping(t.as_ptr().add(i * w), dst.add(i * cols + j), w);
+            }
+        }
+        return;
+    }
     for i in 0..rows {
         let d = std::slice::from_raw_parts_mut(dst.add(i * cols), cols);
         let row = x.ptr.add(i * x.rs);
@@ -508,7 +570,7 @@ mod x86 {
         for t in 0..nc.div_ceil(NR) {
             let d = dst.add(t * kp * NR);
             let cols = (nc - t * NR).min(NR);
-            let src = b.ptr.add(t * NR * b.cs);
+            let src = b.from_col(t * NR).ptr;
             if b.cs == 1 && cols == NR {
                 interleave_rows(k, src, b.rs, d);
                 continue;
@@ -656,11 +718,44 @@ mod tests {
     /// Products of every path at every level against the exact sum of the widened operands,
     /// rounded once to the dtype.
     fn check(dt: Half, m: usize, n: usize, k: usize, trans_a: bool, trans_b: bool, threads: usize) {
+        check_b(
+            dt,
+            m,
+            n,
+            k,
+            trans_a,
+            if trans_b { B::Trans } else { B::Rows },
+            threads,
+        )
+    }
+
+    /// How B is stored.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum B {
+        Rows,
+        Trans,
+        Panels,
+    }
+
+    fn check_b(dt: Half, m: usize, n: usize, k: usize, trans_a: bool, bl: B, threads: usize) {
+        let trans_b = bl == B::Trans;
         let val = |i: usize, s: usize| dt.from_f32(((i * s % 29) as f32 - 14.0) / 8.0);
         let a: Vec<u16> = (0..m * k).map(|i| val(i, 7)).collect();
         let b: Vec<u16> = (0..k * n).map(|i| val(i, 5)).collect();
         let (ars, acs) = if trans_a { (1, m) } else { (k, 1) };
         let (brs, bcs) = if trans_b { (1, k) } else { (n, 1) };
+        // Stored in panels, the same logical values (row-major `b`) at their panel offsets.
+        let stored: Vec<u16> = if bl == B::Panels {
+            let mut p = vec![0u16; k * n];
+            for r in 0..k {
+                for c in 0..n {
+                    p[panel_offset(k, r, c)] = b[r * n + c];
+                }
+            }
+            p
+        } else {
+            b.clone()
+        };
         let ldc = n + 3;
         let mut c = vec![0xffffu16; m * ldc];
         let pool = Pool::new(threads);
@@ -672,15 +767,11 @@ mod tests {
                 m,
                 n,
                 k,
-                HMat {
-                    ptr: a.as_ptr(),
-                    rs: ars,
-                    cs: acs,
-                },
-                HMat {
-                    ptr: b.as_ptr(),
-                    rs: brs,
-                    cs: bcs,
+                HMat::strided(a.as_ptr(), ars, acs),
+                if bl == B::Panels {
+                    HMat::panels(stored.as_ptr(), k)
+                } else {
+                    HMat::strided(stored.as_ptr(), brs, bcs)
                 },
                 c.as_mut_ptr(),
                 ldc,
@@ -694,14 +785,15 @@ mod tests {
                         dt.to_f32(a[i * ars + p * acs]) as f64
                             * dt.to_f32(b[p * brs + j * bcs]) as f64
                     })
-                    .sum();
+                    // From +0, as the kernels' accumulators start (`Sum` starts from -0).
+                    .fold(0.0, |s, x| s + x);
                 // Operands are multiples of 1/8 below 2: every product and partial sum is exact
                 // in f32, so each result is the exact sum rounded once, bit for bit.
                 let got = c[i * ldc + j];
                 assert_eq!(
                     got,
                     dt.from_f32(want as f32),
-                    "{dt:?} {m}x{n}x{k} (ta {trans_a}, tb {trans_b}, {threads} threads) at ({i},{j}): {} vs {want}",
+                    "{dt:?} {m}x{n}x{k} (ta {trans_a}, b {bl:?}, {threads} threads) at ({i},{j}): {} vs {want}",
                     dt.to_f32(got)
                 );
             }
@@ -739,6 +831,30 @@ mod tests {
         });
     }
 
+    /// B stored in column panels gives the same bits as B stored by rows, on every path
+    /// (read in place for few rows, packed for many, widened without AVX-512 BF16), with
+    /// threads splitting rows or columns.
+    #[test]
+    fn panel_stored_b_gives_the_same_products() {
+        crate::isa::for_each_level(|_| {
+            for dt in [Half::Bf16, Half::F16] {
+                for &(m, n, k, threads) in &[
+                    (1, 32, 1, 1),
+                    (13, 64, 33, 1),
+                    (15, 384, 96, 1),
+                    (7, 96, 65, 2),
+                    (150, 96, 200, 2),
+                    (300, 64, 40, 1),
+                    (16, 1536, 384, 2),
+                ] {
+                    for ta in [false, true] {
+                        check_b(dt, m, n, k, ta, B::Panels, threads);
+                    }
+                }
+            }
+        });
+    }
+
     #[test]
     fn empty_depth_gives_zeros() {
         let mut c = vec![7u16; 6];
@@ -750,16 +866,8 @@ mod tests {
                 2,
                 3,
                 0,
-                HMat {
-                    ptr: std::ptr::null(),
-                    rs: 0,
-                    cs: 1,
-                },
-                HMat {
-                    ptr: std::ptr::null(),
-                    rs: 3,
-                    cs: 1,
-                },
+                HMat::strided(std::ptr::null(), 0, 1),
+                HMat::strided(std::ptr::null(), 3, 1),
                 c.as_mut_ptr(),
                 3,
                 s.as_mut_ptr() as *mut u8,

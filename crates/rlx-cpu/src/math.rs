@@ -288,6 +288,66 @@ pub fn scaled_softmax_in_place(x: &mut [f32], scale: f32) -> () {
 }
 
 multiversion! {
+/// The softmax of an attention row: `x = x * scale + mask` (`mask` empty for none, else as
+/// long as `x`; a product then a sum, each rounded), then `e^(x - max) / sum` in place, in three
+/// passes over the row (the scaled, masked scores and their maximum; the exponentials and their
+/// sum; the normalization), 16 lanes at a time. A shifted score below -86 (a weight under 1e-37
+/// of the largest) gets 0; the others [`exp_fast_f32`], which equals [`exp_f32`] there.
+pub fn masked_softmax_in_place(x: &mut [f32], scale: f32, mask: &[f32]) -> () {
+    let n = x.len() / 16 * 16;
+    let mut lanes = [f32::NEG_INFINITY; 16];
+    let mut m = f32::NEG_INFINITY;
+    let pick = |v: f32, l: f32| if v > l { v } else { l };
+    if mask.is_empty() {
+        for c in x[..n].chunks_exact_mut(16) {
+            for (v, l) in c.iter_mut().zip(&mut lanes) {
+                *v *= scale;
+                *l = pick(*v, *l);
+            }
+        }
+        for v in &mut x[n..] {
+            *v *= scale;
+            m = pick(*v, m);
+        }
+    } else {
+        let mask = &mask[..x.len()];
+        for (c, mc) in x[..n].chunks_exact_mut(16).zip(mask[..n].chunks_exact(16)) {
+            for ((v, mv), l) in c.iter_mut().zip(mc).zip(&mut lanes) {
+                *v = *v * scale + *mv;
+                *l = pick(*v, *l);
+            }
+        }
+        for (v, mv) in x[n..].iter_mut().zip(&mask[n..]) {
+            *v = *v * scale + *mv;
+            m = pick(*v, m);
+        }
+    }
+    for l in lanes {
+        m = pick(l, m);
+    }
+    let exp = |d: f32| if d < -86.0 { 0.0 } else { exp_fast_f32(d) };
+    let mut sums = [0f32; 16];
+    for c in x[..n].chunks_exact_mut(16) {
+        for (v, l) in c.iter_mut().zip(&mut sums) {
+            let e = exp(*v - m);
+            *v = e;
+            *l += e;
+        }
+    }
+    let mut s = 0f32;
+    for v in &mut x[n..] {
+        let e = exp(*v - m);
+        *v = e;
+        s += e;
+    }
+    let inv = 1.0 / (s + sums.iter().sum::<f32>());
+    for v in x.iter_mut() {
+        *v *= inv;
+    }
+}
+}
+
+multiversion! {
 /// Softmax of each `n`-element row of `x` into `y` (both whole rows, dense): the row's
 /// maximum, [`exp_shift_sum`] from it, then every value times the reciprocal of the sum — the
 /// same operations as those three calls row by row, in one function compiled for the vector
@@ -516,6 +576,55 @@ mod tests {
                         (*got as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-9,
                         "n {n}: {got} vs {want}"
                     );
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn masked_softmax_matches_f64_and_zeroes_masked_scores() {
+        crate::isa::for_each_level(|_| {
+            for n in [1usize, 5, 16, 37, 300] {
+                let x: Vec<f32> = (0..n)
+                    .map(|i| ((i * 53 % 97) as f32 - 48.0) / 3.0)
+                    .collect();
+                // Every third key masked with f32::MIN (a key-padding mask) except the first.
+                let mask: Vec<f32> = (0..n)
+                    .map(|i| {
+                        if i % 3 == 2 {
+                            f32::MIN
+                        } else {
+                            (i % 5) as f32 * 0.25
+                        }
+                    })
+                    .collect();
+                let scale = 0.0625f32;
+                for masked in [false, true] {
+                    let xs: Vec<f64> = x
+                        .iter()
+                        .zip(&mask)
+                        .map(|(&v, &mv)| {
+                            if masked {
+                                (v * scale + mv) as f64
+                            } else {
+                                (v * scale) as f64
+                            }
+                        })
+                        .collect();
+                    let m = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = xs.iter().map(|v| (v - m).exp()).sum();
+                    let mut got = x.clone();
+                    masked_softmax_in_place(&mut got, scale, if masked { &mask } else { &[] });
+                    for (i, (g, v)) in got.iter().zip(&xs).enumerate() {
+                        let want = (v - m).exp() / z;
+                        assert!(
+                            (*g as f64 - want).abs() <= 1e-6 * want.max(1e-30) + 1e-9,
+                            "n {n} masked {masked} at {i}: {g} vs {want}"
+                        );
+                        if masked && i % 3 == 2 {
+                            assert_eq!(*g, 0.0, "n {n}: masked key {i}");
+                        }
+                    }
                 }
             }
         });

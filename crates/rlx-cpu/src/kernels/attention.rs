@@ -166,20 +166,16 @@ fn attention_f32(
                 let js = l.strides()[3];
                 if js == 1 {
                     let mrow = std::slice::from_raw_parts(pm, hi);
-                    for (s, mv) in row[lo..hi].iter_mut().zip(&mrow[lo..hi]) {
-                        *s = *s * scale + *mv;
-                    }
+                    crate::math::masked_softmax_in_place(&mut row[lo..hi], scale, &mrow[lo..hi]);
                 } else {
                     for (j, s) in row.iter_mut().enumerate().take(hi).skip(lo) {
                         *s = *s * scale + *pm.add(j * js);
                     }
+                    crate::math::masked_softmax_in_place(&mut row[lo..hi], 1.0, &[]);
                 }
             }
-            if hi > lo {
-                crate::math::scaled_softmax_in_place(&mut row[lo..hi], 1.0);
-            }
         } else if hi > lo {
-            crate::math::scaled_softmax_in_place(&mut row[lo..hi], scale);
+            crate::math::masked_softmax_in_place(&mut row[lo..hi], scale, &[]);
         }
         row[..lo].fill(0.0);
         row[hi..].fill(0.0);

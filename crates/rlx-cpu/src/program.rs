@@ -303,6 +303,13 @@ fn stored_runs(
 /// [`Buffer::part`]); fewer get a buffer each.
 const PARAM_SLAB_MIN: usize = 2 << 20;
 
+/// Whether a program's params may share one buffer (`RLX_PARAM_SLAB=0`: one buffer each, for
+/// A/B measurements).
+fn param_slab_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("RLX_PARAM_SLAB").is_none_or(|v| v != "0"))
+}
+
 /// Lower `g` (verified, decomposed to what [`kernels::supports`] runs) with the decisions of
 /// `plan` for `threads` threads; params with the same name and shape as a param of `share` use
 /// that param's storage (see `Backend::compile_sharing`).
@@ -340,7 +347,8 @@ pub fn lower(
             }
         }
     }
-    let slab = (slab_len >= PARAM_SLAB_MIN).then(|| Arc::new(Buffer::zeroed(slab_len)));
+    let slab = (slab_len >= PARAM_SLAB_MIN && param_slab_on())
+        .then(|| Arc::new(Buffer::zeroed(slab_len)));
     let mut slab_used = 0usize;
     for id in g.ids() {
         if let Some(v) = computed.remove(&id.index()) {

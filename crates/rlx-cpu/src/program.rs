@@ -347,8 +347,8 @@ pub fn lower(
             }
         }
     }
-    let slab = (slab_len >= PARAM_SLAB_MIN && param_slab_on())
-        .then(|| Arc::new(Buffer::zeroed(slab_len)));
+    let slab =
+        (slab_len >= PARAM_SLAB_MIN && param_slab_on()).then(|| Arc::new(Buffer::zeroed(slab_len)));
     let mut slab_used = 0usize;
     for id in g.ids() {
         if let Some(v) = computed.remove(&id.index()) {

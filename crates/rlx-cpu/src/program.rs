@@ -325,6 +325,8 @@ pub fn lower(
     let mut consts: Vec<Buffer> = Vec::new();
     let mut param_bufs: Vec<Arc<Buffer>> = Vec::new();
     let mut param_panels: Vec<Option<[usize; 2]>> = Vec::new();
+    // Param nodes stored in column panels (the plan's, less those shared row-major).
+    let mut panel_nodes = std::collections::HashSet::new();
     let (mut inputs, mut params) = (Vec::new(), Vec::new());
     let mut input_reqs = Vec::new();
     let mut pending: Vec<Pending> = Vec::new();
@@ -403,35 +405,35 @@ pub fn lower(
                         )))
                     }
                 };
-                param_panels.push(panels);
-                let shared = match share.and_then(|p| {
+                let found = share.and_then(|p| {
                     let i = p
                         .params
                         .iter()
                         .position(|s| s.name == *name && s.shape == node.shape)?;
                     Some((p, i))
-                }) {
-                    Some((p, i)) if p.param_panels[i] != panels => {
-                        let how = |x: Option<[usize; 2]>| {
-                            if x.is_some() {
-                                "in column panels"
-                            } else {
-                                "row-major"
-                            }
-                        };
+                });
+                // A param shared with a program that stores it row-major is read row-major here
+                // too (products read either layout); one stored in panels there can be shared
+                // only if every reader here reads panels.
+                let panels = match found {
+                    Some((p, i)) if p.param_panels[i].is_none() => None,
+                    Some(_) if panels.is_none() => {
                         return Err(Error::Invalid(format!(
-                            "param \"{name}\" ({}) is stored {} in the program it shares \
-                             storage with but {} here (it is read other than as the right \
-                             operand of products in one of them); set RLX_PARAM_PANELS=0 to \
-                             store every param row-major",
-                            node.shape,
-                            how(p.param_panels[i]),
-                            how(panels)
+                            "param \"{name}\" ({}) is stored in column panels by the program \
+                             it shares storage with (there it is read only as the right operand \
+                             of products) but read otherwise here; compile the program that \
+                             reads it otherwise first and share with that one, or set \
+                             RLX_PARAM_PANELS=0 to store every param row-major",
+                            node.shape
                         )));
                     }
-                    Some((p, i)) => Some(p.param_bufs[i].clone()),
-                    None => None,
+                    _ => panels,
                 };
+                if panels.is_some() {
+                    panel_nodes.insert(id.index());
+                }
+                param_panels.push(panels);
+                let shared = found.map(|(p, i)| p.param_bufs[i].clone());
                 let mut own = || match &slab {
                     Some(whole) if slab_used + bytes <= whole.len() => {
                         let b = Buffer::part(whole, slab_used, bytes);
@@ -558,7 +560,7 @@ pub fn lower(
                         && node
                             .inputs
                             .get(1)
-                            .is_some_and(|&b| plan.panels(b).is_some()),
+                            .is_some_and(|b| panel_nodes.contains(&b.index())),
                 };
                 match kernels::lower(&info)? {
                     Lowered::View { src, layout } => {

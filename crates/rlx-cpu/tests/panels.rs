@@ -111,7 +111,7 @@ fn panel_stored_weights_give_the_same_bits_and_read_back_row_major() {
 }
 
 #[test]
-fn sharing_with_a_program_that_stores_a_param_otherwise_is_an_error() {
+fn sharing_follows_a_row_major_owner_and_refuses_to_read_panels_otherwise() {
     let g = graph(4);
     let owner = compile(&g, true, None).unwrap();
     // The same graph shares every param.
@@ -127,6 +127,20 @@ fn sharing_with_a_program_that_stores_a_param_otherwise_is_an_error() {
         .expect("refused")
         .to_string();
     assert!(err.contains("w1") && err.contains("panels"), "{err}");
+    // The other way round works: the products read the row-major owner's w1 (an evaluation
+    // graph sharing a training graph's params, say), with the same results as on their own.
+    let mut row_major_owner = compile(&h, true, None).unwrap();
+    let mut sharing = compile(&g, true, Some(&row_major_owner)).unwrap();
+    let mut alone = compile(&g, true, None).unwrap();
+    let (w1, w2, w3) = (values(64 * 96, 5), values(96 * 32, 7), values(32 * 32, 3));
+    row_major_owner.write_param(0, &w1);
+    alone.write_param(0, &w1);
+    for p in [&mut sharing, &mut alone] {
+        p.write_param(1, &w2);
+        p.write_param(2, &w3);
+    }
+    let x = values(2 * 4 * 64, 11);
+    assert_eq!(run(&mut sharing, &x), run(&mut alone, &x));
 }
 
 /// `y = x · w` for a `[k, n]` bf16 weight.

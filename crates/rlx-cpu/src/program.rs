@@ -511,7 +511,8 @@ pub fn lower(
                 let layouts: Vec<Layout> = ext.iter().map(|&e| vals[e].layout).collect();
                 let adam =
                     kernels::fused::as_adam(&prog.code, &layouts, &prog.dims, &extra, prog.rows)
-                        .is_some();
+                        .is_some()
+                        && ext.iter().all(|&e| vals[e].dtype == DType::F32);
                 let what = format!(
                     "fused group of {} ({}){}",
                     names.len(),

@@ -517,3 +517,80 @@ fn adam_updates_run_as_one_pass_bit_identical_to_separate_kernels() {
         }
     });
 }
+
+/// The casts around a bf16 product join the elementwise regions: a bf16 operand (dense or
+/// transposed) is widened as it is read, a bf16 result rounded and stored as bf16
+/// (root and extra results), a value rounded in the middle of a region goes on as its f32 cast;
+/// the results are bit-identical to the separate Cast kernels, NaN and ties included.
+#[test]
+fn casts_between_f32_and_bf16_fuse_bit_identically() {
+    rlx_cpu::isa::for_each_level(|_| {
+        let bf16 = |v: f32| half::bf16::from_f32(v).to_bits().to_le_bytes();
+        let (m, n) = (37usize, 96usize);
+        let mut g = Graph::new("casts");
+        let h = g.input("h", Shape::new(&[m, n], DType::BF16));
+        let ht = g.input("ht", Shape::new(&[n, m], DType::BF16));
+        let bias = g.input("bias", Shape::new(&[n], DType::F32));
+        let row = g.input("row", Shape::new(&[n], DType::BF16));
+        let x = g.cast(h, DType::F32);
+        let x = g.add(x, bias);
+        let r = g.cast(row, DType::F32);
+        let x = g.mul(x, r);
+        let t = g.transpose(ht, &[1, 0]);
+        let t = g.cast(t, DType::F32);
+        let x = g.add(x, t);
+        let y = g.activation(Activation::Gelu, x);
+        // Rounded in the middle, then used again in f32.
+        let mid = g.cast(y, DType::BF16);
+        let back = g.cast(mid, DType::F32);
+        let z = g.mul(back, x);
+        let out = g.cast(z, DType::BF16);
+        // `mid` is also read outside the region: stored as bf16 by it.
+        g.set_outputs(vec![out, mid, x]);
+        let hv: Vec<u8> = (0..m * n)
+            .flat_map(|i| bf16(((i * 37 % 101) as f32 - 50.0) / 7.0))
+            .collect();
+        let mut htv: Vec<u8> = (0..m * n)
+            .flat_map(|i| bf16(((i * 13 % 61) as f32 - 30.0) / 11.0))
+            .collect();
+        // A NaN and a value halfway between two bf16 values (a tie to even).
+        htv[..2].copy_from_slice(&bf16(f32::NAN));
+        let bv: Vec<u8> = (0..n)
+            .flat_map(|i| {
+                let v = if i == 3 {
+                    f32::from_bits(0x3f80_8000)
+                } else {
+                    ((i * 7 % 19) as f32 - 9.0) / 5.0
+                };
+                v.to_le_bytes()
+            })
+            .collect();
+        let rv: Vec<u8> = (0..n)
+            .flat_map(|i| bf16(1.0 + (i % 5) as f32 / 8.0))
+            .collect();
+        let run = |fuse: bool| {
+            let mut p = compile_with_fusion(&g, 2, fuse).unwrap();
+            for (i, v) in [&hv, &htv, &bv, &rv].into_iter().enumerate() {
+                p.write_input(i, v);
+            }
+            p.execute();
+            let outs: Vec<Vec<u8>> = (0..3)
+                .map(|i| {
+                    let mut b = vec![0u8; g.shape(g.outputs()[i]).size_bytes().unwrap()];
+                    p.read_output(i, &mut b);
+                    b
+                })
+                .collect();
+            (p.step_kinds().to_vec(), outs)
+        };
+        let (fused_kinds, fused) = run(true);
+        let (plain_kinds, plain) = run(false);
+        // Every cast joins the region but the `[n]` one (a region has one shape): it runs alone.
+        let casts = |k: &[&str]| k.iter().filter(|&&x| x == "cast").count();
+        assert!(
+            casts(&fused_kinds) == 1 && casts(&plain_kinds) == 6,
+            "fused {fused_kinds:?}, unfused {plain_kinds:?}"
+        );
+        assert_eq!(fused, plain);
+    });
+}

@@ -451,7 +451,7 @@ pub(super) fn f16_to_f32(src: &[half::f16], dst: &mut [f32], f: fn(half::f16) ->
 
 /// `x` rounded to bf16 (nearest even; a NaN stays a quiet NaN), as bits, without branches.
 #[inline(always)]
-fn bf16_bits(x: f32) -> u16 {
+pub(super) fn bf16_bits(x: f32) -> u16 {
     let b = x.to_bits();
     let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1)) >> 16;
     let nan = (b >> 16) | 0x40;

@@ -65,18 +65,23 @@ pub enum Instr {
     Binary(BinaryOp, Src, Src),
     /// Elementwise function.
     Unary(Activation, Src),
+    /// A cast to bf16: the value rounded as the Cast kernel rounds it, kept (exactly) as f32.
+    /// A cast back to f32 is the same value, so it needs no instruction.
+    RoundBf16(Src),
 }
 
-/// Whether a node can join a fused group.
+/// Whether a node can join a fused group: an f32 Binary / Activation node, or a cast between
+/// f32 and bf16 (a bf16 operand is widened as it is read, a bf16 result rounded and stored as
+/// bf16: the casts around a bf16 product then cost no pass of their own).
 pub fn fusible(g: &Graph, id: NodeId) -> bool {
+    use rlx_ir::DType::{BF16, F32};
     let n = g.node(id);
-    let f32_ins = n
-        .inputs
-        .iter()
-        .all(|i| g.shape(*i).dtype() == rlx_ir::DType::F32);
-    n.shape.dtype() == rlx_ir::DType::F32
-        && f32_ins
-        && matches!(n.op, Op::Binary(_) | Op::Activation(_))
+    let ins: Vec<_> = n.inputs.iter().map(|i| g.shape(*i).dtype()).collect();
+    match (&n.op, n.shape.dtype(), ins.as_slice()) {
+        (Op::Binary(_) | Op::Activation(_), F32, ins) => ins.iter().all(|&d| d == F32),
+        (Op::Cast { to: BF16 }, BF16, [F32]) | (Op::Cast { to: F32 }, F32, [BF16]) => true,
+        _ => false,
+    }
 }
 
 /// The row reduction a group may end in: an f32 Sum or Mean over trailing axes (not all of
@@ -159,6 +164,19 @@ pub fn region_program(r: &FusedRegion) -> Option<RegionProgram> {
                 code.push(Instr::Unary(*a, arg(0)?));
                 Some(Src::Tmp(code.len() - 1))
             }
+            Op::Cast { to } if fusible(b, id) => {
+                let x = arg(0)?;
+                // A widened value is the value itself, unless the region stores it (then an
+                // instruction computes it, so that every result is an instruction's and the
+                // root the last one: rounding a bf16 value leaves it as it is).
+                let stored = b.outputs().contains(&id);
+                if *to == rlx_ir::DType::F32 && !stored {
+                    Some(x)
+                } else {
+                    code.push(Instr::RoundBf16(x));
+                    Some(Src::Tmp(code.len() - 1))
+                }
+            }
             _ => return None,
         };
     }
@@ -237,6 +255,7 @@ enum Loc {
 enum Step {
     Binary(BinaryOp, Loc, Loc, Option<usize>),
     Unary(Activation, Loc, Option<usize>),
+    RoundBf16(Loc, Option<usize>),
 }
 
 /// How external operands are read and how instructions map to scratch slots.
@@ -255,6 +274,10 @@ struct Plan {
     block: usize,
     /// The final row reduction, if the group ends in one (the result is then in `root_slot`).
     rows: Option<RowSum>,
+    /// The result is stored as bf16 (it is then in `root_slot`).
+    out_bf16: bool,
+    /// Which extra results are stored as bf16.
+    extra_bf16: Vec<bool>,
 }
 
 fn plan(
@@ -271,9 +294,14 @@ fn plan(
     let mut gathers = 0;
     let kinds = layouts
         .iter()
-        .map(|l| {
+        .zip(ins)
+        .map(|(l, t)| {
             let (span, from) = trailing_run(l, dims);
-            if l.strides().iter().all(|&s| s == 0) {
+            if t.dtype == rlx_ir::DType::BF16 {
+                // Widened into a gather slot as it is read.
+                gathers += 1;
+                ExtKind::Gather(gathers - 1)
+            } else if l.strides().iter().all(|&s| s == 0) {
                 ExtKind::Scalar
             } else if l.strides() == dense.strides() {
                 ExtKind::Dense
@@ -293,7 +321,7 @@ fn plan(
     for (j, ins_j) in code.iter().enumerate() {
         let srcs = match ins_j {
             Instr::Binary(_, a, b) => vec![*a, *b],
-            Instr::Unary(_, a) => vec![*a],
+            Instr::Unary(_, a) | Instr::RoundBf16(a) => vec![*a],
         };
         for s in srcs {
             if let Src::Tmp(i) = s {
@@ -316,11 +344,14 @@ fn plan(
         };
         let ops = match ins_j {
             Instr::Binary(_, a, b) => [loc(*a), loc(*b)],
-            Instr::Unary(_, a) => [loc(*a), loc(*a)],
+            Instr::Unary(_, a) | Instr::RoundBf16(a) => [loc(*a), loc(*a)],
         };
-        // A result that is summed into rows, or whose output aliases an operand, goes to a slot.
+        // A result that is summed into rows, stored as bf16, or whose output aliases an
+        // operand, goes to a slot.
         let aliased = j + 1 == code.len()
-            && (rows.is_some() || ins.iter().any(|t| std::ptr::eq(t.ptr.0, out.ptr.0)));
+            && (rows.is_some()
+                || out.dtype == rlx_ir::DType::BF16
+                || ins.iter().any(|t| std::ptr::eq(t.ptr.0, out.ptr.0)));
         let dst = if j + 1 == code.len() && !aliased {
             None
         } else {
@@ -334,6 +365,7 @@ fn plan(
         steps.push(match ins_j {
             Instr::Binary(op, _, _) => Step::Binary(*op, ops[0], ops[1], dst),
             Instr::Unary(act, _) => Step::Unary(*act, ops[0], dst),
+            Instr::RoundBf16(_) => Step::RoundBf16(ops[0], dst),
         });
         // Results whose last reader was this instruction free their slots (after `dst` was
         // taken, so an instruction never writes a slot it reads).
@@ -344,7 +376,7 @@ fn plan(
         }
     }
     let root_slot = match steps.last() {
-        Some(Step::Binary(.., d) | Step::Unary(.., d)) => *d,
+        Some(Step::Binary(.., d) | Step::Unary(.., d) | Step::RoundBf16(.., d)) => *d,
         None => None,
     };
     let extra = extra
@@ -362,6 +394,8 @@ fn plan(
         extra,
         block,
         rows,
+        out_bf16: out.dtype == rlx_ir::DType::BF16,
+        extra_bf16: Vec::new(),
     }
 }
 
@@ -428,6 +462,49 @@ fn unary(act: Activation, x: V, o: &mut [f32]) {
     })
 }
 
+/// Round each value to bf16 as the Cast kernel does (nearest even, NaN kept quiet), keeping it
+/// as f32 (exactly).
+#[inline(always)]
+fn round_bf16(x: V, o: &mut [f32]) {
+    let r = |v: f32| f32::from_bits((super::elementwise::bf16_bits(v) as u32) << 16);
+    match x {
+        V::A(x) => {
+            for (o, x) in o.iter_mut().zip(x) {
+                *o = r(*x);
+            }
+        }
+        V::S(x) => o.fill(r(x)),
+    }
+}
+
+/// Store `len` values already rounded to bf16 (see [`round_bf16`]) at element `s` of `dst`.
+///
+/// # Safety
+/// `src` holds `len` floats; `dst` has room for elements `s..s + len`.
+#[inline(always)]
+unsafe fn store_bf16(src: *const f32, dst: *mut u16, s: usize, len: usize) {
+    let (src, dst) = (
+        std::slice::from_raw_parts(src, len),
+        std::slice::from_raw_parts_mut(dst.add(s), len),
+    );
+    for (d, v) in dst.iter_mut().zip(src) {
+        *d = (v.to_bits() >> 16) as u16;
+    }
+}
+
+/// The address of a dense result's first element (its element type's size times its offset).
+///
+/// # Safety
+/// The offset lies inside the result's buffer.
+unsafe fn dense_from_offset(t: &TRef) -> Ptr {
+    let p = if t.dtype == rlx_ir::DType::BF16 {
+        t.base::<u16>().add(t.layout.offset) as *mut u8
+    } else {
+        t.base::<f32>().add(t.layout.offset) as *mut u8
+    };
+    Ptr(p)
+}
+
 /// Everything one task needs to evaluate its blocks.
 struct Ctx<'a> {
     plan: &'a Plan,
@@ -488,6 +565,29 @@ unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
                 _ => continue,
             };
             let dst = std::slice::from_raw_parts_mut(c.scratch.add(gi * block), len);
+            if c.ins[k].dtype == rlx_ir::DType::BF16 {
+                let src = c.ins[k].base::<u16>() as *const u16;
+                let widen = |b: u16| f32::from_bits((b as u32) << 16);
+                for_each_run(
+                    c.dims,
+                    [&dense, &p.layouts[k]],
+                    s..s + len,
+                    |[o, i], m, [so, si]| {
+                        let d = &mut dst[o - s..];
+                        if so == 1 && si == 1 {
+                            let from = std::slice::from_raw_parts(src.add(i), m);
+                            for (x, &b) in d[..m].iter_mut().zip(from) {
+                                *x = widen(b);
+                            }
+                        } else {
+                            for q in 0..m {
+                                d[q * so] = widen(*src.add(i + q * si));
+                            }
+                        }
+                    },
+                );
+                continue;
+            }
             let src = c.ins[k].base::<f32>() as *const f32;
             for_each_run(
                 c.dims,
@@ -539,6 +639,7 @@ unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
             match *st {
                 Step::Binary(op, a, b, d) => binary(op, view(a), view(b), target(d)),
                 Step::Unary(act, a, d) => unary(act, view(a), target(d)),
+                Step::RoundBf16(a, d) => round_bf16(view(a), target(d)),
             }
         }
         // Every operand of this block has been read: results may overwrite operands now.
@@ -555,15 +656,22 @@ unsafe fn eval(c: &Ctx, blocks: std::ops::Range<usize>) {
                     *c.out.add(s / row + r) = sum as f32;
                 }
             }
+            (Some(t), None) if p.out_bf16 => {
+                store_bf16(tmp.add(t * block), c.out as *mut u16, s, len)
+            }
             (Some(t), None) => std::ptr::copy_nonoverlapping(tmp.add(t * block), c.out.add(s), len),
             (None, _) => {}
         }
         for &(t, k) in &p.extra {
-            std::ptr::copy_nonoverlapping(
-                tmp.add(t * block),
-                (c.extra[k].0 as *mut f32).add(s),
-                len,
-            );
+            if p.extra_bf16[k] {
+                store_bf16(tmp.add(t * block), c.extra[k].0 as *mut u16, s, len);
+            } else {
+                std::ptr::copy_nonoverlapping(
+                    tmp.add(t * block),
+                    (c.extra[k].0 as *mut f32).add(s),
+                    len,
+                );
+            }
         }
     }
 }
@@ -636,16 +744,23 @@ pub fn build(
 ) -> Box<dyn Kernel> {
     let extra_instrs: Vec<usize> = extra.iter().map(|e| e.0).collect();
     let layouts: Vec<Layout> = ins.iter().map(|t| t.layout).collect();
-    if let Some(a) = as_adam(&code, &layouts, &dims, &extra_instrs, rows) {
+    // The one-pass Adam kernel reads f32 operands only.
+    let all_f32 = ins.iter().all(|t| t.dtype == rlx_ir::DType::F32);
+    if let Some(a) = as_adam(&code, &layouts, &dims, &extra_instrs, rows).filter(|_| all_f32) {
         let n = dims.iter().product();
         return super::adam::build(a, ins, n, out, &extra, threads);
     }
-    let plan = plan(&code, &ins, &dims, &out, &extra_instrs, rows);
+    let mut plan = plan(&code, &ins, &dims, &out, &extra_instrs, rows);
+    plan.extra_bf16 = extra
+        .iter()
+        .map(|(_, t)| t.dtype == rlx_ir::DType::BF16)
+        .collect();
     // SAFETY: each extra result is a dense buffer of `dims` from its offset.
     let extra_ptrs: Vec<Ptr> = extra
         .iter()
-        .map(|(_, t)| Ptr(unsafe { t.base::<f32>().add(t.layout.offset) } as *mut u8))
+        .map(|(_, t)| unsafe { dense_from_offset(t) })
         .collect();
+    let out_ptr = unsafe { dense_from_offset(&out) };
     let block = plan.block;
     let per_thread = (plan.gathers + plan.slots) * block;
     let n: usize = dims.iter().product();
@@ -659,8 +774,8 @@ pub fn build(
                 plan: &plan,
                 ins: &ins,
                 dims: &dims,
-                // SAFETY: the output is dense (`n` elements, or one per row) from its offset.
-                out: unsafe { out.base::<f32>().add(out.layout.offset) },
+                // The output is dense (`n` elements, or one per row) from its offset.
+                out: out_ptr.get() as *mut f32,
                 // SAFETY: each thread owns `per_thread` floats of scratch.
                 scratch: unsafe { (scratch.get() as *mut f32).add(th * per_thread) },
                 n,

@@ -546,7 +546,12 @@ fn casts_between_f32_and_bf16_fuse_bit_identically() {
         let z = g.mul(back, x);
         let out = g.cast(z, DType::BF16);
         // `mid` is also read outside the region: stored as bf16 by it.
-        g.set_outputs(vec![out, mid, x]);
+        // Exact ties, NaN and infinities reach a rounding unchanged (times 1).
+        let f = g.input("f", Shape::new(&[m, n], DType::F32));
+        let one = g.scalar(1.0, DType::F32);
+        let f1 = g.mul(f, one);
+        let fr = g.cast(f1, DType::BF16);
+        g.set_outputs(vec![out, mid, x, fr]);
         let hv: Vec<u8> = (0..m * n)
             .flat_map(|i| bf16(((i * 37 % 101) as f32 - 50.0) / 7.0))
             .collect();
@@ -568,13 +573,29 @@ fn casts_between_f32_and_bf16_fuse_bit_identically() {
         let rv: Vec<u8> = (0..n)
             .flat_map(|i| bf16(1.0 + (i % 5) as f32 / 8.0))
             .collect();
+        let special = [
+            f32::from_bits(0x3f80_8000), // halfway: to even (down)
+            f32::from_bits(0x3f81_8000), // halfway: to even (up)
+            f32::from_bits(0x3f80_8001), // just above halfway
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::MAX,
+            -0.0,
+        ];
+        let fv: Vec<u8> = (0..m * n)
+            .flat_map(|i| {
+                let v = special.get(i % 11).copied().unwrap_or(i as f32 / 3.0);
+                v.to_le_bytes()
+            })
+            .collect();
         let run = |fuse: bool| {
             let mut p = compile_with_fusion(&g, 2, fuse).unwrap();
-            for (i, v) in [&hv, &htv, &bv, &rv].into_iter().enumerate() {
+            for (i, v) in [&hv, &htv, &bv, &rv, &fv].into_iter().enumerate() {
                 p.write_input(i, v);
             }
             p.execute();
-            let outs: Vec<Vec<u8>> = (0..3)
+            let outs: Vec<Vec<u8>> = (0..4)
                 .map(|i| {
                     let mut b = vec![0u8; g.shape(g.outputs()[i]).size_bytes().unwrap()];
                     p.read_output(i, &mut b);
@@ -588,7 +609,7 @@ fn casts_between_f32_and_bf16_fuse_bit_identically() {
         // Every cast joins the region but the `[n]` one (a region has one shape): it runs alone.
         let casts = |k: &[&str]| k.iter().filter(|&&x| x == "cast").count();
         assert!(
-            casts(&fused_kinds) == 1 && casts(&plain_kinds) == 6,
+            casts(&fused_kinds) == 1 && casts(&plain_kinds) == 7,
             "fused {fused_kinds:?}, unfused {plain_kinds:?}"
         );
         assert_eq!(fused, plain);

@@ -288,13 +288,31 @@ pub fn scaled_softmax_in_place(x: &mut [f32], scale: f32) -> () {
 }
 }
 
-multiversion! {
 /// The softmax of an attention row: `x = x * scale + mask` (`mask` empty for none, else as
 /// long as `x`; a product then a sum, each rounded), then `e^(x - max) / sum` in place, in three
-/// passes over the row (the scaled, masked scores and their maximum; the exponentials and their
-/// sum; the normalization), 16 lanes at a time. A shifted score below -86 (a weight under 1e-37
-/// of the largest) gets 0; the others [`exp_fast_f32`], which equals [`exp_f32`] there.
-pub fn masked_softmax_in_place(x: &mut [f32], scale: f32, mask: &[f32]) -> () {
+/// passes over the row: [`masked_exp_in_place`]'s two, then the normalization.
+pub fn masked_softmax_in_place(x: &mut [f32], scale: f32, mask: &[f32]) {
+    let inv = 1.0 / masked_exp_in_place(x, scale, mask);
+    scale_in_place(x, inv);
+}
+
+multiversion! {
+/// `x *= s`, 16 lanes at a time.
+pub fn scale_in_place(x: &mut [f32], s: f32) -> () {
+    for v in x.iter_mut() {
+        *v *= s;
+    }
+}
+}
+
+multiversion! {
+/// The unnormalized softmax of an attention row: `x = x * scale + mask` (`mask` empty for none,
+/// else as long as `x`; a product then a sum, each rounded), then `x = e^(x - max)` in place;
+/// returns the sum of the exponentials. Two passes over the row (the scaled, masked scores and
+/// their maximum; the exponentials and their sum), 16 lanes at a time. A shifted score below
+/// -86 (a weight under 1e-37 of the largest) gets 0; the others [`exp_fast_f32`], which equals
+/// [`exp_f32`] there.
+pub fn masked_exp_in_place(x: &mut [f32], scale: f32, mask: &[f32]) -> f32 {
     let n = x.len() / 16 * 16;
     let mut lanes = [f32::NEG_INFINITY; 16];
     let mut m = f32::NEG_INFINITY;
@@ -341,10 +359,7 @@ pub fn masked_softmax_in_place(x: &mut [f32], scale: f32, mask: &[f32]) -> () {
         *v = e;
         s += e;
     }
-    let inv = 1.0 / (s + sums.iter().sum::<f32>());
-    for v in x.iter_mut() {
-        *v *= inv;
-    }
+    s + sums.iter().sum::<f32>()
 }
 }
 

@@ -2,7 +2,8 @@
 //! AVX-512 and heads of at most 64 the register-blocked path) against the reference evaluator
 //! (f64), at every instruction-set level, for every mask kind, grouped heads, fewer queries than
 //! keys, query counts that do not fill a block, head widths that do not fill a vector, broadcast
-//! custom masks and strided operands.
+//! custom masks and strided operands (queries, keys and values). bf16 (AVX-512 BF16 dot products, or widened to f32 below
+//! that level) and f16 (widened) against the same evaluator within their rounding.
 
 use rlx_driver::Executable;
 use rlx_ir::eval::{evaluate, Tensor};
@@ -22,6 +23,10 @@ struct Case {
     mask_dims: Vec<usize>,
     /// Give Q as `[B, Sq, Hq, D]` transposed (a strided operand).
     strided_q: bool,
+    /// Give K and V as `[B, H, D, Sk]` transposed (elements of a key or value row apart).
+    strided_kv: bool,
+    /// The dtype of every operand and the result.
+    dtype: DType,
 }
 
 fn values(n: usize, seed: usize) -> Vec<f32> {
@@ -37,17 +42,25 @@ fn check(c: &Case) {
     } else {
         vec![c.b, c.hq, c.sq, c.d]
     };
-    let q0 = g.input("q", Shape::new(&qd, DType::F32));
+    let dt = c.dtype;
+    let q0 = g.input("q", Shape::new(&qd, dt));
     let q = if c.strided_q {
         g.transpose(q0, &[0, 2, 1, 3])
     } else {
         q0
     };
-    let k = g.input("k", Shape::new(&[c.b, c.hkv, c.sk, c.d], DType::F32));
-    let v = g.input("v", Shape::new(&[c.b, c.hkv, c.sk, c.dv], DType::F32));
+    let (k, v) = if c.strided_kv {
+        let k = g.input("k", Shape::new(&[c.b, c.hkv, c.d, c.sk], dt));
+        let v = g.input("v", Shape::new(&[c.b, c.hkv, c.dv, c.sk], dt));
+        (g.transpose(k, &[0, 1, 3, 2]), g.transpose(v, &[0, 1, 3, 2]))
+    } else {
+        let k = g.input("k", Shape::new(&[c.b, c.hkv, c.sk, c.d], dt));
+        let v = g.input("v", Shape::new(&[c.b, c.hkv, c.sk, c.dv], dt));
+        (k, v)
+    };
     let scale = 1.0 / (c.d as f32).sqrt();
     let y = if c.mask == MaskKind::Custom {
-        let m = g.input("m", Shape::new(&c.mask_dims, DType::F32));
+        let m = g.input("m", Shape::new(&c.mask_dims, dt));
         g.attention_masked(q, k, v, m, scale)
     } else {
         g.attention(q, k, v, c.mask, scale)
@@ -65,7 +78,7 @@ fn check(c: &Case) {
                 .map(|x| if (x * 7 + 3) % 5 == 0 { -1e9 } else { 0.0 })
                 .collect();
         }
-        let bytes: Vec<u8> = vals.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let bytes = encode(&vals, dt);
         leaves.insert(
             name.to_string(),
             Tensor::from_bytes(&shape, &bytes).unwrap(),
@@ -76,6 +89,41 @@ fn check(c: &Case) {
     rlx_cpu::isa::for_each_level(|_| check_against(&g, &feeds, &want, c));
 }
 
+/// `vals` as little-endian bytes of `dt` (rounded to nearest).
+fn encode(vals: &[f32], dt: DType) -> Vec<u8> {
+    match dt {
+        DType::F32 => vals.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::BF16 => vals
+            .iter()
+            .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+            .collect(),
+        DType::F16 => vals
+            .iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect(),
+        other => panic!("no values of {other}"),
+    }
+}
+
+/// Little-endian bytes of `dt` as f64.
+fn decode(bytes: &[u8], dt: DType) -> Vec<f64> {
+    match dt {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+            .collect(),
+        DType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f64())
+            .collect(),
+        DType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f64())
+            .collect(),
+        other => panic!("no values of {other}"),
+    }
+}
+
 fn check_against(g: &Graph, feeds: &[Vec<u8>], want: &[f64], c: &Case) {
     for threads in [1, 2] {
         let mut p = rlx_cpu::compile(g, threads).unwrap();
@@ -83,13 +131,21 @@ fn check_against(g: &Graph, feeds: &[Vec<u8>], want: &[f64], c: &Case) {
             p.write_input(i, f);
         }
         p.execute();
-        let mut o = vec![0u8; want.len() * 4];
+        let mut o = vec![0u8; want.len() * c.dtype.size_bytes()];
         p.read_output(0, &mut o);
-        for (i, (x, w)) in o.chunks_exact(4).zip(want).enumerate() {
-            let x = f32::from_le_bytes(x.try_into().unwrap()) as f64;
+        // f32 sums in f32 (the evaluator in f64); f16 is computed in f32 and rounded once (as
+        // the evaluator rounds); bf16 also rounds the probabilities to bf16 for the second
+        // product: within a unit in the last place of both roundings.
+        let tol = match c.dtype {
+            DType::F32 => 1e-5,
+            DType::F16 => 2e-3,
+            _ => 2e-2,
+        };
+        for (i, (x, w)) in decode(&o, c.dtype).into_iter().zip(want).enumerate() {
             assert!(
-                (x - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                "{:?} Sq {} Sk {} D {} Dv {} threads {threads} [{i}]: {x} vs {w}",
+                (x - w).abs() <= tol * (1.0 + w.abs()),
+                "{} {:?} Sq {} Sk {} D {} Dv {} threads {threads} [{i}]: {x} vs {w}",
+                c.dtype,
                 c.mask,
                 c.sq,
                 c.sk,
@@ -102,6 +158,20 @@ fn check_against(g: &Graph, feeds: &[Vec<u8>], want: &[f64], c: &Case) {
 
 #[test]
 fn f32_attention_matches_the_reference_evaluator() {
+    every_case(DType::F32);
+}
+
+#[test]
+fn bf16_attention_matches_the_reference_evaluator() {
+    every_case(DType::BF16);
+}
+
+#[test]
+fn f16_attention_matches_the_reference_evaluator() {
+    every_case(DType::F16);
+}
+
+fn every_case(dtype: DType) {
     let base = Case {
         b: 2,
         hq: 4,
@@ -113,6 +183,8 @@ fn f32_attention_matches_the_reference_evaluator() {
         mask: MaskKind::None,
         mask_dims: vec![],
         strided_q: false,
+        strided_kv: false,
+        dtype,
     };
     let kinds = [
         MaskKind::None,
@@ -122,7 +194,7 @@ fn f32_attention_matches_the_reference_evaluator() {
     ];
     for mask in kinds {
         for (sq, sk) in [(70, 70), (3, 70), (1, 9), (130, 130)] {
-            for strided_q in [false, true] {
+            for (strided_q, strided_kv) in [(false, false), (true, false), (false, true)] {
                 check(&Case {
                     sq,
                     sk,
@@ -130,14 +202,16 @@ fn f32_attention_matches_the_reference_evaluator() {
                     // A key-padding mask [B, 1, 1, Sk], as an encoder's.
                     mask_dims: vec![base.b, 1, 1, sk],
                     strided_q,
+                    strided_kv,
                     ..base
                 });
             }
         }
     }
     // Head widths around the register-blocked path's: values filling one, three and four
-    // vectors or part of one, queries wider than it.
-    for (d, dv) in [(64, 40), (8, 64), (20, 33), (80, 16)] {
+    // vectors or part of one, queries wider than it, an odd depth (a half-filled bf16 pair),
+    // values wider than four vectors.
+    for (d, dv) in [(64, 40), (8, 64), (20, 33), (80, 16), (19, 80), (7, 130)] {
         for mask in [MaskKind::None, MaskKind::Causal, MaskKind::Custom] {
             check(&Case {
                 d,

@@ -3,7 +3,7 @@
 //!
 //! Each op belongs to an [`OpClass`]; a [`PrecisionPolicy`] says which classes compute in the
 //! low precision. [`PrecisionPolicy::AutoMixedBf16`] (and [`PrecisionPolicy::AutoMixed`], f16)
-//! runs the matrix products in low precision and keeps everything numerically sensitive (exp /
+//! runs the matrix products (attention's included) in low precision and keeps everything numerically sensitive (exp /
 //! log, reductions, norms, softmax and so losses, which are built from them) and all other
 //! arithmetic in f32; ops that only move data follow their operand, so a product feeding another
 //! through reshapes and transposes needs no cast between them. Inputs and outputs keep their
@@ -13,7 +13,8 @@
 //! copy and are cast at each step).
 //!
 //! The low-precision products accumulate in f32 and round their result once (the CPU's bf16
-//! GEMM); a backend without a fast kernel for a low dtype still runs it (more slowly).
+//! GEMM; its bf16 attention takes the softmax in f32 and rounds the probabilities to bf16 for
+//! the second product, as flash-attention kernels do); a backend without a fast kernel for a low dtype still runs it (more slowly).
 
 use crate::Pass;
 use rlx_ir::{DType, Error, Graph, NodeId, Op, OpKind, Result, Shape};
@@ -53,14 +54,15 @@ impl Precision {
 /// How an op is treated by a precision policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum OpClass {
-    /// Matrix products (`matmul`, `dot_general`, convolution): what low precision speeds up.
+    /// Matrix products (`matmul`, `dot_general`, convolution, and attention, whose two products
+    /// take the low precision while its softmax stays in f32 inside the kernel, as PyTorch's
+    /// autocast runs scaled dot-product attention): what low precision speeds up.
     Product,
     /// Ops that move or select values without arithmetic (reshape, transpose, narrow, concat,
     /// expand, gather, top-k): they follow their operand's precision.
     Movement,
     /// Numerically sensitive: exp, log, rsqrt, tan, pow, reductions, cumsum, scatter-add,
-    /// softmax, norms, pooling and attention (which holds a softmax); kept in f32 by the
-    /// automatic policies.
+    /// softmax, norms and pooling; kept in f32 by the automatic policies.
     Sensitive,
     /// Other arithmetic: elementwise binaries, comparisons, selects, activations, RoPE.
     Elementwise,
@@ -72,7 +74,7 @@ pub enum OpClass {
 pub fn op_class(op: &Op) -> OpClass {
     use rlx_ir::{Activation as A, BinaryOp as B};
     match op {
-        Op::MatMul | Op::DotGeneral(_) | Op::Conv(_) => OpClass::Product,
+        Op::MatMul | Op::DotGeneral(_) | Op::Conv(_) | Op::Attention { .. } => OpClass::Product,
         Op::Reshape { .. }
         | Op::Transpose { .. }
         | Op::Narrow { .. }
@@ -88,8 +90,7 @@ pub fn op_class(op: &Op) -> OpClass {
         | Op::Softmax { .. }
         | Op::LayerNorm { .. }
         | Op::RmsNorm { .. }
-        | Op::Pool(_)
-        | Op::Attention { .. } => OpClass::Sensitive,
+        | Op::Pool(_) => OpClass::Sensitive,
         Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Rope { .. } => {
             OpClass::Elementwise
         }
@@ -243,10 +244,12 @@ struct Rebuild {
 }
 
 impl Rebuild {
-    /// `x` (a new node) as `dt`, through one shared cast. A transpose, reshape or expand is
-    /// cast through its operand instead (`transpose(cast(y))`): the cast then reads dense data
-    /// once (a backend's views stay views) and is shared with every other reader of `y`, such
-    /// as a forward product and the backward product that reads its operand transposed.
+    /// `x` (a new node) as `dt`, through one shared cast. A transpose, reshape, narrow or
+    /// expand is cast through its operand instead (`transpose(cast(y))`): the cast then reads
+    /// dense data once (a backend's views stay views, and a backend that fuses elementwise ops
+    /// rounds `y` as it computes it) and is shared with every other reader of `y`, such as a
+    /// forward product and the backward product that reads its operand transposed, or the
+    /// query, key and value slices of one projection.
     fn cast(&mut self, x: NodeId, dt: DType) -> Result<NodeId> {
         if self.out.shape(x).dtype() == dt {
             return Ok(x);
@@ -257,7 +260,7 @@ impl Rebuild {
         let n = self.out.node(x);
         let c = if matches!(
             n.op,
-            Op::Transpose { .. } | Op::Reshape { .. } | Op::Expand { .. }
+            Op::Transpose { .. } | Op::Reshape { .. } | Op::Narrow { .. } | Op::Expand { .. }
         ) {
             let (op, y) = (n.op.clone(), n.inputs[0]);
             let inner = self.cast(y, dt)?;
@@ -490,6 +493,57 @@ mod tests {
         let (again, n) = pass.run(&pass.run(&g).unwrap().0).unwrap();
         assert_eq!(n, 0);
         assert_eq!(again.to_string(), pass.run(&g).unwrap().0.to_string());
+    }
+
+    /// An encoder's attention block: one projection split into query, key and value by
+    /// narrows, attention with an additive mask, an output projection.
+    #[test]
+    fn auto_mixed_runs_attention_low_and_casts_a_projection_once() {
+        let mut g = Graph::new("attention");
+        let x = g.input("x", Shape::new(&[6, 8], DType::F32));
+        let mask = g.input("mask", Shape::new(&[1, 1, 1, 6], DType::F32));
+        let w = g.param("w", Shape::new(&[8, 24], DType::F32));
+        let b = g.param("b", Shape::new(&[24], DType::F32));
+        let wo = g.param("wo", Shape::new(&[8, 8], DType::F32));
+        let qkv = g.dot(x, w);
+        let qkv = g.add(qkv, b);
+        let heads: Vec<NodeId> = (0..3)
+            .map(|i| {
+                let t = g.narrow(qkv, 1, 8 * i, 8);
+                let t = g.reshape(t, &[1, 6, 2, 4]);
+                g.transpose(t, &[0, 2, 1, 3])
+            })
+            .collect();
+        let a = g.attention_masked(heads[0], heads[1], heads[2], mask, 0.5);
+        let a = g.transpose(a, &[0, 2, 1, 3]);
+        let a = g.reshape(a, &[6, 8]);
+        let y = g.dot(a, wo);
+        g.set_outputs(vec![y]);
+        let pass = AutoMixedPrecision {
+            policy: PrecisionPolicy::AutoMixedBf16,
+            keep_params: vec![],
+        };
+        let (out, _) = pass.run(&g).unwrap();
+        let (out, _) = crate::DeadCodeElimination.run(&out).unwrap();
+        rlx_ir::verify(&out).unwrap();
+        assert_eq!(dtypes(&out, OpKind::Attention), vec![DType::BF16], "{out}");
+        assert_eq!(dtypes(&out, OpKind::MatMul), vec![DType::BF16; 2]);
+        // The bias add stays f32; its result is cast once, before the narrows (not once per
+        // slice). With the input, the first product's result, the mask and the output: five
+        // casts. The attention's result feeds the output projection without one.
+        assert_eq!(dtypes(&out, OpKind::Add), vec![DType::F32]);
+        assert_eq!(dtypes(&out, OpKind::Narrow), vec![DType::BF16; 3]);
+        assert_eq!(dtypes(&out, OpKind::Cast).len(), 5, "{out}");
+        // Under a policy that keeps products as declared, attention stays f32.
+        let custom = AutoMixedPrecision {
+            policy: PrecisionPolicy::Custom(CustomPrecision {
+                low: Precision::Bf16,
+                ops: vec![OpKind::MatMul],
+            }),
+            keep_params: vec![],
+        };
+        let (out, _) = custom.run(&g).unwrap();
+        assert_eq!(dtypes(&out, OpKind::Attention), vec![DType::F32]);
     }
 
     #[test]

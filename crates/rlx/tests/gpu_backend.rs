@@ -355,3 +355,54 @@ fn assert_mentions(text: &str, words: &[&str]) {
         assert!(text.contains(w), "{w:?} missing from: {text}");
     }
 }
+
+/// Under `AutoMixedBf16` an encoder's masked attention runs in bf16 (products in bf16, softmax
+/// in f32) on both backends; the GPU's values are the CPU's within bf16 rounding.
+#[test]
+fn bf16_attention_under_auto_mixed_gives_the_cpus_values_on_the_gpu() {
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
+    let text = r#"graph "attention" {
+  %q = input {name = "q"} : f32[2, 3, 10, 8]
+  %k = input {name = "k"} : f32[2, 3, 10, 8]
+  %v = input {name = "v"} : f32[2, 3, 10, 8]
+  %m = input {name = "m"} : f32[2, 1, 1, 10]
+  %a = attention %q, %k, %v, %m {mask = custom, scale = 0.35} : f32[2, 3, 10, 8]
+  return %a
+}"#;
+    let vals = |n: usize, s: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * (29 + 4 * s) + 11 * s) % 89) as f32 - 44.0) / 25.0)
+            .collect()
+    };
+    let (q, k, v) = (vals(480, 1), vals(480, 2), vals(480, 3));
+    // Key padding: the last three keys of the second example masked out.
+    let m: Vec<f32> = (0..20)
+        .map(|i| if i >= 17 { f32::MIN } else { 0.0 })
+        .collect();
+    let run = |device: Device, policy: PrecisionPolicy| {
+        let mut c = Session::new(device)
+            .with_precision(policy)
+            .try_compile(Graph::parse(text).unwrap())
+            .unwrap();
+        c.run(&[("q", &q), ("k", &k), ("v", &v), ("m", &m)])
+            .remove(0)
+    };
+    let exact = run(Device::Cpu, PrecisionPolicy::AlwaysF32);
+    let cpu = run(Device::Cpu, PrecisionPolicy::AutoMixedBf16);
+    let gpu = run(Device::Gpu, PrecisionPolicy::AutoMixedBf16);
+    for (i, ((e, c), g)) in exact.iter().zip(&cpu).zip(&gpu).enumerate() {
+        assert!(
+            (c - e).abs() <= 3e-2 * (1.0 + e.abs()),
+            "[{i}]: CPU bf16 {c}, f32 {e}"
+        );
+        assert!(
+            (g - c).abs() <= 3e-2 * (1.0 + c.abs()),
+            "[{i}]: GPU {g}, CPU {c}"
+        );
+    }
+    assert!(cpu != exact, "the policy moved attention to bf16");
+}

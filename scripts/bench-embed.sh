@@ -5,7 +5,8 @@
 # setting. Texts (scripts/lib/embed_texts.py): "short" = 256 sentences of 11-15 tokens, "long"
 # = 64 texts of 128 tokens. Prints a Markdown table of sentences/s (median over rounds of each
 # round's median pass; min-max over rounds) and RLX's ratio to each reference, for RLX in
-# f32 (the default) and in bf16 (`--precision bf16`: products in bf16, weights stored in bf16).
+# f32 (the default) and in bf16 (`--precision bf16`: products and attention in bf16, weights
+# stored in bf16); PyTorch also under bf16 autocast (the reference at RLX bf16's precision).
 #
 # Usage: scripts/bench-embed.sh
 # Env: ROUNDS (2), SECONDS_PER_RUN (5), TEXTS ("short long"), BATCHES ("1 32"), THREADS_LIST ("1 2")
@@ -38,9 +39,11 @@ for round in $(seq 1 "$ROUNDS"); do
                     < "$DATA/$t.txt" \
                     | $PY -c 'import json,sys; print(json.load(sys.stdin)["median"])' >> "$OUT/bf16 $key"
                 $PY scripts/lib/bench_embed.py --texts "$DATA/$t.txt" --batch "$b" --threads "$th" \
-                    --seconds "$SECS" --json 2>/dev/null > "$OUT/ref"
+                    --seconds "$SECS" --backend all --json 2>/dev/null > "$OUT/ref"
                 $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["torch"]["median"])' "$OUT/ref" >> "$OUT/torch $key"
                 $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["onnx"]["median"])' "$OUT/ref" >> "$OUT/onnx $key"
+                $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["torch_bf16"]["median"])' "$OUT/ref" >> "$OUT/torch-bf16 $key"
+                $PY -c 'import json,sys; d=json.load(open(sys.argv[1])); print(d["torch_bf16_check"]["min_cosine"])' "$OUT/ref" >> "$OUT/torch-bf16-cos"
             done
         done
     done
@@ -53,15 +56,18 @@ def vals(kind, key):
     return [float(x) for x in open(f"{out}/{kind} {key}").read().split()]
 def cell(v):
     return f"{statistics.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
-print("| texts | batch | threads | RLX | RLX bf16 | PyTorch | ONNX Runtime | RLX / PyTorch | RLX / ORT | bf16 / PyTorch | bf16 / ORT |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| texts | batch | threads | RLX | RLX bf16 | PyTorch | PyTorch bf16 | ONNX Runtime | RLX / PyTorch | RLX / ORT | bf16 / PyTorch | bf16 / PyTorch bf16 | bf16 / ORT |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for t in texts:
     for b in batches:
         for th in threads:
             key = f"{t} {b} {th}"
-            r, h, p, o = (vals(k, key) for k in ("rlx", "bf16", "torch", "onnx"))
+            r, h, p, pb, o = (vals(k, key) for k in ("rlx", "bf16", "torch", "torch-bf16", "onnx"))
             m = statistics.median
-            print(f"| {t} | {b} | {th} | {cell(r)} | {cell(h)} | {cell(p)} | {cell(o)} | "
-                  f"{m(r)/m(p):.2f}x | {m(r)/m(o):.2f}x | {m(h)/m(p):.2f}x | {m(h)/m(o):.2f}x |")
+            print(f"| {t} | {b} | {th} | {cell(r)} | {cell(h)} | {cell(p)} | {cell(pb)} | {cell(o)} | "
+                  f"{m(r)/m(p):.2f}x | {m(r)/m(o):.2f}x | {m(h)/m(p):.2f}x | {m(h)/m(pb):.2f}x | "
+                  f"{m(h)/m(o):.2f}x |")
+cos = [float(x) for x in open(f"{out}/torch-bf16-cos").read().split()]
+print(f"\nPyTorch bf16 (autocast) against PyTorch f32: lowest cosine {min(cos):.6f}")
 PY
 rm -rf "$OUT"

@@ -4,12 +4,15 @@ Usage (from the repository root, after scripts/setup-embed-pyenv.sh; text files 
 scripts/lib/embed_texts.py):
 
     .venv-embed/bin/python scripts/lib/bench_embed.py --texts FILE --batch B --threads T \\
-        --seconds S [--backend torch|onnx|both] [--json]
+        --seconds S [--backend torch|torch-bf16|onnx|both|all] [--json]
 
 FILE holds one text per line. Backends:
 
 * torch: sentence-transformers on PyTorch CPU, `model.encode(texts, batch_size=B)` with
   torch.set_num_threads(T) (tokenization, forward, mean pooling and the model's Normalize).
+* torch-bf16: the same inside `torch.autocast("cpu", dtype=torch.bfloat16)` (PyTorch's mixed
+  precision: products and attention in bf16 through oneDNN, the reference for RLX's
+  `--precision bf16`); its vectors' lowest cosine to f32 torch's is reported.
 * onnx: ONNX Runtime on the same model, exported here once to ONNX (cached under
   <repo>/target/embed-onnx/; inputs input_ids / attention_mask / token_type_ids with dynamic
   batch and sequence axes, output the token embeddings). Tokenization with the `tokenizers`
@@ -24,7 +27,10 @@ sentences/second figure, and the median, min and max over passes are reported. B
 timing, the ONNX embeddings of all texts are compared once with torch's: the script fails
 unless every cosine similarity is >= 0.9999.
 
-Output with --json: {"torch": {"median", "min", "max", "runs"}, "onnx": {...}, "meta": {...}}
+`both` runs torch and onnx, `all` also torch-bf16.
+
+Output with --json: {"torch": {"median", "min", "max", "runs"}, "onnx": {...},
+"torch_bf16": {...}, "meta": {...}}
 """
 import argparse
 import json
@@ -152,7 +158,8 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seconds", type=float, default=10.0)
-    ap.add_argument("--backend", choices=("torch", "onnx", "both"), default="both")
+    ap.add_argument("--backend", choices=("torch", "torch-bf16", "onnx", "both", "all"),
+                    default="both")
     ap.add_argument("--onnx-dir", type=Path, default=REPO / "target" / "embed-onnx")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     args = ap.parse_args()
@@ -166,9 +173,14 @@ def main():
         return model.encode(texts, batch_size=args.batch, show_progress_bar=False,
                             convert_to_numpy=True)
 
+    def st_encode_bf16():
+        import torch
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return st_encode()
+
     results = {}
     onnx = None
-    if args.backend in ("onnx", "both"):
+    if args.backend in ("onnx", "both", "all"):
         onnx = OnnxEncoder(model, args.threads, args.onnx_dir)
         ref, got = st_encode(), onnx.encode(texts, args.batch)
         cos = np.sum(ref * got, axis=1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))
@@ -177,8 +189,13 @@ def main():
                      f"(text {int(cos.argmin())})")
         results["onnx_check"] = {"min_cosine": float(cos.min()),
                                  "max_abs": float(np.max(np.abs(ref - got)))}
-    if args.backend in ("torch", "both"):
+    if args.backend in ("torch", "both", "all"):
         results["torch"] = timed(st_encode, len(texts), args.seconds)
+    if args.backend in ("torch-bf16", "all"):
+        ref, got = st_encode(), st_encode_bf16().astype(np.float32)
+        cos = np.sum(ref * got, axis=1) / (np.linalg.norm(ref, axis=1) * np.linalg.norm(got, axis=1))
+        results["torch_bf16_check"] = {"min_cosine": float(cos.min())}
+        results["torch_bf16"] = timed(st_encode_bf16, len(texts), args.seconds)
     if onnx is not None:
         results["onnx"] = timed(lambda: onnx.encode(texts, args.batch), len(texts), args.seconds)
     results["meta"] = {
@@ -190,13 +207,14 @@ def main():
     if args.json:
         print(json.dumps(results))
     else:
-        for name in ("torch", "onnx"):
+        for name in ("torch", "torch_bf16", "onnx"):
             if name in results:
                 r = results[name]
-                print(f"{name:5s}: {r['median']:9.1f} sentences/s (min {r['min']:.1f}, "
+                print(f"{name:10s}: {r['median']:9.1f} sentences/s (min {r['min']:.1f}, "
                       f"max {r['max']:.1f}, {r['runs']} runs)")
-        if "onnx_check" in results:
-            print(f"onnx vs torch: min cosine {results['onnx_check']['min_cosine']:.7f}")
+        for name in ("onnx", "torch_bf16"):
+            if f"{name}_check" in results:
+                print(f"{name} vs torch: min cosine {results[name + '_check']['min_cosine']:.7f}")
 
 
 if __name__ == "__main__":

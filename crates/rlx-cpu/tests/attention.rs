@@ -2,8 +2,9 @@
 //! AVX-512 and heads of at most 64 the register-blocked path) against the reference evaluator
 //! (f64), at every instruction-set level, for every mask kind, grouped heads, fewer queries than
 //! keys, query counts that do not fill a block, head widths that do not fill a vector, broadcast
-//! custom masks and strided operands (queries, keys and values). bf16 (AVX-512 BF16 dot products, or widened to f32 below
-//! that level) and f16 (widened) against the same evaluator within their rounding.
+//! custom masks and strided operands (queries, keys and values); f64 through the generic kernel.
+//! bf16 (AVX-512 BF16 dot products, or widened to f32 below that level) and f16 (widened)
+//! against the same evaluator within their rounding.
 
 use rlx_driver::Executable;
 use rlx_ir::eval::{evaluate, Tensor};
@@ -93,6 +94,10 @@ fn check(c: &Case) {
 fn encode(vals: &[f32], dt: DType) -> Vec<u8> {
     match dt {
         DType::F32 => vals.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        DType::F64 => vals
+            .iter()
+            .flat_map(|&x| (x as f64).to_le_bytes())
+            .collect(),
         DType::BF16 => vals
             .iter()
             .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
@@ -111,6 +116,10 @@ fn decode(bytes: &[u8], dt: DType) -> Vec<f64> {
         DType::F32 => bytes
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+            .collect(),
+        DType::F64 => bytes
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
             .collect(),
         DType::BF16 => bytes
             .chunks_exact(2)
@@ -137,6 +146,7 @@ fn check_against(g: &Graph, feeds: &[Vec<u8>], want: &[f64], c: &Case) {
         // the evaluator rounds); bf16 also rounds the probabilities to bf16 for the second
         // product: within a unit in the last place of both roundings.
         let tol = match c.dtype {
+            DType::F64 => 1e-9,
             DType::F32 => 1e-5,
             DType::F16 => 2e-3,
             _ => 2e-2,
@@ -169,6 +179,12 @@ fn bf16_attention_matches_the_reference_evaluator() {
 #[test]
 fn f16_attention_matches_the_reference_evaluator() {
     every_case(DType::F16);
+}
+
+/// f64 takes the generic kernel (sums in f64, element by element).
+#[test]
+fn f64_attention_matches_the_reference_evaluator() {
+    every_case(DType::F64);
 }
 
 fn every_case(dtype: DType) {

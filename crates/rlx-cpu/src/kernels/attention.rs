@@ -28,6 +28,7 @@ fn attention<T: FloatElem>(
     let (hkv, sk, dv) = (k.layout.dims()[1], k.layout.dims()[2], v.layout.dims()[3]);
     let group = hq / hkv.max(1);
     let ml = mask.map(|m| m.layout.broadcast_to(&[b, hq, sq, sk]));
+    let keys = Keys::new(kind, sq, sk);
     kernel(move |pool| {
         let rows = b * hq * sq;
         let c = |x: f64| <T as FloatElem>::C::c(x);
@@ -43,14 +44,7 @@ fn attention<T: FloatElem>(
             let (bi, rest) = (row / (hq * sq), row % (hq * sq));
             let (h, i) = (rest / sq, rest % sq);
             let kh = h / group.max(1);
-            // Query i sits at absolute position i + (sk - sq).
-            let pos = i as isize + sk as isize - sq as isize;
-            let (lo, hi) = match kind {
-                MaskKind::Causal => (0, pos + 1),
-                MaskKind::SlidingWindow(w) => (pos - w as isize + 1, pos + 1),
-                _ => (0, sk as isize),
-            };
-            let (lo, hi) = (lo.max(0) as usize, hi.clamp(0, sk as isize) as usize);
+            let (lo, hi) = keys.visible(i as isize + keys.off);
             let mut mx = f64::NEG_INFINITY;
             for j in lo..hi {
                 let mut s = c(0.0);

@@ -118,7 +118,7 @@ pub(super) fn rope(ins: &[&Shape]) -> Result<Shape> {
 // ---------------------------------------------------------------- decompositions and rules
 
 use super::ad::{differentiable, dims, scalar};
-use crate::{Activation, Graph, NodeId};
+use crate::{Activation, DType, Graph, NodeId};
 
 /// LayerNorm / RmsNorm as reductions and elementwise ops (what autodiff differentiates).
 pub(super) fn decompose_norm(g: &mut Graph, ins: &[NodeId], eps: f32, rms: bool) -> Result<NodeId> {
@@ -169,6 +169,14 @@ pub(super) fn decompose_attention(
     }
     let kt = g.try_transpose(k, &[0, 1, 3, 2])?;
     let s = g.try_dot(q, kt)?;
+    // A bf16 / f16 attention keeps its scale, mask and softmax in f32 (as the native kernels
+    // do); only the two products take the low precision.
+    let low = matches!(dt, DType::BF16 | DType::F16);
+    let (s, dt) = if low {
+        (g.try_cast(s, DType::F32)?, DType::F32)
+    } else {
+        (s, dt)
+    };
     let sc = scalar(g, scale as f64, dt)?;
     let mut s = g.try_mul(s, sc)?;
     let off = sk as isize - sq as isize;
@@ -177,7 +185,7 @@ pub(super) fn decompose_attention(
         match mask {
             MaskKind::Causal => (j as isize) <= p,
             MaskKind::SlidingWindow(w) => (j as isize) <= p && (j as isize) > p - w as isize,
-            _ => true,
+            MaskKind::None | MaskKind::Custom => true,
         }
     };
     if matches!(mask, MaskKind::Causal | MaskKind::SlidingWindow(_)) {
@@ -200,10 +208,20 @@ pub(super) fn decompose_attention(
         let m = g.try_constant_bytes(crate::Shape::new(&[sq, sk], dt), data)?;
         s = g.try_add(s, m)?;
     } else if mask == MaskKind::Custom {
-        s = g.try_add(s, ins[3])?;
+        let m = if low {
+            g.try_cast(ins[3], DType::F32)?
+        } else {
+            ins[3]
+        };
+        s = g.try_add(s, m)?;
     }
     let _ = b;
     let p = g.try_softmax(s, 3)?;
+    let p = if low {
+        g.try_cast(p, g.shape(v).dtype())?
+    } else {
+        p
+    };
     g.try_dot(p, v)
 }
 

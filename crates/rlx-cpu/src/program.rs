@@ -628,7 +628,9 @@ pub fn lower(
                             scratch_req,
                             build,
                         ));
-                        let layout = if matches!(node.op, Op::MatMul) {
+                        // The products' and attention's kernels write through their output
+                        // strides (rows apart, the last axis dense).
+                        let layout = if matches!(node.op, Op::MatMul | Op::Attention { .. }) {
                             output_layout(plan, id, &dims)
                         } else {
                             dense

@@ -2,7 +2,8 @@
 //! AVX-512 and heads of at most 64 the register-blocked path) against the reference evaluator
 //! (f64), at every instruction-set level, for every mask kind, grouped heads, fewer queries than
 //! keys, query counts that do not fill a block, head widths that do not fill a vector, broadcast
-//! custom masks and strided operands (queries, keys and values); f64 through the generic kernel.
+//! custom masks, strided operands (queries, keys and values) and a result stored in the head
+//! merge's order; f64 through the generic kernel.
 //! bf16 (AVX-512 BF16 dot products, or widened to f32 below that level) and f16 (widened)
 //! against the same evaluator within their rounding.
 
@@ -28,6 +29,9 @@ struct Case {
     strided_kv: bool,
     /// The dtype of every operand and the result.
     dtype: DType,
+    /// Read the result through the head merge `[B, Sq, Hq, Dv]` (the plan then stores the
+    /// attention in that order: output rows `Hq · Dv` apart).
+    merged_out: bool,
 }
 
 fn values(n: usize, seed: usize) -> Vec<f32> {
@@ -65,6 +69,12 @@ fn check(c: &Case) {
         g.attention_masked(q, k, v, m, scale)
     } else {
         g.attention(q, k, v, c.mask, scale)
+    };
+    let y = if c.merged_out {
+        let t = g.transpose(y, &[0, 2, 1, 3]);
+        g.reshape(t, &[c.b * c.sq, c.hq * c.dv])
+    } else {
+        y
     };
     g.set_outputs(vec![y]);
     let mut leaves = BTreeMap::new();
@@ -201,6 +211,7 @@ fn every_case(dtype: DType) {
         strided_q: false,
         strided_kv: false,
         dtype,
+        merged_out: false,
     };
     let kinds = [
         MaskKind::None,
@@ -210,7 +221,12 @@ fn every_case(dtype: DType) {
     ];
     for mask in kinds {
         for (sq, sk) in [(70, 70), (3, 70), (1, 9), (130, 130)] {
-            for (strided_q, strided_kv) in [(false, false), (true, false), (false, true)] {
+            for (strided_q, strided_kv, merged_out) in [
+                (false, false, false),
+                (true, false, false),
+                (false, true, false),
+                (false, false, true),
+            ] {
                 check(&Case {
                     sq,
                     sk,
@@ -219,6 +235,7 @@ fn every_case(dtype: DType) {
                     mask_dims: vec![base.b, 1, 1, sk],
                     strided_q,
                     strided_kv,
+                    merged_out,
                     ..base
                 });
             }
@@ -266,7 +283,7 @@ proptest::proptest! {
         dv in 1usize..90,
         kind in 0usize..4,
         window in 1usize..12,
-        strided in 0usize..3,
+        strided in 0usize..4,
     ) {
         let sq = ((sk as f64 * q_frac) as usize).clamp(1, sk);
         let mask = match kind {
@@ -288,6 +305,7 @@ proptest::proptest! {
             strided_q: strided == 1,
             strided_kv: strided == 2,
             dtype: DType::BF16,
+            merged_out: strided == 3,
         });
     }
 }

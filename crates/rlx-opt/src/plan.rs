@@ -6,9 +6,9 @@
 //! - **Causal skips** ([`causal_skips`]): products one of whose operands is known to be zero on
 //!   one side of a diagonal (causal attention's probabilities and their gradients), or whose
 //!   result no reader needs there (the scores a -inf mask hides). A GEMM may skip that part.
-//! - **Permuted stores** ([`permuted_stores`]): a product whose one reader transposes it
-//!   (attention's `[b, h, t, d] -> [b, t, h, d]`) may be stored in the transposed order, so the
-//!   transpose is a dense view.
+//! - **Permuted stores** ([`permuted_stores`]): a product or an attention whose one reader
+//!   transposes it (the head merge `[b, h, t, d] -> [b, t, h, d]`) may be stored in the
+//!   transposed order, so the transpose is a dense view.
 //! - **Donations** ([`donations`]): the param updates a backend may compute straight into the
 //!   param's storage (JAX's buffer donation), because nothing reads the old value afterwards.
 //! - **Panel params** ([`panel_params`]): 2-D bf16 weights read only as the right operand of
@@ -471,9 +471,10 @@ pub fn causal_skips(g: &Graph) -> BTreeMap<u32, Skip> {
     out
 }
 
-/// The f32 products of `g` that are no graph output and whose one reader is a transpose of
-/// rank 3 or more keeping the last axis: node index → that transpose's `perm`. Stored in that
-/// order, the transpose is a dense view and a reshape after it needs no copy.
+/// The f32 products and the attentions (any dtype) of `g` that are no graph output and whose
+/// one reader is a transpose of rank 3 or more keeping the last axis: node index → that
+/// transpose's `perm`. Stored in that order, the transpose is a dense view and a reshape after
+/// it needs no copy (attention's head merge `[b, h, t, d] -> [b, t, h, d]`).
 pub fn permuted_stores(g: &Graph) -> BTreeMap<u32, Vec<usize>> {
     let mut readers: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
     for id in g.ids() {
@@ -484,8 +485,12 @@ pub fn permuted_stores(g: &Graph) -> BTreeMap<u32, Vec<usize>> {
     let mut out = BTreeMap::new();
     for id in g.ids() {
         let n = g.node(id);
-        if !matches!(n.op, Op::MatMul) || n.shape.dtype() != DType::F32 || g.outputs().contains(&id)
-        {
+        let stores = match n.op {
+            Op::MatMul => n.shape.dtype() == DType::F32,
+            Op::Attention { .. } => true,
+            _ => false,
+        };
+        if !stores || g.outputs().contains(&id) {
             continue;
         }
         let [u] = readers[id.index()].as_slice() else {

@@ -558,7 +558,7 @@ fn attention_bf16(
             // The widened mask row sits at the end of the thread's scratch.
             let mrow = (work as *mut f32).add(per_thread / 4 - sk.next_multiple_of(32).max(32));
             // A mask whose rows do not change with the query (a key-padding mask) is widened once.
-            let mut widened = None;
+            let mut widened = false;
             let tile = dot::Tile {
                 q: (q.base::<u16>() as *const u16).add(at4(&q.layout, [bi, h, i0, 0])),
                 q_strides: (qs[2], qs[3]),
@@ -579,12 +579,12 @@ fn attention_bf16(
                 let m = match (&mask, &ml) {
                     (Some(m), Some(l)) => {
                         let [_, _, is, js] = [0, 1, 2, 3].map(|a| l.strides()[a]);
-                        if widened.is_none() || is != 0 {
+                        if !widened || is != 0 {
                             let pm = (m.base::<u16>() as *const u16).add(at4(l, [bi, h, i, c0]));
                             for j in 0..row.len() {
                                 *mrow.add(j) = f32::from_bits((*pm.add(j * js) as u32) << 16);
                             }
-                            widened = Some(());
+                            widened = true;
                         }
                         std::slice::from_raw_parts(mrow.add(lo), hi - lo)
                     }
@@ -933,8 +933,9 @@ mod dot {
     }
 }
 
-/// Offsets and sizes, in bytes, of the f32 copies [`attention_widened`] makes in its scratch:
-/// q, k, v, the mask (if any), the output, then the f32 kernel's own scratch.
+/// Offsets, in bytes, of the f32 copies [`attention_widened`] makes in its scratch (q, k, v,
+/// the mask if any, the output, then where the f32 kernel's own scratch starts), and their
+/// total size.
 fn widened_parts(ins: &[&[usize]], out: &[usize]) -> (Vec<usize>, usize) {
     let mut offs = Vec::with_capacity(ins.len() + 2);
     let mut at = 0;
@@ -949,7 +950,6 @@ fn widened_parts(ins: &[&[usize]], out: &[usize]) -> (Vec<usize>, usize) {
 /// Half-precision attention without a dot-product kernel for its dtype (f16, or bf16 without
 /// AVX-512 BF16): the operands widened to f32 into scratch, [`attention_f32`] on the copies, and
 /// its output rounded once into `out`.
-#[allow(clippy::too_many_arguments)]
 fn attention_widened<T: FloatElem>(
     ins: &[TRef],
     out: TRef,

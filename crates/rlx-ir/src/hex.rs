@@ -10,12 +10,18 @@ const DIGITS: &[u8; 16] = b"0123456789abcdef";
 
 /// `bytes` as lowercase hexadecimal, two digits a byte.
 pub fn encode(bytes: &[u8]) -> String {
-    let mut s = Vec::with_capacity(bytes.len() * 2);
+    let mut s = String::with_capacity(bytes.len() * 2);
+    encode_into(bytes, &mut s);
+    s
+}
+
+/// [`encode`], appended to `out`.
+pub fn encode_into(bytes: &[u8], out: &mut String) {
+    out.reserve(bytes.len() * 2);
     for &b in bytes {
-        s.push(DIGITS[(b >> 4) as usize]);
-        s.push(DIGITS[(b & 15) as usize]);
+        out.push(DIGITS[(b >> 4) as usize] as char);
+        out.push(DIGITS[(b & 15) as usize] as char);
     }
-    String::from_utf8(s).expect("hex digits are ASCII")
 }
 
 /// The bytes of a hexadecimal string (either case); the error names the first bad character.

@@ -92,9 +92,7 @@ impl Attr {
 
     fn write(&self, out: &mut String, indent: usize) {
         match self {
-            Attr::Int(v) => {
-                let _ = write!(out, "{v}");
-            }
+            Attr::Int(v) => push_int(out, *v),
             // Debug is the shortest form that reads back to the same f32 (`1e-5`, `10000.0`).
             Attr::Float(v) => {
                 let _ = write!(out, "{v:?}");
@@ -124,9 +122,7 @@ impl Attr {
             }
             Attr::Bytes(b) => {
                 out.push_str("0x");
-                for x in b {
-                    let _ = write!(out, "{x:02x}");
-                }
+                crate::hex::encode_into(b, out);
             }
             Attr::Graph(g) => write_graph(out, g, indent),
         }
@@ -322,7 +318,11 @@ impl Attrs {
 fn write_attrs(out: &mut String, attrs: &[(&str, Attr)], indent: usize) {
     out.push('{');
     for (i, (k, a)) in attrs.iter().enumerate() {
-        let _ = write!(out, "{}{k} = ", if i == 0 { "" } else { ", " });
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(k);
+        out.push_str(" = ");
         a.write(out, indent);
     }
     out.push('}');
@@ -348,21 +348,67 @@ pub(crate) fn parse_attrs(text: &str) -> Result<Vec<(String, Attr)>> {
     Ok(items)
 }
 
+/// `v` in decimal, appended to `out` (the text form writes thousands of ids and dims; this
+/// skips the formatting machinery).
+fn push_int(out: &mut String, mut v: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (v % 10) as u8;
+        v /= 10;
+        if v == 0 {
+            break;
+        }
+    }
+    out.push_str(std::str::from_utf8(&buf[i..]).expect("decimal digits are ASCII"));
+}
+
+/// A node reference, `%7`.
+fn push_id(out: &mut String, id: NodeId) {
+    out.push('%');
+    push_int(out, id.0 as u64);
+}
+
+/// A shape as its `Display` writes it, `f32[2, ?n]`.
+fn push_shape(out: &mut String, s: &Shape) {
+    out.push_str(s.dtype().name());
+    out.push('[');
+    for (i, d) in s.dims().iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        match d {
+            Dim::Static(n) => push_int(out, *n as u64),
+            Dim::Dynamic(_) => {
+                let _ = write!(out, "{d}");
+            }
+        }
+    }
+    out.push(']');
+}
+
 fn write_graph(out: &mut String, g: &Graph, indent: usize) {
     let pad = "  ".repeat(indent + 1);
     let _ = writeln!(out, "graph {:?} {{", g.name());
     for id in g.ids() {
         let n = g.node(id);
-        let _ = write!(out, "{pad}{id} = {}", n.op.name());
-        for (i, x) in n.inputs.iter().enumerate() {
-            let _ = write!(out, "{}{x}", if i == 0 { " " } else { ", " });
+        out.push_str(&pad);
+        push_id(out, id);
+        out.push_str(" = ");
+        out.push_str(n.op.name());
+        for (i, &x) in n.inputs.iter().enumerate() {
+            out.push_str(if i == 0 { " " } else { ", " });
+            push_id(out, x);
         }
         let attrs = ops::attrs(&n.op);
         if !attrs.is_empty() {
             out.push(' ');
             write_attrs(out, &attrs, indent + 1);
         }
-        let _ = writeln!(out, " : {}", n.shape);
+        out.push_str(" : ");
+        push_shape(out, &n.shape);
+        out.push('\n');
     }
     let outs: Vec<String> = g.outputs().iter().map(|o| o.to_string()).collect();
     let _ = writeln!(out, "{pad}return {}", outs.join(", "));

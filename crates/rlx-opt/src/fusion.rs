@@ -13,7 +13,7 @@
 
 use crate::Pass;
 use rlx_ir::{FusedRegion, FusionKind, Graph, NodeId, Op, ReduceKind, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -60,7 +60,7 @@ impl FusionOptions {
 }
 
 /// Why a node was not fused into its user's region.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MissReason {
     /// The op is not one the backend's kernel for the kind takes (for the generic pass: not
     /// elementwise, broadcast or cast).
@@ -104,7 +104,7 @@ impl MissReason {
 }
 
 /// What the pass decided for one candidate node (of the input graph).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Candidate {
     /// The node in the input graph.
     pub node: u32,
@@ -117,7 +117,7 @@ pub struct Candidate {
 }
 
 /// One region formed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Region {
     /// Its kind.
     pub kind: FusionKind,
@@ -132,7 +132,7 @@ pub struct Region {
 
 /// What a fusion pass did: ops per kind before and after, the regions, and a decision for every
 /// candidate (XLA's `FusionDecision`: fused, or a reason and a hint).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FusionReport {
     /// Op name → count in the input graph.
     pub ops_before: BTreeMap<String, usize>,

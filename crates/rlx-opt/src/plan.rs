@@ -21,8 +21,8 @@
 
 use crate::fusion::{Accepts, FuseElementwise, FusionOptions, FusionReport};
 use crate::patterns::FusePatterns;
-use rlx_ir::{BinaryOp, DType, FusionKind, Graph, NodeId, Op, Result};
-use serde::Serialize;
+use rlx_ir::{BinaryOp, DType, Error, FusionKind, Graph, NodeId, Op, Result};
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Which compile-time decisions [`prepare`] makes.
@@ -77,7 +77,7 @@ impl LoweringOptions {
 }
 
 /// Which part of a product `C = A B` (over the last two axes) can be skipped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Skip {
     /// A is zero for depth `p > i + off`: row `i` of C sums depths `p <= i + off`.
     RowMax(isize),
@@ -92,7 +92,7 @@ pub enum Skip {
 
 /// A param update computed in place: graph output `output` is written straight into param
 /// `param`'s storage.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Donation {
     /// The output index.
     pub output: usize,
@@ -102,7 +102,7 @@ pub struct Donation {
 
 /// The side tables a backend reads while lowering the graph [`prepare`] returned. Node ids are
 /// that graph's.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct LoweringPlan {
     /// Products that may skip part of their work.
     pub skips: BTreeMap<u32, Skip>,
@@ -130,6 +130,88 @@ impl LoweringPlan {
     /// The panel width param `id` is stored in, if it is stored in column panels.
     pub fn panels(&self, id: NodeId) -> Option<usize> {
         self.panel_params.get(&id.0).copied()
+    }
+
+    /// Check that the plan can belong to `g` (the graph [`prepare`] returned with it): every
+    /// entry names a node of `g` of the kind it applies to, skip offsets lie within the
+    /// product's dims, permutations permute the node's axes, panel widths divide the param's
+    /// columns and donations name an output and a param of `g`. A plan read from outside (a
+    /// compile-cache entry) passes this before a backend lowers with it; a plan that fails it
+    /// would make kernels compute wrong values or address the wrong bytes.
+    pub fn check(&self, g: &Graph) -> Result<()> {
+        let node = |id: u32, what: &str| {
+            if (id as usize) < g.len() {
+                Ok(g.node(NodeId(id)))
+            } else {
+                Err(Error::Invalid(format!(
+                    "lowering plan: {what} names node %{id}, but the graph has {} nodes",
+                    g.len()
+                )))
+            }
+        };
+        let dims = |id: u32| g.node(NodeId(id)).shape.static_dims().unwrap_or_default();
+        for (&id, skip) in &self.skips {
+            let n = node(id, "a skip")?;
+            let bound = n
+                .inputs
+                .iter()
+                .flat_map(|&i| dims(i.0))
+                .chain(dims(id))
+                .max()
+                .unwrap_or(0);
+            let (Skip::RowMax(off) | Skip::RowMin(off) | Skip::ColMin(off) | Skip::Unneeded(off)) =
+                *skip;
+            if !matches!(n.op, Op::MatMul) || off.unsigned_abs() > bound {
+                return Err(Error::Invalid(format!(
+                    "lowering plan: skip {skip:?} at %{id} ({} {}) is not a skip of a product",
+                    n.op.name(),
+                    n.shape
+                )));
+            }
+        }
+        for (&id, perm) in &self.permuted_stores {
+            let n = node(id, "a permuted store")?;
+            let mut seen = vec![false; perm.len()];
+            let permutes = perm.len() == n.shape.rank()
+                && perm
+                    .iter()
+                    .all(|&p| p < seen.len() && !std::mem::replace(&mut seen[p], true));
+            if !matches!(n.op, Op::MatMul | Op::Attention { .. }) || !permutes {
+                return Err(Error::Invalid(format!(
+                    "lowering plan: permuted store {perm:?} at %{id} ({} {}) does not permute \
+                     the axes of a product or attention",
+                    n.op.name(),
+                    n.shape
+                )));
+            }
+        }
+        for (&id, &width) in &self.panel_params {
+            let n = node(id, "a param in panels")?;
+            let d = dims(id);
+            if !matches!(n.op, Op::Param { .. }) || d.len() != 2 || width == 0 || d[1] % width != 0
+            {
+                return Err(Error::Invalid(format!(
+                    "lowering plan: panels of {width} columns at %{id} ({} {}) do not fit a \
+                     2-D param",
+                    n.op.name(),
+                    n.shape
+                )));
+            }
+        }
+        for d in &self.donations {
+            let is_param =
+                |n: &rlx_ir::Node| matches!(&n.op, Op::Param { name } if *name == d.param);
+            if d.output >= g.outputs().len() || !g.nodes().iter().any(is_param) {
+                return Err(Error::Invalid(format!(
+                    "lowering plan: donation of output {} to param \"{}\" names no output or \
+                     param of the graph ({} outputs)",
+                    d.output,
+                    d.param,
+                    g.outputs().len()
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -1,19 +1,24 @@
-//! The compile cache: the optimized graph of a compile (after the precision, simplification,
-//! CSE, constant-folding, DCE and decomposition passes), keyed by a fingerprint of everything
-//! that decides it, kept in memory and optionally on disk, so a later compile of the same graph
-//! with the same options (in this process or a new one) skips the passes.
+//! The compile cache: what the backend-independent part of a compile decides (the graph after
+//! the precision, simplification, CSE, constant-folding, DCE and decomposition passes and after
+//! fusion, with the lowering plan's side tables and every pass's record), keyed by a fingerprint
+//! of everything that decides it, kept in memory and optionally on disk, so a later compile of
+//! the same graph with the same options (in this process or a new one) goes straight to the
+//! backend's lowering.
 //!
 //! The fingerprint is SHA-256 over a format tag, the RLX version, the backend and device, the
-//! session's options (threads, optimizations, precision policy, bound updates) and the graph's
-//! canonical text form: stable across Rust releases and runs, unlike `DefaultHasher`. A disk
-//! entry is a header line naming the format, the RLX version and the fingerprint, then JSON of
-//! the graph and the pass records; an entry whose header does not match, that does not parse,
-//! or whose graph does not verify is not used: the graph is compiled again and the entry
-//! rewritten (written to a temporary file and renamed, so readers never see half an entry).
-//! Fusion and lowering still run on every compile: their result holds the backend's kernels.
+//! session's options (threads, optimizations, precision policy, bound updates, lowering options
+//! after the environment's overrides) and the graph's canonical text form: stable across Rust
+//! releases and runs, unlike `DefaultHasher`. A disk entry is a header line naming the format,
+//! the RLX version, the fingerprint and the SHA-256 of the rest, then JSON of the graph, the
+//! plan and the pass records. An entry whose header does not match, whose checksum does not
+//! (a changed byte anywhere, a constant's included), that does not parse, whose graph does not
+//! verify or whose plan does not fit its graph ([`LoweringPlan::check`]) is not used: the graph is
+//! compiled again and the entry rewritten (written to a temporary file and renamed, so readers
+//! never see half an entry). Lowering (kernel choice, memory plan, kernels) runs on every
+//! compile: its result holds the backend's code and addresses.
 
 use rlx_ir::Graph;
-use rlx_opt::PassRecord;
+use rlx_opt::{LoweringPlan, PassRecord};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -21,13 +26,15 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The on-disk format; a change of format (or of RLX's version) makes old entries foreign.
-const FORMAT: &str = "rlx-compile-cache 1";
+const FORMAT: &str = "rlx-compile-cache 2";
 
-/// What a compile stores: the optimized graph and what each pass did.
+/// What a compile stores: the graph to lower (optimized and fused), what each pass did (fusion
+/// included) and the lowering plan.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Entry {
     pub(crate) graph: Graph,
     pub(crate) records: Vec<PassRecord>,
+    pub(crate) plan: LoweringPlan,
 }
 
 /// How often the cache answered.
@@ -117,8 +124,19 @@ impl CompileCache {
         self.dir.as_ref().map(|d| d.join(format!("{key}.rlxc")))
     }
 
+    /// The header's fields before the checksum: format, version, fingerprint.
     fn header(key: &str) -> String {
-        format!("{FORMAT} {} {key}\n", env!("CARGO_PKG_VERSION"))
+        format!("{FORMAT} {} {key} ", env!("CARGO_PKG_VERSION"))
+    }
+
+    /// An entry's bytes: the header, the checksum of `body`, a newline, `body`.
+    fn encode(key: &str, e: &Entry) -> std::result::Result<Vec<u8>, serde_json::Error> {
+        let body = serde_json::to_vec(e)?;
+        let mut bytes = Self::header(key).into_bytes();
+        bytes.extend(fingerprint(&[&body]).into_bytes());
+        bytes.push(b'\n');
+        bytes.extend(body);
+        Ok(bytes)
     }
 
     /// The entry of `key`, from memory or disk.
@@ -151,15 +169,26 @@ impl CompileCache {
         }
     }
 
-    /// Read an entry, checking that it is of this format and version, for `key`, and that its
-    /// graph verifies.
+    /// Read an entry, checking that it is of this format and version, for `key`, that its
+    /// graph verifies and that its plan fits the graph.
     fn decode(key: &str, bytes: &[u8]) -> std::result::Result<Entry, String> {
         let header = Self::header(key);
-        let body = bytes
+        let rest = bytes
             .strip_prefix(header.as_bytes())
             .ok_or("its header names another format, RLX version or fingerprint")?;
+        let sum = fingerprint(&[]).len();
+        let (checksum, body) = (rest.get(..sum), rest.get(sum + 1..));
+        let (Some(checksum), Some(body)) = (checksum, body) else {
+            return Err("it ends inside its header".into());
+        };
+        if rest[sum] != b'\n' || checksum != fingerprint(&[body]).as_bytes() {
+            return Err("its checksum does not match its contents (the file is corrupt)".into());
+        }
         let e: Entry = serde_json::from_slice(body).map_err(|e| format!("not valid: {e}"))?;
         rlx_ir::verify(&e.graph).map_err(|e| format!("its graph does not verify: {e}"))?;
+        e.plan
+            .check(&e.graph)
+            .map_err(|e| format!("its plan does not fit its graph: {e}"))?;
         Ok(e)
     }
 
@@ -188,8 +217,7 @@ impl CompileCache {
         if let Some(d) = path.parent() {
             std::fs::create_dir_all(d)?;
         }
-        let mut bytes = Self::header(key).into_bytes();
-        serde_json::to_writer(&mut bytes, e).map_err(std::io::Error::other)?;
+        let bytes = Self::encode(key, e).map_err(std::io::Error::other)?;
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         std::fs::write(&tmp, &bytes)?;
         std::fs::rename(&tmp, path)
@@ -216,6 +244,11 @@ mod tests {
     use rlx_ir::{DType, Shape};
 
     fn entry_bytes(key: &str) -> Vec<u8> {
+        entry_bytes_with(key, |_| {})
+    }
+
+    /// A small entry (a product plus a constant) whose valid plan `edit` may spoil.
+    fn entry_bytes_with(key: &str, edit: impl FnOnce(&mut LoweringPlan)) -> Vec<u8> {
         let mut g = Graph::new("t");
         let x = g.input("x", Shape::new(&[2, 3], DType::F32));
         let w = g.param("w", Shape::new(&[3, 4], DType::F32));
@@ -223,13 +256,16 @@ mod tests {
         let c = g.constant_f32(&[4], &[1.0, 2.0, 3.0, 4.0]);
         let y = g.add(y, c);
         g.set_outputs(vec![y]);
+        let mut plan = LoweringPlan::default();
+        plan.skips.insert(2, rlx_opt::Skip::RowMax(0));
+        plan.permuted_stores.insert(2, vec![1, 0]);
+        edit(&mut plan);
         let e = Entry {
             graph: g,
             records: Vec::new(),
+            plan,
         };
-        let mut bytes = CompileCache::header(key).into_bytes();
-        serde_json::to_writer(&mut bytes, &e).unwrap();
-        bytes
+        CompileCache::encode(key, &e).unwrap()
     }
 
     #[test]
@@ -238,6 +274,73 @@ mod tests {
         let e = CompileCache::decode(&key, &entry_bytes(&key)).unwrap();
         assert_eq!(e.graph.len(), 5);
         assert!(CompileCache::decode(&fingerprint(&[b"other"]), &entry_bytes(&key)).is_err());
+    }
+
+    /// A changed digit of a constant still parses and verifies; the checksum refuses it.
+    #[test]
+    fn an_entry_with_a_changed_constant_is_refused() {
+        let key = fingerprint(&[b"k"]);
+        let mut b = entry_bytes(&key);
+        let at = b
+            .windows(8)
+            .position(|w| w == b"0000803f")
+            .expect("1.0f32 in hex");
+        b[at + 5] = b'1';
+        let err = CompileCache::decode(&key, &b).unwrap_err();
+        assert!(err.contains("checksum does not match"), "{err}");
+        // The same edit with the checksum made anew is read (what the checksum alone catches).
+        let body_at = b.iter().position(|&c| c == b'\n').unwrap() + 1;
+        let body = b[body_at..].to_vec();
+        let mut again = CompileCache::header(&key).into_bytes();
+        again.extend(fingerprint(&[&body]).into_bytes());
+        again.push(b'\n');
+        again.extend(body);
+        assert!(CompileCache::decode(&key, &again).is_ok());
+    }
+
+    /// A plan that would make a backend address the wrong bytes is refused, with the reason.
+    #[test]
+    fn an_entry_whose_plan_does_not_fit_its_graph_is_refused() {
+        let key = fingerprint(&[b"k"]);
+        type Edit = fn(&mut LoweringPlan);
+        let spoilt: [(Edit, &str); 6] = [
+            (
+                |p| _ = p.permuted_stores.insert(2, vec![0, 0]),
+                "does not permute",
+            ),
+            (
+                |p| _ = p.permuted_stores.insert(3, vec![1, 0]),
+                "does not permute",
+            ),
+            (
+                |p| _ = p.skips.insert(99, rlx_opt::Skip::RowMin(0)),
+                "names node %99",
+            ),
+            (
+                |p| _ = p.skips.insert(2, rlx_opt::Skip::ColMin(isize::MIN)),
+                "not a skip",
+            ),
+            (
+                |p| _ = p.panel_params.insert(0, 16),
+                "do not fit a 2-D param",
+            ),
+            (
+                |p| {
+                    p.donations.push(rlx_opt::Donation {
+                        output: 0,
+                        param: "nope".into(),
+                    })
+                },
+                "names no output or param",
+            ),
+        ];
+        for (edit, why) in spoilt {
+            let err = CompileCache::decode(&key, &entry_bytes_with(&key, edit)).unwrap_err();
+            assert!(
+                err.contains("its plan does not fit") && err.contains(why),
+                "{err}"
+            );
+        }
     }
 
     proptest! {
@@ -262,6 +365,7 @@ mod tests {
             b.extend(tail);
             if let Ok(e) = CompileCache::decode(&key, &b) {
                 prop_assert!(rlx_ir::verify(&e.graph).is_ok());
+                prop_assert!(e.plan.check(&e.graph).is_ok());
             }
         }
     }

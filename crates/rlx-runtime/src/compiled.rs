@@ -1,7 +1,7 @@
 //! A compiled graph: named I/O over a backend executable, with dtype conversion for the f32
 //! convenience API and exact byte I/O for every dtype.
 
-use rlx_driver::{Device, Executable, IoSlot};
+use rlx_driver::{Backend, Device, Executable, IoSlot};
 use rlx_ir::{convert, DType, Error, Graph, Result};
 use rlx_opt::{FusionReport, KernelDispatchReport, LoweringPlan, PassRecord};
 use std::sync::Arc;
@@ -12,7 +12,9 @@ pub struct CompiledGraph {
     graph: Graph,
     records: Vec<PassRecord>,
     plan: Arc<LoweringPlan>,
-    dispatch: KernelDispatchReport,
+    /// The backend that compiled it (for the dispatch report, made when first asked for).
+    backend: Arc<dyn Backend>,
+    dispatch: std::sync::OnceLock<KernelDispatchReport>,
     device: Device,
     /// Per-input staging bytes for dtype conversion (allocated once, so `run` does not allocate).
     staging_in: Vec<Vec<u8>>,
@@ -22,6 +24,23 @@ pub struct CompiledGraph {
     updates: Vec<(usize, usize)>,
     /// Outputs returned by `run` (those that are not updates), in order.
     visible: Vec<usize>,
+}
+
+/// What runs where when `backend` runs `graph` (compiled after the passes of `records`, fused as
+/// `plan` says).
+pub(crate) fn dispatch_report(
+    backend: &dyn Backend,
+    graph: &Graph,
+    records: &[PassRecord],
+    plan: &LoweringPlan,
+) -> KernelDispatchReport {
+    KernelDispatchReport::new(
+        backend.name(),
+        graph,
+        &|g, id| backend.supports(g, id),
+        records,
+        &plan.fusion,
+    )
 }
 
 fn f32_bytes(v: &[f32]) -> &[u8] {
@@ -55,7 +74,7 @@ impl CompiledGraph {
         graph: Graph,
         records: Vec<PassRecord>,
         plan: Arc<LoweringPlan>,
-        dispatch: KernelDispatchReport,
+        backend: Arc<dyn Backend>,
         device: Device,
     ) -> Self {
         let size = |s: &IoSlot| s.shape.size_bytes().unwrap_or(0);
@@ -87,7 +106,8 @@ impl CompiledGraph {
             graph,
             records,
             plan,
-            dispatch,
+            backend,
+            dispatch: std::sync::OnceLock::new(),
             device,
             staging_in,
             staging_out,
@@ -163,7 +183,14 @@ impl CompiledGraph {
     /// What runs where: each node of the compiled graph native, fused (into which region) or
     /// unsupported, and which ops were decomposed first by which rule.
     pub fn dispatch_report(&self) -> &KernelDispatchReport {
-        &self.dispatch
+        self.dispatch.get_or_init(|| {
+            dispatch_report(
+                self.backend.as_ref(),
+                &self.graph,
+                &self.records,
+                &self.plan,
+            )
+        })
     }
 
     /// Input slots (name, shape), in definition order.

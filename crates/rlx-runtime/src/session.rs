@@ -5,8 +5,8 @@ use rlx_driver::{registered_backend, Backend, CompileOptions, Device};
 use rlx_ir::{Error, Graph, Result};
 use rlx_opt::{
     AlgebraicSimplify, AutoMixedPrecision, CompilePipeline, CompileResult, ConstantFolding, Cse,
-    DeadCodeElimination, Decompose, KernelDispatchReport, LowerHir, LoweringOptions, PassRecord,
-    PrecisionPolicy, RuleSite,
+    DeadCodeElimination, Decompose, LowerHir, LoweringOptions, PassRecord, PrecisionPolicy,
+    RuleSite,
 };
 use std::sync::Arc;
 
@@ -202,61 +202,21 @@ impl Session {
         Ok(result)
     }
 
-    fn compile_inner(
+    /// The backend-independent part of a compile: the passes ([`Session::optimize_graph`]),
+    /// then fusion for `backend`'s region kernels and the lowering plan's side tables, with a
+    /// record of each.
+    fn plan(
         &self,
-        graph: Graph,
-        share: Option<&CompiledGraph>,
-        updates: &[(&str, usize)],
-    ) -> Result<CompiledGraph> {
-        if graph.outputs().is_empty() {
-            return Err(Error::Invalid(format!(
-                "graph \"{}\" has no outputs; call set_outputs before compiling",
-                graph.name()
-            )));
-        }
-        let backend = backend_for(self.device)?;
-        let cached = match &self.cache {
-            Some(cache) => {
-                let options = format!(
-                    "optimize={} precision={:?} updates={:?}",
-                    self.optimize, self.precision, updates
-                );
-                let key =
-                    crate::cache::key(&graph, backend.name(), &self.device.to_string(), &options);
-                Some((cache, key))
-            }
-            None => None,
-        };
-        let hit = cached.as_ref().and_then(|(c, k)| c.get(k));
-        let mut result = match hit {
-            Some(e) => CompileResult {
-                graph: e.graph.clone(),
-                records: e.records.clone(),
-            },
-            None => {
-                let r = self.optimize_graph(&graph, backend.as_ref(), updates)?;
-                if let Some((c, k)) = &cached {
-                    c.put(
-                        k,
-                        crate::cache::Entry {
-                            graph: r.graph.clone(),
-                            records: r.records.clone(),
-                        },
-                    );
-                }
-                r
-            }
-        };
-        // The lowering plan: fusion for the backend's region kernels and the side tables.
-        let updates: Vec<(String, usize)> =
-            updates.iter().map(|&(p, o)| (p.to_string(), o)).collect();
-        let mut lowering = LoweringOptions::default();
-        lowering.fusion.elementwise &= self.optimize;
-        lowering.param_panels = backend.param_panels();
+        graph: &Graph,
+        backend: &Arc<dyn Backend>,
+        updates: &[(String, usize)],
+        lowering: &LoweringOptions,
+    ) -> Result<crate::cache::Entry> {
+        let refs: Vec<(&str, usize)> = updates.iter().map(|(p, o)| (p.as_str(), *o)).collect();
+        let mut result = self.optimize_graph(graph, backend.as_ref(), &refs)?;
         let b = backend.clone();
         let accepts = move |g: &Graph, id, kind| b.fuses(g, id, kind);
-        let (graph, plan) =
-            rlx_opt::prepare(&result.graph, &lowering.with_env(), &accepts, &updates)?;
+        let (fused, plan) = rlx_opt::prepare(&result.graph, lowering, &accepts, updates)?;
         let mut fired: std::collections::BTreeMap<String, usize> = Default::default();
         let mut sites = Vec::new();
         for r in &plan.fusion.regions {
@@ -278,34 +238,75 @@ impl Session {
         result.records.push(PassRecord {
             pass: "fusion".into(),
             nodes_before: result.graph.len(),
-            nodes_after: graph.len(),
+            nodes_after: fused.len(),
             rewrites: plan.fusion.regions.len(),
             fired,
             sites,
         });
         if cfg!(debug_assertions) {
-            rlx_ir::verify(&graph)?;
+            rlx_ir::verify(&fused)?;
         }
-        let dispatch = KernelDispatchReport::new(
-            backend.name(),
-            &graph,
-            &|g, id| backend.supports(g, id),
-            &result.records,
-            &plan.fusion,
-        );
+        Ok(crate::cache::Entry {
+            graph: fused,
+            records: result.records,
+            plan,
+        })
+    }
+
+    fn compile_inner(
+        &self,
+        graph: Graph,
+        share: Option<&CompiledGraph>,
+        updates: &[(&str, usize)],
+    ) -> Result<CompiledGraph> {
+        if graph.outputs().is_empty() {
+            return Err(Error::Invalid(format!(
+                "graph \"{}\" has no outputs; call set_outputs before compiling",
+                graph.name()
+            )));
+        }
+        let backend = backend_for(self.device)?;
+        let updates: Vec<(String, usize)> =
+            updates.iter().map(|&(p, o)| (p.to_string(), o)).collect();
+        let mut lowering = LoweringOptions::default();
+        lowering.fusion.elementwise &= self.optimize;
+        lowering.param_panels = backend.param_panels();
+        let lowering = lowering.with_env();
+        let entry = match &self.cache {
+            Some(cache) => {
+                let options = format!(
+                    "optimize={} precision={:?} updates={:?} lowering={:?}",
+                    self.optimize, self.precision, updates, lowering
+                );
+                let key =
+                    crate::cache::key(&graph, backend.name(), &self.device.to_string(), &options);
+                match cache.get(&key) {
+                    Some(e) => e,
+                    None => cache.put(&key, self.plan(&graph, &backend, &updates, &lowering)?),
+                }
+            }
+            None => Arc::new(self.plan(&graph, &backend, &updates, &lowering)?),
+        };
+        let (graph, records, plan) = match Arc::try_unwrap(entry) {
+            Ok(e) => (e.graph, e.records, Arc::new(e.plan)),
+            Err(e) => (e.graph.clone(), e.records.clone(), Arc::new(e.plan.clone())),
+        };
         report(
             "RLX_FUSION_REPORT",
             graph.name(),
             &plan.fusion.to_string(),
             &|| plan.fusion.to_json(),
         );
-        report(
-            "RLX_DISPATCH_REPORT",
-            graph.name(),
-            &dispatch.to_string(),
-            &|| dispatch.to_json(),
-        );
-        let plan = Arc::new(plan);
+        if std::env::var_os("RLX_DISPATCH_REPORT").is_some() {
+            let dispatch =
+                crate::compiled::dispatch_report(backend.as_ref(), &graph, &records, &plan);
+            report(
+                "RLX_DISPATCH_REPORT",
+                graph.name(),
+                &dispatch.to_string(),
+                &|| dispatch.to_json(),
+            );
+        }
         let opts = CompileOptions {
             threads: self.threads,
             updates,
@@ -318,9 +319,9 @@ impl Session {
         Ok(CompiledGraph::new(
             exe,
             graph,
-            result.records,
+            records,
             plan,
-            dispatch,
+            backend,
             self.device,
         ))
     }

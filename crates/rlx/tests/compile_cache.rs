@@ -113,35 +113,41 @@ fn corrupt_and_foreign_entries_are_compiled_again() {
     let good = std::fs::read(&path).unwrap();
     let text = String::from_utf8(good.clone()).unwrap();
     let (header, body) = text.split_once('\n').unwrap();
-    let other_key = "0".repeat(64);
+    // The header: format, version, fingerprint, then the checksum of the body.
+    let (fields, checksum) = header.rsplit_once(' ').unwrap();
+    assert_eq!(checksum, fingerprint(&[body.as_bytes()]));
+    let key = &fields[fields.len() - 64..];
+    // An entry of `fields` and `body` with the checksum made anew (what only the later checks
+    // can refuse).
+    let resealed = |fields: &str, body: &str| {
+        format!("{fields} {}\n{body}", fingerprint(&[body.as_bytes()])).into_bytes()
+    };
+    let changed = body.replacen("\"data\":\"0", "\"data\":\"1", 1);
+    assert_ne!(changed, body, "the entry holds a constant");
     let bad: Vec<(&str, Vec<u8>)> = vec![
         ("garbage", b"\x00\xffnot an entry".to_vec()),
         ("empty", Vec::new()),
         ("truncated", good[..good.len() / 2].to_vec()),
         (
             "another fingerprint",
-            format!(
-                "{}\n{body}",
-                header.replace(&header[header.len() - 64..], &other_key)
-            )
-            .into_bytes(),
+            resealed(&fields.replace(key, &"0".repeat(64)), body),
         ),
         (
             "another version",
-            format!(
-                "{}\n{body}",
-                header.replace(env!("CARGO_PKG_VERSION"), "0.0.0-other")
-            )
-            .into_bytes(),
+            resealed(
+                &fields.replace(env!("CARGO_PKG_VERSION"), "0.0.0-other"),
+                body,
+            ),
         ),
-        // Valid JSON whose graph does not verify: a node's shape edited.
+        // A changed hex digit of a constant: valid JSON, a graph that verifies, wrong values.
+        (
+            "a changed constant",
+            format!("{header}\n{changed}").into_bytes(),
+        ),
+        // Valid JSON whose graph does not verify (a node's shape edited), checksum made anew.
         (
             "a graph that does not verify",
-            format!(
-                "{header}\n{}",
-                body.replacen("\"dims\":[", "\"dims\":[7,", 1)
-            )
-            .into_bytes(),
+            resealed(fields, &body.replacen("{\"Static\":", "{\"Static\":1", 1)),
         ),
     ];
     for (what, bytes) in bad {

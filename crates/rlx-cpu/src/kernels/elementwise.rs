@@ -494,10 +494,11 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let vt = info.in_dtypes[1];
             with_dtype!(vt, T => compute(move |i, o| map3(i[0], i[1], i[2], o, |c: Bool8, x: T, y: T| if c.0 != 0 { x } else { y })), else return Err(info.unsupported(format!("dtype {}", vt))))
         }
+        // The table is made when a kernel first runs, not when one is built: a compile (of a
+        // graph that may never run) does not pay for it.
         Op::Activation(Activation::GeluApprox) if dt == rlx_ir::DType::F16 => compute(|i, o| {
-            let table = gelu_f16_table();
-            map1(i[0], o, move |v: half::f16| {
-                half::f16::from_bits(table[v.to_bits() as usize])
+            map1(i[0], o, |v: half::f16| {
+                half::f16::from_bits(gelu_f16_table()[v.to_bits() as usize])
             })
         }),
         Op::Activation(a) => {

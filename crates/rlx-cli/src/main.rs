@@ -97,9 +97,10 @@ struct ServeArgs {
     batch: usize,
     /// Prompt tokens computed per step at most, all waiting prompts together (chunked
     /// prefill): a long prompt is spread over several steps so the requests already generating
-    /// keep getting tokens. Smaller values lower their worst inter-token latency, larger ones
-    /// process prompts faster. At least 16.
-    #[arg(long, default_value_t = 512, value_name = "TOKENS")]
+    /// keep getting tokens. Smaller values shorten the steps that carry prompts (what a
+    /// decoding request waits during a long prompt), larger ones take a burst of prompts in
+    /// fewer steps. The default is llama-server's batch size. At least 16.
+    #[arg(long, default_value_t = 2048, value_name = "TOKENS")]
     prefill_budget: usize,
     /// Requests that may wait for a slot; more get 503 with Retry-After.
     #[arg(long, default_value_t = 256)]

@@ -59,7 +59,7 @@ impl Default for EngineOptions {
             parallel: 8,
             block: 16,
             batch: 512,
-            prefill_budget: 512,
+            prefill_budget: 2048,
             cache_dtype: DType::F16,
             max_waiting: 256,
         }

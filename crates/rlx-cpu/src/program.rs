@@ -352,6 +352,7 @@ pub fn lower(
     let slab =
         (slab_len >= PARAM_SLAB_MIN && param_slab_on()).then(|| Arc::new(Buffer::zeroed(slab_len)));
     let mut slab_used = 0usize;
+    let shared = kernels::Shared::default();
     for id in g.ids() {
         if let Some(v) = computed.remove(&id.index()) {
             vals.push(v);
@@ -562,6 +563,7 @@ pub fn lower(
                             .inputs
                             .get(1)
                             .is_some_and(|b| panel_nodes.contains(&b.index())),
+                    shared: &shared,
                 };
                 match kernels::lower(&info)? {
                     Lowered::View { src, layout } => {

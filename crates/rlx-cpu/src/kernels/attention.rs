@@ -1052,13 +1052,37 @@ unsafe fn rotate_f32(
     imp(src, sx, dst, table, interleaved)
 }
 
+/// Which rotations a `Rope` node's table holds: those of its positions operand (node), base and
+/// width, for its sequence length, in f32 (llama.cpp's recurrence) or f64. Nodes with equal keys
+/// share one [`RopeTable`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct RopeKey {
+    pub(crate) positions: usize,
+    pub(crate) theta_bits: u32,
+    pub(crate) d: usize,
+    pub(crate) s_len: usize,
+    pub(crate) f32_table: bool,
+}
+
+/// (cos, sin) for every sequence position and frequency, shared by the `Rope` nodes of one key
+/// (see [`super::Shared`]), with the positions they were made for: a run whose positions equal
+/// those reads the table, any other makes it anew.
+#[derive(Default)]
+pub(crate) struct RopeTable(std::sync::Mutex<RopeMemo>);
+
+#[derive(Default)]
+struct RopeMemo {
+    positions: Vec<i64>,
+    pairs: Vec<(f64, f64)>,
+}
+
 fn rope<T: FloatElem>(
     x: TRef,
     pos: TRef,
     out: TRef,
     theta: f32,
     interleaved: bool,
-    table: super::Ptr,
+    table: std::sync::Arc<RopeTable>,
 ) -> Box<dyn Kernel> {
     let r = x.layout.rank();
     let (s_len, d) = (x.layout.dims()[r - 2], x.layout.dims()[r - 1]);
@@ -1070,35 +1094,44 @@ fn rope<T: FloatElem>(
     kernel(move |pool| {
         let sx = x.layout.strides()[r - 1];
         let n = lines.numel();
-        // (cos, sin) for every sequence position and frequency, shared by all heads. For f32 the
-        // table follows llama.cpp's recurrence in f32 (theta_k = p * s^k with s = base^(-2/d),
-        // multiplied step by step), so RLX rotates exactly as llama.cpp does; otherwise f64.
-        // SAFETY: the scratch holds S * half pairs of f64; positions has length S.
-        let tab =
-            unsafe { std::slice::from_raw_parts_mut(table.get() as *mut (f64, f64), s_len * half) };
         let f32_table = T::DTYPE == rlx_ir::DType::F32;
         #[cfg(target_arch = "x86_64")]
         let fma = crate::isa::avx2();
         #[cfg(not(target_arch = "x86_64"))]
         let fma = false;
-        let step = (theta).powf(-2.0 / d as f32);
-        for s in 0..s_len {
-            let p = unsafe {
-                super::index::read_index(&pos, pos.layout.offset + s * pos.layout.strides()[0])
-            };
-            let mut th = p as f32;
-            for k in 0..half {
-                tab[s * half + k] = if f32_table {
-                    let e = (th.cos() as f64, th.sin() as f64);
-                    th *= step;
-                    e
-                } else {
-                    let (sin, cos) = (p as f64 * inv[k]).sin_cos();
-                    (cos, sin)
-                };
+        // SAFETY: positions has length S.
+        let position = |s: usize| unsafe {
+            super::index::read_index(&pos, pos.layout.offset + s * pos.layout.strides()[0])
+        };
+        // The table, made for these positions unless a node sharing it already did this run.
+        // For f32 it follows llama.cpp's recurrence in f32 (theta_k = p * s^k with s =
+        // base^(-2/d), multiplied step by step), so RLX rotates exactly as llama.cpp does;
+        // otherwise f64.
+        let mut memo = table.0.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = memo.positions.len() == s_len
+            && memo.pairs.len() == s_len * half
+            && (0..s_len).all(|s| memo.positions[s] == position(s));
+        if !fresh {
+            let RopeMemo { positions, pairs } = &mut *memo;
+            positions.clear();
+            positions.extend((0..s_len).map(position));
+            pairs.clear();
+            let step = (theta).powf(-2.0 / d as f32);
+            for &p in positions.iter() {
+                let mut th = p as f32;
+                pairs.extend(inv.iter().map(|&inv_k| {
+                    if f32_table {
+                        let e = (th.cos() as f64, th.sin() as f64);
+                        th *= step;
+                        e
+                    } else {
+                        let (sin, cos) = (p as f64 * inv_k).sin_cos();
+                        (cos, sin)
+                    }
+                }));
             }
         }
-        let tab = &*tab;
+        let tab = &memo.pairs[..];
         super::par_ranges(pool, n, 64, |range| {
             let (px, po) = (x.base::<T>() as *const T, out.base::<T>());
             let dense = Layout::contiguous(lines.dims());
@@ -1204,10 +1237,17 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         Op::Rope { theta, interleaved } => {
             let r = info.ins[0].rank();
             let (s_len, d) = (info.ins[0].dims()[r - 2], info.ins[0].dims()[r - 1]);
+            let table = info.shared.rope(RopeKey {
+                positions: info.node.inputs[1].index(),
+                theta_bits: theta.to_bits(),
+                d,
+                s_len,
+                f32_table: dt == rlx_ir::DType::F32,
+            });
             Lowered::Compute {
-                scratch: (s_len * (d / 2) * 16).max(16),
+                scratch: 0,
                 build: with_float!(dt, T => Box::new(
-                    move |i: &[TRef], o, s| rope::<T>(i[0], i[1], o, theta, interleaved, s),
+                    move |i: &[TRef], o, _| rope::<T>(i[0], i[1], o, theta, interleaved, table),
                 ) as super::Build, else return Err(info.unsupported(format!("dtype {dt}")))),
             }
         }

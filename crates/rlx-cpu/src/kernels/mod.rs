@@ -127,6 +127,29 @@ pub struct NodeInfo<'a> {
     /// For a MatMul: its right operand is a param stored in column panels
     /// ([`gemm::half::HMat::panels`], the plan's `panel_params`).
     pub b_panels: bool,
+    /// What the program's kernels share (one per program).
+    pub shared: &'a Shared,
+}
+
+/// What several kernels of one program share: the rotary tables of `Rope` nodes rotating by the
+/// same positions with the same base and width (every layer of an LLM rotates its queries and
+/// keys by one table a step; it is computed by the first and read by the others).
+#[derive(Default)]
+pub struct Shared {
+    rope: std::cell::RefCell<Vec<(attention::RopeKey, std::sync::Arc<attention::RopeTable>)>>,
+}
+
+impl Shared {
+    /// The table of rotations keyed `key`, made on first ask.
+    pub(crate) fn rope(&self, key: attention::RopeKey) -> std::sync::Arc<attention::RopeTable> {
+        let mut all = self.rope.borrow_mut();
+        if let Some((_, t)) = all.iter().find(|(k, _)| *k == key) {
+            return t.clone();
+        }
+        let t = std::sync::Arc::new(attention::RopeTable::default());
+        all.push((key, t.clone()));
+        t
+    }
 }
 
 impl NodeInfo<'_> {

@@ -20,25 +20,49 @@ pub struct MemoryPlan {
     pub arena_size: usize,
 }
 
-/// Greedy best-fit by decreasing size: each buffer takes the lowest aligned offset that does not
-/// overlap any already-placed buffer whose lifetime intersects its own.
+/// Greedy best-fit by decreasing size: each buffer takes the smallest gap (lowest offset among
+/// equals) between already-placed buffers whose lifetimes intersect its own, or the end of
+/// them. The buffers alive at each step are kept per step, so finding those a buffer meets
+/// costs its own lifetime's worth of steps rather than a scan of every placed buffer.
 pub fn plan_memory(reqs: &[BufferRequest], align: usize) -> MemoryPlan {
     let align = align.max(1);
     let round = |n: usize| n.div_ceil(align) * align;
     let mut order: Vec<usize> = (0..reqs.len()).collect();
     order.sort_by_key(|&i| (std::cmp::Reverse(reqs[i].size), reqs[i].start, i));
+    // Lifetimes as ranks among the steps where some buffer starts or ends (two lifetimes meet
+    // exactly when their ranks do), so the per-step lists number at most twice the buffers
+    // whatever the step numbers are.
+    let mut marks: Vec<usize> = reqs
+        .iter()
+        .flat_map(|r| [r.start, r.end.max(r.start)])
+        .collect();
+    marks.sort_unstable();
+    marks.dedup();
+    let rank = |t: usize| marks.partition_point(|&m| m < t);
+    let spans: Vec<(usize, usize)> = reqs
+        .iter()
+        .map(|r| (rank(r.start), rank(r.end.max(r.start))))
+        .collect();
+    // The placed buffers alive at each rank, and which buffer last saw each one (to take a
+    // buffer alive over several of those ranks once).
+    let mut alive: Vec<Vec<usize>> = vec![Vec::new(); marks.len()];
+    let mut seen = vec![usize::MAX; reqs.len()];
     let mut offsets = vec![0usize; reqs.len()];
-    let mut placed: Vec<usize> = Vec::with_capacity(reqs.len());
+    let mut busy: Vec<(usize, usize)> = Vec::new();
     let mut arena = 0;
     for i in order {
         let r = reqs[i];
         let size = round(r.size);
         // Occupied address ranges of buffers alive at the same time, sorted by offset.
-        let mut busy: Vec<(usize, usize)> = placed
-            .iter()
-            .filter(|&&j| reqs[j].start <= r.end && r.start <= reqs[j].end)
-            .map(|&j| (offsets[j], offsets[j] + round(reqs[j].size)))
-            .collect();
+        busy.clear();
+        let (first, last) = spans[i];
+        for t in first..=last {
+            for &j in &alive[t] {
+                if std::mem::replace(&mut seen[j], i) != i {
+                    busy.push((offsets[j], offsets[j] + round(reqs[j].size)));
+                }
+            }
+        }
         busy.sort_unstable();
         let mut best: Option<(usize, usize)> = None; // (gap size, offset)
         let mut cursor = 0;
@@ -54,7 +78,9 @@ pub fn plan_memory(reqs: &[BufferRequest], align: usize) -> MemoryPlan {
         let off = best.map(|(_, o)| o).unwrap_or(cursor);
         offsets[i] = off;
         arena = arena.max(off + size);
-        placed.push(i);
+        for a in &mut alive[first..=last] {
+            a.push(i);
+        }
     }
     MemoryPlan {
         offsets,
@@ -84,6 +110,48 @@ mod tests {
             // Never worse than giving every buffer its own space.
             let total: usize = reqs.iter().map(|r| r.size.div_ceil(64) * 64).sum();
             prop_assert!(plan.arena_size <= total);
+        }
+    }
+
+    /// The plan as first written: every placed buffer scanned for each new one.
+    fn plan_by_scanning(reqs: &[BufferRequest], align: usize) -> MemoryPlan {
+        let round = |n: usize| n.div_ceil(align) * align;
+        let mut order: Vec<usize> = (0..reqs.len()).collect();
+        order.sort_by_key(|&i| (std::cmp::Reverse(reqs[i].size), reqs[i].start, i));
+        let (mut offsets, mut placed, mut arena) = (vec![0; reqs.len()], Vec::new(), 0);
+        for i in order {
+            let (r, size) = (reqs[i], round(reqs[i].size));
+            let mut busy: Vec<(usize, usize)> = placed
+                .iter()
+                .filter(|&&j: &&usize| reqs[j].start <= r.end && r.start <= reqs[j].end)
+                .map(|&j| (offsets[j], offsets[j] + round(reqs[j].size)))
+                .collect();
+            busy.sort_unstable();
+            let (mut best, mut cursor): (Option<(usize, usize)>, usize) = (None, 0);
+            for &(lo, hi) in &busy {
+                if lo >= cursor + size && best.is_none_or(|(g, _)| lo - cursor < g) {
+                    best = Some((lo - cursor, cursor));
+                }
+                cursor = cursor.max(hi);
+            }
+            offsets[i] = best.map(|(_, o)| o).unwrap_or(cursor);
+            arena = arena.max(offsets[i] + size);
+            placed.push(i);
+        }
+        MemoryPlan {
+            offsets,
+            arena_size: arena,
+        }
+    }
+
+    proptest! {
+        /// Keeping the buffers alive per step changes how they are found, not the plan.
+        #[test]
+        fn the_plan_equals_the_scanning_plan(raw in proptest::collection::vec((1usize..5000, 0usize..40, 0usize..10), 0..80), far in any::<bool>()) {
+            // Far-apart step numbers too (ranks, not steps, index the lists).
+            let at = |t: usize| if far { t * (usize::MAX / 128) } else { t };
+            let reqs: Vec<BufferRequest> = raw.iter().map(|&(size, start, len)| BufferRequest { size, start: at(start), end: at(start + len) }).collect();
+            prop_assert_eq!(plan_memory(&reqs, 64), plan_by_scanning(&reqs, 64));
         }
     }
 

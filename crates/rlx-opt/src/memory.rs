@@ -56,8 +56,8 @@ pub fn plan_memory(reqs: &[BufferRequest], align: usize) -> MemoryPlan {
         // Occupied address ranges of buffers alive at the same time, sorted by offset.
         busy.clear();
         let (first, last) = spans[i];
-        for t in first..=last {
-            for &j in &alive[t] {
+        for at in &alive[first..=last] {
+            for &j in at {
                 if std::mem::replace(&mut seen[j], i) != i {
                     busy.push((offsets[j], offsets[j] + round(reqs[j].size)));
                 }

@@ -374,8 +374,8 @@ fn activation_float<T: FloatElem>(a: Activation, x: TRef, out: TRef) -> Box<dyn 
 /// arithmetic is llama.cpp's (`(x/2) * (1 + tanh((sqrt(2/pi) x) * (0.044715 x * x + 1)))` with
 /// that inner multiply-add fused, libm `tanhf`), so the table equals the one llama.cpp applies
 /// to its activations — which RLX's Gemma graphs reproduce by rounding the gate to f16.
-fn gelu_f16_table() -> &'static [u16] {
-    static TABLE: std::sync::OnceLock<Vec<u16>> = std::sync::OnceLock::new();
+fn gelu_f16_table() -> &'static [u16; 1 << 16] {
+    static TABLE: std::sync::OnceLock<Box<[u16; 1 << 16]>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
         let sqrt_2_over_pi = (2.0 / std::f64::consts::PI).sqrt() as f32;
         const A: f32 = 0.044_715;
@@ -385,7 +385,9 @@ fn gelu_f16_table() -> &'static [u16] {
                 let y = (0.5 * x) * (1.0 + ((sqrt_2_over_pi * x) * (A * x).mul_add(x, 1.0)).tanh());
                 half::f16::from_f32(y).to_bits()
             })
-            .collect()
+            .collect::<Vec<u16>>()
+            .try_into()
+            .expect("one value per f16")
     })
 }
 

@@ -226,13 +226,19 @@ impl CompileCache {
 
 /// The fingerprint of compiling `graph` with these options.
 pub(crate) fn key(graph: &Graph, backend: &str, device: &str, options: &str) -> String {
-    let text = graph.to_string();
+    key_of("graph", &graph.to_string(), backend, device, options)
+}
+
+/// The fingerprint of compiling what `text` names (of `kind`: `graph` for a graph's canonical
+/// text, `built` for a caller's description of the graph it builds) with these options.
+pub(crate) fn key_of(kind: &str, text: &str, backend: &str, device: &str, options: &str) -> String {
     fingerprint(&[
         FORMAT.as_bytes(),
         env!("CARGO_PKG_VERSION").as_bytes(),
         backend.as_bytes(),
         device.as_bytes(),
         options.as_bytes(),
+        kind.as_bytes(),
         text.as_bytes(),
     ])
 }

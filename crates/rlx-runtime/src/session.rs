@@ -10,6 +10,16 @@ use rlx_opt::{
 };
 use std::sync::Arc;
 
+/// What a compile starts from: a graph, or a graph built only when the compile cache does not
+/// answer for its key.
+enum Source<'a> {
+    Graph(Graph),
+    Built {
+        key: &'a str,
+        build: Box<dyn FnOnce() -> Result<Graph> + 'a>,
+    },
+}
+
 /// Compiles graphs for one device.
 #[derive(Clone, Debug)]
 pub struct Session {
@@ -127,7 +137,7 @@ impl Session {
 
     /// Verify, optimize and compile `graph`.
     pub fn try_compile(&self, graph: Graph) -> Result<CompiledGraph> {
-        self.compile_inner(graph, None, &[])
+        self.compile_inner(Source::Graph(graph), None, &[])
     }
 
     /// [`Session::try_compile`] with param updates bound as by
@@ -139,7 +149,32 @@ impl Session {
         graph: Graph,
         updates: &[(&str, usize)],
     ) -> Result<CompiledGraph> {
-        let mut c = self.compile_inner(graph, None, updates)?;
+        let mut c = self.compile_inner(Source::Graph(graph), None, updates)?;
+        for &(name, output) in updates {
+            c.try_bind_update(name, output)?;
+        }
+        Ok(c)
+    }
+
+    /// [`Session::try_compile_with_updates`] of the graph `build` makes, which is made only when
+    /// the compile cache has no entry for `key` (with this session's options): the training
+    /// step skips differentiating its model when its step is cached. `key` must determine the
+    /// graph completely (say, the canonical text of a model graph plus every setting the build
+    /// reads, and the version of the code that builds it); without a cache `build` always runs.
+    pub fn try_compile_built(
+        &self,
+        key: &str,
+        build: impl FnOnce() -> Result<Graph>,
+        updates: &[(&str, usize)],
+    ) -> Result<CompiledGraph> {
+        let mut c = self.compile_inner(
+            Source::Built {
+                key,
+                build: Box::new(build),
+            },
+            None,
+            updates,
+        )?;
         for &(name, output) in updates {
             c.try_bind_update(name, output)?;
         }
@@ -162,7 +197,7 @@ impl Session {
                 self.device
             )));
         }
-        self.compile_inner(graph, Some(other), &[])
+        self.compile_inner(Source::Graph(graph), Some(other), &[])
     }
 
     /// The shared pipeline: precision, simplification, CSE, constant folding, DCE, then
@@ -255,16 +290,28 @@ impl Session {
 
     fn compile_inner(
         &self,
-        graph: Graph,
+        source: Source<'_>,
         share: Option<&CompiledGraph>,
         updates: &[(&str, usize)],
     ) -> Result<CompiledGraph> {
-        if graph.outputs().is_empty() {
-            return Err(Error::Invalid(format!(
-                "graph \"{}\" has no outputs; call set_outputs before compiling",
-                graph.name()
-            )));
+        /// The graph itself, built if need be, with outputs to compile.
+        fn realize(source: Source<'_>) -> Result<Graph> {
+            let graph = match source {
+                Source::Graph(g) => g,
+                Source::Built { build, .. } => build()?,
+            };
+            if graph.outputs().is_empty() {
+                return Err(Error::Invalid(format!(
+                    "graph \"{}\" has no outputs; call set_outputs before compiling",
+                    graph.name()
+                )));
+            }
+            Ok(graph)
         }
+        let source = match source {
+            Source::Graph(g) => Source::Graph(realize(Source::Graph(g))?),
+            built => built,
+        };
         let backend = backend_for(self.device)?;
         let updates: Vec<(String, usize)> =
             updates.iter().map(|&(p, o)| (p.to_string(), o)).collect();
@@ -278,14 +325,22 @@ impl Session {
                     "optimize={} precision={:?} updates={:?} lowering={:?}",
                     self.optimize, self.precision, updates, lowering
                 );
-                let key =
-                    crate::cache::key(&graph, backend.name(), &self.device.to_string(), &options);
+                let device = self.device.to_string();
+                let key = match &source {
+                    Source::Graph(g) => crate::cache::key(g, backend.name(), &device, &options),
+                    Source::Built { key, .. } => {
+                        crate::cache::key_of("built", key, backend.name(), &device, &options)
+                    }
+                };
                 match cache.get(&key) {
                     Some(e) => e,
-                    None => cache.put(&key, self.plan(&graph, &backend, &updates, &lowering)?),
+                    None => {
+                        let graph = realize(source)?;
+                        cache.put(&key, self.plan(&graph, &backend, &updates, &lowering)?)
+                    }
                 }
             }
-            None => Arc::new(self.plan(&graph, &backend, &updates, &lowering)?),
+            None => Arc::new(self.plan(&realize(source)?, &backend, &updates, &lowering)?),
         };
         let (graph, records, plan) = match Arc::try_unwrap(entry) {
             Ok(e) => (e.graph, e.records, Arc::new(e.plan)),

@@ -177,3 +177,61 @@ fn the_fingerprint_is_sha256_of_length_prefixed_parts() {
     );
     assert_ne!(fingerprint(&[b"ab", b"c"]), fingerprint(&[b"a", b"bc"]));
 }
+
+/// `try_compile_built` runs its build only when the cache has nothing for the key: a training
+/// step found in the cache is not differentiated again, and gives the same losses.
+#[test]
+fn a_cached_built_graph_is_not_built_again() {
+    let dir = tempdir("built");
+    let builds = std::cell::Cell::new(0);
+    let compile = |cache: &Arc<CompileCache>, key: &str| {
+        let (_, g) = model();
+        let c = session(cache)
+            .try_compile_built(
+                key,
+                || {
+                    builds.set(builds.get() + 1);
+                    Ok(g.clone())
+                },
+                &[],
+            )
+            .unwrap();
+        c.graph().len()
+    };
+    let first = compile(&CompileCache::at(&dir), "small gpt");
+    assert_eq!(builds.get(), 1);
+    // A new process: read from disk, not built.
+    let fresh = CompileCache::at(&dir);
+    assert_eq!(compile(&fresh, "small gpt"), first);
+    assert_eq!((builds.get(), fresh.stats().disk_hits), (1, 1));
+    // Another key is another graph: built.
+    compile(&fresh, "small gpt, another key");
+    assert_eq!(builds.get(), 2);
+    // Without a cache the build always runs.
+    let (_, g) = model();
+    Session::new(Device::Cpu)
+        .try_compile_built("small gpt", || Ok(g), &[])
+        .unwrap();
+    assert_eq!(builds.get(), 2);
+    // A build that fails is the compile's error; one without outputs is refused.
+    let err = session(&fresh)
+        .try_compile_built("fails", || Err(rlx::Error::Invalid("no model".into())), &[])
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("no model"), "{err}");
+    let err = session(&fresh)
+        .try_compile_built("empty", || Ok(Graph::new("empty")), &[])
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("has no outputs"), "{err}");
+    // The training step goes through it: the second trainer over the directory builds nothing
+    // and trains alike (losses checked against a session without a cache).
+    let plain = losses(&Session::new(Device::Cpu).with_threads(1));
+    let dir2 = tempdir("built-trainer");
+    assert_eq!(losses(&session(&CompileCache::at(&dir2))), plain);
+    let again = CompileCache::at(&dir2);
+    assert_eq!(losses(&session(&again)), plain);
+    assert_eq!((again.stats().disk_hits, again.stats().misses), (1, 0));
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&dir2).unwrap();
+}

@@ -1,7 +1,7 @@
 //! The compiled training step.
 
 use super::optim::{clip, lr_node, update, TrainConfig};
-use rlx_ir::{DType, Error, Graph, NodeId, Op, Result, Shape};
+use rlx_ir::{DType, Error, Graph, Op, Result, Shape};
 use rlx_opt::autodiff::{bake_input, grad_with_loss, D_OUTPUT};
 use rlx_runtime::{CompiledGraph, Session};
 
@@ -23,7 +23,9 @@ pub fn slot_name(param: &str, slot: &str) -> String {
 
 impl Trainer {
     /// Build and compile the training step of `forward` (first output: the scalar loss) for the
-    /// params named in `trained`. Optimizer state starts at zero.
+    /// params named in `trained`. Optimizer state starts at zero. With a compile cache on
+    /// `session` that holds this step (same model graph, params, configuration and RLX
+    /// version), the step is read from it without differentiating the model again.
     pub fn new(
         forward: &Graph,
         trained: &[&str],
@@ -51,48 +53,60 @@ impl Trainer {
                 forward.shape(loss)
             )));
         }
-        let mut g = bake_input(&grad_with_loss(forward, &wrt)?, D_OUTPUT, 1.0)?;
-        let outs = g.outputs().to_vec();
-        let step = g.try_input(STEP_INPUT, Shape::scalar(DType::F32))?;
-        let lr = lr_node(&mut g, &config.schedule, step)?;
-        let mut grads = outs[1..].to_vec();
-        if let Some(c) = config.clip_norm {
-            grads = clip(&mut g, &grads, c)?;
-        }
-        let mut new_params = Vec::new();
-        let mut new_slots: Vec<(String, NodeId)> = Vec::new();
-        for (name, &gr) in trained.iter().zip(&grads) {
-            let p = g
-                .find_leaf(name)
-                .expect("trained params survive differentiation");
-            let shape = g.shape(p).clone();
-            let mut state = Vec::new();
-            for s in config.optimizer.slots() {
-                state.push(g.try_param(&slot_name(name, s), shape.clone())?);
-            }
-            let (np, ns) = update(&mut g, &config.optimizer, lr, step, p, gr, &state)?;
-            new_params.push(np);
-            for (s, n) in config.optimizer.slots().iter().zip(ns) {
-                new_slots.push((slot_name(name, s), n));
-            }
-        }
-        let mut outputs = vec![outs[0]];
-        outputs.extend(&new_params);
-        outputs.extend(new_slots.iter().map(|(_, n)| *n));
-        g.try_set_outputs(outputs)?;
-        // Bound at compile time, the updates are computed straight into the params' storage.
+        // Bound at compile time, the updates are computed straight into the params' storage:
+        // the trained params are outputs 1.., then each param's optimizer slots in order.
+        let slots: Vec<String> = trained
+            .iter()
+            .flat_map(|name| config.optimizer.slots().iter().map(|s| slot_name(name, s)))
+            .collect();
         let mut updates: Vec<(&str, usize)> = trained
             .iter()
             .enumerate()
             .map(|(i, name)| (*name, 1 + i))
             .collect();
         updates.extend(
-            new_slots
+            slots
                 .iter()
                 .enumerate()
-                .map(|(j, (name, _))| (name.as_str(), 1 + trained.len() + j)),
+                .map(|(j, name)| (name.as_str(), 1 + trained.len() + j)),
         );
-        let compiled = session.try_compile_with_updates(g, &updates)?;
+        // The step graph is a function of the model graph, the trained params and the
+        // configuration (and of this code): with a compile cache that has it, it is not built.
+        let key = format!(
+            "rlx {} training step\ntrained {trained:?}\nconfig {config:?}\n{forward}",
+            env!("CARGO_PKG_VERSION")
+        );
+        let build = || -> Result<Graph> {
+            let mut g = bake_input(&grad_with_loss(forward, &wrt)?, D_OUTPUT, 1.0)?;
+            let outs = g.outputs().to_vec();
+            let step = g.try_input(STEP_INPUT, Shape::scalar(DType::F32))?;
+            let lr = lr_node(&mut g, &config.schedule, step)?;
+            let mut grads = outs[1..].to_vec();
+            if let Some(c) = config.clip_norm {
+                grads = clip(&mut g, &grads, c)?;
+            }
+            let mut new_params = Vec::new();
+            let mut new_slots = Vec::new();
+            for (name, &gr) in trained.iter().zip(&grads) {
+                let p = g
+                    .find_leaf(name)
+                    .expect("trained params survive differentiation");
+                let shape = g.shape(p).clone();
+                let mut state = Vec::new();
+                for s in config.optimizer.slots() {
+                    state.push(g.try_param(&slot_name(name, s), shape.clone())?);
+                }
+                let (np, ns) = update(&mut g, &config.optimizer, lr, step, p, gr, &state)?;
+                new_params.push(np);
+                new_slots.extend(ns);
+            }
+            let mut outputs = vec![outs[0]];
+            outputs.extend(&new_params);
+            outputs.extend(&new_slots);
+            g.try_set_outputs(outputs)?;
+            Ok(g)
+        };
+        let compiled = session.try_compile_built(&key, build, &updates)?;
         Ok(Trainer {
             compiled,
             step: 0,

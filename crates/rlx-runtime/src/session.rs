@@ -278,8 +278,11 @@ impl Session {
             fired,
             sites,
         });
+        // Debug builds (the tests) check every plan as a cache read checks it, so the check
+        // never refuses a plan `prepare` makes.
         if cfg!(debug_assertions) {
             rlx_ir::verify(&fused)?;
+            plan.check(&fused)?;
         }
         Ok(crate::cache::Entry {
             graph: fused,

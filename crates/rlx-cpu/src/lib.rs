@@ -30,11 +30,15 @@ use rlx_ir::{FusionKind, Graph, NodeId, Result};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend;
 
-/// Threads used when none are requested: one per available core.
+/// Threads used when none are requested: one per available core (asked of the system once per
+/// process: on Linux the answer reads cgroup files, which costs more than lowering a node).
 pub fn default_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    })
 }
 
 impl Backend for CpuBackend {

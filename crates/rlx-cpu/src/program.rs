@@ -354,7 +354,10 @@ pub fn lower(
     let mut slab_used = 0usize;
     let shared = kernels::Shared::default();
     for id in g.ids() {
-        if let Some(v) = computed.remove(&id.index()) {
+        if let Some(v) = (!computed.is_empty())
+            .then(|| computed.remove(&id.index()))
+            .flatten()
+        {
             vals.push(v);
             continue;
         }

@@ -49,12 +49,17 @@ pub fn decode(s: &str) -> Result<Vec<u8>, String> {
         .collect()
 }
 
-/// `#[serde(with = "crate::hex")]`: write a hex string.
+/// `#[serde(with = "crate::hex")]`: write a hex string (in binary formats, the bytes).
 pub fn serialize<S: Serializer>(bytes: &[u8], s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&encode(bytes))
+    if s.is_human_readable() {
+        s.serialize_str(&encode(bytes))
+    } else {
+        s.serialize_bytes(bytes)
+    }
 }
 
-/// `#[serde(with = "crate::hex")]`: read a hex string or an array of byte values.
+/// `#[serde(with = "crate::hex")]`: read a hex string or an array of byte values (in binary
+/// formats, the bytes).
 pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error> {
     struct Bytes;
     impl<'de> Visitor<'de> for Bytes {
@@ -72,8 +77,18 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<u8>, D::Error>
             }
             Ok(out)
         }
+        fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Vec<u8>, E> {
+            Ok(v.to_vec())
+        }
+        fn visit_byte_buf<E: de::Error>(self, v: Vec<u8>) -> Result<Vec<u8>, E> {
+            Ok(v)
+        }
     }
-    d.deserialize_any(Bytes)
+    if d.is_human_readable() {
+        d.deserialize_any(Bytes)
+    } else {
+        d.deserialize_byte_buf(Bytes)
+    }
 }
 
 #[cfg(test)]

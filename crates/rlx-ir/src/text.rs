@@ -361,7 +361,8 @@ fn push_int(out: &mut String, mut v: u64) {
             break;
         }
     }
-    out.push_str(std::str::from_utf8(&buf[i..]).expect("decimal digits are ASCII"));
+    // Decimal digits are ASCII, so each byte is a char.
+    out.extend(buf[i..].iter().map(|&b| b as char));
 }
 
 /// A node reference, `%7`.
@@ -417,13 +418,19 @@ fn write_graph(out: &mut String, g: &Graph, indent: usize) {
 
 impl fmt::Display for Graph {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut s = String::new();
-        write_graph(&mut s, self, 0);
-        f.write_str(&s)
+        f.write_str(&self.to_text())
     }
 }
 
 impl Graph {
+    /// The text form (what `Display` writes), made in one buffer sized for the graph rather
+    /// than through a formatter: the compile cache writes it for every compile's key.
+    pub fn to_text(&self) -> String {
+        let mut s = String::with_capacity(64 * self.len() + 64);
+        write_graph(&mut s, self, 0);
+        s
+    }
+
     /// Parse the text form (see [`crate::text`]) and verify the graph. Errors give the line and
     /// column, and the verifier's findings for a graph that reads but is inconsistent.
     pub fn parse(text: &str) -> Result<Graph> {

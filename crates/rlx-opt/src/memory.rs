@@ -28,7 +28,8 @@ pub fn plan_memory(reqs: &[BufferRequest], align: usize) -> MemoryPlan {
     let align = align.max(1);
     let round = |n: usize| n.div_ceil(align) * align;
     let mut order: Vec<usize> = (0..reqs.len()).collect();
-    order.sort_by_key(|&i| (std::cmp::Reverse(reqs[i].size), reqs[i].start, i));
+    // The index makes every key distinct, so an unstable sort gives the stable order.
+    order.sort_unstable_by_key(|&i| (std::cmp::Reverse(reqs[i].size), reqs[i].start, i));
     // Lifetimes as ranks among the steps where some buffer starts or ends (two lifetimes meet
     // exactly when their ranks do), so the per-step lists number at most twice the buffers
     // whatever the step numbers are.
@@ -43,9 +44,24 @@ pub fn plan_memory(reqs: &[BufferRequest], align: usize) -> MemoryPlan {
         .iter()
         .map(|r| (rank(r.start), rank(r.end.max(r.start))))
         .collect();
-    // The placed buffers alive at each rank, and which buffer last saw each one (to take a
-    // buffer alive over several of those ranks once).
-    let mut alive: Vec<Vec<usize>> = vec![Vec::new(); marks.len()];
+    // The placed buffers alive at each rank, in one allocation: rank `k`'s list is
+    // `alive[from[k]..from[k] + len[k]]`, with room for every buffer whose lifetime covers it.
+    let mut cover = vec![0isize; marks.len() + 1];
+    for &(first, last) in &spans {
+        cover[first] += 1;
+        cover[last + 1] -= 1;
+    }
+    let mut from = vec![0usize; marks.len() + 1];
+    let (mut total, mut depth) = (0usize, 0isize);
+    for k in 0..marks.len() {
+        depth += cover[k];
+        from[k] = total;
+        total += depth as usize;
+    }
+    from[marks.len()] = total;
+    let mut alive = vec![0usize; total];
+    let mut len = vec![0usize; marks.len()];
+    // Which buffer last saw each placed one (to take a buffer alive over several ranks once).
     let mut seen = vec![usize::MAX; reqs.len()];
     let mut offsets = vec![0usize; reqs.len()];
     let mut busy: Vec<(usize, usize)> = Vec::new();
@@ -56,8 +72,8 @@ pub fn plan_memory(reqs: &[BufferRequest], align: usize) -> MemoryPlan {
         // Occupied address ranges of buffers alive at the same time, sorted by offset.
         busy.clear();
         let (first, last) = spans[i];
-        for at in &alive[first..=last] {
-            for &j in at {
+        for k in first..=last {
+            for &j in &alive[from[k]..from[k] + len[k]] {
                 if std::mem::replace(&mut seen[j], i) != i {
                     busy.push((offsets[j], offsets[j] + round(reqs[j].size)));
                 }
@@ -78,8 +94,9 @@ pub fn plan_memory(reqs: &[BufferRequest], align: usize) -> MemoryPlan {
         let off = best.map(|(_, o)| o).unwrap_or(cursor);
         offsets[i] = off;
         arena = arena.max(off + size);
-        for a in &mut alive[first..=last] {
-            a.push(i);
+        for k in first..=last {
+            alive[from[k] + len[k]] = i;
+            len[k] += 1;
         }
     }
     MemoryPlan {

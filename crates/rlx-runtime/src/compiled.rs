@@ -9,9 +9,9 @@ use std::sync::Arc;
 /// A graph compiled for one device, ready to run. Create it with [`crate::Session::compile`].
 pub struct CompiledGraph {
     exe: Box<dyn Executable>,
-    graph: Graph,
-    records: Vec<PassRecord>,
-    plan: Arc<LoweringPlan>,
+    /// The graph lowered, the pass records and the lowering plan (shared with the compile
+    /// cache's entry when there is one).
+    compiled: Arc<crate::cache::Entry>,
     /// The backend that compiled it (for the dispatch report, made when first asked for).
     backend: Arc<dyn Backend>,
     dispatch: std::sync::OnceLock<KernelDispatchReport>,
@@ -71,9 +71,7 @@ fn numel(s: &IoSlot) -> usize {
 impl CompiledGraph {
     pub(crate) fn new(
         exe: Box<dyn Executable>,
-        graph: Graph,
-        records: Vec<PassRecord>,
-        plan: Arc<LoweringPlan>,
+        compiled: Arc<crate::cache::Entry>,
         backend: Arc<dyn Backend>,
         device: Device,
     ) -> Self {
@@ -103,9 +101,7 @@ impl CompiledGraph {
         let visible = (0..exe.outputs().len()).collect();
         CompiledGraph {
             exe,
-            graph,
-            records,
-            plan,
+            compiled,
             backend,
             dispatch: std::sync::OnceLock::new(),
             device,
@@ -160,24 +156,24 @@ impl CompiledGraph {
 
     /// The optimized graph that was compiled.
     pub fn graph(&self) -> &Graph {
-        &self.graph
+        &self.compiled.graph
     }
 
     /// What each compile pass did.
     pub fn pass_records(&self) -> &[PassRecord] {
-        &self.records
+        &self.compiled.records
     }
 
     /// The compiler's lowering decisions the backend followed: causal skips, permuted stores,
     /// donated updates and the fusion report.
     pub fn lowering_plan(&self) -> &LoweringPlan {
-        &self.plan
+        &self.compiled.plan
     }
 
     /// What fusion did: ops per kind before and after, the regions, and why each candidate
     /// that joined none did not.
     pub fn fusion_report(&self) -> &FusionReport {
-        &self.plan.fusion
+        &self.compiled.plan.fusion
     }
 
     /// What runs where: each node of the compiled graph native, fused (into which region) or
@@ -186,9 +182,9 @@ impl CompiledGraph {
         self.dispatch.get_or_init(|| {
             dispatch_report(
                 self.backend.as_ref(),
-                &self.graph,
-                &self.records,
-                &self.plan,
+                &self.compiled.graph,
+                &self.compiled.records,
+                &self.compiled.plan,
             )
         })
     }

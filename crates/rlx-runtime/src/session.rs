@@ -50,9 +50,10 @@ pub(crate) fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
 }
 
 /// Print a compile report to stderr when environment variable `var` is `1` (text) or `json`.
-fn report(var: &str, graph: &str, text: &str, json: &dyn Fn() -> String) {
+/// Both forms are made only when asked for.
+fn report(var: &str, graph: &str, text: &dyn Fn() -> String, json: &dyn Fn() -> String) {
     match std::env::var(var).as_deref() {
-        Ok("1") => eprintln!("rlx: graph \"{graph}\": {text}"),
+        Ok("1") => eprintln!("rlx: graph \"{graph}\": {}", text()),
         Ok("json") => eprintln!("{}", json()),
         _ => {}
     }
@@ -287,7 +288,7 @@ impl Session {
         Ok(crate::cache::Entry {
             graph: fused,
             records: result.records,
-            plan,
+            plan: Arc::new(plan),
         })
     }
 
@@ -345,23 +346,19 @@ impl Session {
             }
             None => Arc::new(self.plan(&realize(source)?, &backend, &updates, &lowering)?),
         };
-        let (graph, records, plan) = match Arc::try_unwrap(entry) {
-            Ok(e) => (e.graph, e.records, Arc::new(e.plan)),
-            Err(e) => (e.graph.clone(), e.records.clone(), Arc::new(e.plan.clone())),
-        };
+        let (graph, records, plan) = (&entry.graph, &entry.records, &entry.plan);
         report(
             "RLX_FUSION_REPORT",
             graph.name(),
-            &plan.fusion.to_string(),
+            &|| plan.fusion.to_string(),
             &|| plan.fusion.to_json(),
         );
         if std::env::var_os("RLX_DISPATCH_REPORT").is_some() {
-            let dispatch =
-                crate::compiled::dispatch_report(backend.as_ref(), &graph, &records, &plan);
+            let dispatch = crate::compiled::dispatch_report(backend.as_ref(), graph, records, plan);
             report(
                 "RLX_DISPATCH_REPORT",
                 graph.name(),
-                &dispatch.to_string(),
+                &|| dispatch.to_string(),
                 &|| dispatch.to_json(),
             );
         }
@@ -371,17 +368,10 @@ impl Session {
             plan: plan.clone(),
         };
         let exe = match share {
-            Some(other) => backend.compile_sharing(&graph, &opts, other.executable())?,
-            None => backend.compile(&graph, &opts)?,
+            Some(other) => backend.compile_sharing(graph, &opts, other.executable())?,
+            None => backend.compile(graph, &opts)?,
         };
-        Ok(CompiledGraph::new(
-            exe,
-            graph,
-            records,
-            plan,
-            backend,
-            self.device,
-        ))
+        Ok(CompiledGraph::new(exe, entry.clone(), backend, self.device))
     }
 
     /// Short form of [`Session::try_compile`]; panics with its error.

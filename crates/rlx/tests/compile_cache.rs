@@ -111,19 +111,59 @@ fn corrupt_and_foreign_entries_are_compiled_again() {
     losses(&session(&CompileCache::at(&dir)));
     let path = entries(&dir).remove(0);
     let good = std::fs::read(&path).unwrap();
-    let text = String::from_utf8(good.clone()).unwrap();
-    let (header, body) = text.split_once('\n').unwrap();
+    let nl = good.iter().position(|&b| b == b'\n').unwrap();
+    let (header, body) = (std::str::from_utf8(&good[..nl]).unwrap(), &good[nl + 1..]);
     // The header: format, version, fingerprint, then the checksum of the body.
     let (fields, checksum) = header.rsplit_once(' ').unwrap();
-    assert_eq!(checksum, fingerprint(&[body.as_bytes()]));
+    assert_eq!(checksum, fingerprint(&[body]));
     let key = &fields[fields.len() - 64..];
     // An entry of `fields` and `body` with the checksum made anew (what only the later checks
     // can refuse).
-    let resealed = |fields: &str, body: &str| {
-        format!("{fields} {}\n{body}", fingerprint(&[body.as_bytes()])).into_bytes()
+    let resealed = |fields: &str, body: &[u8]| {
+        let mut b = format!("{fields} {}\n", fingerprint(&[body])).into_bytes();
+        b.extend_from_slice(body);
+        b
     };
-    let changed = body.replacen("\"data\":\"0", "\"data\":\"1", 1);
-    assert_ne!(changed, body, "the entry holds a constant");
+    // The body is postcard's form of the graph, then the pass records and the plan: edit the
+    // graph, keep the rest.
+    let (graph, rest): (Graph, &[u8]) = postcard::take_from_bytes(body).unwrap();
+    let edited = |edit: &dyn Fn(usize, &mut rlx::ir::Node) -> bool| {
+        let mut g = Graph::new(graph.name());
+        let mut done = false;
+        for (i, n) in graph.nodes().iter().enumerate() {
+            let mut n = n.clone();
+            done = done || edit(i, &mut n);
+            g.push_unchecked(n.op, n.inputs, n.shape);
+        }
+        assert!(done, "the entry's graph holds what the edit changes");
+        g.set_outputs_unchecked(graph.outputs().to_vec());
+        let mut b = postcard::to_stdvec(&g).unwrap();
+        b.extend_from_slice(rest);
+        b
+    };
+    // The first constant's first byte changed: a graph that verifies, wrong values.
+    let changed = edited(&|_, n| match &mut n.op {
+        Op::Constant { data } if !data.is_empty() => {
+            data[0] ^= 1;
+            true
+        }
+        _ => false,
+    });
+    // The first product's result shape with one more row: a graph that does not verify.
+    let unverified = edited(&|_, n| match n.op {
+        Op::MatMul => {
+            let mut dims = n.shape.static_dims().unwrap();
+            dims[0] += 1;
+            n.shape = Shape::new(&dims, n.shape.dtype());
+            true
+        }
+        _ => false,
+    });
+    let with_checksum = |body: &[u8]| {
+        let mut b = format!("{header}\n").into_bytes();
+        b.extend_from_slice(body);
+        b
+    };
     let bad: Vec<(&str, Vec<u8>)> = vec![
         ("garbage", b"\x00\xffnot an entry".to_vec()),
         ("empty", Vec::new()),
@@ -139,15 +179,17 @@ fn corrupt_and_foreign_entries_are_compiled_again() {
                 body,
             ),
         ),
-        // A changed hex digit of a constant: valid JSON, a graph that verifies, wrong values.
-        (
-            "a changed constant",
-            format!("{header}\n{changed}").into_bytes(),
-        ),
-        // Valid JSON whose graph does not verify (a node's shape edited), checksum made anew.
+        // A changed constant under the old checksum: it decodes and verifies, wrong values.
+        ("a changed constant", with_checksum(&changed)),
+        // A graph that does not verify, checksum made anew.
         (
             "a graph that does not verify",
-            resealed(fields, &body.replacen("{\"Static\":", "{\"Static\":1", 1)),
+            resealed(fields, &unverified),
+        ),
+        // Bytes that do not decode, checksum made anew.
+        (
+            "a body that does not decode",
+            resealed(fields, &body[..body.len() / 3]),
         ),
     ];
     for (what, bytes) in bad {

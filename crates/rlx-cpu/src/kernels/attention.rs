@@ -1088,9 +1088,6 @@ fn rope<T: FloatElem>(
     let (s_len, d) = (x.layout.dims()[r - 2], x.layout.dims()[r - 1]);
     let half = d / 2;
     let lines = x.layout.remove_axis(r - 1);
-    let inv: Vec<f64> = (0..half)
-        .map(|k| (theta as f64).powf(-2.0 * k as f64 / d as f64))
-        .collect();
     kernel(move |pool| {
         let sx = x.layout.strides()[r - 1];
         let n = lines.numel();
@@ -1117,18 +1114,28 @@ fn rope<T: FloatElem>(
             positions.extend((0..s_len).map(position));
             pairs.clear();
             let step = (theta).powf(-2.0 / d as f32);
+            // The f64 table's frequencies, base^(-2k/d); the f32 one needs only `step`.
+            let inv: Vec<f64> = if f32_table {
+                Vec::new()
+            } else {
+                (0..half)
+                    .map(|k| (theta as f64).powf(-2.0 * k as f64 / d as f64))
+                    .collect()
+            };
             for &p in positions.iter() {
-                let mut th = p as f32;
-                pairs.extend(inv.iter().map(|&inv_k| {
-                    if f32_table {
+                if f32_table {
+                    let mut th = p as f32;
+                    pairs.extend((0..half).map(|_| {
                         let e = (th.cos() as f64, th.sin() as f64);
                         th *= step;
                         e
-                    } else {
+                    }));
+                } else {
+                    pairs.extend(inv.iter().map(|&inv_k| {
                         let (sin, cos) = (p as f64 * inv_k).sin_cos();
                         (cos, sin)
-                    }
-                }));
+                    }));
+                }
             }
         }
         let tab = &memo.pairs[..];

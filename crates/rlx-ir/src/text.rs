@@ -97,8 +97,16 @@ impl Attr {
             Attr::Float(v) => {
                 let _ = write!(out, "{v:?}");
             }
-            Attr::Bool(v) => {
-                let _ = write!(out, "{v}");
+            Attr::Bool(v) => out.push_str(if *v { "true" } else { "false" }),
+            // Names are plain ASCII almost always: quoted as they are, else escaped by Debug.
+            Attr::Str(s)
+                if s
+                    .bytes()
+                    .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\') =>
+            {
+                out.push('"');
+                out.push_str(s);
+                out.push('"');
             }
             Attr::Str(s) => {
                 let _ = write!(out, "{s:?}");
@@ -351,6 +359,10 @@ pub(crate) fn parse_attrs(text: &str) -> Result<Vec<(String, Attr)>> {
 /// `v` in decimal, appended to `out` (the text form writes thousands of ids and dims; this
 /// skips the formatting machinery).
 fn push_int(out: &mut String, mut v: u64) {
+    if v < 10 {
+        out.push((b'0' + v as u8) as char);
+        return;
+    }
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     loop {

@@ -6,38 +6,42 @@ use crate::{ops, Error, Graph, Op, Result};
 /// shape equal to the stored one, outputs in range. Returns every problem found.
 pub fn verify(g: &Graph) -> Result<()> {
     let mut errs = Vec::new();
-    let mut names = std::collections::HashSet::new();
+    let mut names: std::collections::HashSet<&str> = std::collections::HashSet::new();
     for id in g.ids() {
         let n = g.node(id);
-        let here = format!("{id} ({})", n.op.name());
+        // Written only for a finding: a valid graph's check formats nothing.
+        let here = || format!("{id} ({})", n.op.name());
         if let Some(bad) = n.inputs.iter().find(|i| i.index() >= id.index()) {
             errs.push(format!(
-                "{here}: operand {bad} is not defined before its use"
+                "{}: operand {bad} is not defined before its use",
+                here()
             ));
             continue;
         }
         if n.op.is_leaf() && !n.inputs.is_empty() {
-            errs.push(format!("{here}: leaves take no operands"));
+            errs.push(format!("{}: leaves take no operands", here()));
         }
         match &n.op {
             Op::Input { name } | Op::Param { name } => {
-                if !names.insert(name.clone()) {
-                    errs.push(format!("{here}: name \"{name}\" is used twice"));
+                if !names.insert(name) {
+                    errs.push(format!("{}: name \"{name}\" is used twice", here()));
                 }
             }
             Op::Constant { data } => match n.shape.size_bytes() {
                 Some(want) if want == data.len() => {
                     if let Some(msg) = crate::graph::bad_bool_data(&n.shape, data) {
-                        errs.push(format!("{here}: {msg}"));
+                        errs.push(format!("{}: {msg}", here()));
                     }
                 }
                 Some(want) => errs.push(format!(
-                    "{here}: {} needs {want} bytes, holds {}",
+                    "{}: {} needs {want} bytes, holds {}",
+                    here(),
                     n.shape,
                     data.len()
                 )),
                 None => errs.push(format!(
-                    "{here}: shape {} must be static with a byte size that fits usize",
+                    "{}: shape {} must be static with a byte size that fits usize",
+                    here(),
                     n.shape
                 )),
             },
@@ -48,7 +52,8 @@ pub fn verify(g: &Graph) -> Result<()> {
                         .is_some_and(|c| !matches!(g.node(*c).op, Op::Param { .. }))
                 {
                     errs.push(format!(
-                        "{here}: the cache operand {} must be a param (it is updated in place)",
+                        "{}: the cache operand {} must be a param (it is updated in place)",
+                        here(),
                         n.inputs[0]
                     ));
                 }
@@ -56,10 +61,11 @@ pub fn verify(g: &Graph) -> Result<()> {
                 match ops::infer(op, &shapes) {
                     Ok(s) if s == n.shape => {}
                     Ok(s) => errs.push(format!(
-                        "{here}: stored shape {} but operands give {s}",
+                        "{}: stored shape {} but operands give {s}",
+                        here(),
                         n.shape
                     )),
-                    Err(e) => errs.push(format!("{here}: {e}")),
+                    Err(e) => errs.push(format!("{}: {e}", here())),
                 }
             }
         }

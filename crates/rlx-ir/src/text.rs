@@ -100,8 +100,7 @@ impl Attr {
             Attr::Bool(v) => out.push_str(if *v { "true" } else { "false" }),
             // Names are plain ASCII almost always: quoted as they are, else escaped by Debug.
             Attr::Str(s)
-                if s
-                    .bytes()
+                if s.bytes()
                     .all(|b| (b' '..=b'~').contains(&b) && b != b'"' && b != b'\\') =>
             {
                 out.push('"');

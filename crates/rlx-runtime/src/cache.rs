@@ -5,10 +5,12 @@
 //! the same graph with the same options (in this process or a new one) goes straight to the
 //! backend's lowering.
 //!
-//! The fingerprint is SHA-256 over a format tag, the RLX version, the backend and device, the
-//! session's options (threads, optimizations, precision policy, bound updates, lowering options
-//! after the environment's overrides) and the graph's canonical text form: stable across Rust
-//! releases and runs, unlike `DefaultHasher`. A disk entry is a header line naming the format,
+//! The fingerprint is SHA-256 over a format tag, the RLX version, the program's build (its
+//! executable's path, size and modification time: a rebuilt program does not read entries an
+//! older build of the same version wrote), the backend and device, the session's options
+//! (threads, optimizations, precision policy, bound updates, lowering options after the
+//! environment's overrides) and the graph's canonical text form: the same inputs give the same
+//! fingerprint in every run and with every Rust release, unlike `DefaultHasher`. A disk entry is a header line naming the format,
 //! the RLX version, the fingerprint and the SHA-256 of the rest, then the graph, the plan and
 //! the pass records in postcard's binary serde form (a quarter of JSON's bytes, read three times
 //! faster; constants as raw bytes). An entry whose header does not match, whose checksum does not
@@ -230,12 +232,46 @@ pub(crate) fn key(graph: &Graph, backend: &str, device: &str, options: &str) -> 
     key_of("graph", &graph.to_text(), backend, device, options)
 }
 
+/// What tells this program's build apart from another build of the same RLX version (a binary
+/// rebuilt with changed passes or kernels must not read the old one's entries, and a version
+/// number does not change with every build): the executable's path, size and modification
+/// time, asked once a process; empty where the system does not say.
+fn build_id() -> &'static str {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(|| {
+        let id = || -> std::io::Result<String> {
+            let exe = std::env::current_exe()?;
+            let meta = std::fs::metadata(&exe)?;
+            let modified = meta
+                .modified()?
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            Ok(format!("{} {} {modified}", exe.display(), meta.len()))
+        };
+        id().unwrap_or_default()
+    })
+}
+
 /// The fingerprint of compiling what `text` names (of `kind`: `graph` for a graph's canonical
-/// text, `built` for a caller's description of the graph it builds) with these options.
+/// text, `built` for a caller's description of the graph it builds) with these options, in
+/// this build of the program.
 pub(crate) fn key_of(kind: &str, text: &str, backend: &str, device: &str, options: &str) -> String {
+    key_in_build(build_id(), kind, text, backend, device, options)
+}
+
+/// [`key_of`] for the build `build`.
+fn key_in_build(
+    build: &str,
+    kind: &str,
+    text: &str,
+    backend: &str,
+    device: &str,
+    options: &str,
+) -> String {
     fingerprint(&[
         FORMAT.as_bytes(),
         env!("CARGO_PKG_VERSION").as_bytes(),
+        build.as_bytes(),
         backend.as_bytes(),
         device.as_bytes(),
         options.as_bytes(),
@@ -273,6 +309,20 @@ mod tests {
             plan: Arc::new(plan),
         };
         CompileCache::encode(key, &e).unwrap()
+    }
+
+    /// Another build of the program (same RLX version) has other keys, so it never reads
+    /// entries made by code that may have changed since.
+    #[test]
+    fn another_build_has_other_keys() {
+        let key = |build| key_in_build(build, "graph", "g", "cpu", "cpu", "o");
+        assert_ne!(key("a 1 2"), key("a 1 3"));
+        assert_eq!(
+            key_of("graph", "g", "cpu", "cpu", "o"),
+            key(build_id()),
+            "keys are made in this build"
+        );
+        assert!(!build_id().is_empty(), "the test binary knows its build");
     }
 
     #[test]

@@ -1074,6 +1074,9 @@ pub(crate) struct RopeTable(std::sync::Mutex<RopeMemo>);
 struct RopeMemo {
     positions: Vec<i64>,
     pairs: Vec<(f64, f64)>,
+    /// The f64 table's frequencies, base^(-2k/d), made when first needed (the f32 table's
+    /// recurrence needs none).
+    inv: Vec<f64>,
 }
 
 fn rope<T: FloatElem>(
@@ -1109,19 +1112,19 @@ fn rope<T: FloatElem>(
             && memo.pairs.len() == s_len * half
             && (0..s_len).all(|s| memo.positions[s] == position(s));
         if !fresh {
-            let RopeMemo { positions, pairs } = &mut *memo;
+            let RopeMemo {
+                positions,
+                pairs,
+                inv,
+            } = &mut *memo;
             positions.clear();
             positions.extend((0..s_len).map(position));
             pairs.clear();
             let step = (theta).powf(-2.0 / d as f32);
-            // The f64 table's frequencies, base^(-2k/d); the f32 one needs only `step`.
-            let inv: Vec<f64> = if f32_table {
-                Vec::new()
-            } else {
-                (0..half)
-                    .map(|k| (theta as f64).powf(-2.0 * k as f64 / d as f64))
-                    .collect()
-            };
+            if !f32_table && inv.len() != half {
+                inv.clear();
+                inv.extend((0..half).map(|k| (theta as f64).powf(-2.0 * k as f64 / d as f64)));
+            }
             for &p in positions.iter() {
                 if f32_table {
                     let mut th = p as f32;

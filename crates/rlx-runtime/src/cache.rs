@@ -17,8 +17,10 @@
 //! (a changed byte anywhere, a constant's included), that does not parse, whose graph does not
 //! verify or whose plan does not fit its graph ([`LoweringPlan::check`]) is not used: the graph is
 //! compiled again and the entry rewritten (written to a temporary file and renamed, so readers
-//! never see half an entry). Lowering (kernel choice, memory plan, kernels) runs on every
-//! compile: its result holds the backend's code and addresses.
+//! never see half an entry). A directory holds at most a limit of entries (256 MiB unless
+//! [`CompileCache::at_with_limit`] says otherwise): writing one removes the least recently used
+//! others (a read refreshes an entry's modification time). Lowering (kernel choice, memory
+//! plan, kernels) runs on every compile: its result holds the backend's code and addresses.
 
 use rlx_ir::Graph;
 use rlx_opt::{LoweringPlan, PassRecord};
@@ -58,6 +60,8 @@ pub struct CacheStats {
 #[derive(Debug, Default)]
 pub struct CompileCache {
     dir: Option<PathBuf>,
+    /// Most bytes of entries kept in `dir` (see [`CompileCache::at_with_limit`]).
+    max_bytes: u64,
     memory: Mutex<HashMap<String, Arc<Entry>>>,
     memory_hits: AtomicUsize,
     disk_hits: AtomicUsize,
@@ -82,10 +86,23 @@ impl CompileCache {
         Arc::new(CompileCache::default())
     }
 
-    /// A cache kept in memory and in `dir` (created when first written).
+    /// A cache kept in memory and in `dir` (created when first written), holding at most
+    /// [`CompileCache::DEFAULT_MAX_BYTES`] of entries there.
     pub fn at(dir: impl Into<PathBuf>) -> Arc<CompileCache> {
+        Self::at_with_limit(dir, Self::DEFAULT_MAX_BYTES)
+    }
+
+    /// The directory limit of [`CompileCache::at`] and [`CompileCache::on_disk`]: 256 MiB
+    /// (an entry is tens of KB).
+    pub const DEFAULT_MAX_BYTES: u64 = 256 << 20;
+
+    /// [`CompileCache::at`] holding at most `max_bytes` of entries in `dir`: after writing an
+    /// entry, the least recently used others (by modification time, which a read refreshes)
+    /// are removed until the directory's entries fit.
+    pub fn at_with_limit(dir: impl Into<PathBuf>, max_bytes: u64) -> Arc<CompileCache> {
         Arc::new(CompileCache {
             dir: Some(dir.into()),
+            max_bytes,
             ..CompileCache::default()
         })
     }
@@ -152,6 +169,10 @@ impl CompileCache {
         let bytes = std::fs::read(&path).ok()?;
         match Self::decode(key, &bytes) {
             Ok(e) => {
+                // Used now: the last to be evicted (best effort; a read-only cache still reads).
+                if let Ok(f) = std::fs::File::options().write(true).open(&path) {
+                    let _ = f.set_modified(std::time::SystemTime::now());
+                }
                 let e = Arc::new(e);
                 if let Ok(mut m) = self.memory.lock() {
                     m.insert(key.to_string(), e.clone());
@@ -223,7 +244,41 @@ impl CompileCache {
         let bytes = Self::encode(key, e).map_err(std::io::Error::other)?;
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         std::fs::write(&tmp, &bytes)?;
-        std::fs::rename(&tmp, path)
+        std::fs::rename(&tmp, path)?;
+        self.evict(path)
+    }
+
+    /// Remove the least recently used entries of the cache's directory (oldest modification
+    /// time first, never `keep`) until the entries add up to at most `max_bytes`.
+    fn evict(&self, keep: &Path) -> std::io::Result<()> {
+        let Some(dir) = &self.dir else {
+            return Ok(());
+        };
+        let mut entries = Vec::new();
+        let mut total = 0u64;
+        for item in std::fs::read_dir(dir)? {
+            let item = item?;
+            let path = item.path();
+            if path.extension().is_none_or(|x| x != "rlxc") {
+                continue;
+            }
+            let Ok(meta) = item.metadata() else {
+                continue;
+            };
+            total += meta.len();
+            let used = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
+            entries.push((used, meta.len(), path));
+        }
+        entries.sort();
+        for (_, len, path) in entries {
+            if total <= self.max_bytes {
+                break;
+            }
+            if path != keep && std::fs::remove_file(&path).is_ok() {
+                total -= len;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -323,6 +378,48 @@ mod tests {
             "keys are made in this build"
         );
         assert!(!build_id().is_empty(), "the test binary knows its build");
+    }
+
+    /// A directory past its limit loses its least recently used entries, a read counting as
+    /// a use; the entry just written stays even when it alone is over the limit.
+    #[test]
+    fn the_least_recently_used_entries_are_evicted() {
+        let dir = std::env::temp_dir().join(format!("rlx-cache-evict-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let entry = || {
+            let bytes = entry_bytes("k");
+            let at = CompileCache::header("k").len() + fingerprint(&[]).len() + 1;
+            postcard::from_bytes::<Entry>(&bytes[at..]).unwrap()
+        };
+        let size = entry_bytes(&fingerprint(&[b"a"])).len() as u64;
+        let keys: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .map(|k| fingerprint(&[k.as_bytes()]))
+            .collect();
+        let age = |key: &str, secs: u64| {
+            let f = std::fs::File::options()
+                .write(true)
+                .open(dir.join(format!("{key}.rlxc")))
+                .unwrap();
+            f.set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(secs))
+                .unwrap();
+        };
+        let on_disk = |key: &str| dir.join(format!("{key}.rlxc")).exists();
+        let cache = CompileCache::at_with_limit(&dir, 2 * size + size / 2);
+        cache.put(&keys[0], entry());
+        age(&keys[0], 30);
+        cache.put(&keys[1], entry());
+        age(&keys[1], 20);
+        // Read "a" from disk (a new cache, so not from memory): now the most recently used.
+        let reader = CompileCache::at_with_limit(&dir, 2 * size + size / 2);
+        assert!(reader.get(&keys[0]).is_some());
+        assert_eq!(reader.stats().disk_hits, 1);
+        cache.put(&keys[2], entry());
+        assert!(on_disk(&keys[0]) && !on_disk(&keys[1]) && on_disk(&keys[2]));
+        // A limit below one entry keeps only the newest.
+        CompileCache::at_with_limit(&dir, 1).put(&keys[1], entry());
+        assert!(!on_disk(&keys[0]) && on_disk(&keys[1]) && !on_disk(&keys[2]));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

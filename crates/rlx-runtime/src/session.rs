@@ -150,11 +150,7 @@ impl Session {
         graph: Graph,
         updates: &[(&str, usize)],
     ) -> Result<CompiledGraph> {
-        let mut c = self.compile_inner(Source::Graph(graph), None, updates)?;
-        for &(name, output) in updates {
-            c.try_bind_update(name, output)?;
-        }
-        Ok(c)
+        self.compile_bound(Source::Graph(graph), updates)
     }
 
     /// [`Session::try_compile_with_updates`] of the graph `build` makes, which is made only when
@@ -168,14 +164,22 @@ impl Session {
         build: impl FnOnce() -> Result<Graph>,
         updates: &[(&str, usize)],
     ) -> Result<CompiledGraph> {
-        let mut c = self.compile_inner(
+        self.compile_bound(
             Source::Built {
                 key,
                 build: Box::new(build),
             },
-            None,
             updates,
-        )?;
+        )
+    }
+
+    /// Compile `source` and bind its param updates.
+    fn compile_bound(
+        &self,
+        source: Source<'_>,
+        updates: &[(&str, usize)],
+    ) -> Result<CompiledGraph> {
+        let mut c = self.compile_inner(source, None, updates)?;
         for &(name, output) in updates {
             c.try_bind_update(name, output)?;
         }

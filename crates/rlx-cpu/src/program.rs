@@ -567,6 +567,7 @@ pub fn lower(
                             .get(1)
                             .is_some_and(|b| panel_nodes.contains(&b.index())),
                     shared: &shared,
+                    plan,
                 };
                 match kernels::lower(&info)? {
                     Lowered::View { src, layout } => {

@@ -114,6 +114,12 @@ pub struct LoweringPlan {
     pub panel_params: BTreeMap<u32, usize>,
     /// What fusion did.
     pub fusion: FusionReport,
+    /// The plans of the graphs a node carries (a control-flow op's branches or bodies, in the
+    /// order of `OpDef::graphs`), by node: the session takes those graphs through the same
+    /// pipeline as this one when the backend runs the op natively, and a backend lowers each
+    /// with its plan here.
+    #[serde(default)]
+    pub nested: BTreeMap<u32, Vec<LoweringPlan>>,
 }
 
 impl LoweringPlan {
@@ -125,6 +131,12 @@ impl LoweringPlan {
     /// The permutation node `id` should be stored in, if any.
     pub fn permuted_store(&self, id: NodeId) -> Option<&[usize]> {
         self.permuted_stores.get(&id.0).map(Vec::as_slice)
+    }
+
+    /// The plan of graph `index` (in `OpDef::graphs` order) that node `id` carries, if the
+    /// session planned it.
+    pub fn nested(&self, id: NodeId, index: usize) -> Option<&LoweringPlan> {
+        self.nested.get(&id.0)?.get(index)
     }
 
     /// The panel width param `id` is stored in, if it is stored in column panels.
@@ -211,6 +223,24 @@ impl LoweringPlan {
                 )));
             }
         }
+        for (&id, plans) in &self.nested {
+            let n = node(id, "a nested plan")?;
+            let graphs = match &n.op {
+                Op::Defined(d) => d.def().graphs(),
+                _ => Vec::new(),
+            };
+            if graphs.len() != plans.len() {
+                return Err(Error::Invalid(format!(
+                    "lowering plan: {} nested plans at %{id} ({}), which carries {} graphs",
+                    plans.len(),
+                    n.op.name(),
+                    graphs.len()
+                )));
+            }
+            for ((_, body), plan) in graphs.iter().zip(plans) {
+                plan.check(body)?;
+            }
+        }
         Ok(())
     }
 }
@@ -258,6 +288,7 @@ pub fn prepare(
             donations,
             panel_params,
             fusion,
+            nested: BTreeMap::new(),
         },
     ))
 }

@@ -51,24 +51,7 @@ impl Precision {
     }
 }
 
-/// How an op is treated by a precision policy.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum OpClass {
-    /// Matrix products (`matmul`, `dot_general`, convolution, and attention, whose two products
-    /// take the low precision while its softmax stays in f32 inside the kernel, as PyTorch's
-    /// autocast runs scaled dot-product attention): what low precision speeds up.
-    Product,
-    /// Ops that move or select values without arithmetic (reshape, transpose, narrow, concat,
-    /// expand, gather, top-k): they follow their operand's precision.
-    Movement,
-    /// Numerically sensitive: exp, log, rsqrt, tan, pow, reductions, cumsum, scatter-add,
-    /// softmax, norms and pooling; kept in f32 by the automatic policies.
-    Sensitive,
-    /// Other arithmetic: elementwise binaries, comparisons, selects, activations, RoPE.
-    Elementwise,
-    /// Never rewritten: leaves, casts, quantized and KV-cache ops, custom and fused bodies.
-    Fixed,
-}
+pub use rlx_ir::ops::OpClass;
 
 /// The class of `op`.
 pub fn op_class(op: &Op) -> OpClass {
@@ -104,8 +87,8 @@ pub fn op_class(op: &Op) -> OpClass {
         | Op::CacheWrite
         | Op::CachedAttention { .. }
         | Op::PagedAttention { .. }
-        | Op::Fused(_)
-        | Op::Defined(_) => OpClass::Fixed,
+        | Op::Fused(_) => OpClass::Fixed,
+        Op::Defined(d) => d.def().precision_class(),
     }
 }
 

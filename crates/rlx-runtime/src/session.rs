@@ -256,7 +256,8 @@ impl Session {
         let mut result = self.optimize_graph(graph, backend.as_ref(), &refs)?;
         let b = backend.clone();
         let accepts = move |g: &Graph, id, kind| b.fuses(g, id, kind);
-        let (fused, plan) = rlx_opt::prepare(&result.graph, lowering, &accepts, updates)?;
+        let (fused, mut plan) = rlx_opt::prepare(&result.graph, lowering, &accepts, updates)?;
+        let fused = self.plan_nested(fused, &mut plan, backend, lowering)?;
         let mut fired: std::collections::BTreeMap<String, usize> = Default::default();
         let mut sites = Vec::new();
         for r in &plan.fusion.regions {
@@ -294,6 +295,48 @@ impl Session {
             records: result.records,
             plan: Arc::new(plan),
         })
+    }
+
+    /// The graphs carried by the nodes of `fused` that `backend` runs natively (control flow's
+    /// branches and bodies), taken through the same pipeline as the graph holding them
+    /// ([`Session::plan`], recursively): each node gets its graphs back optimized, decomposed
+    /// for the backend and fused, and `plan.nested` their lowering plans. A node the backend
+    /// does not run was decomposed (its graphs inlined) before this.
+    fn plan_nested(
+        &self,
+        fused: Graph,
+        plan: &mut rlx_opt::LoweringPlan,
+        backend: &Arc<dyn Backend>,
+        lowering: &LoweringOptions,
+    ) -> Result<Graph> {
+        let carries = |id: rlx_ir::NodeId| match &fused.node(id).op {
+            rlx_ir::Op::Defined(d) => !d.def().graphs().is_empty(),
+            _ => false,
+        };
+        if !fused.ids().any(carries) {
+            return Ok(fused);
+        }
+        let mut out = Graph::new(fused.name());
+        for id in fused.ids() {
+            let node = fused.node(id);
+            let op = match &node.op {
+                rlx_ir::Op::Defined(d) if carries(id) && backend.supports(&fused, id) => {
+                    let mut graphs = Vec::new();
+                    let mut plans = Vec::new();
+                    for (_, body) in d.def().graphs() {
+                        let entry = self.plan(body, backend, &[], lowering)?;
+                        graphs.push(entry.graph);
+                        plans.push(Arc::unwrap_or_clone(entry.plan));
+                    }
+                    plan.nested.insert(id.0, plans);
+                    rlx_ir::Op::Defined(d.def().with_graphs(graphs)?)
+                }
+                op => op.clone(),
+            };
+            out.push_unchecked(op, node.inputs.clone(), node.shape.clone());
+        }
+        out.set_outputs_unchecked(fused.outputs().to_vec());
+        Ok(out)
     }
 
     fn compile_inner(

@@ -9,7 +9,7 @@ use super::{materialize, Kernel, Lowered, NodeInfo, TRef};
 use crate::pool::Pool;
 use crate::program::Program;
 use rlx_driver::Executable;
-use rlx_ir::text::Attr;
+use rlx_ir::ops::{DefinedOp, If, Scan, While};
 use rlx_ir::{Op, Result};
 use std::sync::Mutex;
 
@@ -39,31 +39,57 @@ impl Kernel for IfKernel {
     }
 }
 
-/// A graph attribute of a defined op, compiled for `threads`.
-fn program(info: &NodeInfo<'_>, key: &str) -> Result<Program> {
+/// The control-flow ops the CPU runs natively, recognised by type.
+#[derive(Clone, Copy)]
+pub(super) enum Flow<'a> {
+    If,
+    While(&'a While),
+    Scan(&'a Scan),
+}
+
+impl<'a> Flow<'a> {
+    /// The control-flow op `d` is, if it is one.
+    pub(super) fn of(d: &'a DefinedOp) -> Option<Flow<'a>> {
+        if d.downcast::<If>().is_some() {
+            Some(Flow::If)
+        } else if let Some(op) = d.downcast::<While>() {
+            Some(Flow::While(op))
+        } else {
+            d.downcast::<Scan>().map(Flow::Scan)
+        }
+    }
+}
+
+/// Lower a control-flow node.
+pub(super) fn lower(info: &NodeInfo<'_>, flow: Flow<'_>) -> Result<Lowered> {
+    match flow {
+        Flow::If => lower_if(info),
+        Flow::While(op) => lower_while(info, op),
+        Flow::Scan(op) => lower_scan(info, op),
+    }
+}
+
+/// Graph `index` (in `OpDef::graphs` order) of the node, compiled for `info.threads` threads:
+/// with the plan the session made for it (the graph then went through the session's pipeline,
+/// decomposed for this backend and fused), else prepared here as `crate::compile` does.
+fn program(info: &NodeInfo<'_>, index: usize) -> Result<Program> {
     let Op::Defined(d) = &info.node.op else {
         return Err(info.unsupported("not control flow"));
     };
-    let g = d
-        .def()
-        .attrs()
-        .into_iter()
-        .find_map(|(k, a)| match a {
-            Attr::Graph(g) if k == key => Some(*g),
-            _ => None,
-        })
-        .ok_or_else(|| info.unsupported(format!("{} has no {key} graph", d.name())))?;
-    crate::compile(&g, info.threads)
-}
-
-/// An integer attribute of a defined op (`None` when absent or `none`).
-fn int_attr(info: &NodeInfo<'_>, key: &str) -> Option<usize> {
-    let Op::Defined(d) = &info.node.op else {
-        return None;
+    let graphs = d.def().graphs();
+    let (_, g) = graphs
+        .get(index)
+        .ok_or_else(|| info.unsupported(format!("{} has no graph {index}", d.name())))?;
+    let compiled = match info.plan.nested(info.id, index) {
+        Some(plan) => crate::lower(g, plan, info.threads, None),
+        None => crate::compile(g, info.threads),
     };
-    d.def().attrs().into_iter().find_map(|(k, a)| match a {
-        Attr::Int(v) if k == key => Some(v as usize),
-        _ => None,
+    compiled.map_err(|e| {
+        info.unsupported(format!(
+            "its {} graph \"{}\" does not compile: {e}",
+            graphs[index].0,
+            g.name()
+        ))
     })
 }
 
@@ -75,9 +101,9 @@ fn staging(ins: &[TRef]) -> Vec<Vec<u8>> {
 }
 
 /// Lower an `if` node: compile both branches for `info.threads` threads.
-pub(super) fn lower_if(info: &NodeInfo<'_>) -> Result<Lowered> {
-    let then_p = program(info, "then")?;
-    let else_p = program(info, "else")?;
+fn lower_if(info: &NodeInfo<'_>) -> Result<Lowered> {
+    let then_p = program(info, 0)?;
+    let else_p = program(info, 1)?;
     Ok(Lowered::Compute {
         scratch: 0,
         build: Box::new(move |ins, out, _| {
@@ -133,11 +159,10 @@ impl Kernel for WhileKernel {
 }
 
 /// Lower a `while` node.
-pub(super) fn lower_while(info: &NodeInfo<'_>) -> Result<Lowered> {
-    let cond = program(info, "cond")?;
-    let body = program(info, "body")?;
-    let max = int_attr(info, "max_iterations");
-    let output = int_attr(info, "output").unwrap_or(0);
+fn lower_while(info: &NodeInfo<'_>, op: &While) -> Result<Lowered> {
+    let cond = program(info, 0)?;
+    let body = program(info, 1)?;
+    let (max, output) = (op.max_iterations, op.output);
     Ok(Lowered::Compute {
         scratch: 0,
         build: Box::new(move |ins, out, _| {
@@ -195,10 +220,10 @@ impl Kernel for ScanKernel {
 }
 
 /// Lower a `scan` node.
-pub(super) fn lower_scan(info: &NodeInfo<'_>) -> Result<Lowered> {
-    let body = program(info, "body")?;
+fn lower_scan(info: &NodeInfo<'_>, op: &Scan) -> Result<Lowered> {
+    let body = program(info, 0)?;
     let steps = info.dims.first().copied().unwrap_or(0);
-    let consts = int_attr(info, "consts").unwrap_or(0);
+    let consts = op.consts;
     Ok(Lowered::Compute {
         scratch: 0,
         build: Box::new(move |ins, out, _| {

@@ -129,6 +129,8 @@ pub struct NodeInfo<'a> {
     pub b_panels: bool,
     /// What the program's kernels share (one per program).
     pub shared: &'a Shared,
+    /// The program's lowering plan (control flow finds its bodies' plans there).
+    pub plan: &'a rlx_opt::LoweringPlan,
 }
 
 /// What several kernels of one program share: the rotary tables of `Rope` nodes rotating by the
@@ -201,11 +203,11 @@ pub fn supports(op: &Op) -> bool {
         // Elementwise and multiply-reduce regions the group loop runs; the rest are inlined.
         Op::Fused(r) => fused::region_program(r).is_some(),
         // Control flow loops and branches for real: `if` runs only its taken branch, `while`
-        // and `scan` without unrolling.
-        Op::Defined(d) if matches!(d.name(), "if" | "while" | "scan") => true,
-        // Decomposed into primitives before lowering (ops defined by an `OpDef` too: one that
-        // needs a native kernel gets an arm here matching its name).
-        Op::DotGeneral(_) | Op::Custom(_) | Op::Defined(_) => false,
+        // and `scan` without unrolling. Other ops defined by an `OpDef` are decomposed (one
+        // that needs a native kernel gets a case in `control::Flow::of`'s style: by its type).
+        Op::Defined(d) => control::Flow::of(d).is_some(),
+        // Decomposed into primitives before lowering.
+        Op::DotGeneral(_) | Op::Custom(_) => false,
     }
 }
 
@@ -228,10 +230,18 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         Op::Conv(_) | Op::Pool(_) => spatial::lower(info),
         Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => quant::lower(info),
         Op::CacheWrite | Op::CachedAttention { .. } | Op::PagedAttention { .. } => kv::lower(info),
-        Op::Defined(d) if d.name() == "if" => control::lower_if(info),
-        Op::Defined(d) if d.name() == "while" => control::lower_while(info),
-        Op::Defined(d) if d.name() == "scan" => control::lower_scan(info),
-        op => Err(info.unsupported(format!("{} has no CPU kernel", op.name()))),
+        Op::Defined(d) => match control::Flow::of(d) {
+            Some(flow) => control::lower(info, flow),
+            None => Err(info.unsupported(format!("{} has no CPU kernel", d.name()))),
+        },
+        // Leaves and fused regions are lowered by the program itself; the rest are decomposed
+        // before lowering (see `supports`).
+        op @ (Op::Input { .. }
+        | Op::Param { .. }
+        | Op::Constant { .. }
+        | Op::Fused(_)
+        | Op::DotGeneral(_)
+        | Op::Custom(_)) => Err(info.unsupported(format!("{} has no CPU kernel", op.name()))),
     }
 }
 

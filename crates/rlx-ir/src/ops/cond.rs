@@ -139,6 +139,17 @@ impl OpDef for If {
         ]
     }
 
+    fn graphs(&self) -> Vec<(&'static str, &Graph)> {
+        self.branches().to_vec()
+    }
+
+    fn with_graphs(&self, graphs: Vec<Graph>) -> Result<DefinedOp> {
+        let [then_branch, else_branch]: [Graph; 2] = graphs
+            .try_into()
+            .map_err(|g: Vec<Graph>| Error::op("if", format!("takes 2 graphs, got {}", g.len())))?;
+        Ok(DefinedOp::new(If::new(then_branch, else_branch)))
+    }
+
     fn arity(&self) -> (usize, usize) {
         (1, usize::MAX)
     }

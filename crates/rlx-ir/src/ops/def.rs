@@ -92,6 +92,47 @@ pub trait OpDef: AsAny + Send + Sync + 'static {
             "has no batching rule; vmap batches its decomposition",
         ))
     }
+
+    /// The graphs this op carries and runs (a branch, a loop's condition and body), by
+    /// attribute name. A compile takes each through the same pipeline as the graph holding the
+    /// op when the backend runs the op natively (see [`OpDef::with_graphs`]). None by default.
+    fn graphs(&self) -> Vec<(&'static str, &Graph)> {
+        Vec::new()
+    }
+
+    /// This op with its graphs replaced by `graphs`, given in the order of [`OpDef::graphs`]
+    /// (each taking the same inputs and giving the same outputs as the one it replaces: the
+    /// same graph after the compiler's passes). Only called for ops with graphs.
+    fn with_graphs(&self, graphs: Vec<Graph>) -> Result<DefinedOp> {
+        let _ = graphs;
+        Err(Error::op(self.name(), "carries no graphs to replace"))
+    }
+
+    /// How the mixed-precision policies treat the op (see [`OpClass`]). By default
+    /// [`OpClass::Fixed`]: its operands keep their dtypes.
+    fn precision_class(&self) -> OpClass {
+        OpClass::Fixed
+    }
+}
+
+/// How an op is treated by a precision policy (`rlx_opt::precision` rewrites a graph by these
+/// classes; ops defined by an [`OpDef`] give theirs with [`OpDef::precision_class`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OpClass {
+    /// Matrix products (`matmul`, `dot_general`, convolution, and attention, whose two products
+    /// take the low precision while its softmax stays in f32 inside the kernel, as PyTorch's
+    /// autocast runs scaled dot-product attention): what low precision speeds up.
+    Product,
+    /// Ops that move or select values without arithmetic (reshape, transpose, narrow, concat,
+    /// expand, gather, top-k): they follow their operand's precision.
+    Movement,
+    /// Numerically sensitive: exp, log, rsqrt, tan, pow, reductions, cumsum, scatter-add,
+    /// softmax, norms and pooling; kept in f32 by the automatic policies.
+    Sensitive,
+    /// Other arithmetic: elementwise binaries, comparisons, selects, activations, RoPE.
+    Elementwise,
+    /// Never rewritten: leaves, casts, quantized and KV-cache ops, custom and fused bodies.
+    Fixed,
 }
 
 /// How the text form (and JSON) finds a defined op by name.

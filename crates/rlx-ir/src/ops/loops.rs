@@ -96,6 +96,21 @@ impl OpDef for While {
         WHILE.name
     }
 
+    fn graphs(&self) -> Vec<(&'static str, &Graph)> {
+        vec![("cond", &*self.cond), ("body", &*self.body)]
+    }
+
+    fn with_graphs(&self, graphs: Vec<Graph>) -> Result<DefinedOp> {
+        let [cond, body]: [Graph; 2] = graphs.try_into().map_err(|g: Vec<Graph>| {
+            Error::op("while", format!("takes 2 graphs, got {}", g.len()))
+        })?;
+        Ok(DefinedOp::new(While {
+            cond: Arc::new(cond),
+            body: Arc::new(body),
+            ..self.clone()
+        }))
+    }
+
     fn attrs(&self) -> Vec<(&'static str, Attr)> {
         vec![
             ("cond", graph_attr(&self.cond)),
@@ -280,6 +295,20 @@ impl Scan {
 impl OpDef for Scan {
     fn name(&self) -> &'static str {
         SCAN.name
+    }
+
+    fn graphs(&self) -> Vec<(&'static str, &Graph)> {
+        vec![("body", &*self.body)]
+    }
+
+    fn with_graphs(&self, graphs: Vec<Graph>) -> Result<DefinedOp> {
+        let [body]: [Graph; 1] = graphs.try_into().map_err(|g: Vec<Graph>| {
+            Error::op("scan", format!("takes 1 graph, got {}", g.len()))
+        })?;
+        Ok(DefinedOp::new(Scan {
+            body: Arc::new(body),
+            consts: self.consts,
+        }))
     }
 
     fn attrs(&self) -> Vec<(&'static str, Attr)> {

@@ -36,34 +36,45 @@ const HUGE: usize = 2 << 20;
 const LAZY: usize = 128 << 10;
 
 impl Buffer {
-    /// `len` zero bytes.
+    /// `len` zero bytes; aborts as the standard allocator does when the memory cannot be had
+    /// (see [`Buffer::try_zeroed`]).
     pub fn zeroed(len: usize) -> Buffer {
+        Buffer::try_zeroed(len).unwrap_or_else(|| {
+            std::alloc::handle_alloc_error(
+                Layout::from_size_align(len.max(1), ALIGN).unwrap_or(Layout::new::<u8>()),
+            )
+        })
+    }
+
+    /// `len` zero bytes, or `None` when the system cannot give them (compiles answer a named
+    /// error then).
+    pub fn try_zeroed(len: usize) -> Option<Buffer> {
         if len == 0 {
-            return Buffer {
+            return Some(Buffer {
                 ptr: ALIGN as *mut u8,
                 len: 0,
                 map: None,
                 owner: None,
-            };
+            });
         }
         #[cfg(target_os = "linux")]
         if len >= LAZY {
             if let Some(b) = Buffer::mapped(len, len >= HUGE) {
-                return b;
+                return Some(b);
             }
         }
-        let layout = Layout::from_size_align(len, ALIGN).expect("buffer size overflows");
+        let layout = Layout::from_size_align(len, ALIGN).ok()?;
         // SAFETY: non-zero size.
         let ptr = unsafe { alloc_zeroed(layout) };
         if ptr.is_null() {
-            std::alloc::handle_alloc_error(layout);
+            return None;
         }
-        Buffer {
+        Some(Buffer {
             ptr,
             len,
             map: None,
             owner: None,
-        }
+        })
     }
 
     /// Bytes `offset..offset + len` of `whole` as a buffer of their own, which keeps `whole`
@@ -134,6 +145,16 @@ impl Buffer {
         // SAFETY: `b` has `data.len()` bytes.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), b.ptr, data.len()) };
         b
+    }
+
+    /// `len` zero bytes for `what`, or the named error a compile answers when they cannot be
+    /// had.
+    pub fn for_compile(len: usize, what: impl FnOnce() -> String) -> rlx_ir::Result<Buffer> {
+        Buffer::try_zeroed(len).ok_or_else(|| rlx_ir::Error::OutOfMemory {
+            backend: "cpu".into(),
+            what: what(),
+            bytes: len,
+        })
     }
 
     /// Base address.

@@ -349,8 +349,13 @@ pub fn lower(
             }
         }
     }
-    let slab =
-        (slab_len >= PARAM_SLAB_MIN && param_slab_on()).then(|| Arc::new(Buffer::zeroed(slab_len)));
+    let slab = if slab_len >= PARAM_SLAB_MIN && param_slab_on() {
+        Some(Arc::new(Buffer::for_compile(slab_len, || {
+            format!("the params of graph \"{}\"", g.name())
+        })?))
+    } else {
+        None
+    };
     let mut slab_used = 0usize;
     let shared = kernels::Shared::default();
     for id in g.ids() {
@@ -442,11 +447,14 @@ pub fn lower(
                     Some(whole) if slab_used + bytes <= whole.len() => {
                         let b = Buffer::part(whole, slab_used, bytes);
                         slab_used += bytes.next_multiple_of(64);
-                        b
+                        Ok(b)
                     }
-                    _ => Buffer::zeroed(bytes),
+                    _ => Buffer::for_compile(bytes, || format!("param \"{name}\" ({})", node.shape)),
                 };
-                param_bufs.push(shared.unwrap_or_else(|| Arc::new(own())));
+                param_bufs.push(match shared {
+                    Some(b) => b,
+                    None => Arc::new(own()?),
+                });
                 Val {
                     buf: Buf::Param(param_bufs.len() - 1),
                     layout: dense,
@@ -454,7 +462,12 @@ pub fn lower(
                 }
             }
             Op::Constant { data } => {
-                consts.push(Buffer::from_bytes(data));
+                let b = Buffer::for_compile(data.len(), || {
+                    format!("constant {id} ({})", node.shape)
+                })?;
+                // SAFETY: `b` has `data.len()` bytes.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), b.ptr(), data.len()) };
+                consts.push(b);
                 Val {
                     buf: Buf::Const(consts.len() - 1),
                     layout: dense,
@@ -679,7 +692,9 @@ pub fn lower(
         }
     }
     let mem = plan_memory(&reqs, 64);
-    let arena = Buffer::zeroed(mem.arena_size);
+    let arena = Buffer::for_compile(mem.arena_size, || {
+        format!("the arena of graph \"{}\"", g.name())
+    })?;
     let base = |b: Buf| -> Ptr {
         // SAFETY: offsets from the plan lie within the arena.
         Ptr(match b {
@@ -835,24 +850,12 @@ impl Drop for Program {
     }
 }
 
-impl Executable for Program {
-    fn inputs(&self) -> &[IoSlot] {
-        &self.inputs
-    }
-
-    fn params(&self) -> &[IoSlot] {
-        &self.params
-    }
-
-    fn outputs(&self) -> &[IoSlot] {
-        &self.outputs
-    }
-
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
-    }
-
-    fn write_input(&mut self, idx: usize, bytes: &[u8]) {
+/// The executable's operations, infallible on the CPU (every buffer was allocated at compile
+/// time): tests and benchmarks that compile with [`crate::compile`] call them directly. They
+/// panic on a buffer of the wrong length; the [`Executable`] methods answer an error instead.
+impl Program {
+    /// Copy the bytes of input `idx` (exactly its byte size).
+    pub fn write_input(&mut self, idx: usize, bytes: &[u8]) {
         let want = self.inputs[idx].shape.size_bytes().unwrap_or(0);
         assert_eq!(
             bytes.len(),
@@ -863,7 +866,8 @@ impl Executable for Program {
         unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.input_ptrs[idx].0, want) };
     }
 
-    fn write_param(&mut self, idx: usize, bytes: &[u8]) {
+    /// Copy the bytes of param `idx` (exactly its byte size).
+    pub fn write_param(&mut self, idx: usize, bytes: &[u8]) {
         let b = &self.param_bufs[idx];
         assert_eq!(
             bytes.len(),
@@ -873,7 +877,8 @@ impl Executable for Program {
         self.write_param_range(idx, 0, bytes);
     }
 
-    fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
+    /// Overwrite bytes `offset..offset + bytes.len()` of param `idx`.
+    pub fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
         let b = &self.param_bufs[idx];
         assert!(
             offset + bytes.len() <= b.len(),
@@ -890,7 +895,8 @@ impl Executable for Program {
         );
     }
 
-    fn read_param(&self, idx: usize, out: &mut [u8]) {
+    /// Read param `idx` back into `out`.
+    pub fn read_param(&self, idx: usize, out: &mut [u8]) {
         let b = &self.param_bufs[idx];
         let len = b.len().min(out.len());
         // SAFETY: as in `write_param_range`; `out` holds `len` bytes.
@@ -899,7 +905,8 @@ impl Executable for Program {
         });
     }
 
-    fn execute(&mut self) {
+    /// Run the program on the current inputs and params.
+    pub fn execute(&mut self) {
         match &mut self.profile {
             None => {
                 for s in &self.steps {
@@ -917,11 +924,13 @@ impl Executable for Program {
         }
     }
 
-    fn read_output(&self, idx: usize, out: &mut [u8]) {
+    /// Copy output `idx` (dense, row-major) into `out` (exactly its byte size).
+    pub fn read_output(&self, idx: usize, out: &mut [u8]) {
         kernels::materialize(&self.output_refs[idx], out);
     }
 
-    fn assign_param(&mut self, param: usize, output: usize) {
+    /// Overwrite param `param` with output `output` (same shape and dtype).
+    pub fn assign_param(&mut self, param: usize, output: usize) {
         let src = self.output_refs[output];
         let dst = &self.param_bufs[param];
         if src.ptr.0 == dst.ptr() || self.param_panels[param].is_some() {
@@ -937,5 +946,89 @@ impl Executable for Program {
         // and does not overlap the output's buffer.
         let out = unsafe { std::slice::from_raw_parts_mut(dst.ptr(), dst.len()) };
         kernels::materialize(&src, out);
+    }
+}
+
+impl Executable for Program {
+    fn inputs(&self) -> &[IoSlot] {
+        &self.inputs
+    }
+
+    fn params(&self) -> &[IoSlot] {
+        &self.params
+    }
+
+    fn outputs(&self) -> &[IoSlot] {
+        &self.outputs
+    }
+
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn write_input(&mut self, idx: usize, bytes: &[u8]) -> Result<()> {
+        let slot = &self.inputs[idx];
+        if Some(bytes.len()) != slot.shape.size_bytes() {
+            return Err(rlx_driver::byte_length_error("input", slot, bytes.len()));
+        }
+        Program::write_input(self, idx, bytes);
+        Ok(())
+    }
+
+    fn write_param(&mut self, idx: usize, bytes: &[u8]) -> Result<()> {
+        let slot = &self.params[idx];
+        if Some(bytes.len()) != slot.shape.size_bytes() {
+            return Err(rlx_driver::byte_length_error("param", slot, bytes.len()));
+        }
+        Program::write_param(self, idx, bytes);
+        Ok(())
+    }
+
+    fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) -> Result<()> {
+        let len = self.param_bufs[idx].len();
+        if offset.checked_add(bytes.len()).is_none_or(|e| e > len) {
+            return Err(Error::Invalid(format!(
+                "bytes {offset}..+{} are outside param \"{}\" ({len} bytes)",
+                bytes.len(),
+                self.params[idx].name
+            )));
+        }
+        Program::write_param_range(self, idx, offset, bytes);
+        Ok(())
+    }
+
+    fn read_param(&self, idx: usize, out: &mut [u8]) -> Result<()> {
+        let slot = &self.params[idx];
+        if Some(out.len()) != slot.shape.size_bytes() {
+            return Err(rlx_driver::byte_length_error("param", slot, out.len()));
+        }
+        Program::read_param(self, idx, out);
+        Ok(())
+    }
+
+    fn execute(&mut self) -> Result<()> {
+        Program::execute(self);
+        Ok(())
+    }
+
+    fn read_output(&self, idx: usize, out: &mut [u8]) -> Result<()> {
+        let slot = &self.outputs[idx];
+        if Some(out.len()) != slot.shape.size_bytes() {
+            return Err(rlx_driver::byte_length_error("output", slot, out.len()));
+        }
+        Program::read_output(self, idx, out);
+        Ok(())
+    }
+
+    fn assign_param(&mut self, param: usize, output: usize) -> Result<()> {
+        let (p, o) = (&self.params[param], &self.outputs[output]);
+        if p.shape != o.shape {
+            return Err(Error::Invalid(format!(
+                "output {output} ({}) cannot overwrite param \"{}\" ({})",
+                o.shape, p.name, p.shape
+            )));
+        }
+        Program::assign_param(self, param, output);
+        Ok(())
     }
 }

@@ -7,7 +7,6 @@
 //! bf16 (AVX-512 BF16 dot products, or widened to f32 below that level) and f16 (widened)
 //! against the same evaluator within their rounding.
 
-use rlx_driver::Executable;
 use rlx_ir::eval::{evaluate, Tensor};
 use rlx_ir::{DType, Graph, MaskKind, Shape};
 use std::collections::BTreeMap;

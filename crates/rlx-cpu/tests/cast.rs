@@ -4,7 +4,6 @@
 
 use half::f16;
 use rlx_cpu::compile;
-use rlx_driver::Executable;
 use rlx_ir::{DType, Graph, Shape};
 
 /// Values around every hard case: ties, subnormals, the largest finite f16, overflow, NaN.

@@ -1,10 +1,12 @@
 //! Causal attention's products skip the depths where the probabilities (and their gradient)
 //! are zero, and the score tiles (and their gradient's) that the mask or a zero probability
 //! discards: the results equal, bit for bit, those of the same graph with a mask the skipping
-//! does not recognize (-1e30 instead of -inf, which zeroes the same probabilities).
+//! does not recognize (-1e30 instead of -inf, which zeroes the same probabilities). That the
+//! work is really skipped: the GEMM, given a skip, never reads operand values in the skipped
+//! region (NaN there leaves its result finite) and leaves unneeded tiles uncomputed; and the
+//! lowering hands each product its plan's skip (a skip claiming too much changes the results).
 
 use rlx_cpu::compile;
-use rlx_driver::Executable;
 use rlx_ir::{DType, Graph, NodeId, Shape};
 
 fn bytes(v: &[f32]) -> Vec<u8> {
@@ -51,7 +53,11 @@ fn attention(t: usize, u: usize, masked: f32) -> Graph {
 }
 
 fn run(g: &Graph, threads: usize) -> Vec<Vec<u8>> {
-    let mut p = compile(g, threads).unwrap();
+    run_program(compile(g, threads).unwrap(), g)
+}
+
+/// Run a program of `g` (or of its prepared form) on the fixed inputs; its outputs' bytes.
+fn run_program(mut p: rlx_cpu::Program, g: &Graph) -> Vec<Vec<u8>> {
     for i in 0..4 {
         let n = g.shape(g.inputs()[i].1).size_bytes().unwrap() / 4;
         let v: Vec<f32> = (0..n)
@@ -120,4 +126,198 @@ fn the_plan_finds_a_skip_for_every_product_of_causal_attention() {
         "{:?}",
         plan.skips
     );
+}
+
+/// The lowering hands each product the skip its plan names: lowering the -1e30 graph (which
+/// proves no zeros) with the -inf graph's skips gives the same results, bit for bit; and with
+/// any one of them claiming 8 more zero depths (or unneeded columns) than there are, the results
+/// change. (A lowering that ignored the plan's skips would compute the full products and give
+/// the right results in both cases.)
+#[test]
+fn the_lowering_skips_what_the_plan_says() {
+    let (t, u) = (64, 64);
+    rlx_cpu::isa::for_each_level(|level| {
+        let (_, causal) = rlx_cpu::prepare(&attention(t, u, f32::NEG_INFINITY), true, &[]).unwrap();
+        let (g, plan) = rlx_cpu::prepare(&attention(t, u, -1e30), true, &[]).unwrap();
+        assert_eq!(causal.skips.len(), 6, "{:?}", causal.skips);
+        for id in causal.skips.keys() {
+            assert_eq!(g.node(NodeId(*id)).op.name(), "matmul", "%{id} of the -1e30 graph");
+        }
+        let lowered = |skips: &std::collections::BTreeMap<u32, rlx_opt::Skip>| {
+            let mut p = plan.clone();
+            p.skips = skips.clone();
+            run_program(rlx_cpu::lower(&g, &p, 1, None).unwrap(), &g)
+        };
+        let right = lowered(&causal.skips);
+        assert_eq!(
+            right,
+            run(&attention(t, u, f32::NEG_INFINITY), 1),
+            "at {level}: the -1e30 graph lowered with the -inf graph's skips"
+        );
+        use rlx_opt::Skip;
+        for (id, skip) in &causal.skips {
+            let wider = match *skip {
+                Skip::RowMax(o) => Skip::RowMax(o - 8),
+                Skip::RowMin(o) => Skip::RowMin(o - 8),
+                Skip::ColMin(o) => Skip::ColMin(o - 8),
+                Skip::Unneeded(o) => Skip::Unneeded(o - 8),
+            };
+            let mut skips = causal.skips.clone();
+            skips.insert(*id, wider);
+            assert!(
+                lowered(&skips) != right,
+                "at {level}: %{id} lowered with {wider:?} instead of {skip:?} gives the same \
+                 results: the product does not skip what its plan says"
+            );
+        }
+    });
+}
+
+/// The largest micro-tile of any instruction-set level (AVX-512: 12 rows × 32 columns; AVX2's
+/// 6 × 16 and the portable 4 × 8 divide it): a depth a whole tile of this size does not need is
+/// needed by no tile of any level.
+const TILE_ROWS: usize = 12;
+const TILE_COLS: usize = 32;
+
+/// `C = A·B` (`m×k` by `k×n`, row-major) through `sgemm_tri` with `tri`, at the current level.
+fn sgemm_tri(m: usize, n: usize, k: usize, a: &[f32], b: &[f32], tri: gemm::Tri) -> Vec<f32> {
+    let mut c = vec![f32::NAN; m * n];
+    let mut scratch = vec![0f32; gemm::scratch_len(m, n, k, 1)];
+    let (am, bm) = (
+        gemm::Mat {
+            ptr: a.as_ptr(),
+            rs: k,
+            cs: 1,
+        },
+        gemm::Mat {
+            ptr: b.as_ptr(),
+            rs: n,
+            cs: 1,
+        },
+    );
+    // SAFETY: the operands and C are dense buffers of the sizes given; the scratch is one
+    // thread's.
+    unsafe {
+        gemm::sgemm_tri(
+            m,
+            n,
+            k,
+            am,
+            bm,
+            c.as_mut_ptr(),
+            n,
+            scratch.as_mut_ptr(),
+            tri,
+        )
+    };
+    c
+}
+
+use rlx_cpu::gemm;
+
+/// The GEMM does not do the work a skip names: with NaN in place of the zeros no tile (of any
+/// level's size) needs — A's past row `i + off` (`RowMax`), before `i - off` (`RowMin`), B's before
+/// column `j - off` (`ColMin`) — the result is finite and equals the full product of the
+/// zero-holding operands; a product that read them (as the full GEMM does, checked) gives NaN.
+/// With `Unneeded`, the tiles wholly past `j > i + off` are zero, where the full product is not,
+/// and every needed element is the full product's.
+#[test]
+fn the_gemm_does_not_touch_what_a_skip_excludes() {
+    use gemm::Tri;
+    let (m, n, k) = (40usize, 70usize, 64usize);
+    let value = |x: usize, y: usize, seed: usize| {
+        ((x * 7 + y * 13 + seed) % 23) as f32 / 8.0 - 1.375
+    };
+    let ceil = |x: usize, to: usize| x.div_ceil(to) * to;
+    let floor = |x: usize, to: usize| x / to * to;
+    for tri in [
+        Tri::RowMax(0),
+        Tri::RowMax(3),
+        Tri::RowMin(0),
+        Tri::RowMin(2),
+        Tri::ColMin(0),
+        Tri::ColMin(5),
+        Tri::Unneeded(0),
+        Tri::Unneeded(4),
+    ] {
+        // Which elements of A (i, p) and of B (p, j) are zero, and which of those no tile reads.
+        let a_zero = |i: usize, p: usize| match tri {
+            Tri::RowMax(o) => p as isize > i as isize + o,
+            Tri::RowMin(o) => (p as isize) < i as isize - o,
+            _ => false,
+        };
+        let a_unread = |i: usize, p: usize| match tri {
+            Tri::RowMax(o) => p as isize >= ceil(i + 1, TILE_ROWS).min(m) as isize + o,
+            Tri::RowMin(o) => (p as isize) < floor(i, TILE_ROWS) as isize - o,
+            _ => false,
+        };
+        let b_zero = |p: usize, j: usize| match tri {
+            Tri::ColMin(o) => (p as isize) < j as isize - o,
+            _ => false,
+        };
+        let b_unread = |p: usize, j: usize| match tri {
+            Tri::ColMin(o) => (p as isize) < floor(j, TILE_COLS) as isize - o,
+            _ => false,
+        };
+        let zeroed = |unread: bool| if unread { f32::NAN } else { 0.0 };
+        let (mut a, mut b) = (vec![0f32; m * k], vec![0f32; k * n]);
+        let (mut a_nan, mut b_nan) = (a.clone(), b.clone());
+        for i in 0..m {
+            for p in 0..k {
+                let z = a_zero(i, p);
+                a[i * k + p] = if z { 0.0 } else { value(i, p, 1) };
+                a_nan[i * k + p] = if z { zeroed(a_unread(i, p)) } else { value(i, p, 1) };
+            }
+        }
+        for p in 0..k {
+            for j in 0..n {
+                let z = b_zero(p, j);
+                b[p * n + j] = if z { 0.0 } else { value(p, j, 5) };
+                b_nan[p * n + j] = if z { zeroed(b_unread(p, j)) } else { value(p, j, 5) };
+            }
+        }
+        let poisoned = a_nan.iter().chain(&b_nan).filter(|x| x.is_nan()).count();
+        rlx_cpu::isa::for_each_level(|level| {
+            let full = sgemm_tri(m, n, k, &a, &b, Tri::Full);
+            let got = sgemm_tri(m, n, k, &a_nan, &b_nan, tri);
+            if let Tri::Unneeded(o) = tri {
+                let mut skipped = 0;
+                for i in 0..m {
+                    for j in 0..n {
+                        let (f, g) = (full[i * n + j], got[i * n + j]);
+                        if j as isize <= i as isize + o {
+                            assert!(f == g, "{tri:?} at {level}: C[{i}][{j}] {g}, full {f}");
+                        } else if floor(j, TILE_COLS) as isize - o
+                            >= ceil(i + 1, TILE_ROWS).min(m) as isize
+                        {
+                            assert!(
+                                g == 0.0 && f != 0.0,
+                                "{tri:?} at {level}: unneeded C[{i}][{j}] is {g} (full {f}): \
+                                 computed, not skipped"
+                            );
+                            skipped += 1;
+                        }
+                    }
+                }
+                assert!(skipped > 0, "{tri:?}: no tile wholly unneeded");
+                return;
+            }
+            assert!(poisoned > 0, "{tri:?}: no zero that no tile reads");
+            assert!(
+                sgemm_tri(m, n, k, &a_nan, &b_nan, Tri::Full)
+                    .iter()
+                    .any(|x| x.is_nan()),
+                "{tri:?}: the full product of the poisoned operands is finite"
+            );
+            for (e, (f, g)) in full.iter().zip(&got).enumerate() {
+                assert!(
+                    f == g,
+                    "{tri:?} at {level}: C[{}][{}] {g}, full product {f} ({poisoned} NaN where \
+                     the skip excludes)",
+                    e / n,
+                    e % n
+                );
+            }
+        });
+    }
 }

@@ -1,7 +1,6 @@
 //! Elementwise chains run fused, in fewer steps, with the same values as the host reference.
 
 use rlx_cpu::compile_with_fusion;
-use rlx_driver::Executable;
 use rlx_ir::{Activation, BinaryOp, DType, Graph, Shape};
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {

@@ -2,7 +2,6 @@
 //! fold into the rows; results match a naive reference for foldable and non-foldable layouts.
 
 use rlx_cpu::compile;
-use rlx_driver::Executable;
 use rlx_ir::{DType, Graph, Shape};
 
 fn bytes(v: &[f32]) -> Vec<u8> {

@@ -5,7 +5,6 @@
 //! ops write in place and attend causally over the cache.
 
 use rlx_cpu::compile;
-use rlx_driver::Executable;
 use rlx_gguf::GgmlType;
 use rlx_ir::{DType, Graph, QuantScheme, Shape};
 

@@ -46,15 +46,16 @@ fn graph(dt: DType, ropes: &[usize]) -> Graph {
 /// Run `p` (compiled from `graph(dt, ropes)`) at `positions`; each output's bytes.
 fn run(p: &mut dyn Executable, dt: DType, ropes: &[usize], positions: &[i32]) -> Vec<Vec<u8>> {
     let pos: Vec<u8> = positions.iter().flat_map(|p| p.to_le_bytes()).collect();
-    p.write_input(0, &pos);
+    p.write_input(0, &pos).unwrap();
     for (i, &r) in ropes.iter().enumerate() {
-        p.write_input(1 + i, &bytes(&values(ROPES[r].0 * S * D, r), dt));
+        p.write_input(1 + i, &bytes(&values(ROPES[r].0 * S * D, r), dt))
+            .unwrap();
     }
-    p.execute();
+    p.execute().unwrap();
     (0..ropes.len())
         .map(|i| {
             let mut o = vec![0u8; ROPES[ropes[i]].0 * S * D * dt.size_bytes()];
-            p.read_output(i, &mut o);
+            p.read_output(i, &mut o).unwrap();
             o
         })
         .collect()

@@ -74,7 +74,9 @@ pub trait Backend: Send + Sync {
 }
 
 /// A compiled graph on a device. Buffers are exchanged as raw little-endian bytes of the declared
-/// dtype; name lookup and dtype conversion happen in the runtime above.
+/// dtype; name lookup and dtype conversion happen in the runtime above. Every exchange and run
+/// can fail (a lost GPU device, a driver error, a buffer of the wrong length): the error names
+/// the backend and what failed, never a panic.
 pub trait Executable: Send {
     /// Graph inputs, in definition order.
     fn inputs(&self) -> &[IoSlot];
@@ -83,23 +85,34 @@ pub trait Executable: Send {
     /// Graph outputs, in order.
     fn outputs(&self) -> &[IoSlot];
     /// Copy the bytes of input `idx` (exactly its byte size).
-    fn write_input(&mut self, idx: usize, bytes: &[u8]);
+    fn write_input(&mut self, idx: usize, bytes: &[u8]) -> Result<()>;
     /// Copy the bytes of param `idx` (exactly its byte size); kept until overwritten.
-    fn write_param(&mut self, idx: usize, bytes: &[u8]);
+    fn write_param(&mut self, idx: usize, bytes: &[u8]) -> Result<()>;
     /// Overwrite bytes `offset..offset + bytes.len()` of param `idx` (the runtime checks the
     /// range). Lets large weights be streamed in pieces. The default goes through a full copy.
-    fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
+    fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) -> Result<()> {
         let mut all = vec![0u8; self.params()[idx].shape.size_bytes().unwrap_or(0)];
-        self.read_param(idx, &mut all);
-        all[offset..offset + bytes.len()].copy_from_slice(bytes);
-        self.write_param(idx, &all);
+        self.read_param(idx, &mut all)?;
+        let end = offset
+            .checked_add(bytes.len())
+            .filter(|&e| e <= all.len())
+            .ok_or_else(|| {
+                rlx_ir::Error::Invalid(format!(
+                    "bytes {offset}..+{} are outside param \"{}\" ({} bytes)",
+                    bytes.len(),
+                    self.params()[idx].name,
+                    all.len()
+                ))
+            })?;
+        all[offset..end].copy_from_slice(bytes);
+        self.write_param(idx, &all)
     }
     /// Read param `idx` back into `out` (exactly its byte size).
-    fn read_param(&self, idx: usize, out: &mut [u8]);
+    fn read_param(&self, idx: usize, out: &mut [u8]) -> Result<()>;
     /// Run the graph on the current inputs and params.
-    fn execute(&mut self);
+    fn execute(&mut self) -> Result<()>;
     /// Copy output `idx` (dense, row-major) into `out` (exactly its byte size).
-    fn read_output(&self, idx: usize, out: &mut [u8]);
+    fn read_output(&self, idx: usize, out: &mut [u8]) -> Result<()>;
     /// The executable as `Any`, so its backend can recognise its own executables (see
     /// [`Backend::compile_sharing`]).
     fn as_any(&self) -> Option<&dyn std::any::Any> {
@@ -108,11 +121,21 @@ pub trait Executable: Send {
     /// Overwrite param `param` with output `output` (same shape and dtype) on the device, as
     /// training updates do after each step. The default goes through host memory; backends
     /// override it to copy in place.
-    fn assign_param(&mut self, param: usize, output: usize) {
+    fn assign_param(&mut self, param: usize, output: usize) -> Result<()> {
         let mut buf = vec![0u8; self.outputs()[output].shape.size_bytes().unwrap_or(0)];
-        self.read_output(output, &mut buf);
-        self.write_param(param, &buf);
+        self.read_output(output, &mut buf)?;
+        self.write_param(param, &buf)
     }
+}
+
+/// The error for a buffer of the wrong byte length handed to an [`Executable`] (the runtime
+/// checks lengths before; this is what a backend answers a direct caller).
+pub fn byte_length_error(kind: &'static str, slot: &IoSlot, given: usize) -> rlx_ir::Error {
+    let want = slot.shape.size_bytes().unwrap_or(0);
+    rlx_ir::Error::Invalid(format!(
+        "{kind} \"{}\" ({}) takes {want} bytes, {given} were given",
+        slot.name, slot.shape
+    ))
 }
 
 type Registry = RwLock<Vec<(Device, Arc<dyn Backend>)>>;

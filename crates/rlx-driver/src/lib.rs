@@ -12,6 +12,7 @@ mod device;
 pub mod gpu;
 
 pub use backend::{
-    register_backend, registered_backend, Backend, CompileOptions, Executable, IoSlot,
+    byte_length_error, register_backend, registered_backend, Backend, CompileOptions,
+    Executable, IoSlot,
 };
 pub use device::Device;

@@ -88,6 +88,22 @@ pub enum Error {
         /// Why.
         msg: String,
     },
+    /// Memory for a compiled graph could not be had.
+    OutOfMemory {
+        /// Backend name.
+        backend: String,
+        /// What the memory was for (`"the arena"`, `param "w"`, ...).
+        what: String,
+        /// Bytes asked for.
+        bytes: usize,
+    },
+    /// The device failed while running or exchanging data (a lost GPU device, a driver error).
+    Device {
+        /// Backend name.
+        backend: String,
+        /// What failed, with the device's own message.
+        msg: String,
+    },
     /// Serialized IR could not be read.
     Parse(String),
     /// Any other invalid request, with its explanation.
@@ -195,6 +211,15 @@ impl fmt::Display for Error {
                     "output {node} is not a node of the graph (it has {nodes} nodes)"
                 )
             }
+            Error::OutOfMemory {
+                backend,
+                what,
+                bytes,
+            } => write!(
+                f,
+                "the {backend} backend cannot allocate {bytes} bytes for {what}: not enough memory"
+            ),
+            Error::Device { backend, msg } => write!(f, "the {backend} device failed: {msg}"),
             Error::DeviceUnavailable { device, hint } => {
                 write!(f, "device {device} is not available in this build: {hint}")
             }

@@ -35,7 +35,17 @@ pub fn round_float(dt: DType, v: f64) -> f64 {
         DType::F32 => v as f32 as f64,
         DType::F16 => f16::from_f64(v).to_f64(),
         DType::BF16 => bf16::from_f64(v).to_f64(),
-        _ => v,
+        DType::F64 => v,
+        // Not real floats: nothing to round (callers round float values only; complex values
+        // are refused by the evaluator as an unsupported dtype).
+        DType::I8
+        | DType::I16
+        | DType::I32
+        | DType::I64
+        | DType::U8
+        | DType::U32
+        | DType::Bool
+        | DType::C64 => v,
     }
 }
 
@@ -49,7 +59,10 @@ pub fn wrap_int(dt: DType, v: i128) -> i64 {
         DType::U8 => v as u8 as i64,
         DType::U32 => v as u32 as i64,
         DType::Bool => (v != 0) as i64,
-        _ => v as i64,
+        DType::I64 => v as i64,
+        // Not integers: callers wrap integer values only (floats are rounded by
+        // `round_float`); kept as the nearest i64.
+        DType::F32 | DType::F16 | DType::BF16 | DType::F64 | DType::C64 => v as i64,
     }
 }
 
@@ -63,7 +76,9 @@ pub fn saturate_int(dt: DType, v: f64) -> i64 {
         DType::U8 => v as u8 as i64,
         DType::U32 => v as u32 as i64,
         DType::Bool => (v != 0.0) as i64,
-        _ => v as i64,
+        DType::I64 => v as i64,
+        // Not integers: callers convert to integer dtypes only; kept as the nearest i64.
+        DType::F32 | DType::F16 | DType::BF16 | DType::F64 | DType::C64 => v as i64,
     }
 }
 

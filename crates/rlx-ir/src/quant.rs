@@ -139,6 +139,14 @@ impl QuantScheme {
     /// their results agree with each other far more closely than with the exact product.
     pub const ROUNDED_ACTS_BELOW: usize = 8;
 
+    /// `CachedAttention` over at least this many query rows (a prompt chunk) computes each row
+    /// the way the matrix path does (two products per head and block of queries), fewer rows
+    /// row by row, as llama.cpp's CPU code does; every backend keeps this rule. Together with
+    /// [`Self::ROUNDED_ACTS_BELOW`] it is what batch invariance rests on: a prompt piece of at
+    /// least this many rows computes the same rows as the whole chunk it belongs to (the
+    /// serving engine cuts pieces no shorter, `serve::engine::MIN_PIECE`).
+    pub const MATRIX_ATTENTION_ROWS: usize = 16;
+
     /// The block an `rows`-row product with these weights rounds its activations to int8 in
     /// (32: `Q8_0` / `Q8_1` for the 32-blocks, 256: `Q8_K` for the K-quants), or `None` when it
     /// takes them as they are (float weights, the other schemes, [`Self::ROUNDED_ACTS_BELOW`]

@@ -110,7 +110,42 @@ impl KernelDispatchReport {
                         output: r.output,
                         ops: r.op_names().into_iter().map(str::to_string).collect(),
                     },
-                    _ => Dispatch::Native,
+                    // Every other op the backend supports runs its own kernel (listed, so a
+                    // new kind of op is placed here deliberately).
+                    Op::Input { .. }
+                    | Op::Param { .. }
+                    | Op::Constant { .. }
+                    | Op::Binary(_)
+                    | Op::Compare(_)
+                    | Op::Where
+                    | Op::Activation(_)
+                    | Op::Cast { .. }
+                    | Op::MatMul
+                    | Op::DotGeneral(_)
+                    | Op::Reduce { .. }
+                    | Op::Softmax { .. }
+                    | Op::LayerNorm { .. }
+                    | Op::RmsNorm { .. }
+                    | Op::Reshape { .. }
+                    | Op::Transpose { .. }
+                    | Op::Narrow { .. }
+                    | Op::Concat { .. }
+                    | Op::Expand { .. }
+                    | Op::Gather { .. }
+                    | Op::ScatterAdd { .. }
+                    | Op::Cumsum { .. }
+                    | Op::TopK { .. }
+                    | Op::Attention { .. }
+                    | Op::Rope { .. }
+                    | Op::Conv(_)
+                    | Op::Pool(_)
+                    | Op::Custom(_)
+                    | Op::DequantMatMul { .. }
+                    | Op::DequantizeRows { .. }
+                    | Op::CacheWrite
+                    | Op::CachedAttention { .. }
+                    | Op::PagedAttention { .. }
+                    | Op::Defined(_) => Dispatch::Native,
                 };
                 NodeDispatch { node: id.0, op: n.op.name().to_string(), shape: n.shape.to_string(), dispatch }
             })

@@ -112,8 +112,8 @@ impl CompiledGraph {
         }
     }
 
-    /// The backend executable.
-    pub(crate) fn executable(&self) -> &dyn Executable {
+    /// The backend's executable (a backend's own tests downcast it through `as_any`).
+    pub fn executable(&self) -> &dyn Executable {
         self.exe.as_ref()
     }
 
@@ -142,11 +142,12 @@ impl CompiledGraph {
     }
 
     /// Run the graph and apply the bound param updates.
-    fn execute(&mut self) {
-        self.exe.execute();
+    fn execute(&mut self) -> Result<()> {
+        self.exe.execute()?;
         for &(p, o) in &self.updates {
-            self.exe.assign_param(p, o);
+            self.exe.assign_param(p, o)?;
         }
+        Ok(())
     }
 
     /// The device it runs on.
@@ -220,8 +221,7 @@ impl CompiledGraph {
         }
         let dt = slot.shape.dtype();
         if dt == DType::F32 {
-            self.exe.write_param(i, f32_bytes(values));
-            return Ok(());
+            return self.exe.write_param(i, f32_bytes(values));
         }
         let mut bytes = vec![0u8; values.len() * dt.size_bytes()];
         convert::f32_to_dtype(values, dt, &mut bytes).map_err(|at| Error::DType {
@@ -234,8 +234,7 @@ impl CompiledGraph {
                 values[at]
             ),
         })?;
-        self.exe.write_param(i, &bytes);
-        Ok(())
+        self.exe.write_param(i, &bytes)
     }
 
     /// Short form of [`CompiledGraph::try_set_param`]; panics with its error.
@@ -262,8 +261,7 @@ impl CompiledGraph {
             return self.try_set_param(name, &v);
         }
         check_typed("param", slot, name, bytes, dtype)?;
-        self.exe.write_param(i, bytes);
-        Ok(())
+        self.exe.write_param(i, bytes)
     }
 
     /// Write raw bytes into part of a param: `bytes` go to byte `offset` of its little-endian
@@ -290,8 +288,7 @@ impl CompiledGraph {
                 "param \"{name}\" is bool: bytes must be 0 or 1"
             )));
         }
-        self.exe.write_param_range(i, offset, bytes);
-        Ok(())
+        self.exe.write_param_range(i, offset, bytes)
     }
 
     /// Short form of [`CompiledGraph::try_set_param_typed`]; panics with its error.
@@ -306,7 +303,7 @@ impl CompiledGraph {
         let i = find(self.exe.params(), "param", name)?;
         let slot = &self.exe.params()[i];
         let mut bytes = vec![0u8; slot.shape.size_bytes().unwrap_or(0)];
-        self.exe.read_param(i, &mut bytes);
+        self.exe.read_param(i, &mut bytes)?;
         let mut out = vec![0f32; numel(slot)];
         convert::dtype_to_f32(&bytes, slot.shape.dtype(), &mut out);
         Ok(out)
@@ -317,7 +314,7 @@ impl CompiledGraph {
         let i = find(self.exe.params(), "param", name)?;
         let slot = &self.exe.params()[i];
         let mut bytes = vec![0u8; slot.shape.size_bytes().unwrap_or(0)];
-        self.exe.read_param(i, &mut bytes);
+        self.exe.read_param(i, &mut bytes)?;
         Ok((bytes, slot.shape.dtype()))
     }
 
@@ -358,7 +355,7 @@ impl CompiledGraph {
             }
             let dt = slot.shape.dtype();
             if dt == DType::F32 {
-                self.exe.write_input(i, f32_bytes(values));
+                self.exe.write_input(i, f32_bytes(values))?;
             } else {
                 let mut staged = std::mem::take(&mut self.staging_in[i]);
                 let r = convert::f32_to_dtype(values, dt, &mut staged);
@@ -375,38 +372,42 @@ impl CompiledGraph {
                         ),
                     });
                 }
-                self.exe.write_input(i, &staged);
+                let written = self.exe.write_input(i, &staged);
                 self.staging_in[i] = staged;
+                written?;
             }
         }
-        self.execute();
-        Ok(self.read_outputs_f32())
+        self.execute()?;
+        self.read_outputs_f32()
     }
 
     /// Every visible output as f32 (converted from its dtype), after a run.
-    fn read_outputs_f32(&mut self) -> Vec<Vec<f32>> {
+    fn read_outputs_f32(&mut self) -> Result<Vec<Vec<f32>>> {
         let mut outs = Vec::with_capacity(self.visible.len());
         for vi in 0..self.visible.len() {
             let mut v = Vec::new();
-            self.read_output_f32_into(vi, &mut v);
+            self.read_output_f32_into(vi, &mut v)?;
             outs.push(v);
         }
-        outs
+        Ok(outs)
     }
 
     /// Visible output `vi` as f32 into `v` (resized to it; its memory reused when large enough).
-    fn read_output_f32_into(&mut self, vi: usize, v: &mut Vec<f32>) {
+    fn read_output_f32_into(&mut self, vi: usize, v: &mut Vec<f32>) -> Result<()> {
         let i = self.visible[vi];
         let slot = &self.exe.outputs()[i];
         v.resize(numel(slot), 0.0);
         if slot.shape.dtype() == DType::F32 {
-            self.exe.read_output(i, f32_bytes_mut(v));
+            self.exe.read_output(i, f32_bytes_mut(v))
         } else {
             let dt = slot.shape.dtype();
             let mut staged = std::mem::take(&mut self.staging_out[i]);
-            self.exe.read_output(i, &mut staged);
-            convert::dtype_to_f32(&staged, dt, v);
+            let read = self.exe.read_output(i, &mut staged);
+            if read.is_ok() {
+                convert::dtype_to_f32(&staged, dt, v);
+            }
             self.staging_out[i] = staged;
+            read
         }
     }
 
@@ -423,12 +424,12 @@ impl CompiledGraph {
         inputs: &[(&str, &[u8], DType)],
     ) -> Result<Vec<(Vec<u8>, DType)>> {
         self.write_typed_inputs(inputs)?;
-        self.execute();
+        self.execute()?;
         let mut outs = Vec::with_capacity(self.visible.len());
         for &i in &self.visible {
             let s = &self.exe.outputs()[i];
             let mut b = vec![0u8; s.shape.size_bytes().unwrap_or(0)];
-            self.exe.read_output(i, &mut b);
+            self.exe.read_output(i, &mut b)?;
             outs.push((b, s.shape.dtype()));
         }
         Ok(outs)
@@ -439,8 +440,8 @@ impl CompiledGraph {
     /// into its vector (one copy, no byte staging: what a server reading large logits wants).
     pub fn try_run_typed_f32(&mut self, inputs: &[(&str, &[u8], DType)]) -> Result<Vec<Vec<f32>>> {
         self.write_typed_inputs(inputs)?;
-        self.execute();
-        Ok(self.read_outputs_f32())
+        self.execute()?;
+        self.read_outputs_f32()
     }
 
     /// [`CompiledGraph::try_run_typed_f32`] for a graph with one output, read into `out`,
@@ -459,9 +460,8 @@ impl CompiledGraph {
             )));
         }
         self.write_typed_inputs(inputs)?;
-        self.execute();
-        self.read_output_f32_into(0, out);
-        Ok(())
+        self.execute()?;
+        self.read_output_f32_into(0, out)
     }
 
     /// Check and write raw inputs of each input's declared dtype.
@@ -470,7 +470,7 @@ impl CompiledGraph {
         for (name, bytes, dt) in inputs {
             let i = find(self.exe.inputs(), "input", name)?;
             check_typed("input", &self.exe.inputs()[i], name, bytes, *dt)?;
-            self.exe.write_input(i, bytes);
+            self.exe.write_input(i, bytes)?;
         }
         Ok(())
     }

@@ -43,6 +43,12 @@ pub struct Gpu {
     /// and binds enough storage buffers to bind each buffer a second time as `array<f16>`.
     pub f16: bool,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    /// Why the device was lost, once it was (then every exchange and run fails with it, and
+    /// [`Gpu::get`] opens the adapter again).
+    lost: Arc<Mutex<Option<String>>>,
+    /// An error the device raised outside an error scope since the last exchange (reported by
+    /// the next one).
+    error: Arc<Mutex<Option<String>>>,
 }
 
 impl Gpu {
@@ -52,12 +58,35 @@ impl Gpu {
         self.info.device_type == wgpu::DeviceType::Cpu
     }
 
+    /// Whether the device was lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// The device's failure, if it failed since the last check: a lost device (for good) or an
+    /// error it raised (once), as a named error.
+    pub fn check(&self) -> Result<()> {
+        let failed = |msg: String| Error::Device {
+            backend: "wgpu".into(),
+            msg: format!("{} ({:?}): {msg}", self.info.name, self.info.backend),
+        };
+        if let Some(why) = self.lost.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(failed(format!("the device was lost: {why}")));
+        }
+        match self.error.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            Some(e) => Err(failed(e)),
+            None => Ok(()),
+        }
+    }
+
     /// The device for `device` (opened once per process and device kind).
     pub fn get(device: Device) -> Result<Arc<Gpu>> {
         type Opened = Mutex<Vec<(Device, Arc<Gpu>)>>;
         static OPEN: OnceLock<Opened> = OnceLock::new();
         let open = OPEN.get_or_init(Default::default);
         let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
+        // A lost device is opened again.
+        open.retain(|(_, g)| !g.is_lost());
         if let Some((_, g)) = open.iter().find(|(d, _)| *d == device) {
             return Ok(g.clone());
         }
@@ -81,6 +110,20 @@ impl Gpu {
         };
         let (dev, queue) = pollster::block_on(adapter.request_device(&desc))
             .map_err(|e| unavailable(format!("cannot open the adapter: {e}")))?;
+        // wgpu's default for both is a panic; RLX answers them as errors of the next exchange.
+        let lost: Arc<Mutex<Option<String>>> = Arc::default();
+        let error: Arc<Mutex<Option<String>>> = Arc::default();
+        let on_lost = lost.clone();
+        dev.set_device_lost_callback(move |reason, msg| {
+            *on_lost.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!("{reason:?}: {msg}"));
+        });
+        let on_error = error.clone();
+        dev.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            on_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_or_insert_with(|| e.to_string());
+        }));
         let gpu = Arc::new(Gpu {
             device: dev,
             queue,
@@ -88,6 +131,8 @@ impl Gpu {
             limits,
             f16,
             pipelines: Mutex::default(),
+            lost,
+            error,
         });
         open.push((device, gpu.clone()));
         Ok(gpu)
@@ -129,9 +174,10 @@ impl Gpu {
     }
 
     /// Copy `out.len()` bytes at `offset` of `buffer` back to the host (waits for the queue).
-    pub fn read(&self, buffer: &wgpu::Buffer, offset: u64, out: &mut [u8]) {
+    pub fn read(&self, buffer: &wgpu::Buffer, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.check()?;
         if out.is_empty() {
-            return;
+            return Ok(());
         }
         let size = (out.len() as u64).next_multiple_of(4);
         let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -152,20 +198,34 @@ impl Gpu {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        let _ = self.device.poll(wgpu::PollType::Wait {
+        let failed = |msg: String| Error::Device {
+            backend: "wgpu".into(),
+            msg: format!("{} ({:?}): {msg}", self.info.name, self.info.backend),
+        };
+        let polled = self.device.poll(wgpu::PollType::Wait {
             submission_index: None,
             timeout: None,
         });
-        match rx.recv() {
-            Ok(Ok(())) => {
-                let data = slice.get_mapped_range().unwrap_or_else(|e| {
-                    panic!("rlx-wgpu: the readback buffer is not mapped: {e:?}")
-                });
-                out.copy_from_slice(&data[..out.len()]);
-            }
-            other => panic!("rlx-wgpu: reading back from the device failed: {other:?}"),
+        self.check()?;
+        if let Err(e) = polled {
+            return Err(failed(format!("waiting for the queue failed: {e}")));
         }
-        staging.unmap();
+        match rx.try_recv() {
+            Ok(Ok(())) => {
+                {
+                    let data = slice.get_mapped_range().map_err(|e| {
+                        failed(format!("the readback buffer is not mapped: {e:?}"))
+                    })?;
+                    out.copy_from_slice(&data[..out.len()]);
+                }
+                staging.unmap();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(failed(format!("reading back from the device failed: {e}"))),
+            Err(_) => Err(failed(
+                "reading back from the device failed: the copy never completed".into(),
+            )),
+        }
     }
 }
 

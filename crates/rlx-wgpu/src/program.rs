@@ -1335,21 +1335,29 @@ impl GpuProgram {
     }
 
     /// Read the words at `loc` as `out.len()` host bytes of `dt`.
-    fn read_words(&self, loc: Loc, f: Form, out: &mut [u8]) {
+    fn read_words(&self, loc: Loc, f: Form, out: &mut [u8]) -> Result<()> {
         let mut words = vec![0u8; device_bytes(f, out.len())];
         for (buf, at, start, n) in self.pieces(loc, words.len() as u64) {
-            self.gpu.read(buf, at, &mut words[start..start + n]);
+            self.gpu.read(buf, at, &mut words[start..start + n])?;
         }
         from_words(f, &words, out);
+        Ok(())
     }
 
-    fn write_words(&self, loc: Loc, f: Form, bytes: &[u8]) {
+    fn write_words(&self, loc: Loc, f: Form, bytes: &[u8]) -> Result<()> {
+        self.gpu.check()?;
         let words = to_words(f, bytes);
         for (buf, at, start, n) in self.pieces(loc, words.len() as u64) {
             self.gpu
                 .queue
                 .write_buffer(buf, at, &words[start..start + n]);
         }
+        Ok(())
+    }
+
+    /// The device this program runs on (shared by every program of its device kind).
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
     }
 }
 
@@ -1366,38 +1374,58 @@ impl Executable for GpuProgram {
         &self.outputs
     }
 
-    fn write_input(&mut self, idx: usize, bytes: &[u8]) {
-        self.write_words(Loc::Arena(self.input_at[idx]), self.input_form[idx], bytes);
+    fn write_input(&mut self, idx: usize, bytes: &[u8]) -> Result<()> {
+        let slot = &self.inputs[idx];
+        if Some(bytes.len()) != slot.shape.size_bytes() {
+            return Err(rlx_driver::byte_length_error("input", slot, bytes.len()));
+        }
+        self.write_words(Loc::Arena(self.input_at[idx]), self.input_form[idx], bytes)
     }
 
-    fn write_param(&mut self, idx: usize, bytes: &[u8]) {
-        self.write_words(self.param_at[idx], self.param_form[idx], bytes);
+    fn write_param(&mut self, idx: usize, bytes: &[u8]) -> Result<()> {
+        let slot = &self.params[idx];
+        if Some(bytes.len()) != slot.shape.size_bytes() {
+            return Err(rlx_driver::byte_length_error("param", slot, bytes.len()));
+        }
+        self.write_words(self.param_at[idx], self.param_form[idx], bytes)
     }
 
-    fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) {
+    fn write_param_range(&mut self, idx: usize, offset: usize, bytes: &[u8]) -> Result<()> {
         let dt = self.params[idx].shape.dtype();
+        let size = self.params[idx].shape.size_bytes().unwrap_or(0);
+        if offset.checked_add(bytes.len()).is_none_or(|e| e > size) {
+            return Err(Error::Invalid(format!(
+                "bytes {offset}..+{} are outside param \"{}\" ({size} bytes)",
+                bytes.len(),
+                self.params[idx].name
+            )));
+        }
         let w = dt.size_bytes();
         if !offset.is_multiple_of(w) || !bytes.len().is_multiple_of(w) {
             // Not whole elements: go through the whole param.
-            let mut all = vec![0u8; self.params[idx].shape.size_bytes().unwrap_or(0)];
-            self.read_param(idx, &mut all);
+            let mut all = vec![0u8; size];
+            self.read_param(idx, &mut all)?;
             all[offset..offset + bytes.len()].copy_from_slice(bytes);
-            self.write_param(idx, &all);
-            return;
+            return self.write_param(idx, &all);
         }
         let f = self.param_form[idx];
         let at = match self.param_at[idx] {
             Loc::Arena(o) => Loc::Arena(o + device_bytes(f, offset) as u64),
             Loc::Params(o) => Loc::Params(o + device_bytes(f, offset) as u64),
         };
-        self.write_words(at, f, bytes);
+        self.write_words(at, f, bytes)
     }
 
-    fn read_param(&self, idx: usize, out: &mut [u8]) {
-        self.read_words(self.param_at[idx], self.param_form[idx], out);
+    fn read_param(&self, idx: usize, out: &mut [u8]) -> Result<()> {
+        let slot = &self.params[idx];
+        if Some(out.len()) != slot.shape.size_bytes() {
+            return Err(rlx_driver::byte_length_error("param", slot, out.len()));
+        }
+        self.read_words(self.param_at[idx], self.param_form[idx], out)
     }
 
-    fn execute(&mut self) {
+    fn execute(&mut self) -> Result<()> {
+        self.gpu.check()?;
         let mut enc = self
             .gpu
             .device
@@ -1416,10 +1444,15 @@ impl Executable for GpuProgram {
             }
         }
         self.gpu.queue.submit([enc.finish()]);
+        self.gpu.check()
     }
 
-    fn read_output(&self, idx: usize, out: &mut [u8]) {
-        self.read_words(self.output_at[idx], self.output_form[idx], out);
+    fn read_output(&self, idx: usize, out: &mut [u8]) -> Result<()> {
+        let slot = &self.outputs[idx];
+        if Some(out.len()) != slot.shape.size_bytes() {
+            return Err(rlx_driver::byte_length_error("output", slot, out.len()));
+        }
+        self.read_words(self.output_at[idx], self.output_form[idx], out)
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -1058,3 +1058,21 @@ fn an_op_the_gpu_lacks_is_a_compile_error_naming_it() {
     assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
     assert_mentions(&err.to_string(), &["wgpu", "no kernel", "reduce", "%1"]);
 }
+
+#[test]
+fn memory_a_compile_cannot_have_is_a_named_error() {
+    // A 4 TiB param: no machine this runs on has it, so the compile answers which buffer it
+    // could not allocate and how large it is, instead of aborting the process.
+    let mut g = Graph::new("huge");
+    let w = g.param("w", f32s(&[1 << 40]));
+    let s = g.reduce(rlx::ops::ReduceKind::Sum, w, &[0], false);
+    g.set_outputs(vec![s]);
+    match Session::new(Device::Cpu).try_compile(g) {
+        Err(e @ Error::OutOfMemory { .. }) => {
+            let text = e.to_string();
+            assert_mentions(&text, &["cpu", "4398046511104 bytes", "params of graph \"huge\""]);
+        }
+        Err(e) => panic!("expected Error::OutOfMemory, got {e:?}"),
+        Ok(_) => panic!("a 4 TiB param compiled"),
+    }
+}

@@ -8,7 +8,6 @@
 use super::{materialize, Kernel, Lowered, NodeInfo, TRef};
 use crate::pool::Pool;
 use crate::program::Program;
-use rlx_driver::Executable;
 use rlx_ir::ops::{DefinedOp, If, Scan, While};
 use rlx_ir::{Op, Result};
 use std::sync::Mutex;

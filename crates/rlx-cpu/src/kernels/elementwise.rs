@@ -399,7 +399,24 @@ fn activation_int<T: Elem>(a: Activation, x: TRef, out: TRef) -> Box<dyn Kernel>
             out,
             |v: T| if v < T::zero() { T::zero().sub(v) } else { v },
         ),
-        _ => map1(x, out, |v: T| v.max_of(T::zero())),
+        Activation::Relu => map1(x, out, |v: T| v.max_of(T::zero())),
+        // `lower` refuses these on integers (`Activation::allows_int`), as the IR does.
+        Activation::Gelu
+        | Activation::GeluApprox
+        | Activation::GeluApproxGrad
+        | Activation::Silu
+        | Activation::Sigmoid
+        | Activation::Tanh
+        | Activation::Exp
+        | Activation::Log
+        | Activation::Sqrt
+        | Activation::Rsqrt
+        | Activation::Sin
+        | Activation::Cos
+        | Activation::Tan
+        | Activation::Atan
+        | Activation::Round
+        | Activation::Erf => unreachable!("{a:?} is not defined on integers"),
     }
 }
 
@@ -503,6 +520,9 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 half::f16::from_bits(gelu_f16_table()[v.to_bits() as usize])
             })
         }),
+        Op::Activation(a) if !dt.is_float() && !a.allows_int() => {
+            return Err(info.unsupported(format!("{a:?} on {dt}: integers take neg, abs and relu")))
+        }
         Op::Activation(a) => {
             with_float!(dt, T => compute(move |i, o| activation_float::<T>(a, i[0], o)),
             else with_dtype!(dt, T => compute(move |i, o| activation_int::<T>(a, i[0], o)), else return Err(info.unsupported(format!("dtype {dt}")))))
@@ -556,6 +576,8 @@ pub(super) fn copy(x: TRef, out: TRef) -> Box<dyn Kernel> {
         1 => map1(x, out, |v: u8| v),
         2 => map1(x, out, |v: i16| v),
         4 => map1(x, out, |v: i32| v),
-        _ => map1(x, out, |v: i64| v),
+        8 => map1(x, out, |v: i64| v),
+        // Every dtype is 1, 2, 4 or 8 bytes wide (`DType::size_bytes`).
+        w => unreachable!("no dtype is {w} bytes wide"),
     }
 }

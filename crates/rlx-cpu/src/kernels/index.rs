@@ -17,7 +17,14 @@ pub(super) unsafe fn read_index(idx: &TRef, off: usize) -> i64 {
         DType::U32 => *idx.base::<u32>().add(off) as i64,
         DType::I16 => *idx.base::<i16>().add(off) as i64,
         DType::I8 => *idx.base::<i8>().add(off) as i64,
-        _ => *idx.base::<u8>().add(off) as i64,
+        DType::U8 => *idx.base::<u8>().add(off) as i64,
+        // The IR admits only integer indices (`ops::index`), and so does `lower`.
+        DType::F32
+        | DType::F16
+        | DType::BF16
+        | DType::F64
+        | DType::Bool
+        | DType::C64 => unreachable!("index tensors are integers"),
     }
 }
 
@@ -145,16 +152,21 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     if !ok {
         return Err(info.unsupported(format!("dtype {dt}")));
     }
+    if !info.in_dtypes[1].is_int() {
+        return Err(info.unsupported(format!(
+            "indices must be integers, got {}",
+            info.in_dtypes[1]
+        )));
+    }
     Ok(match info.node.op {
-        Op::Gather { axis } => compute(move |i, o| {
-            // Gather only moves bytes: dispatch on element width.
-            match dt.size_bytes() {
-                1 => gather::<u8>(i[0], i[1], o, axis),
-                2 => gather::<i16>(i[0], i[1], o, axis),
-                4 => gather::<i32>(i[0], i[1], o, axis),
-                _ => gather::<i64>(i[0], i[1], o, axis),
-            }
-        }),
+        // Gather only moves bytes: dispatch on element width.
+        Op::Gather { axis } => match dt.size_bytes() {
+            1 => compute(move |i, o| gather::<u8>(i[0], i[1], o, axis)),
+            2 => compute(move |i, o| gather::<i16>(i[0], i[1], o, axis)),
+            4 => compute(move |i, o| gather::<i32>(i[0], i[1], o, axis)),
+            8 => compute(move |i, o| gather::<i64>(i[0], i[1], o, axis)),
+            w => return Err(info.unsupported(format!("{w}-byte elements ({dt})"))),
+        },
         Op::ScatterAdd { axis } => {
             with_dtype!(dt, T => compute(move |i, o| scatter_add::<T>(i[0], i[1], i[2], o, axis)), else return Err(info.unsupported(format!("dtype {}", dt))))
         }

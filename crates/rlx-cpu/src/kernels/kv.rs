@@ -28,7 +28,16 @@ unsafe fn load(p: &TRef, i: usize) -> f32 {
         DType::F16 => (*p.base::<f16>().add(i)).to_f32(),
         DType::BF16 => (*p.base::<half::bf16>().add(i)).to_f32(),
         DType::F64 => *p.base::<f64>().add(i) as f32,
-        _ => *p.base::<f32>().add(i),
+        DType::F32 => *p.base::<f32>().add(i),
+        // `lower` refuses every other dtype (`float_values`).
+        DType::I8
+        | DType::I16
+        | DType::I32
+        | DType::I64
+        | DType::U8
+        | DType::U32
+        | DType::Bool
+        | DType::C64 => unreachable!("KV-cache values are real floats"),
     }
 }
 
@@ -53,7 +62,16 @@ unsafe fn store(p: &TRef, i: usize, v: f32) {
         DType::F16 => *p.base::<f16>().add(i) = f16::from_f32(v),
         DType::BF16 => *p.base::<half::bf16>().add(i) = half::bf16::from_f32(v),
         DType::F64 => *p.base::<f64>().add(i) = v as f64,
-        _ => *p.base::<f32>().add(i) = v,
+        DType::F32 => *p.base::<f32>().add(i) = v,
+        // `lower` refuses every other dtype (`float_values`).
+        DType::I8
+        | DType::I16
+        | DType::I32
+        | DType::I64
+        | DType::U8
+        | DType::U32
+        | DType::Bool
+        | DType::C64 => unreachable!("KV-cache values are real floats"),
     }
 }
 
@@ -63,7 +81,15 @@ fn round_to(dt: DType, v: f32) -> f32 {
     match dt {
         DType::F16 => f16::from_f32(v).to_f32(),
         DType::BF16 => half::bf16::from_f32(v).to_f32(),
-        _ => v,
+        DType::F32 | DType::F64 => v,
+        DType::I8
+        | DType::I16
+        | DType::I32
+        | DType::I64
+        | DType::U8
+        | DType::U32
+        | DType::Bool
+        | DType::C64 => unreachable!("KV-cache values are real floats"),
     }
 }
 
@@ -434,8 +460,9 @@ fn scratch_floats(t: usize, dh: usize, dv: usize) -> usize {
 
 /// Queries per block of the prompt-processing attention.
 const QB: usize = 64;
-/// Prompt chunks of at least this many queries use [`cached_attention_gemm`].
-const GEMM_MIN_S: usize = 16;
+/// Prompt chunks of at least this many queries use [`cached_attention_gemm`] (the IR's rule,
+/// which every backend keeps).
+const GEMM_MIN_S: usize = rlx_ir::QuantScheme::MATRIX_ATTENTION_ROWS;
 
 /// Scratch bytes of [`cached_attention_gemm`].
 fn gemm_scratch(t: usize, hkv: usize, dh: usize, dv: usize, threads: usize) -> usize {
@@ -628,6 +655,7 @@ impl GemmAttention {
 
 /// Lower CacheWrite (in place on its param), CachedAttention and PagedAttention.
 pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
+    float_values(info)?;
     match &info.node.op {
         Op::CacheWrite => Ok(Lowered::InPlace {
             src: 0,
@@ -682,6 +710,36 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         }
         other => Err(info.unsupported(format!("{} is not a KV-cache op", other.name()))),
     }
+}
+
+/// The values these kernels load and store (every operand but positions, slots and block
+/// tables, and the result) are f16, bf16, f32 or f64: a named error for anything else, so no
+/// other dtype reaches the loads and stores.
+fn float_values(info: &NodeInfo<'_>) -> Result<()> {
+    let index_operands: &[usize] = match info.node.op {
+        Op::CacheWrite => &[2],
+        Op::CachedAttention { .. } => &[3],
+        Op::PagedAttention { .. } => &[3, 4],
+        ref other => {
+            return Err(info.unsupported(format!("{} is not a KV-cache op", other.name())))
+        }
+    };
+    let values = info
+        .in_dtypes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !index_operands.contains(i))
+        .map(|(_, d)| *d)
+        .chain([info.dtype()]);
+    for d in values {
+        if !matches!(d, DType::F16 | DType::BF16 | DType::F32 | DType::F64) {
+            return Err(info.unsupported(format!(
+                "KV-cache values must be f16, bf16, f32 or f64, got {d} (operands {:?})",
+                info.in_dtypes
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The attention kernels read the caches as dense f16 or f32 rows.

@@ -290,11 +290,35 @@ enum ActQuant {
 }
 
 impl ActQuant {
-    fn of(ty: GgmlType) -> ActQuant {
+    /// The activation rounding of products with `ty` weights; `None` for float weights (taken
+    /// as they are) and for the types the CPU's products do not run (refused at lowering).
+    fn of(ty: GgmlType) -> Option<ActQuant> {
+        use GgmlType as G;
         match ty {
-            GgmlType::Q4_1 | GgmlType::Q5_1 => ActQuant::Q8_1,
-            GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => ActQuant::Q8_0,
-            _ => ActQuant::Q8K,
+            G::Q4_1 | G::Q5_1 => Some(ActQuant::Q8_1),
+            G::Q4_0 | G::Q5_0 | G::Q8_0 => Some(ActQuant::Q8_0),
+            G::Q2_K | G::Q3_K | G::Q4_K | G::Q5_K | G::Q6_K | G::Q8_K => Some(ActQuant::Q8K),
+            G::F32
+            | G::F16
+            | G::BF16
+            | G::F64
+            | G::Q8_1
+            | G::IQ2_XXS
+            | G::IQ2_XS
+            | G::IQ3_XXS
+            | G::IQ1_S
+            | G::IQ4_NL
+            | G::IQ3_S
+            | G::IQ2_S
+            | G::IQ4_XS
+            | G::IQ1_M
+            | G::I8
+            | G::I16
+            | G::I32
+            | G::I64
+            | G::TQ1_0
+            | G::TQ2_0
+            | G::MXFP4 => None,
         }
     }
 }
@@ -572,7 +596,9 @@ fn dequant_matmul(
     let groups_at = if float { 0 } else { m * z.row() };
     let act_bytes = groups_at + group_bytes(ty, m, k);
     let per_thread = if float { ROWS * k * 4 } else { ROWS * z.row() };
-    let mode = ActQuant::of(ty);
+    // Float weights (`float`) quantize no activations; `lower` refused every other type
+    // without a rounding.
+    let mode = ActQuant::of(ty).unwrap_or(ActQuant::Q8K);
     #[cfg(target_arch = "x86_64")]
     let far = n * row_bytes >= FAR_BYTES;
     kernel(move |pool: &Pool| {
@@ -937,6 +963,9 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             if info.in_dtypes[0] != rlx_ir::DType::F32 {
                 return Err(info.unsupported(format!("x must be f32, got {}", info.in_dtypes[0])));
             }
+            if !matches!(ty, GgmlType::F16 | GgmlType::BF16) && ActQuant::of(ty).is_none() {
+                return Err(info.unsupported(format!("no CPU product for {ty:?} weights")));
+            }
             if info.ins[1].strides().last() != Some(&1) || !info.ins[1].is_contiguous() {
                 return Err(info.unsupported("the packed weight must be a dense param or constant"));
             }
@@ -986,6 +1015,6 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 dequantize_rows(ty, ins[0], out, rows, row_bytes, k)
             }))
         }
-        _ => unreachable!("dispatched by op"),
+        other => Err(info.unsupported(format!("{} is not a quantized op", other.name()))),
     }
 }

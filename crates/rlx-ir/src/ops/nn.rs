@@ -365,7 +365,13 @@ pub(super) fn cost(op: &crate::Op, ins: &[&Shape], out: &Shape) -> super::Cost {
             base.with_flops(b * h * sq * sk * (2 * dk + 2 * dv + 5))
         }
         crate::Op::Rope { .. } => base.with_flops(6 * super::numel(out)),
-        _ => base.with_flops(8 * super::numel(out)),
+        crate::Op::LayerNorm { .. } | crate::Op::RmsNorm { .. } => {
+            base.with_flops(8 * super::numel(out))
+        }
+        other => {
+            debug_assert!(false, "{} is not a norm, attention or rope", other.name());
+            base
+        }
     }
 }
 
@@ -436,7 +442,9 @@ pub(super) fn batchable(op: &crate::Op, batched: &[bool]) -> bool {
     match op {
         crate::Op::LayerNorm { .. } | crate::Op::RmsNorm { .. } => !batched[1..].iter().any(|&b| b),
         crate::Op::Rope { .. } => !batched[1],
-        _ => true,
+        crate::Op::Attention { .. } => true,
+        // Not of this family: no rule here (vmap batches a decomposition or names the op).
+        _ => false,
     }
 }
 

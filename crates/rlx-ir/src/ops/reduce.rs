@@ -413,7 +413,11 @@ fn int_range(dt: DType) -> (i128, i128) {
         DType::U8 => (0, u8::MAX as i128),
         DType::U32 => (0, u32::MAX as i128),
         DType::Bool => (0, 1),
-        _ => (i64::MIN as i128, i64::MAX as i128),
+        DType::I64 => (i64::MIN as i128, i64::MAX as i128),
+        // Not integers: integer reductions are asked for integer dtypes only; the widest range.
+        DType::F32 | DType::F16 | DType::BF16 | DType::F64 | DType::C64 => {
+            (i64::MIN as i128, i64::MAX as i128)
+        }
     }
 }
 
@@ -433,7 +437,11 @@ pub(super) fn cost(op: &Op, ins: &[&Shape], out: &Shape) -> super::Cost {
                     .max(1) as u64)
                 .max(1)
         }
-        _ => n,
+        Op::Reduce { .. } | Op::Cumsum { .. } => n,
+        other => {
+            debug_assert!(false, "{} is not a reduction", other.name());
+            n
+        }
     };
     super::Cost::streaming(ins, out, 0).with_flops(flops)
 }

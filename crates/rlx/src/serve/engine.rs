@@ -218,7 +218,7 @@ impl Seq {
 /// (`rlx_cpu`'s prompt attention from 16 queries, the f32 GEMM path of quantized products from
 /// `QuantScheme::ROUNDED_ACTS_BELOW` rows), so pieces of at least this size compute exactly
 /// the rows the whole chunk computes.
-pub const MIN_PIECE: usize = 16;
+pub const MIN_PIECE: usize = rlx_ir::QuantScheme::MATRIX_ATTENTION_ROWS;
 
 /// Prompt rows to compute this step out of the `rest` rows left in `rlx generate`'s current
 /// chunk, under a `budget`: all of them when they fit, else `budget`, shortened when needed so

@@ -47,7 +47,11 @@ impl Backend for CpuBackend {
     }
 
     fn supports(&self, graph: &Graph, id: NodeId) -> bool {
-        kernels::supports(&graph.node(id).op)
+        kernels::supports(graph, id)
+    }
+
+    fn refusal(&self, graph: &Graph, id: NodeId) -> Option<String> {
+        kernels::refusal(graph, id)
     }
 
     fn fuses(&self, graph: &Graph, id: NodeId, kind: FusionKind) -> bool {

@@ -38,6 +38,18 @@ pub trait Backend: Send + Sync {
     /// Whether node `id` of `graph` has a native kernel here. For an `Op::Fused` node: whether
     /// this backend lowers that region (else the compiler inlines its body).
     fn supports(&self, graph: &Graph, id: NodeId) -> bool;
+    /// Why node `id` of `graph` has no native kernel here (its op, dtypes or shapes), for the
+    /// compiler's error when the node has no decomposition either; `None` when it has one.
+    /// The default names the op.
+    fn refusal(&self, graph: &Graph, id: NodeId) -> Option<String> {
+        (!self.supports(graph, id)).then(|| {
+            format!(
+                "the {} backend has no kernel for {}",
+                self.name(),
+                graph.node(id).op.name()
+            )
+        })
+    }
     /// Whether node `id` may join a fused region of `kind` that this backend lowers natively
     /// (for [`FusionKind::MultiplyReduce`]: whether it may end one, as the row reduction).
     /// The compiler's fusion passes form only such regions. The default fuses nothing.

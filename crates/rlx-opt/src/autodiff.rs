@@ -28,6 +28,7 @@ fn prepare(g: &Graph, has_rule: impl Fn(&Op) -> bool) -> Result<Graph> {
     Ok(Decompose {
         backend: "autodiff",
         supports: &supports,
+        why: None,
     }
     .run(g)?
     .0)

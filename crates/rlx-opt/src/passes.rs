@@ -63,6 +63,9 @@ pub struct Decompose<'a> {
     pub backend: &'a str,
     /// Whether the backend runs a node natively.
     pub supports: &'a dyn Fn(&Graph, NodeId) -> bool,
+    /// Why the backend does not run a node (its dtypes, its shapes), for the error of a node
+    /// that has no decomposition either (`None`: the error says only that).
+    pub why: Option<&'a dyn Fn(&Graph, NodeId) -> Option<String>>,
 }
 
 impl Decompose<'_> {
@@ -77,6 +80,10 @@ impl Decompose<'_> {
                     // Ask the backend about the node as it would stand, then take it back.
                     let probe = g.push_unchecked(s.op.clone(), s.ins.to_vec(), s.shape.clone());
                     let runs = (self.supports)(g, probe);
+                    let why = match (runs, self.why) {
+                        (false, Some(why)) => why(g, probe),
+                        _ => None,
+                    };
                     g.split_off(probe.index());
                     if runs {
                         return Ok(None);
@@ -87,7 +94,10 @@ impl Decompose<'_> {
                             backend: self.backend.to_string(),
                             op: s.op.name().to_string(),
                             node: s.source,
-                            msg: "no kernel and no decomposition".to_string(),
+                            msg: match why {
+                                Some(why) => format!("{why}; and it has no decomposition"),
+                                None => "no kernel and no decomposition".to_string(),
+                            },
                         }),
                     }
                 },

@@ -36,6 +36,7 @@ fn pass_of<'a>(
         _ if name.starts_with("decompose=") => Box::new(Decompose {
             backend: "filetest",
             supports,
+            why: None,
         }),
         other => return Err(format!("unknown pass `{other}`")),
     })

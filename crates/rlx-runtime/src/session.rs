@@ -214,6 +214,7 @@ impl Session {
         updates: &[(&str, usize)],
     ) -> Result<CompileResult> {
         let supports = move |g: &Graph, id| backend.supports(g, id);
+        let why = move |g: &Graph, id| backend.refusal(g, id);
         // HIR blocks first, so every later pass (and the records) sees MIR.
         let mut pipe = CompilePipeline::new().with_pass(LowerHir);
         if !self.precision.is_identity() {
@@ -235,6 +236,7 @@ impl Session {
             .with_pass(Decompose {
                 backend: backend.name(),
                 supports: &supports,
+                why: Some(&why),
             })
             .rounds(4);
         let result = pipe.run(graph)?;

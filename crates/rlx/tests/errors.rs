@@ -1076,3 +1076,23 @@ fn memory_a_compile_cannot_have_is_a_named_error() {
         Ok(_) => panic!("a 4 TiB param compiled"),
     }
 }
+
+#[test]
+fn a_node_the_cpu_cannot_run_is_refused_before_lowering_with_its_reason() {
+    // Rank 9: the CPU's kernels take rank <= 8. `supports` sees the shapes, so the compiler
+    // refuses the node (an add has no decomposition) naming why, before any lowering.
+    let mut g = Graph::new("deep");
+    let dims = [1usize, 1, 1, 1, 1, 1, 1, 2, 3];
+    let x = g.input("x", f32s(&dims));
+    let y = g.add(x, x);
+    g.set_outputs(vec![y]);
+    let Err(e) = Session::new(Device::Cpu).try_compile(g) else {
+        panic!("a rank-9 add compiled for the CPU");
+    };
+    let Error::Unsupported { backend, op, .. } = &e else {
+        panic!("expected Error::Unsupported, got {e:?}");
+    };
+    // The first node refused is the input itself.
+    assert_eq!((backend.as_str(), op.as_str()), ("cpu", "input"));
+    assert_mentions(&e.to_string(), &["rank <= 8", "f32[1, 1, 1, 1, 1, 1, 1, 2, 3]", "no decomposition"]);
+}

@@ -728,6 +728,7 @@ fn decompose_reports_ops_without_a_decomposition() {
     let err = Decompose {
         backend: "toy",
         supports: &supports,
+        why: None,
     }
     .run(&g)
     .expect_err("tanh has no decomposition");

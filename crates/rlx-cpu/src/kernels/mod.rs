@@ -19,7 +19,8 @@ mod spatial;
 
 use crate::layout::Layout;
 use crate::pool::Pool;
-use rlx_ir::{DType, Error, Node, NodeId, Op, Result};
+use crate::layout::MAX_RANK;
+use rlx_ir::{DType, Error, Graph, Node, NodeId, Op, Result};
 
 /// A raw buffer address that kernels may share across threads. The compiled program owns the
 /// buffers and never moves them while kernels exist; the memory plan keeps live values disjoint.
@@ -179,9 +180,82 @@ pub fn compute(build: impl FnOnce(&[TRef], TRef) -> Box<dyn Kernel> + 'static) -
     }
 }
 
-/// Whether the CPU backend has a native kernel for `op`: a positive list, so a new op is
+/// Whether the CPU backend runs node `id` of `g` natively: its op kind has a kernel here and
+/// its dtypes and shapes are ones the kernel takes (see [`refusal`]).
+pub fn supports(g: &Graph, id: NodeId) -> bool {
+    refusal(g, id).is_none()
+}
+
+/// Why the CPU backend does not run node `id` of `g` natively (`None`: it does), asked before
+/// lowering, so the compiler decomposes the node or refuses it with this reason instead of the
+/// lowering failing later: an op kind without a kernel, a symbolic or complex shape, a rank over
+/// [`MAX_RANK`], or a dtype the op's kernel does not take.
+pub fn refusal(g: &Graph, id: NodeId) -> Option<String> {
+    let n = g.node(id);
+    if !supports_op(&n.op) {
+        return Some(format!("{} has no CPU kernel", n.op.name()));
+    }
+    for s in n.inputs.iter().map(|&i| g.shape(i)).chain([&n.shape]) {
+        let Some(dims) = s.static_dims() else {
+            return Some(format!("shape {s} has symbolic dimensions"));
+        };
+        if dims.len() > MAX_RANK {
+            return Some(format!("shape {s}: the CPU handles rank <= {MAX_RANK}"));
+        }
+        if s.dtype() == DType::C64 {
+            return Some(format!("shape {s}: the CPU has no complex kernels"));
+        }
+    }
+    let dt = n.shape.dtype();
+    let operand = |i: usize| n.inputs.get(i).map(|&x| g.shape(x).dtype());
+    let float = |d: DType| d.is_float();
+    let why = match &n.op {
+        Op::MatMul if dt == DType::Bool => "a product of bools",
+        Op::TopK { .. } if operand(0) == Some(DType::Bool) => "top-k of bools",
+        Op::Activation(a) if !float(dt) && !a.allows_int() => "this activation on integers",
+        Op::Softmax { .. }
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::Attention { .. }
+        | Op::Rope { .. }
+        | Op::Conv(_)
+        | Op::Pool(_)
+            if !float(dt) =>
+        {
+            "a result that is not a float"
+        }
+        Op::DequantMatMul { .. } if operand(0) != Some(DType::F32) => {
+            "activations that are not f32"
+        }
+        Op::DequantMatMul { scheme } if !quant::runs(*scheme) => "these weights",
+        Op::CachedAttention { .. } | Op::PagedAttention { .. }
+            if !matches!(operand(1), Some(DType::F16 | DType::F32))
+                || !matches!(operand(2), Some(DType::F16 | DType::F32)) =>
+        {
+            "caches that are not f16 or f32"
+        }
+        Op::CacheWrite | Op::CachedAttention { .. } | Op::PagedAttention { .. }
+            if !float(dt) =>
+        {
+            "a cache that is not a float"
+        }
+        _ => return None,
+    };
+    Some(format!(
+        "{} of {} ({}) on the CPU: {why}",
+        n.op.name(),
+        n.shape,
+        n.inputs
+            .iter()
+            .map(|&i| g.shape(i).to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+/// Whether the CPU backend has a native kernel for `op`'s kind: a positive list, so a new op is
 /// decomposed (or reported) until it gets a kernel here.
-pub fn supports(op: &Op) -> bool {
+fn supports_op(op: &Op) -> bool {
     match op {
         Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => true,
         Op::Binary(_) | Op::Compare(_) | Op::Where | Op::Activation(_) | Op::Cast { .. } => true,

@@ -277,6 +277,14 @@ fn unpack_row(ty: GgmlType, b: &[u8], q: &mut [i8], ls: &mut [f32], min: &mut [f
     }
 }
 
+/// Whether the CPU's products take weights of `scheme`: GGUF rows of a float type or of a type
+/// whose activation rounding it knows ([`ActQuant::of`]).
+pub(super) fn runs(scheme: rlx_ir::QuantScheme) -> bool {
+    scheme.ggml_type().is_some_and(|ty| {
+        matches!(ty, GgmlType::F16 | GgmlType::BF16) || ActQuant::of(ty).is_some()
+    })
+}
+
 /// How activations are quantized for a weight type: exactly as llama.cpp's x86 code does for
 /// that type's `vec_dot_type`, so the integer products (and hence the logits) match its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

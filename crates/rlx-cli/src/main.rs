@@ -735,10 +735,7 @@ fn cmd_inspect(a: InspectArgs) -> rlx::Result<()> {
 }
 
 fn rlx_threads() -> usize {
-    std::env::var("RLX_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    rlx::ir::env::threads().unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Peak resident memory of this process (Linux `VmHWM`).

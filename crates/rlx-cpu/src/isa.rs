@@ -67,11 +67,11 @@ impl std::fmt::Display for Level {
 pub fn best() -> Level {
     static BEST: OnceLock<Level> = OnceLock::new();
     *BEST.get_or_init(|| {
-        let cap = match std::env::var("RLX_ISA").ok().as_deref().map(str::trim) {
+        let cap = match rlx_ir::env::get("RLX_ISA").as_deref().map(str::trim) {
             Some("portable") => Level::Portable,
             Some("avx2") => Level::Avx2,
             Some("avx2-vnni") => Level::Avx2Vnni,
-            _ if std::env::var_os("RLX_NO_AVX512").is_some() => Level::Avx2Vnni,
+            _ if rlx_ir::env::is_set("RLX_NO_AVX512") => Level::Avx2Vnni,
             _ => Level::Avx512,
         };
         Level::ALL

@@ -42,9 +42,8 @@ const SPIN: usize = 1 << 11;
 fn idle_spin() -> std::time::Duration {
     static S: OnceLock<u64> = OnceLock::new();
     std::time::Duration::from_micros(*S.get_or_init(|| {
-        std::env::var("RLX_SPIN_US")
-            .ok()
-            .and_then(|v| v.parse().ok())
+        rlx_ir::env::get("RLX_SPIN_US")
+            .and_then(|v| v.trim().parse().ok())
             .unwrap_or(2000)
     }))
 }
@@ -80,7 +79,7 @@ impl Pool {
         });
         let mut handles = Vec::new();
         let cpus = allowed_cpus();
-        let pin = std::env::var_os("RLX_PIN").is_none_or(|v| v != "0");
+        let pin = !rlx_ir::env::is_off("RLX_PIN");
         for w in 0..workers {
             let s = shared.clone();
             // With a CPU for every thread, worker `w` keeps to the `w + 1`-th allowed CPU, so a

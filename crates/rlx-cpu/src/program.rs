@@ -307,7 +307,7 @@ const PARAM_SLAB_MIN: usize = 2 << 20;
 /// A/B measurements).
 fn param_slab_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var_os("RLX_PARAM_SLAB").is_none_or(|v| v != "0"))
+    *ON.get_or_init(|| !rlx_ir::env::is_off("RLX_PARAM_SLAB"))
 }
 
 /// Lower `g` (verified, decomposed to what [`kernels::supports`] runs) with the decisions of
@@ -710,7 +710,7 @@ pub fn lower(
     };
     let mut steps = Vec::with_capacity(nsteps);
     let mut step_ops = Vec::with_capacity(nsteps);
-    let by_node = std::env::var_os("RLX_PROFILE").is_some_and(|v| v == "nodes");
+    let by_node = rlx_ir::env::get("RLX_PROFILE").is_some_and(|v| v == "nodes");
     let mut step_desc = by_node.then(Vec::new);
     for (node, operands, out_req, scratch_req, build) in pending {
         let n = g.node(rlx_ir::NodeId(node as u32));
@@ -767,7 +767,7 @@ pub fn lower(
         .collect();
     let output_refs = g.outputs().iter().map(|o| tref(&vals[o.index()])).collect();
     let input_ptrs = input_reqs.iter().map(|&r| base(Buf::Arena(r))).collect();
-    let profile = std::env::var_os("RLX_PROFILE").map(|_| vec![(0, 0); steps.len()]);
+    let profile = rlx_ir::env::is_set("RLX_PROFILE").then(|| vec![(0, 0); steps.len()]);
     Ok(Program {
         steps,
         step_ops,
@@ -833,10 +833,7 @@ impl Drop for Program {
             let mut order: Vec<usize> = (0..desc.len()).collect();
             order.sort_by_key(|&i| std::cmp::Reverse(prof[i].0));
             eprintln!("  slowest steps (of {}):", desc.len());
-            let top = std::env::var("RLX_PROFILE_TOP")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(30);
+            let top = rlx_ir::env::count("RLX_PROFILE_TOP").unwrap_or(30);
             for &i in order.iter().take(top) {
                 let (ns, n) = prof[i];
                 eprintln!(

@@ -13,6 +13,7 @@
 
 mod builders;
 pub mod convert;
+pub mod env;
 mod dtype;
 mod error;
 pub mod eval;

@@ -43,18 +43,18 @@ impl Default for FusionOptions {
 impl FusionOptions {
     /// These options with `RLX_FUSION=0` (all off) or `RLX_FUSION=1` (all on) applied.
     pub fn with_env(self) -> Self {
-        match std::env::var("RLX_FUSION").as_deref() {
-            Ok("0") => FusionOptions {
+        match rlx_ir::env::switch("RLX_FUSION") {
+            Some(false) => FusionOptions {
                 elementwise: false,
                 patterns: false,
                 ..self
             },
-            Ok("1") => FusionOptions {
+            Some(true) => FusionOptions {
                 elementwise: true,
                 patterns: true,
                 ..self
             },
-            _ => self,
+            None => self,
         }
     }
 }

@@ -58,14 +58,11 @@ impl LoweringOptions {
     /// These options with the environment's overrides applied: `RLX_FUSION=0/1`,
     /// `RLX_CAUSAL_SKIP=0/1`, `RLX_PARAM_PANELS=0`.
     pub fn with_env(self) -> Self {
-        let causal_skip = match std::env::var("RLX_CAUSAL_SKIP").as_deref() {
-            Ok("0") => false,
-            Ok("1") => true,
-            _ => self.causal_skip,
-        };
-        let param_panels = match std::env::var("RLX_PARAM_PANELS").as_deref() {
-            Ok("0") => 0,
-            _ => self.param_panels,
+        let causal_skip = rlx_ir::env::switch("RLX_CAUSAL_SKIP").unwrap_or(self.causal_skip);
+        let param_panels = if rlx_ir::env::is_off("RLX_PARAM_PANELS") {
+            0
+        } else {
+            self.param_panels
         };
         LoweringOptions {
             fusion: self.fusion.with_env(),

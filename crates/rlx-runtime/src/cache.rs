@@ -110,11 +110,7 @@ impl CompileCache {
     /// The RLX cache directory's `compile/` folder: `RLX_CACHE_DIR`, else
     /// `$XDG_CACHE_HOME/rlx`, else `~/.cache/rlx` (the models' cache), then `compile`.
     pub fn default_dir() -> Option<PathBuf> {
-        let base = std::env::var_os("RLX_CACHE_DIR")
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("rlx")))
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/rlx")))?;
-        Some(base.join("compile"))
+        Some(rlx_ir::env::cache_dir()?.join("compile"))
     }
 
     /// A cache in memory and in [`CompileCache::default_dir`] (memory only when there is none).
@@ -182,7 +178,7 @@ impl CompileCache {
             }
             Err(why) => {
                 self.rejected.fetch_add(1, Ordering::Relaxed);
-                if std::env::var_os("RLX_VERBOSE").is_some() {
+                if rlx_ir::env::is_set("RLX_VERBOSE") {
                     eprintln!(
                         "rlx: compile cache entry {} not used: {why}",
                         path.display()
@@ -226,7 +222,7 @@ impl CompileCache {
         }
         if let Some(path) = self.path(key) {
             if let Err(err) = self.write(&path, key, &e) {
-                if std::env::var_os("RLX_VERBOSE").is_some() {
+                if rlx_ir::env::is_set("RLX_VERBOSE") {
                     eprintln!(
                         "rlx: cannot write compile cache entry {}: {err}",
                         path.display()

@@ -52,9 +52,9 @@ pub(crate) fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
 /// Print a compile report to stderr when environment variable `var` is `1` (text) or `json`.
 /// Both forms are made only when asked for.
 fn report(var: &str, graph: &str, text: &dyn Fn() -> String, json: &dyn Fn() -> String) {
-    match std::env::var(var).as_deref() {
-        Ok("1") => eprintln!("rlx: graph \"{graph}\": {}", text()),
-        Ok("json") => eprintln!("{}", json()),
+    match rlx_ir::env::get(var).as_deref() {
+        Some("1") => eprintln!("rlx: graph \"{graph}\": {}", text()),
+        Some("json") => eprintln!("{}", json()),
         _ => {}
     }
 }
@@ -64,7 +64,7 @@ fn report(var: &str, graph: &str, text: &dyn Fn() -> String, json: &dyn Fn() -> 
 fn env_cache() -> Option<Arc<CompileCache>> {
     static CACHE: std::sync::OnceLock<Option<Arc<CompileCache>>> = std::sync::OnceLock::new();
     CACHE
-        .get_or_init(|| match std::env::var("RLX_COMPILE_CACHE").ok()?.as_str() {
+        .get_or_init(|| match rlx_ir::env::get("RLX_COMPILE_CACHE")?.as_str() {
             "" | "0" => None,
             "1" => Some(CompileCache::on_disk()),
             "memory" => Some(CompileCache::in_memory()),
@@ -77,10 +77,7 @@ impl Session {
     /// A session for `device` (threads: `RLX_NUM_THREADS`, else one per core; a compile cache
     /// when `RLX_COMPILE_CACHE` is `1` (the RLX cache directory), `memory` or a directory).
     pub fn new(device: Device) -> Session {
-        let threads = std::env::var("RLX_NUM_THREADS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|&n: &usize| n > 0);
+        let threads = rlx_ir::env::threads();
         Session {
             device,
             threads,
@@ -402,7 +399,7 @@ impl Session {
             &|| plan.fusion.to_string(),
             &|| plan.fusion.to_json(),
         );
-        if std::env::var_os("RLX_DISPATCH_REPORT").is_some() {
+        if rlx_ir::env::is_set("RLX_DISPATCH_REPORT") {
             let dispatch = crate::compiled::dispatch_report(backend.as_ref(), graph, records, plan);
             report(
                 "RLX_DISPATCH_REPORT",

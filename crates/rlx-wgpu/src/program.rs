@@ -320,7 +320,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
     let mut extra_of: Vec<Option<usize>> = vec![None; n]; // further results: computed by the step of node
                                                           // f16 values as halves where the adapter can (RLX_WGPU_F16_STORAGE=0: as words).
     let half = gpu.f16
-        && std::env::var("RLX_WGPU_F16_STORAGE").map_or(true, |v| v != "0")
+        && !rlx_ir::env::is_off("RLX_WGPU_F16_STORAGE")
         && g.ids().any(|id| g.shape(id).dtype() == DType::F16);
     let form = forms(g, half)?;
     for id in g.ids() {

@@ -111,16 +111,7 @@ impl KnownModel {
 
 /// The cache directory.
 pub fn cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("RLX_CACHE_DIR") {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
-        return PathBuf::from(d).join("rlx");
-    }
-    let home = std::env::var_os("HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(std::env::temp_dir);
-    home.join(".cache").join("rlx")
+    rlx_ir::env::cache_dir().unwrap_or_else(|| std::env::temp_dir().join(".cache").join("rlx"))
 }
 
 fn io(what: &str, path: &Path, e: std::io::Error) -> Error {
@@ -277,8 +268,8 @@ fn fetch_dir_into(src: &Source, tmp: &Path, progress: bool) -> Result<()> {
 }
 
 fn index_url() -> String {
-    std::env::var("RLX_PYPI_URL")
-        .unwrap_or_else(|_| "https://pypi.org/simple".into())
+    rlx_ir::env::get("RLX_PYPI_URL")
+        .unwrap_or_else(|| "https://pypi.org/simple".into())
         .trim_end_matches('/')
         .to_string()
 }

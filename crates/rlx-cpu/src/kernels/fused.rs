@@ -713,7 +713,7 @@ pub fn as_adam(
 ) -> Option<AdamGroup> {
     if rows.is_some()
         || dims.contains(&0)
-        || std::env::var_os("RLX_FUSED_ADAM").is_some_and(|v| v == "0")
+        || rlx_ir::env::is_off("RLX_FUSED_ADAM")
     {
         return None;
     }

@@ -11,13 +11,7 @@ use crate::pool::Pool;
 fn blocking() -> (usize, usize, usize) {
     static B: std::sync::OnceLock<(usize, usize, usize)> = std::sync::OnceLock::new();
     *B.get_or_init(|| {
-        let env = |k: &str, d: usize| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&v: &usize| v > 0)
-                .unwrap_or(d)
-        };
+        let env = |k: &str, d: usize| rlx_ir::env::count(k).unwrap_or(d);
         // Blocks of whole micro-tiles of every instruction set (12 and 32 are multiples of the
         // smaller tiles): a packed operand shared by threads is addressed by them.
         let (mr, nr) = Isa::Avx512.tile();
@@ -561,7 +555,7 @@ const DIRECT_B_MAX_M: usize = 24;
 /// pad), few rows (see [`DIRECT_B_MAX_M`]). `RLX_GEMM_DIRECT_B=0` turns it off.
 fn direct_b(isa: Isa, b: &Mat, m: usize, n: usize) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var_os("RLX_GEMM_DIRECT_B").is_some_and(|v| v == "0"));
+    let off = *OFF.get_or_init(|| rlx_ir::env::is_off("RLX_GEMM_DIRECT_B"));
     let (_, nr) = isa.tile();
     !off && matches!(isa, Isa::Avx512 | Isa::Avx2)
         && b.cs == 1
@@ -575,7 +569,7 @@ fn direct_b(isa: Isa, b: &Mat, m: usize, n: usize) -> bool {
 /// contiguous copies and gains nothing.) `RLX_GEMM_DIRECT=0/1` forces the choice.
 fn direct_a(isa: Isa, a: &Mat, n: usize) -> bool {
     static FORCE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let force = *FORCE.get_or_init(|| std::env::var("RLX_GEMM_DIRECT").ok().map(|v| v != "0"));
+    let force = *FORCE.get_or_init(|| rlx_ir::env::get("RLX_GEMM_DIRECT").map(|v| v != "0"));
     matches!(isa, Isa::Avx512 | Isa::Avx2)
         && (a.cs == 1 || (a.rs == 1 && force == Some(true)))
         && force.unwrap_or(isa == Isa::Avx2 || n <= DIRECT_MAX_N)

@@ -126,7 +126,7 @@ fn has_bf16_dot() -> bool {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *HAS.get_or_init(|| {
             std::is_x86_feature_detected!("avx512bf16")
-                && std::env::var_os("RLX_BF16_DOT").is_none_or(|v| v != "0")
+                && !rlx_ir::env::is_off("RLX_BF16_DOT")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -152,13 +152,7 @@ const NR: usize = 32;
 fn dot_blocking(m: usize, n: usize, k: usize) -> (usize, usize) {
     static B: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
     let (a_bytes, b_bytes) = *B.get_or_init(|| {
-        let env = |key: &str, d: usize| {
-            std::env::var(key)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .filter(|&v: &usize| v > 0)
-                .unwrap_or(d)
-        };
+        let env = |key: &str, d: usize| rlx_ir::env::count(key).unwrap_or(d);
         (env("RLX_HGEMM_A", 192 << 10), env("RLX_HGEMM_B", 2 << 20))
     });
     let kp = k.div_ceil(2).max(1);
@@ -385,7 +379,7 @@ const DIRECT_B_MAX_M: usize = 128;
 /// `RLX_HGEMM_DIRECT_B=0` turns it off.
 fn direct_b(m: usize, n: usize, b: HMat) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| std::env::var_os("RLX_HGEMM_DIRECT_B").is_some_and(|v| v == "0"));
+    let off = *OFF.get_or_init(|| rlx_ir::env::is_off("RLX_HGEMM_DIRECT_B"));
     !off && b.cs == 1 && n.is_multiple_of(NR) && m <= DIRECT_B_MAX_M
 }
 

@@ -207,14 +207,7 @@ fn chain_of(g: &Graph, id: NodeId) -> Option<Chain> {
                 });
             }
             let mut stored = Vec::new();
-            for k in 1..prog.outputs.len() {
-                let s = NodeId(id.0 + k as u32);
-                let same = s.index() < g.len()
-                    && g.node(s).inputs == n.inputs
-                    && matches!(&g.node(s).op, Op::Fused(q) if q.output == k && q.kind == r.kind && q.body == r.body);
-                if !same {
-                    break;
-                }
+            for (k, s) in g.fused_results(id) {
                 stored.push((s.index(), prog.outputs[k]?));
             }
             Some(Chain {
@@ -685,7 +678,7 @@ pub fn lower(
             && matches!(vals[v].buf, Buf::Arena(_))
             && chain_steps
                 .keys()
-                .any(|&h| matches!(&g.node(NodeId(v as u32)).op, Op::Fused(r) if h + r.output == v))
+                .any(|&h| g.fused_head(NodeId(v as u32)) == Some(NodeId(h as u32)))
         {
             vals[v].buf = Buf::Param(p);
             donated += 1;

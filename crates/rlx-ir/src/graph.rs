@@ -135,6 +135,49 @@ impl Graph {
         self.ids().find(|&id| matches!(&self.node(id).op, Op::Input { name: n } | Op::Param { name: n } if n == name))
     }
 
+    /// For a fused region's node (`Op::Fused`): the node holding the region's first result
+    /// (output 0), where the region is computed, if it is in the graph. The results of one region
+    /// are one node each, side by side in output order, sharing kind, body and operands; this
+    /// and [`Graph::fused_results`] are how backends and passes find them.
+    pub fn fused_head(&self, id: NodeId) -> Option<NodeId> {
+        let Op::Fused(r) = &self.node(id).op else {
+            return None;
+        };
+        let head = NodeId(id.0.checked_sub(u32::try_from(r.output).ok()?)?);
+        self.same_region(head, id, 0).then_some(head)
+    }
+
+    /// For the node `head` holding a fused region's first result: the nodes of its further
+    /// results that are in the graph right after it, `(output, node)` in order (a result no one
+    /// reads may have been removed; the run stops at the first missing one).
+    pub fn fused_results(&self, head: NodeId) -> Vec<(usize, NodeId)> {
+        let Op::Fused(r) = &self.node(head).op else {
+            return Vec::new();
+        };
+        if r.output != 0 {
+            return Vec::new();
+        }
+        (1..r.body.outputs().len())
+            .map(|k| (k, NodeId(head.0 + k as u32)))
+            .take_while(|&(k, s)| s.index() < self.len() && self.same_region(head, s, k))
+            .collect()
+    }
+
+    /// Whether `other` is result `k` of the region whose first result is `head`.
+    fn same_region(&self, head: NodeId, other: NodeId, k: usize) -> bool {
+        let (h, o) = (self.node(head), self.node(other));
+        match (&h.op, &o.op) {
+            (Op::Fused(a), Op::Fused(b)) => {
+                a.output == 0
+                    && b.output == k
+                    && a.kind == b.kind
+                    && h.inputs == o.inputs
+                    && (head == other || a.body == b.body)
+            }
+            _ => false,
+        }
+    }
+
     /// Append a node without checking it (passes that rebuild graphs use this, then verify).
     pub fn push_unchecked(&mut self, op: Op, inputs: Vec<NodeId>, shape: Shape) -> NodeId {
         let id = NodeId(self.nodes.len() as u32);

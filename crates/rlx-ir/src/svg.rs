@@ -31,11 +31,10 @@ fn label(g: &Graph, id: NodeId) -> (Vec<String>, &'static str) {
             let title = if r.output == 0 {
                 format!("{id} fused {}", r.kind.name())
             } else {
-                format!(
-                    "{id} result {} of {}",
-                    r.output,
-                    NodeId(id.0.saturating_sub(r.output as u32))
-                )
+                match g.fused_head(id) {
+                    Some(head) => format!("{id} result {} of {head}", r.output),
+                    None => format!("{id} result {} of a region", r.output),
+                }
             };
             let mut lines = vec![title];
             if r.output == 0 {

@@ -105,7 +105,7 @@ impl KernelDispatchReport {
                     _ if n.op.is_leaf() => Dispatch::Leaf,
                     _ if !supports(g, id) => Dispatch::Unsupported { why: format!("the {backend} backend has no kernel for {} and the compiler did not decompose it", n.op.name()) },
                     Op::Fused(r) => Dispatch::Fused {
-                        region: id.0.checked_sub(r.output as u32).and_then(|head| region_of.get(&head).copied()),
+                        region: g.fused_head(id).and_then(|head| region_of.get(&head.0).copied()),
                         kind: r.kind,
                         output: r.output,
                         ops: r.op_names().into_iter().map(str::to_string).collect(),

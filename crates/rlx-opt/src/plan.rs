@@ -664,17 +664,17 @@ pub fn donations(g: &Graph, updates: &[(String, usize)]) -> Vec<Donation> {
         {
             continue;
         }
-        // The region's step: from its first result's node to its last.
-        let Some(head) = v.index().checked_sub(r.output) else {
+        // The region's step: its first result's node and its further results.
+        let Some(head) = g.fused_head(v).map(NodeId::index) else {
             continue;
         };
-        let last = head + r.body.outputs().len() - 1;
         let same_region = |i: usize| {
-            i >= head
-                && i <= last
-                && matches!(&g.node(NodeId(i as u32)).op, Op::Fused(q) if q.body == r.body)
+            i == head
+                || g.fused_results(NodeId(head as u32))
+                    .iter()
+                    .any(|&(_, s)| s.index() == i)
         };
-        if !same_region(head) || g.outputs().iter().filter(|&&x| x == v).count() != 1 {
+        if g.outputs().iter().filter(|&&x| x == v).count() != 1 {
             continue;
         }
         // The param and every view of it.

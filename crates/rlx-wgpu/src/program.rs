@@ -452,18 +452,12 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
                 }
             }
             Op::Fused(r) => {
-                // Further results of this region: the nodes right after it with the same body.
-                let mut extra = Vec::new();
-                for k in 1..r.body.outputs().len() {
-                    let s = i + k;
-                    let same = s < n
-                        && g.node(NodeId(s as u32)).inputs == node.inputs
-                        && matches!(&g.node(NodeId(s as u32)).op, Op::Fused(q) if q.output == k && q.body == r.body);
-                    if !same || r.output != 0 {
-                        break;
-                    }
-                    extra.push(s);
-                }
+                // Further results of this region, computed by this node's kernel.
+                let mut extra: Vec<usize> = g
+                    .fused_results(NodeId(i as u32))
+                    .into_iter()
+                    .map(|(_, s)| s.index())
+                    .collect();
                 let mut body = (*r.body).clone();
                 if r.output != 0 || extra.len() + 1 != r.body.outputs().len() {
                     // Compute just the result this node names; the others compute their own.

@@ -219,3 +219,66 @@ fn auto_mixed_stores_read_only_weights_in_low_precision_and_reports_the_pass() {
     let want = floats(&g["mlp"]["expected"]["auto_mixed_bf16"]);
     assert!(max_diff(&out, &want) < 1e-4);
 }
+
+/// A defined op (outside the IR crate) says how the precision policies treat it.
+mod defined_op_class {
+    use rlx::ir::eval::Tensor;
+    use rlx::ir::ops::{Cost, OpClass, OpDef};
+    use rlx::ir::text::Attr;
+    use rlx::opt::{AutoMixedPrecision, Pass};
+    use rlx::prelude::*;
+
+    /// `x * x`, in the class it is given.
+    struct Square(OpClass);
+
+    impl OpDef for Square {
+        fn name(&self) -> &'static str {
+            "square_test"
+        }
+        fn attrs(&self) -> Vec<(&'static str, Attr)> {
+            Vec::new()
+        }
+        fn arity(&self) -> (usize, usize) {
+            (1, 1)
+        }
+        fn infer(&self, ins: &[&Shape]) -> Result<Shape> {
+            Ok(ins[0].clone())
+        }
+        fn eval(&self, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+            let v = ins[0].f64s().iter().map(|x| x * x).collect();
+            Ok(Tensor::from_f64(ins[0].dims(), out.dtype(), v))
+        }
+        fn cost(&self, ins: &[&Shape], out: &Shape) -> Cost {
+            Cost::streaming(ins, out, 1)
+        }
+        fn precision_class(&self) -> OpClass {
+            self.0
+        }
+    }
+
+    /// The dtype the op computes in after `AutoMixedBf16`.
+    fn computes_in(class: OpClass) -> DType {
+        let mut g = Graph::new("sq");
+        let x = g.input("x", Shape::new(&[4, 4], DType::F32));
+        let y = g.define(Square(class), &[x]).unwrap();
+        g.set_outputs(vec![y]);
+        let pass = AutoMixedPrecision {
+            policy: PrecisionPolicy::AutoMixedBf16,
+            keep_params: Vec::new(),
+        };
+        let (out, _) = pass.run(&g).unwrap();
+        let node = out
+            .nodes()
+            .iter()
+            .find(|n| n.op.name() == "square_test")
+            .expect("the op survives");
+        out.shape(node.inputs[0]).dtype()
+    }
+
+    #[test]
+    fn a_defined_ops_precision_class_is_applied() {
+        assert_eq!(computes_in(OpClass::Product), DType::BF16);
+        assert_eq!(computes_in(OpClass::Fixed), DType::F32);
+        assert_eq!(computes_in(OpClass::Sensitive), DType::F32);
+    }
+}

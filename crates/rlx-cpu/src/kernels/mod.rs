@@ -197,7 +197,9 @@ pub fn refusal(g: &Graph, id: NodeId) -> Option<String> {
     }
     for s in n.inputs.iter().map(|&i| g.shape(i)).chain([&n.shape]) {
         let Some(dims) = s.static_dims() else {
-            return Some(format!("shape {s} has symbolic dimensions"));
+            return Some(format!(
+                "shape {s} has symbolic dimensions; bind them before compiling"
+            ));
         };
         if dims.len() > MAX_RANK {
             return Some(format!("shape {s}: the CPU handles rank <= {MAX_RANK}"));

@@ -153,6 +153,37 @@ fn bad_requests_get_openai_shaped_400s() {
         assert!(msg.contains(want), "{path} {body}: {msg}");
         assert_eq!(v["error"]["type"], "invalid_request_error");
     }
+    // Out-of-range sampling fields and unknown roles are 400s naming the field; unknown paths
+    // and wrong methods get the same error shape.
+    for (method, path, body, status, param) in [
+        (
+            "POST",
+            "/v1/completions",
+            r#"{"prompt": "hi", "top_p": 5}"#,
+            400,
+            "top_p",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "wizard", "content": "hi"}]}"#,
+            400,
+            "messages[0].role",
+        ),
+        ("GET", "/v1/nonexistent", "", 404, ""),
+        ("GET", "/v1/chat/completions", "", 405, ""),
+    ] {
+        let (got_status, got) = http(a, method, path, body);
+        assert_eq!(got_status, status, "{method} {path} {body}: {got}");
+        let v: serde_json::Value = serde_json::from_str(&got).expect("a JSON error body");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{got}");
+        let want = if param.is_empty() {
+            serde_json::Value::Null
+        } else {
+            param.into()
+        };
+        assert_eq!(v["error"]["param"], want, "{got}");
+    }
     // A prompt longer than a sequence may be (512 rows here).
     let long = format!("{{\"prompt\": [{}]}}", vec!["1"; 600].join(","));
     let (status, got) = http(a, "POST", "/v1/completions", &long);

@@ -4,14 +4,16 @@
 //!
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream`),
 //! `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus), `POST /tokenize`,
-//! `POST /detokenize`. Bad requests get a 4xx with an OpenAI-shaped error body; a full queue
-//! gets 503 with `Retry-After`; a client that goes away frees its sequence at the next step.
+//! `POST /detokenize`. Bad requests (malformed bodies, fields of the wrong type or out of range,
+//! unknown paths, wrong methods, bodies over [`MAX_BODY`]) get a 4xx with an OpenAI-shaped
+//! error body; a full queue gets 503 with `Retry-After`; a client that goes away frees its
+//! sequence at the next step.
 
 use super::engine::{Engine, EngineStats, Event, Finish, GenParams, TokenLogprobs};
 use crate::llm::{ChatMessage, ChatTemplate, JinjaTemplate, SamplerConfig};
 use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::extract::{DefaultBodyLimit, FromRequest, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -205,19 +207,7 @@ pub fn run(engine: Engine, opts: ServerOptions) -> rlx_ir::Result<()> {
         .build()
         .map_err(err)?;
     rt.block_on(async move {
-        let app = Router::new()
-            .route(
-                "/health",
-                get(|| async { axum::Json(json!({"status": "ok"})) }),
-            )
-            .route("/v1/models", get(models))
-            .route("/metrics", get(metrics))
-            .route("/tokenize", post(tokenize))
-            .route("/detokenize", post(detokenize))
-            .route("/v1/completions", post(completions))
-            .route("/v1/chat/completions", post(chat_completions))
-            .route("/v1/embeddings", post(embeddings))
-            .with_state(shared);
+        let app = router(shared);
         let listener = tokio::net::TcpListener::bind((opts.host.as_str(), opts.port))
             .await
             .map_err(err)?;
@@ -230,6 +220,114 @@ pub fn run(engine: Engine, opts: ServerOptions) -> rlx_ir::Result<()> {
             .await
             .map_err(err)
     })
+}
+
+/// The endpoints, as (method, path): what [`router`] routes, and what the 404 and 405 errors
+/// list.
+const ENDPOINTS: [(&str, &str); 8] = [
+    ("GET", "/health"),
+    ("GET", "/v1/models"),
+    ("GET", "/metrics"),
+    ("POST", "/tokenize"),
+    ("POST", "/detokenize"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/embeddings"),
+];
+
+/// The largest request body taken, in bytes (2 MiB); a larger one gets a 413.
+const MAX_BODY: usize = 2 << 20;
+
+/// The endpoints of [`ENDPOINTS`], with OpenAI-shaped errors for unknown paths (404), wrong
+/// methods (405, with `Allow`) and bodies over [`MAX_BODY`] (413).
+fn router(shared: Shared_) -> Router {
+    Router::new()
+        .route(
+            "/health",
+            get(|| async { axum::Json(json!({"status": "ok"})) }),
+        )
+        .route("/v1/models", get(models))
+        .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/embeddings", post(embeddings))
+        // After the routes: it applies to the routes added so far.
+        .method_not_allowed_fallback(method_not_allowed)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(shared)
+}
+
+/// `METHOD /path` of every endpoint, for error messages.
+fn endpoint_list() -> String {
+    ENDPOINTS
+        .iter()
+        .map(|(m, p)| format!("{m} {p}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!(
+            "no endpoint at `{method} {}`; this server has {}",
+            uri.path(),
+            endpoint_list()
+        ),
+        param: None,
+    }
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    let path = uri.path();
+    let takes: Vec<&str> = ENDPOINTS
+        .iter()
+        .filter(|(_, p)| *p == path)
+        .map(|(m, _)| *m)
+        .collect();
+    let message = if takes.is_empty() {
+        format!("`{method} {path}`: method not allowed")
+    } else {
+        format!(
+            "`{method} {path}`: method not allowed; `{path}` takes {}",
+            takes.join(" or ")
+        )
+    };
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message,
+        param: None,
+    }
+}
+
+/// The raw request body, read up to [`MAX_BODY`]; a larger body (413) or one that cannot be
+/// read is an OpenAI-shaped error with the rejection's status.
+struct RawBody(Bytes);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        Bytes::from_request(req, state)
+            .await
+            .map(RawBody)
+            .map_err(|r| {
+                let status = r.status();
+                let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                    format!("the request body is larger than the limit of {MAX_BODY} bytes")
+                } else {
+                    format!("the request body could not be read: {}", r.body_text())
+                };
+                ApiError {
+                    status,
+                    message,
+                    param: None,
+                }
+            })
+    }
 }
 
 /// The engine thread: take requests, step while there is work, hand each event to its
@@ -398,7 +496,10 @@ fn parse_embeddings(bytes: &[u8]) -> Result<EmbedRequest, ApiError> {
     })
 }
 
-async fn embeddings(State(s): State<Shared_>, bytes: Bytes) -> Result<Response, ApiError> {
+async fn embeddings(
+    State(s): State<Shared_>,
+    RawBody(bytes): RawBody,
+) -> Result<Response, ApiError> {
     let req = parse_embeddings(&bytes)?;
     let Some(enc) = s.embedder.clone() else {
         return Err(ApiError {
@@ -621,6 +722,32 @@ impl Fields<'_> {
             .transpose()
     }
 
+    /// A number in `lo..=hi` (OpenAI's range for the field).
+    fn float_in(&self, k: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+        let x = self.float(k)?;
+        match (self.get(k), self.get(k).and_then(Value::as_f64)) {
+            (Some(v), Some(n)) if !(lo..=hi).contains(&n) => Err(ApiError::bad(
+                format!("`{k}` must be between {lo} and {hi}, got {v}"),
+                Some(k),
+            )),
+            _ => Ok(x),
+        }
+    }
+
+    /// Any integer (OpenAI's `seed` may be negative); a negative one is taken as its two's
+    /// complement.
+    fn int(&self, k: &str) -> Result<Option<u64>, ApiError> {
+        self.get(k)
+            .map(|v| {
+                v.as_u64()
+                    .or_else(|| v.as_i64().map(|x| x as u64))
+                    .ok_or_else(|| {
+                        ApiError::bad(format!("`{k}` must be an integer, got {v}"), Some(k))
+                    })
+            })
+            .transpose()
+    }
+
     fn boolean(&self, k: &str) -> Result<Option<bool>, ApiError> {
         self.get(k)
             .map(|v| {
@@ -653,13 +780,13 @@ struct Options {
 }
 
 fn options(f: &Fields, chat: bool) -> Result<Options, ApiError> {
-    if let Some(n) = f.uint("n")? {
-        if n != 1 {
-            return Err(ApiError::bad(
-                "`n` other than 1 is not supported; send the request n times (with different seeds)",
-                Some("n"),
-            ));
-        }
+    match f.uint("n")? {
+        Some(0) => return Err(ApiError::bad("`n` must be at least 1", Some("n"))),
+        Some(n) if n != 1 => return Err(ApiError::bad(
+            "`n` other than 1 is not supported; send the request n times (with different seeds)",
+            Some("n"),
+        )),
+        _ => {}
     }
     let d = SamplerConfig::default();
     let max_key = if chat && f.get("max_completion_tokens").is_some() {
@@ -667,15 +794,25 @@ fn options(f: &Fields, chat: bool) -> Result<Options, ApiError> {
     } else {
         "max_tokens"
     };
+    let repeat_penalty = f.float("repeat_penalty")?;
+    if let Some(r) = repeat_penalty.filter(|&r| r <= 0.0) {
+        return Err(ApiError::bad(
+            format!("`repeat_penalty` must be greater than 0 (1: off), got {r}"),
+            Some("repeat_penalty"),
+        ));
+    }
+    // OpenAI's ranges; `min_p` (an extension) is a fraction like `top_p`.
     let sampler = SamplerConfig {
-        temperature: f.float("temperature")?.unwrap_or(d.temperature),
+        temperature: f
+            .float_in("temperature", 0.0, 2.0)?
+            .unwrap_or(d.temperature),
         top_k: f.uint("top_k")?.map_or(d.top_k, |v| v as usize),
-        top_p: f.float("top_p")?.unwrap_or(d.top_p),
-        min_p: f.float("min_p")?.unwrap_or(d.min_p),
-        repeat_penalty: f.float("repeat_penalty")?.unwrap_or(d.repeat_penalty),
-        presence_penalty: f.float("presence_penalty")?.unwrap_or(0.0),
-        frequency_penalty: f.float("frequency_penalty")?.unwrap_or(0.0),
-        seed: f.uint("seed")?.unwrap_or(d.seed),
+        top_p: f.float_in("top_p", 0.0, 1.0)?.unwrap_or(d.top_p),
+        min_p: f.float_in("min_p", 0.0, 1.0)?.unwrap_or(d.min_p),
+        repeat_penalty: repeat_penalty.unwrap_or(d.repeat_penalty),
+        presence_penalty: f.float_in("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        frequency_penalty: f.float_in("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        seed: f.int("seed")?.unwrap_or(d.seed),
         ..d
     };
     let stop = match f.get("stop") {
@@ -710,11 +847,15 @@ fn options(f: &Fields, chat: bool) -> Result<Options, ApiError> {
     } else {
         f.uint("logprobs")?.map(|n| n.min(20) as usize)
     };
-    if f.uint(max_key)? == Some(0) {
-        return Err(ApiError::bad(
-            format!("`{max_key}` must be at least 1"),
-            Some(max_key),
-        ));
+    let max_keys: &[&str] = if chat {
+        &["max_tokens", "max_completion_tokens"]
+    } else {
+        &["max_tokens"]
+    };
+    for &k in max_keys {
+        if f.uint(k)? == Some(0) {
+            return Err(ApiError::bad(format!("`{k}` must be at least 1"), Some(k)));
+        }
     }
     let include_usage = match f.get("stream_options") {
         Some(Value::Object(o)) => Fields(o).boolean("include_usage")?.unwrap_or(false),
@@ -743,7 +884,7 @@ fn options(f: &Fields, chat: bool) -> Result<Options, ApiError> {
     })
 }
 
-async fn tokenize(State(s): State<Shared_>, bytes: Bytes) -> Result<Response, ApiError> {
+async fn tokenize(State(s): State<Shared_>, RawBody(bytes): RawBody) -> Result<Response, ApiError> {
     let b = body(&bytes)?;
     let f = Fields(&b);
     let text = f.string("content")?.ok_or_else(|| {
@@ -757,7 +898,10 @@ async fn tokenize(State(s): State<Shared_>, bytes: Bytes) -> Result<Response, Ap
     Ok(axum::Json(json!({"tokens": ids})).into_response())
 }
 
-async fn detokenize(State(s): State<Shared_>, bytes: Bytes) -> Result<Response, ApiError> {
+async fn detokenize(
+    State(s): State<Shared_>,
+    RawBody(bytes): RawBody,
+) -> Result<Response, ApiError> {
     let b = body(&bytes)?;
     let ids =
         token_list(b.get("tokens"), "tokens", s.tokenizer.vocab_size())?.ok_or_else(|| {
@@ -790,7 +934,10 @@ fn token_list(v: Option<&Value>, key: &str, vocab: usize) -> Result<Option<Vec<u
         .map(Some)
 }
 
-async fn completions(State(s): State<Shared_>, bytes: Bytes) -> Result<Response, ApiError> {
+async fn completions(
+    State(s): State<Shared_>,
+    RawBody(bytes): RawBody,
+) -> Result<Response, ApiError> {
     let (prompt, opts) = parse_completion(&bytes, &s.tokenizer)?;
     generate(s, prompt, opts, Kind::Text).await
 }
@@ -819,10 +966,16 @@ fn parse_completion(bytes: &[u8], tok: &Tokenizer) -> Result<(Vec<u32>, Options)
     Ok((prompt, opts))
 }
 
-async fn chat_completions(State(s): State<Shared_>, bytes: Bytes) -> Result<Response, ApiError> {
+async fn chat_completions(
+    State(s): State<Shared_>,
+    RawBody(bytes): RawBody,
+) -> Result<Response, ApiError> {
     let (prompt, opts) = parse_chat(&bytes, &s.tokenizer, &s.template)?;
     generate(s, prompt, opts, Kind::Chat).await
 }
+
+/// The roles a chat message may have (OpenAI's, less the deprecated `function`).
+const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
 
 /// A `/v1/chat/completions` body: the rendered conversation's tokens and the options.
 fn parse_chat(
@@ -841,14 +994,25 @@ fn parse_chat(
     };
     let mut messages = Vec::new();
     for (i, m) in msgs.iter().enumerate() {
-        let bad = |what: &str| ApiError::bad(format!("messages[{i}]: {what}"), Some("messages"));
+        let bad = |what: &str, part: &str| {
+            let param = format!("messages[{i}]{part}");
+            ApiError::bad(format!("messages[{i}]: {what}"), Some(&param))
+        };
         let Value::Object(o) = m else {
-            return Err(bad("must be an object"));
+            return Err(bad("must be an object", ""));
         };
         let role = o
             .get("role")
             .and_then(Value::as_str)
-            .ok_or_else(|| bad("`role` must be a string"))?;
+            .ok_or_else(|| bad("`role` must be a string", ".role"))?;
+        if !ROLES.contains(&role) {
+            let allowed = ROLES.map(|r| format!("\"{r}\"")).join(", ");
+            return Err(bad(
+                &format!("`role` \"{role}\" is not one of {allowed}"),
+                ".role",
+            ));
+        }
+        let bad = |what: &str| bad(what, ".content");
         let content = match o.get("content") {
             Some(Value::String(t)) => t.clone(),
             Some(Value::Array(parts)) => parts
@@ -922,7 +1086,12 @@ impl TextStream {
             Err(_) => self.bytes.len(),
         };
         let chunk: Vec<u8> = self.bytes.drain(..valid).collect();
-        let search_from = self.text.len().saturating_sub(self.longest_stop());
+        // A stop string ending in the new text starts at most its length before the end of the
+        // old text (moved back to a character's start).
+        let mut search_from = self.text.len().saturating_sub(self.longest_stop());
+        while !self.text.is_char_boundary(search_from) {
+            search_from -= 1;
+        }
         self.text.push_str(&String::from_utf8_lossy(&chunk));
         let hit = self
             .stop
@@ -1037,7 +1206,11 @@ async fn generate(
     let sent = s
         .cmd
         .lock()
-        .map_err(|_| ApiError::bad("the engine stopped", None))?
+        .map_err(|_| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            message: "the engine stopped".into(),
+            param: None,
+        })?
         .send(cmd);
     if sent.is_err() {
         return Err(ApiError {
@@ -1402,5 +1575,377 @@ mod tests {
         let e = "é".as_bytes();
         assert_eq!(t.push(&e[..1]), "");
         assert_eq!(t.push(&e[1..]), "é");
+    }
+}
+
+/// The router itself on 127.0.0.1 (no model: a three-token vocabulary and no engine thread),
+/// driven by raw HTTP: request errors, 404, 405 and 413 as OpenAI-shaped JSON.
+#[cfg(test)]
+mod router_tests {
+    use super::{
+        parse_chat, parse_completion, router, Metrics, Shared, Template, TextStream, ENDPOINTS,
+        MAX_BODY,
+    };
+    use crate::llm::ChatTemplate;
+    use serde_json::{json, Value};
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::sync::{Arc, Mutex, OnceLock};
+    use std::time::Duration;
+
+    /// A SentencePiece vocabulary of three tokens, as GGUF metadata.
+    fn tokenizer() -> rlx_gguf::Tokenizer {
+        fn put_str(b: &mut Vec<u8>, s: &str) {
+            b.extend_from_slice(&(s.len() as u64).to_le_bytes());
+            b.extend_from_slice(s.as_bytes());
+        }
+        let mut b = b"GGUF".to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(&2u64.to_le_bytes());
+        put_str(&mut b, "tokenizer.ggml.model");
+        b.extend_from_slice(&8u32.to_le_bytes());
+        put_str(&mut b, "llama");
+        put_str(&mut b, "tokenizer.ggml.tokens");
+        b.extend_from_slice(&9u32.to_le_bytes());
+        b.extend_from_slice(&8u32.to_le_bytes());
+        b.extend_from_slice(&3u64.to_le_bytes());
+        for t in ["<unk>", "<s>", "</s>"] {
+            put_str(&mut b, t);
+        }
+        let f = rlx_gguf::GgufFile::from_bytes(b).expect("test GGUF parses");
+        rlx_gguf::Tokenizer::from_gguf(&f).expect("tokenizer")
+    }
+
+    fn template() -> Template {
+        Template::Known(ChatTemplate::detect(None, "llama"))
+    }
+
+    /// The address of a server running [`router`] for the whole test binary.
+    fn server() -> &'static str {
+        static ADDR: OnceLock<String> = OnceLock::new();
+        ADDR.get_or_init(|| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                // No engine: a request that gets as far as generating is a 500.
+                let (cmd, _) = std::sync::mpsc::channel();
+                let shared = Arc::new(Shared {
+                    cmd: Mutex::new(cmd),
+                    embedder: None,
+                    tokenizer: tokenizer(),
+                    template: template(),
+                    model: "test".into(),
+                    max_seq: 64,
+                    created: 0,
+                    metrics: Mutex::new(Metrics::default()),
+                });
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_io()
+                    .enable_time()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async move {
+                    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                        .await
+                        .expect("binds");
+                    tx.send(listener.local_addr().expect("address").to_string())
+                        .expect("sends the address");
+                    axum::serve(listener, router(shared)).await.expect("serves");
+                });
+            });
+            rx.recv().expect("the server starts")
+        })
+    }
+
+    /// A response: status, headers (lower-cased names) and body.
+    struct Reply {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: String,
+    }
+
+    impl Reply {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        }
+
+        /// The body as OpenAI's error shape (checking every key and the content type); the
+        /// error object.
+        fn error(&self) -> Value {
+            let what = format!("{} {:?}", self.status, self.body);
+            assert_eq!(
+                self.header("content-type"),
+                Some("application/json"),
+                "{what}"
+            );
+            let v: Value = serde_json::from_str(&self.body).expect(&what);
+            let e = v["error"].as_object().expect(&what);
+            let mut keys: Vec<&str> = e.keys().map(String::as_str).collect();
+            keys.sort_unstable();
+            assert_eq!(keys, ["code", "message", "param", "type"], "{what}");
+            assert!(
+                e["message"].as_str().is_some_and(|m| !m.is_empty()),
+                "{what}"
+            );
+            assert_eq!(e["type"], "invalid_request_error", "{what}");
+            assert!(v.as_object().is_some_and(|o| o.len() == 1), "{what}");
+            v["error"].clone()
+        }
+    }
+
+    /// Send `head` (the request line and headers, without the blank line) and `body` from
+    /// another thread, ignoring write errors (a server may answer and close before reading a
+    /// body it refuses); read the reply.
+    fn send(head: String, body: Vec<u8>) -> Reply {
+        let mut s = TcpStream::connect(server()).expect("connects");
+        s.set_read_timeout(Some(Duration::from_secs(60))).ok();
+        let mut w = s.try_clone().expect("clones");
+        let writer = std::thread::spawn(move || {
+            let _ = w.write_all(format!("{head}\r\nConnection: close\r\n\r\n").as_bytes());
+            let _ = w.write_all(&body);
+        });
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 8192];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => raw.extend_from_slice(&buf[..n]),
+                // A reset after the reply (the refused body still coming) ends it too.
+                Err(_) if !raw.is_empty() => break,
+                Err(e) => panic!("reads: {e}"),
+            }
+        }
+        let _ = writer.join();
+        let raw = String::from_utf8_lossy(&raw).into_owned();
+        let (head, body) = raw.split_once("\r\n\r\n").expect("a full reply");
+        let mut lines = head.lines();
+        let status = lines
+            .next()
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|c| c.parse().ok())
+            .expect("a status line");
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+            .collect();
+        Reply {
+            status,
+            headers,
+            body: body.to_string(),
+        }
+    }
+
+    fn request(method: &str, path: &str, body: &str) -> Reply {
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {}",
+            body.len()
+        );
+        send(head, body.as_bytes().to_vec())
+    }
+
+    /// `body` to `path` is a 400 whose `param` is `param` and whose message has `want`.
+    fn assert_400(path: &str, body: Value, param: &str, want: &str) {
+        let r = request("POST", path, &body.to_string());
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.body);
+        let e = r.error();
+        assert_eq!(e["param"], param, "{path} {body}: {e}");
+        assert_eq!(e["code"], Value::Null, "{e}");
+        let msg = e["message"].as_str().unwrap_or("");
+        assert!(msg.contains(want), "{path} {body}: {msg}");
+    }
+
+    #[test]
+    fn top_p_out_of_range_is_a_400_naming_it() {
+        let chat = json!([{"role": "user", "content": "hi"}]);
+        for top_p in [json!(5), json!(1.5), json!(-0.1), json!(-1)] {
+            assert_400(
+                "/v1/chat/completions",
+                json!({"messages": chat, "top_p": top_p}),
+                "top_p",
+                &format!("`top_p` must be between 0 and 1, got {top_p}"),
+            );
+            assert_400(
+                "/v1/completions",
+                json!({"prompt": "hi", "top_p": top_p}),
+                "top_p",
+                "`top_p` must be between 0 and 1",
+            );
+        }
+        // The ends of the range are taken.
+        let tok = tokenizer();
+        for top_p in [0.0, 1.0] {
+            let b = json!({"prompt": "a", "top_p": top_p}).to_string();
+            let (_, o) = parse_completion(b.as_bytes(), &tok).expect("in range");
+            assert_eq!(o.params.sampler.top_p, top_p as f32);
+        }
+    }
+
+    #[test]
+    fn sampling_fields_out_of_openai_ranges_are_400s_naming_them() {
+        let cases = [
+            ("temperature", json!(2.5), "between 0 and 2"),
+            ("temperature", json!(-1), "between 0 and 2"),
+            ("presence_penalty", json!(2.5), "between -2 and 2"),
+            ("frequency_penalty", json!(-3), "between -2 and 2"),
+            ("min_p", json!(1.5), "between 0 and 1"),
+            ("repeat_penalty", json!(0), "greater than 0"),
+            ("n", json!(0), "at least 1"),
+            ("n", json!(2), "not supported"),
+            ("max_tokens", json!(0), "at least 1"),
+            ("max_tokens", json!(-5), "non-negative integer"),
+            ("seed", json!(1.5), "an integer"),
+        ];
+        for (k, v, want) in cases {
+            let mut b = json!({"prompt": "hi"});
+            b[k] = v.clone();
+            assert_400("/v1/completions", b, k, want);
+        }
+        // Both chat spellings of the limit are checked, whichever is used.
+        let chat = json!([{"role": "user", "content": "hi"}]);
+        assert_400(
+            "/v1/chat/completions",
+            json!({"messages": chat, "max_tokens": 0, "max_completion_tokens": 4}),
+            "max_tokens",
+            "at least 1",
+        );
+        // In range (the ends included) parses; OpenAI's seeds may be negative.
+        let tok = tokenizer();
+        let ok = json!({"prompt": "a", "temperature": 2, "presence_penalty": -2,
+                        "frequency_penalty": 2, "min_p": 0, "seed": -1, "n": 1});
+        let (_, o) = parse_completion(ok.to_string().as_bytes(), &tok).expect("in range");
+        assert_eq!(o.params.sampler.temperature, 2.0);
+        assert_eq!(o.params.sampler.seed, u64::MAX);
+    }
+
+    #[test]
+    fn an_unknown_role_is_a_400_naming_messages_i_role() {
+        assert_400(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "wizard", "content": "hi"}]}),
+            "messages[0].role",
+            r#"`role` "wizard" is not one of "system", "user", "assistant", "tool", "developer""#,
+        );
+        assert_400(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}, {"role": "User", "content": "x"}]}),
+            "messages[1].role",
+            r#""User" is not one of"#,
+        );
+        assert_400(
+            "/v1/chat/completions",
+            json!({"messages": [{"content": "hi"}]}),
+            "messages[0].role",
+            "`role` must be a string",
+        );
+        assert_400(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": 7}]}),
+            "messages[0].content",
+            "`content` must be",
+        );
+        // Every OpenAI role renders.
+        let tok = tokenizer();
+        for role in ["system", "user", "assistant", "tool", "developer"] {
+            let b = json!({"messages": [{"role": role, "content": "a"}]}).to_string();
+            parse_chat(b.as_bytes(), &tok, &template()).expect(role);
+        }
+    }
+
+    #[test]
+    fn an_unknown_path_is_a_json_404() {
+        for (method, path) in [
+            ("GET", "/v1/nonexistent"),
+            ("POST", "/v1/chat/completion"),
+            ("GET", "/"),
+        ] {
+            let r = request(method, path, "");
+            assert_eq!(r.status, 404, "{method} {path}: {}", r.body);
+            let e = r.error();
+            assert_eq!(e["param"], Value::Null);
+            let msg = e["message"].as_str().unwrap_or("");
+            assert!(msg.contains(&format!("`{method} {path}`")), "{msg}");
+            assert!(msg.contains("POST /v1/chat/completions"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn a_wrong_method_is_a_json_405_with_allow() {
+        for (method, path, allow) in [
+            ("GET", "/v1/chat/completions", "POST"),
+            ("DELETE", "/v1/completions", "POST"),
+            ("POST", "/v1/models", "GET"),
+        ] {
+            let r = request(method, path, "");
+            assert_eq!(r.status, 405, "{method} {path}: {}", r.body);
+            let e = r.error();
+            assert_eq!(e["param"], Value::Null);
+            let msg = e["message"].as_str().unwrap_or("");
+            assert!(msg.contains(&format!("`{method} {path}`")), "{msg}");
+            assert!(msg.contains(&format!("takes {allow}")), "{msg}");
+            let got = r.header("allow").unwrap_or("");
+            assert!(got.split(',').any(|m| m.trim() == allow), "Allow: {got}");
+        }
+    }
+
+    #[test]
+    fn an_oversized_body_is_a_json_413() {
+        let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(MAX_BODY + 1));
+        for path in ["/v1/completions", "/v1/chat/completions", "/v1/embeddings"] {
+            let r = request("POST", path, &big);
+            assert_eq!(r.status, 413, "{path}: {}", r.body);
+            let e = r.error();
+            assert_eq!(e["param"], Value::Null);
+            let msg = e["message"].as_str().unwrap_or("");
+            assert!(msg.contains(&format!("limit of {MAX_BODY} bytes")), "{msg}");
+        }
+        // Chunked, with no length given up front.
+        let mut body = Vec::new();
+        for _ in 0..3 {
+            let chunk = "a".repeat(MAX_BODY / 2);
+            body.extend_from_slice(format!("{:x}\r\n{chunk}\r\n", chunk.len()).as_bytes());
+        }
+        body.extend_from_slice(b"0\r\n\r\n");
+        let head = "POST /v1/completions HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: chunked";
+        let r = send(head.to_string(), body);
+        assert_eq!(r.status, 413, "{}", r.body);
+        r.error();
+        // A body just under the limit is read (and then found wanting).
+        let fits = format!(
+            "{{\"prompt\": 1, \"x\": \"{}\"}}",
+            "a".repeat(MAX_BODY - 100)
+        );
+        let r = request("POST", "/v1/completions", &fits);
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert_eq!(r.error()["param"], "prompt");
+    }
+
+    #[test]
+    fn every_endpoint_is_routed_by_its_method() {
+        for (method, path) in ENDPOINTS {
+            let r = request(method, path, "{}");
+            assert!(
+                ![404, 405].contains(&r.status),
+                "{method} {path}: {} {}",
+                r.status,
+                r.body
+            );
+        }
+    }
+
+    #[test]
+    fn stop_strings_are_searched_from_a_character_boundary() {
+        // The new text's search starts one byte before its end, inside "é".
+        let mut t = TextStream::new(vec!["x".into()]);
+        assert_eq!(t.push("é".as_bytes()), "é");
+        assert_eq!(t.push(b"ax"), "a");
+        assert!(t.stopped);
+        let mut t = TextStream::new(vec!["éa".into(), "zz".into()]);
+        assert_eq!(t.push("日é".as_bytes()), "日");
+        assert_eq!(t.push(b"a"), "");
+        assert!(t.stopped);
+        assert_eq!(t.text, "日");
     }
 }

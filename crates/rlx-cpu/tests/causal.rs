@@ -141,7 +141,11 @@ fn the_lowering_skips_what_the_plan_says() {
         let (g, plan) = rlx_cpu::prepare(&attention(t, u, -1e30), true, &[]).unwrap();
         assert_eq!(causal.skips.len(), 6, "{:?}", causal.skips);
         for id in causal.skips.keys() {
-            assert_eq!(g.node(NodeId(*id)).op.name(), "matmul", "%{id} of the -1e30 graph");
+            assert_eq!(
+                g.node(NodeId(*id)).op.name(),
+                "matmul",
+                "%{id} of the -1e30 graph"
+            );
         }
         let lowered = |skips: &std::collections::BTreeMap<u32, rlx_opt::Skip>| {
             let mut p = plan.clone();
@@ -225,9 +229,8 @@ use rlx_cpu::gemm;
 fn the_gemm_does_not_touch_what_a_skip_excludes() {
     use gemm::Tri;
     let (m, n, k) = (40usize, 70usize, 64usize);
-    let value = |x: usize, y: usize, seed: usize| {
-        ((x * 7 + y * 13 + seed) % 23) as f32 / 8.0 - 1.375
-    };
+    let value =
+        |x: usize, y: usize, seed: usize| ((x * 7 + y * 13 + seed) % 23) as f32 / 8.0 - 1.375;
     let ceil = |x: usize, to: usize| x.div_ceil(to) * to;
     let floor = |x: usize, to: usize| x / to * to;
     for tri in [
@@ -266,14 +269,22 @@ fn the_gemm_does_not_touch_what_a_skip_excludes() {
             for p in 0..k {
                 let z = a_zero(i, p);
                 a[i * k + p] = if z { 0.0 } else { value(i, p, 1) };
-                a_nan[i * k + p] = if z { zeroed(a_unread(i, p)) } else { value(i, p, 1) };
+                a_nan[i * k + p] = if z {
+                    zeroed(a_unread(i, p))
+                } else {
+                    value(i, p, 1)
+                };
             }
         }
         for p in 0..k {
             for j in 0..n {
                 let z = b_zero(p, j);
                 b[p * n + j] = if z { 0.0 } else { value(p, j, 5) };
-                b_nan[p * n + j] = if z { zeroed(b_unread(p, j)) } else { value(p, j, 5) };
+                b_nan[p * n + j] = if z {
+                    zeroed(b_unread(p, j))
+                } else {
+                    value(p, j, 5)
+                };
             }
         }
         let poisoned = a_nan.iter().chain(&b_nan).filter(|x| x.is_nan()).count();

@@ -183,7 +183,8 @@ fn bad_model_directories_name_the_file() {
 }
 
 /// With `AutoMixedBf16` the products run in bf16 from bf16-stored weights: the vectors stay
-/// within cosine 0.999 of sentence-transformers' (measured: see the printed figures).
+/// within cosine 0.9999 of sentence-transformers' (measured: 0.99997 at the lowest; the printed
+/// figure).
 #[test]
 fn bf16_embeddings_stay_close_to_sentence_transformers() {
     let g = golden("embeddings.json");
@@ -199,7 +200,7 @@ fn bf16_embeddings_stay_close_to_sentence_transformers() {
     let mut exact = true;
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
         let c = cosine(a, b);
-        assert!(c >= 0.999, "sentence {i}: cosine {c}");
+        assert!(c >= 0.9999, "sentence {i}: cosine {c}");
         worst = worst.min(c);
         exact &= a.iter().zip(b).all(|(x, y)| (*x as f64 - y).abs() < 1e-6);
     }

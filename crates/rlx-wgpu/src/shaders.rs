@@ -209,7 +209,16 @@ fn rerf(x: f32) -> f32 {
     }
     return 1.0 - rerfc(x);
 }
-fn f16r(x: f32) -> f32 { return unpack2x16float(pack2x16float(vec2<f32>(x, 0.0))).x; }
+fn f16r(x: f32) -> f32 {
+    let u = bitcast<u32>(x);
+    let a = u & 0x7fffffffu;
+    let s = u & 0x80000000u;
+    if (a >= 0x7f800000u) { return x; }
+    if (a >= 0x477ff000u) { return bitcast<f32>(s | 0x7f800000u); }
+    if (a >= 0x38800000u) { return bitcast<f32>(s | ((a + 0xfffu + ((a >> 13u) & 1u)) & 0xffffe000u)); }
+    let m = round(bitcast<f32>(a) * 16777216.0) * 5.9604644775390625e-8;
+    return bitcast<f32>(s | bitcast<u32>(m));
+}
 fn bf16r(x: f32) -> f32 {
     let u = bitcast<u32>(x);
     if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu) != 0u) { return x; }

@@ -14,6 +14,20 @@ use rlx_ir::{DType, Op, Result};
 mod decode;
 use decode::{PerQuery, GROUP_MAX};
 
+/// The dtypes that are not real floats, as a pattern (listed, so a new dtype must be placed).
+macro_rules! not_real_floats {
+    () => {
+        DType::I8
+            | DType::I16
+            | DType::I32
+            | DType::I64
+            | DType::U8
+            | DType::U32
+            | DType::Bool
+            | DType::C64
+    };
+}
+
 /// Read the `I32 [1]` position operand (negative values count as 0).
 ///
 /// # Safety
@@ -30,14 +44,7 @@ unsafe fn load(p: &TRef, i: usize) -> f32 {
         DType::F64 => *p.base::<f64>().add(i) as f32,
         DType::F32 => *p.base::<f32>().add(i),
         // `lower` refuses every other dtype (`float_values`).
-        DType::I8
-        | DType::I16
-        | DType::I32
-        | DType::I64
-        | DType::U8
-        | DType::U32
-        | DType::Bool
-        | DType::C64 => unreachable!("KV-cache values are real floats"),
+        not_real_floats!() => unreachable!("KV-cache values are real floats"),
     }
 }
 
@@ -64,14 +71,7 @@ unsafe fn store(p: &TRef, i: usize, v: f32) {
         DType::F64 => *p.base::<f64>().add(i) = v as f64,
         DType::F32 => *p.base::<f32>().add(i) = v,
         // `lower` refuses every other dtype (`float_values`).
-        DType::I8
-        | DType::I16
-        | DType::I32
-        | DType::I64
-        | DType::U8
-        | DType::U32
-        | DType::Bool
-        | DType::C64 => unreachable!("KV-cache values are real floats"),
+        not_real_floats!() => unreachable!("KV-cache values are real floats"),
     }
 }
 
@@ -82,14 +82,7 @@ fn round_to(dt: DType, v: f32) -> f32 {
         DType::F16 => f16::from_f32(v).to_f32(),
         DType::BF16 => half::bf16::from_f32(v).to_f32(),
         DType::F32 | DType::F64 => v,
-        DType::I8
-        | DType::I16
-        | DType::I32
-        | DType::I64
-        | DType::U8
-        | DType::U32
-        | DType::Bool
-        | DType::C64 => unreachable!("KV-cache values are real floats"),
+        not_real_floats!() => unreachable!("KV-cache values are real floats"),
     }
 }
 

@@ -196,12 +196,12 @@ pub fn refusal(g: &Graph, id: NodeId) -> Option<String> {
         return Some(format!("{} has no CPU kernel", n.op.name()));
     }
     for s in n.inputs.iter().map(|&i| g.shape(i)).chain([&n.shape]) {
-        let Some(dims) = s.static_dims() else {
+        if !s.is_static() {
             return Some(format!(
                 "shape {s} has symbolic dimensions; bind them before compiling"
             ));
-        };
-        if dims.len() > MAX_RANK {
+        }
+        if s.rank() > MAX_RANK {
             return Some(format!("shape {s}: the CPU handles rank <= {MAX_RANK}"));
         }
         if s.dtype() == DType::C64 {

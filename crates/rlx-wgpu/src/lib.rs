@@ -210,7 +210,9 @@ impl Gpu {
         if let Err(e) = polled {
             return Err(failed(format!("waiting for the queue failed: {e}")));
         }
-        match rx.try_recv() {
+        // Another thread polling the same device may be the one that runs this map's callback:
+        // wait for it (a lost device answers it with an error, so this does not hang).
+        match rx.recv_timeout(std::time::Duration::from_secs(30)) {
             Ok(Ok(())) => {
                 {
                     let data = slice.get_mapped_range().map_err(|e| {

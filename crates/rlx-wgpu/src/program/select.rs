@@ -1,0 +1,558 @@
+//! The first phase of [`super::compile`]: each node's kernel, chosen by op family, and the
+//! arena requests (sizes and live step ranges) of the values, in node order.
+
+use super::kernel::{
+    axis_len_in, broadcast_strides, dense_strides, dims, Elementwise, Kernel, Movement, QuantKv,
+    Reduction,
+};
+use super::{unsupported, GpuProgram, Loc};
+use crate::values::Form;
+use crate::{shaders, Gpu};
+use rlx_driver::IoSlot;
+use rlx_ir::{Error, Graph, Node, NodeId, Op, Result};
+use rlx_opt::BufferRequest;
+
+/// The kernels of a graph's steps and the words of its values.
+pub(super) struct Selection {
+    /// Params in the params buffer: byte offset of each node that is one (or an alias of one).
+    pub(super) pbuf_of: Vec<Option<u64>>,
+    /// Bytes of the params buffer this graph's own params take.
+    pub(super) pbuf_size: u64,
+    /// Each param's offset in the params buffer, or `None` for one in the arena.
+    pub(super) param_loc: Vec<Option<u64>>,
+    /// Arena request of each node's words (aliases share one), in node order.
+    pub(super) req_of: Vec<Option<usize>>,
+    /// The arena requests.
+    pub(super) reqs: Vec<BufferRequest>,
+    /// The steps: the node each computes (for) and its kernel.
+    pub(super) pending: Vec<(usize, Kernel)>,
+    /// The constants: arena request, bytes, form.
+    pub(super) consts: Vec<(usize, Vec<u8>, Form)>,
+    pub(super) inputs: Vec<IoSlot>,
+    pub(super) params: Vec<IoSlot>,
+    /// Arena request of each input.
+    pub(super) input_req: Vec<usize>,
+    /// Arena request of each param (`usize::MAX` for one in the params buffer).
+    pub(super) param_req: Vec<usize>,
+    /// Further results: computed by the step of node.
+    extra_of: Vec<Option<usize>>,
+}
+
+/// The node being lowered.
+struct At<'a> {
+    id: NodeId,
+    i: usize,
+    node: &'a Node,
+    /// Its dims.
+    d: Vec<usize>,
+    /// Bytes of its words.
+    bytes: u64,
+    /// The index of its first step.
+    step: usize,
+    /// Its operands' indices.
+    ins: Vec<usize>,
+}
+
+/// Choose the kernels of `g`'s nodes (`form`: each value's form); params that `share` holds in
+/// its params buffer are placed there.
+pub(super) fn select(
+    gpu: &Gpu,
+    g: &Graph,
+    share: Option<&GpuProgram>,
+    form: &[Form],
+) -> Result<Selection> {
+    let n = g.len();
+    let mut s = Selection {
+        pbuf_of: vec![None; n],
+        pbuf_size: 0,
+        param_loc: Vec::new(),
+        req_of: vec![None; n],
+        reqs: Vec::new(),
+        pending: Vec::new(),
+        consts: Vec::new(),
+        inputs: Vec::new(),
+        params: Vec::new(),
+        input_req: Vec::new(),
+        param_req: Vec::new(),
+        extra_of: vec![None; n],
+    };
+    for id in g.ids() {
+        check(gpu, g, id)?;
+        let i = id.index();
+        let node = g.node(id);
+        let d = dims(g, id)?;
+        let elems = d.iter().product::<usize>().max(1);
+        let at = At {
+            id,
+            i,
+            node,
+            bytes: form[i].bytes(elems) as u64,
+            step: s.pending.len(),
+            ins: node.inputs.iter().map(|x| x.index()).collect(),
+            d,
+        };
+        // Operands stay live through this step.
+        s.keep_operands(node, at.step);
+        if s.extra_of[i].is_some() {
+            continue;
+        }
+        let kernel = match &node.op {
+            Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => {
+                s.leaf(share, form, &at)?;
+                None
+            }
+            Op::Binary(_)
+            | Op::Activation(_)
+            | Op::Compare(_)
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::Fused(_) => Some(s.elementwise(g, &at)?),
+            Op::Reshape { .. }
+            | Op::Transpose { .. }
+            | Op::Narrow { .. }
+            | Op::Expand { .. }
+            | Op::Concat { .. }
+            | Op::Gather { .. }
+            | Op::ScatterAdd { .. } => s.movement(g, &at)?,
+            Op::LayerNorm { .. }
+            | Op::RmsNorm { .. }
+            | Op::Attention { .. }
+            | Op::Rope { .. }
+            | Op::Conv(_)
+            | Op::Pool(_) => Some(Kernel::Native),
+            Op::Reduce { .. } | Op::Softmax { .. } | Op::Cumsum { .. } | Op::TopK { .. } => {
+                Some(reduction(&at)?)
+            }
+            Op::MatMul => Some(Kernel::MatMul {
+                a: at.ins[0],
+                b: at.ins[1],
+            }),
+            Op::DequantMatMul { .. }
+            | Op::DequantizeRows { .. }
+            | Op::CachedAttention { .. }
+            | Op::CacheWrite => s.quant_kv(g, &at)?,
+            other => return Err(no_kernel(other, id)),
+        };
+        if let Some(kernel) = kernel {
+            s.place(g, &at, kernel)?;
+        }
+    }
+    let nsteps = s.pending.len();
+    for r in s.reqs.iter_mut() {
+        r.end = r.end.min(nsteps);
+    }
+    for o in g.outputs() {
+        if let Some(r) = s.req_of[o.index()] {
+            s.reqs[r].end = nsteps;
+        }
+    }
+    Ok(s)
+}
+
+/// Node `id` runs on `gpu`: it has a kernel ([`unsupported`]) and no invocation of it loops
+/// longer than the adapter lets one.
+fn check(gpu: &Gpu, g: &Graph, id: NodeId) -> Result<()> {
+    let why = unsupported(g, id).or_else(|| {
+        let n = loop_len(g, id);
+        (gpu.loop_limited() && n > crate::nn::LOOP_LIMIT).then(|| {
+            format!(
+                "one invocation would loop {n} times; this adapter ({}) ends an invocation's loops after 65535",
+                gpu.info.name
+            )
+        })
+    });
+    match why {
+        Some(why) => Err(Error::Unsupported {
+            backend: "wgpu".into(),
+            op: g.node(id).op.name().into(),
+            node: id,
+            msg: why,
+        }),
+        None => Ok(()),
+    }
+}
+
+/// Loop iterations one invocation of node `id`'s kernel runs, for the kernels that loop over a
+/// whole axis (reductions, softmax, cumsum, top-k, multiply-reduce regions, products, cached
+/// attention); 0 for the others (the native kernels of `nn` check their own).
+fn loop_len(g: &Graph, id: NodeId) -> usize {
+    let n = g.node(id);
+    let axis_len = |x: NodeId, a: usize| axis_len_in(g, x, a);
+    match &n.op {
+        Op::Reduce { axes, .. } => axes.iter().map(|&a| axis_len(n.inputs[0], a)).product(),
+        Op::Softmax { axis } | Op::Cumsum { axis } => 3 * axis_len(n.inputs[0], *axis),
+        // The contraction (the tiled product's tiles of 16, plus the loads).
+        Op::MatMul => 2 * axis_len(n.inputs[0], g.shape(n.inputs[0]).rank() - 1),
+        // Each of k weights decoded once for up to QROWS rows.
+        Op::DequantMatMul { .. } => {
+            let k = axis_len(n.inputs[0], g.shape(n.inputs[0]).rank() - 1);
+            k * (shaders::QROWS as usize + 1)
+        }
+        // The weights step loops over the cache rows three times.
+        Op::CachedAttention { .. } => 3 * axis_len(n.inputs[1], 0),
+        Op::TopK { .. } => {
+            let len = g
+                .shape(n.inputs[0])
+                .static_dims()
+                .and_then(|d| d.last().copied());
+            len.map_or(0, |l| l * (l + 1))
+        }
+        Op::Fused(r) if r.kind == rlx_ir::FusionKind::MultiplyReduce => r
+            .body
+            .outputs()
+            .first()
+            .map_or(0, |&o| match &r.body.node(o).op {
+                Op::Reduce { axes, .. } => {
+                    let x = r.body.node(o).inputs[0];
+                    axes.iter().map(|&a| axis_len_in(&r.body, x, a)).product()
+                }
+                _ => 0,
+            }),
+        _ => 0,
+    }
+}
+
+/// The error for an op no family lowers.
+fn no_kernel(op: &Op, node: NodeId) -> Error {
+    Error::Unsupported {
+        backend: "wgpu".into(),
+        op: op.name().into(),
+        node,
+        msg: "no WGSL kernel".into(),
+    }
+}
+
+impl Selection {
+    /// A request of the node's bytes, live over steps `start..=end`.
+    fn request(&mut self, at: &At, start: usize, end: usize) -> usize {
+        self.reqs.push(BufferRequest {
+            size: at.bytes as usize,
+            start,
+            end,
+        });
+        self.reqs.len() - 1
+    }
+
+    /// Keep the words of `node`'s operands live through step `end`.
+    fn keep_operands(&mut self, node: &Node, end: usize) {
+        for x in &node.inputs {
+            if let Some(r) = self.req_of[x.index()] {
+                self.reqs[r].end = self.reqs[r].end.max(end);
+            }
+        }
+    }
+
+    /// The node's words, live from its first step to the one that computes it (a product may
+    /// round its activations in a step before), and `kernel` as its last step.
+    fn place(&mut self, g: &Graph, at: &At, kernel: Kernel) -> Result<()> {
+        let r = self.request(at, at.step, self.pending.len());
+        self.req_of[at.i] = Some(r);
+        for &s in kernel.extra() {
+            let sd = dims(g, NodeId(s as u32))?;
+            self.reqs.push(BufferRequest {
+                size: sd.iter().product::<usize>().max(1) * 4,
+                start: at.step,
+                end: at.step,
+            });
+            self.req_of[s] = Some(self.reqs.len() - 1);
+        }
+        self.pending.push((at.i, kernel));
+        Ok(())
+    }
+
+    /// Inputs, params and constants: words of their own (a shared param: the other graph's).
+    fn leaf(&mut self, share: Option<&GpuProgram>, form: &[Form], at: &At) -> Result<()> {
+        let (i, node) = (at.i, at.node);
+        match &node.op {
+            Op::Input { name } => {
+                self.inputs.push(IoSlot {
+                    name: name.clone(),
+                    shape: node.shape.clone(),
+                });
+                let r = self.request(at, 0, 0);
+                self.input_req.push(r);
+                self.req_of[i] = Some(r);
+            }
+            Op::Param { name } => {
+                self.params.push(IoSlot {
+                    name: name.clone(),
+                    shape: node.shape.clone(),
+                });
+                let shared = share.and_then(|o| {
+                    let k = o
+                        .params
+                        .iter()
+                        .position(|p| p.name == *name && p.shape == node.shape)?;
+                    if o.param_form[k] != form[i] {
+                        return None;
+                    }
+                    match o.param_at[k] {
+                        Loc::Params(off) => Some(off),
+                        Loc::Arena(_) => None,
+                    }
+                });
+                let place = match (share, shared) {
+                    (_, Some(off)) => Some(off),
+                    (None, None) => {
+                        let off = self.pbuf_size;
+                        self.pbuf_size += at.bytes.next_multiple_of(16);
+                        Some(off)
+                    }
+                    // Sharing, but the other graph has no such param: its own words in the arena.
+                    (Some(_), None) => None,
+                };
+                match place {
+                    Some(off) => {
+                        self.pbuf_of[i] = Some(off);
+                        self.param_req.push(usize::MAX);
+                    }
+                    None => {
+                        let r = self.request(at, 0, usize::MAX);
+                        self.param_req.push(r);
+                        self.req_of[i] = Some(r);
+                    }
+                }
+                self.param_loc.push(place);
+            }
+            Op::Constant { data } => {
+                let r = self.request(at, 0, usize::MAX);
+                self.consts.push((r, data.clone(), form[i]));
+                self.req_of[i] = Some(r);
+            }
+            other => return Err(no_kernel(other, at.id)),
+        }
+        Ok(())
+    }
+
+    /// Elementwise ops (as a body of one op) and fused regions.
+    fn elementwise(&mut self, g: &Graph, at: &At) -> Result<Kernel> {
+        let (i, node) = (at.i, at.node);
+        let operands = at.ins.clone();
+        Ok(Kernel::Elementwise(match &node.op {
+            Op::Binary(_) | Op::Activation(_) | Op::Compare(_) | Op::Where | Op::Cast { .. } => {
+                let mut body = Graph::new("op");
+                let args: Vec<NodeId> = node
+                    .inputs
+                    .iter()
+                    .enumerate()
+                    .map(|(k, x)| body.try_input(&format!("in{k}"), g.shape(*x).clone()))
+                    .collect::<Result<_>>()?;
+                let y = body.try_op(node.op.clone(), &args)?;
+                body.set_outputs(vec![y]);
+                Elementwise::Map {
+                    body,
+                    operands,
+                    extra: Vec::new(),
+                }
+            }
+            Op::Fused(r) if r.kind == rlx_ir::FusionKind::MultiplyReduce => {
+                Elementwise::MultiplyReduce {
+                    body: (*r.body).clone(),
+                    operands,
+                }
+            }
+            Op::Fused(r) => {
+                // Further results of this region, computed by this node's kernel.
+                let mut extra: Vec<usize> = g
+                    .fused_results(NodeId(i as u32))
+                    .into_iter()
+                    .map(|(_, s)| s.index())
+                    .collect();
+                let mut body = (*r.body).clone();
+                if r.output != 0 || extra.len() + 1 != r.body.outputs().len() {
+                    // Compute just the result this node names; the others compute their own.
+                    let o = body.outputs()[r.output];
+                    body.set_outputs(vec![o]);
+                    extra.clear();
+                }
+                for &s in &extra {
+                    self.extra_of[s] = Some(i);
+                }
+                Elementwise::Map {
+                    body,
+                    operands,
+                    extra,
+                }
+            }
+            other => return Err(no_kernel(other, at.id)),
+        }))
+    }
+
+    /// Reshapes (the operand's words), strided copies, concatenation (a copy per part) and the
+    /// index ops; `None` when the node needs no step of its own after those placed here.
+    fn movement(&mut self, g: &Graph, at: &At) -> Result<Option<Kernel>> {
+        let (i, node, d, ins) = (at.i, at.node, &at.d, &at.ins);
+        let copy = |src_off: usize, src_strides: Vec<usize>| {
+            Kernel::Movement(Movement::Copy {
+                src: ins[0],
+                src_off,
+                src_strides,
+                dims: d.clone(),
+                dst_off: 0,
+                dst_strides: dense_strides(d),
+            })
+        };
+        Ok(Some(match &node.op {
+            Op::Reshape { .. } => {
+                self.req_of[i] = self.req_of[ins[0]];
+                self.pbuf_of[i] = self.pbuf_of[ins[0]];
+                return Ok(None);
+            }
+            Op::Transpose { perm } => {
+                let ss = dense_strides(&dims(g, node.inputs[0])?);
+                copy(0, perm.iter().map(|&p| ss[p]).collect())
+            }
+            Op::Narrow { axis, start, .. } => {
+                let ss = dense_strides(&dims(g, node.inputs[0])?);
+                copy(start * ss[*axis], ss)
+            }
+            Op::Expand { .. } => copy(0, broadcast_strides(&dims(g, node.inputs[0])?, d)),
+            Op::Concat { axis } => {
+                self.concat(g, at, *axis)?;
+                return Ok(None);
+            }
+            Op::Gather { axis } => Kernel::Movement(Movement::Gather {
+                x: ins[0],
+                idx: ins[1],
+                axis: *axis,
+            }),
+            Op::ScatterAdd { axis } => Kernel::Movement(Movement::ScatterAdd {
+                x: ins[0],
+                idx: ins[1],
+                u: ins[2],
+                axis: *axis,
+            }),
+            other => return Err(no_kernel(other, at.id)),
+        }))
+    }
+
+    /// One copy per part into its slice of the result.
+    fn concat(&mut self, g: &Graph, at: &At, axis: usize) -> Result<()> {
+        let ds = dense_strides(&at.d);
+        let r = self.request(at, at.step, at.step);
+        self.req_of[at.i] = Some(r);
+        let mut from = 0;
+        for &x in &at.ins {
+            let pd = dims(g, NodeId(x as u32))?;
+            let len = pd[axis];
+            self.pending.push((
+                at.i,
+                Kernel::Movement(Movement::Copy {
+                    src: x,
+                    src_off: 0,
+                    src_strides: dense_strides(&pd),
+                    dims: pd,
+                    dst_off: from * ds[axis],
+                    dst_strides: ds.clone(),
+                }),
+            ));
+            from += len;
+        }
+        self.keep_operands(at.node, self.pending.len());
+        self.reqs[r].end = self.pending.len();
+        Ok(())
+    }
+
+    /// GGUF products (after a step that rounds the activations, where the scheme does) and
+    /// rows, cached attention (three steps) and cache writes (in place, no words of their own).
+    fn quant_kv(&mut self, g: &Graph, at: &At) -> Result<Option<Kernel>> {
+        let (i, node, step, ins) = (at.i, at.node, at.step, &at.ins);
+        Ok(Some(Kernel::QuantKv(match &node.op {
+            Op::DequantMatMul { scheme } => {
+                // Activations rounded first (a step of their own, into a scratch request that
+                // lives until the product has read it).
+                let xd = dims(g, node.inputs[0])?;
+                let rows = if xd.len() >= 2 { xd[xd.len() - 2] } else { 1 };
+                let acts = scheme.act_block(rows).map(|blk| {
+                    let xe: usize = xd.iter().product();
+                    self.reqs.push(BufferRequest {
+                        size: xe.max(1) * 4,
+                        start: step,
+                        end: step + 1,
+                    });
+                    let to = self.reqs.len() - 1;
+                    self.pending.push((
+                        i,
+                        Kernel::QuantKv(QuantKv::QuantizeActs {
+                            x: ins[0],
+                            to,
+                            blk: blk as u32,
+                        }),
+                    ));
+                    self.keep_operands(node, step + 1);
+                    to
+                });
+                QuantKv::DequantMatMul {
+                    x: ins[0],
+                    w: ins[1],
+                    scheme: *scheme,
+                    acts,
+                }
+            }
+            Op::DequantizeRows { scheme } => QuantKv::DequantizeRows {
+                w: ins[0],
+                scheme: *scheme,
+            },
+            Op::CachedAttention { scale, window } => {
+                let (qd, kd) = (dims(g, node.inputs[0])?, dims(g, node.inputs[1])?);
+                self.reqs.push(BufferRequest {
+                    size: (qd[0] * qd[1] * kd[0]).max(1) * 4,
+                    start: step,
+                    end: step + 2,
+                });
+                let scores = self.reqs.len() - 1;
+                self.keep_operands(node, step + 2);
+                let attn = |step: u8| {
+                    Kernel::QuantKv(QuantKv::CachedAttention {
+                        q: ins[0],
+                        k: ins[1],
+                        v: ins[2],
+                        pos: ins[3],
+                        scale: *scale,
+                        window: *window,
+                        scores,
+                        step,
+                    })
+                };
+                self.pending.push((i, attn(0)));
+                self.pending.push((i, attn(1)));
+                return Ok(Some(attn(2)));
+            }
+            Op::CacheWrite => {
+                // The cache is updated in place: the result is the cache's own words.
+                self.req_of[i] = self.req_of[ins[0]];
+                self.pbuf_of[i] = self.pbuf_of[ins[0]];
+                self.pending.push((
+                    i,
+                    Kernel::QuantKv(QuantKv::CacheWrite {
+                        cache: ins[0],
+                        upd: ins[1],
+                        pos: ins[2],
+                    }),
+                ));
+                return Ok(None);
+            }
+            other => return Err(no_kernel(other, at.id)),
+        })))
+    }
+}
+
+/// Reductions over axes, softmax, cumsum and top-k.
+fn reduction(at: &At) -> Result<Kernel> {
+    let src = at.ins[0];
+    Ok(Kernel::Reduction(match &at.node.op {
+        Op::Reduce { kind, axes, .. } => Reduction::Reduce {
+            kind: *kind,
+            src,
+            axes: axes.clone(),
+        },
+        Op::Softmax { axis } => Reduction::Softmax { src, axis: *axis },
+        Op::Cumsum { axis } => Reduction::Cumsum { src, axis: *axis },
+        Op::TopK { k, output } => Reduction::TopK {
+            x: src,
+            k: *k,
+            indices: *output == rlx_ir::TopKOutput::Indices,
+        },
+        other => return Err(no_kernel(other, at.id)),
+    }))
+}

@@ -36,7 +36,7 @@ SUITES:
                  with the compile cache (on disk), and again in one process (in memory)
     train        training step (forward + backward + AdamW) of an MLP and a character GPT,
                  against JAX jit and PyTorch eager (python from --train-python)
-    all          every suite but train
+    all          gemm, elementwise, softmax and overhead
 
 OPTIONS:
     --sizes LIST      GEMM sizes, comma separated   [default: 256,512,1024,2048,4096]

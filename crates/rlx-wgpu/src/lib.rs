@@ -49,6 +49,45 @@ pub struct Gpu {
     /// An error the device raised outside an error scope since the last exchange (reported by
     /// the next one).
     error: Arc<Mutex<Option<String>>>,
+    counts: Counters,
+}
+
+/// What the host asked of a device so far (see [`Gpu::counts`]): per run of a compiled graph,
+/// one submission, no buffer or bind group created, one wait per output read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Command buffers submitted to the queue.
+    pub submissions: u64,
+    /// Buffers created (arenas, params, staging).
+    pub buffers: u64,
+    /// Bind groups created.
+    pub bind_groups: u64,
+    /// Times the host waited for the device.
+    pub waits: u64,
+}
+
+impl std::ops::Sub for Counts {
+    type Output = Counts;
+    fn sub(self, o: Counts) -> Counts {
+        Counts {
+            submissions: self.submissions - o.submissions,
+            buffers: self.buffers - o.buffers,
+            bind_groups: self.bind_groups - o.bind_groups,
+            waits: self.waits - o.waits,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    submissions: std::sync::atomic::AtomicU64,
+    buffers: std::sync::atomic::AtomicU64,
+    bind_groups: std::sync::atomic::AtomicU64,
+    waits: std::sync::atomic::AtomicU64,
+}
+
+fn bump(c: &std::sync::atomic::AtomicU64) {
+    c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
 }
 
 impl Gpu {
@@ -56,6 +95,91 @@ impl Gpu {
     /// Mesa's software rasterizers (lavapipe) do: a CPU-type adapter.
     pub fn loop_limited(&self) -> bool {
         self.info.device_type == wgpu::DeviceType::Cpu
+    }
+
+    /// What the host has asked of this device since it was opened (submissions, buffer and
+    /// bind-group creations, waits); the difference over a run shows what the run cost.
+    pub fn counts(&self) -> Counts {
+        let get = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+        Counts {
+            submissions: get(&self.counts.submissions),
+            buffers: get(&self.counts.buffers),
+            bind_groups: get(&self.counts.bind_groups),
+            waits: get(&self.counts.waits),
+        }
+    }
+
+    /// A buffer (counted).
+    pub fn create_buffer(&self, desc: &wgpu::BufferDescriptor<'_>) -> wgpu::Buffer {
+        bump(&self.counts.buffers);
+        self.device.create_buffer(desc)
+    }
+
+    /// A bind group (counted).
+    pub fn create_bind_group(&self, desc: &wgpu::BindGroupDescriptor<'_>) -> wgpu::BindGroup {
+        bump(&self.counts.bind_groups);
+        self.device.create_bind_group(desc)
+    }
+
+    /// Submit one command buffer (counted).
+    pub fn submit(&self, commands: wgpu::CommandBuffer) {
+        bump(&self.counts.submissions);
+        self.queue.submit([commands]);
+    }
+
+    /// Wait for the queue to finish (counted), then report a failure of the device.
+    fn wait(&self) -> Result<()> {
+        bump(&self.counts.waits);
+        let polled = self.device.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        });
+        self.check()?;
+        polled.map(|_| ()).map_err(|e| Error::Device {
+            backend: "wgpu".into(),
+            msg: format!(
+                "{} ({:?}): waiting for the queue failed: {e}",
+                self.info.name, self.info.backend
+            ),
+        })
+    }
+
+    /// Copy `out.len()` bytes from the start of `staging` (a `MAP_READ` buffer a submitted copy
+    /// filled) to the host: map, wait, copy, unmap.
+    pub fn read_staging(&self, staging: &wgpu::Buffer, out: &mut [u8]) -> Result<()> {
+        self.check()?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let size = (out.len() as u64).next_multiple_of(4);
+        let slice = staging.slice(..size);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        let failed = |msg: String| Error::Device {
+            backend: "wgpu".into(),
+            msg: format!("{} ({:?}): {msg}", self.info.name, self.info.backend),
+        };
+        // Another thread polling the same device may be the one that runs this map's callback:
+        // wait for it (a lost device answers it with an error, so this does not hang).
+        match rx.recv_timeout(std::time::Duration::from_secs(30)) {
+            Ok(Ok(())) => {
+                {
+                    let data = slice.get_mapped_range().map_err(|e| {
+                        failed(format!("the readback buffer is not mapped: {e:?}"))
+                    })?;
+                    out.copy_from_slice(&data[..out.len()]);
+                }
+                staging.unmap();
+                Ok(())
+            }
+            Ok(Err(e)) => Err(failed(format!("reading back from the device failed: {e}"))),
+            Err(_) => Err(failed(
+                "reading back from the device failed: the copy never completed".into(),
+            )),
+        }
     }
 
     /// Whether the device was lost.
@@ -133,6 +257,7 @@ impl Gpu {
             pipelines: Mutex::default(),
             lost,
             error,
+            counts: Counters::default(),
         });
         open.push((device, gpu.clone()));
         Ok(gpu)
@@ -173,14 +298,15 @@ impl Gpu {
         Ok(p)
     }
 
-    /// Copy `out.len()` bytes at `offset` of `buffer` back to the host (waits for the queue).
+    /// Copy `out.len()` bytes at `offset` of `buffer` back to the host (waits for the queue;
+    /// a staging buffer of its own, for reads outside runs: params).
     pub fn read(&self, buffer: &wgpu::Buffer, offset: u64, out: &mut [u8]) -> Result<()> {
         self.check()?;
         if out.is_empty() {
             return Ok(());
         }
         let size = (out.len() as u64).next_multiple_of(4);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+        let staging = self.create_buffer(&wgpu::BufferDescriptor {
             label: Some("rlx readback"),
             size,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
@@ -192,42 +318,8 @@ impl Gpu {
                 label: Some("rlx readback"),
             });
         enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
-        self.queue.submit([enc.finish()]);
-        let slice = staging.slice(..);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        let failed = |msg: String| Error::Device {
-            backend: "wgpu".into(),
-            msg: format!("{} ({:?}): {msg}", self.info.name, self.info.backend),
-        };
-        let polled = self.device.poll(wgpu::PollType::Wait {
-            submission_index: None,
-            timeout: None,
-        });
-        self.check()?;
-        if let Err(e) = polled {
-            return Err(failed(format!("waiting for the queue failed: {e}")));
-        }
-        // Another thread polling the same device may be the one that runs this map's callback:
-        // wait for it (a lost device answers it with an error, so this does not hang).
-        match rx.recv_timeout(std::time::Duration::from_secs(30)) {
-            Ok(Ok(())) => {
-                {
-                    let data = slice.get_mapped_range().map_err(|e| {
-                        failed(format!("the readback buffer is not mapped: {e:?}"))
-                    })?;
-                    out.copy_from_slice(&data[..out.len()]);
-                }
-                staging.unmap();
-                Ok(())
-            }
-            Ok(Err(e)) => Err(failed(format!("reading back from the device failed: {e}"))),
-            Err(_) => Err(failed(
-                "reading back from the device failed: the copy never completed".into(),
-            )),
-        }
+        self.submit(enc.finish());
+        self.read_staging(&staging, out)
     }
 }
 
@@ -245,6 +337,10 @@ impl Backend for WgpuBackend {
 
     fn supports(&self, graph: &Graph, id: NodeId) -> bool {
         unsupported(graph, id).is_none()
+    }
+
+    fn refusal(&self, graph: &Graph, id: NodeId) -> Option<String> {
+        unsupported(graph, id)
     }
 
     fn fuses(&self, graph: &Graph, id: NodeId, kind: FusionKind) -> bool {

@@ -50,6 +50,9 @@ pub struct GpuProgram {
     input_form: Vec<Form>,
     param_form: Vec<Form>,
     output_form: Vec<Form>,
+    /// One mappable buffer per output, which every run's submission copies the output into:
+    /// reading it back makes no buffer and submits nothing.
+    staging: Vec<wgpu::Buffer>,
 }
 
 impl GpuProgram {
@@ -178,7 +181,24 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             .map(|id| form[id.index()])
             .collect()
     };
+    let staging = g
+        .outputs()
+        .iter()
+        .map(|&o| {
+            let bytes = g.shape(o).size_bytes().unwrap_or(0);
+            let size = (device_bytes(form[o.index()], bytes) as u64)
+                .next_multiple_of(4)
+                .max(4);
+            gpu.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("rlx output"),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })
+        .collect();
     Ok(GpuProgram {
+        staging,
         input_form: leaf_forms(|op| matches!(op, Op::Input { .. })),
         param_form: leaf_forms(|op| matches!(op, Op::Param { .. })),
         output_form: g.outputs().iter().map(|o| form[o.index()]).collect(),
@@ -333,7 +353,17 @@ impl Executable for GpuProgram {
                 pass.dispatch_workgroups(s.groups.0, s.groups.1, s.groups.2);
             }
         }
-        self.gpu.queue.submit([enc.finish()]);
+        // The outputs into their staging buffers, in the same submission.
+        for (i, slot) in self.outputs.iter().enumerate() {
+            let bytes = device_bytes(self.output_form[i], slot.shape.size_bytes().unwrap_or(0));
+            for (buf, at, start, n) in self.pieces(self.output_at[i], bytes as u64) {
+                if n > 0 {
+                    let size = (n as u64).next_multiple_of(4);
+                    enc.copy_buffer_to_buffer(buf, at, &self.staging[i], start as u64, size);
+                }
+            }
+        }
+        self.gpu.submit(enc.finish());
         self.gpu.check()
     }
 
@@ -342,7 +372,11 @@ impl Executable for GpuProgram {
         if Some(out.len()) != slot.shape.size_bytes() {
             return Err(rlx_driver::byte_length_error("output", slot, out.len()));
         }
-        self.read_words(self.output_at[idx], self.output_form[idx], out)
+        let f = self.output_form[idx];
+        let mut words = vec![0u8; device_bytes(f, out.len())];
+        self.gpu.read_staging(&self.staging[idx], &mut words)?;
+        from_words(f, &words, out);
+        Ok(())
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -70,7 +70,7 @@ pub(super) fn layout(
 
 /// A storage buffer of `size` bytes that the host writes and reads back.
 fn storage(gpu: &Gpu, label: &str, size: u64) -> wgpu::Buffer {
-    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+    gpu.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size,
         usage: wgpu::BufferUsages::STORAGE
@@ -202,7 +202,7 @@ pub(super) fn bind(
     arena: &[wgpu::Buffer],
     pbuf: &[wgpu::Buffer],
 ) -> Vec<Step> {
-    let meta_buf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+    let meta_buf = gpu.create_buffer(&wgpu::BufferDescriptor {
         label: Some("rlx meta"),
         size: (meta.len().max(META_ALIGN) * 4) as u64,
         usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
@@ -237,7 +237,7 @@ pub(super) fn bind(
                     Bound::Params(c) | Bound::HalfParams(c) => whole(k, &pbuf[c]),
                 })
                 .collect();
-            let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            let bind = gpu.create_bind_group(&wgpu::BindGroupDescriptor {
                 label: Some(&format!("step {s}")),
                 layout: &layout,
                 entries: &entries,

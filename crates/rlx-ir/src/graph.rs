@@ -144,7 +144,7 @@ impl Graph {
             return None;
         };
         let head = NodeId(id.0.checked_sub(u32::try_from(r.output).ok()?)?);
-        self.same_region(head, id, 0).then_some(head)
+        self.same_region(head, id, r.output).then_some(head)
     }
 
     /// For the node `head` holding a fused region's first result: the nodes of its further
@@ -379,5 +379,44 @@ impl Graph {
     pub fn constant_f32(&mut self, dims: &[usize], values: &[f32]) -> NodeId {
         self.try_constant_f32(dims, values)
             .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+#[cfg(test)]
+mod fused_results_tests {
+    use crate::{DType, FusedRegion, FusionKind, Graph, NodeId, Op, Shape};
+
+    fn region(output: usize, scale: f32) -> Op {
+        let mut body = Graph::new("body");
+        let x = body.input("x", Shape::new(&[2], DType::F32));
+        let s = body.constant_f32(&[2], &[scale, scale]);
+        let a = body.mul(x, s);
+        let b = body.add(a, x);
+        body.set_outputs(vec![a, b]);
+        Op::Fused(FusedRegion {
+            kind: FusionKind::Elementwise,
+            body: Box::new(body),
+            output,
+        })
+    }
+
+    #[test]
+    fn a_regions_results_are_found_and_checked() {
+        let mut g = Graph::new("g");
+        let x = g.input("x", Shape::new(&[2], DType::F32));
+        let h = g.try_op(region(0, 2.0), &[x]).unwrap();
+        let r1 = g.try_op(region(1, 2.0), &[x]).unwrap();
+        // Result 1 of another region (another body) right after it.
+        let h2 = g.try_op(region(0, 3.0), &[x]).unwrap();
+        let other = g.try_op(region(1, 2.0), &[x]).unwrap();
+        assert_eq!(g.fused_head(h), Some(h));
+        assert_eq!(g.fused_head(r1), Some(h));
+        assert_eq!(g.fused_results(h), vec![(1, r1)]);
+        // `other` claims result 1 with the first region's body, but stands after `h2`, whose
+        // body differs: it belongs to no region here.
+        assert_eq!(g.fused_results(h2), Vec::<(usize, NodeId)>::new());
+        assert_eq!(g.fused_head(other), None);
+        assert_eq!(g.fused_head(x), None);
+        assert_eq!(g.fused_results(r1), Vec::<(usize, NodeId)>::new());
     }
 }

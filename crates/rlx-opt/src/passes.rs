@@ -65,8 +65,11 @@ pub struct Decompose<'a> {
     pub supports: &'a dyn Fn(&Graph, NodeId) -> bool,
     /// Why the backend does not run a node (its dtypes, its shapes), for the error of a node
     /// that has no decomposition either (`None`: the error says only that).
-    pub why: Option<&'a dyn Fn(&Graph, NodeId) -> Option<String>>,
+    pub why: Option<Refusal<'a>>,
 }
+
+/// Why a backend does not run a node (`Backend::refusal`), `None` when it does.
+pub type Refusal<'a> = &'a dyn Fn(&Graph, NodeId) -> Option<String>;
 
 impl Decompose<'_> {
     /// One rule per op kind: decompose a node the backend does not run.

@@ -21,7 +21,7 @@ mod program;
 pub mod shaders;
 mod values;
 
-pub use program::{unsupported, GpuProgram};
+pub use program::{unsupported, GpuProgram, StepTime};
 pub use values::{from_words, to_words, Form};
 
 use rlx_driver::{Backend, CompileOptions, Device, Executable};
@@ -50,6 +50,9 @@ pub struct Gpu {
     /// the next one).
     error: Arc<Mutex<Option<String>>>,
     counts: Counters,
+    /// Whether the device was opened with timestamp queries (when profiling, where the adapter
+    /// has them): programs then time each dispatch.
+    pub timestamps: bool,
 }
 
 /// What the host asked of a device so far (see [`Gpu::counts`]): per run of a compiled graph,
@@ -222,14 +225,20 @@ impl Gpu {
         let limits = adapter.limits();
         let f16 = adapter.features().contains(wgpu::Features::SHADER_F16)
             && limits.max_storage_buffers_per_shader_stage >= 16;
+        // Timestamps only when profiling (`RLX_PROFILE`) and where the adapter has them.
+        let timestamps = rlx_ir::env::is_set("RLX_PROFILE")
+            && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        let mut features = wgpu::Features::empty();
+        if f16 {
+            features |= wgpu::Features::SHADER_F16;
+        }
+        if timestamps {
+            features |= wgpu::Features::TIMESTAMP_QUERY;
+        }
         let desc = wgpu::DeviceDescriptor {
             label: Some("rlx"),
             required_limits: limits.clone(),
-            required_features: if f16 {
-                wgpu::Features::SHADER_F16
-            } else {
-                wgpu::Features::empty()
-            },
+            required_features: features,
             ..Default::default()
         };
         let (dev, queue) = pollster::block_on(adapter.request_device(&desc))
@@ -258,6 +267,7 @@ impl Gpu {
             lost,
             error,
             counts: Counters::default(),
+            timestamps,
         });
         open.push((device, gpu.clone()));
         Ok(gpu)

@@ -23,7 +23,38 @@ struct Step {
     pipeline: Arc<wgpu::ComputePipeline>,
     bind: wgpu::BindGroup,
     groups: (u32, u32, u32),
+    /// The node it computes and its op, for the profile.
+    node: usize,
+    op: &'static str,
 }
+
+/// One dispatch's share of the runs profiled (`RLX_PROFILE`, [`GpuProgram::profile`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepTime {
+    /// The op the dispatch computes.
+    pub op: &'static str,
+    /// Its node.
+    pub node: usize,
+    /// Its workgroups.
+    pub groups: (u32, u32, u32),
+    /// Device time over every run, from timestamp queries (`None` where the adapter has none).
+    pub ns: Option<u64>,
+    /// Runs it took part in.
+    pub runs: u64,
+}
+
+/// What `RLX_PROFILE` keeps for a program: per-dispatch timestamps where the device has them,
+/// and the device's counts when profiling began.
+struct Profile {
+    /// Two timestamps per dispatch (the first [`PROFILED_STEPS`]).
+    timing: Option<(wgpu::QuerySet, wgpu::Buffer, wgpu::Buffer)>,
+    ns: Vec<u64>,
+    runs: u64,
+    start: crate::Counts,
+}
+
+/// Dispatches a profile times (a query set holds at most 4096 timestamps).
+const PROFILED_STEPS: usize = 2048;
 
 /// Where a value's words are: a byte offset in the graph's arena or in the params buffer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -53,12 +84,97 @@ pub struct GpuProgram {
     /// One mappable buffer per output, which every run's submission copies the output into:
     /// reading it back makes no buffer and submits nothing.
     staging: Vec<wgpu::Buffer>,
+    profile: Option<Profile>,
 }
 
 impl GpuProgram {
     /// Number of dispatches per run.
     pub fn steps(&self) -> usize {
         self.steps.len()
+    }
+
+    /// Per dispatch, what the runs since compiling took (`RLX_PROFILE` set; empty otherwise):
+    /// device time from timestamp queries where the adapter has them.
+    pub fn profile(&self) -> Vec<StepTime> {
+        let Some(p) = &self.profile else {
+            return Vec::new();
+        };
+        self.steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| StepTime {
+                op: s.op,
+                node: s.node,
+                groups: s.groups,
+                ns: p.timing.as_ref().and_then(|_| p.ns.get(i).copied()),
+                runs: p.runs,
+            })
+            .collect()
+    }
+}
+
+impl Drop for GpuProgram {
+    /// Under `RLX_PROFILE`: print the time per op kind and the slowest dispatches (op, node,
+    /// workgroups, microseconds per run), and what each run asked of the device.
+    fn drop(&mut self) {
+        let Some(p) = &self.profile else {
+            return;
+        };
+        if p.runs == 0 {
+            return;
+        }
+        let c = self.gpu.counts() - p.start;
+        let per = |n: u64| n as f64 / p.runs as f64;
+        eprintln!(
+            "rlx-wgpu profile: {} runs of {} dispatches on {}; per run (device-wide, profiling's \
+             own reads included): {:.1} submissions, {:.1} buffers and {:.1} bind groups made, \
+             {:.1} waits",
+            p.runs,
+            self.steps.len(),
+            self.gpu.info.name,
+            per(c.submissions),
+            per(c.buffers),
+            per(c.bind_groups),
+            per(c.waits)
+        );
+        let steps = self.profile();
+        if p.timing.is_none() {
+            eprintln!("  (no timestamp queries on this adapter: counts only)");
+            return;
+        }
+        let mut kinds: Vec<(&str, u64, u64)> = Vec::new();
+        for s in &steps {
+            let ns = s.ns.unwrap_or(0);
+            match kinds.iter_mut().find(|k| k.0 == s.op) {
+                Some(k) => {
+                    k.1 += ns;
+                    k.2 += 1;
+                }
+                None => kinds.push((s.op, ns, 1)),
+            }
+        }
+        kinds.sort_by_key(|k| std::cmp::Reverse(k.1));
+        let total: u64 = kinds.iter().map(|k| k.1).sum::<u64>().max(1);
+        for (op, ns, n) in &kinds {
+            eprintln!(
+                "  {op:<20} {:>10.1} us/run {:>5.1}%  {n} dispatches",
+                *ns as f64 / 1e3 / p.runs as f64,
+                100.0 * *ns as f64 / total as f64
+            );
+        }
+        let mut order: Vec<&StepTime> = steps.iter().collect();
+        order.sort_by_key(|s| std::cmp::Reverse(s.ns.unwrap_or(0)));
+        let top = rlx_ir::env::count("RLX_PROFILE_TOP").unwrap_or(30);
+        eprintln!("  slowest dispatches:");
+        for s in order.into_iter().take(top) {
+            eprintln!(
+                "  {:>10.1} us/run  {} (node %{}) workgroups {:?}",
+                s.ns.unwrap_or(0) as f64 / 1e3 / p.runs as f64,
+                s.op,
+                s.node,
+                s.groups
+            );
+        }
     }
 }
 
@@ -197,7 +313,39 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             })
         })
         .collect();
+    let profile = rlx_ir::env::is_set("RLX_PROFILE").then(|| {
+        let timed = steps.len().min(PROFILED_STEPS);
+        let timing = (gpu.timestamps && timed > 0).then(|| {
+            let count = 2 * timed as u32;
+            let bytes = (count as u64 * 8).next_multiple_of(wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT);
+            let queries = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("rlx profile"),
+                ty: wgpu::QueryType::Timestamp,
+                count,
+            });
+            let resolve = gpu.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("rlx profile resolve"),
+                size: bytes,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            let readback = gpu.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("rlx profile readback"),
+                size: bytes,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            (queries, resolve, readback)
+        });
+        Profile {
+            timing,
+            ns: vec![0; steps.len()],
+            runs: 0,
+            start: gpu.counts(),
+        }
+    });
     Ok(GpuProgram {
+        profile,
         staging,
         input_form: leaf_forms(|op| matches!(op, Op::Input { .. })),
         param_form: leaf_forms(|op| matches!(op, Op::Param { .. })),
@@ -261,6 +409,29 @@ impl GpuProgram {
             self.gpu
                 .queue
                 .write_buffer(buf, at, &words[start..start + n]);
+        }
+        Ok(())
+    }
+
+    /// Count a profiled run and add its dispatches' times (a wait for the run).
+    fn record_profile(&mut self) -> Result<()> {
+        let Some(p) = &mut self.profile else {
+            return Ok(());
+        };
+        p.runs += 1;
+        let Some((_, _, readback)) = &p.timing else {
+            return Ok(());
+        };
+        let mut bytes = vec![0u8; readback.size() as usize];
+        self.gpu.read_staging(readback, &mut bytes)?;
+        let period = self.gpu.queue.get_timestamp_period() as f64;
+        let stamps: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        for (i, ns) in p.ns.iter_mut().enumerate().take(PROFILED_STEPS) {
+            let (a, b) = (stamps[2 * i], stamps[2 * i + 1]);
+            *ns += (b.saturating_sub(a) as f64 * period) as u64;
         }
         Ok(())
     }
@@ -342,15 +513,38 @@ impl Executable for GpuProgram {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("rlx run"),
             });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("rlx steps"),
-                timestamp_writes: None,
-            });
-            for s in &self.steps {
-                pass.set_pipeline(&s.pipeline);
-                pass.set_bind_group(0, &s.bind, &[]);
-                pass.dispatch_workgroups(s.groups.0, s.groups.1, s.groups.2);
+        let timing = self.profile.as_ref().and_then(|p| p.timing.as_ref());
+        match timing {
+            None => {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("rlx steps"),
+                    timestamp_writes: None,
+                });
+                for s in &self.steps {
+                    pass.set_pipeline(&s.pipeline);
+                    pass.set_bind_group(0, &s.bind, &[]);
+                    pass.dispatch_workgroups(s.groups.0, s.groups.1, s.groups.2);
+                }
+            }
+            // Profiling with timestamps: a pass per dispatch, timed at its start and end.
+            Some((queries, resolve, readback)) => {
+                for (i, s) in self.steps.iter().enumerate() {
+                    let timed = i < PROFILED_STEPS;
+                    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: Some("rlx step"),
+                        timestamp_writes: timed.then(|| wgpu::ComputePassTimestampWrites {
+                            query_set: queries,
+                            beginning_of_pass_write_index: Some(2 * i as u32),
+                            end_of_pass_write_index: Some(2 * i as u32 + 1),
+                        }),
+                    });
+                    pass.set_pipeline(&s.pipeline);
+                    pass.set_bind_group(0, &s.bind, &[]);
+                    pass.dispatch_workgroups(s.groups.0, s.groups.1, s.groups.2);
+                }
+                let count = 2 * self.steps.len().min(PROFILED_STEPS) as u32;
+                enc.resolve_query_set(queries, 0..count, resolve, 0);
+                enc.copy_buffer_to_buffer(resolve, 0, readback, 0, resolve.size());
             }
         }
         // The outputs into their staging buffers, in the same submission.
@@ -364,7 +558,8 @@ impl Executable for GpuProgram {
             }
         }
         self.gpu.submit(enc.finish());
-        self.gpu.check()
+        self.gpu.check()?;
+        self.record_profile()
     }
 
     fn read_output(&self, idx: usize, out: &mut [u8]) -> Result<()> {

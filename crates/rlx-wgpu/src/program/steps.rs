@@ -144,6 +144,8 @@ pub(super) fn write_consts(
 /// A step before binding: its pipeline, its meta words `at..end`, workgroups, and what it
 /// binds.
 pub(super) struct Planned {
+    node: usize,
+    op: &'static str,
     pipeline: Arc<wgpu::ComputePipeline>,
     at: usize,
     end: usize,
@@ -183,6 +185,8 @@ pub(super) fn pipelines(
             msg: format!("shader rejected: {e}"),
         })?;
         planned.push(Planned {
+            node: *node,
+            op: g.node(id).op.name(),
             pipeline,
             at,
             end: meta.len(),
@@ -246,6 +250,8 @@ pub(super) fn bind(
                 pipeline: p.pipeline,
                 bind,
                 groups: p.groups,
+                node: p.node,
+                op: p.op,
             }
         })
         .collect()

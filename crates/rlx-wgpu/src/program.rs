@@ -50,7 +50,11 @@ struct Profile {
     timing: Option<(wgpu::QuerySet, wgpu::Buffer, wgpu::Buffer)>,
     ns: Vec<u64>,
     runs: u64,
-    start: crate::Counts,
+    /// What the runs (`execute`, the profile's own timestamp read included) asked of the
+    /// device, summed over runs.
+    work: crate::Counts,
+    /// Outputs read (each a wait).
+    reads: std::sync::atomic::AtomicU64,
 }
 
 /// Dispatches a profile times (a query set holds at most 4096 timestamps).
@@ -123,19 +127,20 @@ impl Drop for GpuProgram {
         if p.runs == 0 {
             return;
         }
-        let c = self.gpu.counts() - p.start;
+        let c = p.work;
         let per = |n: u64| n as f64 / p.runs as f64;
         eprintln!(
-            "rlx-wgpu profile: {} runs of {} dispatches on {}; per run (device-wide, profiling's \
-             own reads included): {:.1} submissions, {:.1} buffers and {:.1} bind groups made, \
-             {:.1} waits",
+            "rlx-wgpu profile: {} runs of {} dispatches on {}; per run: {:.1} submissions, {:.1} \
+             buffers and {:.1} bind groups made, {:.1} waits (the profile's timestamp read \
+             included), {:.1} outputs read (a wait each)",
             p.runs,
             self.steps.len(),
             self.gpu.info.name,
             per(c.submissions),
             per(c.buffers),
             per(c.bind_groups),
-            per(c.waits)
+            per(c.waits),
+            per(p.reads.load(std::sync::atomic::Ordering::Relaxed))
         );
         let steps = self.profile();
         if p.timing.is_none() {
@@ -341,7 +346,8 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             timing,
             ns: vec![0; steps.len()],
             runs: 0,
-            start: gpu.counts(),
+            work: crate::Counts::default(),
+            reads: Default::default(),
         }
     });
     Ok(GpuProgram {
@@ -507,6 +513,7 @@ impl Executable for GpuProgram {
 
     fn execute(&mut self) -> Result<()> {
         self.gpu.check()?;
+        let before = self.profile.as_ref().map(|_| self.gpu.counts());
         let mut enc = self
             .gpu
             .device
@@ -559,13 +566,26 @@ impl Executable for GpuProgram {
         }
         self.gpu.submit(enc.finish());
         self.gpu.check()?;
-        self.record_profile()
+        self.record_profile()?;
+        if let (Some(p), Some(before)) = (&mut self.profile, before) {
+            let d = self.gpu.counts() - before;
+            p.work = crate::Counts {
+                submissions: p.work.submissions + d.submissions,
+                buffers: p.work.buffers + d.buffers,
+                bind_groups: p.work.bind_groups + d.bind_groups,
+                waits: p.work.waits + d.waits,
+            };
+        }
+        Ok(())
     }
 
     fn read_output(&self, idx: usize, out: &mut [u8]) -> Result<()> {
         let slot = &self.outputs[idx];
         if Some(out.len()) != slot.shape.size_bytes() {
             return Err(rlx_driver::byte_length_error("output", slot, out.len()));
+        }
+        if let Some(p) = &self.profile {
+            p.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         let f = self.output_form[idx];
         let mut words = vec![0u8; device_bytes(f, out.len())];

@@ -287,6 +287,12 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             }
         }
         Op::Rope { theta, interleaved } => {
+            let Some(it) = super::index::IndexType::of(info.in_dtypes[1]) else {
+                return Err(info.unsupported(format!(
+                    "positions must be integers, got {}",
+                    info.in_dtypes[1]
+                )));
+            };
             let r = info.ins[0].rank();
             let (s_len, d) = (info.ins[0].dims()[r - 2], info.ins[0].dims()[r - 1]);
             let table = info.shared.rope(RopeKey {
@@ -299,7 +305,7 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             Lowered::Compute {
                 scratch: 0,
                 build: with_float!(dt, T => Box::new(
-                    move |i: &[TRef], o, _| rope::<T>(i[0], i[1], o, theta, interleaved, table),
+                    move |i: &[TRef], o, _| rope::<T>(i[0], i[1], it, o, theta, interleaved, table),
                 ) as super::Build, else return Err(info.unsupported(format!("dtype {dt}")))),
             }
         }

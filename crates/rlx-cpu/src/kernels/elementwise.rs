@@ -391,32 +391,49 @@ fn gelu_f16_table() -> &'static [u16; 1 << 16] {
     })
 }
 
-fn activation_int<T: Elem>(a: Activation, x: TRef, out: TRef) -> Box<dyn Kernel> {
+/// The activations defined on integers (`Activation::allows_int`).
+#[derive(Clone, Copy)]
+enum IntAct {
+    Neg,
+    Abs,
+    Relu,
+}
+
+impl IntAct {
+    fn of(a: Activation) -> Option<IntAct> {
+        match a {
+            Activation::Neg => Some(IntAct::Neg),
+            Activation::Abs => Some(IntAct::Abs),
+            Activation::Relu => Some(IntAct::Relu),
+            Activation::Gelu
+            | Activation::GeluApprox
+            | Activation::GeluApproxGrad
+            | Activation::Silu
+            | Activation::Sigmoid
+            | Activation::Tanh
+            | Activation::Exp
+            | Activation::Log
+            | Activation::Sqrt
+            | Activation::Rsqrt
+            | Activation::Sin
+            | Activation::Cos
+            | Activation::Tan
+            | Activation::Atan
+            | Activation::Round
+            | Activation::Erf => None,
+        }
+    }
+}
+
+fn activation_int<T: Elem>(a: IntAct, x: TRef, out: TRef) -> Box<dyn Kernel> {
     match a {
-        Activation::Neg => map1(x, out, |v: T| T::zero().sub(v)),
-        Activation::Abs => map1(
+        IntAct::Neg => map1(x, out, |v: T| T::zero().sub(v)),
+        IntAct::Abs => map1(
             x,
             out,
             |v: T| if v < T::zero() { T::zero().sub(v) } else { v },
         ),
-        Activation::Relu => map1(x, out, |v: T| v.max_of(T::zero())),
-        // `lower` refuses these on integers (`Activation::allows_int`), as the IR does.
-        Activation::Gelu
-        | Activation::GeluApprox
-        | Activation::GeluApproxGrad
-        | Activation::Silu
-        | Activation::Sigmoid
-        | Activation::Tanh
-        | Activation::Exp
-        | Activation::Log
-        | Activation::Sqrt
-        | Activation::Rsqrt
-        | Activation::Sin
-        | Activation::Cos
-        | Activation::Tan
-        | Activation::Atan
-        | Activation::Round
-        | Activation::Erf => unreachable!("{a:?} is not defined on integers"),
+        IntAct::Relu => map1(x, out, |v: T| v.max_of(T::zero())),
     }
 }
 
@@ -520,12 +537,14 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 half::f16::from_bits(gelu_f16_table()[v.to_bits() as usize])
             })
         }),
-        Op::Activation(a) if !dt.is_float() && !a.allows_int() => {
-            return Err(info.unsupported(format!("{a:?} on {dt}: integers take neg, abs and relu")))
-        }
         Op::Activation(a) => {
             with_float!(dt, T => compute(move |i, o| activation_float::<T>(a, i[0], o)),
-            else with_dtype!(dt, T => compute(move |i, o| activation_int::<T>(a, i[0], o)), else return Err(info.unsupported(format!("dtype {dt}")))))
+            else {
+                let Some(ia) = IntAct::of(a) else {
+                    return Err(info.unsupported(format!("{a:?} on {dt}: integers take neg, abs and relu")));
+                };
+                with_dtype!(dt, T => compute(move |i, o| activation_int::<T>(ia, i[0], o)), else return Err(info.unsupported(format!("dtype {dt}"))))
+            })
         }
         Op::Cast {
             to: rlx_ir::DType::F16,
@@ -577,7 +596,12 @@ pub(super) fn copy(x: TRef, out: TRef) -> Box<dyn Kernel> {
         2 => map1(x, out, |v: i16| v),
         4 => map1(x, out, |v: i32| v),
         8 => map1(x, out, |v: i64| v),
-        // Every dtype is 1, 2, 4 or 8 bytes wide (`DType::size_bytes`).
-        w => unreachable!("no dtype is {w} bytes wide"),
+        // Any other width: element by element, as bytes.
+        w => kernel(move |_| {
+            let n = out.layout.numel() * w;
+            // SAFETY: the output is a fresh contiguous buffer of `n` bytes from its offset.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr.get().add(out.layout.offset * w), n) };
+            super::materialize(&x, dst);
+        }),
     }
 }

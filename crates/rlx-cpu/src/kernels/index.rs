@@ -8,23 +8,43 @@ use crate::layout::{for_each_run, Layout};
 use crate::with_dtype;
 use rlx_ir::{DType, Op, Result};
 
-/// Read the integer at element offset `off` of an index tensor.
+/// The integer dtypes an index tensor may have (resolved at lowering, so the kernels read only
+/// these).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum IndexType {
+    I8,
+    I16,
+    I32,
+    I64,
+    U8,
+    U32,
+}
+
+impl IndexType {
+    /// The index type of `dt`, `None` for a dtype that is not an integer.
+    pub(super) fn of(dt: DType) -> Option<IndexType> {
+        match dt {
+            DType::I8 => Some(IndexType::I8),
+            DType::I16 => Some(IndexType::I16),
+            DType::I32 => Some(IndexType::I32),
+            DType::I64 => Some(IndexType::I64),
+            DType::U8 => Some(IndexType::U8),
+            DType::U32 => Some(IndexType::U32),
+            DType::F32 | DType::F16 | DType::BF16 | DType::F64 | DType::Bool | DType::C64 => None,
+        }
+    }
+}
+
+/// Read the integer at element offset `off` of an index tensor of type `it`.
 #[inline(always)]
-pub(super) unsafe fn read_index(idx: &TRef, off: usize) -> i64 {
-    match idx.dtype {
-        DType::I32 => *idx.base::<i32>().add(off) as i64,
-        DType::I64 => *idx.base::<i64>().add(off),
-        DType::U32 => *idx.base::<u32>().add(off) as i64,
-        DType::I16 => *idx.base::<i16>().add(off) as i64,
-        DType::I8 => *idx.base::<i8>().add(off) as i64,
-        DType::U8 => *idx.base::<u8>().add(off) as i64,
-        // The IR admits only integer indices (`ops::index`), and so does `lower`.
-        DType::F32
-        | DType::F16
-        | DType::BF16
-        | DType::F64
-        | DType::Bool
-        | DType::C64 => unreachable!("index tensors are integers"),
+pub(super) unsafe fn read_index(idx: &TRef, it: IndexType, off: usize) -> i64 {
+    match it {
+        IndexType::I32 => *idx.base::<i32>().add(off) as i64,
+        IndexType::I64 => *idx.base::<i64>().add(off),
+        IndexType::U32 => *idx.base::<u32>().add(off) as i64,
+        IndexType::I16 => *idx.base::<i16>().add(off) as i64,
+        IndexType::I8 => *idx.base::<i8>().add(off) as i64,
+        IndexType::U8 => *idx.base::<u8>().add(off) as i64,
     }
 }
 
@@ -49,7 +69,7 @@ fn pre_post(l: &Layout, axis: usize) -> (Layout, Layout) {
     (pre, post)
 }
 
-fn gather<T: Elem>(x: TRef, idx: TRef, out: TRef, axis: usize) -> Box<dyn Kernel> {
+fn gather<T: Elem>(x: TRef, idx: TRef, it: IndexType, out: TRef, axis: usize) -> Box<dyn Kernel> {
     kernel(move |_| {
         let (pre, post) = pre_post(&x.layout, axis);
         let n = x.layout.dims()[axis] as i64;
@@ -66,7 +86,7 @@ fn gather<T: Elem>(x: TRef, idx: TRef, out: TRef, axis: usize) -> Box<dyn Kernel
         each_offset(&pre, |pb| {
             each_offset(&idx.layout, |io| {
                 // SAFETY: the index is clamped into the axis; offsets come from layouts.
-                let v = unsafe { read_index(&idx, io) }.clamp(0, (n - 1).max(0)) as usize;
+                let v = unsafe { read_index(&idx, it, io) }.clamp(0, (n - 1).max(0)) as usize;
                 if let Some(len) = row {
                     // SAFETY: a dense row of `len` elements at the gathered offset; the output
                     // is dense from `o`.
@@ -83,7 +103,14 @@ fn gather<T: Elem>(x: TRef, idx: TRef, out: TRef, axis: usize) -> Box<dyn Kernel
     })
 }
 
-fn scatter_add<T: Elem>(x: TRef, idx: TRef, upd: TRef, out: TRef, axis: usize) -> Box<dyn Kernel> {
+fn scatter_add<T: Elem>(
+    x: TRef,
+    idx: TRef,
+    it: IndexType,
+    upd: TRef,
+    out: TRef,
+    axis: usize,
+) -> Box<dyn Kernel> {
     let copy = super::elementwise::copy(x, out);
     kernel(move |pool| {
         copy.run(pool);
@@ -106,7 +133,7 @@ fn scatter_add<T: Elem>(x: TRef, idx: TRef, upd: TRef, out: TRef, axis: usize) -
                     let mut j = 0;
                     each_offset(&idx.layout, |io| {
                         // SAFETY: out-of-range indices are skipped; offsets come from layouts.
-                        let v = unsafe { read_index(&idx, io) };
+                        let v = unsafe { read_index(&idx, it, io) };
                         if (0..n).contains(&v) {
                             let (ubase, obase) = (ub + j * su, ob + v as usize * so);
                             if let Some(len) = row {
@@ -152,23 +179,23 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     if !ok {
         return Err(info.unsupported(format!("dtype {dt}")));
     }
-    if !info.in_dtypes[1].is_int() {
+    let Some(it) = IndexType::of(info.in_dtypes[1]) else {
         return Err(info.unsupported(format!(
             "indices must be integers, got {}",
             info.in_dtypes[1]
         )));
-    }
+    };
     Ok(match info.node.op {
         // Gather only moves bytes: dispatch on element width.
         Op::Gather { axis } => match dt.size_bytes() {
-            1 => compute(move |i, o| gather::<u8>(i[0], i[1], o, axis)),
-            2 => compute(move |i, o| gather::<i16>(i[0], i[1], o, axis)),
-            4 => compute(move |i, o| gather::<i32>(i[0], i[1], o, axis)),
-            8 => compute(move |i, o| gather::<i64>(i[0], i[1], o, axis)),
+            1 => compute(move |i, o| gather::<u8>(i[0], i[1], it, o, axis)),
+            2 => compute(move |i, o| gather::<i16>(i[0], i[1], it, o, axis)),
+            4 => compute(move |i, o| gather::<i32>(i[0], i[1], it, o, axis)),
+            8 => compute(move |i, o| gather::<i64>(i[0], i[1], it, o, axis)),
             w => return Err(info.unsupported(format!("{w}-byte elements ({dt})"))),
         },
         Op::ScatterAdd { axis } => {
-            with_dtype!(dt, T => compute(move |i, o| scatter_add::<T>(i[0], i[1], i[2], o, axis)), else return Err(info.unsupported(format!("dtype {}", dt))))
+            with_dtype!(dt, T => compute(move |i, o| scatter_add::<T>(i[0], i[1], it, i[2], o, axis)), else return Err(info.unsupported(format!("dtype {}", dt))))
         }
         _ => return Err(info.unsupported("not an indexing op")),
     })

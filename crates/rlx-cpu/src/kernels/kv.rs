@@ -14,18 +14,43 @@ use rlx_ir::{DType, Op, Result};
 mod decode;
 use decode::{PerQuery, GROUP_MAX};
 
-/// The dtypes that are not real floats, as a pattern (listed, so a new dtype must be placed).
-macro_rules! not_real_floats {
-    () => {
-        DType::I8
+/// The float types the KV-cache kernels load and store (resolved at lowering, so the kernels
+/// touch only these).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Real {
+    F16,
+    BF16,
+    F32,
+    F64,
+}
+
+impl Real {
+    /// The float type of `dt`, `None` for a dtype that is not a real float.
+    fn of(dt: DType) -> Option<Real> {
+        match dt {
+            DType::F16 => Some(Real::F16),
+            DType::BF16 => Some(Real::BF16),
+            DType::F32 => Some(Real::F32),
+            DType::F64 => Some(Real::F64),
+            DType::I8
             | DType::I16
             | DType::I32
             | DType::I64
             | DType::U8
             | DType::U32
             | DType::Bool
-            | DType::C64
-    };
+            | DType::C64 => None,
+        }
+    }
+}
+
+/// The float types of an attention's query, key cache, value cache and result.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Reals {
+    q: Real,
+    k: Real,
+    v: Real,
+    out: Real,
 }
 
 /// Read the `I32 [1]` position operand (negative values count as 0).
@@ -37,14 +62,12 @@ unsafe fn read_pos(pos: &TRef) -> usize {
 }
 
 #[inline(always)]
-unsafe fn load(p: &TRef, i: usize) -> f32 {
-    match p.dtype {
-        DType::F16 => (*p.base::<f16>().add(i)).to_f32(),
-        DType::BF16 => (*p.base::<half::bf16>().add(i)).to_f32(),
-        DType::F64 => *p.base::<f64>().add(i) as f32,
-        DType::F32 => *p.base::<f32>().add(i),
-        // `lower` refuses every other dtype (`float_values`).
-        not_real_floats!() => unreachable!("KV-cache values are real floats"),
+unsafe fn load(p: &TRef, r: Real, i: usize) -> f32 {
+    match r {
+        Real::F16 => (*p.base::<f16>().add(i)).to_f32(),
+        Real::BF16 => (*p.base::<half::bf16>().add(i)).to_f32(),
+        Real::F64 => *p.base::<f64>().add(i) as f32,
+        Real::F32 => *p.base::<f32>().add(i),
     }
 }
 
@@ -53,43 +76,40 @@ unsafe fn load(p: &TRef, i: usize) -> f32 {
 ///
 /// # Safety
 /// The elements lie inside `p`'s buffer and are contiguous.
-unsafe fn load_row(p: &TRef, at: usize, dst: &mut [f32]) {
-    if p.dtype == DType::F16 {
+unsafe fn load_row(p: &TRef, r: Real, at: usize, dst: &mut [f32]) {
+    if r == Real::F16 {
         let src = std::slice::from_raw_parts(p.base::<f16>().add(at) as *const f16, dst.len());
         return super::elementwise::f16_to_f32(src, dst, f16::to_f32);
     }
     for (i, d) in dst.iter_mut().enumerate() {
-        *d = load(p, at + i);
+        *d = load(p, r, at + i);
     }
 }
 
 #[inline(always)]
-unsafe fn store(p: &TRef, i: usize, v: f32) {
-    match p.dtype {
-        DType::F16 => *p.base::<f16>().add(i) = f16::from_f32(v),
-        DType::BF16 => *p.base::<half::bf16>().add(i) = half::bf16::from_f32(v),
-        DType::F64 => *p.base::<f64>().add(i) = v as f64,
-        DType::F32 => *p.base::<f32>().add(i) = v,
-        // `lower` refuses every other dtype (`float_values`).
-        not_real_floats!() => unreachable!("KV-cache values are real floats"),
+unsafe fn store(p: &TRef, r: Real, i: usize, v: f32) {
+    match r {
+        Real::F16 => *p.base::<f16>().add(i) = f16::from_f32(v),
+        Real::BF16 => *p.base::<half::bf16>().add(i) = half::bf16::from_f32(v),
+        Real::F64 => *p.base::<f64>().add(i) = v as f64,
+        Real::F32 => *p.base::<f32>().add(i) = v,
     }
 }
 
 /// Round to the precision of `dt` (what storing there and loading back gives).
 #[inline(always)]
-fn round_to(dt: DType, v: f32) -> f32 {
-    match dt {
-        DType::F16 => f16::from_f32(v).to_f32(),
-        DType::BF16 => half::bf16::from_f32(v).to_f32(),
-        DType::F32 | DType::F64 => v,
-        not_real_floats!() => unreachable!("KV-cache values are real floats"),
+fn round_to(r: Real, v: f32) -> f32 {
+    match r {
+        Real::F16 => f16::from_f32(v).to_f32(),
+        Real::BF16 => half::bf16::from_f32(v).to_f32(),
+        Real::F32 | Real::F64 => v,
     }
 }
 
 /// [`round_to`] over a slice, eight values at a time through F16C when the cache is f16.
-fn round_slice(dt: DType, x: &mut [f32]) {
+fn round_slice(r: Real, x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if dt == DType::F16 && crate::isa::avx2() {
+    if r == Real::F16 && crate::isa::avx2() {
         #[target_feature(enable = "avx2,f16c")]
         unsafe fn f16c(x: &mut [f32]) {
             use std::arch::x86_64::*;
@@ -106,16 +126,16 @@ fn round_slice(dt: DType, x: &mut [f32]) {
         // SAFETY: the CPU has the features.
         return unsafe { f16c(x) };
     }
-    if dt != DType::F32 {
+    if r != Real::F32 {
         for v in x.iter_mut() {
-            *v = round_to(dt, *v);
+            *v = round_to(r, *v);
         }
     }
 }
 
 /// CacheWrite: rows `[pos, pos + S)` of the cache, or (with one slot per update row) row
 /// `slots[i]` for update row `i`; rows outside the cache are dropped.
-fn cache_write(cache: TRef, upd: TRef, pos: TRef) -> Box<dyn Kernel> {
+fn cache_write(cache: TRef, upd: TRef, pos: TRef, cr: Real, ur: Real) -> Box<dyn Kernel> {
     kernel(move |_pool: &Pool| {
         let dims = upd.layout.dims().to_vec();
         let t = cache.layout.dims()[0];
@@ -137,7 +157,7 @@ fn cache_write(cache: TRef, upd: TRef, pos: TRef) -> Box<dyn Kernel> {
                     let src = upd.layout.narrow(0, r, 1);
                     for_each_run(&d, [&dst, &src], 0..inner, |[o, i], len, [so, si]| {
                         for k in 0..len {
-                            store(&cache, o + k * so, load(&upd, i + k * si));
+                            store(&cache, cr, o + k * so, load(&upd, ur, i + k * si));
                         }
                     });
                 }
@@ -155,7 +175,7 @@ fn cache_write(cache: TRef, upd: TRef, pos: TRef) -> Box<dyn Kernel> {
             let n: usize = d.iter().product();
             for_each_run(&d, [&dst, &src], 0..n, |[o, i], len, [so, si]| {
                 for k in 0..len {
-                    store(&cache, o + k * so, load(&upd, i + k * si));
+                    store(&cache, cr, o + k * so, load(&upd, ur, i + k * si));
                 }
             });
         }
@@ -295,8 +315,9 @@ fn cached_attention(
     scratch: super::Ptr,
     scale: f32,
     window: Option<usize>,
+    reals: Reals,
 ) -> Box<dyn Kernel> {
-    let a = PerQuery::new(q, k, v, out, scratch, scale, k.layout.dims()[0]);
+    let a = PerQuery::new(q, k, v, out, reals, scratch, scale, k.layout.dims()[0]);
     let t_len = a.positions;
     kernel(move |pool: &Pool| {
         // SAFETY: reads stay below row pos + S <= T (clamped).
@@ -331,16 +352,18 @@ fn paged_attention(
     window: Option<usize>,
     block: usize,
     gemm: bool,
+    reals: Reals,
 ) -> Box<dyn Kernel> {
     let (pos, table) = (ins[3], ins[4]);
     let (s_len, m) = (ins[0].layout.dims()[0], table.layout.dims()[1]);
     let blocks = (ins[1].layout.dims()[0] / block) as i32;
-    let a = PerQuery::new(ins[0], ins[1], ins[2], out, scratch, scale, m * block);
+    let a = PerQuery::new(ins[0], ins[1], ins[2], out, reals, scratch, scale, m * block);
     let chunk = GemmAttention {
         q: ins[0],
         k: ins[1],
         v: ins[2],
         out,
+        reals,
         scratch,
         scale,
         window,
@@ -478,12 +501,14 @@ fn cached_attention_gemm(
     scratch: super::Ptr,
     scale: f32,
     window: Option<usize>,
+    reals: Reals,
 ) -> Box<dyn Kernel> {
     let a = GemmAttention {
         q,
         k,
         v,
         out,
+        reals,
         scratch,
         scale,
         window,
@@ -501,6 +526,7 @@ struct GemmAttention {
     k: TRef,
     v: TRef,
     out: TRef,
+    reals: Reals,
     scratch: super::Ptr,
     scale: f32,
     window: Option<usize>,
@@ -521,6 +547,7 @@ impl GemmAttention {
             k,
             v,
             out,
+            reals,
             scratch,
             scale,
             window,
@@ -535,7 +562,7 @@ impl GemmAttention {
             group,
         } = AttentionShape::of(&q, &k, &v);
         let [qs, ks, vs, os] = [&q, &k, &v, &out].map(|t| t.layout.strides());
-        let cdt = k.dtype;
+        let cdt = reals.k;
         let per_thread = QB * dh + QB * t_len + scratch_len(QB, t_len.max(dv), t_len.max(dh), 1);
         // SAFETY: cache rows below pos + S (clamped to T) are read; the f32 copies, query
         // blocks, score blocks and GEMM buffers are disjoint slices of this step's scratch; each
@@ -560,6 +587,7 @@ impl GemmAttention {
                     );
                     load_row(
                         &k,
+                        reals.k,
                         k.layout.offset + cache_row(j) * ks[0] + kh * ks[1],
                         kdst,
                     );
@@ -569,6 +597,7 @@ impl GemmAttention {
                     );
                     load_row(
                         &v,
+                        reals.v,
                         v.layout.offset + cache_row(j) * vs[0] + kh * vs[1],
                         vdst,
                     );
@@ -586,7 +615,7 @@ impl GemmAttention {
                 for i in 0..qb {
                     let qo = q.layout.offset + (i0 + i) * qs[0] + h * qs[1];
                     for d in 0..dh {
-                        *qm.add(i * dh + d) = round_to(cdt, load(&q, qo + d * qs[2]));
+                        *qm.add(i * dh + d) = round_to(cdt, load(&q, reals.q, qo + d * qs[2]));
                     }
                 }
                 let kh32 = (kp.get() as *const f32).add(kh * t_len * dh);
@@ -649,10 +678,26 @@ impl GemmAttention {
 /// Lower CacheWrite (in place on its param), CachedAttention and PagedAttention.
 pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     float_values(info)?;
+    let real = |d: DType| {
+        Real::of(d).ok_or_else(|| info.unsupported(format!("{d} is not a float a cache holds")))
+    };
+    let out = real(info.dtype())?;
+    // An attention's query, key cache and value cache (operands 0, 1, 2).
+    let attention_reals = || -> Result<Reals> {
+        Ok(Reals {
+            q: real(info.in_dtypes[0])?,
+            k: real(info.in_dtypes[1])?,
+            v: real(info.in_dtypes[2])?,
+            out,
+        })
+    };
     match &info.node.op {
         Op::CacheWrite => Ok(Lowered::InPlace {
             src: 0,
-            build: Box::new(|ins, out| cache_write(out, ins[1], ins[2])),
+            build: {
+                let update = real(info.in_dtypes[1])?;
+                Box::new(move |ins, o| cache_write(o, ins[1], ins[2], out, update))
+            },
         }),
         Op::PagedAttention {
             scale,
@@ -661,6 +706,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         } => {
             let (scale, window, block) = (*scale, *window, *block);
             dense_caches(info)?;
+            let reals = attention_reals()?;
             let positions = info.ins[4].dims()[1] * block;
             let (s_len, hkv) = (info.ins[0].dims()[0], info.ins[1].dims()[1]);
             let (dh, dv) = (info.ins[0].dims()[2], info.ins[2].dims()[2]);
@@ -675,7 +721,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             Ok(Lowered::Compute {
                 scratch,
                 build: Box::new(move |ins, out, s| {
-                    paged_attention(ins, out, s, scale, window, block, gemm)
+                    paged_attention(ins, out, s, scale, window, block, gemm, reals)
                 }),
             })
         }
@@ -683,6 +729,7 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             let (scale, window) = (*scale, *window);
             let t = info.ins[1].dims()[0];
             dense_caches(info)?;
+            let reals = attention_reals()?;
             let (s_len, hkv) = (info.ins[0].dims()[0], info.ins[1].dims()[1]);
             let (dh, dv) = (info.ins[0].dims()[2], info.ins[2].dims()[2]);
             let dense_out = info.dtype() == DType::F32;
@@ -690,14 +737,16 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
                 return Ok(Lowered::Compute {
                     scratch: gemm_scratch(t, hkv, dh, dv, info.threads),
                     build: Box::new(move |ins, out, s| {
-                        cached_attention_gemm(ins[0], ins[1], ins[2], ins[3], out, s, scale, window)
+                        cached_attention_gemm(
+                            ins[0], ins[1], ins[2], ins[3], out, s, scale, window, reals,
+                        )
                     }),
                 });
             }
             Ok(Lowered::Compute {
                 scratch: info.threads * GROUP_MAX * scratch_floats(t, dh, dv) * 4,
                 build: Box::new(move |ins, out, s| {
-                    cached_attention(ins[0], ins[1], ins[2], ins[3], out, s, scale, window)
+                    cached_attention(ins[0], ins[1], ins[2], ins[3], out, s, scale, window, reals)
                 }),
             })
         }

@@ -89,9 +89,11 @@ struct RopeMemo {
     inv: Vec<f64>,
 }
 
+#[allow(clippy::too_many_arguments)]
 pub(super) fn rope<T: FloatElem>(
     x: TRef,
     pos: TRef,
+    it: crate::kernels::index::IndexType,
     out: TRef,
     theta: f32,
     interleaved: bool,
@@ -111,7 +113,7 @@ pub(super) fn rope<T: FloatElem>(
         let fma = false;
         // SAFETY: positions has length S.
         let position = |s: usize| unsafe {
-            crate::kernels::index::read_index(&pos, pos.layout.offset + s * pos.layout.strides()[0])
+            crate::kernels::index::read_index(&pos, it, pos.layout.offset + s * pos.layout.strides()[0])
         };
         // The table, made for these positions unless a node sharing it already did this run.
         // For f32 it follows llama.cpp's recurrence in f32 (theta_k = p * s^k with s =

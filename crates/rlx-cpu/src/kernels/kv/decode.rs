@@ -15,6 +15,7 @@ pub(super) struct PerQuery {
     k: TRef,
     v: TRef,
     out: TRef,
+    reals: Reals,
     kr: Rows,
     vr: Rows,
     scratch: crate::kernels::Ptr,
@@ -28,11 +29,13 @@ pub(super) struct PerQuery {
 }
 
 impl PerQuery {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         q: TRef,
         k: TRef,
         v: TRef,
         out: TRef,
+        reals: Reals,
         scratch: crate::kernels::Ptr,
         scale: f32,
         positions: usize,
@@ -51,6 +54,7 @@ impl PerQuery {
             k,
             v,
             out,
+            reals,
             kr: Rows::of(&k).expect("checked at lowering"),
             vr: Rows::of(&v).expect("checked at lowering"),
             scratch,
@@ -77,6 +81,7 @@ impl PerQuery {
             k,
             v,
             out,
+            reals,
             kr,
             vr,
             scratch,
@@ -94,7 +99,7 @@ impl PerQuery {
             group,
         } = AttentionShape::of(&q, &k, &v);
         let [qs, ks, vs, os] = [&q, &k, &v, &out].map(|t| t.layout.strides());
-        let cdt = k.dtype;
+        let cdt = reals.k;
         let slot = scratch_floats(positions, dh, dv);
         // A task: one query, one key head, `heads` of its query heads (the last chunk fewer).
         let chunks = group.div_ceil(heads);
@@ -104,7 +109,7 @@ impl PerQuery {
             let n = heads.min(kh * group + group - h0);
             let zero = |h: usize| {
                 let oo = out.layout.offset + i * os[0] + h * os[1];
-                (0..dv).for_each(|d| store(&out, oo + d * os[2], 0.0));
+                (0..dv).for_each(|d| store(&out, reals.out, oo + d * os[2], 0.0));
             };
             let Some((first, last)) = span(i) else {
                 (h0..h0 + n).for_each(zero);
@@ -130,7 +135,7 @@ impl PerQuery {
                 let qv = std::slice::from_raw_parts_mut(buf.add(positions), dh);
                 let qo = q.layout.offset + i * qs[0] + h * qs[1];
                 for (d, x) in qv.iter_mut().enumerate() {
-                    *x = round_to(cdt, load(&q, qo + d * qs[2]));
+                    *x = round_to(cdt, load(&q, reals.q, qo + d * qs[2]));
                 }
                 (
                     std::slice::from_raw_parts_mut(buf, positions),
@@ -142,7 +147,7 @@ impl PerQuery {
                 let oo = out.layout.offset + i * os[0] + h * os[1];
                 reduce_lanes(acc, dv, lo, hi, simd);
                 for (d, v) in acc[..dv].iter().enumerate() {
-                    store(&out, oo + d * os[2], *v);
+                    store(&out, reals.out, oo + d * os[2], *v);
                 }
             };
             #[cfg(target_arch = "x86_64")]
@@ -214,7 +219,7 @@ struct Span {
     lo: usize,
     hi: usize,
     scale: f32,
-    cdt: DType,
+    cdt: Real,
 }
 
 /// Eight elements of a cache row from element `at` as f32 (`$h`: the row is f16).

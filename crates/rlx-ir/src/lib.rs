@@ -13,8 +13,8 @@
 
 mod builders;
 pub mod convert;
-pub mod env;
 mod dtype;
+pub mod env;
 mod error;
 pub mod eval;
 mod graph;

@@ -170,9 +170,9 @@ impl Gpu {
         match rx.recv_timeout(std::time::Duration::from_secs(30)) {
             Ok(Ok(())) => {
                 {
-                    let data = slice.get_mapped_range().map_err(|e| {
-                        failed(format!("the readback buffer is not mapped: {e:?}"))
-                    })?;
+                    let data = slice
+                        .get_mapped_range()
+                        .map_err(|e| failed(format!("the readback buffer is not mapped: {e:?}")))?;
                     out.copy_from_slice(&data[..out.len()]);
                 }
                 staging.unmap();
@@ -187,7 +187,10 @@ impl Gpu {
 
     /// Whether the device was lost.
     pub fn is_lost(&self) -> bool {
-        self.lost.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+        self.lost
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 
     /// The device's failure, if it failed since the last check: a lost device (for good) or an

@@ -43,7 +43,10 @@ fn gpu_a_lost_device_is_a_named_error_and_is_opened_again() {
     let e = exe.write_input(0, &[0u8; 3]).unwrap_err();
     assert!(e.to_string().contains("input \"x\""), "{e}");
 
-    let program = exe.as_any().and_then(|a| a.downcast_ref::<GpuProgram>()).unwrap();
+    let program = exe
+        .as_any()
+        .and_then(|a| a.downcast_ref::<GpuProgram>())
+        .unwrap();
     let gpu = program.gpu().clone();
     gpu.device.destroy();
     // The loss is reported when the device notices it: at the latest by the next wait.

@@ -43,7 +43,9 @@ fn gpu_profile_lists_every_dispatch_with_its_runs() {
     assert!(profile.iter().all(|s| s.runs == 3), "{profile:?}");
     let ops: Vec<&str> = profile.iter().map(|s| s.op).collect();
     assert!(ops.contains(&"matmul"), "{ops:?}");
-    assert!(profile.iter().all(|s| s.groups.0 * s.groups.1 * s.groups.2 > 0));
+    assert!(profile
+        .iter()
+        .all(|s| s.groups.0 * s.groups.1 * s.groups.2 > 0));
     let timed = program.gpu().timestamps;
     println!(
         "adapter {}: timestamp queries {}",

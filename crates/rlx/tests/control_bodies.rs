@@ -13,7 +13,14 @@ use std::collections::BTreeMap;
 
 fn f32s(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
-        .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(40503)) % 1000) as f32 / 1000.0 - 0.5)
+        .map(|i| {
+            ((i as u32)
+                .wrapping_mul(2654435761)
+                .wrapping_add(seed.wrapping_mul(40503))
+                % 1000) as f32
+                / 1000.0
+                - 0.5
+        })
         .collect()
 }
 
@@ -139,9 +146,11 @@ fn reference(g: &Graph, ins: &[(String, Shape, Vec<f64>)]) -> Vec<f64> {
 }
 
 fn on(device: Device, g: &Graph, ins: &[(String, Shape, Vec<f64>)]) -> (Vec<f64>, CompiledGraph) {
-    let mut c = Session::new(device).try_compile(g.clone()).unwrap_or_else(|e| {
-        panic!("{device}: {e}");
-    });
+    let mut c = Session::new(device)
+        .try_compile(g.clone())
+        .unwrap_or_else(|e| {
+            panic!("{device}: {e}");
+        });
     let bytes: Vec<(String, Vec<u8>, DType)> = ins
         .iter()
         .map(|(n, s, v)| {
@@ -168,7 +177,10 @@ fn on(device: Device, g: &Graph, ins: &[(String, Shape, Vec<f64>)]) -> (Vec<f64>
 fn close(what: &str, got: &[f64], want: &[f64]) {
     assert_eq!(got.len(), want.len(), "{what}");
     for (i, (a, b)) in got.iter().zip(want).enumerate() {
-        assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{what}[{i}]: {a} vs {b}");
+        assert!(
+            (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+            "{what}[{i}]: {a} vs {b}"
+        );
     }
 }
 
@@ -236,7 +248,10 @@ fn a_body_compiled_by_the_session_is_cached_with_its_plan() {
             .collect();
         let got: Vec<f64> = c.run(&named)[0].iter().map(|&v| v as f64).collect();
         close("cached rnn", &got, &want);
-        assert!(!c.lowering_plan().nested.is_empty(), "the scan's body has a plan");
+        assert!(
+            !c.lowering_plan().nested.is_empty(),
+            "the scan's body has a plan"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1056,7 +1056,15 @@ fn an_op_the_gpu_lacks_is_a_compile_error_naming_it() {
         .err()
         .expect("integer sums do not run on the GPU");
     assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
-    assert_mentions(&err.to_string(), &["wgpu", "reduce on i32[2] has no WGSL kernel", "no decomposition", "%1"]);
+    assert_mentions(
+        &err.to_string(),
+        &[
+            "wgpu",
+            "reduce on i32[2] has no WGSL kernel",
+            "no decomposition",
+            "%1",
+        ],
+    );
 }
 
 #[test]
@@ -1070,7 +1078,10 @@ fn memory_a_compile_cannot_have_is_a_named_error() {
     match Session::new(Device::Cpu).try_compile(g) {
         Err(e @ Error::OutOfMemory { .. }) => {
             let text = e.to_string();
-            assert_mentions(&text, &["cpu", "4398046511104 bytes", "params of graph \"huge\""]);
+            assert_mentions(
+                &text,
+                &["cpu", "4398046511104 bytes", "params of graph \"huge\""],
+            );
         }
         Err(e) => panic!("expected Error::OutOfMemory, got {e:?}"),
         Ok(_) => panic!("a 4 TiB param compiled"),
@@ -1094,5 +1105,12 @@ fn a_node_the_cpu_cannot_run_is_refused_before_lowering_with_its_reason() {
     };
     // The first node refused is the input itself.
     assert_eq!((backend.as_str(), op.as_str()), ("cpu", "input"));
-    assert_mentions(&e.to_string(), &["rank <= 8", "f32[1, 1, 1, 1, 1, 1, 1, 2, 3]", "no decomposition"]);
+    assert_mentions(
+        &e.to_string(),
+        &[
+            "rank <= 8",
+            "f32[1, 1, 1, 1, 1, 1, 1, 2, 3]",
+            "no decomposition",
+        ],
+    );
 }

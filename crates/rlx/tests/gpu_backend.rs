@@ -617,10 +617,31 @@ fn gpu_f16_rounding_is_nearest_even_bit_for_bit() {
         Device::Gpu.availability_hint()
     );
     let mut xs: Vec<f32> = vec![
-        0.0, -0.0, 1.0, -1.0, 0.1, 1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0, 2049.0, 2051.0,
-        65504.0, 65519.0, 65520.0, -65520.0, 70000.0, 1e-8, 2.9802322e-8, 5.9604645e-8,
-        8.940697e-8, 6.1035156e-5, 6.097555e-5, -3.0e-7, f32::INFINITY, f32::NEG_INFINITY,
-        f32::MIN_POSITIVE, 1e-40,
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.1,
+        1.0 + 1.0 / 2048.0,
+        1.0 + 3.0 / 2048.0,
+        2049.0,
+        2051.0,
+        65504.0,
+        65519.0,
+        65520.0,
+        -65520.0,
+        70000.0,
+        1e-8,
+        2.9802322e-8,
+        5.9604645e-8,
+        8.940697e-8,
+        6.1035156e-5,
+        6.097555e-5,
+        -3.0e-7,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MIN_POSITIVE,
+        1e-40,
     ];
     // A spread of magnitudes, a few ulps either side of f16 ties.
     for e in -26..17 {
@@ -641,7 +662,10 @@ fn gpu_f16_rounding_is_nearest_even_bit_for_bit() {
     for (i, (&v, b)) in xs.iter().zip(out[0].0.chunks_exact(2)).enumerate() {
         let got = u16::from_le_bytes([b[0], b[1]]);
         let want = half::f16::from_f32(v).to_bits();
-        assert_eq!(got, want, "element {i}: {v:e} rounds to {want:#06x}, the GPU gave {got:#06x}");
+        assert_eq!(
+            got, want,
+            "element {i}: {v:e} rounds to {want:#06x}, the GPU gave {got:#06x}"
+        );
     }
     let mut nan = Graph::new("nan_f16");
     let x = nan.input("x", Shape::new(&[1], DType::F32));

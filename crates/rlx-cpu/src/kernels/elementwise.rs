@@ -600,7 +600,9 @@ pub(super) fn copy(x: TRef, out: TRef) -> Box<dyn Kernel> {
         w => kernel(move |_| {
             let n = out.layout.numel() * w;
             // SAFETY: the output is a fresh contiguous buffer of `n` bytes from its offset.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.ptr.get().add(out.layout.offset * w), n) };
+            let dst = unsafe {
+                std::slice::from_raw_parts_mut(out.ptr.get().add(out.layout.offset * w), n)
+            };
             super::materialize(&x, dst);
         }),
     }

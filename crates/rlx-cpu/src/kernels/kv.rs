@@ -357,7 +357,16 @@ fn paged_attention(
     let (pos, table) = (ins[3], ins[4]);
     let (s_len, m) = (ins[0].layout.dims()[0], table.layout.dims()[1]);
     let blocks = (ins[1].layout.dims()[0] / block) as i32;
-    let a = PerQuery::new(ins[0], ins[1], ins[2], out, reals, scratch, scale, m * block);
+    let a = PerQuery::new(
+        ins[0],
+        ins[1],
+        ins[2],
+        out,
+        reals,
+        scratch,
+        scale,
+        m * block,
+    );
     let chunk = GemmAttention {
         q: ins[0],
         k: ins[1],
@@ -762,9 +771,7 @@ fn float_values(info: &NodeInfo<'_>) -> Result<()> {
         Op::CacheWrite => &[2],
         Op::CachedAttention { .. } => &[3],
         Op::PagedAttention { .. } => &[3, 4],
-        ref other => {
-            return Err(info.unsupported(format!("{} is not a KV-cache op", other.name())))
-        }
+        ref other => return Err(info.unsupported(format!("{} is not a KV-cache op", other.name()))),
     };
     let values = info
         .in_dtypes

@@ -18,8 +18,8 @@ mod reduce;
 mod spatial;
 
 use crate::layout::Layout;
-use crate::pool::Pool;
 use crate::layout::MAX_RANK;
+use crate::pool::Pool;
 use rlx_ir::{DType, Error, Graph, Node, NodeId, Op, Result};
 
 /// A raw buffer address that kernels may share across threads. The compiled program owns the
@@ -236,9 +236,7 @@ pub fn refusal(g: &Graph, id: NodeId) -> Option<String> {
         {
             "caches that are not f16 or f32"
         }
-        Op::CacheWrite | Op::CachedAttention { .. } | Op::PagedAttention { .. }
-            if !float(dt) =>
-        {
+        Op::CacheWrite | Op::CachedAttention { .. } | Op::PagedAttention { .. } if !float(dt) => {
             "a cache that is not a float"
         }
         _ => return None,

@@ -113,7 +113,11 @@ pub(super) fn rope<T: FloatElem>(
         let fma = false;
         // SAFETY: positions has length S.
         let position = |s: usize| unsafe {
-            crate::kernels::index::read_index(&pos, it, pos.layout.offset + s * pos.layout.strides()[0])
+            crate::kernels::index::read_index(
+                &pos,
+                it,
+                pos.layout.offset + s * pos.layout.strides()[0],
+            )
         };
         // The table, made for these positions unless a node sharing it already did this run.
         // For f32 it follows llama.cpp's recurrence in f32 (theta_k = p * s^k with s =

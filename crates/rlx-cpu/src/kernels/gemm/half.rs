@@ -125,8 +125,7 @@ fn has_bf16_dot() -> bool {
     {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *HAS.get_or_init(|| {
-            std::is_x86_feature_detected!("avx512bf16")
-                && !rlx_ir::env::is_off("RLX_BF16_DOT")
+            std::is_x86_feature_detected!("avx512bf16") && !rlx_ir::env::is_off("RLX_BF16_DOT")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

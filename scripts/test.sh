@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it. Installs what the tests need that cargo cannot:
 # Mesa's software Vulkan (lavapipe), so the GPU backend's tests run on a machine without a GPU,
-# and Python's venv module, in which the server tests install the `openai` client
-# (scripts/setup-serve-pyenv.sh). Extra arguments go to `cargo test`.
+# Python's venv module, in which the server tests install the `openai` client
+# (scripts/setup-serve-pyenv.sh), and NVRTC from PyPI (.venv-cuda), with which the tests
+# compile every CUDA kernel. Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
@@ -17,6 +18,13 @@ if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get install -y -q python3-venv >/dev/null 2>&1 || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q python3-venv >/dev/null; }
 fi
+# NVRTC from PyPI (no GPU needed): the CUDA backend's kernels are compiled for sm_80 and sm_90
+# by the tests, so no kernel reaches a user uncompiled.
+# shellcheck source=lib/venv.sh
+source scripts/lib/venv.sh
+ensure_venv test.sh .venv-cuda "nvidia-cuda-nvrtc==13.0.88" >&2
+export RLX_NVRTC="${RLX_NVRTC:-$(ls "$PWD"/.venv-cuda/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13 | head -1)}"
+export RLX_REQUIRE_NVRTC=1
 # Vulkan through wgpu; lavapipe's window-system layer wants a runtime directory.
 export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"

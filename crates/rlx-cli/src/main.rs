@@ -53,8 +53,9 @@ struct ModelArgs {
     /// KV-cache length in tokens (default: enough for the prompt and the tokens asked for).
     #[arg(long)]
     ctx: Option<usize>,
-    /// Where to run: cpu, or gpu (wgpu: Vulkan, Metal, DX12; on Linux without a GPU, Mesa's
-    /// software Vulkan, which is correct but slow). `RLX_WGPU_ADAPTER` picks an adapter.
+    /// Where to run: cpu, gpu (wgpu: Vulkan, Metal, DX12; on Linux without a GPU, Mesa's
+    /// software Vulkan, which is correct but slow; `RLX_WGPU_ADAPTER` picks an adapter), or
+    /// cuda (NVIDIA; the LLM ops do not run there yet).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     device: rlx::Device,
 }
@@ -65,8 +66,9 @@ fn parse_device(s: &str) -> Result<rlx::Device, String> {
         "gpu" => Ok(rlx::Device::Gpu),
         "vulkan" => Ok(rlx::Device::Vulkan),
         "dx12" | "directx" => Ok(rlx::Device::DirectX),
+        "cuda" => Ok(rlx::Device::Cuda),
         other => Err(format!(
-            "unknown device \"{other}\"; one of cpu, gpu, vulkan, dx12"
+            "unknown device \"{other}\"; one of cpu, gpu, vulkan, dx12, cuda"
         )),
     }
 }
@@ -735,7 +737,8 @@ fn cmd_inspect(a: InspectArgs) -> rlx::Result<()> {
 }
 
 fn rlx_threads() -> usize {
-    rlx::ir::env::threads().unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+    rlx::ir::env::threads()
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Peak resident memory of this process (Linux `VmHWM`).

@@ -73,6 +73,8 @@ impl Device {
         }
         match self {
             Device::Cpu => cfg!(feature = "cpu"),
+            #[cfg(feature = "cuda")]
+            Device::Cuda => crate::cuda::devices().is_ok(),
             #[cfg(feature = "gpu")]
             Device::Gpu | Device::Vulkan | Device::DirectX | Device::OpenGl | Device::WebGpu => {
                 crate::gpu::available(self)
@@ -89,12 +91,8 @@ impl Device {
             Device::Gpu | Device::Vulkan | Device::DirectX | Device::OpenGl | Device::WebGpu => {
                 cfg!(feature = "gpu")
             }
-            Device::Metal
-            | Device::Mlx
-            | Device::Ane
-            | Device::Cuda
-            | Device::Rocm
-            | Device::Tpu => false,
+            Device::Cuda => cfg!(feature = "cuda"),
+            Device::Metal | Device::Mlx | Device::Ane | Device::Rocm | Device::Tpu => false,
         }
     }
 
@@ -102,6 +100,12 @@ impl Device {
     pub fn availability_hint(self) -> String {
         if self == Device::Cpu {
             "enable the `cpu` feature of `rlx` (it is on by default)".to_string()
+        } else if self == Device::Cuda && self.is_built_in() {
+            #[cfg(feature = "cuda")]
+            if let Err(why) = crate::cuda::devices() {
+                return why;
+            }
+            "a CUDA device is present".to_string()
         } else if self.is_built_in() {
             format!("no {self:?} adapter found; on Linux without a GPU, install Mesa's software Vulkan (`apt-get install mesa-vulkan-drivers`); `RLX_WGPU_ADAPTER` picks an adapter by name")
         } else {

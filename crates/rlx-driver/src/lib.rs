@@ -7,12 +7,14 @@
 #![deny(missing_docs)]
 
 mod backend;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod device;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 
 pub use backend::{
-    byte_length_error, register_backend, registered_backend, Backend, CompileOptions,
-    Executable, IoSlot,
+    byte_length_error, register_backend, registered_backend, Backend, CompileOptions, Executable,
+    IoSlot,
 };
 pub use device::Device;

@@ -23,4 +23,4 @@ pub use compiled::CompiledGraph;
 pub use rlx_driver::{register_backend, Backend, CompileOptions, Device, Executable, IoSlot};
 pub use rlx_ir::{Error, Graph, Result};
 pub use rlx_opt::{PassRecord, Precision, PrecisionPolicy};
-pub use session::Session;
+pub use session::{Lowered, Session};

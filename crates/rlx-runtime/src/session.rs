@@ -20,6 +20,17 @@ enum Source<'a> {
     },
 }
 
+/// A graph as a session's pipeline hands it to the backend ([`Session::try_lower`]).
+#[derive(Clone, Debug)]
+pub struct Lowered {
+    /// The graph after the passes, decomposition and fusion.
+    pub graph: Graph,
+    /// The compiler's decisions for it.
+    pub plan: Arc<rlx_opt::LoweringPlan>,
+    /// What each pass did.
+    pub records: Vec<PassRecord>,
+}
+
 /// Compiles graphs for one device.
 #[derive(Clone, Debug)]
 pub struct Session {
@@ -42,6 +53,8 @@ pub(crate) fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
         Device::Gpu | Device::Vulkan | Device::DirectX | Device::OpenGl | Device::WebGpu => {
             Ok(Arc::new(rlx_wgpu::WgpuBackend { device }))
         }
+        #[cfg(feature = "cuda")]
+        Device::Cuda => Ok(Arc::new(rlx_cuda::CudaBackend)),
         d => Err(Error::DeviceUnavailable {
             device: d.to_string(),
             hint: d.availability_hint(),
@@ -136,6 +149,30 @@ impl Session {
     /// Verify, optimize and compile `graph`.
     pub fn try_compile(&self, graph: Graph) -> Result<CompiledGraph> {
         self.compile_inner(Source::Graph(graph), None, &[])
+    }
+
+    /// What compiling `graph` hands the backend, without compiling it (no device needed): the
+    /// graph after the session's passes, decomposed and fused for the device's backend, and its
+    /// lowering plan and pass records (JAX's `jit(f).lower(...)`). A CUDA graph can be lowered
+    /// and its kernels compile-checked on a machine without a GPU.
+    pub fn try_lower(&self, graph: Graph) -> Result<Lowered> {
+        if graph.outputs().is_empty() {
+            return Err(Error::Invalid(format!(
+                "graph \"{}\" has no outputs; call set_outputs before lowering",
+                graph.name()
+            )));
+        }
+        let backend = backend_for(self.device)?;
+        let mut lowering = LoweringOptions::default();
+        lowering.fusion.elementwise &= self.optimize;
+        lowering.param_panels = backend.param_panels();
+        let lowering = lowering.with_env();
+        let entry = self.plan(&graph, &backend, &[], &lowering)?;
+        Ok(Lowered {
+            graph: entry.graph,
+            plan: entry.plan,
+            records: entry.records,
+        })
     }
 
     /// [`Session::try_compile`] with param updates bound as by

@@ -298,6 +298,12 @@ fn gpu_kind(c: &Value) -> String {
 
 /// The entry of [`NOT_ON_THE_GPU`] allowing case `c`, if any (its index).
 fn allowed_off_the_gpu(c: &Value) -> Option<usize> {
+    allowed_off(NOT_ON_THE_GPU, c)
+}
+
+/// The entry of `list` (op kind as [`gpu_kind`] names it, a dtype among the case's values, why)
+/// allowing case `c`, if any (its index).
+fn allowed_off(list: &[(&str, &str, &str)], c: &Value) -> Option<usize> {
     let kind = gpu_kind(c);
     let dtypes: BTreeSet<&str> = c["inputs"]
         .as_array()
@@ -306,8 +312,7 @@ fn allowed_off_the_gpu(c: &Value) -> Option<usize> {
         .chain([&c["expected"]])
         .filter_map(|v| v["dtype"].as_str())
         .collect();
-    NOT_ON_THE_GPU
-        .iter()
+    list.iter()
         .position(|(k, d, _)| (*k == "*" || *k == kind) && (*d == "*" || dtypes.contains(d)))
 }
 
@@ -493,4 +498,264 @@ fn the_table_covers_every_op() {
         .map(|k| k.name())
         .collect();
     assert!(missing.is_empty(), "ops without golden cases: {missing:?}");
+}
+
+/// Op-table cases the CUDA backend does not run yet, by op kind (as [`NOT_ON_THE_GPU`]) and a
+/// dtype among the case's values (`*`: any), and why. Compiling one must fail naming the
+/// missing kernel, and every entry must still be needed.
+const NOT_ON_CUDA: &[(&str, &str, &str)] = &[
+    (
+        "dequant_matmul",
+        "*",
+        "no CUDA kernel for GGUF and int products yet",
+    ),
+    (
+        "quant_linear",
+        "*",
+        "lowers to dequant_matmul, which has no CUDA kernel yet",
+    ),
+    ("dequantize_rows", "*", "no CUDA kernel for GGUF rows yet"),
+    ("cache_write", "*", "no CUDA kernel for the KV cache yet"),
+    (
+        "cache_write (slots)",
+        "*",
+        "no CUDA kernel for the KV cache yet",
+    ),
+    (
+        "cached_attention",
+        "*",
+        "no CUDA kernel for the KV cache yet",
+    ),
+    (
+        "paged_attention",
+        "*",
+        "no CUDA kernel for the paged KV cache yet",
+    ),
+    (
+        "while (unbounded)",
+        "*",
+        "a while without max_iterations has no CUDA form (a bounded one unrolls)",
+    ),
+    ("matmul", "i32", "the CUDA products are float only"),
+    (
+        "dot_general",
+        "i32",
+        "decomposes into an integer matmul, float only on CUDA",
+    ),
+];
+
+/// The entry of [`NOT_ON_CUDA`] allowing case `c`, if any (its index).
+fn allowed_off_cuda(c: &Value) -> Option<usize> {
+    allowed_off(NOT_ON_CUDA, c)
+}
+
+/// Every op-table case lowers for CUDA on a machine without a GPU (the session's pipeline
+/// with the CUDA backend's `supports`, then its lowering), or is refused naming the missing
+/// kernel as [`NOT_ON_CUDA`] allows; and every kernel those programs launch compiles with NVRTC
+/// for sm_80 and sm_90. Without NVRTC the lowering is still checked and the test says so in one
+/// line (`scripts/test.sh` installs NVRTC and sets `RLX_REQUIRE_NVRTC=1`, which makes a missing
+/// NVRTC a failure).
+#[test]
+fn every_cuda_kernel_of_the_op_table_compiles_with_nvrtc() {
+    let nvrtc = rlx_cuda::nvrtc::Nvrtc::get();
+    if let Err(e) = &nvrtc {
+        assert!(
+            std::env::var("RLX_REQUIRE_NVRTC").as_deref() != Ok("1"),
+            "RLX_REQUIRE_NVRTC=1 and {e}"
+        );
+        eprintln!("NVRTC missing, CUDA kernels lowered but NOT compiled: {e}");
+    }
+    let mut used = vec![0usize; NOT_ON_CUDA.len()];
+    let (mut failures, mut kernels) = (Vec::new(), BTreeSet::new());
+    let mut lowered = 0;
+    for c in cases() {
+        let name = c["name"].as_str().unwrap_or("?").to_string();
+        let b = match build(&c) {
+            Ok(b) => b,
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let allowed = allowed_off_cuda(&c);
+        let prog = Session::new(Device::Cuda)
+            .try_lower(b.g.clone())
+            .and_then(|l| rlx_cuda::lower(&l.graph, &[]));
+        match (prog, allowed) {
+            (Ok(p), None) => {
+                lowered += 1;
+                kernels.extend(p.kernels);
+            }
+            (Ok(_), Some(i)) => failures.push(format!(
+                "{name}: lowers for CUDA, but NOT_ON_CUDA lists it as {:?}",
+                NOT_ON_CUDA[i]
+            )),
+            (Err(e), Some(i))
+                if e.to_string().contains("no decomposition")
+                    || e.to_string().contains("do not run on CUDA")
+                    || e.to_string().contains("no CUDA") =>
+            {
+                used[i] += 1
+            }
+            (Err(e), _) => failures.push(format!("{name} ({}): {e}", gpu_kind(&c))),
+        }
+    }
+    if let Ok(nvrtc) = nvrtc {
+        for src in &kernels {
+            for arch in rlx_cuda::CHECKED_ARCHS {
+                if let Err(e) = nvrtc.cubin(src, arch) {
+                    failures.push(format!("{e}"));
+                }
+            }
+        }
+        eprintln!(
+            "CUDA op table: {lowered} cases lowered; {} distinct kernels compiled for sm_{:?} with NVRTC {:?} ({})",
+            kernels.len(),
+            rlx_cuda::CHECKED_ARCHS,
+            nvrtc.version(),
+            nvrtc.path()
+        );
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    let unused: Vec<_> = NOT_ON_CUDA
+        .iter()
+        .zip(&used)
+        .filter(|(_, n)| **n == 0)
+        .map(|(e, _)| e)
+        .collect();
+    assert!(
+        unused.is_empty(),
+        "entries of NOT_ON_CUDA no case needs any more: {unused:?}"
+    );
+}
+
+/// On a CUDA device: every case the backend runs gives the reference evaluator's values (f32
+/// within 1e-5 relative unless the case says more). Without a device the test says so in one
+/// line and checks nothing else (`scripts/gpu-check.sh` runs it with `RLX_REQUIRE_CUDA=1` on a
+/// GPU machine, where a missing device fails it).
+#[test]
+fn needs_cuda_device_op_table_matches_the_reference_evaluator() {
+    if !Device::Cuda.is_available() {
+        assert!(
+            std::env::var("RLX_REQUIRE_CUDA").as_deref() != Ok("1"),
+            "RLX_REQUIRE_CUDA=1 but {}",
+            Device::Cuda.availability_hint()
+        );
+        eprintln!(
+            "no CUDA device, CUDA op table NOT run: {}",
+            Device::Cuda.availability_hint()
+        );
+        return;
+    }
+    let mut failures = Vec::new();
+    let mut ran = 0;
+    for c in cases() {
+        if allowed_off_cuda(&c).is_some() {
+            continue;
+        }
+        let name = c["name"].as_str().unwrap_or("?");
+        let b = match build(&c) {
+            Ok(b) => b,
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let got = match run_on(Device::Cuda, &b, true) {
+            Ok(v) => v,
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let mut tol = c.clone();
+        tol["rtol"] = serde_json::json!(c["rtol"].as_f64().unwrap_or(0.0).max(1e-5));
+        tol["atol"] = serde_json::json!(c["atol"].as_f64().unwrap_or(0.0).max(1e-6));
+        match run_reference(&b).and_then(|want| compare(&tol, &got, &want, "reference evaluator")) {
+            Ok(()) => ran += 1,
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    eprintln!("CUDA op table on {}: {ran} cases match", Device::Cuda);
+    assert!(
+        failures.is_empty(),
+        "{} cases fail on CUDA:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// The CUDA programs of the op table, run on the host (their kernels compiled as C++ by `g++`
+/// against a header that plays CUDA's blocks, barriers and warp shuffles; see
+/// `rlx_cuda::emulate`): every case the backend runs gives the reference evaluator's values.
+/// This checks the lowering (sizes, strides, the memory plan's addresses) and the kernels'
+/// arithmetic without a GPU; the device itself is checked by
+/// [`needs_cuda_device_op_table_matches_the_reference_evaluator`].
+#[test]
+fn cuda_programs_of_the_op_table_match_the_reference_evaluator_in_host_emulation() {
+    let mut progs = Vec::new();
+    for c in cases() {
+        if allowed_off_cuda(&c).is_some() {
+            continue;
+        }
+        let b = build(&c).expect("every case builds");
+        let l = Session::new(Device::Cuda)
+            .try_lower(b.g.clone())
+            .expect("lowers");
+        let p = rlx_cuda::lower(&l.graph, &[]).expect("lowers for CUDA");
+        progs.push((c, b, p));
+    }
+    let emu = rlx_cuda::emulate::Emulator::build(progs.iter().flat_map(|(_, _, p)| &p.kernels))
+        .expect("the kernels compile for the host");
+    let mut failures = Vec::new();
+    for (c, b, p) in &progs {
+        let name = c["name"].as_str().unwrap_or("?");
+        let bytes_of = |slots: &[rlx::driver::IoSlot], from: &[(String, Vec<u8>, DType)]| {
+            slots
+                .iter()
+                .map(|s| {
+                    from.iter()
+                        .find(|(n, _, _)| *n == s.name)
+                        .map(|(_, v, _)| v.clone())
+                        .unwrap_or_else(|| panic!("{name}: no value for {}", s.name))
+                })
+                .collect::<Vec<_>>()
+        };
+        let outs = match emu.run(
+            p,
+            &bytes_of(&p.inputs, &b.feeds),
+            &bytes_of(&p.params, &b.params),
+        ) {
+            Ok(o) => o,
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let got = decode(&outs[0], p.outputs[0].shape.dtype());
+        let mut tol = c.clone();
+        tol["rtol"] = serde_json::json!(c["rtol"].as_f64().unwrap_or(0.0).max(1e-5));
+        tol["atol"] = serde_json::json!(c["atol"].as_f64().unwrap_or(0.0).max(1e-6));
+        if let Err(e) =
+            run_reference(b).and_then(|want| compare(&tol, &got, &want, "reference evaluator"))
+        {
+            failures.push(format!("{name} ({} launches): {e}", p.launches.len()));
+        }
+    }
+    eprintln!(
+        "CUDA op table in host emulation: {} cases, {} fail",
+        progs.len(),
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} cases fail:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }

@@ -13,4 +13,4 @@ mod trainer;
 
 pub use losses::{mse, softmax_cross_entropy};
 pub use optim::{Optimizer, Schedule, TrainConfig};
-pub use trainer::Trainer;
+pub use trainer::{step_graph, Trainer};

@@ -32,10 +32,9 @@ impl Trainer {
         config: TrainConfig,
         session: &Session,
     ) -> Result<Trainer> {
-        let mut wrt = Vec::new();
         for name in trained {
             match forward.find_leaf(name) {
-                Some(id) if matches!(forward.node(id).op, Op::Param { .. }) => wrt.push(id),
+                Some(id) if matches!(forward.node(id).op, Op::Param { .. }) => {}
                 _ => {
                     return Err(Error::Invalid(format!(
                         "\"{name}\" is not a param of graph \"{}\"",
@@ -76,36 +75,7 @@ impl Trainer {
             "rlx {} training step\ntrained {trained:?}\nconfig {config:?}\n{forward}",
             env!("CARGO_PKG_VERSION")
         );
-        let build = || -> Result<Graph> {
-            let mut g = bake_input(&grad_with_loss(forward, &wrt)?, D_OUTPUT, 1.0)?;
-            let outs = g.outputs().to_vec();
-            let step = g.try_input(STEP_INPUT, Shape::scalar(DType::F32))?;
-            let lr = lr_node(&mut g, &config.schedule, step)?;
-            let mut grads = outs[1..].to_vec();
-            if let Some(c) = config.clip_norm {
-                grads = clip(&mut g, &grads, c)?;
-            }
-            let mut new_params = Vec::new();
-            let mut new_slots = Vec::new();
-            for (name, &gr) in trained.iter().zip(&grads) {
-                let p = g
-                    .find_leaf(name)
-                    .expect("trained params survive differentiation");
-                let shape = g.shape(p).clone();
-                let mut state = Vec::new();
-                for s in config.optimizer.slots() {
-                    state.push(g.try_param(&slot_name(name, s), shape.clone())?);
-                }
-                let (np, ns) = update(&mut g, &config.optimizer, lr, step, p, gr, &state)?;
-                new_params.push(np);
-                new_slots.extend(ns);
-            }
-            let mut outputs = vec![outs[0]];
-            outputs.extend(&new_params);
-            outputs.extend(&new_slots);
-            g.try_set_outputs(outputs)?;
-            Ok(g)
-        };
+        let build = || step_graph(forward, trained, &config);
         let compiled = session.try_compile_built(&key, build, &updates)?;
         Ok(Trainer {
             compiled,
@@ -188,4 +158,51 @@ impl Trainer {
         )?;
         Ok(())
     }
+}
+
+/// The training step graph [`Trainer::new`] compiles for `forward` (first output: the scalar
+/// loss) and the params named in `trained`: inputs of the forward graph plus the step number;
+/// outputs the loss, the updated params, then each param's updated optimizer slots. Lets a
+/// backend's kernels for a training step be inspected or compile-checked without compiling it.
+pub fn step_graph(forward: &Graph, trained: &[&str], config: &TrainConfig) -> Result<Graph> {
+    let mut wrt = Vec::new();
+    for name in trained {
+        match forward.find_leaf(name) {
+            Some(id) if matches!(forward.node(id).op, Op::Param { .. }) => wrt.push(id),
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "\"{name}\" is not a param of graph \"{}\"",
+                    forward.name()
+                )))
+            }
+        }
+    }
+    let mut g = bake_input(&grad_with_loss(forward, &wrt)?, D_OUTPUT, 1.0)?;
+    let outs = g.outputs().to_vec();
+    let step = g.try_input(STEP_INPUT, Shape::scalar(DType::F32))?;
+    let lr = lr_node(&mut g, &config.schedule, step)?;
+    let mut grads = outs[1..].to_vec();
+    if let Some(c) = config.clip_norm {
+        grads = clip(&mut g, &grads, c)?;
+    }
+    let mut new_params = Vec::new();
+    let mut new_slots = Vec::new();
+    for (name, &gr) in trained.iter().zip(&grads) {
+        let p = g
+            .find_leaf(name)
+            .expect("trained params survive differentiation");
+        let shape = g.shape(p).clone();
+        let mut state = Vec::new();
+        for s in config.optimizer.slots() {
+            state.push(g.try_param(&slot_name(name, s), shape.clone())?);
+        }
+        let (np, ns) = update(&mut g, &config.optimizer, lr, step, p, gr, &state)?;
+        new_params.push(np);
+        new_slots.extend(ns);
+    }
+    let mut outputs = vec![outs[0]];
+    outputs.extend(&new_params);
+    outputs.extend(&new_slots);
+    g.try_set_outputs(outputs)?;
+    Ok(g)
 }

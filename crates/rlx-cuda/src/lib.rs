@@ -1,0 +1,108 @@
+//! RLX CUDA backend: the same graphs the CPU runs, on NVIDIA GPUs.
+//!
+//! The backend only lowers: the compiler has already decomposed what it does not run
+//! ([`CudaBackend::supports`]) and formed the fused regions it takes ([`CudaBackend::fuses`]).
+//! Lowering needs no device ([`lower::lower`] gives a [`Program`]: kernel sources and launches
+//! over one arena); each elementwise region becomes one generated CUDA C kernel
+//! ([`source::elementwise`]). Kernels are compiled at run time by NVRTC to a CUBIN for the
+//! device's exact architecture and cached on disk ([`nvrtc`]); they use no CUDA header, so the
+//! driver and `libnvrtc` are all a machine needs. On the device ([`CudaProgram`]) a graph has
+//! one arena allocated at compile, params uploaded once, one stream, and each run replays the
+//! launches as one captured CUDA graph.
+//!
+//! What runs: elementwise ops and regions on f32, f64, f16, bf16, the integer types and bool;
+//! reductions, softmax, cumsum, top-k, matmul (a tiled kernel, f32 accumulation), the movement
+//! and index ops; composites the compiler decomposes into them (dot_general, norms, attention,
+//! RoPE, conv, pool, the quantize ops, ...). Not yet: the LLM ops (GGUF `DequantMatMul`,
+//! `DequantizeRows`, `CacheWrite`, `CachedAttention`, `PagedAttention`), cuBLAS products, control
+//! flow; a graph holding one is a compile error naming the op and node ([`unsupported`]).
+//!
+//! Without a driver or a device, `Device::Cuda.is_available()` is false and a compile is
+//! [`rlx_ir::Error::DeviceUnavailable`], never a panic.
+
+#![deny(missing_docs)]
+
+mod device;
+pub mod emulate;
+pub mod lower;
+pub mod nvrtc;
+pub mod source;
+
+pub use device::{Cuda, CudaProgram};
+pub use lower::{lower, unsupported, Program};
+
+use rlx_driver::{Backend, CompileOptions, Executable};
+use rlx_ir::{Error, FusionKind, Graph, NodeId, Op, Result};
+
+/// Architectures every kernel is compile-checked for without a device (Ampere and Hopper).
+pub const CHECKED_ARCHS: [u32; 2] = [80, 90];
+
+/// The CUDA backend (`Device::Cuda`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CudaBackend;
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn supports(&self, graph: &Graph, id: NodeId) -> bool {
+        unsupported(graph, id).is_none()
+    }
+
+    fn refusal(&self, graph: &Graph, id: NodeId) -> Option<String> {
+        unsupported(graph, id)
+    }
+
+    fn fuses(&self, graph: &Graph, id: NodeId, kind: FusionKind) -> bool {
+        let n = graph.node(id);
+        let ins: Vec<rlx_ir::DType> = n.inputs.iter().map(|i| graph.shape(*i).dtype()).collect();
+        kind == FusionKind::Elementwise
+            && matches!(
+                n.op,
+                Op::Binary(_) | Op::Activation(_) | Op::Compare(_) | Op::Where | Op::Cast { .. }
+            )
+            && source::elementwise_op(&n.op, n.shape.dtype(), &ins)
+            && unsupported(graph, id).is_none()
+    }
+
+    fn compile(&self, graph: &Graph, _opts: &CompileOptions) -> Result<Box<dyn Executable>> {
+        let prog = lower(graph, &[])?;
+        Ok(Box::new(CudaProgram::load(Cuda::get()?, prog, None)?))
+    }
+
+    fn compile_sharing(
+        &self,
+        graph: &Graph,
+        _opts: &CompileOptions,
+        other: &dyn Executable,
+    ) -> Result<Box<dyn Executable>> {
+        let other = other
+            .as_any()
+            .and_then(|a| a.downcast_ref::<CudaProgram>())
+            .ok_or_else(|| {
+                Error::Invalid(
+                    "params can only be shared with another graph compiled for CUDA".into(),
+                )
+            })?;
+        let shared = other.shared_params();
+        let prog = lower(graph, &shared)?;
+        Ok(Box::new(CudaProgram::load(
+            Cuda::get()?,
+            prog,
+            Some(other),
+        )?))
+    }
+}
+
+/// Compile every kernel of `prog` with NVRTC for each of `archs` (no device needed): the check
+/// that no kernel reaches a user uncompiled. Returns how many sources were compiled.
+pub fn compile_check(prog: &Program, archs: &[u32]) -> Result<usize> {
+    let nvrtc = nvrtc::Nvrtc::get()?;
+    for src in &prog.kernels {
+        for &a in archs {
+            nvrtc.cubin(src, a)?;
+        }
+    }
+    Ok(prog.kernels.len())
+}

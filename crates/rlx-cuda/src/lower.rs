@@ -1,0 +1,870 @@
+//! Lowering a graph to kernel launches over one device arena, with no device at hand: the
+//! [`Program`] lists each distinct kernel source once and each launch with its grid, block and
+//! words (values as arena or params offsets, fixed to device addresses when the program is
+//! loaded). The CI compiles every kernel of a program with NVRTC ([`Program::kernels`]) on a
+//! machine without a GPU.
+//!
+//! Every value is dense in its dtype's storage (f16/bf16 as 16 bits, Bool as a byte); a reshape
+//! is the same bytes under other dims; a transpose, narrow, expand or concat a strided copy;
+//! intermediates share the arena as the memory planner lays them out; params live in a buffer
+//! of their own (shared by programs compiled with [`crate::CudaBackend::compile_sharing`]).
+
+use crate::source::{self, Access, BLOCK};
+use rlx_driver::IoSlot;
+use rlx_ir::{DType, Error, FusionKind, Graph, Node, NodeId, Op, Result, TopKOutput};
+use rlx_opt::{plan_memory, BufferRequest};
+use std::collections::HashMap;
+
+/// The highest rank a value may have here.
+pub const RANK: usize = 8;
+
+/// Where a value's bytes are: an offset in the graph's arena or in the params buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Loc {
+    /// Bytes into the arena.
+    Arena(u64),
+    /// Bytes into the params buffer.
+    Params(u64),
+}
+
+/// One 64-bit word of a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Word {
+    /// A number.
+    Imm(i64),
+    /// The device address of a place.
+    Addr(Loc),
+}
+
+/// One kernel launch.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// Index into [`Program::kernels`].
+    pub kernel: usize,
+    /// Blocks.
+    pub grid: [u32; 3],
+    /// Threads per block.
+    pub block: u32,
+    /// The kernel's words (its one by-value argument).
+    pub words: Vec<Word>,
+    /// The node it computes, and its op, for profiles and errors.
+    pub node: usize,
+    /// The op's name.
+    pub op: &'static str,
+}
+
+/// A graph lowered for the CUDA backend.
+#[derive(Clone, Debug, Default)]
+pub struct Program {
+    /// Distinct kernel sources.
+    pub kernels: Vec<String>,
+    /// Launches, in order.
+    pub launches: Vec<Launch>,
+    /// Bytes of the arena.
+    pub arena_bytes: u64,
+    /// Bytes of this graph's own params buffer.
+    pub params_bytes: u64,
+    /// Inputs, params and outputs, in definition order.
+    pub inputs: Vec<IoSlot>,
+    /// Params.
+    pub params: Vec<IoSlot>,
+    /// Outputs.
+    pub outputs: Vec<IoSlot>,
+    /// Where each input, param and output lives.
+    pub input_at: Vec<Loc>,
+    /// Where each param lives.
+    pub param_at: Vec<Loc>,
+    /// Where each output lives.
+    pub output_at: Vec<Loc>,
+    /// Constants: place and bytes (uploaded once).
+    pub consts: Vec<(Loc, Vec<u8>)>,
+}
+
+impl Program {
+    /// The kernel sources (each compiled once per device).
+    pub fn kernels(&self) -> &[String] {
+        &self.kernels
+    }
+}
+
+/// Params another program holds, which this one reads from there: name, shape and offset.
+pub type SharedParams<'a> = &'a [(IoSlot, Loc)];
+
+/// Why the CUDA backend cannot run node `id`, or `None` when it can.
+pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
+    let n = g.node(id);
+    let out = n.shape.dtype();
+    let ins: Vec<DType> = n.inputs.iter().map(|i| g.shape(*i).dtype()).collect();
+    if let Some(d) = std::iter::once(out)
+        .chain(ins.iter().copied())
+        .find(|d| source::storage(*d).is_none())
+    {
+        return Some(format!(
+            "{d} values do not run on CUDA (f32, f64, f16, bf16, the integers and bool do)"
+        ));
+    }
+    if n.shape.rank() > RANK || n.inputs.iter().any(|i| g.shape(*i).rank() > RANK) {
+        return Some(format!("rank above {RANK}"));
+    }
+    if n.shape.static_dims().is_none()
+        || n.inputs.iter().any(|i| g.shape(*i).static_dims().is_none())
+    {
+        return Some("symbolic dimensions (bind them before compiling)".into());
+    }
+    let real = |d: DType| matches!(source::compute(d), Some("float") | Some("double"));
+    let int = |d: DType| !d.is_float() && d != DType::Bool;
+    let why = match &n.op {
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. } => return None,
+        Op::Binary(_) | Op::Activation(_) | Op::Compare(_) | Op::Where | Op::Cast { .. } => {
+            if source::elementwise_op(&n.op, out, &ins) {
+                return None;
+            }
+            format!("no CUDA C form for {} on {ins:?} -> {out}", n.op.name())
+        }
+        Op::Fused(r) if r.kind == FusionKind::Elementwise => {
+            let access = vec![Access::Strided; ins.len()];
+            if source::elementwise(&r.body, n.shape.rank(), &access).is_some() {
+                return None;
+            }
+            "an op of the region has no CUDA C form".into()
+        }
+        Op::Fused(r) => format!("no CUDA kernel for {} regions", r.kind.name()),
+        Op::Reshape { .. }
+        | Op::Transpose { .. }
+        | Op::Narrow { .. }
+        | Op::Expand { .. }
+        | Op::Concat { .. } => return None,
+        Op::Gather { .. } if int(ins[1]) => return None,
+        Op::Gather { .. } => format!("{} indices", ins[1]),
+        Op::ScatterAdd { .. } if out != DType::Bool && int(ins[1]) && g.shape(n.inputs[1]).rank() == 1 => {
+            return None
+        }
+        Op::ScatterAdd { .. } => format!(
+            "scatter-add of {out} with {} indices of rank {} (numeric values, 1-d integer indices run)",
+            ins[1],
+            g.shape(n.inputs[1]).rank()
+        ),
+        Op::Reduce { .. } | Op::Cumsum { .. } if out != DType::Bool && ins[0] != DType::Bool => {
+            return None
+        }
+        Op::Reduce { .. } | Op::Cumsum { .. } => "bool values".into(),
+        Op::Softmax { .. } if real(out) => return None,
+        Op::Softmax { .. } => format!("softmax of {out}"),
+        Op::TopK { output, .. }
+            if ins[0] != DType::Bool
+                && (*output == TopKOutput::Values || out == DType::I32) =>
+        {
+            return None
+        }
+        Op::TopK { .. } => format!("top-k of {} giving {out}", ins[0]),
+        Op::MatMul
+            if real(out)
+                && ins.iter().all(|&d| d == out)
+                && n.inputs.iter().all(|i| g.shape(*i).rank() >= 2) =>
+        {
+            return None
+        }
+        Op::MatMul => format!("matmul of {ins:?} -> {out} (float operands of rank 2 or more run)"),
+        Op::DotGeneral(_)
+        | Op::LayerNorm { .. }
+        | Op::RmsNorm { .. }
+        | Op::Attention { .. }
+        | Op::Rope { .. }
+        | Op::Conv(_)
+        | Op::Pool(_)
+        | Op::Custom(_)
+        | Op::Defined(_)
+        | Op::DequantMatMul { .. }
+        | Op::DequantizeRows { .. }
+        | Op::CacheWrite
+        | Op::CachedAttention { .. }
+        | Op::PagedAttention { .. } => format!("no CUDA kernel for {} yet", n.op.name()),
+    };
+    Some(why)
+}
+
+/// The dims of value `id` (static: [`unsupported`] checked).
+fn dims(g: &Graph, id: NodeId) -> Result<Vec<usize>> {
+    g.shape(id).static_dims().ok_or_else(|| Error::Unsupported {
+        backend: "cuda".into(),
+        op: g.node(id).op.name().into(),
+        node: id,
+        msg: format!(
+            "shape {} has symbolic dimensions; bind them before compiling",
+            g.shape(id)
+        ),
+    })
+}
+
+/// Row-major strides of dims `d`, in elements.
+pub(crate) fn dense_strides(d: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; d.len()];
+    for i in (0..d.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * d[i + 1];
+    }
+    s
+}
+
+/// Strides of an operand of dims `d` broadcast (numpy style) to `out` dims.
+fn broadcast_strides(d: &[usize], out: &[usize]) -> Vec<usize> {
+    let s = dense_strides(d);
+    let lead = out.len() - d.len();
+    (0..out.len())
+        .map(|i| {
+            if i < lead || d[i - lead] == 1 {
+                0
+            } else {
+                s[i - lead]
+            }
+        })
+        .collect()
+}
+
+/// Bytes of one element of `dt` here.
+fn elem_bytes(dt: DType) -> usize {
+    match dt {
+        DType::Bool => 1,
+        d => d.size_bytes(),
+    }
+}
+
+/// A word before addresses are fixed.
+#[derive(Clone, Copy, Debug)]
+enum Pending {
+    Imm(i64),
+    /// A value's bytes (by node), plus a byte offset.
+    Value(usize, u64),
+}
+
+fn imm(v: usize) -> Pending {
+    Pending::Imm(v as i64)
+}
+
+struct Step {
+    kernel: usize,
+    grid: [u32; 3],
+    block: u32,
+    words: Vec<Pending>,
+    node: usize,
+    op: &'static str,
+}
+
+struct Lowering<'g> {
+    g: &'g Graph,
+    sources: Vec<String>,
+    by_source: HashMap<String, usize>,
+    steps: Vec<Step>,
+    reqs: Vec<BufferRequest>,
+    /// The arena request of each node's bytes (aliases share one).
+    req_of: Vec<Option<usize>>,
+    /// The params-buffer offset of each node that is (an alias of) a param there.
+    param_of: Vec<Option<u64>>,
+    params_bytes: u64,
+    /// Further results of a fused region: computed by the step of that node.
+    extra_of: Vec<Option<usize>>,
+    consts: Vec<(usize, Vec<u8>)>,
+    p: Program,
+    input_req: Vec<usize>,
+    param_place: Vec<Result<u64, usize>>,
+}
+
+/// Blocks for `n` items of `per` each, at most 65535·16.
+fn blocks(n: usize, per: usize) -> u32 {
+    n.div_ceil(per.max(1)).clamp(1, 65535 * 16) as u32
+}
+
+/// Lower `g` (verified, optimized, decomposed for [`crate::CudaBackend`]); params named in
+/// `shared` are read from there.
+pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
+    let n = g.len();
+    let mut l = Lowering {
+        g,
+        sources: Vec::new(),
+        by_source: HashMap::new(),
+        steps: Vec::new(),
+        reqs: Vec::new(),
+        req_of: vec![None; n],
+        param_of: vec![None; n],
+        params_bytes: 0,
+        extra_of: vec![None; n],
+        consts: Vec::new(),
+        p: Program::default(),
+        input_req: Vec::new(),
+        param_place: Vec::new(),
+    };
+    for id in g.ids() {
+        if let Some(why) = unsupported(g, id) {
+            return Err(Error::Unsupported {
+                backend: "cuda".into(),
+                op: g.node(id).op.name().into(),
+                node: id,
+                msg: why,
+            });
+        }
+        let node = g.node(id);
+        let i = id.index();
+        let step = l.steps.len();
+        l.keep_operands(node, step);
+        if l.extra_of[i].is_some() {
+            continue;
+        }
+        let d = dims(g, id)?;
+        let bytes = d.iter().product::<usize>().max(1) * elem_bytes(node.shape.dtype());
+        match &node.op {
+            Op::Input { name } => {
+                l.p.inputs.push(IoSlot {
+                    name: name.clone(),
+                    shape: node.shape.clone(),
+                });
+                let r = l.request(bytes, 0, usize::MAX);
+                l.req_of[i] = Some(r);
+                l.input_req.push(r);
+            }
+            Op::Param { name } => {
+                l.p.params.push(IoSlot {
+                    name: name.clone(),
+                    shape: node.shape.clone(),
+                });
+                let other = shared
+                    .iter()
+                    .find(|(s, _)| s.name == *name && s.shape == node.shape)
+                    .map(|(_, at)| *at);
+                match (shared.is_empty(), other) {
+                    (_, Some(Loc::Params(off))) => {
+                        l.param_of[i] = Some(off);
+                        l.param_place.push(Ok(off));
+                    }
+                    (true, _) => {
+                        let off = l.params_bytes;
+                        l.params_bytes += (bytes as u64).next_multiple_of(256);
+                        l.param_of[i] = Some(off);
+                        l.param_place.push(Ok(off));
+                    }
+                    // Sharing, but the other program has no such param: bytes of its own.
+                    (false, _) => {
+                        let r = l.request(bytes, 0, usize::MAX);
+                        l.req_of[i] = Some(r);
+                        l.param_place.push(Err(r));
+                    }
+                }
+            }
+            Op::Constant { data } => {
+                let r = l.request(bytes, 0, usize::MAX);
+                l.req_of[i] = Some(r);
+                l.consts.push((r, data.clone()));
+            }
+            Op::Reshape { .. } => {
+                let x = node.inputs[0].index();
+                l.req_of[i] = l.req_of[x];
+                l.param_of[i] = l.param_of[x];
+            }
+            Op::Concat { axis } => l.concat(id, &d, *axis, bytes)?,
+            _ => {
+                let r = l.request(bytes, step, step);
+                l.req_of[i] = Some(r);
+                l.compute(id, &d)?;
+                let end = l.steps.len().saturating_sub(1).max(step);
+                l.reqs[r].start = step;
+                l.reqs[r].end = l.reqs[r].end.max(end);
+                l.keep_operands(node, end);
+            }
+        }
+    }
+    l.finish()
+}
+
+impl Lowering<'_> {
+    fn request(&mut self, size: usize, start: usize, end: usize) -> usize {
+        self.reqs.push(BufferRequest { size, start, end });
+        self.reqs.len() - 1
+    }
+
+    fn keep_operands(&mut self, node: &Node, end: usize) {
+        for x in &node.inputs {
+            if let Some(r) = self.req_of[x.index()] {
+                self.reqs[r].end = self.reqs[r].end.max(end);
+            }
+        }
+    }
+
+    fn kernel(&mut self, src: String) -> usize {
+        if let Some(&k) = self.by_source.get(&src) {
+            return k;
+        }
+        self.sources.push(src.clone());
+        self.by_source.insert(src, self.sources.len() - 1);
+        self.sources.len() - 1
+    }
+
+    fn launch(
+        &mut self,
+        id: NodeId,
+        src: Option<String>,
+        grid: [u32; 3],
+        block: u32,
+        words: Vec<Pending>,
+    ) -> Result<()> {
+        let node = self.g.node(id);
+        let src = src.ok_or_else(|| Error::Unsupported {
+            backend: "cuda".into(),
+            op: node.op.name().into(),
+            node: id,
+            msg: "no CUDA C kernel for these dtypes".into(),
+        })?;
+        let kernel = self.kernel(src);
+        self.steps.push(Step {
+            kernel,
+            grid,
+            block,
+            words,
+            node: id.index(),
+            op: node.op.name(),
+        });
+        Ok(())
+    }
+
+    fn val(&self, x: NodeId) -> Pending {
+        Pending::Value(x.index(), 0)
+    }
+
+    /// The one step (or steps) computing node `id` of dims `d`.
+    fn compute(&mut self, id: NodeId, d: &[usize]) -> Result<()> {
+        let g = self.g;
+        let node = g.node(id);
+        let nel: usize = d.iter().product::<usize>();
+        let x = node.inputs.first().copied();
+        let dt = node.shape.dtype();
+        match &node.op {
+            Op::Binary(_)
+            | Op::Activation(_)
+            | Op::Compare(_)
+            | Op::Where
+            | Op::Cast { .. }
+            | Op::Fused(_) => self.elementwise(id, d),
+            Op::Transpose { perm } => {
+                let x = x.expect("an operand");
+                let ss = dense_strides(&dims(g, x)?);
+                self.copy(
+                    id,
+                    x,
+                    0,
+                    perm.iter().map(|&p| ss[p]).collect(),
+                    d.to_vec(),
+                    id,
+                    0,
+                )
+            }
+            Op::Narrow { axis, start, .. } => {
+                let x = x.expect("an operand");
+                let ss = dense_strides(&dims(g, x)?);
+                self.copy(id, x, start * ss[*axis], ss, d.to_vec(), id, 0)
+            }
+            Op::Expand { .. } => {
+                let x = x.expect("an operand");
+                let s = broadcast_strides(&dims(g, x)?, d);
+                self.copy(id, x, 0, s, d.to_vec(), id, 0)
+            }
+            Op::Gather { axis } => {
+                let (x, idx) = (node.inputs[0], node.inputs[1]);
+                let (xd, idd) = (dims(g, x)?, dims(g, idx)?);
+                let (xs, is) = (dense_strides(&xd), dense_strides(&idd));
+                let ir = idd.len();
+                let rank = d.len();
+                let mut words = vec![
+                    imm(nel),
+                    self.val(x),
+                    self.val(idx),
+                    self.val(id),
+                    imm(xd[*axis]),
+                    imm(xs[*axis]),
+                ];
+                words.extend(d.iter().map(|&v| imm(v)));
+                words.extend((0..rank).map(|p| {
+                    imm(if p < *axis {
+                        xs[p]
+                    } else if p < axis + ir {
+                        0
+                    } else {
+                        xs[p - ir + 1]
+                    })
+                }));
+                words.extend((0..rank).map(|p| {
+                    imm(if p >= *axis && p < axis + ir {
+                        is[p - axis]
+                    } else {
+                        0
+                    })
+                }));
+                let src = source::gather(elem_bytes(dt), g.shape(idx).dtype(), rank);
+                self.launch(id, src, [blocks(nel, BLOCK as usize), 1, 1], BLOCK, words)
+            }
+            Op::ScatterAdd { axis } => {
+                let (x, idx, u) = (node.inputs[0], node.inputs[1], node.inputs[2]);
+                let ud = dims(g, u)?;
+                let m = dims(g, idx)?[0];
+                let mut words = vec![
+                    imm(nel),
+                    self.val(x),
+                    self.val(u),
+                    self.val(idx),
+                    self.val(id),
+                    imm(m),
+                    imm(*axis),
+                ];
+                words.extend(d.iter().map(|&v| imm(v)));
+                words.extend(dense_strides(&ud).into_iter().map(imm));
+                let src = source::scatter_add(dt, g.shape(idx).dtype(), d.len());
+                self.launch(id, src, [blocks(nel, BLOCK as usize), 1, 1], BLOCK, words)
+            }
+            Op::Reduce { kind, axes, .. } => {
+                let x = x.expect("an operand");
+                let xd = dims(g, x)?;
+                let xs = dense_strides(&xd);
+                let (mut od, mut os, mut id_, mut is) = (vec![], vec![], vec![], vec![]);
+                for a in 0..xd.len() {
+                    if axes.contains(&a) {
+                        id_.push(xd[a]);
+                        is.push(xs[a]);
+                    } else {
+                        od.push(xd[a]);
+                        os.push(xs[a]);
+                    }
+                }
+                let (n_out, count) = (od.iter().product::<usize>(), id_.iter().product::<usize>());
+                let t = source::row_threads(count, n_out);
+                let mut words = vec![imm(n_out), imm(count), self.val(x), self.val(id)];
+                for v in [&od, &os, &id_, &is] {
+                    words.extend(v.iter().map(|&v| imm(v)));
+                }
+                let src = source::reduce(*kind, g.shape(x).dtype(), dt, od.len(), id_.len(), t);
+                self.launch(id, src, row_grid(n_out, t), BLOCK, words)
+            }
+            Op::Softmax { axis } | Op::Cumsum { axis } => {
+                let x = x.expect("an operand");
+                let len = d[*axis];
+                let inner: usize = d[axis + 1..].iter().product();
+                let rows = nel.checked_div(len).unwrap_or(0);
+                let words = vec![imm(rows), imm(len), self.val(x), self.val(id), imm(inner)];
+                if matches!(node.op, Op::Softmax { .. }) {
+                    let t = source::row_threads(len, rows);
+                    self.launch(id, source::softmax(dt, t), row_grid(rows, t), BLOCK, words)
+                } else {
+                    self.launch(
+                        id,
+                        source::cumsum(dt),
+                        [blocks(rows, BLOCK as usize), 1, 1],
+                        BLOCK,
+                        words,
+                    )
+                }
+            }
+            Op::TopK { k, output } => {
+                let x = x.expect("an operand");
+                let xd = dims(g, x)?;
+                let len = *xd.last().unwrap_or(&1);
+                let words = vec![imm(nel), imm(*k), imm(len), self.val(x), self.val(id)];
+                let src = source::topk(g.shape(x).dtype(), *output == TopKOutput::Indices);
+                self.launch(id, src, [blocks(nel, BLOCK as usize), 1, 1], BLOCK, words)
+            }
+            Op::MatMul => {
+                let (a, b) = (node.inputs[0], node.inputs[1]);
+                let (ad, bd) = (dims(g, a)?, dims(g, b)?);
+                let r = d.len();
+                let (m, k, n) = (d[r - 2], ad[ad.len() - 1], d[r - 1]);
+                let cb = &d[..r - 2];
+                let batches: usize = cb.iter().product();
+                let strides = |xd: &[usize]| broadcast_strides(&xd[..xd.len() - 2], cb);
+                let mut words = vec![
+                    imm(m),
+                    imm(k),
+                    imm(n),
+                    self.val(a),
+                    self.val(b),
+                    self.val(id),
+                    imm(batches),
+                ];
+                words.extend(cb.iter().map(|&v| imm(v)));
+                words.extend(strides(&ad).into_iter().map(imm));
+                words.extend(strides(&bd).into_iter().map(imm));
+                let grid = [
+                    n.div_ceil(16).max(1) as u32,
+                    m.div_ceil(16).max(1) as u32,
+                    batches.clamp(1, 65535) as u32,
+                ];
+                if grid[1] > 65535 {
+                    return Err(Error::Unsupported {
+                        backend: "cuda".into(),
+                        op: "matmul".into(),
+                        node: id,
+                        msg: format!("{m} rows (at most {} per product)", 65535 * 16),
+                    });
+                }
+                self.launch(id, source::matmul(dt, cb.len()), grid, 256, words)
+            }
+            other => Err(Error::Unsupported {
+                backend: "cuda".into(),
+                op: other.name().into(),
+                node: id,
+                msg: "no CUDA kernel".into(),
+            }),
+        }
+    }
+
+    /// Elementwise ops (as a body of one op) and fused elementwise regions.
+    fn elementwise(&mut self, id: NodeId, d: &[usize]) -> Result<()> {
+        let g = self.g;
+        let node = g.node(id);
+        let i = id.index();
+        let (body, extra) = match &node.op {
+            Op::Fused(r) => {
+                let mut extra: Vec<usize> = g
+                    .fused_results(id)
+                    .into_iter()
+                    .map(|(_, s)| s.index())
+                    .collect();
+                let mut body = (*r.body).clone();
+                if r.output != 0 || extra.len() + 1 != r.body.outputs().len() {
+                    // Compute just the result this node names; the others compute their own.
+                    let o = body.outputs()[r.output];
+                    body.set_outputs(vec![o]);
+                    extra.clear();
+                }
+                (body, extra)
+            }
+            op => {
+                let mut body = Graph::new("op");
+                let args: Vec<NodeId> = node
+                    .inputs
+                    .iter()
+                    .enumerate()
+                    .map(|(k, x)| body.try_input(&format!("in{k}"), g.shape(*x).clone()))
+                    .collect::<Result<_>>()?;
+                let y = body.try_op(op.clone(), &args)?;
+                body.set_outputs(vec![y]);
+                (body, Vec::new())
+            }
+        };
+        let nel: usize = d.iter().product();
+        let mut words = vec![imm(nel), self.val(id)];
+        words.extend(d.iter().map(|&v| imm(v)));
+        let mut access = Vec::new();
+        for x in &node.inputs {
+            let xd = dims(g, *x)?;
+            let a = if xd.iter().product::<usize>() == 1 {
+                Access::Scalar
+            } else if xd == d {
+                Access::Dense
+            } else {
+                Access::Strided
+            };
+            access.push(a);
+            words.push(self.val(*x));
+            let s = if a == Access::Strided {
+                broadcast_strides(&xd, d)
+            } else {
+                vec![0; d.len()]
+            };
+            words.extend(s.into_iter().map(imm));
+        }
+        for &s in &extra {
+            let sd = dims(g, NodeId(s as u32))?;
+            let bytes = sd.iter().product::<usize>().max(1)
+                * elem_bytes(g.node(NodeId(s as u32)).shape.dtype());
+            let step = self.steps.len();
+            let r = self.request(bytes, step, step);
+            self.req_of[s] = Some(r);
+            self.extra_of[s] = Some(i);
+            words.push(Pending::Value(s, 0));
+        }
+        let src = source::elementwise(&body, d.len(), &access);
+        self.launch(id, src, [blocks(nel, BLOCK as usize), 1, 1], BLOCK, words)
+    }
+
+    /// A strided copy of `src` (from element `src_off`, `src_strides`) over `dims` into `dst`
+    /// (from element `dst_off`, dense).
+    #[allow(clippy::too_many_arguments)]
+    fn copy(
+        &mut self,
+        id: NodeId,
+        src: NodeId,
+        src_off: usize,
+        src_strides: Vec<usize>,
+        dims_: Vec<usize>,
+        dst: NodeId,
+        dst_off: usize,
+    ) -> Result<()> {
+        let dst_strides =
+            dense_strides(self.g.shape(dst).static_dims().as_deref().unwrap_or(&dims_));
+        self.copy_to(
+            id,
+            src,
+            src_off,
+            src_strides,
+            dims_,
+            dst,
+            dst_off,
+            dst_strides,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_to(
+        &mut self,
+        id: NodeId,
+        src: NodeId,
+        src_off: usize,
+        src_strides: Vec<usize>,
+        dims_: Vec<usize>,
+        dst: NodeId,
+        dst_off: usize,
+        dst_strides: Vec<usize>,
+    ) -> Result<()> {
+        let eb = elem_bytes(self.g.shape(src).dtype());
+        let nel: usize = dims_.iter().product();
+        let rank = dims_.len();
+        let mut words = vec![
+            imm(nel),
+            Pending::Value(src.index(), (src_off * eb) as u64),
+            Pending::Value(dst.index(), (dst_off * eb) as u64),
+        ];
+        words.extend(dims_.iter().map(|&v| imm(v)));
+        words.extend(src_strides.into_iter().map(imm));
+        words.extend(dst_strides.into_iter().map(imm));
+        self.launch(
+            id,
+            source::copy(eb, rank),
+            [blocks(nel, BLOCK as usize), 1, 1],
+            BLOCK,
+            words,
+        )
+    }
+
+    /// One copy per part into its slice of the result.
+    fn concat(&mut self, id: NodeId, d: &[usize], axis: usize, bytes: usize) -> Result<()> {
+        let g = self.g;
+        let node = g.node(id);
+        let step = self.steps.len();
+        let r = self.request(bytes, step, step);
+        self.req_of[id.index()] = Some(r);
+        let ds = dense_strides(d);
+        let mut from = 0;
+        for &x in &node.inputs {
+            let pd = dims(g, x)?;
+            let len = pd[axis];
+            if pd.iter().product::<usize>() > 0 {
+                self.copy_to(
+                    id,
+                    x,
+                    0,
+                    dense_strides(&pd),
+                    pd.clone(),
+                    id,
+                    from * ds[axis],
+                    ds.clone(),
+                )?;
+            }
+            from += len;
+        }
+        let end = self.steps.len().saturating_sub(1).max(step);
+        self.reqs[r].end = end;
+        self.keep_operands(node, end);
+        Ok(())
+    }
+
+    fn finish(mut self) -> Result<Program> {
+        let nsteps = self.steps.len();
+        for o in self.g.outputs() {
+            if let Some(r) = self.req_of[o.index()] {
+                self.reqs[r].end = usize::MAX;
+            }
+        }
+        for r in self.reqs.iter_mut() {
+            r.end = r.end.min(nsteps.max(1));
+            r.start = r.start.min(r.end);
+            r.size = r.size.next_multiple_of(16);
+        }
+        let plan = plan_memory(&self.reqs, 256);
+        let g = self.g;
+        let locs: Vec<Option<Loc>> = (0..g.len())
+            .map(|node| match (self.param_of[node], self.req_of[node]) {
+                (Some(off), _) => Some(Loc::Params(off)),
+                (None, Some(r)) => Some(Loc::Arena(plan.offsets[r] as u64)),
+                (None, None) => None,
+            })
+            .collect();
+        let loc = |node: usize| -> Result<Loc> {
+            locs[node].ok_or_else(|| Error::Unsupported {
+                backend: "cuda".into(),
+                op: g.node(NodeId(node as u32)).op.name().into(),
+                node: NodeId(node as u32),
+                msg: "the value has no place in device memory (a lowering bug)".into(),
+            })
+        };
+        let mut p = std::mem::take(&mut self.p);
+        p.kernels = std::mem::take(&mut self.sources);
+        p.arena_bytes = plan.arena_size as u64;
+        p.params_bytes = self.params_bytes;
+        p.input_at = self
+            .input_req
+            .iter()
+            .map(|&r| Loc::Arena(plan.offsets[r] as u64))
+            .collect();
+        p.param_at = self
+            .param_place
+            .iter()
+            .map(|pl| match pl {
+                Ok(off) => Loc::Params(*off),
+                Err(r) => Loc::Arena(plan.offsets[*r] as u64),
+            })
+            .collect();
+        p.outputs = self
+            .g
+            .outputs()
+            .iter()
+            .enumerate()
+            .map(|(k, o)| IoSlot {
+                name: format!("out{k}"),
+                shape: self.g.shape(*o).clone(),
+            })
+            .collect();
+        p.output_at = g
+            .outputs()
+            .iter()
+            .map(|o| loc(o.index()))
+            .collect::<Result<_>>()?;
+        p.consts = self
+            .consts
+            .iter()
+            .map(|(r, b)| (Loc::Arena(plan.offsets[*r] as u64), b.clone()))
+            .collect();
+        let mut launches = Vec::with_capacity(self.steps.len());
+        for s in &self.steps {
+            let mut words = Vec::with_capacity(s.words.len());
+            for w in &s.words {
+                words.push(match *w {
+                    Pending::Imm(v) => Word::Imm(v),
+                    Pending::Value(node, extra) => Word::Addr(match loc(node)? {
+                        Loc::Arena(o) => Loc::Arena(o + extra),
+                        Loc::Params(o) => Loc::Params(o + extra),
+                    }),
+                });
+            }
+            launches.push(Launch {
+                kernel: s.kernel,
+                grid: s.grid,
+                block: s.block,
+                node: s.node,
+                op: s.op,
+                words,
+            });
+        }
+        p.launches = launches;
+        Ok(p)
+    }
+}
+
+/// Blocks of a row kernel: a block a row (256 threads), or eight rows a block (a warp each).
+fn row_grid(rows: usize, t: u32) -> [u32; 3] {
+    let per = if t == 256 { 1 } else { (BLOCK / 32) as usize };
+    [blocks(rows, per), 1, 1]
+}

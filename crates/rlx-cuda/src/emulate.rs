@@ -11,59 +11,160 @@
 //! CUDA graphs, timing), and the device's math library (the host's `expf` is not the GPU's).
 
 use crate::lower::{Loc, Program, Word};
-use rlx_ir::{Error, Result};
+use rlx_driver::{Backend, CompileOptions, Executable, IoSlot};
+use rlx_ir::{Error, FusionKind, Graph, NodeId, Result};
 use sha2::{Digest, Sha256};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 const PRELUDE: &str = r#"#include <math.h>
 #include <string.h>
 #include <stdint.h>
-#include <barrier>
+#include <stdio.h>
+#include <stdlib.h>
 #include <thread>
 #include <vector>
+#include <atomic>
 #include <functional>
+#include <memory>
 #define __global__
 #define __device__
 #define __forceinline__ inline
-#define __shared__ static
+// One set of shared arrays per host worker (a worker runs one block at a time).
+#define __shared__ static thread_local
 struct emu_dim3 { unsigned x, y, z; };
 static thread_local emu_dim3 threadIdx, blockIdx;
 static emu_dim3 blockDim, gridDim;
-static std::barrier<>* emu_block;
-static std::barrier<>* emu_warps[32];
-static unsigned long long emu_ex[1024];
-static inline void __syncthreads() { emu_block->arrive_and_wait(); }
+
+// A block's threads are fibers on one host thread, switched by hand (callee-saved registers
+// and the stack pointer), so a barrier or a shuffle costs a few nanoseconds.
+extern "C" void emu_swap(void** from, void* to);
+asm(R"(
+.text
+.globl emu_swap
+.type emu_swap, @function
+emu_swap:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+)");
+struct emu_fiber { void* sp; unsigned tid; int state; int group; };  // state: 0 runs, 1 waits, 2 done
+static thread_local void* emu_sched_sp;
+static thread_local emu_fiber* emu_cur;
+static thread_local const std::function<void()>* emu_k;
+static thread_local unsigned emu_wait_block, emu_wait_warp[32];
+static thread_local unsigned long long emu_ex[1024];
+static void emu_wait(int group) {
+    emu_cur->state = 1;
+    emu_cur->group = group;
+    if (group < 0) ++emu_wait_block; else ++emu_wait_warp[group];
+    emu_swap(&emu_cur->sp, emu_sched_sp);
+}
+static inline void __syncthreads() { emu_wait(-1); }
 template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
     const unsigned t = threadIdx.x, w = t >> 5, lane = t & 31;
     memcpy(&emu_ex[t], &v, sizeof(T));
-    emu_warps[w]->arrive_and_wait();
+    emu_wait((int)w);
     T r;
     memcpy(&r, &emu_ex[(w << 5) | (lane ^ (unsigned)o)], sizeof(T));
-    emu_warps[w]->arrive_and_wait();
+    emu_wait((int)w);
     return r;
 }
 static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
 static inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); return f; }
 static inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
+static void emu_tramp() {
+    (*emu_k)();
+    emu_cur->state = 2;
+    emu_swap(&emu_cur->sp, emu_sched_sp);
+    abort();
+}
+static const size_t EMU_STACK = 64 * 1024;
+// Run one block of `bx` fibers to the end.
+static void emu_block(unsigned bx, std::vector<emu_fiber>& fs, char* stacks) {
+    for (unsigned t = 0; t < bx; ++t) {
+        uintptr_t top = ((uintptr_t)(stacks + (size_t)(t + 1) * EMU_STACK)) & ~(uintptr_t)15;
+        void** sp = (void**)(top - 16);
+        sp[0] = (void*)&emu_tramp;
+        sp -= 6;
+        for (int r = 0; r < 6; ++r) sp[r] = 0;
+        fs[t] = {sp, t, 0, 0};
+    }
+    emu_wait_block = 0;
+    for (auto& w : emu_wait_warp) w = 0;
+    unsigned done = 0;
+    while (done < bx) {
+        bool ran = false;
+        for (unsigned t = 0; t < bx; ++t) {
+            if (fs[t].state != 0) continue;
+            ran = true;
+            threadIdx = {t, 0, 0};
+            emu_cur = &fs[t];
+            emu_swap(&emu_sched_sp, fs[t].sp);
+            if (fs[t].state == 2) ++done;
+        }
+        // Release the barriers every thread of their group reached.
+        bool released = false;
+        if (emu_wait_block > 0 && emu_wait_block + done == bx) {
+            for (auto& f : fs) if (f.state == 1 && f.group < 0) f.state = 0;
+            emu_wait_block = 0;
+            released = true;
+        }
+        for (unsigned w = 0; w < (bx + 31) / 32; ++w) {
+            const unsigned size = bx - 32 * w < 32 ? bx - 32 * w : 32;
+            if (emu_wait_warp[w] == size) {
+                for (unsigned t = 32 * w; t < 32 * w + size; ++t) if (fs[t].state == 1 && fs[t].group == (int)w) fs[t].state = 0;
+                emu_wait_warp[w] = 0;
+                released = true;
+            }
+        }
+        if (!ran && !released && done < bx) {
+            fprintf(stderr, "rlx emulation: the threads of a block wait on each other forever\n");
+            abort();
+        }
+    }
+}
 static void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, const std::function<void()>& k) {
     gridDim = {gx, gy, gz};
     blockDim = {bx, 1, 1};
-    for (unsigned z = 0; z < gz; ++z)
-        for (unsigned y = 0; y < gy; ++y)
-            for (unsigned x = 0; x < gx; ++x) {
-                std::barrier<> block(bx);
-                std::vector<std::barrier<>*> warps;
-                for (unsigned w = 0; w < (bx + 31) / 32; ++w) warps.push_back(new std::barrier<>(bx - 32 * w < 32 ? bx - 32 * w : 32));
-                emu_block = &block;
-                for (unsigned w = 0; w < warps.size(); ++w) emu_warps[w] = warps[w];
-                std::vector<std::thread> ts;
-                for (unsigned t = 0; t < bx; ++t)
-                    ts.emplace_back([&, t] { threadIdx = {t, 0, 0}; blockIdx = {x, y, z}; k(); });
-                for (auto& t : ts) t.join();
-                for (auto* w : warps) delete w;
-            }
+    const unsigned long long blocks = (unsigned long long)gx * gy * gz;
+    unsigned workers = std::thread::hardware_concurrency();
+    if (workers == 0) workers = 1;
+    if (blocks < workers) workers = (unsigned)blocks;
+    std::atomic<unsigned long long> next(0);
+    auto work = [&] {
+        std::vector<emu_fiber> fs(bx);
+        std::unique_ptr<char[]> stacks(new char[(size_t)bx * EMU_STACK + 16]);
+        emu_k = &k;
+        for (unsigned long long b; (b = next.fetch_add(1)) < blocks;) {
+            blockIdx = {(unsigned)(b % gx), (unsigned)((b / gx) % gy), (unsigned)(b / ((unsigned long long)gx * gy))};
+            emu_block(bx, fs, stacks.get());
+        }
+    };
+    std::vector<std::thread> ts;
+    for (unsigned w = 1; w < workers; ++w) ts.emplace_back(work);
+    work();
+    for (auto& t : ts) t.join();
 }
 "#;
+
+/// The libraries built so far in this process.
+fn built() -> &'static Mutex<Vec<Arc<Emulator>>> {
+    static LIBS: Mutex<Vec<Arc<Emulator>>> = Mutex::new(Vec::new());
+    &LIBS
+}
 
 /// The kernels of some programs, compiled for the host and loaded.
 pub struct Emulator {
@@ -145,6 +246,64 @@ impl Emulator {
         })
     }
 
+    /// Build the kernels `sources` once for the programs compiled later by
+    /// [`EmulatedBackend`] (which otherwise builds a library per program): one compile of many
+    /// kernels is much cheaper than many compiles of a few.
+    pub fn prebuild<'a>(sources: impl IntoIterator<Item = &'a String>) -> Result<()> {
+        let e = Arc::new(Emulator::build(sources)?);
+        built().lock().unwrap_or_else(|e| e.into_inner()).push(e);
+        Ok(())
+    }
+
+    /// A library holding every kernel of `sources`: one built before, else a new one.
+    fn shared(sources: &[String]) -> Result<Arc<Emulator>> {
+        let mut libs = built().lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = libs
+            .iter()
+            .find(|e| sources.iter().all(|s| e.sources.contains_key(s)))
+        {
+            return Ok(e.clone());
+        }
+        let e = Arc::new(Emulator::build(sources)?);
+        libs.push(e.clone());
+        Ok(e)
+    }
+
+    /// Run `prog`'s launches over an arena at `abase` and a params buffer at `pbase` (host
+    /// addresses of buffers as large as the program's).
+    fn launch_all(&self, prog: &Program, abase: u64, pbase: u64) -> Result<()> {
+        // The emulation's grid and barriers are globals of the library: one launch at a time
+        // in the process.
+        static ONE: Mutex<()> = Mutex::new(());
+        let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
+        for l in &prog.launches {
+            let i = *self
+                .sources
+                .get(&prog.kernels[l.kernel])
+                .ok_or_else(|| failed("a kernel of the program was not built".into()))?;
+            let words: Vec<u64> = l
+                .words
+                .iter()
+                .map(|w| match *w {
+                    Word::Imm(v) => v as u64,
+                    Word::Addr(Loc::Arena(o)) => abase + o,
+                    Word::Addr(Loc::Params(o)) => pbase + o,
+                })
+                .collect();
+            let name = format!("rlx_launch_{i}\0");
+            // SAFETY: the launcher `build` defined for this kernel, of this signature; the words
+            // hold addresses inside the caller's buffers, which outlive the call.
+            unsafe {
+                let f: libloading::Symbol<unsafe extern "C" fn(u32, u32, u32, u32, *const u64)> =
+                    self.lib
+                        .get(name.as_bytes())
+                        .map_err(|e| failed(format!("{name}: {e}")))?;
+                f(l.grid[0], l.grid[1], l.grid[2], l.block, words.as_ptr());
+            }
+        }
+        Ok(())
+    }
+
     /// Run `prog` once: `inputs` and `params` as bytes by slot (in [`Program::inputs`] /
     /// [`Program::params`] order), the outputs' bytes back.
     pub fn run(
@@ -190,30 +349,7 @@ impl Emulator {
         for (k, b) in params.iter().enumerate() {
             put(prog.param_at[k], b, cap(prog.param_at[k]))?;
         }
-        for l in &prog.launches {
-            let i = *self
-                .sources
-                .get(&prog.kernels[l.kernel])
-                .ok_or_else(|| failed("a kernel of the program was not built".into()))?;
-            let words: Vec<u64> = l
-                .words
-                .iter()
-                .map(|w| match *w {
-                    Word::Imm(v) => v as u64,
-                    Word::Addr(at) => addr(at),
-                })
-                .collect();
-            let name = format!("rlx_launch_{i}\0");
-            // SAFETY: the launcher `build` defined for this kernel, of this signature; the words
-            // hold addresses inside `arena` and `pbuf`, which outlive the call.
-            unsafe {
-                let f: libloading::Symbol<unsafe extern "C" fn(u32, u32, u32, u32, *const u64)> =
-                    self.lib
-                        .get(name.as_bytes())
-                        .map_err(|e| failed(format!("{name}: {e}")))?;
-                f(l.grid[0], l.grid[1], l.grid[2], l.block, words.as_ptr());
-            }
-        }
+        self.launch_all(prog, abase, pbase)?;
         let mut outs = Vec::new();
         for (k, o) in prog.outputs.iter().enumerate() {
             let n = o.shape.size_bytes().unwrap_or(0);
@@ -225,5 +361,202 @@ impl Emulator {
         }
         drop((arena, pbuf));
         Ok(outs)
+    }
+}
+
+/// The CUDA backend's pipeline and lowering with the programs run in host emulation: register
+/// it for `Device::Cuda` (`rlx_driver::register_backend`) and every product of RLX (the LLM
+/// runner, the trainer, the serving engine) runs its CUDA programs on the host, for checking
+/// them on a machine without a GPU (slowly).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EmulatedBackend;
+
+impl Backend for EmulatedBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn supports(&self, graph: &Graph, id: NodeId) -> bool {
+        crate::CudaBackend.supports(graph, id)
+    }
+
+    fn refusal(&self, graph: &Graph, id: NodeId) -> Option<String> {
+        crate::CudaBackend.refusal(graph, id)
+    }
+
+    fn fuses(&self, graph: &Graph, id: NodeId, kind: FusionKind) -> bool {
+        crate::CudaBackend.fuses(graph, id, kind)
+    }
+
+    fn compile(&self, graph: &Graph, _opts: &CompileOptions) -> Result<Box<dyn Executable>> {
+        Ok(Box::new(EmulatedProgram::new(
+            crate::lower(graph, &[])?,
+            None,
+        )?))
+    }
+
+    fn compile_sharing(
+        &self,
+        graph: &Graph,
+        _opts: &CompileOptions,
+        other: &dyn Executable,
+    ) -> Result<Box<dyn Executable>> {
+        let other = other
+            .as_any()
+            .and_then(|a| a.downcast_ref::<EmulatedProgram>())
+            .ok_or_else(|| {
+                Error::Invalid(
+                    "params can only be shared with another emulated CUDA program".into(),
+                )
+            })?;
+        let shared: Vec<(IoSlot, Loc)> = other
+            .prog
+            .params
+            .iter()
+            .cloned()
+            .zip(other.prog.param_at.iter().copied())
+            .collect();
+        Ok(Box::new(EmulatedProgram::new(
+            crate::lower(graph, &shared)?,
+            Some(other),
+        )?))
+    }
+}
+
+/// Host memory with the alignment of device allocations.
+struct HostMem(Vec<u128>);
+
+impl HostMem {
+    fn new(bytes: u64) -> HostMem {
+        HostMem(vec![0u128; (bytes as usize).div_ceil(16).max(1)])
+    }
+    fn bytes(&mut self) -> &mut [u8] {
+        let n = self.0.len() * 16;
+        // SAFETY: u128 storage viewed as its bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr() as *mut u8, n) }
+    }
+}
+
+/// A lowered program with host buffers, run by an [`Emulator`].
+pub struct EmulatedProgram {
+    prog: Program,
+    emu: Arc<Emulator>,
+    arena: Mutex<HostMem>,
+    params: Arc<Mutex<HostMem>>,
+}
+
+impl EmulatedProgram {
+    fn new(prog: Program, share: Option<&EmulatedProgram>) -> Result<EmulatedProgram> {
+        // Every program run here is also compile-checked for the device where NVRTC is at hand
+        // (required under RLX_REQUIRE_NVRTC=1, as the tests set it).
+        match crate::nvrtc::Nvrtc::get() {
+            Ok(_) => {
+                crate::compile_check(&prog, &crate::CHECKED_ARCHS)?;
+            }
+            Err(e) if rlx_ir::env::get("RLX_REQUIRE_NVRTC").as_deref() == Some("1") => {
+                return Err(e)
+            }
+            Err(_) => {}
+        }
+        let emu = Emulator::shared(&prog.kernels)?;
+        let params = match share {
+            Some(o) => o.params.clone(),
+            None => Arc::new(Mutex::new(HostMem::new(prog.params_bytes))),
+        };
+        let p = EmulatedProgram {
+            arena: Mutex::new(HostMem::new(prog.arena_bytes)),
+            prog,
+            emu,
+            params,
+        };
+        for (at, b) in &p.prog.consts {
+            p.put(*at, b)?;
+        }
+        Ok(p)
+    }
+
+    fn with<T>(&self, at: Loc, f: impl FnOnce(&mut [u8], usize) -> Result<T>) -> Result<T> {
+        match at {
+            Loc::Arena(o) => f(
+                self.arena.lock().unwrap_or_else(|e| e.into_inner()).bytes(),
+                o as usize,
+            ),
+            Loc::Params(o) => f(
+                self.params
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .bytes(),
+                o as usize,
+            ),
+        }
+    }
+
+    fn put(&self, at: Loc, bytes: &[u8]) -> Result<()> {
+        self.with(at, |buf, o| {
+            let end = o + bytes.len();
+            if end > buf.len() {
+                return Err(failed(format!(
+                    "{} bytes at {at:?} overrun the buffer",
+                    bytes.len()
+                )));
+            }
+            buf[o..end].copy_from_slice(bytes);
+            Ok(())
+        })
+    }
+
+    fn get(&self, at: Loc, out: &mut [u8]) -> Result<()> {
+        self.with(at, |buf, o| {
+            let end = o + out.len();
+            if end > buf.len() {
+                return Err(failed(format!(
+                    "{} bytes at {at:?} overrun the buffer",
+                    out.len()
+                )));
+            }
+            out.copy_from_slice(&buf[o..end]);
+            Ok(())
+        })
+    }
+}
+
+impl Executable for EmulatedProgram {
+    fn inputs(&self) -> &[IoSlot] {
+        &self.prog.inputs
+    }
+    fn params(&self) -> &[IoSlot] {
+        &self.prog.params
+    }
+    fn outputs(&self) -> &[IoSlot] {
+        &self.prog.outputs
+    }
+    fn write_input(&mut self, idx: usize, bytes: &[u8]) -> Result<()> {
+        let slot = &self.prog.inputs[idx];
+        if bytes.len() != slot.shape.size_bytes().unwrap_or(0) {
+            return Err(rlx_driver::byte_length_error("input", slot, bytes.len()));
+        }
+        self.put(self.prog.input_at[idx], bytes)
+    }
+    fn write_param(&mut self, idx: usize, bytes: &[u8]) -> Result<()> {
+        let slot = &self.prog.params[idx];
+        if bytes.len() != slot.shape.size_bytes().unwrap_or(0) {
+            return Err(rlx_driver::byte_length_error("param", slot, bytes.len()));
+        }
+        self.put(self.prog.param_at[idx], bytes)
+    }
+    fn read_param(&self, idx: usize, out: &mut [u8]) -> Result<()> {
+        self.get(self.prog.param_at[idx], out)
+    }
+    fn execute(&mut self) -> Result<()> {
+        let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
+        let mut params = self.params.lock().unwrap_or_else(|e| e.into_inner());
+        let (abase, pbase) = (arena.0.as_mut_ptr() as u64, params.0.as_mut_ptr() as u64);
+        self.emu.launch_all(&self.prog, abase, pbase)
+    }
+    fn read_output(&self, idx: usize, out: &mut [u8]) -> Result<()> {
+        self.get(self.prog.output_at[idx], out)
+    }
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        Some(self)
     }
 }

@@ -165,6 +165,40 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
             return None
         }
         Op::MatMul => format!("matmul of {ins:?} -> {out} (float operands of rank 2 or more run)"),
+        Op::DequantMatMul { scheme }
+            if ins[0] == DType::F32
+                && source::dequant_matmul(*scheme, out).is_some()
+                && g.shape(n.inputs[1]).static_dims().and_then(|d| d.last().copied())
+                    == g.shape(n.inputs[0]).static_dims().and_then(|d| d.last().copied()).and_then(|k| scheme.row_bytes(k)) =>
+        {
+            return None
+        }
+        Op::DequantMatMul { scheme } => format!(
+            "{scheme:?} products of {} activations giving {out} (GGUF weights, f32 activations run)",
+            ins[0]
+        ),
+        Op::DequantizeRows { scheme } if source::dequantize_rows(*scheme, out).is_some() => return None,
+        Op::DequantizeRows { scheme } => format!("{scheme:?} rows as {out}"),
+        Op::CacheWrite if source::cache_write(ins[0], ins[1], ins[2]).is_some() => return None,
+        Op::CacheWrite => format!("a cache write of {} into {}", ins[1], ins[0]),
+        Op::CachedAttention { .. }
+            if source::attention_scores(ins[0], ins[1], ins[3]).is_some()
+                && ins[2] == ins[1]
+                && source::attention_values(ins[2], out).is_some() =>
+        {
+            return None
+        }
+        Op::CachedAttention { .. } => format!("cached attention over {ins:?} giving {out}"),
+        Op::PagedAttention { .. }
+            if source::paged_scores(ins[0], ins[1]).is_some()
+                && ins[2] == ins[1]
+                && ins[3] == DType::I32
+                && ins[4] == DType::I32
+                && source::paged_values(ins[2], out).is_some() =>
+        {
+            return None
+        }
+        Op::PagedAttention { .. } => format!("paged attention over {ins:?} giving {out}"),
         Op::DotGeneral(_)
         | Op::LayerNorm { .. }
         | Op::RmsNorm { .. }
@@ -173,12 +207,7 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         | Op::Conv(_)
         | Op::Pool(_)
         | Op::Custom(_)
-        | Op::Defined(_)
-        | Op::DequantMatMul { .. }
-        | Op::DequantizeRows { .. }
-        | Op::CacheWrite
-        | Op::CachedAttention { .. }
-        | Op::PagedAttention { .. } => format!("no CUDA kernel for {} yet", n.op.name()),
+        | Op::Defined(_) => format!("no CUDA kernel for {} yet", n.op.name()),
     };
     Some(why)
 }
@@ -234,6 +263,8 @@ enum Pending {
     Imm(i64),
     /// A value's bytes (by node), plus a byte offset.
     Value(usize, u64),
+    /// Scratch bytes (an arena request of their own).
+    Scratch(usize),
 }
 
 fn imm(v: usize) -> Pending {
@@ -359,6 +390,14 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
                 l.param_of[i] = l.param_of[x];
             }
             Op::Concat { axis } => l.concat(id, &d, *axis, bytes)?,
+            Op::CacheWrite => {
+                // In place: the result is the cache's own bytes.
+                let c = node.inputs[0].index();
+                l.req_of[i] = l.req_of[c];
+                l.param_of[i] = l.param_of[c];
+                l.cache_write(id)?;
+                l.keep_operands(node, step);
+            }
             _ => {
                 let r = l.request(bytes, step, step);
                 l.req_of[i] = Some(r);
@@ -601,6 +640,27 @@ impl Lowering<'_> {
                 }
                 self.launch(id, source::matmul(dt, cb.len()), grid, 256, words)
             }
+            Op::DequantMatMul { scheme } => self.dequant_matmul(id, *scheme, d),
+            Op::DequantizeRows { scheme } => {
+                let w = node.inputs[0];
+                let wd = dims(g, w)?;
+                let k = *d.last().unwrap_or(&1);
+                let words = vec![
+                    imm(nel),
+                    imm(k),
+                    imm(*wd.last().unwrap_or(&0)),
+                    self.val(w),
+                    self.val(id),
+                ];
+                let src = source::dequantize_rows(*scheme, dt);
+                self.launch(id, src, [blocks(nel, BLOCK as usize), 1, 1], BLOCK, words)
+            }
+            Op::CachedAttention { scale, window } => self.cached_attention(id, *scale, *window),
+            Op::PagedAttention {
+                scale,
+                window,
+                block,
+            } => self.paged_attention(id, *scale, *window, *block),
             other => Err(Error::Unsupported {
                 backend: "cuda".into(),
                 op: other.name().into(),
@@ -739,6 +799,246 @@ impl Lowering<'_> {
         )
     }
 
+    /// A scratch request live from the next step on (its end set by [`Lowering::until_now`]).
+    fn scratch(&mut self, bytes: usize) -> usize {
+        let step = self.steps.len();
+        self.request(bytes, step, usize::MAX)
+    }
+
+    /// Scratch request `r` lives through the last step pushed.
+    fn until_now(&mut self, r: usize) {
+        self.reqs[r].end = self.steps.len().saturating_sub(1);
+    }
+
+    /// A GGUF product: activations rounded to int8 blocks first where the scheme and the row
+    /// count ask for it (into scratch), then a warp per result column and tile of rows.
+    fn dequant_matmul(
+        &mut self,
+        id: NodeId,
+        scheme: rlx_ir::QuantScheme,
+        d: &[usize],
+    ) -> Result<()> {
+        let g = self.g;
+        let node = g.node(id);
+        let (x, w) = (node.inputs[0], node.inputs[1]);
+        let (xd, wd) = (dims(g, x)?, dims(g, w)?);
+        let k = *xd.last().unwrap_or(&1);
+        let n = *d.last().unwrap_or(&1);
+        let xe: usize = xd.iter().product();
+        let rows = xe.checked_div(k).unwrap_or(0);
+        let mut x_at = self.val(x);
+        let mut scratch = None;
+        if let Some(blk) = scheme.act_block(rows) {
+            let r = self.scratch(xe.max(1) * 4);
+            let blocks_ = xe / blk;
+            let words = vec![imm(blocks_), self.val(x), Pending::Scratch(r)];
+            self.launch(
+                id,
+                source::quantize_acts(blk),
+                [blocks(blocks_, BLOCK as usize), 1, 1],
+                BLOCK,
+                words,
+            )?;
+            x_at = Pending::Scratch(r);
+            scratch = Some(r);
+        }
+        let tiles = rows.div_ceil(source::QROWS);
+        let words = vec![
+            imm(rows),
+            imm(k),
+            imm(n),
+            x_at,
+            self.val(w),
+            imm(*wd.last().unwrap_or(&0)),
+            self.val(id),
+            imm(tiles),
+        ];
+        let src = source::dequant_matmul(scheme, node.shape.dtype());
+        self.launch(
+            id,
+            src,
+            [blocks(tiles * n, (BLOCK / 32) as usize), 1, 1],
+            BLOCK,
+            words,
+        )?;
+        if let Some(r) = scratch {
+            self.until_now(r);
+        }
+        Ok(())
+    }
+
+    /// Rows of the update into the cache, in place.
+    fn cache_write(&mut self, id: NodeId) -> Result<()> {
+        let g = self.g;
+        let node = g.node(id);
+        let (cache, upd, pos) = (node.inputs[0], node.inputs[1], node.inputs[2]);
+        let (cd, ud, pd) = (dims(g, cache)?, dims(g, upd)?, dims(g, pos)?);
+        let row: usize = cd[1..].iter().product();
+        let n_upd: usize = ud.iter().product();
+        let slots = pd.iter().product::<usize>() != 1;
+        let words = vec![
+            imm(n_upd),
+            imm(row.max(1)),
+            imm(cd[0]),
+            self.val(cache),
+            self.val(upd),
+            self.val(pos),
+            imm(slots as usize),
+        ];
+        let src = source::cache_write(
+            g.shape(cache).dtype(),
+            g.shape(upd).dtype(),
+            g.shape(pos).dtype(),
+        );
+        self.launch(id, src, [blocks(n_upd, BLOCK as usize), 1, 1], BLOCK, words)
+    }
+
+    /// Cached attention in three steps over a scratch of `[S, Hq, T]` scores: the scaled scores
+    /// (masked keys -inf), the weights in place, the weighted values.
+    fn cached_attention(&mut self, id: NodeId, scale: f32, window: Option<usize>) -> Result<()> {
+        let g = self.g;
+        let node = g.node(id);
+        let (q, k, v, pos) = (
+            node.inputs[0],
+            node.inputs[1],
+            node.inputs[2],
+            node.inputs[3],
+        );
+        let (qd, kd, vd) = (dims(g, q)?, dims(g, k)?, dims(g, v)?);
+        let (rows, t) = (qd[0] * qd[1], kd[0]);
+        let cache = g.shape(k).dtype();
+        let r = self.scratch((rows * t).max(1) * 4);
+        let scores = vec![
+            imm(rows * t),
+            imm(qd[1]),
+            imm(qd[2]),
+            imm(t),
+            imm(kd[1]),
+            self.val(q),
+            self.val(k),
+            self.val(pos),
+            Pending::Scratch(r),
+            imm(window.unwrap_or(0)),
+            Pending::Imm(scale.to_bits() as i32 as i64),
+        ];
+        let src = source::attention_scores(g.shape(q).dtype(), cache, g.shape(pos).dtype());
+        self.launch(
+            id,
+            src,
+            [blocks(rows * t, BLOCK as usize), 1, 1],
+            BLOCK,
+            scores,
+        )?;
+        let tt = source::row_threads(t, rows);
+        let weights = vec![imm(rows), imm(t), Pending::Scratch(r)];
+        self.launch(
+            id,
+            source::attention_weights(cache, tt),
+            row_grid(rows, tt),
+            BLOCK,
+            weights,
+        )?;
+        let dv = vd[2];
+        let values = vec![
+            imm(rows * dv),
+            imm(qd[1]),
+            imm(dv),
+            imm(t),
+            imm(vd[1]),
+            self.val(v),
+            Pending::Scratch(r),
+            self.val(id),
+        ];
+        let src = source::attention_values(g.shape(v).dtype(), node.shape.dtype());
+        self.launch(
+            id,
+            src,
+            [blocks(rows * dv, BLOCK as usize), 1, 1],
+            BLOCK,
+            values,
+        )?;
+        self.until_now(r);
+        Ok(())
+    }
+
+    /// Paged attention in three steps over a scratch of `[S, Hq, M * block]` scores, as cached
+    /// attention, each position's cache row looked up in the query's block-table row.
+    fn paged_attention(
+        &mut self,
+        id: NodeId,
+        scale: f32,
+        window: Option<usize>,
+        block: usize,
+    ) -> Result<()> {
+        let g = self.g;
+        let node = g.node(id);
+        let [q, k, v, pos, table] = [0, 1, 2, 3, 4].map(|i| node.inputs[i]);
+        let (qd, kd, vd, td) = (dims(g, q)?, dims(g, k)?, dims(g, v)?, dims(g, table)?);
+        let (rows, m, blocks_) = (qd[0] * qd[1], td[1], kd[0] / block.max(1));
+        let l = m * block;
+        let cache = g.shape(k).dtype();
+        let r = self.scratch((rows * l).max(1) * 4);
+        let scores = vec![
+            imm(rows * l),
+            imm(qd[1]),
+            imm(qd[2]),
+            imm(l),
+            imm(kd[1]),
+            self.val(q),
+            self.val(k),
+            self.val(pos),
+            self.val(table),
+            Pending::Scratch(r),
+            imm(window.unwrap_or(0)),
+            Pending::Imm(scale.to_bits() as i32 as i64),
+            imm(block),
+            imm(m),
+            imm(blocks_),
+        ];
+        let src = source::paged_scores(g.shape(q).dtype(), cache);
+        self.launch(
+            id,
+            src,
+            [blocks(rows * l, BLOCK as usize), 1, 1],
+            BLOCK,
+            scores,
+        )?;
+        let tt = source::row_threads(l, rows);
+        let weights = vec![imm(rows), imm(l), Pending::Scratch(r)];
+        self.launch(
+            id,
+            source::attention_weights(cache, tt),
+            row_grid(rows, tt),
+            BLOCK,
+            weights,
+        )?;
+        let dv = vd[2];
+        let values = vec![
+            imm(rows * dv),
+            imm(qd[1]),
+            imm(dv),
+            imm(l),
+            imm(vd[1]),
+            self.val(v),
+            Pending::Scratch(r),
+            self.val(id),
+            self.val(table),
+            imm(block),
+            imm(m),
+            imm(blocks_),
+        ];
+        let src = source::paged_values(g.shape(v).dtype(), node.shape.dtype());
+        self.launch(
+            id,
+            src,
+            [blocks(rows * dv, BLOCK as usize), 1, 1],
+            BLOCK,
+            values,
+        )?;
+        self.until_now(r);
+        Ok(())
+    }
+
     /// One copy per part into its slice of the result.
     fn concat(&mut self, id: NodeId, d: &[usize], axis: usize, bytes: usize) -> Result<()> {
         let g = self.g;
@@ -847,6 +1147,7 @@ impl Lowering<'_> {
                         Loc::Arena(o) => Loc::Arena(o + extra),
                         Loc::Params(o) => Loc::Params(o + extra),
                     }),
+                    Pending::Scratch(r) => Word::Addr(Loc::Arena(plan.offsets[r] as u64)),
                 });
             }
             launches.push(Launch {

@@ -806,3 +806,368 @@ pub fn matmul(dt: DType, batch: usize) -> Option<String> {
     ));
     Some(kernel(matmul_words(batch), &s))
 }
+
+/// Byte helpers of the GGUF decoders.
+const BYTES: &str = r#"__device__ __forceinline__ u32 u16at(const unsigned char* b) { return (u32)b[0] | ((u32)b[1] << 8); }
+__device__ __forceinline__ u32 u32at(const unsigned char* b) { return u16at(b) | (u16at(b + 2) << 16); }
+__device__ __forceinline__ float f16at(const unsigned char* b) { return h2f((u16)u16at(b)); }
+__device__ __forceinline__ u32 nib(const unsigned char* b, u32 j) { return j >= 16u ? ((u32)b[j - 16u] >> 4) : ((u32)b[j] & 0xfu); }
+// Scale and min of sub-block j of a Q4_K / Q5_K block whose 12 scale bytes start at s.
+__device__ __forceinline__ void scmin(const unsigned char* s, u32 j, u32* sc, u32* mn) {
+    if (j < 4u) { *sc = s[j] & 63u; *mn = s[j + 4u] & 63u; return; }
+    *sc = (s[j + 4u] & 0xfu) | ((u32)(s[j - 4u] >> 6) << 4);
+    *mn = ((u32)s[j + 4u] >> 4) | ((u32)(s[j] >> 6) << 4);
+}
+"#;
+
+/// CUDA C `deq(row, e)`: element `e` of the packed GGUF row starting at `row`, for every GGUF
+/// block type (`None` for the other schemes).
+pub fn gguf_decoder(scheme: rlx_ir::QuantScheme) -> Option<&'static str> {
+    use rlx_ir::QuantScheme::*;
+    Some(match scheme {
+        GgufF16 => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { return f16at(row + e * 2u); }",
+        GgufBF16 => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { return b2f((u16)u16at(row + e * 2u)); }",
+        GgufQ4_0 => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { const unsigned char* b = row + (e / 32u) * 18u; return ((float)nib(b + 2, e % 32u) - 8.0f) * f16at(b); }",
+        GgufQ4_1 => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { const unsigned char* b = row + (e / 32u) * 20u; return (float)nib(b + 4, e % 32u) * f16at(b) + f16at(b + 2); }",
+        GgufQ5_0 => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { const unsigned char* b = row + (e / 32u) * 22u; const u32 j = e % 32u; const u32 h = (u32at(b + 2) >> j) & 1u; return ((float)(nib(b + 6, j) | (h << 4)) - 16.0f) * f16at(b); }",
+        GgufQ5_1 => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { const unsigned char* b = row + (e / 32u) * 24u; const u32 j = e % 32u; const u32 h = (u32at(b + 4) >> j) & 1u; return (float)(nib(b + 8, j) | (h << 4)) * f16at(b) + f16at(b + 2); }",
+        GgufQ8_0 => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { const unsigned char* b = row + (e / 32u) * 34u; return (float)(signed char)b[2u + e % 32u] * f16at(b); }",
+        // K-quants: 256 elements a block; element e sits in a sub-block with its own scale.
+        GgufQ2K => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { const unsigned char* b = row + (e / 256u) * 84u; const u32 w = e % 256u, h = w / 128u, j = (w % 128u) / 32u, r = w % 32u; const u32 sc = b[h * 8u + j * 2u + r / 16u]; const u32 q = ((u32)b[16u + h * 32u + r] >> (2u * j)) & 3u; return f16at(b + 80) * (float)(sc & 0xfu) * (float)q - f16at(b + 82) * (float)(sc >> 4); }",
+        GgufQ3K => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { const unsigned char* b = row + (e / 256u) * 110u; const u32 w = e % 256u, h = w / 128u, j = (w % 128u) / 32u, r = w % 32u; const u32 is = h * 8u + j * 2u + r / 16u; const unsigned char* s = b + 96; const u32 lo = is < 8u ? (s[is] & 0xfu) : ((u32)s[is - 8u] >> 4); const u32 hi = ((u32)s[8u + is % 4u] >> (2u * (is / 4u))) & 3u; const int sc = (int)(lo | (hi << 4)) - 32; const int q = (int)(((u32)b[32u + h * 32u + r] >> (2u * j)) & 3u) - ((((u32)b[r] >> (h * 4u + j)) & 1u) == 1u ? 0 : 4); return f16at(b + 108) * (float)sc * (float)q; }",
+        GgufQ4K => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { const unsigned char* b = row + (e / 256u) * 144u; const u32 w = e % 256u, c = w / 64u, hi = (w % 64u) / 32u, l = w % 32u; const u32 q = b[16u + c * 32u + l]; const u32 nb = hi == 1u ? q >> 4 : q & 0xfu; u32 sc, mn; scmin(b + 4, 2u * c + hi, &sc, &mn); return f16at(b) * (float)sc * (float)nb - f16at(b + 2) * (float)mn; }",
+        GgufQ5K => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { const unsigned char* b = row + (e / 256u) * 176u; const u32 w = e % 256u, c = w / 64u, hi = (w % 64u) / 32u, l = w % 32u; const u32 q = b[48u + c * 32u + l]; const u32 nb = (hi == 1u ? q >> 4 : q & 0xfu) + 16u * (((u32)b[16u + l] >> (2u * c + hi)) & 1u); u32 sc, mn; scmin(b + 4, 2u * c + hi, &sc, &mn); return f16at(b) * (float)sc * (float)nb - f16at(b + 2) * (float)mn; }",
+        GgufQ6K => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { const unsigned char* b = row + (e / 256u) * 210u; const u32 w = e % 256u, h = w / 128u, quad = (w % 128u) / 32u, l = w % 32u; const u32 ql = b[h * 64u + l + (quad & 1u) * 32u]; const u32 nb = quad >= 2u ? ql >> 4 : ql & 0xfu; const u32 qh = ((u32)b[128u + h * 32u + l] >> (2u * quad)) & 3u; const int q = (int)(nb | (qh << 4)) - 32; const int sc = (int)(signed char)b[192u + h * 8u + l / 16u + 2u * quad]; return f16at(b + 208) * (float)sc * (float)q; }",
+        GgufQ8K => "__device__ __forceinline__ float deq(const unsigned char* row, u32 e) { const unsigned char* b = row + (e / 256u) * 292u; return __uint_as_float(u32at(b)) * (float)(signed char)b[4u + e % 256u]; }",
+        _ => return None,
+    })
+}
+
+/// Rows of `x` one warp of the quantized product computes: each decoded weight serves them all.
+pub const QROWS: usize = 8;
+
+/// Words of the quantized product: `[rows, k, n, x, w, row_bytes, out, tiles]`.
+pub const DEQUANT_MATMUL_WORDS: usize = 8;
+
+/// `x [R, K] (f32) @ decode(w)^T` for packed GGUF rows `w [N, row_bytes]`: a warp per result
+/// column and tile of [`QROWS`] rows; its lanes split the row's elements, each weight decoded
+/// once for the tile's rows, and the warp's partial sums reduced by shuffles.
+pub fn dequant_matmul(scheme: rlx_ir::QuantScheme, out: DType) -> Option<String> {
+    if !real(out) || out == DType::F64 {
+        return None;
+    }
+    let dec = gguf_decoder(scheme)?;
+    let st = storage(out)?;
+    let val = store(out, &fit(out, "acc[t]".into()));
+    let s = format!(
+        r#"    const int lane = threadIdx.x & 31;
+    const i64 rows = m.w[0], k = m.w[1], n = m.w[2];
+    const float* x = (const float*)m.w[3];
+    for (i64 item = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; item < m.w[7] * n; item += ((i64)gridDim.x * blockDim.x) >> 5) {{
+        const i64 j = item % n, r0 = (item / n) * {QROWS};
+        const int cnt = rows - r0 < {QROWS} ? (int)(rows - r0) : {QROWS};
+        const unsigned char* row = (const unsigned char*)m.w[4] + j * m.w[5];
+        float acc[{QROWS}];
+        #pragma unroll
+        for (int t = 0; t < {QROWS}; ++t) acc[t] = 0.0f;
+        for (i64 p = lane; p < k; p += 32) {{
+            const float w = deq(row, (u32)p);
+            #pragma unroll
+            for (int t = 0; t < {QROWS}; ++t) if (t < cnt) acc[t] += x[(r0 + t) * k + p] * w;
+        }}
+        #pragma unroll
+        for (int t = 0; t < {QROWS}; ++t) {{
+            for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);
+            if (lane == 0 && t < cnt) (({st}*)m.w[6])[(r0 + t) * n + j] = {val};
+        }}
+    }}
+"#
+    );
+    let src = kernel(DEQUANT_MATMUL_WORDS, &s);
+    Some(src.replacen("struct M", &format!("{BYTES}{dec}\nstruct M"), 1))
+}
+
+/// Words of the activation rounding: `[blocks, x, out]`.
+pub const QUANTIZE_ACTS_WORDS: usize = 3;
+
+/// Activations (f32) rounded to int8 blocks of `blk` and back, a thread per block, as the CPU
+/// rounds them (llama.cpp's rule): blocks of 32 (`Q8_0`): `d = amax / 127` rounded to f16,
+/// `q = round_even(x * 127 / amax)`; blocks of 256 (`Q8_K`): `q = min(round_even(x * -127 /
+/// m), 127)` with `m` the first element of largest magnitude, `d = m / -127`. The result is
+/// `d * q`.
+pub fn quantize_acts(blk: usize) -> Option<String> {
+    let body = match blk {
+        32 => {
+            r#"        float amax = 0.0f;
+        for (int e = 0; e < 32; ++e) amax = fmaxf(amax, fabsf(x[e]));
+        const float d = r16(amax / 127.0f);
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        for (int e = 0; e < 32; ++e) o[e] = d * rintf(x[e] * id);
+"#
+        }
+        256 => {
+            r#"        float amax = 0.0f, mx = 0.0f;
+        for (int e = 0; e < 256; ++e) { const float v = x[e]; if (fabsf(v) > amax) { amax = fabsf(v); mx = v; } }
+        if (amax == 0.0f) { for (int e = 0; e < 256; ++e) o[e] = 0.0f; continue; }
+        const float iscale = -127.0f / mx;
+        const float d = 1.0f / iscale;
+        for (int e = 0; e < 256; ++e) o[e] = d * fminf(rintf(iscale * x[e]), 127.0f);
+"#
+        }
+        _ => return None,
+    };
+    Some(kernel(
+        QUANTIZE_ACTS_WORDS,
+        &format!(
+            "{GRID_LOOP}        const float* x = (const float*)m.w[1] + i * {blk};\n        float* o = (float*)m.w[2] + i * {blk};\n{body}    }}\n"
+        ),
+    ))
+}
+
+/// Words of packed rows decoded: `[n, k, row_bytes, w, out]`.
+pub const DEQUANTIZE_ROWS_WORDS: usize = 5;
+
+/// Packed GGUF rows decoded, a thread per element.
+pub fn dequantize_rows(scheme: rlx_ir::QuantScheme, out: DType) -> Option<String> {
+    if !real(out) {
+        return None;
+    }
+    let dec = gguf_decoder(scheme)?;
+    let st = storage(out)?;
+    let v = store(
+        out,
+        &fit(
+            out,
+            format!(
+                "({})deq((const unsigned char*)m.w[3] + (i / m.w[1]) * m.w[2], (u32)(i % m.w[1]))",
+                compute(out)?
+            ),
+        ),
+    );
+    let src = kernel(
+        DEQUANTIZE_ROWS_WORDS,
+        &format!("{GRID_LOOP}        (({st}*)m.w[4])[i] = {v};\n    }}\n"),
+    );
+    Some(src.replacen("struct M", &format!("{BYTES}{dec}\nstruct M"), 1))
+}
+
+/// Words of a cache write: `[n_upd, row, T, cache, upd, pos, slots]` (`slots` 1: the third
+/// operand holds a cache row per update row, else one position).
+pub const CACHE_WRITE_WORDS: usize = 7;
+
+/// Rows of `upd [S, row]` into the cache `[T, row]` in place: from position `pos` (a negative
+/// one counting as 0), or at rows `slots[i]`; rows outside the cache are dropped.
+pub fn cache_write(cache: DType, upd: DType, pos: DType) -> Option<String> {
+    if !real(cache) || !real(upd) || pos.is_float() || pos == DType::Bool {
+        return None;
+    }
+    let (cs, us, ps) = (storage(cache)?, storage(upd)?, storage(pos)?);
+    let u = load(upd, &format!("((const {us}*)m.w[4])[i]"));
+    let v = store(cache, &format!("({})({u})", compute(cache)?));
+    Some(kernel(
+        CACHE_WRITE_WORDS,
+        &format!(
+            r#"{GRID_LOOP}        const {ps}* p = (const {ps}*)m.w[5];
+        i64 r;
+        if (m.w[6]) r = (i64)p[i / m.w[1]];
+        else {{ const i64 at = (i64)p[0]; r = (at < 0 ? 0 : at) + i / m.w[1]; }}
+        if (r < 0 || r >= m.w[2]) continue;
+        (({cs}*)m.w[3])[r * m.w[1] + i % m.w[1]] = {v};
+    }}
+"#
+        ),
+    ))
+}
+
+/// Words of cached attention's steps: scores `[S*Hq*T, hq, d, t, hkv, q, k, pos, scores,
+/// window, scale_bits]`; weights `[S*Hq, t, scores]` (a row kernel); values `[S*Hq*Dv, hq, dv,
+/// t, hkv, v, weights, out]`.
+pub const ATTENTION_SCORES_WORDS: usize = 11;
+
+/// Cached attention, step 1, a thread per score: query row `i` of `q [S, Hq, D]` sees cache rows
+/// `first ..= pos + i` (inside the window) of `k [T, Hkv, D]` (heads grouped); masked keys score
+/// -inf. Queries are rounded to the cache's dtype first (the CPU's arithmetic for f16 / bf16
+/// caches).
+pub fn attention_scores(q: DType, cache: DType, pos: DType) -> Option<String> {
+    if !real(q) || !real(cache) || pos.is_float() || pos == DType::Bool {
+        return None;
+    }
+    let (qs, ks, ps) = (storage(q)?, storage(cache)?, storage(pos)?);
+    let qv = fit(cache, format!("(float)({})", load(q, "qp[e]")));
+    let kv = load(cache, "kp[e]");
+    Some(kernel(
+        ATTENTION_SCORES_WORDS,
+        &format!(
+            r#"{GRID_LOOP}        const i64 hq = m.w[1], d = m.w[2], t = m.w[3], hkv = m.w[4];
+        const i64 j = i % t, h = (i / t) % hq, qi = i / (t * hq);
+        const i64 at = (i64)((const {ps}*)m.w[7])[0];
+        const i64 pos = at < 0 ? 0 : at;
+        const i64 last = pos + qi < t - 1 ? pos + qi : t - 1;
+        const i64 first = (m.w[9] > 0 && last + 1 > m.w[9]) ? last + 1 - m.w[9] : 0;
+        float* sc = (float*)m.w[8];
+        if (j < first || j > last) {{ sc[i] = -INF_F32; continue; }}
+        const {qs}* qp = (const {qs}*)m.w[5] + (qi * hq + h) * d;
+        const {ks}* kp = (const {ks}*)m.w[6] + (j * hkv + h / (hq / hkv)) * d;
+        float s = 0.0f;
+        for (i64 e = 0; e < d; ++e) s += {qv} * (float)({kv});
+        sc[i] = s * __int_as_float((int)m.w[10]);
+    }}
+"#
+        ),
+    ))
+}
+
+/// Cached attention, step 2: each row of scores becomes its softmax weights (rounded to the
+/// cache's dtype), in place; `t` threads a row ([`row_threads`]).
+pub fn attention_weights(cache: DType, t: u32) -> Option<String> {
+    if !real(cache) {
+        return None;
+    }
+    // A row that sees no position (paged attention) has weights 0.
+    let w = fit(
+        cache,
+        "(mx == -INF_F32 ? 0.0f : expf(r[j] - mx) / sum)".into(),
+    );
+    let mut s = String::new();
+    if t == 256 {
+        s.push_str("    __shared__ float sh[8];\n");
+    }
+    s.push_str(&format!(
+        "{}        float* r = (float*)m.w[2] + row * m.w[1];\n        float mx = -INF_F32;\n        for (i64 j = lane; j < m.w[1]; j += {t}) mx = rmaxf(mx, r[j]);\n",
+        row_loop(t)
+    ));
+    s.push_str(&row_reduce("mx", "float", t, "rmaxf"));
+    s.push_str(&format!(
+        "        float sum = 0.0f;\n        for (i64 j = lane; j < m.w[1]; j += {t}) sum += expf(r[j] - mx);\n"
+    ));
+    s.push_str(&row_reduce("sum", "float", t, "radd"));
+    if t == 256 {
+        s.push_str("        __syncthreads();\n");
+    }
+    s.push_str(&format!(
+        "        for (i64 j = lane; j < m.w[1]; j += {t}) r[j] = {w};\n"
+    ));
+    if t == 256 {
+        s.push_str("        __syncthreads();\n");
+    }
+    s.push_str("    }\n");
+    let src = kernel(3, &s);
+    Some(src.replacen(
+        "struct M",
+        "__device__ __forceinline__ float radd(float a, float b) { return a + b; }\nstruct M",
+        1,
+    ))
+}
+
+/// Words of step 3.
+pub const ATTENTION_VALUES_WORDS: usize = 8;
+
+/// Cached attention, step 3, a thread per result: the weighted sum of the value rows; keys
+/// weighing exactly 0 (masked) are not read.
+pub fn attention_values(cache: DType, out: DType) -> Option<String> {
+    if !real(cache) || !real(out) {
+        return None;
+    }
+    let (vs, os) = (storage(cache)?, storage(out)?);
+    let vv = load(cache, "vp[j * hkv * dv]");
+    let val = store(out, &fit(out, "acc".into()));
+    Some(kernel(
+        ATTENTION_VALUES_WORDS,
+        &format!(
+            r#"{GRID_LOOP}        const i64 hq = m.w[1], dv = m.w[2], t = m.w[3], hkv = m.w[4];
+        const i64 c = i % dv, h = (i / dv) % hq, qi = i / (dv * hq);
+        const float* w = (const float*)m.w[6] + (qi * hq + h) * t;
+        const {vs}* vp = (const {vs}*)m.w[5] + (h / (hq / hkv)) * dv + c;
+        float acc = 0.0f;
+        for (i64 j = 0; j < t; ++j) {{ const float p = w[j]; if (p != 0.0f) acc += p * (float)({vv}); }}
+        (({os}*)m.w[7])[i] = {val};
+    }}
+"#
+        ),
+    ))
+}
+
+/// Words of paged attention's score step: `[S*Hq*L, hq, d, L, hkv, q, k, pos, table, scores,
+/// window, scale_bits, block, m, blocks]` with `L = m * block` positions a query may see.
+pub const PAGED_SCORES_WORDS: usize = 15;
+
+/// The cache row of position `j` of query `qi` (`-1`: outside the pool), from its block-table
+/// row (device code; needs `m`, `w` words at 8 = table, 12 = block, 13 = m, 14 = blocks).
+const PAGED_ROW: &str = "        const i64 blk = (i64)((const int*)m.w[TABLE])[qi * m.w[M] + j / m.w[BLOCK]];\n        const i64 row = (blk >= 0 && blk < m.w[BLOCKS]) ? blk * m.w[BLOCK] + j % m.w[BLOCK] : -1;\n";
+
+/// Paged attention, step 1, a thread per score: query `qi` at position `pos[qi]` of its
+/// sequence sees positions `first ..= pos[qi]` (inside the window), each at the cache row its
+/// block-table row names; positions in a block outside the pool, and every position of a query
+/// with a negative position, score -inf.
+pub fn paged_scores(q: DType, cache: DType) -> Option<String> {
+    if !real(q) || !real(cache) {
+        return None;
+    }
+    let (qs, ks) = (storage(q)?, storage(cache)?);
+    let qv = fit(cache, format!("(float)({})", load(q, "qp[e]")));
+    let kv = load(cache, "kp[e]");
+    let row = PAGED_ROW
+        .replace("TABLE", "8")
+        .replace("BLOCKS", "14")
+        .replace("BLOCK", "12")
+        .replace("[M]", "[13]");
+    Some(kernel(
+        PAGED_SCORES_WORDS,
+        &format!(
+            r#"{GRID_LOOP}        const i64 hq = m.w[1], d = m.w[2], t = m.w[3], hkv = m.w[4];
+        const i64 j = i % t, h = (i / t) % hq, qi = i / (t * hq);
+        const i64 pos = (i64)((const int*)m.w[7])[qi];
+        const i64 last = pos < t - 1 ? pos : t - 1;
+        const i64 first = (m.w[10] > 0 && last + 1 > m.w[10]) ? last + 1 - m.w[10] : 0;
+        float* sc = (float*)m.w[9];
+        if (pos < 0 || j < first || j > last) {{ sc[i] = -INF_F32; continue; }}
+{row}        if (row < 0) {{ sc[i] = -INF_F32; continue; }}
+        const {qs}* qp = (const {qs}*)m.w[5] + (qi * hq + h) * d;
+        const {ks}* kp = (const {ks}*)m.w[6] + (row * hkv + h / (hq / hkv)) * d;
+        float s = 0.0f;
+        for (i64 e = 0; e < d; ++e) s += {qv} * (float)({kv});
+        sc[i] = s * __int_as_float((int)m.w[11]);
+    }}
+"#
+        ),
+    ))
+}
+
+/// Words of paged attention's value step: `[S*Hq*Dv, hq, dv, L, hkv, v, weights, out, table,
+/// block, m, blocks]`.
+pub const PAGED_VALUES_WORDS: usize = 12;
+
+/// Paged attention, step 3, a thread per result: the weighted sum of the value rows the
+/// positions of weight above 0 name (a query that sees no position gives zeros).
+pub fn paged_values(cache: DType, out: DType) -> Option<String> {
+    if !real(cache) || !real(out) {
+        return None;
+    }
+    let (vs, os) = (storage(cache)?, storage(out)?);
+    let vv = load(cache, "vp[row * hkv * dv]");
+    let val = store(out, &fit(out, "acc".into()));
+    let row = PAGED_ROW
+        .replace("TABLE", "8")
+        .replace("BLOCKS", "11")
+        .replace("BLOCK", "9")
+        .replace("[M]", "[10]")
+        .replace("        ", "            ");
+    Some(kernel(
+        PAGED_VALUES_WORDS,
+        &format!(
+            r#"{GRID_LOOP}        const i64 hq = m.w[1], dv = m.w[2], t = m.w[3], hkv = m.w[4];
+        const i64 c = i % dv, h = (i / dv) % hq, qi = i / (dv * hq);
+        const float* w = (const float*)m.w[6] + (qi * hq + h) * t;
+        const {vs}* vp = (const {vs}*)m.w[5] + (h / (hq / hkv)) * dv + c;
+        float acc = 0.0f;
+        for (i64 j = 0; j < t; ++j) {{
+            const float p = w[j];
+            if (p == 0.0f) continue;
+{row}            if (row >= 0) acc += p * (float)({vv});
+        }}
+        (({os}*)m.w[7])[i] = {val};
+    }}
+"#
+        ),
+    ))
+}

@@ -67,6 +67,7 @@ pub const VARS: &[Var] = &[
     var("RLX_NVRTC", "a path to `libnvrtc.so.*`", "the system loader's `libnvrtc.so.13`, `.12`, `libnvrtc.so`", "The NVRTC library the CUDA backend compiles its kernels with (e.g. the one of the PyPI wheel `nvidia-cuda-nvrtc`, under `nvidia/cu13/lib`)."),
     var("RLX_CUDA_KERNEL_CACHE", "`0`", "on", "`0` compiles every CUDA kernel afresh instead of reading its CUBIN from `cuda/` under the cache directory."),
     var("RLX_CUDA_GRAPHS", "`0`", "on", "`0` launches a CUDA program's kernels one by one on every run instead of replaying them as one captured CUDA graph."),
+    var("RLX_REQUIRE_NVRTC", "`1`", "report and go on", "Missing NVRTC fails the CUDA kernel compile checks: the tests' and the one each program run in host emulation (`rlx_cuda::emulate`) gets (set by `scripts/test.sh`, which installs NVRTC)."),
     var("RLX_CUDA_DEVICE", "an ordinal", "0", "Which CUDA device `Device::Cuda` runs on."),
 ];
 
@@ -77,7 +78,6 @@ pub const TEST_VARS: &[Var] = &[
     var("RLX_GEMMA3_GGUF", "a GGUF file", "fetched", "The Gemma 3 file the LLM tests use."),
     var("RLX_GPU_FULL_PARITY", "any value", "a prefix of the text", "The GPU LLM tests compare the whole parity text."),
     var("RLX_REQUIRE_CUDA", "`1`", "report and pass", "The tests named `needs_cuda_device_*` fail when no CUDA device is present (set by `scripts/gpu-check.sh` on a GPU machine)."),
-    var("RLX_REQUIRE_NVRTC", "`1`", "report and pass", "The CUDA kernel compile check fails when NVRTC is missing (set by `scripts/test.sh`, which installs it)."),
 ];
 
 /// The value of `name` (one of [`VARS`]) if it is set to valid Unicode.

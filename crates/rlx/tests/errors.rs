@@ -444,20 +444,20 @@ fn compiling_a_graph_without_outputs() {
 
 #[test]
 fn compiling_for_an_unavailable_device() {
-    let err = Session::new(Device::Cuda)
+    let err = Session::new(Device::Metal)
         .try_compile(doubler())
         .err()
-        .expect("no CUDA backend");
+        .expect("no Metal backend");
     match &err {
         Error::DeviceUnavailable { device, hint } => {
-            assert_eq!(device, "Cuda");
-            assert!(hint.contains("`cuda`"), "{hint}");
+            assert_eq!(device, "Metal");
+            assert!(hint.contains("`metal`"), "{hint}");
         }
         e => panic!("expected DeviceUnavailable, got {e:?}"),
     }
     assert_mentions(
         &err.to_string(),
-        &["Cuda", "not available", "`cuda` feature", "Device::Cpu"],
+        &["Metal", "not available", "`metal` feature", "Device::Cpu"],
     );
 }
 
@@ -478,9 +478,11 @@ fn device_availability() {
             matches!(err, Error::DeviceUnavailable { .. }),
             "{d}: {err:?}"
         );
-        // Built in but without an adapter (DirectX on Linux): the error names the device and
-        // what to install; not built in: the feature that builds it.
-        let want = if d.is_built_in() {
+        // Built in but without an adapter (DirectX on Linux) or a CUDA driver: the error names
+        // the device and what is missing; not built in: the feature that builds it.
+        let want = if d == Device::Cuda {
+            "CUDA".to_string()
+        } else if d.is_built_in() {
             "adapter".to_string()
         } else {
             format!("`{}` feature", d.feature())

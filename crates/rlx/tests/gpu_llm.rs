@@ -237,3 +237,36 @@ fn a_parting_is_a_near_tie_only_between_the_cpus_top_two() {
     // The runner-up, but the CPU's top two are far apart.
     assert!(parting(&[0.0, 3.0, 2.0, 1.0, -1.0], &[0.0, 2.9, 3.0, 1.0, -1.0]).is_err());
 }
+
+/// SmolLM2 on a CUDA device agrees with the CPU: teacher-forced top-1 over 64 positions of the
+/// parity text (99%, every difference a near-tie) and greedy continuations of every parity
+/// prompt for 16 tokens. Without a device the test says so in one line (`RLX_REQUIRE_CUDA=1`,
+/// set by `scripts/gpu-check.sh`'s runner, makes that a failure).
+#[test]
+fn needs_cuda_device_smollm2_agrees_with_the_cpu() {
+    if !Device::Cuda.is_available() {
+        assert!(
+            std::env::var("RLX_REQUIRE_CUDA").as_deref() != Ok("1"),
+            "RLX_REQUIRE_CUDA=1 but {}",
+            Device::Cuda.availability_hint()
+        );
+        eprintln!(
+            "no CUDA device, SmolLM2 on CUDA NOT run: {}",
+            Device::Cuda.availability_hint()
+        );
+        return;
+    }
+    let g = golden("smollm2");
+    let (mut cpu, mut cuda) = (load(Device::Cpu), load(Device::Cuda));
+    let rate = forced_agreement(&mut cpu, &mut cuda, &g, 64);
+    eprintln!(
+        "SmolLM2: CUDA vs CPU teacher-forced top-1 agreement {:.1}% over 64 positions",
+        100.0 * rate
+    );
+    assert!(rate >= 0.99, "agreement {rate:.3} < 0.99");
+    let run = greedy(&mut cpu, &mut cuda, &g, usize::MAX, 16);
+    eprintln!(
+        "SmolLM2: {} greedy tokens as on the CPU; {} prompts equal, parted at near-ties: {:?}",
+        run.matched, run.equal, run.parted
+    );
+}

@@ -505,33 +505,6 @@ fn the_table_covers_every_op() {
 /// missing kernel, and every entry must still be needed.
 const NOT_ON_CUDA: &[(&str, &str, &str)] = &[
     (
-        "dequant_matmul",
-        "*",
-        "no CUDA kernel for GGUF and int products yet",
-    ),
-    (
-        "quant_linear",
-        "*",
-        "lowers to dequant_matmul, which has no CUDA kernel yet",
-    ),
-    ("dequantize_rows", "*", "no CUDA kernel for GGUF rows yet"),
-    ("cache_write", "*", "no CUDA kernel for the KV cache yet"),
-    (
-        "cache_write (slots)",
-        "*",
-        "no CUDA kernel for the KV cache yet",
-    ),
-    (
-        "cached_attention",
-        "*",
-        "no CUDA kernel for the KV cache yet",
-    ),
-    (
-        "paged_attention",
-        "*",
-        "no CUDA kernel for the paged KV cache yet",
-    ),
-    (
         "while (unbounded)",
         "*",
         "a while without max_iterations has no CUDA form (a bounded one unrolls)",

@@ -501,7 +501,7 @@ impl OpKind {
     /// Every kind: the IR's own, then each registered defined op.
     pub fn all() -> Vec<OpKind> {
         let defined = crate::ops::registrations()
-            .iter()
+            .into_iter()
             .map(|r| OpKind::Defined(r.name));
         OpKind::BUILTIN.iter().copied().chain(defined).collect()
     }

@@ -6,7 +6,8 @@
 //! the op and parses it back from the text form. [`Op::Defined`](crate::Op::Defined) holds one,
 //! so adding such an op touches its own file and one line of the registry
 //! ([`registrations`]); the IR's enum, the rule dispatchers, the passes and the backends stay as
-//! they are (a backend without a native kernel for it gets its decomposition).
+//! they are (a backend without a native kernel for it gets its decomposition). A crate outside
+//! the IR defines its ops the same way and [`register`]s them at run time.
 
 use super::batch::Batched;
 use super::Cost;
@@ -145,14 +146,62 @@ pub struct OpRegistration {
     pub examples: fn() -> Vec<DefinedOp>,
 }
 
-/// The registered ops, in the order their kinds enumerate.
-pub fn registrations() -> &'static [OpRegistration] {
-    super::DEFINED
+/// Ops registered from outside the IR ([`register`]), after the IR's own.
+static REGISTERED: std::sync::RwLock<Vec<&'static OpRegistration>> =
+    std::sync::RwLock::new(Vec::new());
+
+/// Register an op defined outside the IR (a downstream crate's [`OpDef`]): from then on the
+/// text form and JSON parse it by name, [`crate::OpKind::from_name`] and [`crate::OpKind::all`]
+/// know it, and every rule of the IR (inference, the reference evaluator, autodiff, vmap,
+/// decomposition for backends without a native kernel, precision) works through its `OpDef`.
+/// Registering the same registration again is a no-op; a name that is one of the IR's ops, or
+/// that another registration holds, is an error naming it.
+pub fn register(reg: OpRegistration) -> Result<()> {
+    let name = reg.name;
+    let well_formed = name.as_bytes().first().is_some_and(u8::is_ascii_lowercase)
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !well_formed {
+        return Err(Error::op(
+            name.to_string(),
+            "is not an op name (lowercase letters, digits and `_`, starting with a letter)",
+        ));
+    }
+    if crate::OpKind::BUILTIN.iter().any(|k| k.name() == name)
+        || super::DEFINED.iter().any(|r| r.name == name)
+    {
+        return Err(Error::op(name, "is the name of one of the IR's own ops"));
+    }
+    let mut held = REGISTERED.write().unwrap_or_else(|e| e.into_inner());
+    if let Some(r) = held.iter().find(|r| r.name == name) {
+        // The same registration again (the same parser) is fine: crates register on first use.
+        if r.from_attrs as usize == reg.from_attrs as usize {
+            return Ok(());
+        }
+        return Err(Error::op(
+            name,
+            "is registered already, by another definition",
+        ));
+    }
+    held.push(Box::leak(Box::new(reg)));
+    Ok(())
+}
+
+/// Every registered op: the IR's own, in the order their kinds enumerate, then those
+/// [`register`]ed from outside, in registration order.
+pub fn registrations() -> Vec<&'static OpRegistration> {
+    let held = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+    super::DEFINED.iter().chain(held.iter().copied()).collect()
 }
 
 /// The registration named `name`.
 pub fn registration(name: &str) -> Option<&'static OpRegistration> {
-    registrations().iter().find(|r| r.name == name)
+    if let Some(r) = super::DEFINED.iter().find(|r| r.name == name) {
+        return Some(r);
+    }
+    let held = REGISTERED.read().unwrap_or_else(|e| e.into_inner());
+    held.iter().copied().find(|r| r.name == name)
 }
 
 /// The definition as `Any`, so a transform that needs an op's attributes as its own type (the

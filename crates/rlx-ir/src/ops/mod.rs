@@ -30,7 +30,7 @@ mod spatial;
 pub use batch::{batch, batch_supported, materialize as batch_materialize, Batched};
 pub use blocks::{Embedding, Linear, Mlp, QuantLinear, TransformerBlock};
 pub use cond::If;
-pub use def::{registration, registrations, DefinedOp, OpClass, OpDef, OpRegistration};
+pub use def::{register, registration, registrations, DefinedOp, OpClass, OpDef, OpRegistration};
 pub use dequantize::Dequantize;
 pub use fake_quantize::FakeQuantize;
 pub use loops::{Scan, While};

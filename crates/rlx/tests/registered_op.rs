@@ -1,0 +1,361 @@
+//! An op defined and registered outside the IR (`rlx_ir::ops::register`): `softplus` with a
+//! `beta` attribute, `log(1 + exp(beta x)) / beta`, written here as a downstream crate would,
+//! goes through everything a built-in op does: the text form and JSON (printed and parsed back
+//! by name), shape errors, the reference evaluator, decomposition for the CPU (which has no
+//! native kernel for it), reverse and forward mode against finite differences, vmap, the compile
+//! cache (in memory and on disk) and the dispatch report.
+
+use rlx::ir::eval::Tensor;
+use rlx::ir::ops::{register, Batched, DefinedOp, OpClass, OpDef, OpRegistration};
+use rlx::ir::text::Attr;
+use rlx::prelude::*;
+use rlx::runtime::CompileCache;
+
+/// `log(1 + exp(beta x)) / beta`, elementwise, any float dtype.
+#[derive(Clone, Debug)]
+struct Softplus {
+    beta: f32,
+}
+
+const SOFTPLUS: OpRegistration = OpRegistration {
+    name: "softplus",
+    from_attrs: |a| {
+        Ok(DefinedOp::new(Softplus {
+            beta: a.f32("beta")?,
+        }))
+    },
+    examples: || {
+        vec![
+            DefinedOp::new(Softplus { beta: 1.0 }),
+            DefinedOp::new(Softplus { beta: 2.5 }),
+        ]
+    },
+};
+
+fn softplus_f64(beta: f64, x: f64) -> f64 {
+    let bx = beta * x;
+    (bx.max(0.0) + (-bx.abs()).exp().ln_1p()) / beta
+}
+
+impl Softplus {
+    /// `sigmoid(beta x)`, the derivative.
+    fn slope(&self, g: &mut Graph, x: NodeId) -> Result<NodeId> {
+        let dt = g.shape(x).dtype();
+        let b = g.try_scalar(self.beta as f64, dt)?;
+        let bx = g.try_mul(x, b)?;
+        g.try_activation(Activation::Sigmoid, bx)
+    }
+}
+
+impl OpDef for Softplus {
+    fn name(&self) -> &'static str {
+        "softplus"
+    }
+
+    fn attrs(&self) -> Vec<(&'static str, Attr)> {
+        vec![("beta", Attr::Float(self.beta))]
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        (1, 1)
+    }
+
+    fn infer(&self, ins: &[&Shape]) -> Result<Shape> {
+        if !ins[0].dtype().is_float() {
+            return Err(Error::Invalid(format!(
+                "softplus takes a float operand, got {}",
+                ins[0]
+            )));
+        }
+        if self.beta <= 0.0 {
+            return Err(Error::Invalid(format!(
+                "softplus: beta must be positive, got {}",
+                self.beta
+            )));
+        }
+        Ok(ins[0].clone())
+    }
+
+    fn eval(&self, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+        let v = ins[0]
+            .f64s()
+            .iter()
+            .map(|&x| softplus_f64(self.beta as f64, x))
+            .collect();
+        Ok(Tensor::from_f64(ins[0].dims(), out.dtype(), v))
+    }
+
+    fn cost(&self, ins: &[&Shape], out: &Shape) -> rlx::ir::ops::Cost {
+        rlx::ir::ops::Cost::streaming(ins, out, 6)
+    }
+
+    /// `(max(bx, 0) + log(1 + exp(-|bx|))) / beta` with `bx = beta x`: no overflow.
+    fn decompose(&self, g: &mut Graph, ins: &[NodeId]) -> Option<Result<NodeId>> {
+        let mut build = || -> Result<NodeId> {
+            let x = ins[0];
+            let dt = g.shape(x).dtype();
+            let b = g.try_scalar(self.beta as f64, dt)?;
+            let bx = g.try_mul(x, b)?;
+            let pos = g.try_activation(Activation::Relu, bx)?;
+            let a = g.try_activation(Activation::Abs, bx)?;
+            let na = g.try_activation(Activation::Neg, a)?;
+            let e = g.try_activation(Activation::Exp, na)?;
+            let one = g.try_scalar(1.0, dt)?;
+            let e1 = g.try_add(e, one)?;
+            let l = g.try_activation(Activation::Log, e1)?;
+            let s = g.try_add(pos, l)?;
+            g.try_div(s, b)
+        };
+        Some(build())
+    }
+
+    fn has_ad_rules(&self) -> bool {
+        true
+    }
+
+    fn vjp(
+        &self,
+        g: &mut Graph,
+        ins: &[NodeId],
+        _out: NodeId,
+        ct: NodeId,
+    ) -> Result<Vec<Option<NodeId>>> {
+        let s = self.slope(g, ins[0])?;
+        Ok(vec![Some(g.try_mul(ct, s)?)])
+    }
+
+    fn jvp(
+        &self,
+        g: &mut Graph,
+        ins: &[NodeId],
+        _out: NodeId,
+        t: &[Option<NodeId>],
+    ) -> Result<Option<NodeId>> {
+        let Some(t) = t[0] else { return Ok(None) };
+        let s = self.slope(g, ins[0])?;
+        Ok(Some(g.try_mul(t, s)?))
+    }
+
+    fn batchable(&self, _batched: &[bool]) -> bool {
+        true
+    }
+
+    /// Elementwise: the op on the batched operand, the batch axis where it was.
+    fn batch(&self, g: &mut Graph, b: &Batched) -> Result<(NodeId, Option<usize>)> {
+        let y = g.try_op(Op::Defined(DefinedOp::new(self.clone())), &[b.ins[0]])?;
+        Ok((y, b.bds[0]))
+    }
+
+    fn precision_class(&self) -> OpClass {
+        OpClass::Sensitive
+    }
+}
+
+fn registered() {
+    register(SOFTPLUS).expect("softplus registers");
+}
+
+fn softplus(g: &mut Graph, x: NodeId, beta: f32) -> NodeId {
+    g.try_op(Op::Defined(DefinedOp::new(Softplus { beta })), &[x])
+        .unwrap()
+}
+
+/// `sum(softplus(x * w))` with `x` an input and `w` a param, both `[2, 3]`.
+fn model() -> Graph {
+    let mut g = Graph::new("softplus_model");
+    let x = g.input("x", Shape::new(&[2, 3], DType::F32));
+    let w = g.param("w", Shape::new(&[2, 3], DType::F32));
+    let xw = g.mul(x, w);
+    let y = softplus(&mut g, xw, 2.0);
+    let s = g
+        .try_op(
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                axes: vec![0, 1],
+                keepdims: false,
+            },
+            &[y],
+        )
+        .unwrap();
+    g.set_outputs(vec![s, y]);
+    g
+}
+
+const X: [f32; 6] = [-3.0, -0.5, 0.0, 0.25, 1.5, 20.0];
+const W: [f32; 6] = [0.5, 1.0, -2.0, 3.0, 1.0, 1.0];
+
+fn run(c: &mut CompiledGraph) -> Vec<Vec<f32>> {
+    c.set_param("w", &W);
+    c.run(&[("x", &X)])
+}
+
+#[test]
+fn a_registered_op_parses_prints_evaluates_and_compiles_like_a_builtin() {
+    registered();
+    // Registration: idempotent; the IR's own names and malformed names are refused by name.
+    registered();
+    let e = register(OpRegistration {
+        name: "matmul",
+        ..SOFTPLUS
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("matmul"), "{e}");
+    let e = register(OpRegistration {
+        name: "Soft plus",
+        ..SOFTPLUS
+    })
+    .unwrap_err();
+    assert!(e.to_string().contains("Soft plus"), "{e}");
+    let other = OpRegistration {
+        name: "softplus",
+        from_attrs: |_| Ok(DefinedOp::new(Softplus { beta: 1.0 })),
+        examples: || Vec::new(),
+    };
+    assert!(register(other)
+        .unwrap_err()
+        .to_string()
+        .contains("registered already"));
+    assert_eq!(
+        OpKind::from_name("softplus"),
+        Some(OpKind::Defined("softplus"))
+    );
+    assert!(OpKind::all().contains(&OpKind::Defined("softplus")));
+
+    let g = model();
+    // The text form prints it with its attribute and parses it back by name; JSON too.
+    let text = g.to_text();
+    assert!(text.contains("softplus"), "{text}");
+    let back = Graph::parse(&text).unwrap();
+    assert_eq!(back.to_text(), text);
+    let json = serde_json::to_string(&g).unwrap();
+    let from_json: Graph = serde_json::from_str(&json).unwrap();
+    assert_eq!(from_json.to_text(), text);
+    // Shape inference names the op's problem.
+    let mut bad = Graph::new("bad");
+    let i = bad.input("i", Shape::new(&[2], DType::I32));
+    let e = bad
+        .try_op(Op::Defined(DefinedOp::new(Softplus { beta: 1.0 })), &[i])
+        .unwrap_err();
+    assert!(e.to_string().contains("softplus"), "{e}");
+
+    // The reference evaluator and the CPU (through the decomposition) agree with f64.
+    let want: Vec<f64> = X
+        .iter()
+        .zip(&W)
+        .map(|(x, w)| softplus_f64(2.0, (*x * *w) as f64))
+        .collect();
+    let mut c = Session::new(Device::Cpu).compile(g.clone());
+    let outs = run(&mut c);
+    for (k, (got, w)) in outs[1].iter().zip(&want).enumerate() {
+        assert!(
+            (*got as f64 - w).abs() <= 1e-6 * w.abs().max(1.0),
+            "element {k}: {got} vs {w}"
+        );
+    }
+    let total: f64 = want.iter().sum();
+    assert!((outs[0][0] as f64 - total).abs() < 1e-5 * total);
+    let leaves: std::collections::BTreeMap<String, Tensor> = [("x", X), ("w", W)]
+        .iter()
+        .map(|(n, v)| {
+            let t = Tensor::from_f64(&[2, 3], DType::F32, v.iter().map(|&v| v as f64).collect());
+            (n.to_string(), t)
+        })
+        .collect();
+    let r = rlx::ir::eval::evaluate(&g, &leaves).unwrap();
+    for (a, b) in r[1].f64s().iter().zip(&want) {
+        assert!(
+            (a - b).abs() <= 1e-6 * b.abs().max(1.0),
+            "reference {a} vs {b}"
+        );
+    }
+    // The CPU ran its decomposition: the dispatch report says so.
+    let report = c.dispatch_report().to_string();
+    assert!(report.contains("softplus"), "{report}");
+}
+
+#[test]
+fn a_registered_op_differentiates_and_batches() {
+    registered();
+    let g = model();
+    let w_id = g.find_leaf("w").unwrap();
+    // Reverse mode against central differences of the loss in f64.
+    let gg = rlx::autodiff::grad(&g, &[w_id]).unwrap();
+    let mut c = Session::new(Device::Cpu).compile(gg);
+    c.set_param("w", &W);
+    let grad = c.run(&[("x", &X)]).remove(0);
+    let loss = |w: &[f64]| -> f64 {
+        X.iter()
+            .zip(w)
+            .map(|(x, w)| softplus_f64(2.0, *x as f64 * w))
+            .sum()
+    };
+    let w64: Vec<f64> = W.iter().map(|&v| v as f64).collect();
+    for k in 0..6 {
+        let h = 1e-5;
+        let (mut a, mut b) = (w64.clone(), w64.clone());
+        a[k] += h;
+        b[k] -= h;
+        let fd = (loss(&a) - loss(&b)) / (2.0 * h);
+        assert!(
+            (grad[k] as f64 - fd).abs() < 1e-3 * fd.abs().max(1.0),
+            "d/dw[{k}]: {} vs {fd}",
+            grad[k]
+        );
+    }
+    // Forward mode: the tangent of the loss along a direction is the gradient's dot product.
+    let jg = rlx::autodiff::jvp(&g, &["w"]).unwrap();
+    let dir = [1.0f32, -1.0, 0.5, 0.0, 2.0, 1.0];
+    let mut c = Session::new(Device::Cpu).compile(jg);
+    c.set_param("w", &W);
+    let t = rlx::autodiff::tangent_name("w");
+    let outs = c.run(&[("x", &X), (t.as_str(), &dir)]);
+    let dot: f32 = grad.iter().zip(&dir).map(|(a, b)| a * b).sum();
+    let tangent = outs[2][0];
+    assert!(
+        (tangent - dot).abs() < 1e-4 * dot.abs().max(1.0),
+        "jvp {tangent} vs {dot}"
+    );
+
+    // vmap over a batch of 3 inputs: each row is the op on that example.
+    let mut one = Graph::new("one");
+    let x = one.input("x", Shape::new(&[4], DType::F32));
+    let y = softplus(&mut one, x, 0.5);
+    one.set_outputs(vec![y]);
+    let vg = rlx::autodiff::vmap(&one, &["x"], 3).unwrap();
+    let xs: Vec<f32> = (0..12).map(|i| i as f32 - 6.0).collect();
+    let mut c = Session::new(Device::Cpu).compile(vg);
+    let out = c.run(&[("x", &xs)]).remove(0);
+    for (k, (got, x)) in out.iter().zip(&xs).enumerate() {
+        let want = softplus_f64(0.5, *x as f64);
+        assert!(
+            (*got as f64 - want).abs() < 1e-5 * want.max(1.0),
+            "example {}: {got} vs {want}",
+            k / 4
+        );
+    }
+}
+
+#[test]
+fn a_registered_op_goes_through_the_compile_cache() {
+    registered();
+    let dir = std::env::temp_dir().join(format!("rlx-registered-op-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let first = {
+        let cache = CompileCache::at(&dir);
+        let mut c = Session::new(Device::Cpu)
+            .with_compile_cache(cache.clone())
+            .compile(model());
+        assert_eq!(cache.stats().misses, 1);
+        run(&mut c)
+    };
+    // A new cache over the same directory reads the entry from disk (the graph serialized with
+    // the registered op in it, parsed back by name).
+    let cache = CompileCache::at(&dir);
+    let mut c = Session::new(Device::Cpu)
+        .with_compile_cache(cache.clone())
+        .compile(model());
+    let s = cache.stats();
+    assert_eq!((s.disk_hits, s.misses, s.rejected), (1, 0, 0), "{s:?}");
+    assert_eq!(run(&mut c), first);
+    let _ = std::fs::remove_dir_all(&dir);
+}

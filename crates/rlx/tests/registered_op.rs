@@ -268,9 +268,65 @@ fn a_registered_op_parses_prints_evaluates_and_compiles_like_a_builtin() {
             "reference {a} vs {b}"
         );
     }
-    // The CPU ran its decomposition: the dispatch report says so.
-    let report = c.dispatch_report().to_string();
-    assert!(report.contains("softplus"), "{report}");
+    // The report names the op: decomposed here, or native where its CPU kernel is registered
+    // (another test of this binary registers one).
+    let report = c.dispatch_report();
+    assert!(
+        report.decomposed.contains_key("decompose:softplus")
+            || report.nodes.iter().any(|n| n.op == "softplus"),
+        "{report}"
+    );
+}
+
+/// The crate that registered the op gives the CPU backend a native kernel for it
+/// (`rlx_cpu::kernels::registered::register_kernel`): the CPU then runs the op itself instead of
+/// its decomposition, with the same values.
+#[test]
+fn a_registered_op_runs_the_native_cpu_kernel_its_crate_gives() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static CALLS: AtomicUsize = AtomicUsize::new(0);
+    registered();
+    rlx_cpu::kernels::registered::register_kernel(
+        "softplus",
+        std::sync::Arc::new(|op, ins, out, shape| {
+            CALLS.fetch_add(1, Ordering::Relaxed);
+            let beta = op.downcast::<Softplus>().expect("a softplus").beta as f64;
+            let (x, _) = ins[0];
+            match shape.dtype() {
+                DType::F32 => {
+                    for (o, v) in out.chunks_exact_mut(4).zip(x.chunks_exact(4)) {
+                        let v = f32::from_le_bytes(v.try_into().unwrap()) as f64;
+                        o.copy_from_slice(&(softplus_f64(beta, v) as f32).to_le_bytes());
+                    }
+                }
+                DType::F64 => {
+                    for (o, v) in out.chunks_exact_mut(8).zip(x.chunks_exact(8)) {
+                        let v = f64::from_le_bytes(v.try_into().unwrap());
+                        o.copy_from_slice(&softplus_f64(beta, v).to_le_bytes());
+                    }
+                }
+                dt => unreachable!("softplus's infer admits {dt} but this kernel has no form"),
+            }
+        }),
+    );
+    let mut c = Session::new(Device::Cpu).compile(model());
+    let report = c.dispatch_report();
+    assert!(
+        !report.decomposed.contains_key("decompose:softplus")
+            && report.nodes.iter().any(|n| n.op == "softplus"),
+        "a native kernel, no decomposition: {report}"
+    );
+    let before = CALLS.load(Ordering::Relaxed);
+    let outs = run(&mut c);
+    assert_eq!(
+        CALLS.load(Ordering::Relaxed),
+        before + 1,
+        "one kernel call per run"
+    );
+    for (k, (got, (x, w))) in outs[1].iter().zip(X.iter().zip(&W)).enumerate() {
+        let want = softplus_f64(2.0, (*x * *w) as f64) as f32;
+        assert_eq!(*got, want, "element {k}");
+    }
 }
 
 #[test]

@@ -15,6 +15,7 @@ mod movement;
 mod norm;
 pub mod quant;
 mod reduce;
+pub mod registered;
 mod spatial;
 
 use crate::layout::Layout;
@@ -277,9 +278,11 @@ fn supports_op(op: &Op) -> bool {
         // Elementwise and multiply-reduce regions the group loop runs; the rest are inlined.
         Op::Fused(r) => fused::region_program(r).is_some(),
         // Control flow loops and branches for real: `if` runs only its taken branch, `while`
-        // and `scan` without unrolling. Other ops defined by an `OpDef` are decomposed (one
-        // that needs a native kernel gets a case in `control::Flow::of`'s style: by its type).
-        Op::Defined(d) => control::Flow::of(d).is_some(),
+        // and `scan` without unrolling; a registered op with a kernel given by its crate
+        // (`registered::register_kernel`). Other ops defined by an `OpDef` are decomposed (one
+        // of the IR's that needs a native kernel gets a case in `control::Flow::of`'s style:
+        // by its type).
+        Op::Defined(d) => control::Flow::of(d).is_some() || registered::of(d).is_some(),
         // Decomposed into primitives before lowering.
         Op::DotGeneral(_) | Op::Custom(_) => false,
     }
@@ -304,9 +307,10 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         Op::Conv(_) | Op::Pool(_) => spatial::lower(info),
         Op::DequantMatMul { .. } | Op::DequantizeRows { .. } => quant::lower(info),
         Op::CacheWrite | Op::CachedAttention { .. } | Op::PagedAttention { .. } => kv::lower(info),
-        Op::Defined(d) => match control::Flow::of(d) {
-            Some(flow) => control::lower(info, flow),
-            None => Err(info.unsupported(format!("{} has no CPU kernel", d.name()))),
+        Op::Defined(d) => match (control::Flow::of(d), registered::of(d)) {
+            (Some(flow), _) => control::lower(info, flow),
+            (None, Some(f)) => registered::lower(info, d, f),
+            (None, None) => Err(info.unsupported(format!("{} has no CPU kernel", d.name()))),
         },
         // Leaves and fused regions are lowered by the program itself; the rest are decomposed
         // before lowering (see `supports`).

@@ -18,3 +18,4 @@ cd "$REPO"
 .venv/bin/python crates/rlx/tests/golden/gen_ops.py
 .venv/bin/python crates/rlx/tests/golden/gen_jax_parity.py
 .venv/bin/python crates/rlx/tests/golden/gen_precision.py
+.venv/bin/python crates/rlx-linalg/tests/golden/gen_linalg.py

@@ -1,0 +1,137 @@
+//! The CPU kernels of the ops, on `faer`, one matrix of the batch at a time (f32 values are
+//! computed in f64 and rounded once).
+
+use crate::Linalg;
+use faer::linalg::solvers::{DenseSolveCore, Solve};
+use faer::Mat;
+use faer::MatRef;
+use rlx_ir::ops::DefinedOp;
+use rlx_ir::{DType, Shape};
+use std::sync::Arc;
+
+/// Little-endian f32 / f64 bytes as f64.
+fn read(bytes: &[u8], dt: DType) -> Vec<f64> {
+    match dt {
+        DType::F64 => bytes
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect(),
+        _ => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
+            .collect(),
+    }
+}
+
+/// `vals` written as `dt`'s little-endian bytes into `out`.
+fn write(vals: &[f64], dt: DType, out: &mut [u8]) {
+    match dt {
+        DType::F64 => {
+            for (o, v) in out.chunks_exact_mut(8).zip(vals) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+        }
+        _ => {
+            for (o, v) in out.chunks_exact_mut(4).zip(vals) {
+                o.copy_from_slice(&(*v as f32).to_le_bytes());
+            }
+        }
+    }
+}
+
+fn mat(v: &[f64], rows: usize, cols: usize) -> Mat<f64> {
+    Mat::from_fn(rows, cols, |i, j| v[i * cols + j])
+}
+
+fn flat(m: MatRef<'_, f64>) -> Vec<f64> {
+    (0..m.nrows())
+        .flat_map(|i| (0..m.ncols()).map(move |j| m[(i, j)]))
+        .collect()
+}
+
+/// One op on operands `ins` (dense bytes and shapes) into `out`.
+fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
+    let (abytes, ashape) = ins[0];
+    let dt = ashape.dtype();
+    let ad = ashape.static_dims().unwrap_or_default();
+    let n = ad[ad.len() - 1];
+    let batch: usize = ad[..ad.len() - 2].iter().product();
+    let a = read(abytes, dt);
+    let b = ins.get(1).map(|(bytes, _)| read(bytes, dt));
+    let k = ins
+        .get(1)
+        .and_then(|(_, s)| s.static_dims())
+        .and_then(|d| d.last().copied())
+        .unwrap_or(n);
+    let mut res = Vec::with_capacity(out_shape.numel().unwrap_or(0));
+    for m in 0..batch {
+        let am = mat(&a[m * n * n..(m + 1) * n * n], n, n);
+        match op {
+            Linalg::Solve => {
+                let bm = mat(
+                    &b.as_ref().expect("two operands")[m * n * k..(m + 1) * n * k],
+                    n,
+                    k,
+                );
+                res.extend(flat(am.partial_piv_lu().solve(&bm).as_ref()));
+            }
+            Linalg::TriangularSolve { lower } => {
+                // Only the triangle named is read.
+                let t = Mat::from_fn(n, n, |i, j| {
+                    if i == j || (i > j) == lower {
+                        am[(i, j)]
+                    } else {
+                        0.0
+                    }
+                });
+                let mut x = mat(
+                    &b.as_ref().expect("two operands")[m * n * k..(m + 1) * n * k],
+                    n,
+                    k,
+                );
+                if lower {
+                    t.solve_lower_triangular_in_place(&mut x);
+                } else {
+                    t.solve_upper_triangular_in_place(&mut x);
+                }
+                res.extend(flat(x.as_ref()));
+            }
+            Linalg::Inv => res.extend(flat(am.partial_piv_lu().inverse().as_ref())),
+            Linalg::Det => res.push(am.as_ref().determinant()),
+            Linalg::Cholesky => {
+                // The lower triangle only; not positive definite: NaNs (JAX's answer).
+                let sym = Mat::from_fn(n, n, |i, j| if i >= j { am[(i, j)] } else { am[(j, i)] });
+                match sym.llt(faer::Side::Lower) {
+                    Ok(l) => {
+                        let l = l.L();
+                        res.extend((0..n * n).map(|p| {
+                            let (i, j) = (p / n, p % n);
+                            if i >= j {
+                                l[(i, j)]
+                            } else {
+                                0.0
+                            }
+                        }))
+                    }
+                    Err(_) => res.extend(std::iter::repeat_n(f64::NAN, n * n)),
+                }
+            }
+        }
+    }
+    write(&res, dt, out);
+}
+
+/// Give the CPU backend a kernel for each op.
+pub(crate) fn register() {
+    for r in crate::REGISTRATIONS {
+        rlx_cpu::kernels::registered::register_kernel(
+            r.name,
+            Arc::new(
+                |op: &DefinedOp, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape| {
+                    let op = *op.downcast::<Linalg>().expect("an op of rlx-linalg");
+                    run(op, ins, out, shape)
+                },
+            ),
+        );
+    }
+}

@@ -1,0 +1,86 @@
+"""Goldens for rlx-linalg: values and reverse-mode gradients from JAX (x64).
+
+For each case: the inputs, a cotangent W for the result, the result, and the gradient of
+sum(result * W) with respect to every input, as JAX computes them (jnp.linalg / jax.scipy).
+Run by scripts/regen-goldens.sh (pinned environment); the output is deterministic.
+"""
+import json
+import os
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp  # noqa: E402
+import jax.scipy.linalg as jsl  # noqa: E402
+import numpy as np  # noqa: E402
+
+rng = np.random.RandomState(20261127)
+
+
+def general(shape):
+    n = shape[-1]
+    return rng.randn(*shape) + n * np.eye(n) * 0.5
+
+
+def spd(shape):
+    n = shape[-1]
+    m = rng.randn(*shape)
+    return m @ np.swapaxes(m, -1, -2) + n * np.eye(n)
+
+
+def triangular(shape, lower):
+    n = shape[-1]
+    t = rng.randn(*shape) + 3.0 * np.eye(n)
+    return np.tril(t) if lower else np.triu(t)
+
+
+def case(name, op, attrs, fn, inputs, dtype="f64"):
+    out = fn(*inputs)
+    w = rng.randn(*np.shape(out))
+
+    def loss(*args):
+        return jnp.sum(fn(*args) * w)
+
+    grads = jax.grad(loss, argnums=tuple(range(len(inputs))))(*inputs)
+    return {
+        "name": name,
+        "op": op,
+        "attrs": attrs,
+        "dtype": dtype,
+        "inputs": [{"shape": list(np.shape(x)), "data": np.ravel(x).tolist()} for x in inputs],
+        "cotangent": np.ravel(w).tolist(),
+        "expected": {"shape": list(np.shape(out)), "data": np.ravel(np.asarray(out)).tolist()},
+        "grads": [np.ravel(np.asarray(g)).tolist() for g in grads],
+    }
+
+
+cases = []
+for shape, k in [((3, 3), 2), ((2, 4, 4), 3), ((1, 1), 1)]:
+    tag = "x".join(map(str, shape))
+    a = general(shape)
+    b = rng.randn(*shape[:-1], k)
+    cases.append(case(f"solve_{tag}", "solve", {}, jnp.linalg.solve, [a, b]))
+    for lower in (True, False):
+        t = triangular(shape, lower)
+        # The other triangle holds values the op must not read.
+        t_noisy = t + (np.triu(rng.randn(*shape), 1) if lower else np.tril(rng.randn(*shape), -1))
+        cases.append(
+            case(
+                f"triangular_solve_{'lower' if lower else 'upper'}_{tag}",
+                "triangular_solve",
+                {"lower": lower},
+                lambda a, b, lower=lower: jsl.solve_triangular(
+                    jnp.tril(a) if lower else jnp.triu(a), b, lower=lower
+                ),
+                [t_noisy, rng.randn(*shape[:-1], k)],
+            )
+        )
+    cases.append(case(f"cholesky_{tag}", "cholesky", {}, jnp.linalg.cholesky, [spd(shape)]))
+    cases.append(case(f"inv_{tag}", "inv", {}, jnp.linalg.inv, [general(shape)]))
+    cases.append(case(f"det_{tag}", "det", {}, jnp.linalg.det, [general(shape)]))
+
+out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "linalg.json")
+with open(out, "w") as f:
+    json.dump({"generator": "gen_linalg.py", "jax": jax.__version__, "cases": cases}, f, indent=None)
+    f.write("\n")
+print(f"wrote {len(cases)} cases to {out}")

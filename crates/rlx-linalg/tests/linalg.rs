@@ -1,0 +1,281 @@
+//! rlx-linalg against JAX (`tests/golden/linalg.json`, from `gen_linalg.py`): for every case the
+//! reference evaluator and the CPU kernel (faer) give JAX's values, reverse mode through RLX's
+//! autodiff gives JAX's gradients, and forward mode agrees with them (the tangent along a
+//! direction is the gradient's dot product). Also: f32, vmap, the text form, shape errors, and
+//! the GPU's refusal by name (no kernel, no decomposition).
+
+use rlx::ir::eval::Tensor;
+use rlx::prelude::*;
+use rlx_linalg::{apply, Linalg};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+fn cases() -> Vec<Value> {
+    let at = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/linalg.json");
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(at).expect("golden file")).unwrap();
+    v["cases"].as_array().unwrap().clone()
+}
+
+fn f64s(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+fn dims(v: &Value) -> Vec<usize> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect()
+}
+
+fn op_of(c: &Value) -> Linalg {
+    match c["op"].as_str().unwrap() {
+        "solve" => Linalg::Solve,
+        "triangular_solve" => Linalg::TriangularSolve {
+            lower: c["attrs"]["lower"].as_bool().unwrap(),
+        },
+        "cholesky" => Linalg::Cholesky,
+        "inv" => Linalg::Inv,
+        "det" => Linalg::Det,
+        other => panic!("unknown op {other}"),
+    }
+}
+
+const NAMES: [&str; 2] = ["a", "b"];
+
+/// The case's op on params `a` (and `b`) of `dt`; outputs `[loss = sum(result * W), result]`.
+fn graph(c: &Value, dt: DType) -> Graph {
+    rlx_linalg::register().unwrap();
+    let mut g = Graph::new(c["name"].as_str().unwrap());
+    let ins: Vec<NodeId> = c["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .map(|(i, x)| g.param(NAMES[i], Shape::new(&dims(&x["shape"]), dt)))
+        .collect();
+    let y = apply(&mut g, op_of(c), &ins).unwrap();
+    let od = dims(&c["expected"]["shape"]);
+    let w = Tensor::from_f64(&od, dt, f64s(&c["cotangent"]));
+    let w = g
+        .try_constant_bytes(Shape::new(&od, dt), w.to_bytes())
+        .unwrap();
+    let p = g.mul(y, w);
+    let axes: Vec<usize> = (0..od.len()).collect();
+    let loss = g
+        .try_op(
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                axes,
+                keepdims: false,
+            },
+            &[p],
+        )
+        .unwrap();
+    g.set_outputs(vec![loss, y]);
+    g
+}
+
+fn set_inputs(c: &mut CompiledGraph, case: &Value, dt: DType) {
+    for (i, x) in case["inputs"].as_array().unwrap().iter().enumerate() {
+        let t = Tensor::from_f64(&dims(&x["shape"]), dt, f64s(&x["data"]));
+        c.set_param_typed(NAMES[i], &t.to_bytes(), dt);
+    }
+}
+
+fn close(what: &str, got: &[f64], want: &[f64], rtol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= rtol * scale,
+            "{what}[{k}]: {g} vs JAX {w} (rtol {rtol} of {scale})"
+        );
+    }
+}
+
+fn as_f64(bytes: &[u8], dt: DType) -> Vec<f64> {
+    Tensor::from_bytes(&Shape::new(&[bytes.len() / dt.size_bytes()], dt), bytes)
+        .unwrap()
+        .f64s()
+}
+
+#[test]
+fn values_match_jax_on_the_reference_evaluator_and_the_cpu() {
+    for c in cases() {
+        let name = c["name"].as_str().unwrap();
+        let g = graph(&c, DType::F64);
+        let want = f64s(&c["expected"]["data"]);
+        // The reference evaluator.
+        let leaves: BTreeMap<String, Tensor> = c["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                (
+                    NAMES[i].to_string(),
+                    Tensor::from_f64(&dims(&x["shape"]), DType::F64, f64s(&x["data"])),
+                )
+            })
+            .collect();
+        let r = rlx::ir::eval::evaluate(&g, &leaves).unwrap();
+        close(&format!("{name} (reference)"), &r[1].f64s(), &want, 1e-10);
+        // The CPU runs the faer kernel (no decomposition exists).
+        let mut cg = Session::new(Device::Cpu).compile(g);
+        assert!(cg
+            .dispatch_report()
+            .nodes
+            .iter()
+            .any(|n| n.op == c["op"].as_str().unwrap()));
+        set_inputs(&mut cg, &c, DType::F64);
+        let out = cg.run_typed(&[]);
+        close(
+            &format!("{name} (CPU)"),
+            &as_f64(&out[1].0, DType::F64),
+            &want,
+            1e-10,
+        );
+        // f32: the same values to f32 precision.
+        let g32 = graph(&c, DType::F32);
+        let mut c32 = Session::new(Device::Cpu).compile(g32);
+        set_inputs(&mut c32, &c, DType::F32);
+        let out = c32.run_typed(&[]);
+        close(
+            &format!("{name} (CPU, f32)"),
+            &as_f64(&out[1].0, DType::F32),
+            &want,
+            1e-4,
+        );
+    }
+}
+
+#[test]
+fn reverse_and_forward_mode_match_jax() {
+    for c in cases() {
+        let name = c["name"].as_str().unwrap();
+        let g = graph(&c, DType::F64);
+        let n_in = c["inputs"].as_array().unwrap().len();
+        let wrt: Vec<NodeId> = NAMES[..n_in]
+            .iter()
+            .map(|n| g.find_leaf(n).unwrap())
+            .collect();
+        let gg = rlx::autodiff::grad(&g, &wrt).unwrap();
+        let mut cg = Session::new(Device::Cpu).compile(gg);
+        set_inputs(&mut cg, &c, DType::F64);
+        let outs = cg.run_typed(&[]);
+        let jax: Vec<Vec<f64>> = c["grads"].as_array().unwrap().iter().map(f64s).collect();
+        for (k, want) in jax.iter().enumerate() {
+            close(
+                &format!("{name}: d loss / d {}", NAMES[k]),
+                &as_f64(&outs[k].0, DType::F64),
+                want,
+                1e-8,
+            );
+        }
+        // Forward mode: the loss's tangent along a direction is JAX's gradient dotted with it.
+        let jg = rlx::autodiff::jvp(&g, &NAMES[..n_in]).unwrap();
+        let mut cj = Session::new(Device::Cpu).compile(jg);
+        set_inputs(&mut cj, &c, DType::F64);
+        let mut dirs = Vec::new();
+        let mut dot = 0.0;
+        for (k, x) in c["inputs"].as_array().unwrap().iter().enumerate() {
+            let d = dims(&x["shape"]);
+            let v: Vec<f64> = (0..d.iter().product::<usize>())
+                .map(|i| ((i * 7 + k * 3) % 5) as f64 / 5.0 - 0.4)
+                .collect();
+            dot += v.iter().zip(&jax[k]).map(|(a, b)| a * b).sum::<f64>();
+            dirs.push((
+                rlx::autodiff::tangent_name(NAMES[k]),
+                Tensor::from_f64(&d, DType::F64, v).to_bytes(),
+            ));
+        }
+        let feeds: Vec<(&str, &[u8], DType)> = dirs
+            .iter()
+            .map(|(n, b)| (n.as_str(), b.as_slice(), DType::F64))
+            .collect();
+        let outs = cj.run_typed(&feeds);
+        // Outputs: [loss, result, d loss, d result].
+        let tangent = as_f64(&outs[2].0, DType::F64)[0];
+        assert!(
+            (tangent - dot).abs() <= 1e-8 * dot.abs().max(1.0),
+            "{name}: jvp {tangent} vs {dot}"
+        );
+    }
+}
+
+#[test]
+fn vmap_text_form_errors_and_the_gpus_refusal() {
+    rlx_linalg::register().unwrap();
+    // vmap of solve over a batch of 2 matrices and right-hand sides equals each solved alone.
+    let mut one = Graph::new("one");
+    let a = one.input("a", Shape::new(&[2, 2], DType::F64));
+    let b = one.input("b", Shape::new(&[2, 1], DType::F64));
+    let x = apply(&mut one, Linalg::Solve, &[a, b]).unwrap();
+    one.set_outputs(vec![x]);
+    let vg = rlx::autodiff::vmap(&one, &["a", "b"], 2).unwrap();
+    let mut c = Session::new(Device::Cpu).compile(vg);
+    let av = [2.0, 1.0, 1.0, 3.0, 4.0, 0.0, 1.0, 2.0f64];
+    let bv = [3.0, 5.0, 8.0, 4.0f64];
+    let bytes = |v: &[f64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let out = c.run_typed(&[
+        ("a", &bytes(&av), DType::F64),
+        ("b", &bytes(&bv), DType::F64),
+    ]);
+    // [[2,1],[1,3]] x = [3,5] -> x = [0.8, 1.4]; [[4,0],[1,2]] x = [8,4] -> x = [2, 1].
+    close(
+        "vmap(solve)",
+        &as_f64(&out[0].0, DType::F64),
+        &[0.8, 1.4, 2.0, 1.0],
+        1e-12,
+    );
+
+    // The text form prints and parses the ops with their attributes.
+    let mut g = Graph::new("t");
+    let a = g.input("a", Shape::new(&[3, 3], DType::F32));
+    let b = g.input("b", Shape::new(&[3, 2], DType::F32));
+    let x = apply(&mut g, Linalg::TriangularSolve { lower: false }, &[a, b]).unwrap();
+    let l = apply(&mut g, Linalg::Cholesky, &[a]).unwrap();
+    let d = apply(&mut g, Linalg::Det, &[l]).unwrap();
+    g.set_outputs(vec![x, d]);
+    let text = g.to_text();
+    assert!(
+        text.contains("triangular_solve") && text.contains("lower = false"),
+        "{text}"
+    );
+    assert_eq!(Graph::parse(&text).unwrap().to_text(), text);
+
+    // Shape errors name the op and the shapes.
+    let mut bad = Graph::new("bad");
+    let a = bad.input("a", Shape::new(&[3, 2], DType::F32));
+    let e = apply(&mut bad, Linalg::Inv, &[a]).unwrap_err().to_string();
+    assert!(e.contains("inv") && e.contains("[3, 2]"), "{e}");
+    let a = bad.input("a2", Shape::new(&[3, 3], DType::F32));
+    let b = bad.input("b2", Shape::new(&[4, 1], DType::F32));
+    let e = apply(&mut bad, Linalg::Solve, &[a, b])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("solve") && e.contains("[4, 1]"), "{e}");
+
+    // The GPU has no kernel and the op no decomposition: a compile error naming it (the
+    // suite's GPU is Mesa's software Vulkan, which scripts/test.sh installs).
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
+    let e = Session::new(Device::Gpu)
+        .try_compile(g)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        e.contains("triangular_solve") && e.contains("no decomposition"),
+        "{e}"
+    );
+}

@@ -98,6 +98,12 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
             }
             Linalg::Inv => res.extend(flat(am.partial_piv_lu().inverse().as_ref())),
             Linalg::Det => res.push(am.as_ref().determinant()),
+            Linalg::LogAbsDet => {
+                // log |det| from the LU factors' diagonal, with no overflow.
+                let lu = am.partial_piv_lu();
+                let u = lu.U();
+                res.push((0..n).map(|i| u[(i, i)].abs().ln()).sum());
+            }
             Linalg::Cholesky => {
                 // The lower triangle only; not positive definite: NaNs (JAX's answer).
                 let sym = Mat::from_fn(n, n, |i, j| if i >= j { am[(i, j)] } else { am[(j, i)] });

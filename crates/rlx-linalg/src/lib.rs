@@ -1,11 +1,11 @@
 //! Dense linear algebra for RLX, as ops registered from outside the IR
-//! (`rlx_ir::ops::register`): `solve`, `triangular_solve`, `cholesky`, `inv` and `det`, batched
-//! over leading axes, on f32 and f64. Each op's rules are its [`OpDef`]: shape inference (errors
-//! name the op and shapes), a reference evaluator in f64, JAX's derivative rules for reverse and
-//! forward mode (written with these ops and the IR's, so they differentiate again), batching
-//! for vmap, and a native CPU kernel on `faer` ([`register`] gives it to the CPU backend). They
-//! have no decomposition: a backend without a kernel for them (the GPU backends) refuses them by
-//! name.
+//! (`rlx_ir::ops::register`): `solve`, `triangular_solve`, `cholesky`, `inv`, `det` and
+//! `logabsdet`, batched over leading axes, on f32 and f64. Each op's rules are its [`OpDef`]:
+//! shape inference (errors name the op and shapes), a reference evaluator in f64, JAX's
+//! derivative rules for reverse and forward mode (written with these ops and the IR's, so they
+//! differentiate again), batching for vmap, and a native CPU kernel on `faer` ([`register`]
+//! gives it to the CPU backend). They have no decomposition: a backend without a kernel for
+//! them (the GPU backends) refuses them by name.
 //!
 //! As in JAX and LAPACK, a singular matrix gives infinities or NaNs, and `cholesky` of a matrix
 //! that is not positive definite gives NaNs (at run time there is no error to raise).
@@ -36,10 +36,13 @@ pub enum Linalg {
     Inv,
     /// `det(a [..., n, n]) -> [...]`.
     Det,
+    /// `logabsdet(a [..., n, n]) -> [...]`: `log |det a|` (the second result of JAX's
+    /// `slogdet`), which does not overflow where `det` would.
+    LogAbsDet,
 }
 
 /// The registrations of the ops (`rlx_ir::ops::register` each, or call [`register`]).
-pub const REGISTRATIONS: [OpRegistration; 5] = [
+pub const REGISTRATIONS: [OpRegistration; 6] = [
     OpRegistration {
         name: "solve",
         from_attrs: |_| Ok(DefinedOp::new(Linalg::Solve)),
@@ -72,6 +75,11 @@ pub const REGISTRATIONS: [OpRegistration; 5] = [
         name: "det",
         from_attrs: |_| Ok(DefinedOp::new(Linalg::Det)),
         examples: || vec![DefinedOp::new(Linalg::Det)],
+    },
+    OpRegistration {
+        name: "logabsdet",
+        from_attrs: |_| Ok(DefinedOp::new(Linalg::LogAbsDet)),
+        examples: || vec![DefinedOp::new(Linalg::LogAbsDet)],
     },
 ];
 
@@ -153,20 +161,23 @@ impl OpDef for Linalg {
             Linalg::Cholesky => "cholesky",
             Linalg::Inv => "inv",
             Linalg::Det => "det",
+            Linalg::LogAbsDet => "logabsdet",
         }
     }
 
     fn attrs(&self) -> Vec<(&'static str, Attr)> {
         match self {
             Linalg::TriangularSolve { lower } => vec![("lower", Attr::Bool(*lower))],
-            Linalg::Solve | Linalg::Cholesky | Linalg::Inv | Linalg::Det => Vec::new(),
+            Linalg::Solve | Linalg::Cholesky | Linalg::Inv | Linalg::Det | Linalg::LogAbsDet => {
+                Vec::new()
+            }
         }
     }
 
     fn arity(&self) -> (usize, usize) {
         match self {
             Linalg::Solve | Linalg::TriangularSolve { .. } => (2, 2),
-            Linalg::Cholesky | Linalg::Inv | Linalg::Det => (1, 1),
+            Linalg::Cholesky | Linalg::Inv | Linalg::Det | Linalg::LogAbsDet => (1, 1),
         }
     }
 
@@ -195,7 +206,7 @@ impl OpDef for Linalg {
                 Ok(b.clone())
             }
             Linalg::Cholesky | Linalg::Inv => Ok(a.clone()),
-            Linalg::Det => Ok(Shape::new(batch, a.dtype())),
+            Linalg::Det | Linalg::LogAbsDet => Ok(Shape::new(batch, a.dtype())),
         }
     }
 
@@ -216,7 +227,7 @@ impl OpDef for Linalg {
             Linalg::TriangularSolve { .. } => n * n * k,
             Linalg::Cholesky => n * n * n / 3,
             Linalg::Inv => 2 * n * n * n,
-            Linalg::Det => 2 * n * n * n / 3,
+            Linalg::Det | Linalg::LogAbsDet => 2 * n * n * n / 3,
         };
         let bytes = ins
             .iter()
@@ -235,7 +246,7 @@ impl OpDef for Linalg {
 
     /// JAX's rules: `solve`: `b̄ = solve(aᵀ, x̄)`, `ā = -b̄ xᵀ`; `triangular_solve`: the same
     /// with the transposed triangle, `ā` kept to `a`'s triangle; `inv`: `ā = -yᵀ ȳ yᵀ`; `det`:
-    /// `ā = d̄ d a⁻ᵀ`; `cholesky`: `ā = sym(l⁻ᵀ Φ(lᵀ l̄) l⁻¹)` with `Φ` the lower triangle with
+    /// `ā = d̄ d a⁻ᵀ`; `logabsdet`: `ā = d̄ a⁻ᵀ`; `cholesky`: `ā = sym(l⁻ᵀ Φ(lᵀ l̄) l⁻¹)` with `Φ` the lower triangle with
     /// half its diagonal and `sym(x) = (x + xᵀ) / 2`.
     fn vjp(
         &self,
@@ -269,10 +280,15 @@ impl OpDef for Linalg {
                 let p = mm(g, p, yt)?;
                 vec![Some(g.try_activation(Activation::Neg, p)?)]
             }
-            Linalg::Det => {
+            Linalg::Det | Linalg::LogAbsDet => {
                 let inv = apply(g, Linalg::Inv, &[a])?;
                 let it = mt(g, inv)?;
-                let s = g.try_mul(ct, out)?;
+                // d det = det a⁻ᵀ; d log|det| = a⁻ᵀ.
+                let s = if *self == Linalg::Det {
+                    g.try_mul(ct, out)?
+                } else {
+                    ct
+                };
                 let r = g.shape(s).rank();
                 let d = g.shape(a).static_dims().unwrap_or_default();
                 let mut e = d[..r].to_vec();
@@ -298,7 +314,7 @@ impl OpDef for Linalg {
     }
 
     /// `solve`: `ẋ = solve(a, ḃ - ȧ x)`; `triangular_solve` the same with `ȧ` kept to the
-    /// triangle; `inv`: `ẏ = -y ȧ y`; `det`: `ḋ = d Σ a⁻ᵀ ⊙ ȧ`; `cholesky`: `l̇ = l Φ(l⁻¹ sym(ȧ)
+    /// triangle; `inv`: `ẏ = -y ȧ y`; `det`: `ḋ = d Σ a⁻ᵀ ⊙ ȧ` (`logabsdet`: without the `d`); `cholesky`: `l̇ = l Φ(l⁻¹ sym(ȧ)
     /// l⁻ᵀ)`.
     fn jvp(
         &self,
@@ -332,7 +348,7 @@ impl OpDef for Linalg {
                 let p = mm(g, p, out)?;
                 g.try_activation(Activation::Neg, p)?
             }
-            Linalg::Det => {
+            Linalg::Det | Linalg::LogAbsDet => {
                 let Some(ta) = ta else { return Ok(None) };
                 let inv = apply(g, Linalg::Inv, &[a])?;
                 let it = mt(g, inv)?;
@@ -346,7 +362,11 @@ impl OpDef for Linalg {
                     },
                     &[p],
                 )?;
-                g.try_mul(s, out)?
+                if *self == Linalg::Det {
+                    g.try_mul(s, out)?
+                } else {
+                    s
+                }
             }
             Linalg::Cholesky => {
                 let Some(ta) = ta else { return Ok(None) };

@@ -98,6 +98,11 @@ pub(crate) fn eval(op: Linalg, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
                 let (_, sign) = lu(&mut f, n);
                 res.push((0..n).map(|i| f[i * n + i]).product::<f64>() * sign);
             }
+            Linalg::LogAbsDet => {
+                let mut f = am.to_vec();
+                lu(&mut f, n);
+                res.push((0..n).map(|i| f[i * n + i].abs().ln()).sum::<f64>());
+            }
             Linalg::Cholesky => {
                 // Only the lower triangle is read; a matrix that is not positive definite gives
                 // NaNs, as LAPACK-backed JAX does.

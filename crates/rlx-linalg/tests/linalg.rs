@@ -42,6 +42,7 @@ fn op_of(c: &Value) -> Linalg {
         "cholesky" => Linalg::Cholesky,
         "inv" => Linalg::Inv,
         "det" => Linalg::Det,
+        "logabsdet" => Linalg::LogAbsDet,
         other => panic!("unknown op {other}"),
     }
 }

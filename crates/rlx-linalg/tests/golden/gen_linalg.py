@@ -78,6 +78,9 @@ for shape, k in [((3, 3), 2), ((2, 4, 4), 3), ((1, 1), 1)]:
     cases.append(case(f"cholesky_{tag}", "cholesky", {}, jnp.linalg.cholesky, [spd(shape)]))
     cases.append(case(f"inv_{tag}", "inv", {}, jnp.linalg.inv, [general(shape)]))
     cases.append(case(f"det_{tag}", "det", {}, jnp.linalg.det, [general(shape)]))
+    cases.append(
+        case(f"logabsdet_{tag}", "logabsdet", {}, lambda a: jnp.linalg.slogdet(a)[1], [general(shape)])
+    )
 
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "linalg.json")
 with open(out, "w") as f:

@@ -4,7 +4,8 @@
 //! operand as dense little-endian bytes with its shape and fills the result's dense bytes.
 
 use super::{kernel, materialize, Lowered, NodeInfo, TRef};
-use rlx_ir::ops::DefinedOp;
+use rlx_ir::convert::{bytes_to_f64, f64_to_bytes};
+use rlx_ir::ops::{DefinedOp, SelectiveScan};
 use rlx_ir::{Result, Shape};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -29,8 +30,15 @@ pub fn register_kernel(name: &'static str, f: CpuKernel) {
         .insert(name, f);
 }
 
-/// The kernel registered for `op`, if any.
+/// The kernel registered for `op`, if any; the IR's own ops defined by an `OpDef` that have a
+/// CPU kernel here are recognised by their type.
 pub(super) fn of(op: &DefinedOp) -> Option<CpuKernel> {
+    if let Some(s) = op.downcast::<SelectiveScan>() {
+        let s = *s;
+        return Some(Arc::new(move |_, ins, out, shape| {
+            selective_scan(s, ins, out, shape)
+        }));
+    }
     kernels()
         .read()
         .unwrap_or_else(|e| e.into_inner())
@@ -78,4 +86,22 @@ pub(super) fn lower(info: &NodeInfo<'_>, op: &DefinedOp, f: CpuKernel) -> Result
             })
         }),
     })
+}
+
+/// Mamba's selective scan: the recurrence itself (linear in the sequence length, where the
+/// decomposition is quadratic), in f64 for every float dtype.
+fn selective_scan(s: SelectiveScan, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape) {
+    let dt = shape.dtype();
+    let w = dt.size_bytes();
+    let vals: Vec<Vec<f64>> = ins
+        .iter()
+        .map(|(b, _)| b.chunks_exact(w).map(|c| bytes_to_f64(c, dt)).collect())
+        .collect();
+    let u = ins[0].1.static_dims().unwrap_or_default();
+    let n = ins[2].1.static_dims().map_or(0, |d| d[1]);
+    let y = s.run((u[0], u[1], u[2], n), &vals);
+    for (o, v) in out.chunks_exact_mut(w).zip(y) {
+        // The dtype is a float the op's inference admitted: the conversion cannot fail.
+        let _ = f64_to_bytes(v, dt, o);
+    }
 }

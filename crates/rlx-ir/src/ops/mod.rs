@@ -25,6 +25,7 @@ mod nn;
 mod quant;
 mod quantize;
 mod reduce;
+mod selective_scan;
 mod spatial;
 
 pub use batch::{batch, batch_supported, materialize as batch_materialize, Batched};
@@ -35,6 +36,7 @@ pub use dequantize::Dequantize;
 pub use fake_quantize::FakeQuantize;
 pub use loops::{Scan, While};
 pub use quantize::Quantize;
+pub use selective_scan::SelectiveScan;
 
 /// The ops defined in one file each ([`OpDef`]): adding one is its file plus one line here.
 const DEFINED: &[OpRegistration] = &[
@@ -49,6 +51,7 @@ const DEFINED: &[OpRegistration] = &[
     cond::OP,
     loops::WHILE,
     loops::SCAN,
+    selective_scan::OP,
 ];
 
 use crate::{Dim, Error, Graph, NodeId, Op, Result, Shape};

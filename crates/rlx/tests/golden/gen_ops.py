@@ -1489,6 +1489,52 @@ def gen_loops(table):
                   [arg(c0, dtype), arg(k, dtype), arg(xs, dtype)], np.asarray(hs), dtype, "accumulate")
 
 
+def selective_scan_ref(u, delta, a, b, c, d=None, z=None, delta_softplus=False):
+    """mamba_ssm's selective_scan_ref (real A, variable B and C), in f64 numpy."""
+    u, delta, a, b, c = (np.asarray(v, np.float64) for v in (u, delta, a, b, c))
+    if delta_softplus:
+        delta = np.logaddexp(0.0, delta)
+    delta_a = np.exp(np.einsum("bdl,dn->bdln", delta, a))
+    delta_b_u = np.einsum("bdl,bnl,bdl->bdln", delta, b, u)
+    x = np.zeros((u.shape[0], u.shape[1], a.shape[1]))
+    ys = []
+    for i in range(u.shape[2]):
+        x = delta_a[:, :, i] * x + delta_b_u[:, :, i]
+        ys.append(np.einsum("bdn,bn->bd", x, c[:, :, i]))
+    out = np.stack(ys, axis=2)
+    if d is not None:
+        out = out + u * np.asarray(d, np.float64)[None, :, None]
+    if z is not None:
+        z = np.asarray(z, np.float64)
+        out = out * (z / (1.0 + np.exp(-z)))
+    return out
+
+
+def gen_selective_scan(table):
+    """Mamba's selective scan against the reference recurrence: with and without softplus on
+    delta, with the skip D and the gate z or without them."""
+    for dtype, (bs, ds, ls, ns), softplus, extras in [
+        ("f32", (1, 2, 5, 3), False, 0),
+        ("f32", (2, 3, 6, 4), True, 2),
+        ("f32", (1, 4, 9, 2), True, 1),
+        ("f64", (2, 2, 4, 3), False, 2),
+    ]:
+        u = normal([bs, ds, ls], 1.0, dtype)
+        delta = normal([bs, ds, ls], 1.0, dtype) if softplus else uniform([bs, ds, ls], 0.05, 0.8, dtype)
+        a = quantize(-np.exp(wide(normal([ds, ns], 0.5, dtype))), dtype)
+        b = normal([bs, ns, ls], 1.0, dtype)
+        c = normal([bs, ns, ls], 1.0, dtype)
+        args = [u, delta, a, b, c]
+        if extras >= 1:
+            args.append(normal([ds], 1.0, dtype))
+        if extras >= 2:
+            args.append(normal([bs, ds, ls], 1.0, dtype))
+        ref = selective_scan_ref(*[wide(v) for v in args], delta_softplus=softplus)
+        tag = ("softplus_" if softplus else "") + ["plain", "skip", "gated"][extras]
+        table.add("selective_scan", tag, {"delta_softplus": softplus}, [arg(v, dtype) for v in args],
+                  ref, dtype, "accumulate")
+
+
 def jnp_max(v):
     return jax.numpy.max(v)
 
@@ -1517,6 +1563,7 @@ GENERATORS = [
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
     gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
     gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints, gen_blocks, gen_if, gen_loops, gen_quant_linear,
+    gen_selective_scan,
 ]
 
 

@@ -450,6 +450,23 @@ impl Lowering<'_> {
             node: id,
             msg: "no CUDA C kernel for these dtypes".into(),
         })?;
+        // The kernel takes its words by value as one struct of `w[N]`: the launch must give
+        // exactly N (the driver would read past a shorter list).
+        let n = src
+            .split_once("struct M { i64 w[")
+            .and_then(|(_, r)| r.split_once(']'))
+            .and_then(|(n, _)| n.parse::<usize>().ok());
+        if n != Some(words.len().max(1)) {
+            return Err(Error::Unsupported {
+                backend: "cuda".into(),
+                op: node.op.name().into(),
+                node: id,
+                msg: format!(
+                    "a launch gives {} words to a kernel that takes {n:?} (a lowering bug)",
+                    words.len()
+                ),
+            });
+        }
         let kernel = self.kernel(src);
         self.steps.push(Step {
             kernel,

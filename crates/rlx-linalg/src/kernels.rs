@@ -133,7 +133,11 @@ pub(crate) fn register() {
         rlx_cpu::kernels::registered::register_kernel(
             r.name,
             Arc::new(
-                |op: &DefinedOp, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape| {
+                |op: &DefinedOp,
+                 ins: &[(&[u8], &Shape)],
+                 out: &mut [u8],
+                 shape: &Shape,
+                 _pool: &rlx_cpu::pool::Pool| {
                     let op = *op.downcast::<Linalg>().expect("an op of rlx-linalg");
                     run(op, ins, out, shape)
                 },

@@ -288,7 +288,7 @@ fn a_registered_op_runs_the_native_cpu_kernel_its_crate_gives() {
     registered();
     rlx_cpu::kernels::registered::register_kernel(
         "softplus",
-        std::sync::Arc::new(|op, ins, out, shape| {
+        std::sync::Arc::new(|op, ins, out, shape, _pool| {
             CALLS.fetch_add(1, Ordering::Relaxed);
             let beta = op.downcast::<Softplus>().expect("a softplus").beta as f64;
             let (x, _) = ins[0];

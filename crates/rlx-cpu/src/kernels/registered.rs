@@ -3,17 +3,21 @@
 //! and the backend then runs the op natively instead of its decomposition. The kernel sees each
 //! operand as dense little-endian bytes with its shape and fills the result's dense bytes.
 
-use super::{kernel, materialize, Lowered, NodeInfo, TRef};
+use super::{kernel, materialize, par_ranges, Lowered, NodeInfo, Ptr, TRef};
+use crate::pool::Pool;
 use rlx_ir::convert::{bytes_to_f64, f64_to_bytes};
 use rlx_ir::ops::{DefinedOp, SelectiveScan};
-use rlx_ir::{Result, Shape};
+use rlx_ir::{DType, Result, Shape};
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
 /// A CPU kernel of a registered op: the op (its attributes through
-/// [`DefinedOp::downcast`]), the operands' dense bytes and shapes, and the result's dense bytes
-/// (to fill) and shape. The op's `infer` has checked the shapes, so the kernel does not fail.
-pub type CpuKernel = Arc<dyn Fn(&DefinedOp, &[(&[u8], &Shape)], &mut [u8], &Shape) + Send + Sync>;
+/// [`DefinedOp::downcast`]), the operands' dense bytes and shapes, the result's dense bytes (to
+/// fill) and shape, and the program's thread pool (for kernels that split their work with
+/// [`crate::kernels::par_ranges`]). The op's `infer` has checked the shapes, so the kernel does
+/// not fail.
+pub type CpuKernel =
+    Arc<dyn Fn(&DefinedOp, &[(&[u8], &Shape)], &mut [u8], &Shape, &Pool) + Send + Sync>;
 
 fn kernels() -> &'static RwLock<HashMap<&'static str, CpuKernel>> {
     static K: std::sync::OnceLock<RwLock<HashMap<&'static str, CpuKernel>>> =
@@ -35,8 +39,8 @@ pub fn register_kernel(name: &'static str, f: CpuKernel) {
 pub(super) fn of(op: &DefinedOp) -> Option<CpuKernel> {
     if let Some(s) = op.downcast::<SelectiveScan>() {
         let s = *s;
-        return Some(Arc::new(move |_, ins, out, shape| {
-            selective_scan(s, ins, out, shape)
+        return Some(Arc::new(move |_, ins, out, shape, pool| {
+            selective_scan(s, ins, out, shape, pool)
         }));
     }
     kernels()
@@ -69,7 +73,7 @@ pub(super) fn lower(info: &NodeInfo<'_>, op: &DefinedOp, f: CpuKernel) -> Result
         scratch,
         build: Box::new(move |ins: &[TRef], out: TRef, tmp| {
             let ins: Vec<TRef> = ins.to_vec();
-            kernel(move |_pool| {
+            kernel(move |pool| {
                 let mut at = 0;
                 let mut views: Vec<(&[u8], &Shape)> = Vec::with_capacity(ins.len());
                 for ((t, n), s) in ins.iter().zip(&bytes).zip(&shapes) {
@@ -82,24 +86,79 @@ pub(super) fn lower(info: &NodeInfo<'_>, op: &DefinedOp, f: CpuKernel) -> Result
                 }
                 // SAFETY: the result buffer is dense and `out_bytes` long.
                 let o = unsafe { std::slice::from_raw_parts_mut(out.ptr.get(), out_bytes) };
-                f(&op, &views, o, &out_shape);
+                f(&op, &views, o, &out_shape, pool);
             })
         }),
     })
 }
 
 /// Mamba's selective scan: the recurrence itself (linear in the sequence length, where the
-/// decomposition is quadratic), in f64 for every float dtype.
-fn selective_scan(s: SelectiveScan, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape) {
+/// decomposition is quadratic), its `B·D` channels split over the pool; f32 in f32, the other
+/// float dtypes through f64.
+fn selective_scan(
+    s: SelectiveScan,
+    ins: &[(&[u8], &Shape)],
+    out: &mut [u8],
+    shape: &Shape,
+    pool: &Pool,
+) {
     let dt = shape.dtype();
+    let u = ins[0].1.static_dims().unwrap_or_default();
+    let ns = ins[2].1.static_dims().map_or(0, |d| d[1]);
+    let (bs, ds, ls) = (u[0], u[1], u[2]);
+    if dt == DType::F32 {
+        let f: Vec<Vec<f32>> = ins
+            .iter()
+            .map(|(b, _)| {
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect()
+            })
+            .collect();
+        let mut y = vec![0f32; bs * ds * ls];
+        let yp = Ptr(y.as_mut_ptr() as *mut u8);
+        par_ranges(pool, bs * ds, 1, |chans| {
+            let mut x = vec![0f32; ns];
+            for ch in chans {
+                let (bi, di) = (ch / ds, ch % ds);
+                x.iter_mut().for_each(|v| *v = 0.0);
+                for l in 0..ls {
+                    let at = ch * ls + l;
+                    let d0 = f[1][at];
+                    let dl = if s.delta_softplus {
+                        d0.max(0.0) + (-d0.abs()).exp().ln_1p()
+                    } else {
+                        d0
+                    };
+                    let du = dl * f[0][at];
+                    let mut acc = 0f32;
+                    for (n, xn) in x.iter_mut().enumerate() {
+                        let bc = (bi * ns + n) * ls + l;
+                        *xn = (dl * f[2][di * ns + n]).exp() * *xn + du * f[3][bc];
+                        acc += *xn * f[4][bc];
+                    }
+                    if let Some(dk) = f.get(5) {
+                        acc += f[0][at] * dk[di];
+                    }
+                    if let Some(z) = f.get(6) {
+                        acc *= z[at] / (1.0 + (-z[at]).exp());
+                    }
+                    // SAFETY: each channel writes its own `ls` results of `y`.
+                    unsafe { *(yp.get() as *mut f32).add(at) = acc };
+                }
+            }
+        });
+        for (o, v) in out.chunks_exact_mut(4).zip(y) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+        return;
+    }
     let w = dt.size_bytes();
     let vals: Vec<Vec<f64>> = ins
         .iter()
         .map(|(b, _)| b.chunks_exact(w).map(|c| bytes_to_f64(c, dt)).collect())
         .collect();
-    let u = ins[0].1.static_dims().unwrap_or_default();
-    let n = ins[2].1.static_dims().map_or(0, |d| d[1]);
-    let y = s.run((u[0], u[1], u[2], n), &vals);
+    let y = s.run((bs, ds, ls, ns), &vals);
     for (o, v) in out.chunks_exact_mut(w).zip(y) {
         // The dtype is a float the op's inference admitted: the conversion cannot fail.
         let _ = f64_to_bytes(v, dt, o);

@@ -256,16 +256,6 @@ impl CudaProgram {
         Ok(p)
     }
 
-    /// The params this program holds, for another compiled with it.
-    pub(crate) fn shared_params(&self) -> Vec<(IoSlot, Loc)> {
-        self.prog
-            .params
-            .iter()
-            .cloned()
-            .zip(self.prog.param_at.iter().copied())
-            .collect()
-    }
-
     /// The lowered program.
     pub fn program(&self) -> &Program {
         &self.prog

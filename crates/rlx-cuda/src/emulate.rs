@@ -365,7 +365,7 @@ impl Emulator {
 }
 
 /// The CUDA backend's pipeline and lowering with the programs run in host emulation: register
-/// it for `Device::Cuda` (`rlx_driver::register_backend`) and every product of RLX (the LLM
+/// it for `Device::Cuda` (`rlx_driver::register_backend`) and the products of RLX (the LLM
 /// runner, the trainer, the serving engine) runs its CUDA programs on the host, for checking
 /// them on a machine without a GPU (slowly).
 #[derive(Clone, Copy, Debug, Default)]
@@ -409,13 +409,7 @@ impl Backend for EmulatedBackend {
                     "params can only be shared with another emulated CUDA program".into(),
                 )
             })?;
-        let shared: Vec<(IoSlot, Loc)> = other
-            .prog
-            .params
-            .iter()
-            .cloned()
-            .zip(other.prog.param_at.iter().copied())
-            .collect();
+        let shared = other.prog.shared_params();
         Ok(Box::new(EmulatedProgram::new(
             crate::lower(graph, &shared)?,
             Some(other),

@@ -85,7 +85,7 @@ impl Backend for CudaBackend {
                     "params can only be shared with another graph compiled for CUDA".into(),
                 )
             })?;
-        let shared = other.shared_params();
+        let shared = other.program().shared_params();
         let prog = lower(graph, &shared)?;
         Ok(Box::new(CudaProgram::load(
             Cuda::get()?,

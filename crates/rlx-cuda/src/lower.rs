@@ -85,6 +85,16 @@ impl Program {
     pub fn kernels(&self) -> &[String] {
         &self.kernels
     }
+
+    /// Its params with their places, for a program compiled to share them
+    /// ([`lower`]'s `shared`).
+    pub fn shared_params(&self) -> Vec<(IoSlot, Loc)> {
+        self.params
+            .iter()
+            .cloned()
+            .zip(self.param_at.iter().copied())
+            .collect()
+    }
 }
 
 /// Params another program holds, which this one reads from there: name, shape and offset.

@@ -546,7 +546,7 @@ pub fn row_threads(len: usize, rows: usize) -> u32 {
 /// Device code reducing `v` (a `ty`) over the `t` threads of a row with `op` (a C function or
 /// operator applied as `op(a, b)`), leaving the result in every thread of the row; needs
 /// `__shared__ ty sh[8]` when `t` is 256.
-fn row_reduce(v: &str, ty: &str, t: u32, op: &str) -> String {
+fn row_reduce(v: &str, t: u32, op: &str) -> String {
     let mut s = format!(
         "        for (int o = 16; o > 0; o >>= 1) {v} = {op}({v}, __shfl_xor_sync(0xffffffffu, {v}, o));\n"
     );
@@ -554,7 +554,6 @@ fn row_reduce(v: &str, ty: &str, t: u32, op: &str) -> String {
         s.push_str(&format!(
             "        __syncthreads();\n        if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = {v};\n        __syncthreads();\n        {v} = sh[0];\n        for (int o = 1; o < 8; ++o) {v} = {op}({v}, sh[o]);\n",
         ));
-        let _ = ty;
     }
     s
 }
@@ -646,7 +645,7 @@ pub fn reduce(
     s.push_str(&format!(
         "            v = {op}(v, ({acc})({xv}));\n        }}\n"
     ));
-    s.push_str(&row_reduce("v", acc, t, &op));
+    s.push_str(&row_reduce("v", t, &op));
     let mut r = "v".to_string();
     if kind == ReduceKind::Mean {
         r = if float {
@@ -693,12 +692,12 @@ pub fn softmax(dt: DType, t: u32) -> Option<String> {
         row_loop(t),
         ld("j")
     ));
-    s.push_str(&row_reduce("mx", acc, t, &format!("rmax{f}")));
+    s.push_str(&row_reduce("mx", t, &format!("rmax{f}")));
     s.push_str(&format!(
         "        {acc} sum = 0;\n        for (i64 j = lane; j < m.w[1]; j += {t}) sum += exp{f}({} - mx);\n",
         ld("j")
     ));
-    s.push_str(&row_reduce("sum", acc, t, "radd"));
+    s.push_str(&row_reduce("sum", t, "radd"));
     s.push_str(&format!(
         "        for (i64 j = lane; j < m.w[1]; j += {t}) (({st}*)m.w[3])[base + j * m.w[4]] = {};\n",
         store(dt, &format!("(exp{f}({} - mx) / sum)", ld("j")))
@@ -1036,11 +1035,11 @@ pub fn attention_weights(cache: DType, t: u32) -> Option<String> {
         "{}        float* r = (float*)m.w[2] + row * m.w[1];\n        float mx = -INF_F32;\n        for (i64 j = lane; j < m.w[1]; j += {t}) mx = rmaxf(mx, r[j]);\n",
         row_loop(t)
     ));
-    s.push_str(&row_reduce("mx", "float", t, "rmaxf"));
+    s.push_str(&row_reduce("mx", t, "rmaxf"));
     s.push_str(&format!(
         "        float sum = 0.0f;\n        for (i64 j = lane; j < m.w[1]; j += {t}) sum += expf(r[j] - mx);\n"
     ));
-    s.push_str(&row_reduce("sum", "float", t, "radd"));
+    s.push_str(&row_reduce("sum", t, "radd"));
     if t == 256 {
         s.push_str("        __syncthreads();\n");
     }

@@ -28,7 +28,9 @@ fn inspect_draws_the_decode_graph_and_prints_both_reports() {
     );
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        text.contains("fusion: ") && text.contains("region 0 (elementwise)"),
+        text.contains("fusion: ")
+            && text.contains("region 0 (residual_norm)")
+            && text.contains("(elementwise)"),
         "{text}"
     );
     assert!(

@@ -3,6 +3,7 @@
 
 mod chain;
 mod lowering;
+mod pattern;
 mod placement;
 
 use crate::buffer::Buffer;
@@ -85,8 +86,8 @@ impl Program {
 
 /// Whether the CPU's region kernels take node `id` into a region of `kind` (what
 /// `CpuBackend::fuses` answers): f32 Binary / Activation nodes into elementwise regions, a row
-/// sum or mean as the end of a multiply-reduce region, and an elementwise region updating a
-/// param as an optimizer region.
+/// sum or mean as the end of a multiply-reduce region, an elementwise region updating a param
+/// as an optimizer region, and the f32 pattern regions of [`kernels::patterns`].
 pub fn fuses(g: &Graph, id: NodeId, kind: FusionKind) -> bool {
     match kind {
         FusionKind::Elementwise => kernels::fused::fusible(g, id),
@@ -96,11 +97,12 @@ pub fn fuses(g: &Graph, id: NodeId, kind: FusionKind) -> bool {
         FusionKind::Optimizer => {
             matches!(&g.node(id).op, Op::Fused(r) if kernels::fused::region_program(r).is_some())
         }
-        // No kernels for these shapes: the products, norms and attention run on their own.
-        FusionKind::MatMulEpilogue
-        | FusionKind::ResidualNorm
-        | FusionKind::GatedMlp
-        | FusionKind::Attention => false,
+        // A product with its bias and activation, a residual add with its norm (f32).
+        FusionKind::MatMulEpilogue | FusionKind::ResidualNorm => {
+            kernels::patterns::accepts(g, id, kind)
+        }
+        // No kernels for these shapes: the products and attention run on their own.
+        FusionKind::GatedMlp | FusionKind::Attention => false,
     }
 }
 

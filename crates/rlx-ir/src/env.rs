@@ -43,6 +43,7 @@ pub const VARS: &[Var] = &[
     var("RLX_FUSION_REPORT", "`1`, `json`", "no report", "Print each compile's fusion report to stderr."),
     var("RLX_DISPATCH_REPORT", "`1`, `json`", "no report", "Print how each node of each compiled graph runs (leaf, native, fused region, decomposed)."),
     var("RLX_FUSION", "`0`, `1`", "the session's options", "Turn every fusion pass off or on."),
+    var("RLX_FUSE_PATTERNS", "`0`", "on", "`0` forms no pattern regions (a product with its bias and activation, a residual add with its norm, ...): each op runs on its own, for A/B measurements."),
     var("RLX_CAUSAL_SKIP", "`0`, `1`", "on", "Let causal attention's products skip what is known to be zero."),
     var("RLX_PARAM_PANELS", "`0`", "the backend's width", "`0` stores every param row-major (no column panels for bf16 weights)."),
     var("RLX_PROFILE", "`1`, `nodes`", "off", "Time every step of a compiled CPU program and print the time per op kind when it is dropped (`nodes`: also the slowest steps); on the GPU, time every dispatch with timestamp queries where the adapter has them and print the time per op kind, the slowest dispatches and what each run asked of the device."),

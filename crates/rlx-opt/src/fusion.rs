@@ -41,8 +41,17 @@ impl Default for FusionOptions {
 }
 
 impl FusionOptions {
-    /// These options with `RLX_FUSION=0` (all off) or `RLX_FUSION=1` (all on) applied.
+    /// These options with `RLX_FUSION=0` (all off) or `RLX_FUSION=1` (all on) applied, then
+    /// `RLX_FUSE_PATTERNS=0` (no pattern regions).
     pub fn with_env(self) -> Self {
+        let o = self.with_fusion_env();
+        FusionOptions {
+            patterns: o.patterns && !rlx_ir::env::is_off("RLX_FUSE_PATTERNS"),
+            ..o
+        }
+    }
+
+    fn with_fusion_env(self) -> Self {
         match rlx_ir::env::switch("RLX_FUSION") {
             Some(false) => FusionOptions {
                 elementwise: false,

@@ -165,6 +165,7 @@ impl Session {
         let backend = backend_for(self.device)?;
         let mut lowering = LoweringOptions::default();
         lowering.fusion.elementwise &= self.optimize;
+        lowering.fusion.patterns &= self.optimize;
         lowering.param_panels = backend.param_panels();
         let lowering = lowering.with_env();
         let entry = self.plan(&graph, &backend, &[], &lowering)?;
@@ -404,6 +405,7 @@ impl Session {
             updates.iter().map(|&(p, o)| (p.to_string(), o)).collect();
         let mut lowering = LoweringOptions::default();
         lowering.fusion.elementwise &= self.optimize;
+        lowering.fusion.patterns &= self.optimize;
         lowering.param_panels = backend.param_panels();
         let lowering = lowering.with_env();
         let entry = match &self.cache {

@@ -85,6 +85,14 @@ impl Job {
     }
 }
 
+/// Work done on each block of C as soon as it is final, while it is still in cache: called with
+/// rows `r0..r1` and columns `c0..c1` of the whole C (blocks of one call never overlap, and
+/// together they cover C once). A GEMM's epilogue (bias, activation) goes here.
+pub type Epilogue<'a> = &'a (dyn Fn(usize, usize, usize, usize) + Sync);
+
+/// A hook and the position of a share's C in the whole C (rows, columns).
+type EpiAt<'a> = Option<(Epilogue<'a>, usize, usize)>;
+
 /// `C = A·B`. `scratch` must hold [`scratch_len`]`(m, n, k, pool.threads())` floats when a pool
 /// is given (one thread's worth otherwise).
 ///
@@ -109,7 +117,30 @@ pub unsafe fn sgemm(
     ldc: usize,
     scratch: *mut f32,
 ) {
+    sgemm_epilogue(pool, m, n, k, a, b, c, ldc, scratch, None)
+}
+
+/// [`sgemm`] running `epi` on every block of C as it becomes final (see [`Epilogue`]).
+///
+/// # Safety
+/// As [`sgemm`]; `epi` may touch only the block of C it is given.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn sgemm_epilogue(
+    pool: Option<&Pool>,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Mat,
+    b: Mat,
+    c: *mut f32,
+    ldc: usize,
+    scratch: *mut f32,
+    epi: Option<Epilogue<'_>>,
+) {
     if empty_product(m, n, k, c, ldc) {
+        if let Some(f) = epi.filter(|_| m > 0 && n > 0) {
+            f(0, m, 0, n);
+        }
         return;
     }
     let isa = Isa::current();
@@ -161,9 +192,23 @@ pub unsafe fn sgemm(
                     k,
                     Shared::None,
                     j.scratch.add(th * per),
+                    epi,
                 );
             }),
-            _ => gemm_serial(isa, m, n, k, a, b, c, ldc, scratch, Shared::None, Tri::Full),
+            _ => gemm_serial(
+                isa,
+                m,
+                n,
+                k,
+                a,
+                b,
+                c,
+                ldc,
+                scratch,
+                Shared::None,
+                Tri::Full,
+                epi.map(|f| (f, 0, 0)),
+            ),
         }
         return;
     };
@@ -223,6 +268,7 @@ pub unsafe fn sgemm(
             k,
             shared.get(),
             j.scratch.add(th * per),
+            epi,
         );
     });
 }
@@ -314,6 +360,7 @@ pub unsafe fn sgemm_tri(
         scratch,
         Shared::None,
         tri,
+        None,
     );
 }
 
@@ -350,6 +397,7 @@ impl Job {
         k: usize,
         shared: Shared,
         buf: *mut f32,
+        epi: Option<Epilogue<'_>>,
     ) {
         let j = self;
         if split_m {
@@ -369,6 +417,7 @@ impl Job {
                 buf,
                 shared,
                 Tri::Full,
+                epi.map(|f| (f, s, 0)),
             );
         } else {
             let b = Mat {
@@ -387,6 +436,7 @@ impl Job {
                 buf,
                 shared,
                 Tri::Full,
+                epi.map(|f| (f, 0, s)),
             );
         }
     }
@@ -546,6 +596,7 @@ unsafe fn gemm_serial(
     buf: *mut f32,
     shared: Shared,
     tri: Tri,
+    epi: EpiAt<'_>,
 ) {
     let (mr, nr) = isa.tile();
     let (kc_b, mc_b, nc_b) = blocking();
@@ -643,6 +694,10 @@ unsafe fn gemm_serial(
                     pc > 0,
                     tri,
                 );
+                // The block's last depth panel: it is final.
+                if let (Some((f, r0, c0)), true) = (epi, pc + kc == k) {
+                    f(r0 + ic, r0 + ic + mc, c0 + jc, c0 + jc + nc);
+                }
                 ic += mc;
             }
             pc += kc;

@@ -3,6 +3,7 @@
 //! a simple loop accumulating in the compute type.
 
 use super::gemm::{self, half::HMat, Mat};
+use super::patterns::{hook, Epilogue, EpilogueOps};
 use super::{kernel, Kernel, Lowered, NodeInfo, Ptr, TRef};
 use crate::elem::{Elem, FloatElem, Real};
 use crate::layout::{for_each_run, Layout};
@@ -114,7 +115,10 @@ impl Packed {
     }
 }
 
-/// `b_panels`: B is a `[k, n]` param stored in column panels (half-precision products only).
+/// `b_panels`: B is a `[k, n]` param stored in column panels (half-precision products only);
+/// `epi`: a bias and activation applied to each block of C as it becomes final (f32 products
+/// without skipped zeros only).
+#[allow(clippy::too_many_arguments)]
 fn packed_matmul(
     a: TRef,
     b: TRef,
@@ -123,8 +127,10 @@ fn packed_matmul(
     threads: usize,
     kind: Packed,
     b_panels: bool,
+    epi: Option<EpilogueOps>,
 ) -> Box<dyn Kernel> {
     let full = !matches!(kind, Packed::F32(z) if z != gemm::Tri::Full);
+    debug_assert!(epi.is_none() || (full && matches!(kind, Packed::F32(_))));
     if let Some(fa) = fold_batches(&a.layout, &b.layout, &out.layout).filter(|_| full) {
         let rows = fa.dims()[0];
         let n = b.layout.dims()[1];
@@ -139,6 +145,7 @@ fn packed_matmul(
             threads,
             kind,
             b_panels,
+            epi,
         );
     }
     let (m, n, k, ars, acs, brs, bcs) = mnk(&a.layout, &b.layout);
@@ -173,9 +180,13 @@ fn packed_matmul(
                         },
                     );
                     let (po, ps) = (out.base::<f32>().add(o), ps as *mut f32);
-                    match p {
-                        None => gemm::sgemm_tri(m, n, k, am, bm, po, ldc, ps, zeros),
-                        Some(_) => gemm::sgemm(p, m, n, k, am, bm, po, ldc, ps),
+                    match (p, epi) {
+                        (_, Some(e)) => {
+                            let hook = hook(po, ldc, e);
+                            gemm::sgemm_epilogue(p, m, n, k, am, bm, po, ldc, ps, Some(&hook))
+                        }
+                        (None, None) => gemm::sgemm_tri(m, n, k, am, bm, po, ldc, ps, zeros),
+                        (Some(_), None) => gemm::sgemm(p, m, n, k, am, bm, po, ldc, ps),
                     }
                 }
                 Packed::Half(h) => {
@@ -251,6 +262,23 @@ fn int_matmul<T: Elem>(a: TRef, b: TRef, out: TRef) -> Box<dyn Kernel> {
     naive_matmul::<T, T>(a, b, out, T::zero(), |s, x, y| s.add(x.mul(y)), |s| s)
 }
 
+/// Scratch bytes of the packed product of operands `a` and `b` of the node: enough for one
+/// product split over every thread or one product per thread.
+fn packed_scratch(info: &NodeInfo<'_>, a: usize, b: usize, kind: Packed) -> usize {
+    let (a, b) = (&info.ins[a], &info.ins[b]);
+    let (m, k, n) = (
+        a.dims()[a.rank() - 2],
+        a.dims()[a.rank() - 1],
+        b.dims()[b.rank() - 1],
+    );
+    // A folded product has more rows than one batch: size the scratch for the larger m.
+    let out = Layout::contiguous(&info.dims);
+    let m = fold_batches(a, b, &out).map_or(m, |f| f.dims()[0]);
+    let threads = info.threads;
+    kind.scratch(m, n, k, threads)
+        .max(kind.scratch(m, n, k, 1) * threads)
+}
+
 pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
     let dt = info.dtype();
     let threads = info.threads;
@@ -262,23 +290,11 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         )));
     }
     if let Some(kind) = Packed::of(dt, info.zeros) {
-        let (a, b) = (&info.ins[0], &info.ins[1]);
-        let (m, k, n) = (
-            a.dims()[a.rank() - 2],
-            a.dims()[a.rank() - 1],
-            b.dims()[b.rank() - 1],
-        );
-        // A folded product has more rows than one batch: size the scratch for the larger m.
-        let out = Layout::contiguous(&info.dims);
-        let m = fold_batches(a, b, &out).map_or(m, |f| f.dims()[0]);
-        // Enough for one product split over every thread or one product per thread.
-        let scratch = kind
-            .scratch(m, n, k, threads)
-            .max(kind.scratch(m, n, k, 1) * threads);
+        let scratch = packed_scratch(info, 0, 1, kind);
         return Ok(Lowered::Compute {
             scratch,
             build: Box::new(move |i, o, s| {
-                packed_matmul(i[0], i[1], o, s, threads, kind, b_panels)
+                packed_matmul(i[0], i[1], o, s, threads, kind, b_panels, None)
             }),
         });
     }
@@ -291,4 +307,33 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             else with_dtype!(dt, T => super::compute(move |i, o| int_matmul::<T>(i[0], i[1], o)),
                 else return Err(info.unsupported(format!("matmul of {dt}"))))),
     )
+}
+
+/// A `MatMulEpilogue` region (f32 product, bias along rows, activation; see
+/// [`super::patterns`]): the packed GEMM with the epilogue applied to each finished block of C.
+pub(super) fn lower_epilogue(
+    info: &NodeInfo<'_>,
+    e: Epilogue<usize>,
+) -> Result<(usize, super::Build)> {
+    let threads = info.threads;
+    let (a, b) = (&info.ins[e.a], &info.ins[e.b]);
+    let f32s = [Some(e.a), Some(e.b), e.bias]
+        .into_iter()
+        .flatten()
+        .all(|i| info.in_dtypes[i] == DType::F32);
+    if info.dtype() != DType::F32 || !f32s || a.rank() < 2 || b.rank() < 2 {
+        return Err(info.unsupported("a product's epilogue runs on f32 products"));
+    }
+    let kind = Packed::F32(gemm::Tri::Full);
+    let scratch = packed_scratch(info, e.a, e.b, kind);
+    Ok((
+        scratch,
+        Box::new(move |i, o, s| {
+            let ops = EpilogueOps {
+                bias: e.bias.map(|x| i[x]),
+                act: e.act,
+            };
+            packed_matmul(i[e.a], i[e.b], o, s, threads, kind, false, Some(ops))
+        }),
+    ))
 }

@@ -13,6 +13,7 @@ mod kv;
 mod linalg;
 mod movement;
 mod norm;
+pub mod patterns;
 pub mod quant;
 mod reduce;
 pub mod registered;
@@ -275,8 +276,9 @@ fn supports_op(op: &Op) -> bool {
         Op::DequantizeRows { .. } | Op::CacheWrite | Op::CachedAttention { .. } => true,
         Op::PagedAttention { .. } => true,
         Op::DequantMatMul { scheme } => scheme.is_gguf(),
-        // Elementwise and multiply-reduce regions the group loop runs; the rest are inlined.
-        Op::Fused(r) => fused::region_program(r).is_some(),
+        // Elementwise and multiply-reduce regions the group loop runs, products with their
+        // epilogue and residual norms (`patterns`); the rest are inlined.
+        Op::Fused(r) => fused::region_program(r).is_some() || patterns::of(r).is_some(),
         // Control flow loops and branches for real: `if` runs only its taken branch, `while`
         // and `scan` without unrolling; a registered op with a kernel given by its crate
         // (`registered::register_kernel`). Other ops defined by an `OpDef` are decomposed (one

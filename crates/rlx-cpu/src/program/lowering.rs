@@ -204,6 +204,10 @@ impl<'g> Lowering<'g> {
             Op::Param { name } => self.param(name, &at)?,
             Op::Constant { data } => self.constant(data, &at)?,
             _ if chain.is_some() => self.chain(chain.expect("checked"), &at)?,
+            Op::Fused(r) if kernels::patterns::of(r).is_some() => {
+                let p = kernels::patterns::of(r).expect("checked");
+                self.pattern(p, r.output, &at)?
+            }
             _ => self.kernel(&at)?,
         };
         self.vals.push(val);
@@ -320,12 +324,10 @@ impl<'g> Lowering<'g> {
         }
     }
 
-    /// A node run by its own kernel (see [`kernels::lower`]): a view, an in-place update of a
-    /// param, or a step computing a new value.
-    fn kernel(&mut self, at: &At<'g>) -> Result<Val> {
-        let (id, node, dtype, step) = (at.id, at.node, at.dtype, at.step);
-        let plan = self.plan;
-        let info = NodeInfo {
+    /// What kernel lowering knows of the node at `at`.
+    pub(super) fn info(&self, at: &At<'g>) -> NodeInfo<'_> {
+        let (id, node, plan) = (at.id, at.node, self.plan);
+        NodeInfo {
             node,
             id,
             ins: node
@@ -347,8 +349,16 @@ impl<'g> Lowering<'g> {
                     .get(1)
                     .is_some_and(|b| self.panel_nodes.contains(&b.index())),
             shared: &self.shared,
-            plan,
-        };
+            plan: self.plan,
+        }
+    }
+
+    /// A node run by its own kernel (see [`kernels::lower`]): a view, an in-place update of a
+    /// param, or a step computing a new value.
+    fn kernel(&mut self, at: &At<'g>) -> Result<Val> {
+        let (id, node, dtype, step) = (at.id, at.node, at.dtype, at.step);
+        let plan = self.plan;
+        let info = self.info(at);
         let operands = || node.inputs.iter().map(|i| i.index());
         Ok(match kernels::lower(&info)? {
             Lowered::View { src, layout } => {

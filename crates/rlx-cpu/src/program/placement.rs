@@ -66,7 +66,11 @@ impl Lowering<'_> {
             self.plan.skip(NodeId(node as u32)),
         ) {
             (Some((_, what)), _) => what.clone(),
-            (None, None) => n.op.name().to_string(),
+            (None, None) => match &n.op {
+                // A pattern region run as one step.
+                Op::Fused(r) => format!("{} ({})", r.kind.name(), r.op_names().join(" ")),
+                op => op.name().to_string(),
+            },
             (None, Some(skip)) => format!("{} (skipping zeros: {skip:?})", n.op.name()),
         };
         format!(
@@ -117,6 +121,8 @@ impl Lowering<'_> {
                 _ if chain.is_some() => chain.expect("checked").0,
                 // Quantized products are told apart by weight format in the profile.
                 Op::DequantMatMul { scheme } => kernels::quant::profile_name(*scheme),
+                // Pattern regions by kind (`matmul_epilogue`, `residual_norm`).
+                Op::Fused(r) => r.kind.name(),
                 op => op.name(),
             });
             let ins: Vec<TRef> = operands.iter().map(|&i| tref(&vals[i])).collect();

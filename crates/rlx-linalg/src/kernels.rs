@@ -1,7 +1,7 @@
 //! The CPU kernels of the ops, on `faer`, one matrix of the batch at a time (f32 values are
 //! computed in f64 and rounded once).
 
-use crate::Linalg;
+use crate::{EighOutput, Linalg, QrOutput};
 use faer::linalg::solvers::{DenseSolveCore, Solve};
 use faer::Mat;
 use faer::MatRef;
@@ -49,11 +49,71 @@ fn flat(m: MatRef<'_, f64>) -> Vec<f64> {
         .collect()
 }
 
+/// `eigh` of one symmetrized matrix: ascending eigenvalues or the eigenvectors (row-major,
+/// columns with their largest entry positive); NaNs if the iteration fails.
+fn eigh(am: &Mat<f64>, output: EighOutput) -> Vec<f64> {
+    let n = am.nrows();
+    let s = Mat::from_fn(n, n, |i, j| 0.5 * (am[(i, j)] + am[(j, i)]));
+    let Ok(e) = s.self_adjoint_eigen(faer::Side::Lower) else {
+        return vec![
+            f64::NAN;
+            if output == EighOutput::Values {
+                n
+            } else {
+                n * n
+            }
+        ];
+    };
+    match output {
+        EighOutput::Values => (0..n).map(|i| e.S()[i]).collect(),
+        EighOutput::Vectors => {
+            let mut v = flat(e.U());
+            crate::reference::fix_eigenvector_signs(&mut v, n);
+            v
+        }
+    }
+}
+
+/// The reduced QR factorization of one `m × n` matrix with `r`'s diagonal non-negative: `q`
+/// (`m × k`) or `r` (`k × n`), row-major.
+fn qr(am: &Mat<f64>, output: QrOutput) -> Vec<f64> {
+    let (m, n) = (am.nrows(), am.ncols());
+    let k = m.min(n);
+    let f = am.qr();
+    let (mut q, r0) = (f.compute_thin_Q(), f.thin_R());
+    let mut r = Mat::from_fn(k, n, |i, j| if j >= i { r0[(i, j)] } else { 0.0 });
+    for i in 0..k {
+        if r[(i, i)] < 0.0 {
+            for j in 0..n {
+                r[(i, j)] = -r[(i, j)];
+            }
+            for p in 0..m {
+                q[(p, i)] = -q[(p, i)];
+            }
+        }
+    }
+    match output {
+        QrOutput::Q => flat(q.as_ref()),
+        QrOutput::R => flat(r.as_ref()),
+    }
+}
+
 /// One op on operands `ins` (dense bytes and shapes) into `out`.
 fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
     let (abytes, ashape) = ins[0];
     let dt = ashape.dtype();
     let ad = ashape.static_dims().unwrap_or_default();
+    if let Linalg::Qr { output } = op {
+        // Rectangular: one `m × n` matrix at a time.
+        let (m, n) = (ad[ad.len() - 2], ad[ad.len() - 1]);
+        let batch: usize = ad[..ad.len() - 2].iter().product();
+        let a = read(abytes, dt);
+        let res: Vec<f64> = (0..batch)
+            .flat_map(|b| qr(&mat(&a[b * m * n..(b + 1) * m * n], m, n), output))
+            .collect();
+        write(&res, dt, out);
+        return;
+    }
     let n = ad[ad.len() - 1];
     let batch: usize = ad[..ad.len() - 2].iter().product();
     let a = read(abytes, dt);
@@ -97,6 +157,9 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
                 res.extend(flat(x.as_ref()));
             }
             Linalg::Inv => res.extend(flat(am.partial_piv_lu().inverse().as_ref())),
+            Linalg::Eigh { output } => res.extend(eigh(&am, output)),
+            // Handled above (rectangular).
+            Linalg::Qr { output } => res.extend(qr(&am, output)),
             Linalg::Det => res.push(am.as_ref().determinant()),
             Linalg::LogAbsDet => {
                 // log |det| from the LU factors' diagonal, with no overflow.

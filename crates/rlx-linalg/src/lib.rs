@@ -1,6 +1,6 @@
 //! Dense linear algebra for RLX, as ops registered from outside the IR
-//! (`rlx_ir::ops::register`): `solve`, `triangular_solve`, `cholesky`, `inv`, `det` and
-//! `logabsdet`, batched over leading axes, on f32 and f64. Each op's rules are its [`OpDef`]:
+//! (`rlx_ir::ops::register`): `solve`, `triangular_solve`, `cholesky`, `inv`, `det`,
+//! `logabsdet`, `eigh` and `qr`, batched over leading axes, on f32 and f64. Each op's rules are its [`OpDef`]:
 //! shape inference (errors name the op and shapes), a reference evaluator in f64, JAX's
 //! derivative rules for reverse and forward mode (written with these ops and the IR's, so they
 //! differentiate again), batching for vmap, and a native CPU kernel on `faer` ([`register`]
@@ -9,6 +9,14 @@
 //!
 //! As in JAX and LAPACK, a singular matrix gives infinities or NaNs, and `cholesky` of a matrix
 //! that is not positive definite gives NaNs (at run time there is no error to raise).
+//!
+//! Ops with two results (`eigh`'s eigenvalues and eigenvectors, `qr`'s `q` and `r`) are one op
+//! per result, as the IR's `top_k` is; a kernel computes the factorization for each. Their
+//! gauge is fixed so results are unique where the factorization is: `eigh` sorts eigenvalues
+//! ascending and makes each eigenvector's entry of largest magnitude positive; `qr` makes
+//! `r`'s diagonal non-negative. (LAPACK, and so JAX, leaves those signs to the algorithm; the
+//! derivative rules hold for any choice, and the goldens apply the same convention to JAX's
+//! results.)
 
 use rlx_ir::eval::Tensor;
 use rlx_ir::ops::{Batched, Cost, DefinedOp, OpClass, OpDef, OpRegistration};
@@ -39,10 +47,60 @@ pub enum Linalg {
     /// `logabsdet(a [..., n, n]) -> [...]`: `log |det a|` (the second result of JAX's
     /// `slogdet`), which does not overflow where `det` would.
     LogAbsDet,
+    /// `eigh(a [..., n, n])`: the eigenvalues `w [..., n]` (ascending) or eigenvectors `v [...,
+    /// n, n]` (columns) of the symmetric `(a + aᵀ) / 2`, with `a = v diag(w) vᵀ` (JAX's
+    /// `jnp.linalg.eigh`, which symmetrizes its input the same way).
+    Eigh {
+        /// Which result.
+        output: EighOutput,
+    },
+    /// `qr(a [..., m, n])`: the reduced QR factorization, `q [..., m, k]` with orthonormal
+    /// columns and upper triangular `r [..., k, n]`, `k = min(m, n)`, `a = q r` (JAX's
+    /// `jnp.linalg.qr`, mode "reduced"). Derivatives need `m >= n`, as in JAX.
+    Qr {
+        /// Which result.
+        output: QrOutput,
+    },
+}
+
+/// Which result of [`Linalg::Eigh`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EighOutput {
+    /// The eigenvalues, ascending.
+    Values,
+    /// The eigenvectors, as columns in the eigenvalues' order.
+    Vectors,
+}
+
+/// Which result of [`Linalg::Qr`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QrOutput {
+    /// The orthonormal factor.
+    Q,
+    /// The upper triangular factor.
+    R,
+}
+
+impl EighOutput {
+    fn name(self) -> &'static str {
+        match self {
+            EighOutput::Values => "values",
+            EighOutput::Vectors => "vectors",
+        }
+    }
+}
+
+impl QrOutput {
+    fn name(self) -> &'static str {
+        match self {
+            QrOutput::Q => "q",
+            QrOutput::R => "r",
+        }
+    }
 }
 
 /// The registrations of the ops (`rlx_ir::ops::register` each, or call [`register`]).
-pub const REGISTRATIONS: [OpRegistration; 6] = [
+pub const REGISTRATIONS: [OpRegistration; 8] = [
     OpRegistration {
         name: "solve",
         from_attrs: |_| Ok(DefinedOp::new(Linalg::Solve)),
@@ -80,6 +138,38 @@ pub const REGISTRATIONS: [OpRegistration; 6] = [
         name: "logabsdet",
         from_attrs: |_| Ok(DefinedOp::new(Linalg::LogAbsDet)),
         examples: || vec![DefinedOp::new(Linalg::LogAbsDet)],
+    },
+    OpRegistration {
+        name: "eigh",
+        from_attrs: |a| {
+            let output = a.word("output", "values, vectors", |w| {
+                [EighOutput::Values, EighOutput::Vectors]
+                    .into_iter()
+                    .find(|o| o.name() == w)
+            })?;
+            Ok(DefinedOp::new(Linalg::Eigh { output }))
+        },
+        examples: || {
+            [EighOutput::Values, EighOutput::Vectors]
+                .map(|output| DefinedOp::new(Linalg::Eigh { output }))
+                .to_vec()
+        },
+    },
+    OpRegistration {
+        name: "qr",
+        from_attrs: |a| {
+            let output = a.word("output", "q, r", |w| {
+                [QrOutput::Q, QrOutput::R]
+                    .into_iter()
+                    .find(|o| o.name() == w)
+            })?;
+            Ok(DefinedOp::new(Linalg::Qr { output }))
+        },
+        examples: || {
+            [QrOutput::Q, QrOutput::R]
+                .map(|output| DefinedOp::new(Linalg::Qr { output }))
+                .to_vec()
+        },
     },
 ];
 
@@ -132,7 +222,185 @@ fn triangle(g: &mut Graph, x: NodeId, lower: bool, diag: f64) -> Result<NodeId> 
     g.try_mul(x, m)
 }
 
+/// The constant identity `[n, n]` of `dt`.
+fn eye(g: &mut Graph, n: usize, dt: DType) -> Result<NodeId> {
+    let vals: Vec<f64> = (0..n * n).map(|k| f64::from(k / n == k % n)).collect();
+    let t = Tensor::from_f64(&[n, n], dt, vals);
+    g.try_constant_bytes(Shape::new(&[n, n], dt), t.to_bytes())
+}
+
+/// The last axis of `x` as a row (`[..., 1, n]`) or a column (`[..., n, 1]`).
+fn as_matrix(g: &mut Graph, x: NodeId, row: bool) -> Result<NodeId> {
+    let mut d = g.shape(x).static_dims().unwrap_or_default();
+    d.insert(if row { d.len() - 1 } else { d.len() }, 1);
+    g.try_op(Op::Reshape { shape: d }, &[x])
+}
+
+/// `(x + xᵀ) / 2`.
+fn sym(g: &mut Graph, x: NodeId) -> Result<NodeId> {
+    let xt = mt(g, x)?;
+    let s = g.try_add(x, xt)?;
+    let half = g.try_scalar(0.5, g.shape(s).dtype())?;
+    g.try_mul(s, half)
+}
+
+/// The diagonal of the last two axes of `x` (`[..., n, n] -> [..., n]`).
+fn diagonal(g: &mut Graph, x: NodeId) -> Result<NodeId> {
+    let s = g.shape(x).clone();
+    let n = s
+        .static_dims()
+        .unwrap_or_default()
+        .last()
+        .copied()
+        .unwrap_or(0);
+    let e = eye(g, n, s.dtype())?;
+    let p = g.try_mul(x, e)?;
+    let r = s.rank();
+    g.try_op(
+        Op::Reduce {
+            kind: ReduceKind::Sum,
+            axes: vec![r - 1],
+            keepdims: false,
+        },
+        &[p],
+    )
+}
+
+/// `eigh`'s matrix of reciprocal eigenvalue gaps: `F[i, j] = 1 / (w[j] - w[i])` off the
+/// diagonal, 0 on it (JAX's `Fmat`).
+fn gaps(g: &mut Graph, w: NodeId) -> Result<NodeId> {
+    let s = g.shape(w).clone();
+    let n = s
+        .static_dims()
+        .unwrap_or_default()
+        .last()
+        .copied()
+        .unwrap_or(0);
+    let e = eye(g, n, s.dtype())?;
+    let (r, c) = (as_matrix(g, w, true)?, as_matrix(g, w, false)?);
+    let d = g.try_sub(r, c)?;
+    let d = g.try_add(d, e)?;
+    let one = g.try_scalar(1.0, s.dtype())?;
+    let f = g.try_div(one, d)?;
+    g.try_sub(f, e)
+}
+
+/// `x r⁻¹` for upper triangular `r` (a solve from the right: `rᵀ zᵀ = xᵀ`).
+fn right_solve_upper(g: &mut Graph, x: NodeId, r: NodeId) -> Result<NodeId> {
+    let (rt, xt) = (mt(g, r)?, mt(g, x)?);
+    let z = apply(g, Linalg::TriangularSolve { lower: true }, &[rt, xt])?;
+    mt(g, z)
+}
+
+/// `x r⁻ᵀ` for upper triangular `r` (`r zᵀ = xᵀ`).
+fn right_solve_upper_t(g: &mut Graph, x: NodeId, r: NodeId) -> Result<NodeId> {
+    let xt = mt(g, x)?;
+    let z = apply(g, Linalg::TriangularSolve { lower: false }, &[r, xt])?;
+    mt(g, z)
+}
+
 impl Linalg {
+    /// A float matrix (`[..., m, n]`, static): `(m, n)`.
+    fn float_matrix(&self, what: &str, s: &Shape) -> Result<(usize, usize)> {
+        let d = s
+            .static_dims()
+            .ok_or_else(|| Error::op(self.name(), format!("{what} {s} needs static dimensions")))?;
+        if !matches!(s.dtype(), DType::F32 | DType::F64) || d.len() < 2 {
+            return Err(Error::op(
+                self.name(),
+                format!("{what} {s} must be f32 or f64 matrices [..., m, n]"),
+            ));
+        }
+        Ok((d[d.len() - 2], d[d.len() - 1]))
+    }
+
+    /// The other result of `eigh` on `a`.
+    fn other_eigh(&self, g: &mut Graph, a: NodeId, output: EighOutput) -> Result<NodeId> {
+        apply(g, Linalg::Eigh { output }, &[a])
+    }
+
+    /// `qr`'s `(q, r)` on `a`, one of them `out` (the result `output`), for a derivative rule:
+    /// an error for `m < n`, where JAX defines none either.
+    fn qr_factors(
+        &self,
+        g: &mut Graph,
+        a: NodeId,
+        out: NodeId,
+        output: QrOutput,
+    ) -> Result<(NodeId, NodeId)> {
+        self.qr_differentiable(g, a)?;
+        let other = |g: &mut Graph, output| apply(g, Linalg::Qr { output }, &[a]);
+        Ok(match output {
+            QrOutput::Q => (out, other(g, QrOutput::R)?),
+            QrOutput::R => (other(g, QrOutput::Q)?, out),
+        })
+    }
+
+    /// `qr`'s derivatives exist for `m >= n` only (as in JAX).
+    fn qr_differentiable(&self, g: &Graph, a: NodeId) -> Result<()> {
+        let d = g.shape(a).static_dims().unwrap_or_default();
+        let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+        if m < n {
+            return Err(Error::op(
+                self.name(),
+                format!(
+                    "the derivative of qr needs m >= n; a is {} (JAX does not define it either)",
+                    g.shape(a)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn infer_qr(&self, a: &Shape, output: QrOutput) -> Result<Shape> {
+        let (m, n) = self.float_matrix("a", a)?;
+        let mut d = a.static_dims().unwrap_or_default();
+        let r = d.len();
+        let k = m.min(n);
+        match output {
+            QrOutput::Q => d[r - 1] = k,
+            QrOutput::R => d[r - 2] = k,
+        }
+        Ok(Shape::new(&d, a.dtype()))
+    }
+
+    fn infer_square(&self, ins: &[&Shape]) -> Result<Shape> {
+        let a = ins[0];
+        let n = self.float_square("a", a)?;
+        let ad = a.static_dims().unwrap_or_default();
+        let batch = &ad[..ad.len() - 2];
+        match self {
+            Linalg::Solve | Linalg::TriangularSolve { .. } => {
+                let b = ins[1];
+                let bd = b.static_dims().unwrap_or_default();
+                if b.dtype() != a.dtype()
+                    || bd.len() != ad.len()
+                    || bd[..bd.len() - 2] != *batch
+                    || bd[bd.len() - 2] != n
+                {
+                    return Err(Error::op(
+                        self.name(),
+                        format!(
+                            "b {b} must be [..., {n}, k] of {}, with a {a}'s batch axes",
+                            a.dtype()
+                        ),
+                    ));
+                }
+                Ok(b.clone())
+            }
+            Linalg::Cholesky
+            | Linalg::Inv
+            | Linalg::Eigh {
+                output: EighOutput::Vectors,
+            } => Ok(a.clone()),
+            Linalg::Det | Linalg::LogAbsDet => Ok(Shape::new(batch, a.dtype())),
+            Linalg::Eigh {
+                output: EighOutput::Values,
+            } => Ok(Shape::new(&ad[..ad.len() - 1], a.dtype())),
+            Linalg::Qr { output } => self.infer_qr(a, *output),
+        }
+    }
+
     fn float_square(&self, what: &str, s: &Shape) -> Result<usize> {
         let d = s
             .static_dims()
@@ -162,12 +430,16 @@ impl OpDef for Linalg {
             Linalg::Inv => "inv",
             Linalg::Det => "det",
             Linalg::LogAbsDet => "logabsdet",
+            Linalg::Eigh { .. } => "eigh",
+            Linalg::Qr { .. } => "qr",
         }
     }
 
     fn attrs(&self) -> Vec<(&'static str, Attr)> {
         match self {
             Linalg::TriangularSolve { lower } => vec![("lower", Attr::Bool(*lower))],
+            Linalg::Eigh { output } => vec![("output", Attr::word(output.name()))],
+            Linalg::Qr { output } => vec![("output", Attr::word(output.name()))],
             Linalg::Solve | Linalg::Cholesky | Linalg::Inv | Linalg::Det | Linalg::LogAbsDet => {
                 Vec::new()
             }
@@ -177,36 +449,19 @@ impl OpDef for Linalg {
     fn arity(&self) -> (usize, usize) {
         match self {
             Linalg::Solve | Linalg::TriangularSolve { .. } => (2, 2),
-            Linalg::Cholesky | Linalg::Inv | Linalg::Det | Linalg::LogAbsDet => (1, 1),
+            Linalg::Cholesky
+            | Linalg::Inv
+            | Linalg::Det
+            | Linalg::LogAbsDet
+            | Linalg::Eigh { .. }
+            | Linalg::Qr { .. } => (1, 1),
         }
     }
 
     fn infer(&self, ins: &[&Shape]) -> Result<Shape> {
-        let a = ins[0];
-        let n = self.float_square("a", a)?;
-        let ad = a.static_dims().unwrap_or_default();
-        let batch = &ad[..ad.len() - 2];
         match self {
-            Linalg::Solve | Linalg::TriangularSolve { .. } => {
-                let b = ins[1];
-                let bd = b.static_dims().unwrap_or_default();
-                if b.dtype() != a.dtype()
-                    || bd.len() != ad.len()
-                    || bd[..bd.len() - 2] != *batch
-                    || bd[bd.len() - 2] != n
-                {
-                    return Err(Error::op(
-                        self.name(),
-                        format!(
-                            "b {b} must be [..., {n}, k] of {}, with a {a}'s batch axes",
-                            a.dtype()
-                        ),
-                    ));
-                }
-                Ok(b.clone())
-            }
-            Linalg::Cholesky | Linalg::Inv => Ok(a.clone()),
-            Linalg::Det | Linalg::LogAbsDet => Ok(Shape::new(batch, a.dtype())),
+            Linalg::Qr { output } => self.infer_qr(ins[0], *output),
+            _ => self.infer_square(ins),
         }
     }
 
@@ -222,7 +477,16 @@ impl OpDef for Linalg {
             .static_dims()
             .and_then(|o| o.last().copied())
             .unwrap_or(1) as u64;
+        let m = d.len().checked_sub(2).map_or(n, |i| d[i] as u64);
         let flops = match self {
+            Linalg::Eigh {
+                output: EighOutput::Values,
+            } => 4 * n * n * n / 3,
+            Linalg::Eigh {
+                output: EighOutput::Vectors,
+            } => 9 * n * n * n,
+            // Householder QR and forming the thin q.
+            Linalg::Qr { .. } => 4 * m * n * n.min(m),
             Linalg::Solve => 2 * n * n * n / 3 + 2 * n * n * k,
             Linalg::TriangularSolve { .. } => n * n * k,
             Linalg::Cholesky => n * n * n / 3,
@@ -247,7 +511,10 @@ impl OpDef for Linalg {
     /// JAX's rules: `solve`: `b̄ = solve(aᵀ, x̄)`, `ā = -b̄ xᵀ`; `triangular_solve`: the same
     /// with the transposed triangle, `ā` kept to `a`'s triangle; `inv`: `ā = -yᵀ ȳ yᵀ`; `det`:
     /// `ā = d̄ d a⁻ᵀ`; `logabsdet`: `ā = d̄ a⁻ᵀ`; `cholesky`: `ā = sym(l⁻ᵀ Φ(lᵀ l̄) l⁻¹)` with `Φ` the lower triangle with
-    /// half its diagonal and `sym(x) = (x + xᵀ) / 2`.
+    /// half its diagonal and `sym(x) = (x + xᵀ) / 2`; `eigh`: `ā = sym(v (diag(w̄) + F ⊙ vᵀ v̄)
+    /// vᵀ)` with `F` the reciprocal eigenvalue gaps; `qr` (m ≥ n): `ā = (q̄ + q N) r⁻ᵀ` with
+    /// `M = r̄ rᵀ - qᵀ q̄` and `N` its upper triangle mirrored below the diagonal (the transpose
+    /// of JAX's forward rule).
     fn vjp(
         &self,
         g: &mut Graph,
@@ -310,12 +577,62 @@ impl OpDef for Linalg {
                 let half = g.try_scalar(0.5, g.shape(s).dtype())?;
                 vec![Some(g.try_mul(s, half)?)]
             }
+            Linalg::Eigh { output } => {
+                let (w, v) = match output {
+                    EighOutput::Values => (out, self.other_eigh(g, a, EighOutput::Vectors)?),
+                    EighOutput::Vectors => (self.other_eigh(g, a, EighOutput::Values)?, out),
+                };
+                let vt = mt(g, v)?;
+                let x = match output {
+                    // diag(w̄) as v's columns scaled: v diag(w̄) vᵀ.
+                    EighOutput::Values => {
+                        let row = as_matrix(g, ct, true)?;
+                        let vs = g.try_mul(v, row)?;
+                        mm(g, vs, vt)?
+                    }
+                    EighOutput::Vectors => {
+                        let f = gaps(g, w)?;
+                        let p = mm(g, vt, ct)?;
+                        let p = g.try_mul(f, p)?;
+                        let p = mm(g, v, p)?;
+                        mm(g, p, vt)?
+                    }
+                };
+                vec![Some(sym(g, x)?)]
+            }
+            Linalg::Qr { output } => {
+                let (q, r) = self.qr_factors(g, a, out, output)?;
+                let m = match output {
+                    QrOutput::Q => {
+                        let qt = mt(g, q)?;
+                        let p = mm(g, qt, ct)?;
+                        g.try_activation(Activation::Neg, p)?
+                    }
+                    QrOutput::R => {
+                        let rt = mt(g, r)?;
+                        mm(g, ct, rt)?
+                    }
+                };
+                // N: M's upper triangle (with the diagonal), mirrored below it.
+                let upper = triangle(g, m, false, 1.0)?;
+                let strict = triangle(g, m, false, 0.0)?;
+                let st = mt(g, strict)?;
+                let nm = g.try_add(upper, st)?;
+                let qn = mm(g, q, nm)?;
+                let y = match output {
+                    QrOutput::Q => g.try_add(ct, qn)?,
+                    QrOutput::R => qn,
+                };
+                vec![Some(right_solve_upper_t(g, y, r)?)]
+            }
         })
     }
 
     /// `solve`: `ẋ = solve(a, ḃ - ȧ x)`; `triangular_solve` the same with `ȧ` kept to the
     /// triangle; `inv`: `ẏ = -y ȧ y`; `det`: `ḋ = d Σ a⁻ᵀ ⊙ ȧ` (`logabsdet`: without the `d`); `cholesky`: `l̇ = l Φ(l⁻¹ sym(ȧ)
-    /// l⁻ᵀ)`.
+    /// l⁻ᵀ)`; `eigh` (JAX's rule): with `X = vᵀ sym(ȧ) v`, `ẇ = diag(X)`, `v̇ = v (F ⊙ X)`;
+    /// `qr` (JAX's rule, m ≥ n): with `B = ȧ r⁻¹`, `C = qᵀ B`, `Ω = tril(C, -1) - tril(C,
+    /// -1)ᵀ`: `q̇ = q (Ω - C) + B`, `ṙ = (C - Ω) r`.
     fn jvp(
         &self,
         g: &mut Graph,
@@ -379,6 +696,47 @@ impl OpDef for Linalg {
                 let x = apply(g, Linalg::TriangularSolve { lower: true }, &[out, wt])?;
                 let phi = triangle(g, x, true, 0.5)?;
                 mm(g, out, phi)?
+            }
+            Linalg::Eigh { output } => {
+                let Some(ta) = ta else { return Ok(None) };
+                let v = match output {
+                    EighOutput::Values => self.other_eigh(g, a, EighOutput::Vectors)?,
+                    EighOutput::Vectors => out,
+                };
+                let s = sym(g, ta)?;
+                let vt = mt(g, v)?;
+                let x = mm(g, vt, s)?;
+                let x = mm(g, x, v)?;
+                match output {
+                    EighOutput::Values => diagonal(g, x)?,
+                    EighOutput::Vectors => {
+                        let w = self.other_eigh(g, a, EighOutput::Values)?;
+                        let f = gaps(g, w)?;
+                        let p = g.try_mul(f, x)?;
+                        mm(g, v, p)?
+                    }
+                }
+            }
+            Linalg::Qr { output } => {
+                let Some(ta) = ta else { return Ok(None) };
+                let (q, r) = self.qr_factors(g, a, out, output)?;
+                let b = right_solve_upper(g, ta, r)?;
+                let qt = mt(g, q)?;
+                let c = mm(g, qt, b)?;
+                let low = triangle(g, c, true, 0.0)?;
+                let lt = mt(g, low)?;
+                let omega = g.try_sub(low, lt)?;
+                match output {
+                    QrOutput::Q => {
+                        let d = g.try_sub(omega, c)?;
+                        let p = mm(g, q, d)?;
+                        g.try_add(p, b)?
+                    }
+                    QrOutput::R => {
+                        let d = g.try_sub(c, omega)?;
+                        mm(g, d, r)?
+                    }
+                }
             }
         }))
     }

@@ -1,7 +1,8 @@
 //! The reference evaluator of the ops: textbook algorithms in f64 (LU with partial pivoting,
-//! Cholesky–Banachiewicz, substitution), one matrix of the batch at a time.
+//! Cholesky–Banachiewicz, substitution, cyclic Jacobi rotations for `eigh`, Householder
+//! reflections for `qr`), one matrix of the batch at a time.
 
-use crate::Linalg;
+use crate::{EighOutput, Linalg, QrOutput};
 use rlx_ir::eval::Tensor;
 use rlx_ir::{Result, Shape};
 
@@ -65,8 +66,151 @@ fn lu_solve(f: &[f64], perm: &[usize], b: &[f64], n: usize, k: usize) -> Vec<f64
     x
 }
 
+/// Make each eigenvector (column of the row-major `n × n` `v`) have its entry of largest
+/// magnitude (the first such) positive: the sign convention of `eigh`.
+pub(crate) fn fix_eigenvector_signs(v: &mut [f64], n: usize) {
+    for j in 0..n {
+        let p = (0..n).fold(0, |p, i| {
+            if v[i * n + j].abs() > v[p * n + j].abs() {
+                i
+            } else {
+                p
+            }
+        });
+        if v[p * n + j] < 0.0 {
+            for i in 0..n {
+                v[i * n + j] = -v[i * n + j];
+            }
+        }
+    }
+}
+
+/// Eigenvalues (ascending) and eigenvectors (columns, signs fixed) of the symmetric part of
+/// `a` (row-major `n × n`) by cyclic Jacobi rotations.
+fn jacobi_eigh(a: &[f64], n: usize) -> (Vec<f64>, Vec<f64>) {
+    let mut s: Vec<f64> = (0..n * n)
+        .map(|k| 0.5 * (a[k] + a[(k % n) * n + k / n]))
+        .collect();
+    let mut v: Vec<f64> = (0..n * n).map(|k| f64::from(k / n == k % n)).collect();
+    let norm = s.iter().map(|x| x * x).sum::<f64>().sqrt();
+    for _sweep in 0..100 {
+        let off: f64 = (0..n * n)
+            .filter(|k| k / n != k % n)
+            .map(|k| s[k] * s[k])
+            .sum::<f64>()
+            .sqrt();
+        if off <= 1e-15 * norm || !off.is_finite() {
+            break;
+        }
+        for p in 0..n {
+            for q in p + 1..n {
+                let apq = s[p * n + q];
+                if apq == 0.0 {
+                    continue;
+                }
+                // The rotation zeroing s[p][q] (Golub & Van Loan, symmetric Schur).
+                let tau = (s[q * n + q] - s[p * n + p]) / (2.0 * apq);
+                let t = tau.signum() / (tau.abs() + (1.0 + tau * tau).sqrt());
+                let t = if tau == 0.0 { 1.0 } else { t };
+                let c = 1.0 / (1.0 + t * t).sqrt();
+                let sn = t * c;
+                for k in 0..n {
+                    let (x, y) = (s[k * n + p], s[k * n + q]);
+                    s[k * n + p] = c * x - sn * y;
+                    s[k * n + q] = sn * x + c * y;
+                }
+                for k in 0..n {
+                    let (x, y) = (s[p * n + k], s[q * n + k]);
+                    s[p * n + k] = c * x - sn * y;
+                    s[q * n + k] = sn * x + c * y;
+                }
+                for k in 0..n {
+                    let (x, y) = (v[k * n + p], v[k * n + q]);
+                    v[k * n + p] = c * x - sn * y;
+                    v[k * n + q] = sn * x + c * y;
+                }
+            }
+        }
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&i, &j| s[i * n + i].total_cmp(&s[j * n + j]));
+    let w = order.iter().map(|&i| s[i * n + i]).collect();
+    let mut vs: Vec<f64> = (0..n * n).map(|k| v[(k / n) * n + order[k % n]]).collect();
+    fix_eigenvector_signs(&mut vs, n);
+    (w, vs)
+}
+
+/// The reduced QR factorization of row-major `m × n` `a` by Householder reflections, `r`'s
+/// diagonal made non-negative: `q` (`m × k`) and `r` (`k × n`), `k = min(m, n)`.
+fn householder_qr(a: &[f64], m: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
+    let k = m.min(n);
+    let mut r = a.to_vec();
+    // q starts as the first k columns of the identity; reflections are applied in reverse.
+    let mut vs: Vec<Vec<f64>> = Vec::with_capacity(k);
+    for j in 0..k {
+        let x: Vec<f64> = (j..m).map(|i| r[i * n + j]).collect();
+        let norm = x.iter().map(|v| v * v).sum::<f64>().sqrt();
+        let mut v = x.clone();
+        let alpha = if x[0] >= 0.0 { -norm } else { norm };
+        v[0] -= alpha;
+        let vn = v.iter().map(|t| t * t).sum::<f64>().sqrt();
+        if vn > 0.0 {
+            v.iter_mut().for_each(|t| *t /= vn);
+            for c in j..n {
+                let d: f64 = (j..m).map(|i| v[i - j] * r[i * n + c]).sum();
+                for i in j..m {
+                    r[i * n + c] -= 2.0 * v[i - j] * d;
+                }
+            }
+        }
+        vs.push(v);
+    }
+    let mut q: Vec<f64> = (0..m * k).map(|p| f64::from(p / k == p % k)).collect();
+    for j in (0..k).rev() {
+        let v = &vs[j];
+        for c in 0..k {
+            let d: f64 = (j..m).map(|i| v[i - j] * q[i * k + c]).sum();
+            for i in j..m {
+                q[i * k + c] -= 2.0 * v[i - j] * d;
+            }
+        }
+    }
+    let mut rk: Vec<f64> = (0..k * n)
+        .map(|p| {
+            let (i, j) = (p / n, p % n);
+            if j >= i {
+                r[i * n + j]
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    for i in 0..k {
+        if rk[i * n + i] < 0.0 {
+            (0..n).for_each(|j| rk[i * n + j] = -rk[i * n + j]);
+            (0..m).for_each(|p| q[p * k + i] = -q[p * k + i]);
+        }
+    }
+    (q, rk)
+}
+
 pub(crate) fn eval(op: Linalg, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
     let ad = ins[0].dims().to_vec();
+    if let Linalg::Qr { output } = op {
+        let (m, n) = (ad[ad.len() - 2], ad[ad.len() - 1]);
+        let batch: usize = ad[..ad.len() - 2].iter().product();
+        let a = ins[0].f64s();
+        let mut res = Vec::new();
+        for b in 0..batch {
+            let (q, r) = householder_qr(&a[b * m * n..(b + 1) * m * n], m, n);
+            res.extend(match output {
+                QrOutput::Q => q,
+                QrOutput::R => r,
+            });
+        }
+        let dims = out.static_dims().unwrap_or_default();
+        return Ok(Tensor::from_f64(&dims, out.dtype(), res));
+    }
     let n = ad[ad.len() - 1];
     let batch: usize = ad[..ad.len() - 2].iter().product();
     let a = ins[0].f64s();
@@ -102,6 +246,20 @@ pub(crate) fn eval(op: Linalg, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
                 let mut f = am.to_vec();
                 lu(&mut f, n);
                 res.push((0..n).map(|i| f[i * n + i].abs().ln()).sum::<f64>());
+            }
+            Linalg::Eigh { output } => {
+                let (w, v) = jacobi_eigh(am, n);
+                res.extend(match output {
+                    EighOutput::Values => w,
+                    EighOutput::Vectors => v,
+                });
+            }
+            Linalg::Qr { output } => {
+                let (q, r) = householder_qr(am, n, n);
+                res.extend(match output {
+                    QrOutput::Q => q,
+                    QrOutput::R => r,
+                });
             }
             Linalg::Cholesky => {
                 // Only the lower triangle is read; a matrix that is not positive definite gives

@@ -1,12 +1,13 @@
 //! rlx-linalg against JAX (`tests/golden/linalg.json`, from `gen_linalg.py`): for every case the
 //! reference evaluator and the CPU kernel (faer) give JAX's values, reverse mode through RLX's
 //! autodiff gives JAX's gradients, and forward mode agrees with them (the tangent along a
-//! direction is the gradient's dot product). Also: f32, vmap, the text form, shape errors, and
-//! the GPU's refusal by name (no kernel, no decomposition).
+//! direction is the gradient's dot product). Also: f32, vmap, the text form, shape errors, the
+//! GPU's refusal by name (no kernel, no decomposition), and `qr` of a wide matrix (values only:
+//! its derivative is a named error, as JAX has none).
 
 use rlx::ir::eval::Tensor;
 use rlx::prelude::*;
-use rlx_linalg::{apply, Linalg};
+use rlx_linalg::{apply, EighOutput, Linalg, QrOutput};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -43,6 +44,18 @@ fn op_of(c: &Value) -> Linalg {
         "inv" => Linalg::Inv,
         "det" => Linalg::Det,
         "logabsdet" => Linalg::LogAbsDet,
+        "eigh" => Linalg::Eigh {
+            output: match c["attrs"]["output"].as_str().unwrap() {
+                "values" => EighOutput::Values,
+                _ => EighOutput::Vectors,
+            },
+        },
+        "qr" => Linalg::Qr {
+            output: match c["attrs"]["output"].as_str().unwrap() {
+                "q" => QrOutput::Q,
+                _ => QrOutput::R,
+            },
+        },
         other => panic!("unknown op {other}"),
     }
 }
@@ -278,5 +291,141 @@ fn vmap_text_form_errors_and_the_gpus_refusal() {
     assert!(
         e.contains("triangular_solve") && e.contains("no decomposition"),
         "{e}"
+    );
+}
+
+#[test]
+fn wide_qr_two_result_ops_in_text_and_vmap() {
+    rlx_linalg::register().unwrap();
+    // A wide matrix (m < n): q [3, 3], r [3, 5] with q r = a, on the reference evaluator and
+    // the CPU; its derivative is a named error (JAX has none either).
+    let (m, n) = (3, 5);
+    let av: Vec<f64> = (0..m * n)
+        .map(|i| ((i * 7 % 11) as f64 - 5.0) / 3.0)
+        .collect();
+    let mut g = Graph::new("wide");
+    let a = g.param("a", Shape::new(&[m, n], DType::F64));
+    let q = apply(
+        &mut g,
+        Linalg::Qr {
+            output: QrOutput::Q,
+        },
+        &[a],
+    )
+    .unwrap();
+    let r = apply(
+        &mut g,
+        Linalg::Qr {
+            output: QrOutput::R,
+        },
+        &[a],
+    )
+    .unwrap();
+    g.set_outputs(vec![q, r]);
+    assert_eq!(g.shape(q).static_dims().unwrap(), vec![3, 3]);
+    assert_eq!(g.shape(r).static_dims().unwrap(), vec![3, 5]);
+    let leaves: BTreeMap<String, Tensor> = [(
+        "a".to_string(),
+        Tensor::from_f64(&[m, n], DType::F64, av.clone()),
+    )]
+    .into();
+    let want = rlx::ir::eval::evaluate(&g, &leaves).unwrap();
+    let mut c = Session::new(Device::Cpu).compile(g.clone());
+    c.set_param_typed(
+        "a",
+        &Tensor::from_f64(&[m, n], DType::F64, av.clone()).to_bytes(),
+        DType::F64,
+    );
+    let out = c.run_typed(&[]);
+    let (qv, rv) = (as_f64(&out[0].0, DType::F64), as_f64(&out[1].0, DType::F64));
+    close("wide q (CPU vs reference)", &qv, &want[0].f64s(), 1e-12);
+    close("wide r (CPU vs reference)", &rv, &want[1].f64s(), 1e-12);
+    let qr: Vec<f64> = (0..m * n)
+        .map(|p| {
+            (0..m)
+                .map(|t| qv[(p / n) * m + t] * rv[t * n + p % n])
+                .sum()
+        })
+        .collect();
+    close("q r = a", &qr, &av, 1e-12);
+    for i in 0..m {
+        assert!(rv[i * n + i] >= 0.0, "r's diagonal is non-negative");
+    }
+    let mut loss_g = g.clone();
+    let axes = vec![0, 1];
+    let s = loss_g
+        .try_op(
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                axes,
+                keepdims: false,
+            },
+            &[q],
+        )
+        .unwrap();
+    loss_g.set_outputs(vec![s]);
+    let e = rlx::autodiff::grad(&loss_g, &[a]).unwrap_err().to_string();
+    assert!(e.contains("qr") && e.contains("m >= n"), "{e}");
+
+    // The text form keeps which result a node is.
+    let mut t = Graph::new("t");
+    let x = t.input("x", Shape::new(&[4, 4], DType::F32));
+    let w = apply(
+        &mut t,
+        Linalg::Eigh {
+            output: EighOutput::Values,
+        },
+        &[x],
+    )
+    .unwrap();
+    let v = apply(
+        &mut t,
+        Linalg::Eigh {
+            output: EighOutput::Vectors,
+        },
+        &[x],
+    )
+    .unwrap();
+    let r = apply(
+        &mut t,
+        Linalg::Qr {
+            output: QrOutput::R,
+        },
+        &[x],
+    )
+    .unwrap();
+    t.set_outputs(vec![w, v, r]);
+    let text = t.to_text();
+    assert!(
+        text.contains("eigh") && text.contains("vectors") && text.contains("output = r"),
+        "{text}"
+    );
+    assert_eq!(Graph::parse(&text).unwrap().to_text(), text);
+
+    // vmap of eigh's values over 3 symmetric matrices equals each alone.
+    let mut one = Graph::new("one");
+    let x = one.input("x", Shape::new(&[2, 2], DType::F64));
+    let w = apply(
+        &mut one,
+        Linalg::Eigh {
+            output: EighOutput::Values,
+        },
+        &[x],
+    )
+    .unwrap();
+    one.set_outputs(vec![w]);
+    let vg = rlx::autodiff::vmap(&one, &["x"], 3).unwrap();
+    let mut c = Session::new(Device::Cpu).compile(vg);
+    // [[2,1],[1,2]] -> 1, 3; [[0,0],[0,-1]] -> -1, 0; [[1,2],[2,1]] -> -1, 3.
+    let xs = [
+        2.0, 1.0, 1.0, 2.0, 0.0, 0.0, 0.0, -1.0, 1.0, 2.0, 2.0, 1.0f64,
+    ];
+    let bytes: Vec<u8> = xs.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let out = c.run_typed(&[("x", &bytes, DType::F64)]);
+    close(
+        "vmap(eigh values)",
+        &as_f64(&out[0].0, DType::F64),
+        &[1.0, 3.0, -1.0, 0.0, -1.0, 3.0],
+        1e-12,
     );
 }

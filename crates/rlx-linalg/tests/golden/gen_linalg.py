@@ -82,6 +82,50 @@ for shape, k in [((3, 3), 2), ((2, 4, 4), 3), ((1, 1), 1)]:
         case(f"logabsdet_{tag}", "logabsdet", {}, lambda a: jnp.linalg.slogdet(a)[1], [general(shape)])
     )
 
+
+
+def fix_vectors(v):
+    """Each eigenvector's entry of largest magnitude made positive (rlx-linalg's convention)."""
+    idx = jnp.argmax(jnp.abs(v), axis=-2)
+    s = jnp.sign(jnp.take_along_axis(v, idx[..., None, :], axis=-2))
+    return v * s
+
+
+def fix_qr(q, r):
+    """r's diagonal made non-negative (rlx-linalg's convention)."""
+    d = jnp.sign(jnp.diagonal(r, axis1=-2, axis2=-1))
+    return q * d[..., None, :], r * d[..., :, None]
+
+
+# Appended after the cases above so their random draws stay the same.
+for shape in [(3, 3), (2, 4, 4), (1, 1)]:
+    tag = "x".join(map(str, shape))
+    a = rng.randn(*shape)  # not symmetric: eigh uses (a + a^T) / 2, as jnp.linalg.eigh does
+    cases.append(
+        case(f"eigh_values_{tag}", "eigh", {"output": "values"}, lambda a: jnp.linalg.eigh(a)[0], [a])
+    )
+    cases.append(
+        case(
+            f"eigh_vectors_{tag}",
+            "eigh",
+            {"output": "vectors"},
+            lambda a: fix_vectors(jnp.linalg.eigh(a)[1]),
+            [rng.randn(*shape)],
+        )
+    )
+for shape in [(3, 3), (5, 3), (2, 4, 2), (1, 1)]:
+    tag = "x".join(map(str, shape))
+    for which in ("q", "r"):
+        cases.append(
+            case(
+                f"qr_{which}_{tag}",
+                "qr",
+                {"output": which},
+                lambda a, which=which: fix_qr(*jnp.linalg.qr(a))[0 if which == "q" else 1],
+                [rng.randn(*shape)],
+            )
+        )
+
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "linalg.json")
 with open(out, "w") as f:
     json.dump({"generator": "gen_linalg.py", "jax": jax.__version__, "cases": cases}, f, indent=None)

@@ -1,7 +1,7 @@
 //! The CPU kernels of the ops, on `faer`, one matrix of the batch at a time (f32 values are
 //! computed in f64 and rounded once).
 
-use crate::{EighOutput, Linalg, QrOutput};
+use crate::{EighOutput, Linalg, QrOutput, Rectangular, SvdOutput};
 use faer::linalg::solvers::{DenseSolveCore, Solve};
 use faer::Mat;
 use faer::MatRef;
@@ -98,19 +98,60 @@ fn qr(am: &Mat<f64>, output: QrOutput) -> Vec<f64> {
     }
 }
 
+/// The reduced SVD of one `m × n` matrix, singular values descending, each column of `u` with
+/// its largest entry positive (the matching row of `vt` flipped with it): `u` (`m × k`), `s`
+/// (`k`) or `vt` (`k × n`), row-major; NaNs if the iteration fails.
+fn svd(am: &Mat<f64>, output: SvdOutput) -> Vec<f64> {
+    let (m, n) = (am.nrows(), am.ncols());
+    let k = m.min(n);
+    let Ok(f) = am.thin_svd() else {
+        let len = match output {
+            SvdOutput::U => m * k,
+            SvdOutput::S => k,
+            SvdOutput::Vt => k * n,
+        };
+        return vec![f64::NAN; len];
+    };
+    let (mut u, sv, mut v) = (f.U().to_owned(), f.S(), f.V().to_owned());
+    let u0 = u.clone();
+    crate::reference::fix_singular_vector_signs(
+        |i, j| u0[(i, j)],
+        m,
+        k,
+        |j| {
+            for i in 0..m {
+                u[(i, j)] = -u[(i, j)];
+            }
+            for i in 0..n {
+                v[(i, j)] = -v[(i, j)];
+            }
+        },
+    );
+    match output {
+        SvdOutput::U => flat(u.as_ref()),
+        SvdOutput::S => (0..k).map(|i| sv[i]).collect(),
+        SvdOutput::Vt => flat(v.transpose()),
+    }
+}
+
 /// One op on operands `ins` (dense bytes and shapes) into `out`.
 fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
     let (abytes, ashape) = ins[0];
     let dt = ashape.dtype();
     let ad = ashape.static_dims().unwrap_or_default();
-    if let Linalg::Qr { output } = op {
-        // Rectangular: one `m × n` matrix at a time.
+    if let Some(rect) = op.rectangular() {
+        // One `m × n` matrix at a time.
         let (m, n) = (ad[ad.len() - 2], ad[ad.len() - 1]);
         let batch: usize = ad[..ad.len() - 2].iter().product();
         let a = read(abytes, dt);
-        let res: Vec<f64> = (0..batch)
-            .flat_map(|b| qr(&mat(&a[b * m * n..(b + 1) * m * n], m, n), output))
-            .collect();
+        let one = |b: usize| {
+            let am = mat(&a[b * m * n..(b + 1) * m * n], m, n);
+            match rect {
+                Rectangular::Svd(output) => svd(&am, output),
+                Rectangular::Qr(output) => qr(&am, output),
+            }
+        };
+        let res: Vec<f64> = (0..batch).flat_map(one).collect();
         write(&res, dt, out);
         return;
     }
@@ -158,8 +199,8 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
             }
             Linalg::Inv => res.extend(flat(am.partial_piv_lu().inverse().as_ref())),
             Linalg::Eigh { output } => res.extend(eigh(&am, output)),
-            // Handled above (rectangular).
-            Linalg::Qr { output } => res.extend(qr(&am, output)),
+            // Answered above.
+            Linalg::Qr { .. } | Linalg::Svd { .. } => {}
             Linalg::Det => res.push(am.as_ref().determinant()),
             Linalg::LogAbsDet => {
                 // log |det| from the LU factors' diagonal, with no overflow.

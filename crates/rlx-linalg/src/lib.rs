@@ -1,6 +1,6 @@
 //! Dense linear algebra for RLX, as ops registered from outside the IR
 //! (`rlx_ir::ops::register`): `solve`, `triangular_solve`, `cholesky`, `inv`, `det`,
-//! `logabsdet`, `eigh` and `qr`, batched over leading axes, on f32 and f64. Each op's rules are its [`OpDef`]:
+//! `logabsdet`, `eigh`, `qr` and `svd`, batched over leading axes, on f32 and f64. Each op's rules are its [`OpDef`]:
 //! shape inference (errors name the op and shapes), a reference evaluator in f64, JAX's
 //! derivative rules for reverse and forward mode (written with these ops and the IR's, so they
 //! differentiate again), batching for vmap, and a native CPU kernel on `faer` ([`register`]
@@ -10,11 +10,13 @@
 //! As in JAX and LAPACK, a singular matrix gives infinities or NaNs, and `cholesky` of a matrix
 //! that is not positive definite gives NaNs (at run time there is no error to raise).
 //!
-//! Ops with two results (`eigh`'s eigenvalues and eigenvectors, `qr`'s `q` and `r`) are one op
-//! per result, as the IR's `top_k` is; a kernel computes the factorization for each. Their
-//! gauge is fixed so results are unique where the factorization is: `eigh` sorts eigenvalues
-//! ascending and makes each eigenvector's entry of largest magnitude positive; `qr` makes
-//! `r`'s diagonal non-negative. (LAPACK, and so JAX, leaves those signs to the algorithm; the
+//! Ops with several results (`eigh`'s eigenvalues and eigenvectors, `qr`'s `q` and `r`, `svd`'s
+//! `u`, `s` and `vt`) are one op per result, as the IR's `top_k` is; a kernel computes the
+//! factorization for each. Their gauge is fixed so results are unique where the factorization
+//! is: `eigh` sorts eigenvalues ascending and makes each eigenvector's entry of largest
+//! magnitude positive; `qr` makes `r`'s diagonal non-negative; `svd` sorts singular values
+//! descending and makes each column of `u`'s entry of largest magnitude positive (flipping the
+//! matching row of `vt`). (LAPACK, and so JAX, leaves those signs to the algorithm; the
 //! derivative rules hold for any choice, and the goldens apply the same convention to JAX's
 //! results.)
 
@@ -61,6 +63,60 @@ pub enum Linalg {
         /// Which result.
         output: QrOutput,
     },
+    /// `svd(a [..., m, n])`: the reduced singular value decomposition, `u [..., m, k]`, `s [...,
+    /// k]` (descending, non-negative) and `vt [..., k, n]`, `k = min(m, n)`, `a = u diag(s) vt`
+    /// (JAX's `jnp.linalg.svd(a, full_matrices=False)`). Derivatives of `u` and `vt` need
+    /// distinct singular values, as JAX's.
+    Svd {
+        /// Which result.
+        output: SvdOutput,
+    },
+}
+
+/// An op on rectangular matrices (`qr`, `svd`), which kernels take one `m × n` matrix at a
+/// time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rectangular {
+    Qr(QrOutput),
+    Svd(SvdOutput),
+}
+
+impl Linalg {
+    /// The op as a [`Rectangular`] one, if it is.
+    pub(crate) fn rectangular(self) -> Option<Rectangular> {
+        match self {
+            Linalg::Qr { output } => Some(Rectangular::Qr(output)),
+            Linalg::Svd { output } => Some(Rectangular::Svd(output)),
+            Linalg::Solve
+            | Linalg::TriangularSolve { .. }
+            | Linalg::Cholesky
+            | Linalg::Inv
+            | Linalg::Det
+            | Linalg::LogAbsDet
+            | Linalg::Eigh { .. } => None,
+        }
+    }
+}
+
+/// Which result of [`Linalg::Svd`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SvdOutput {
+    /// The left singular vectors (columns).
+    U,
+    /// The singular values, descending.
+    S,
+    /// The right singular vectors (rows).
+    Vt,
+}
+
+impl SvdOutput {
+    fn name(self) -> &'static str {
+        match self {
+            SvdOutput::U => "u",
+            SvdOutput::S => "s",
+            SvdOutput::Vt => "vt",
+        }
+    }
 }
 
 /// Which result of [`Linalg::Eigh`].
@@ -100,7 +156,7 @@ impl QrOutput {
 }
 
 /// The registrations of the ops (`rlx_ir::ops::register` each, or call [`register`]).
-pub const REGISTRATIONS: [OpRegistration; 8] = [
+pub const REGISTRATIONS: [OpRegistration; 9] = [
     OpRegistration {
         name: "solve",
         from_attrs: |_| Ok(DefinedOp::new(Linalg::Solve)),
@@ -168,6 +224,22 @@ pub const REGISTRATIONS: [OpRegistration; 8] = [
         examples: || {
             [QrOutput::Q, QrOutput::R]
                 .map(|output| DefinedOp::new(Linalg::Qr { output }))
+                .to_vec()
+        },
+    },
+    OpRegistration {
+        name: "svd",
+        from_attrs: |a| {
+            let output = a.word("output", "u, s, vt", |w| {
+                [SvdOutput::U, SvdOutput::S, SvdOutput::Vt]
+                    .into_iter()
+                    .find(|o| o.name() == w)
+            })?;
+            Ok(DefinedOp::new(Linalg::Svd { output }))
+        },
+        examples: || {
+            [SvdOutput::U, SvdOutput::S, SvdOutput::Vt]
+                .map(|output| DefinedOp::new(Linalg::Svd { output }))
                 .to_vec()
         },
     },
@@ -285,6 +357,18 @@ fn gaps(g: &mut Graph, w: NodeId) -> Result<NodeId> {
     g.try_sub(f, e)
 }
 
+/// `1 / s` with 0 where `s` is 0 (JAX's guard for `svd`'s zero singular values).
+fn safe_reciprocal(g: &mut Graph, s: NodeId) -> Result<NodeId> {
+    let dt = g.shape(s).dtype();
+    let zero = g.try_scalar(0.0, dt)?;
+    let z = g.try_compare(rlx_ir::CmpOp::Eq, s, zero)?;
+    let z = g.try_cast(z, dt)?;
+    let d = g.try_add(s, z)?;
+    let one = g.try_scalar(1.0, dt)?;
+    let r = g.try_div(one, d)?;
+    g.try_sub(r, z)
+}
+
 /// `x r⁻¹` for upper triangular `r` (a solve from the right: `rᵀ zᵀ = xᵀ`).
 fn right_solve_upper(g: &mut Graph, x: NodeId, r: NodeId) -> Result<NodeId> {
     let (rt, xt) = (mt(g, r)?, mt(g, x)?);
@@ -336,6 +420,28 @@ impl Linalg {
         })
     }
 
+    /// `svd`'s `(u, s, vt)` on `a`, one of them `out` (the result `output`).
+    fn svd_factors(
+        &self,
+        g: &mut Graph,
+        a: NodeId,
+        out: NodeId,
+        output: SvdOutput,
+    ) -> Result<(NodeId, NodeId, NodeId)> {
+        let get = |g: &mut Graph, o: SvdOutput| {
+            if o == output {
+                Ok(out)
+            } else {
+                apply(g, Linalg::Svd { output: o }, &[a])
+            }
+        };
+        Ok((
+            get(g, SvdOutput::U)?,
+            get(g, SvdOutput::S)?,
+            get(g, SvdOutput::Vt)?,
+        ))
+    }
+
     /// `qr`'s derivatives exist for `m >= n` only (as in JAX).
     fn qr_differentiable(&self, g: &Graph, a: NodeId) -> Result<()> {
         let d = g.shape(a).static_dims().unwrap_or_default();
@@ -360,6 +466,22 @@ impl Linalg {
         match output {
             QrOutput::Q => d[r - 1] = k,
             QrOutput::R => d[r - 2] = k,
+        }
+        Ok(Shape::new(&d, a.dtype()))
+    }
+
+    fn infer_svd(&self, a: &Shape, output: SvdOutput) -> Result<Shape> {
+        let (m, n) = self.float_matrix("a", a)?;
+        let mut d = a.static_dims().unwrap_or_default();
+        let r = d.len();
+        let k = m.min(n);
+        match output {
+            SvdOutput::U => d[r - 1] = k,
+            SvdOutput::S => {
+                d.truncate(r - 1);
+                d[r - 2] = k;
+            }
+            SvdOutput::Vt => d[r - 2] = k,
         }
         Ok(Shape::new(&d, a.dtype()))
     }
@@ -398,6 +520,7 @@ impl Linalg {
                 output: EighOutput::Values,
             } => Ok(Shape::new(&ad[..ad.len() - 1], a.dtype())),
             Linalg::Qr { output } => self.infer_qr(a, *output),
+            Linalg::Svd { output } => self.infer_svd(a, *output),
         }
     }
 
@@ -432,6 +555,7 @@ impl OpDef for Linalg {
             Linalg::LogAbsDet => "logabsdet",
             Linalg::Eigh { .. } => "eigh",
             Linalg::Qr { .. } => "qr",
+            Linalg::Svd { .. } => "svd",
         }
     }
 
@@ -440,6 +564,7 @@ impl OpDef for Linalg {
             Linalg::TriangularSolve { lower } => vec![("lower", Attr::Bool(*lower))],
             Linalg::Eigh { output } => vec![("output", Attr::word(output.name()))],
             Linalg::Qr { output } => vec![("output", Attr::word(output.name()))],
+            Linalg::Svd { output } => vec![("output", Attr::word(output.name()))],
             Linalg::Solve | Linalg::Cholesky | Linalg::Inv | Linalg::Det | Linalg::LogAbsDet => {
                 Vec::new()
             }
@@ -454,13 +579,15 @@ impl OpDef for Linalg {
             | Linalg::Det
             | Linalg::LogAbsDet
             | Linalg::Eigh { .. }
-            | Linalg::Qr { .. } => (1, 1),
+            | Linalg::Qr { .. }
+            | Linalg::Svd { .. } => (1, 1),
         }
     }
 
     fn infer(&self, ins: &[&Shape]) -> Result<Shape> {
         match self {
             Linalg::Qr { output } => self.infer_qr(ins[0], *output),
+            Linalg::Svd { output } => self.infer_svd(ins[0], *output),
             _ => self.infer_square(ins),
         }
     }
@@ -487,6 +614,8 @@ impl OpDef for Linalg {
             } => 9 * n * n * n,
             // Householder QR and forming the thin q.
             Linalg::Qr { .. } => 4 * m * n * n.min(m),
+            // Bidiagonalization and the iteration, roughly.
+            Linalg::Svd { .. } => 12 * m * n * n.min(m),
             Linalg::Solve => 2 * n * n * n / 3 + 2 * n * n * k,
             Linalg::TriangularSolve { .. } => n * n * k,
             Linalg::Cholesky => n * n * n / 3,
@@ -625,6 +754,74 @@ impl OpDef for Linalg {
                 };
                 vec![Some(right_solve_upper_t(g, y, r)?)]
             }
+            Linalg::Svd { output } => {
+                let (u, s, vt) = self.svd_factors(g, a, out, output)?;
+                let d = g.shape(a).static_dims().unwrap_or_default();
+                let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+                let srow = as_matrix(g, s, true)?;
+                let ca = match output {
+                    // u diag(s̄) vt.
+                    SvdOutput::S => {
+                        let row = as_matrix(g, ct, true)?;
+                        let us = g.try_mul(u, row)?;
+                        mm(g, us, vt)?
+                    }
+                    SvdOutput::U => {
+                        // X̄ = (J + Jᵀ) diag(s), J = F ⊙ uᵀ ū.
+                        let s2 = g.try_mul(s, s)?;
+                        let f = gaps(g, s2)?;
+                        let ut = mt(g, u)?;
+                        let p = mm(g, ut, ct)?;
+                        let j = g.try_mul(f, p)?;
+                        let jt = mt(g, j)?;
+                        let x = g.try_add(j, jt)?;
+                        let x = g.try_mul(x, srow)?;
+                        let p = mm(g, u, x)?;
+                        let mut y = mm(g, p, vt)?;
+                        if m > n {
+                            // (ū - u uᵀ ū) diag(1/s) vt.
+                            let uu = mm(g, ut, ct)?;
+                            let uu = mm(g, u, uu)?;
+                            let r = g.try_sub(ct, uu)?;
+                            let inv = safe_reciprocal(g, s)?;
+                            let inv = as_matrix(g, inv, true)?;
+                            let r = g.try_mul(r, inv)?;
+                            let r = mm(g, r, vt)?;
+                            y = g.try_add(y, r)?;
+                        }
+                        y
+                    }
+                    SvdOutput::Vt => {
+                        // X̄ = diag(s) (J + Jᵀ), J = F ⊙ vᵀ v̄ with v̄ = v̄tᵀ.
+                        let s2 = g.try_mul(s, s)?;
+                        let f = gaps(g, s2)?;
+                        let vbar = mt(g, ct)?;
+                        let p = mm(g, vt, vbar)?;
+                        let j = g.try_mul(f, p)?;
+                        let jt = mt(g, j)?;
+                        let x = g.try_add(j, jt)?;
+                        let scol = as_matrix(g, s, false)?;
+                        let x = g.try_mul(scol, x)?;
+                        let p = mm(g, u, x)?;
+                        let mut y = mm(g, p, vt)?;
+                        if n > m {
+                            // u ((v̄ - v vᵀ v̄) diag(1/s))ᵀ.
+                            let v = mt(g, vt)?;
+                            let vv = mm(g, vt, vbar)?;
+                            let vv = mm(g, v, vv)?;
+                            let r = g.try_sub(vbar, vv)?;
+                            let inv = safe_reciprocal(g, s)?;
+                            let inv = as_matrix(g, inv, true)?;
+                            let r = g.try_mul(r, inv)?;
+                            let rt = mt(g, r)?;
+                            let r = mm(g, u, rt)?;
+                            y = g.try_add(y, r)?;
+                        }
+                        y
+                    }
+                };
+                vec![Some(ca)]
+            }
         })
     }
 
@@ -632,7 +829,9 @@ impl OpDef for Linalg {
     /// triangle; `inv`: `ẏ = -y ȧ y`; `det`: `ḋ = d Σ a⁻ᵀ ⊙ ȧ` (`logabsdet`: without the `d`); `cholesky`: `l̇ = l Φ(l⁻¹ sym(ȧ)
     /// l⁻ᵀ)`; `eigh` (JAX's rule): with `X = vᵀ sym(ȧ) v`, `ẇ = diag(X)`, `v̇ = v (F ⊙ X)`;
     /// `qr` (JAX's rule, m ≥ n): with `B = ȧ r⁻¹`, `C = qᵀ B`, `Ω = tril(C, -1) - tril(C,
-    /// -1)ᵀ`: `q̇ = q (Ω - C) + B`, `ṙ = (C - Ω) r`.
+    /// -1)ᵀ`: `q̇ = q (Ω - C) + B`, `ṙ = (C - Ω) r`; `svd` (JAX's rule): with `X = uᵀ ȧ v`,
+    /// `ṡ = diag(X)`, `u̇ = u (F ⊙ (X S + S Xᵀ))`, `v̇ = v (F ⊙ (S X + Xᵀ S))` (plus the
+    /// out-of-span parts for tall or wide matrices), `S = diag(s)`.
     fn jvp(
         &self,
         g: &mut Graph,
@@ -735,6 +934,61 @@ impl OpDef for Linalg {
                     QrOutput::R => {
                         let d = g.try_sub(c, omega)?;
                         mm(g, d, r)?
+                    }
+                }
+            }
+            Linalg::Svd { output } => {
+                let Some(ta) = ta else { return Ok(None) };
+                let (u, s, vt) = self.svd_factors(g, a, out, output)?;
+                let d = g.shape(a).static_dims().unwrap_or_default();
+                let (m, n) = (d[d.len() - 2], d[d.len() - 1]);
+                // JAX's rule: X = uᵀ ȧ v.
+                let (ut, v) = (mt(g, u)?, mt(g, vt)?);
+                let x = mm(g, ut, ta)?;
+                let x = mm(g, x, v)?;
+                let s2 = g.try_mul(s, s)?;
+                let f = gaps(g, s2)?;
+                let (srow, scol) = (as_matrix(g, s, true)?, as_matrix(g, s, false)?);
+                let xt = mt(g, x)?;
+                let inv = safe_reciprocal(g, s)?;
+                let inv = as_matrix(g, inv, true)?;
+                match output {
+                    SvdOutput::S => diagonal(g, x)?,
+                    SvdOutput::U => {
+                        // u (F ⊙ (X diag(s) + diag(s) Xᵀ)) [+ (ȧ v - u uᵀ ȧ v) / s for m > n].
+                        let p = g.try_mul(x, srow)?;
+                        let q = g.try_mul(scol, xt)?;
+                        let p = g.try_add(p, q)?;
+                        let p = g.try_mul(f, p)?;
+                        let mut du = mm(g, u, p)?;
+                        if m > n {
+                            let av = mm(g, ta, v)?;
+                            let uav = mm(g, ut, av)?;
+                            let uav = mm(g, u, uav)?;
+                            let r = g.try_sub(av, uav)?;
+                            let r = g.try_mul(r, inv)?;
+                            du = g.try_add(du, r)?;
+                        }
+                        du
+                    }
+                    SvdOutput::Vt => {
+                        // (v (F ⊙ (diag(s) X + Xᵀ diag(s))) [+ (ȧᵀ u - v vᵀ ȧᵀ u) / s for
+                        // n > m])ᵀ.
+                        let p = g.try_mul(scol, x)?;
+                        let q = g.try_mul(xt, srow)?;
+                        let p = g.try_add(p, q)?;
+                        let p = g.try_mul(f, p)?;
+                        let mut dv = mm(g, v, p)?;
+                        if n > m {
+                            let at = mt(g, ta)?;
+                            let au = mm(g, at, u)?;
+                            let vau = mm(g, vt, au)?;
+                            let vau = mm(g, v, vau)?;
+                            let r = g.try_sub(au, vau)?;
+                            let r = g.try_mul(r, inv)?;
+                            dv = g.try_add(dv, r)?;
+                        }
+                        mt(g, dv)?
                     }
                 }
             }

@@ -1,8 +1,9 @@
 //! The reference evaluator of the ops: textbook algorithms in f64 (LU with partial pivoting,
 //! Cholesky–Banachiewicz, substitution, cyclic Jacobi rotations for `eigh`, Householder
-//! reflections for `qr`), one matrix of the batch at a time.
+//! reflections for `qr`, one-sided Jacobi (Hestenes) for `svd`), one matrix of the batch at a
+//! time.
 
-use crate::{EighOutput, Linalg, QrOutput};
+use crate::{EighOutput, Linalg, QrOutput, Rectangular, SvdOutput};
 use rlx_ir::eval::Tensor;
 use rlx_ir::{Result, Shape};
 
@@ -83,6 +84,126 @@ pub(crate) fn fix_eigenvector_signs(v: &mut [f64], n: usize) {
             }
         }
     }
+}
+
+/// `svd`'s sign convention: for each of the `k` columns of `u` (`m` rows, read by `get`) whose
+/// entry of largest magnitude (the first such) is negative, `flip(j)` negates column `j` of `u`
+/// and the matching singular vector of `v`.
+pub(crate) fn fix_singular_vector_signs(
+    get: impl Fn(usize, usize) -> f64,
+    m: usize,
+    k: usize,
+    mut flip: impl FnMut(usize),
+) {
+    for j in 0..k {
+        let p = (0..m).fold(0, |p, i| {
+            if get(i, j).abs() > get(p, j).abs() {
+                i
+            } else {
+                p
+            }
+        });
+        if get(p, j) < 0.0 {
+            flip(j);
+        }
+    }
+}
+
+/// The reduced SVD of row-major `m × n` `a` by one-sided Jacobi rotations (Hestenes): `u`
+/// (`m × k`), `s` (`k`, descending) and `vt` (`k × n`), row-major, signs fixed.
+fn jacobi_svd(a: &[f64], m: usize, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    if m < n {
+        // a = u s vt  <=>  aᵀ = vtᵀ s uᵀ.
+        let at: Vec<f64> = (0..n * m).map(|p| a[(p % m) * n + p / m]).collect();
+        let (u2, s, vt2) = jacobi_svd(&at, n, m);
+        // u = vt2ᵀ (m × m), vt = u2ᵀ (m × n); then the convention on the new u.
+        let k = m;
+        let mut u: Vec<f64> = (0..m * k).map(|p| vt2[(p % k) * m + p / k]).collect();
+        let mut vt: Vec<f64> = (0..k * n).map(|p| u2[(p % n) * k + p / n]).collect();
+        let uc = u.clone();
+        fix_singular_vector_signs(
+            |i, j| uc[i * k + j],
+            m,
+            k,
+            |j| {
+                (0..m).for_each(|i| u[i * k + j] = -u[i * k + j]);
+                (0..n).for_each(|i| vt[j * n + i] = -vt[j * n + i]);
+            },
+        );
+        return (u, s, vt);
+    }
+    // m >= n: orthogonalize the columns of w = a v.
+    let mut w = a.to_vec();
+    let mut v: Vec<f64> = (0..n * n).map(|k| f64::from(k / n == k % n)).collect();
+    for _sweep in 0..100 {
+        let mut rotated = false;
+        for p in 0..n {
+            for q in p + 1..n {
+                let (mut al, mut be, mut ga) = (0.0, 0.0, 0.0);
+                for i in 0..m {
+                    let (x, y) = (w[i * n + p], w[i * n + q]);
+                    al += x * x;
+                    be += y * y;
+                    ga += x * y;
+                }
+                if ga.abs() <= 1e-15 * (al * be).sqrt() || ga == 0.0 {
+                    continue;
+                }
+                rotated = true;
+                let zeta = (be - al) / (2.0 * ga);
+                let t = zeta.signum() / (zeta.abs() + (1.0 + zeta * zeta).sqrt());
+                let c = 1.0 / (1.0 + t * t).sqrt();
+                let sn = c * t;
+                for i in 0..m {
+                    let (x, y) = (w[i * n + p], w[i * n + q]);
+                    w[i * n + p] = c * x - sn * y;
+                    w[i * n + q] = sn * x + c * y;
+                }
+                for i in 0..n {
+                    let (x, y) = (v[i * n + p], v[i * n + q]);
+                    v[i * n + p] = c * x - sn * y;
+                    v[i * n + q] = sn * x + c * y;
+                }
+            }
+        }
+        if !rotated {
+            break;
+        }
+    }
+    let norms: Vec<f64> = (0..n)
+        .map(|j| {
+            (0..m)
+                .map(|i| w[i * n + j] * w[i * n + j])
+                .sum::<f64>()
+                .sqrt()
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&i, &j| norms[j].total_cmp(&norms[i]));
+    let k = n;
+    let s: Vec<f64> = order.iter().map(|&j| norms[j]).collect();
+    let mut u: Vec<f64> = (0..m * k)
+        .map(|p| {
+            let (i, c) = (p / k, order[p % k]);
+            if norms[c] > 0.0 {
+                w[i * n + c] / norms[c]
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let mut vt: Vec<f64> = (0..k * n).map(|p| v[(p % n) * n + order[p / n]]).collect();
+    let uc = u.clone();
+    fix_singular_vector_signs(
+        |i, j| uc[i * k + j],
+        m,
+        k,
+        |j| {
+            (0..m).for_each(|i| u[i * k + j] = -u[i * k + j]);
+            (0..n).for_each(|i| vt[j * n + i] = -vt[j * n + i]);
+        },
+    );
+    (u, s, vt)
 }
 
 /// Eigenvalues (ascending) and eigenvectors (columns, signs fixed) of the symmetric part of
@@ -194,19 +315,37 @@ fn householder_qr(a: &[f64], m: usize, n: usize) -> (Vec<f64>, Vec<f64>) {
     (q, rk)
 }
 
+/// `qr` or `svd`'s result of one `m × n` matrix.
+fn rectangular(op: Rectangular, a: &[f64], m: usize, n: usize) -> Vec<f64> {
+    match op {
+        Rectangular::Qr(output) => {
+            let (q, r) = householder_qr(a, m, n);
+            match output {
+                QrOutput::Q => q,
+                QrOutput::R => r,
+            }
+        }
+        Rectangular::Svd(output) => {
+            let (u, s, vt) = jacobi_svd(a, m, n);
+            match output {
+                SvdOutput::U => u,
+                SvdOutput::S => s,
+                SvdOutput::Vt => vt,
+            }
+        }
+    }
+}
+
 pub(crate) fn eval(op: Linalg, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
     let ad = ins[0].dims().to_vec();
-    if let Linalg::Qr { output } = op {
+    if let Some(rect) = op.rectangular() {
         let (m, n) = (ad[ad.len() - 2], ad[ad.len() - 1]);
         let batch: usize = ad[..ad.len() - 2].iter().product();
         let a = ins[0].f64s();
         let mut res = Vec::new();
         for b in 0..batch {
-            let (q, r) = householder_qr(&a[b * m * n..(b + 1) * m * n], m, n);
-            res.extend(match output {
-                QrOutput::Q => q,
-                QrOutput::R => r,
-            });
+            let am = &a[b * m * n..(b + 1) * m * n];
+            res.extend(rectangular(rect, am, m, n));
         }
         let dims = out.static_dims().unwrap_or_default();
         return Ok(Tensor::from_f64(&dims, out.dtype(), res));
@@ -254,13 +393,8 @@ pub(crate) fn eval(op: Linalg, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
                     EighOutput::Vectors => v,
                 });
             }
-            Linalg::Qr { output } => {
-                let (q, r) = householder_qr(am, n, n);
-                res.extend(match output {
-                    QrOutput::Q => q,
-                    QrOutput::R => r,
-                });
-            }
+            // Answered above.
+            Linalg::Qr { .. } | Linalg::Svd { .. } => {}
             Linalg::Cholesky => {
                 // Only the lower triangle is read; a matrix that is not positive definite gives
                 // NaNs, as LAPACK-backed JAX does.

@@ -7,7 +7,7 @@
 
 use rlx::ir::eval::Tensor;
 use rlx::prelude::*;
-use rlx_linalg::{apply, EighOutput, Linalg, QrOutput};
+use rlx_linalg::{apply, EighOutput, Linalg, QrOutput, SvdOutput};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -54,6 +54,13 @@ fn op_of(c: &Value) -> Linalg {
             output: match c["attrs"]["output"].as_str().unwrap() {
                 "q" => QrOutput::Q,
                 _ => QrOutput::R,
+            },
+        },
+        "svd" => Linalg::Svd {
+            output: match c["attrs"]["output"].as_str().unwrap() {
+                "u" => SvdOutput::U,
+                "s" => SvdOutput::S,
+                _ => SvdOutput::Vt,
             },
         },
         other => panic!("unknown op {other}"),

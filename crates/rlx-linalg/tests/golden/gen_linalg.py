@@ -126,6 +126,28 @@ for shape in [(3, 3), (5, 3), (2, 4, 2), (1, 1)]:
             )
         )
 
+
+
+def fix_svd(u, s, vt):
+    """Each column of u with its entry of largest magnitude positive, vt's row flipped with it."""
+    idx = jnp.argmax(jnp.abs(u), axis=-2)
+    sg = jnp.sign(jnp.take_along_axis(u, idx[..., None, :], axis=-2))
+    return u * sg, s, vt * jnp.swapaxes(sg, -1, -2)
+
+
+for shape in [(3, 3), (5, 3), (3, 5), (2, 4, 3)]:
+    tag = "x".join(map(str, shape))
+    for k, which in enumerate(("u", "s", "vt")):
+        cases.append(
+            case(
+                f"svd_{which}_{tag}",
+                "svd",
+                {"output": which},
+                lambda a, k=k: fix_svd(*jnp.linalg.svd(a, full_matrices=False))[k],
+                [rng.randn(*shape)],
+            )
+        )
+
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "linalg.json")
 with open(out, "w") as f:
     json.dump({"generator": "gen_linalg.py", "jax": jax.__version__, "cases": cases}, f, indent=None)

@@ -136,43 +136,56 @@ impl Graph {
     }
 
     /// For a fused region's node (`Op::Fused`): the node holding the region's first result
-    /// (output 0), where the region is computed, if it is in the graph. The results of one region
-    /// are one node each, side by side in output order, sharing kind, body and operands; this
-    /// and [`Graph::fused_results`] are how backends and passes find them.
+    /// (output 0), where the region is computed, if it is in the graph: the node itself for a
+    /// first result, the earlier node of the same `region` id for a further one (see
+    /// [`crate::FusedRegion`]; this and [`Graph::fused_results`] are how backends and passes
+    /// find a region's results).
     pub fn fused_head(&self, id: NodeId) -> Option<NodeId> {
         let Op::Fused(r) = &self.node(id).op else {
             return None;
         };
-        let head = NodeId(id.0.checked_sub(u32::try_from(r.output).ok()?)?);
-        self.same_region(head, id, r.output).then_some(head)
+        if r.output == 0 {
+            return Some(id);
+        }
+        r.region?;
+        (0..id.0).map(NodeId).find(|&h| self.same_region(h, id))
     }
 
     /// For the node `head` holding a fused region's first result: the nodes of its further
-    /// results that are in the graph right after it, `(output, node)` in order (a result no one
-    /// reads may have been removed; the run stops at the first missing one).
+    /// results in the graph, `(output, node)` in output order (a result no one reads may have
+    /// been removed).
     pub fn fused_results(&self, head: NodeId) -> Vec<(usize, NodeId)> {
         let Op::Fused(r) = &self.node(head).op else {
             return Vec::new();
         };
-        if r.output != 0 {
+        if r.output != 0 || r.region.is_none() {
             return Vec::new();
         }
-        (1..r.body.outputs().len())
-            .map(|k| (k, NodeId(head.0 + k as u32)))
-            .take_while(|&(k, s)| s.index() < self.len() && self.same_region(head, s, k))
-            .collect()
+        let mut out: Vec<(usize, NodeId)> = (head.0 + 1..self.len() as u32)
+            .map(NodeId)
+            .filter(|&s| self.same_region(head, s))
+            .filter_map(|s| match &self.node(s).op {
+                Op::Fused(b) => Some((b.output, s)),
+                _ => None,
+            })
+            .collect();
+        out.sort_unstable();
+        out
     }
 
-    /// Whether `other` is result `k` of the region whose first result is `head`.
-    fn same_region(&self, head: NodeId, other: NodeId, k: usize) -> bool {
+    /// Whether `other` is a further result of the region whose first result is `head`: the
+    /// same region id, kind, operands and body.
+    fn same_region(&self, head: NodeId, other: NodeId) -> bool {
         let (h, o) = (self.node(head), self.node(other));
         match (&h.op, &o.op) {
             (Op::Fused(a), Op::Fused(b)) => {
                 a.output == 0
-                    && b.output == k
+                    && b.output > 0
+                    && a.region.is_some()
+                    && a.region == b.region
                     && a.kind == b.kind
                     && h.inputs == o.inputs
-                    && (head == other || a.body == b.body)
+                    && a.body == b.body
             }
             _ => false,
         }
@@ -386,7 +399,7 @@ impl Graph {
 mod fused_results_tests {
     use crate::{DType, FusedRegion, FusionKind, Graph, NodeId, Op, Shape};
 
-    fn region(output: usize, scale: f32) -> Op {
+    fn region(output: usize, scale: f32, region: Option<u32>) -> Op {
         let mut body = Graph::new("body");
         let x = body.input("x", Shape::new(&[2], DType::F32));
         let s = body.constant_f32(&[2], &[scale, scale]);
@@ -397,26 +410,46 @@ mod fused_results_tests {
             kind: FusionKind::Elementwise,
             body: Box::new(body),
             output,
+            region,
         })
     }
 
     #[test]
-    fn a_regions_results_are_found_and_checked() {
+    fn a_regions_results_are_found_by_its_id_and_checked() {
         let mut g = Graph::new("g");
         let x = g.input("x", Shape::new(&[2], DType::F32));
-        let h = g.try_op(region(0, 2.0), &[x]).unwrap();
-        let r1 = g.try_op(region(1, 2.0), &[x]).unwrap();
-        // Result 1 of another region (another body) right after it.
-        let h2 = g.try_op(region(0, 3.0), &[x]).unwrap();
-        let other = g.try_op(region(1, 2.0), &[x]).unwrap();
+        let h = g.try_op(region(0, 2.0, Some(0)), &[x]).unwrap();
+        // Another region between a region's first result and its second.
+        let h2 = g.try_op(region(0, 3.0, Some(1)), &[x]).unwrap();
+        let r1 = g.try_op(region(1, 2.0, Some(0)), &[x]).unwrap();
+        let r2 = g.try_op(region(1, 3.0, Some(1)), &[x]).unwrap();
+        // A lone result (no id): computed on its own.
+        let lone = g.try_op(region(1, 2.0, None), &[x]).unwrap();
+        g.set_outputs(vec![h, h2, r1, r2, lone]);
+        crate::verify(&g).unwrap();
         assert_eq!(g.fused_head(h), Some(h));
         assert_eq!(g.fused_head(r1), Some(h));
+        assert_eq!(g.fused_head(r2), Some(h2));
         assert_eq!(g.fused_results(h), vec![(1, r1)]);
-        // `other` claims result 1 with the first region's body, but stands after `h2`, whose
-        // body differs: it belongs to no region here.
-        assert_eq!(g.fused_results(h2), Vec::<(usize, NodeId)>::new());
-        assert_eq!(g.fused_head(other), None);
+        assert_eq!(g.fused_results(h2), vec![(1, r2)]);
+        assert_eq!(g.fused_head(lone), None);
         assert_eq!(g.fused_head(x), None);
         assert_eq!(g.fused_results(r1), Vec::<(usize, NodeId)>::new());
+
+        // The verifier refuses a result claiming a region whose first result differs (another
+        // body), one before its region's first result, and a region id used twice for output 1.
+        let refused = |nodes: &[(usize, f32)], id: u32| {
+            let mut bad = Graph::new("bad");
+            let x = bad.input("x", Shape::new(&[2], DType::F32));
+            for &(output, scale) in nodes {
+                let op = region(output, scale, Some(id));
+                bad.push_unchecked(op, vec![x], Shape::new(&[2], DType::F32));
+            }
+            let e = crate::verify(&bad).unwrap_err().to_string();
+            assert!(e.contains(&format!("region {id}")), "{e}");
+        };
+        refused(&[(0, 2.0), (1, 3.0)], 5);
+        refused(&[(1, 2.0), (0, 2.0)], 2);
+        refused(&[(0, 2.0), (1, 2.0), (1, 2.0)], 3);
     }
 }

@@ -425,9 +425,11 @@ impl FusionKind {
 /// kernel for the kind use it (MLX's `fast::Custom` fallback).
 ///
 /// A region with several results (an optimizer's new param beside its new moments, a normalized
-/// value beside its scaled one) is one node per result, as [`Op::TopK`] is: the nodes share kind,
-/// body and operands, differ in `output`, and stand next to each other, output 0 first. A
-/// backend with a kernel for the kind computes them in one step.
+/// value beside its scaled one) is one node per result, as [`Op::TopK`] is, each a complete op
+/// (the evaluator, autodiff and a backend without the kernel can compute any one alone): the
+/// nodes share kind, body, operands and `region`, differ in `output`, and the first result's
+/// node comes before the others (the verifier checks all of it). A backend with a kernel for
+/// the kind computes them in the first result's step ([`crate::Graph::fused_results`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct FusedRegion {
     /// What the region computes.
@@ -436,6 +438,10 @@ pub struct FusedRegion {
     pub body: Box<crate::Graph>,
     /// Which of the body's outputs this node yields.
     pub output: usize,
+    /// The region's identity in its graph when it has several result nodes (one id per region,
+    /// shared by its result nodes); `None` for a region whose node is its only one.
+    #[serde(default)]
+    pub region: Option<u32>,
 }
 
 impl FusedRegion {

@@ -70,6 +70,7 @@ pub fn verify(g: &Graph) -> Result<()> {
             }
         }
     }
+    regions(g, &mut errs);
     for o in g.outputs() {
         if o.index() >= g.len() {
             errs.push(format!(
@@ -82,5 +83,49 @@ pub fn verify(g: &Graph) -> Result<()> {
         Ok(())
     } else {
         Err(Error::Verify(errs))
+    }
+}
+
+/// The result nodes of each fused region with an id: one first result (output 0) before the
+/// others, each output once, the same kind, operands and body.
+fn regions(g: &Graph, errs: &mut Vec<String>) {
+    let mut by_id: std::collections::BTreeMap<u32, Vec<crate::NodeId>> = Default::default();
+    for id in g.ids() {
+        if let Op::Fused(r) = &g.node(id).op {
+            if let Some(k) = r.region {
+                by_id.entry(k).or_default().push(id);
+            }
+        }
+    }
+    for (k, nodes) in by_id {
+        let head = nodes[0];
+        let Op::Fused(h) = &g.node(head).op else {
+            continue;
+        };
+        if h.output != 0 {
+            errs.push(format!(
+                "{head} (fused): region {k}'s first node is result {}, not its first result",
+                h.output
+            ));
+            continue;
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for &id in &nodes[1..] {
+            let Op::Fused(r) = &g.node(id).op else {
+                continue;
+            };
+            if r.output == 0 || !seen.insert(r.output) {
+                errs.push(format!(
+                    "{id} (fused): region {k} has output {} twice",
+                    r.output
+                ));
+            } else if g.fused_head(id) != Some(head) {
+                errs.push(format!(
+                    "{id} (fused): result {} of region {k} differs from its first result {head} \
+                     in kind, operands or body",
+                    r.output
+                ));
+            }
+        }
     }
 }

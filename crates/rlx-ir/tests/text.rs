@@ -181,6 +181,7 @@ fn op_of(kind: OpKind, v: &[usize], x: f32, s: &str, body: &Graph) -> Op {
             kind: FusionKind::ALL[pick(0, FusionKind::ALL.len())],
             body: Box::new(body.clone()),
             output: pick(1, body.outputs().len()),
+            region: None,
         }),
     }
 }

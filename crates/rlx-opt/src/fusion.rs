@@ -497,6 +497,8 @@ pub(crate) fn emit(
                 .map(|&e| map[e].expect("operands of a region are computed before its root"))
                 .collect();
             let body = Box::new(body);
+            // Several results: their nodes share an id.
+            let region = (results.len() > 1).then_some(report.regions.len() as u32);
             let mut first = None;
             for (r, &j) in results.iter().enumerate() {
                 let f = out.push_unchecked(
@@ -504,6 +506,7 @@ pub(crate) fn emit(
                         kind,
                         body: body.clone(),
                         output: r,
+                        region,
                     }),
                     ins.clone(),
                     g.shape(nid(j)).clone(),

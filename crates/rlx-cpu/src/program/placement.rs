@@ -31,12 +31,10 @@ impl Lowering<'_> {
             let Some(p) = self.params.iter().position(|s| s.name == d.param) else {
                 continue;
             };
+            let head = g.fused_head(NodeId(v as u32));
             if self.params[p].shape == *g.shape(NodeId(v as u32))
                 && matches!(self.vals[v].buf, Buf::Arena(_))
-                && self
-                    .chain_steps
-                    .keys()
-                    .any(|&h| g.fused_head(NodeId(v as u32)) == Some(NodeId(h as u32)))
+                && head.is_some_and(|h| self.chain_steps.contains_key(&h.index()))
             {
                 self.vals[v].buf = Buf::Param(p);
                 donated += 1;

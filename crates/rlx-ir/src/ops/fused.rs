@@ -70,11 +70,15 @@ pub(super) fn cost(r: &FusedRegion, ins: &[&Shape], out: &Shape) -> Cost {
     .with_reads(ins, 0)
 }
 
-/// Text-form attributes: the kind, the output when it is not the first, and the body.
+/// Text-form attributes: the kind, the output when it is not the first, the region id when
+/// there is one, and the body.
 pub fn attrs(r: &FusedRegion) -> Vec<(&'static str, Attr)> {
     let mut a = vec![("kind", Attr::word(r.kind.name()))];
     if r.output != 0 {
         a.push(("output", Attr::from(r.output)));
+    }
+    if let Some(k) = r.region {
+        a.push(("region", Attr::from(k as usize)));
     }
     a.push(("body", Attr::Graph(r.body.clone())));
     a
@@ -85,6 +89,11 @@ pub fn from_attrs(a: &mut Attrs) -> Result<FusedRegion> {
     let names: Vec<&str> = FusionKind::ALL.iter().map(|k| k.name()).collect();
     let kind = a.word("kind", &names.join(", "), FusionKind::from_name)?;
     let output = a.usize_or("output", 0)?;
+    // Absent: a region whose node is its only one.
+    let region = match a.usize_or("region", usize::MAX)? {
+        usize::MAX => None,
+        k => Some(u32::try_from(k).map_err(|_| Error::op("fused", "region ids are below 2^32"))?),
+    };
     let body = a
         .graph("body", false)?
         .ok_or_else(|| Error::op("fused", "missing body"))?;
@@ -92,5 +101,6 @@ pub fn from_attrs(a: &mut Attrs) -> Result<FusedRegion> {
         kind,
         body: Box::new(body),
         output,
+        region,
     })
 }

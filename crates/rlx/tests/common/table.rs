@@ -249,6 +249,7 @@ pub fn op_of(name: &str, a: &Value) -> Op {
                     .unwrap_or_else(|e| panic!("fused body: {e}")),
             ),
             output: a["output"].as_u64().unwrap_or(0) as usize,
+            region: None,
         }),
         other => panic!("the op table names an unknown op {other}"),
     }

@@ -19,3 +19,4 @@ cd "$REPO"
 .venv/bin/python crates/rlx/tests/golden/gen_jax_parity.py
 .venv/bin/python crates/rlx/tests/golden/gen_precision.py
 .venv/bin/python crates/rlx-linalg/tests/golden/gen_linalg.py
+.venv/bin/python crates/rlx-sparse/tests/golden/gen_sparse.py

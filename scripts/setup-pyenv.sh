@@ -2,7 +2,7 @@
 # Set up the Python environment used to (re)generate golden test values.
 #
 # Creates a virtualenv at <repo>/.venv (if missing) and installs pinned
-# versions of numpy and jax[cpu] into it. Safe to run repeatedly: the venv is
+# versions of numpy, jax[cpu] and scipy into it. Safe to run repeatedly: the venv is
 # reused and pip is skipped when the pinned versions are already installed.
 #
 # Usage: scripts/setup-pyenv.sh
@@ -19,11 +19,13 @@ VENV="$REPO/.venv"
 NUMPY_VERSION="2.4.6"
 JAX_VERSION="0.10.2"
 ML_DTYPES_VERSION="0.6.0"   # bfloat16 support; a jax dependency
+SCIPY_VERSION="1.17.1"      # scipy.sparse checks the sparse goldens; a jax dependency
 REQUIREMENTS=(
     "numpy==${NUMPY_VERSION}"
     "jax[cpu]==${JAX_VERSION}"
     "jaxlib==${JAX_VERSION}"
     "ml_dtypes==${ML_DTYPES_VERSION}"
+    "scipy==${SCIPY_VERSION}"
 )
 
 ensure_venv setup-pyenv "$VENV" "${REQUIREMENTS[@]}"

@@ -1,0 +1,499 @@
+//! Sparse matrices for RLX, built on an op registered from outside the IR
+//! (`rlx_ir::ops::register`):
+//!
+//! - [`Coo`] and [`Csr`]: a sparse `m × n` matrix as IR values (integer row / column indices or
+//!   row pointers, and the nonzero values), so its values can be params, inputs or computed,
+//!   and gradients reach them;
+//! - `spmm{m}(rows, cols, values, dense)`: the sparse × dense product (SpMM for `dense [n, k]`,
+//!   SpMV for `dense [n]`), its rules an [`OpDef`]: shape inference, a reference evaluator, a
+//!   decomposition into `gather`, a product and `scatter_add` (so every backend runs it and
+//!   autodiff and vmap go through it: gradients with respect to the values and the dense
+//!   operand), and a native CPU kernel ([`register`]);
+//! - [`cg`]: a conjugate-gradient solve of `a x = b` for symmetric positive definite `a`, as an
+//!   RLX `while` bounded by `max_iterations` (so reverse mode, forward mode and vmap go through
+//!   it).
+//!
+//! Indices must lie in range (`rows < m`, `cols < n`); entries outside are skipped by the
+//! reference evaluator and the CPU kernel.
+
+use rlx_ir::eval::Tensor;
+use rlx_ir::ops::{Cost, DefinedOp, OpDef, OpRegistration};
+use rlx_ir::text::Attr;
+use rlx_ir::{BinaryOp, CmpOp, DType, Error, Graph, NodeId, Op, ReduceKind, Result, Shape};
+use std::sync::Arc;
+
+/// `spmm{m}(rows [nnz], cols [nnz], values [nnz], dense [n] or [n, k]) -> [m] or [m, k]`:
+/// `y[rows[e]] += values[e] * dense[cols[e]]` for every entry `e`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Spmm {
+    /// Rows of the sparse matrix (and of the result).
+    pub m: usize,
+}
+
+/// The registration of `spmm` (or call [`register`]).
+pub const REGISTRATION: OpRegistration = OpRegistration {
+    name: "spmm",
+    from_attrs: |a| Ok(DefinedOp::new(Spmm { m: a.usize("m")? })),
+    examples: || vec![DefinedOp::new(Spmm { m: 3 })],
+};
+
+/// Register `spmm` with the IR and its kernel with the CPU backend (again is a no-op).
+pub fn register() -> Result<()> {
+    rlx_ir::ops::register(REGISTRATION)?;
+    rlx_cpu::kernels::registered::register_kernel(
+        "spmm",
+        Arc::new(
+            |op: &DefinedOp,
+             ins: &[(&[u8], &Shape)],
+             out: &mut [u8],
+             shape: &Shape,
+             _pool: &rlx_cpu::pool::Pool| {
+                let m = op.downcast::<Spmm>().map_or(0, |s| s.m);
+                kernel(m, ins, out, shape)
+            },
+        ),
+    );
+    Ok(())
+}
+
+fn int(d: DType) -> bool {
+    matches!(d, DType::I32 | DType::I64)
+}
+
+impl Spmm {
+    fn err(&self, msg: String) -> Error {
+        Error::op("spmm", msg)
+    }
+}
+
+impl OpDef for Spmm {
+    fn name(&self) -> &'static str {
+        "spmm"
+    }
+
+    fn attrs(&self) -> Vec<(&'static str, Attr)> {
+        vec![("m", Attr::from(self.m))]
+    }
+
+    fn arity(&self) -> (usize, usize) {
+        (4, 4)
+    }
+
+    fn infer(&self, ins: &[&Shape]) -> Result<Shape> {
+        let (rows, cols, values, dense) = (ins[0], ins[1], ins[2], ins[3]);
+        let dims = |s: &Shape| {
+            s.static_dims()
+                .ok_or_else(|| self.err(format!("{s} needs static dimensions")))
+        };
+        let (rd, cd, vd, dd) = (dims(rows)?, dims(cols)?, dims(values)?, dims(dense)?);
+        if !int(rows.dtype()) || !int(cols.dtype()) || rd.len() != 1 || cd != rd {
+            return Err(self.err(format!(
+                "rows {rows} and cols {cols} must be integer vectors of one length"
+            )));
+        }
+        if !values.dtype().is_float() || vd != rd {
+            return Err(self.err(format!(
+                "values {values} must be a float vector of the {} entries",
+                rd[0]
+            )));
+        }
+        if dense.dtype() != values.dtype() || !(1..=2).contains(&dd.len()) {
+            return Err(self.err(format!(
+                "dense {dense} must be [n] or [n, k] of {}",
+                values.dtype()
+            )));
+        }
+        let mut out = dd.clone();
+        out[0] = self.m;
+        Ok(Shape::new(&out, values.dtype()))
+    }
+
+    fn eval(&self, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
+        let (rows, cols, values, dense) =
+            (ins[0].i64s(), ins[1].i64s(), ins[2].f64s(), ins[3].f64s());
+        let n = ins[3].dims()[0];
+        let k = ins[3].dims().get(1).copied().unwrap_or(1);
+        let mut y = vec![0.0; self.m * k];
+        for e in 0..values.len() {
+            let (r, c) = (rows[e], cols[e]);
+            if r < 0 || c < 0 || r as usize >= self.m || c as usize >= n {
+                continue;
+            }
+            for j in 0..k {
+                y[r as usize * k + j] += values[e] * dense[c as usize * k + j];
+            }
+        }
+        let dims = out.static_dims().unwrap_or_default();
+        Ok(Tensor::from_f64(&dims, out.dtype(), y))
+    }
+
+    fn cost(&self, ins: &[&Shape], out: &Shape) -> Cost {
+        let nnz = ins[2].numel().unwrap_or(0) as u64;
+        let k = ins[3]
+            .static_dims()
+            .and_then(|d| d.get(1).copied())
+            .unwrap_or(1) as u64;
+        let bytes = ins
+            .iter()
+            .chain([&out])
+            .map(|s| s.size_bytes().unwrap_or(0) as u64)
+            .sum();
+        Cost {
+            flops: 2 * nnz * k,
+            bytes,
+        }
+    }
+
+    /// `scatter_add(zeros [m, k], rows, values · gather(dense, cols))`.
+    fn decompose(&self, g: &mut Graph, ins: &[NodeId]) -> Option<Result<NodeId>> {
+        Some((|| {
+            let (rows, cols, values, dense) = (ins[0], ins[1], ins[2], ins[3]);
+            let gathered = g.try_gather(dense, cols, 0)?;
+            let vals = if g.shape(dense).rank() == 2 {
+                let nnz = g.shape(values).numel().unwrap_or(0);
+                g.try_op(
+                    Op::Reshape {
+                        shape: vec![nnz, 1],
+                    },
+                    &[values],
+                )?
+            } else {
+                values
+            };
+            let prod = g.try_mul(gathered, vals)?;
+            let mut out = g.shape(dense).static_dims().unwrap_or_default();
+            out[0] = self.m;
+            let dt = g.shape(values).dtype();
+            let zero = g.try_scalar(0.0, dt)?;
+            let zeros = g.try_op(Op::Expand { shape: out }, &[zero])?;
+            g.try_scatter_add(zeros, rows, prod, 0)
+        })())
+    }
+
+    fn batchable(&self, _batched: &[bool]) -> bool {
+        false
+    }
+}
+
+/// The CPU kernel: `y[rows[e]] += values[e] * dense[cols[e]]` in the values' type (f32 or f64;
+/// other float types through f64).
+fn kernel(m: usize, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape) {
+    let ints = |(b, s): (&[u8], &Shape)| -> Vec<i64> {
+        Tensor::from_bytes(s, b)
+            .map(|t| t.i64s())
+            .unwrap_or_default()
+    };
+    let (rows, cols) = (ints(ins[0]), ints(ins[1]));
+    let dd = ins[3].1.static_dims().unwrap_or_default();
+    let (n, k) = (dd[0], dd.get(1).copied().unwrap_or(1));
+    let dt = shape.dtype();
+    let floats = |(b, s): (&[u8], &Shape)| -> Vec<f64> {
+        Tensor::from_bytes(s, b)
+            .map(|t| t.f64s())
+            .unwrap_or_default()
+    };
+    match dt {
+        DType::F32 => {
+            let read = |b: &[u8]| -> Vec<f32> {
+                b.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+                    .collect()
+            };
+            let (v, d) = (read(ins[2].0), read(ins[3].0));
+            let mut y = vec![0f32; m * k];
+            accumulate(&rows, &cols, m, n, |e, r, c| {
+                for j in 0..k {
+                    y[r * k + j] += v[e] * d[c * k + j];
+                }
+            });
+            for (o, x) in out.chunks_exact_mut(4).zip(&y) {
+                o.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        _ => {
+            let (v, d) = (floats(ins[2]), floats(ins[3]));
+            let mut y = vec![0f64; m * k];
+            accumulate(&rows, &cols, m, n, |e, r, c| {
+                for j in 0..k {
+                    y[r * k + j] += v[e] * d[c * k + j];
+                }
+            });
+            let t = Tensor::from_f64(&[m * k], dt, y);
+            out.copy_from_slice(&t.to_bytes());
+        }
+    }
+}
+
+/// `f(entry, row, col)` for every entry whose indices are in range.
+fn accumulate(
+    rows: &[i64],
+    cols: &[i64],
+    m: usize,
+    n: usize,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    for (e, (&r, &c)) in rows.iter().zip(cols).enumerate() {
+        if r >= 0 && c >= 0 && (r as usize) < m && (c as usize) < n {
+            f(e, r as usize, c as usize);
+        }
+    }
+}
+
+/// A sparse `m × n` matrix in coordinate form: entry `e` is `values[e]` at `(rows[e],
+/// cols[e])` (duplicates add up).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Coo {
+    /// Row index of each entry (i32 or i64, `[nnz]`).
+    pub rows: NodeId,
+    /// Column index of each entry.
+    pub cols: NodeId,
+    /// The entries' values (a float vector `[nnz]`).
+    pub values: NodeId,
+    /// Rows and columns.
+    pub shape: (usize, usize),
+}
+
+/// A sparse `m × n` matrix in compressed-row form: the entries of row `i` are
+/// `indptr[i]..indptr[i + 1]` of `indices` (their columns) and `values`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Csr {
+    /// Row pointers (`[m + 1]`, i32 or i64).
+    pub indptr: NodeId,
+    /// Column index of each entry.
+    pub indices: NodeId,
+    /// The entries' values.
+    pub values: NodeId,
+    /// Rows and columns.
+    pub shape: (usize, usize),
+}
+
+impl Coo {
+    /// `self · dense` (`dense [n]` or `[n, k]`).
+    pub fn matmul(&self, g: &mut Graph, dense: NodeId) -> Result<NodeId> {
+        register()?;
+        let n = g
+            .shape(dense)
+            .static_dims()
+            .and_then(|d| d.first().copied());
+        if n != Some(self.shape.1) {
+            return Err(Error::op(
+                "spmm",
+                format!(
+                    "a {}x{} sparse matrix times dense {}",
+                    self.shape.0,
+                    self.shape.1,
+                    g.shape(dense)
+                ),
+            ));
+        }
+        g.define(
+            Spmm { m: self.shape.0 },
+            &[self.rows, self.cols, self.values, dense],
+        )
+    }
+
+    /// The transpose (rows and columns swapped; no data moves).
+    pub fn transpose(&self) -> Coo {
+        Coo {
+            rows: self.cols,
+            cols: self.rows,
+            values: self.values,
+            shape: (self.shape.1, self.shape.0),
+        }
+    }
+}
+
+impl Csr {
+    /// The same matrix in coordinate form: each entry's row, `rows[e] = #{i ≥ 1 : indptr[i] ≤
+    /// e}`, computed in the graph (a comparison of every row pointer with every entry, then a
+    /// sum), so it runs wherever the graph runs.
+    pub fn to_coo(&self, g: &mut Graph) -> Result<Coo> {
+        let ip = g.shape(self.indptr).clone();
+        let nnz = g.shape(self.values).numel().unwrap_or(0);
+        let m = self.shape.0;
+        if !int(ip.dtype()) || ip.static_dims() != Some(vec![m + 1]) {
+            return Err(Error::op(
+                "csr",
+                format!(
+                    "indptr {ip} must be an integer vector of {} row pointers",
+                    m + 1
+                ),
+            ));
+        }
+        let dt = ip.dtype();
+        let e = Tensor::from_i64(&[1, nnz], dt, (0..nnz as i64).collect());
+        let e = g.try_constant_bytes(Shape::new(&[1, nnz], dt), e.to_bytes())?;
+        let tail = g.try_op(
+            Op::Narrow {
+                axis: 0,
+                start: 1,
+                len: m,
+            },
+            &[self.indptr],
+        )?;
+        let tail = g.try_op(Op::Reshape { shape: vec![m, 1] }, &[tail])?;
+        let le = g.try_compare(CmpOp::Le, tail, e)?;
+        let ones = g.try_cast(le, dt)?;
+        let rows = g.try_op(
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                axes: vec![0],
+                keepdims: false,
+            },
+            &[ones],
+        )?;
+        Ok(Coo {
+            rows,
+            cols: self.indices,
+            values: self.values,
+            shape: self.shape,
+        })
+    }
+
+    /// `self · dense`.
+    pub fn matmul(&self, g: &mut Graph, dense: NodeId) -> Result<NodeId> {
+        self.to_coo(g)?.matmul(g, dense)
+    }
+}
+
+/// `Σ x ⊙ y` over every axis (a scalar).
+fn dot(g: &mut Graph, x: NodeId, y: NodeId) -> Result<NodeId> {
+    let p = g.try_binary(BinaryOp::Mul, x, y)?;
+    let axes = (0..g.shape(p).rank()).collect();
+    g.try_op(
+        Op::Reduce {
+            kind: ReduceKind::Sum,
+            axes,
+            keepdims: false,
+        },
+        &[p],
+    )
+}
+
+/// Solve `a x = b` (`b [n]`) for symmetric positive definite `a` by conjugate gradients
+/// (Hestenes–Stiefel), starting from `x = 0`, until `|r|² ≤ tol² |b|²` or after
+/// `max_iterations` steps: an RLX `while` bounded by `max_iterations`, wrapped as a custom
+/// function whose reverse-mode rule is the implicit one (JAX's `custom_linear_solve`): `b̄ =
+/// cg(a, x̄)` (a is symmetric) and `ā[i, j] = -b̄[i] x[j]` at each entry, one more solve
+/// instead of differentiating the iterations. Forward mode goes through the iterations.
+pub fn cg(g: &mut Graph, a: &Coo, b: NodeId, tol: f64, max_iterations: usize) -> Result<NodeId> {
+    register()?;
+    let bs = g.shape(b).clone();
+    let n = a.shape.0;
+    if a.shape.0 != a.shape.1 || bs.static_dims() != Some(vec![n]) {
+        return Err(Error::op(
+            "cg",
+            format!(
+                "needs a square sparse matrix and b [{n}]; got {}x{} and {bs}",
+                a.shape.0, a.shape.1
+            ),
+        ));
+    }
+    let shapes = [
+        g.shape(a.rows).clone(),
+        g.shape(a.cols).clone(),
+        g.shape(a.values).clone(),
+        bs.clone(),
+    ];
+    let args = |h: &mut Graph, names: &[&str]| -> Result<Vec<NodeId>> {
+        names
+            .iter()
+            .zip(shapes.iter().chain([&bs, &bs]))
+            .map(|(nm, s)| h.try_input(nm, s.clone()))
+            .collect()
+    };
+    let coo = |v: &[NodeId]| Coo {
+        rows: v[0],
+        cols: v[1],
+        values: v[2],
+        shape: a.shape,
+    };
+    let mut body = Graph::new("cg");
+    let v = args(&mut body, &["rows", "cols", "values", "b"])?;
+    let x = cg_loop(&mut body, &coo(&v), v[3], tol, max_iterations)?;
+    body.try_set_outputs(vec![x])?;
+    // The implicit rule: one solve with the cotangent.
+    let mut vjp = Graph::new("cg.vjp");
+    let v = args(&mut vjp, &["rows", "cols", "values", "b", "x", "ct"])?;
+    let lam = cg_loop(&mut vjp, &coo(&v), v[5], tol, max_iterations)?;
+    let lr = vjp.try_gather(lam, v[0], 0)?;
+    let xc = vjp.try_gather(v[4], v[1], 0)?;
+    let p = vjp.try_mul(lr, xc)?;
+    let ca = vjp.try_activation(rlx_ir::Activation::Neg, p)?;
+    vjp.try_set_outputs(vec![v[0], v[1], ca, lam])?;
+    g.try_custom(
+        rlx_ir::CustomFn {
+            name: "cg".into(),
+            body: Box::new(body),
+            vjp: Some(Box::new(vjp)),
+            jvp: None,
+        },
+        &[a.rows, a.cols, a.values, b],
+    )
+}
+
+/// The iterations of [`cg`] as a bounded `while`.
+fn cg_loop(g: &mut Graph, a: &Coo, b: NodeId, tol: f64, max_iterations: usize) -> Result<NodeId> {
+    let bs = g.shape(b).clone();
+    let n = a.shape.0;
+    let dt = bs.dtype();
+    let scalar = Shape::new(&[], dt);
+    let shapes = [
+        bs.clone(),                // x
+        bs.clone(),                // r
+        bs.clone(),                // p
+        scalar.clone(),            // |r|²
+        scalar.clone(),            // the threshold
+        g.shape(a.rows).clone(),   // rows
+        g.shape(a.cols).clone(),   // cols
+        g.shape(a.values).clone(), // values
+    ];
+    let names = ["x", "r", "p", "rr", "tol", "rows", "cols", "values"];
+    let inputs = |h: &mut Graph| -> Result<Vec<NodeId>> {
+        names
+            .iter()
+            .zip(&shapes)
+            .map(|(nm, s)| h.try_input(nm, s.clone()))
+            .collect()
+    };
+    // The condition: |r|² above the threshold.
+    let mut cond = Graph::new("cg.cond");
+    let c = inputs(&mut cond)?;
+    let go = cond.try_compare(CmpOp::Gt, c[3], c[4])?;
+    cond.try_set_outputs(vec![go])?;
+    // One step.
+    let mut body = Graph::new("cg.step");
+    let v = inputs(&mut body)?;
+    let (x, r, p, rr) = (v[0], v[1], v[2], v[3]);
+    let am = Coo {
+        rows: v[5],
+        cols: v[6],
+        values: v[7],
+        shape: a.shape,
+    };
+    let ap = am.matmul(&mut body, p)?;
+    let pap = dot(&mut body, p, ap)?;
+    let alpha = body.try_div(rr, pap)?;
+    let ax = body.try_mul(p, alpha)?;
+    let x2 = body.try_add(x, ax)?;
+    let aap = body.try_mul(ap, alpha)?;
+    let r2 = body.try_sub(r, aap)?;
+    let rr2 = dot(&mut body, r2, r2)?;
+    let beta = body.try_div(rr2, rr)?;
+    let bp = body.try_mul(p, beta)?;
+    let p2 = body.try_add(r2, bp)?;
+    body.try_set_outputs(vec![x2, r2, p2, rr2, v[4], v[5], v[6], v[7]])?;
+    // x = 0, r = p = b.
+    let zero = g.try_scalar(0.0, dt)?;
+    let x0 = g.try_op(Op::Expand { shape: vec![n] }, &[zero])?;
+    let bb = dot(g, b, b)?;
+    let t2 = g.try_scalar(tol * tol, dt)?;
+    let thr = g.try_mul(bb, t2)?;
+    let out = g.while_loop_bounded(
+        cond,
+        body,
+        &[x0, b, b, bb, thr, a.rows, a.cols, a.values],
+        Some(max_iterations),
+    )?;
+    Ok(out[0])
+}

@@ -1,0 +1,270 @@
+//! rlx-sparse against scipy.sparse and JAX (`tests/golden/sparse.json`, from `gen_sparse.py`):
+//! COO and CSR products (SpMM and SpMV, duplicate entries) on the reference evaluator, the CPU
+//! kernel, the CPU running the decomposition and the GPU (decomposition, f32); gradients with
+//! respect to the values and the dense operand; a conjugate-gradient solve as an RLX `while`,
+//! its solution and its gradients against JAX's dense solve.
+
+use rlx::ir::eval::Tensor;
+use rlx::prelude::*;
+use rlx_sparse::{cg, Coo, Csr};
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+fn cases() -> Vec<Value> {
+    let at = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/golden/sparse.json");
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(at).expect("golden file")).unwrap();
+    v["cases"].as_array().unwrap().clone()
+}
+
+fn f64s(v: &Value) -> Vec<f64> {
+    v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+fn dims(v: &Value) -> Vec<usize> {
+    v["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect()
+}
+
+fn ints(v: &Value) -> Vec<i64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_i64().unwrap())
+        .collect()
+}
+
+fn int_const(g: &mut Graph, v: &[i64]) -> NodeId {
+    let t = Tensor::from_i64(&[v.len()], DType::I32, v.to_vec());
+    g.try_constant_bytes(Shape::new(&[v.len()], DType::I32), t.to_bytes())
+        .unwrap()
+}
+
+fn close(what: &str, got: &[f64], want: &[f64], rtol: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(1.0f64, |m, x| m.max(x.abs()));
+    for (k, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= rtol * scale,
+            "{what}[{k}]: {g} vs {w} (rtol {rtol} of {scale})"
+        );
+    }
+}
+
+fn as_f64(bytes: &[u8], dt: DType) -> Vec<f64> {
+    Tensor::from_bytes(&Shape::new(&[bytes.len() / dt.size_bytes()], dt), bytes)
+        .unwrap()
+        .f64s()
+}
+
+/// The case's product on params `values` and `dense` of `dt`; outputs `[sum(y * W), y]`.
+fn product_graph(c: &Value, dt: DType) -> Graph {
+    let mut g = Graph::new(c["name"].as_str().unwrap());
+    let m = c["m"].as_u64().unwrap() as usize;
+    let n = c["n"].as_u64().unwrap() as usize;
+    let values = g.param("values", Shape::new(&dims(&c["values"]), dt));
+    let dense = g.param("dense", Shape::new(&dims(&c["dense"]), dt));
+    let y = if c["form"] == "coo" {
+        let a = Coo {
+            rows: int_const(&mut g, &ints(&c["rows"])),
+            cols: int_const(&mut g, &ints(&c["cols"])),
+            values,
+            shape: (m, n),
+        };
+        a.matmul(&mut g, dense).unwrap()
+    } else {
+        let a = Csr {
+            indptr: int_const(&mut g, &ints(&c["indptr"])),
+            indices: int_const(&mut g, &ints(&c["indices"])),
+            values,
+            shape: (m, n),
+        };
+        a.matmul(&mut g, dense).unwrap()
+    };
+    loss(&mut g, y, &c["cotangent"], dt);
+    g
+}
+
+fn loss(g: &mut Graph, y: NodeId, w: &Value, dt: DType) {
+    let wd = dims(w);
+    let wt = Tensor::from_f64(&wd, dt, f64s(w));
+    let w = g
+        .try_constant_bytes(Shape::new(&wd, dt), wt.to_bytes())
+        .unwrap();
+    let p = g.mul(y, w);
+    let axes = (0..wd.len()).collect();
+    let l = g
+        .try_op(
+            Op::Reduce {
+                kind: ReduceKind::Sum,
+                axes,
+                keepdims: false,
+            },
+            &[p],
+        )
+        .unwrap();
+    g.set_outputs(vec![l, y]);
+}
+
+fn set(c: &mut CompiledGraph, name: &str, v: &Value, dt: DType) {
+    let t = Tensor::from_f64(&dims(v), dt, f64s(v));
+    c.set_param_typed(name, &t.to_bytes(), dt);
+}
+
+#[test]
+fn products_match_scipy_everywhere_and_their_gradients_match_jax() {
+    rlx_sparse::register().unwrap();
+    for c in cases().iter().filter(|c| c["kind"] == "spmm") {
+        let name = c["name"].as_str().unwrap();
+        let want = f64s(&c["expected"]);
+        let g = product_graph(c, DType::F64);
+        // The reference evaluator.
+        let leaves: BTreeMap<String, Tensor> = ["values", "dense"]
+            .iter()
+            .map(|k| {
+                (
+                    k.to_string(),
+                    Tensor::from_f64(&dims(&c[*k]), DType::F64, f64s(&c[*k])),
+                )
+            })
+            .collect();
+        let r = rlx::ir::eval::evaluate(&g, &leaves).unwrap();
+        close(&format!("{name} (reference)"), &r[1].f64s(), &want, 1e-12);
+        // The CPU's kernel.
+        let mut cg_ = Session::new(Device::Cpu).compile(g.clone());
+        assert!(cg_.dispatch_report().nodes.iter().any(|n| n.op == "spmm"));
+        set(&mut cg_, "values", &c["values"], DType::F64);
+        set(&mut cg_, "dense", &c["dense"], DType::F64);
+        let out = cg_.run_typed(&[]);
+        close(
+            &format!("{name} (CPU)"),
+            &as_f64(&out[1].0, DType::F64),
+            &want,
+            1e-12,
+        );
+        // Reverse mode (through the decomposition) against JAX.
+        let wrt = [
+            g.find_leaf("values").unwrap(),
+            g.find_leaf("dense").unwrap(),
+        ];
+        let gg = rlx::autodiff::grad(&g, &wrt).unwrap();
+        let mut cgg = Session::new(Device::Cpu).compile(gg);
+        set(&mut cgg, "values", &c["values"], DType::F64);
+        set(&mut cgg, "dense", &c["dense"], DType::F64);
+        let outs = cgg.run_typed(&[]);
+        close(
+            &format!("{name}: d / d values"),
+            &as_f64(&outs[0].0, DType::F64),
+            &f64s(&c["grad_values"]),
+            1e-12,
+        );
+        close(
+            &format!("{name}: d / d dense"),
+            &as_f64(&outs[1].0, DType::F64),
+            &f64s(&c["grad_dense"]),
+            1e-12,
+        );
+        // f32 on the GPU (Mesa's software Vulkan in the suite), which runs the decomposition.
+        let g32 = product_graph(c, DType::F32);
+        let mut c32 = Session::new(Device::Gpu).compile(g32);
+        set(&mut c32, "values", &c["values"], DType::F32);
+        set(&mut c32, "dense", &c["dense"], DType::F32);
+        let out = c32.run_typed(&[]);
+        close(
+            &format!("{name} (GPU, f32)"),
+            &as_f64(&out[1].0, DType::F32),
+            &want,
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn conjugate_gradients_solve_and_differentiate_like_a_dense_solve() {
+    rlx_sparse::register().unwrap();
+    let c = cases().into_iter().find(|c| c["kind"] == "cg").unwrap();
+    let n = c["n"].as_u64().unwrap() as usize;
+    let mut g = Graph::new("cg");
+    let values = g.param("values", Shape::new(&dims(&c["values"]), DType::F64));
+    let b = g.param("b", Shape::new(&[n], DType::F64));
+    let a = Coo {
+        rows: int_const(&mut g, &ints(&c["rows"])),
+        cols: int_const(&mut g, &ints(&c["cols"])),
+        values,
+        shape: (n, n),
+    };
+    let x = cg(&mut g, &a, b, 1e-12, 60).unwrap();
+    loss(&mut g, x, &c["cotangent"], DType::F64);
+    let mut cx = Session::new(Device::Cpu).compile(g.clone());
+    set(&mut cx, "values", &c["values"], DType::F64);
+    set(&mut cx, "b", &c["b"], DType::F64);
+    let out = cx.run_typed(&[]);
+    close(
+        "cg x",
+        &as_f64(&out[1].0, DType::F64),
+        &f64s(&c["expected"]),
+        1e-9,
+    );
+    // Reverse mode: the implicit rule (one more solve).
+    let gg = rlx::autodiff::grad(&g, &[values, b]).unwrap();
+    let mut cgg = Session::new(Device::Cpu).compile(gg);
+    set(&mut cgg, "values", &c["values"], DType::F64);
+    set(&mut cgg, "b", &c["b"], DType::F64);
+    let outs = cgg.run_typed(&[]);
+    close(
+        "cg: d / d values",
+        &as_f64(&outs[0].0, DType::F64),
+        &f64s(&c["grad_values"]),
+        1e-9,
+    );
+    close(
+        "cg: d / d b",
+        &as_f64(&outs[1].0, DType::F64),
+        &f64s(&c["grad_b"]),
+        1e-9,
+    );
+    // Bad shapes are named errors.
+    let mut bad = Graph::new("bad");
+    let v = bad.input("v", Shape::new(&[3], DType::F64));
+    let d = bad.input("d", Shape::new(&[5, 2], DType::F64));
+    let r = int_const(&mut bad, &[0, 1, 2]);
+    let a = Coo {
+        rows: r,
+        cols: r,
+        values: v,
+        shape: (3, 4),
+    };
+    let e = a.matmul(&mut bad, d).unwrap_err().to_string();
+    assert!(e.contains("spmm") && e.contains("[5, 2]"), "{e}");
+    let e = cg(&mut bad, &a, v, 1e-6, 10).unwrap_err().to_string();
+    assert!(e.contains("cg") && e.contains("3x4"), "{e}");
+}
+
+#[test]
+fn the_text_form_keeps_spmm() {
+    rlx_sparse::register().unwrap();
+    let mut g = Graph::new("t");
+    let r = g.input("r", Shape::new(&[4], DType::I32));
+    let v = g.input("v", Shape::new(&[4], DType::F32));
+    let d = g.input("d", Shape::new(&[6, 2], DType::F32));
+    let a = Coo {
+        rows: r,
+        cols: r,
+        values: v,
+        shape: (5, 6),
+    };
+    let y = a.matmul(&mut g, d).unwrap();
+    g.set_outputs(vec![y]);
+    let text = g.to_text();
+    assert!(text.contains("spmm") && text.contains("m = 5"), "{text}");
+    assert_eq!(Graph::parse(&text).unwrap().to_text(), text);
+}

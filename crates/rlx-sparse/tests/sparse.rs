@@ -268,3 +268,38 @@ fn the_text_form_keeps_spmm() {
     assert!(text.contains("spmm") && text.contains("m = 5"), "{text}");
     assert_eq!(Graph::parse(&text).unwrap().to_text(), text);
 }
+
+#[test]
+fn vmap_over_the_dense_operand_goes_through_the_decomposition() {
+    rlx_sparse::register().unwrap();
+    // A 3x4 matrix with entries (0,1)=2, (2,3)=-1, (2,0)=0.5, times each of 2 vectors.
+    let mut one = Graph::new("one");
+    let v = one.input("v", Shape::new(&[3], DType::F64));
+    let d = one.input("d", Shape::new(&[4], DType::F64));
+    let a = Coo {
+        rows: int_const(&mut one, &[0, 2, 2]),
+        cols: int_const(&mut one, &[1, 3, 0]),
+        values: v,
+        shape: (3, 4),
+    };
+    let y = a.matmul(&mut one, d).unwrap();
+    one.set_outputs(vec![y]);
+    let vg = rlx::autodiff::vmap(&one, &["d"], 2).unwrap();
+    let mut c = Session::new(Device::Cpu).compile(vg);
+    let bytes = |x: &[f64]| -> Vec<u8> { x.iter().flat_map(|v| v.to_le_bytes()).collect() };
+    let out = c.run_typed(&[
+        ("v", &bytes(&[2.0, -1.0, 0.5]), DType::F64),
+        (
+            "d",
+            &bytes(&[1.0, 2.0, 3.0, 4.0, -1.0, 0.0, 5.0, 2.0]),
+            DType::F64,
+        ),
+    ]);
+    // [2*2, 0, -4 + 0.5] and [0, 0, -2 - 0.5].
+    close(
+        "vmap(spmv)",
+        &as_f64(&out[0].0, DType::F64),
+        &[4.0, 0.0, -3.5, 0.0, 0.0, -2.5],
+        1e-12,
+    );
+}

@@ -198,11 +198,11 @@ pub const REGISTRATIONS: [OpRegistration; 9] = [
     OpRegistration {
         name: "eigh",
         from_attrs: |a| {
-            let output = a.word("output", "values, vectors", |w| {
-                [EighOutput::Values, EighOutput::Vectors]
-                    .into_iter()
-                    .find(|o| o.name() == w)
-            })?;
+            let output = output_attr(
+                a,
+                &[EighOutput::Values, EighOutput::Vectors],
+                EighOutput::name,
+            )?;
             Ok(DefinedOp::new(Linalg::Eigh { output }))
         },
         examples: || {
@@ -214,11 +214,7 @@ pub const REGISTRATIONS: [OpRegistration; 9] = [
     OpRegistration {
         name: "qr",
         from_attrs: |a| {
-            let output = a.word("output", "q, r", |w| {
-                [QrOutput::Q, QrOutput::R]
-                    .into_iter()
-                    .find(|o| o.name() == w)
-            })?;
+            let output = output_attr(a, &[QrOutput::Q, QrOutput::R], QrOutput::name)?;
             Ok(DefinedOp::new(Linalg::Qr { output }))
         },
         examples: || {
@@ -230,11 +226,8 @@ pub const REGISTRATIONS: [OpRegistration; 9] = [
     OpRegistration {
         name: "svd",
         from_attrs: |a| {
-            let output = a.word("output", "u, s, vt", |w| {
-                [SvdOutput::U, SvdOutput::S, SvdOutput::Vt]
-                    .into_iter()
-                    .find(|o| o.name() == w)
-            })?;
+            let all = [SvdOutput::U, SvdOutput::S, SvdOutput::Vt];
+            let output = output_attr(a, &all, SvdOutput::name)?;
             Ok(DefinedOp::new(Linalg::Svd { output }))
         },
         examples: || {
@@ -244,6 +237,18 @@ pub const REGISTRATIONS: [OpRegistration; 9] = [
         },
     },
 ];
+
+/// The `output` attribute of an op with several results: one of `all`, by name.
+fn output_attr<T: Copy>(
+    a: &mut rlx_ir::text::Attrs,
+    all: &[T],
+    name: fn(T) -> &'static str,
+) -> Result<T> {
+    let choices: Vec<&str> = all.iter().map(|&o| name(o)).collect();
+    a.word("output", &choices.join(", "), |w| {
+        all.iter().copied().find(|&o| name(o) == w)
+    })
+}
 
 /// Register the ops with the IR and their kernels with the CPU backend (again is a no-op).
 pub fn register() -> Result<()> {

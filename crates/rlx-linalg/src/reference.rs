@@ -86,6 +86,28 @@ pub(crate) fn fix_eigenvector_signs(v: &mut [f64], n: usize) {
     }
 }
 
+/// Rotate columns `p` and `q` of the row-major `rows × stride` matrix `a` by the rotation
+/// `(c, s)`: `a_p ← c a_p - s a_q`, `a_q ← s a_p + c a_q` (rows `p`, `q` with `by_rows`).
+fn rotate(
+    a: &mut [f64],
+    stride: usize,
+    rows: usize,
+    [p, q]: [usize; 2],
+    (c, s): (f64, f64),
+    by_rows: bool,
+) {
+    for k in 0..rows {
+        let (ip, iq) = if by_rows {
+            (p * stride + k, q * stride + k)
+        } else {
+            (k * stride + p, k * stride + q)
+        };
+        let (x, y) = (a[ip], a[iq]);
+        a[ip] = c * x - s * y;
+        a[iq] = s * x + c * y;
+    }
+}
+
 /// `svd`'s sign convention: for each of the `k` columns of `u` (`m` rows, read by `get`) whose
 /// entry of largest magnitude (the first such) is negative, `flip(j)` negates column `j` of `u`
 /// and the matching singular vector of `v`.
@@ -112,26 +134,32 @@ pub(crate) fn fix_singular_vector_signs(
 /// The reduced SVD of row-major `m × n` `a` by one-sided Jacobi rotations (Hestenes): `u`
 /// (`m × k`), `s` (`k`, descending) and `vt` (`k × n`), row-major, signs fixed.
 fn jacobi_svd(a: &[f64], m: usize, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    if m < n {
-        // a = u s vt  <=>  aᵀ = vtᵀ s uᵀ.
+    let k = m.min(n);
+    let (mut u, s, mut vt) = if m < n {
+        // a = u s vt  <=>  aᵀ = vtᵀ s uᵀ: u = vt2ᵀ (m × m), vt = u2ᵀ (m × n).
         let at: Vec<f64> = (0..n * m).map(|p| a[(p % m) * n + p / m]).collect();
-        let (u2, s, vt2) = jacobi_svd(&at, n, m);
-        // u = vt2ᵀ (m × m), vt = u2ᵀ (m × n); then the convention on the new u.
-        let k = m;
-        let mut u: Vec<f64> = (0..m * k).map(|p| vt2[(p % k) * m + p / k]).collect();
-        let mut vt: Vec<f64> = (0..k * n).map(|p| u2[(p % n) * k + p / n]).collect();
-        let uc = u.clone();
-        fix_singular_vector_signs(
-            |i, j| uc[i * k + j],
-            m,
-            k,
-            |j| {
-                (0..m).for_each(|i| u[i * k + j] = -u[i * k + j]);
-                (0..n).for_each(|i| vt[j * n + i] = -vt[j * n + i]);
-            },
-        );
-        return (u, s, vt);
-    }
+        let (u2, s, vt2) = tall_svd(&at, n, m);
+        let u: Vec<f64> = (0..m * k).map(|p| vt2[(p % k) * m + p / k]).collect();
+        let vt: Vec<f64> = (0..k * n).map(|p| u2[(p % n) * k + p / n]).collect();
+        (u, s, vt)
+    } else {
+        tall_svd(a, m, n)
+    };
+    let uc = u.clone();
+    fix_singular_vector_signs(
+        |i, j| uc[i * k + j],
+        m,
+        k,
+        |j| {
+            (0..m).for_each(|i| u[i * k + j] = -u[i * k + j]);
+            (0..n).for_each(|i| vt[j * n + i] = -vt[j * n + i]);
+        },
+    );
+    (u, s, vt)
+}
+
+/// [`jacobi_svd`] of a tall `a` (`m >= n`), signs as the iteration leaves them.
+fn tall_svd(a: &[f64], m: usize, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     // m >= n: orthogonalize the columns of w = a v.
     let mut w = a.to_vec();
     let mut v: Vec<f64> = (0..n * n).map(|k| f64::from(k / n == k % n)).collect();
@@ -153,17 +181,8 @@ fn jacobi_svd(a: &[f64], m: usize, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
                 let zeta = (be - al) / (2.0 * ga);
                 let t = zeta.signum() / (zeta.abs() + (1.0 + zeta * zeta).sqrt());
                 let c = 1.0 / (1.0 + t * t).sqrt();
-                let sn = c * t;
-                for i in 0..m {
-                    let (x, y) = (w[i * n + p], w[i * n + q]);
-                    w[i * n + p] = c * x - sn * y;
-                    w[i * n + q] = sn * x + c * y;
-                }
-                for i in 0..n {
-                    let (x, y) = (v[i * n + p], v[i * n + q]);
-                    v[i * n + p] = c * x - sn * y;
-                    v[i * n + q] = sn * x + c * y;
-                }
+                rotate(&mut w, n, m, [p, q], (c, c * t), false);
+                rotate(&mut v, n, n, [p, q], (c, c * t), false);
             }
         }
         if !rotated {
@@ -182,7 +201,7 @@ fn jacobi_svd(a: &[f64], m: usize, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     order.sort_by(|&i, &j| norms[j].total_cmp(&norms[i]));
     let k = n;
     let s: Vec<f64> = order.iter().map(|&j| norms[j]).collect();
-    let mut u: Vec<f64> = (0..m * k)
+    let u: Vec<f64> = (0..m * k)
         .map(|p| {
             let (i, c) = (p / k, order[p % k]);
             if norms[c] > 0.0 {
@@ -192,17 +211,7 @@ fn jacobi_svd(a: &[f64], m: usize, n: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
             }
         })
         .collect();
-    let mut vt: Vec<f64> = (0..k * n).map(|p| v[(p % n) * n + order[p / n]]).collect();
-    let uc = u.clone();
-    fix_singular_vector_signs(
-        |i, j| uc[i * k + j],
-        m,
-        k,
-        |j| {
-            (0..m).for_each(|i| u[i * k + j] = -u[i * k + j]);
-            (0..n).for_each(|i| vt[j * n + i] = -vt[j * n + i]);
-        },
-    );
+    let vt: Vec<f64> = (0..k * n).map(|p| v[(p % n) * n + order[p / n]]).collect();
     (u, s, vt)
 }
 
@@ -231,25 +240,13 @@ fn jacobi_eigh(a: &[f64], n: usize) -> (Vec<f64>, Vec<f64>) {
                 }
                 // The rotation zeroing s[p][q] (Golub & Van Loan, symmetric Schur).
                 let tau = (s[q * n + q] - s[p * n + p]) / (2.0 * apq);
+                // (signum(0) is 1: a zero tau rotates by 45 degrees.)
                 let t = tau.signum() / (tau.abs() + (1.0 + tau * tau).sqrt());
-                let t = if tau == 0.0 { 1.0 } else { t };
                 let c = 1.0 / (1.0 + t * t).sqrt();
-                let sn = t * c;
-                for k in 0..n {
-                    let (x, y) = (s[k * n + p], s[k * n + q]);
-                    s[k * n + p] = c * x - sn * y;
-                    s[k * n + q] = sn * x + c * y;
-                }
-                for k in 0..n {
-                    let (x, y) = (s[p * n + k], s[q * n + k]);
-                    s[p * n + k] = c * x - sn * y;
-                    s[q * n + k] = sn * x + c * y;
-                }
-                for k in 0..n {
-                    let (x, y) = (v[k * n + p], v[k * n + q]);
-                    v[k * n + p] = c * x - sn * y;
-                    v[k * n + q] = sn * x + c * y;
-                }
+                let r = (c, t * c);
+                rotate(&mut s, n, n, [p, q], r, false);
+                rotate(&mut s, n, n, [p, q], r, true);
+                rotate(&mut v, n, n, [p, q], r, false);
             }
         }
     }

@@ -14,7 +14,8 @@
 //!   it).
 //!
 //! Indices must lie in range (`rows < m`, `cols < n`); entries outside are skipped by the
-//! reference evaluator and the CPU kernel.
+//! reference evaluator and the CPU kernel (a backend running the decomposition does not check
+//! them).
 
 use rlx_ir::eval::Tensor;
 use rlx_ir::ops::{Cost, DefinedOp, OpDef, OpRegistration};

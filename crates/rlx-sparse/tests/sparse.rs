@@ -303,3 +303,73 @@ fn vmap_over_the_dense_operand_goes_through_the_decomposition() {
         1e-12,
     );
 }
+
+#[test]
+fn out_of_range_entries_are_skipped_and_cg_has_forward_mode() {
+    rlx_sparse::register().unwrap();
+    // Entry 1 names row 7 of a 3-row matrix, entry 2 column -1: both are skipped by the
+    // reference evaluator and the CPU kernel.
+    let mut g = Graph::new("oob");
+    let v = g.input("v", Shape::new(&[3], DType::F64));
+    let d = g.input("d", Shape::new(&[2], DType::F64));
+    let a = Coo {
+        rows: int_const(&mut g, &[0, 7, 1]),
+        cols: int_const(&mut g, &[1, 0, -1]),
+        values: v,
+        shape: (3, 2),
+    };
+    let y = a.matmul(&mut g, d).unwrap();
+    g.set_outputs(vec![y]);
+    let t = |x: &[f64]| Tensor::from_f64(&[x.len()], DType::F64, x.to_vec());
+    let leaves: BTreeMap<String, Tensor> = [
+        ("v".to_string(), t(&[2.0, 3.0, 4.0])),
+        ("d".to_string(), t(&[5.0, 6.0])),
+    ]
+    .into();
+    let r = rlx::ir::eval::evaluate(&g, &leaves).unwrap();
+    close("oob (reference)", &r[0].f64s(), &[12.0, 0.0, 0.0], 0.0);
+    let mut c = Session::new(Device::Cpu).compile(g);
+    let out = c.run_typed(&[
+        ("v", &t(&[2.0, 3.0, 4.0]).to_bytes(), DType::F64),
+        ("d", &t(&[5.0, 6.0]).to_bytes(), DType::F64),
+    ]);
+    close(
+        "oob (CPU)",
+        &as_f64(&out[0].0, DType::F64),
+        &[12.0, 0.0, 0.0],
+        0.0,
+    );
+
+    // Forward mode of cg (through the iterations): the tangent of sum(x * w) along a direction
+    // of b is JAX's gradient dotted with it.
+    let c0 = cases().into_iter().find(|c| c["kind"] == "cg").unwrap();
+    let n = c0["n"].as_u64().unwrap() as usize;
+    let mut g = Graph::new("cg");
+    let values = g.param("values", Shape::new(&dims(&c0["values"]), DType::F64));
+    let b = g.param("b", Shape::new(&[n], DType::F64));
+    let a = Coo {
+        rows: int_const(&mut g, &ints(&c0["rows"])),
+        cols: int_const(&mut g, &ints(&c0["cols"])),
+        values,
+        shape: (n, n),
+    };
+    let x = cg(&mut g, &a, b, 1e-12, 60).unwrap();
+    loss(&mut g, x, &c0["cotangent"], DType::F64);
+    let jg = rlx::autodiff::jvp(&g, &["b"]).unwrap();
+    let mut cj = Session::new(Device::Cpu).compile(jg);
+    set(&mut cj, "values", &c0["values"], DType::F64);
+    set(&mut cj, "b", &c0["b"], DType::F64);
+    let dir: Vec<f64> = (0..n).map(|i| ((i * 7) % 5) as f64 / 5.0 - 0.4).collect();
+    let want: f64 = dir
+        .iter()
+        .zip(f64s(&c0["grad_b"]))
+        .map(|(a, b)| a * b)
+        .sum();
+    let name = rlx::autodiff::tangent_name("b");
+    let outs = cj.run_typed(&[(name.as_str(), &t(&dir).to_bytes(), DType::F64)]);
+    let got = as_f64(&outs[2].0, DType::F64)[0];
+    assert!(
+        (got - want).abs() <= 1e-8 * want.abs().max(1.0),
+        "jvp {got} vs {want}"
+    );
+}

@@ -5,6 +5,7 @@ Usage:
     numpy_ref.py --op gemm    --threads T --reps R --size N
     numpy_ref.py --op add     --threads T --reps R --elems E
     numpy_ref.py --op softmax --threads T --reps R --rows R --cols C
+    numpy_ref.py --op fft     --threads T --reps R --kind K --shape N[xM] --lib numpy|scipy
 
 Prints exactly one JSON line on stdout. Any error goes to stderr and the
 process exits non-zero (2 for bad arguments, 1 for anything else).
@@ -50,15 +51,25 @@ def positive_int(text):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--op", required=True, choices=["gemm", "add", "softmax"])
+    p.add_argument("--op", required=True, choices=["gemm", "add", "softmax", "fft"])
     p.add_argument("--threads", required=True, type=positive_int)
     p.add_argument("--reps", required=True, type=positive_int)
     p.add_argument("--size", type=positive_int, help="gemm: square matrix size N")
     p.add_argument("--rows", type=positive_int, help="softmax: rows")
     p.add_argument("--cols", type=positive_int, help="softmax: cols (reduced axis)")
     p.add_argument("--elems", type=positive_int, help="add: element count")
+    p.add_argument("--kind", choices=["fft", "rfft", "fft2"], help="fft: which transform")
+    p.add_argument("--shape", help="fft: N (1-D) or NxM (fft2)")
+    p.add_argument("--lib", choices=["numpy", "scipy"], help="fft: numpy.fft or scipy.fft")
     args = p.parse_args(argv)
 
+    if args.op == "fft":
+        missing = [f"--{n}" for n in ("kind", "shape", "lib") if getattr(args, n) is None]
+        if missing:
+            p.error(f"--op fft requires {' '.join(missing)}")
+        return args
+    if any(getattr(args, n) is not None for n in ("kind", "shape", "lib")):
+        p.error(f"--op {args.op} does not take --kind, --shape or --lib")
     needed = {"gemm": ["size"], "add": ["elems"], "softmax": ["rows", "cols"]}[args.op]
     missing = [f"--{n}" for n in needed if getattr(args, n) is None]
     if missing:
@@ -298,13 +309,55 @@ def setup_softmax(np, args):
     return run, check, "gb_s", lambda t: nbytes / t / 1e9, {"rows": rows, "cols": cols}
 
 
+def setup_fft(np, args):
+    """One transform of complex64 (float32 for rfft) data, numpy's pocketfft (one thread) or
+    scipy.fft with `workers` = the thread count; GFLOP/s counts 5 N log2 N per complex
+    transform of N points (2.5 N log2 N for a real one), the usual FFT convention."""
+    import math
+
+    dims = [positive_int(d) for d in args.shape.split("x")]
+    rng = np.random.default_rng(SEED)
+    if args.kind == "rfft":
+        x = rng.standard_normal(dims, dtype=np.float32)
+    else:
+        x = (rng.standard_normal(dims) + 1j * rng.standard_normal(dims)).astype(np.complex64)
+    if args.lib == "scipy":
+        import scipy
+        import scipy.fft as sfft
+
+        fn = {"fft": sfft.fft, "rfft": sfft.rfft, "fft2": sfft.fft2}[args.kind]
+        kw = {"workers": args.threads}
+        version = scipy.__version__
+    else:
+        fn = {"fft": np.fft.fft, "rfft": np.fft.rfft, "fft2": np.fft.fft2}[args.kind]
+        kw = {}
+        version = np.__version__
+    out = {}
+
+    def run():
+        out["y"] = fn(x, **kw)
+
+    def check():
+        ref = np.fft.fft(x[:4096].astype(np.complex128)) if args.kind == "fft" and dims[0] <= 4096 else None
+        if out["y"].dtype != np.complex64:
+            raise RuntimeError(f"fft computed in {out['y'].dtype}, not complex64")
+        if ref is not None and not np.allclose(out["y"], ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max()):
+            raise RuntimeError("fft result check failed")
+
+    n = math.prod(dims)
+    flops = (2.5 if args.kind == "rfft" else 5.0) * n * math.log2(n)
+    return run, check, "gflops", lambda t: flops / t / 1e9, {
+        "kind": args.kind, "shape": dims, "lib": args.lib, "lib_version": version}
+
+
 def main(argv):
     args = parse_args(argv)
     pin_threads(args.threads)
 
     import numpy as np  # noqa: E402  (deliberately after pin_threads)
 
-    setup = {"gemm": setup_gemm, "add": setup_add, "softmax": setup_softmax}[args.op]
+    setup = {"gemm": setup_gemm, "add": setup_add, "softmax": setup_softmax,
+             "fft": setup_fft}[args.op]
     run, check, metric, to_metric, dims = setup(np, args)
 
     with ThreadLimit(args.threads):

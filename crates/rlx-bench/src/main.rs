@@ -30,6 +30,8 @@ SUITES:
     elementwise  f32 add of two vectors, GB/s (kernel only, preallocated output)
     softmax      f32 row softmax of a [rows, cols] matrix, GB/s
     overhead     microseconds per CompiledGraph::run of a tiny graph (RLX only)
+    fft          c64 fft (1-D, powers of two and a prime; 2-D), f32 rfft, GFLOP/s (5 N log2 N),
+                 against numpy.fft (pocketfft, one thread) and scipy.fft (workers = threads)
     amp          the character GPT trained on Genesis in f32 and under --precision, one step
                  of each in turn: step times and final losses (RLX only)
     compile      compiling the character GPT's training step in new processes without and
@@ -51,6 +53,9 @@ OPTIONS:
     --reps N          repetitions per block          [default: 3]
     --elems N         elementwise length             [default: 10000000]
     --rows N --cols N softmax shape                  [default: 4096 x 1024]
+    --fft LIST        fft transforms as KIND:SHAPE, comma separated, KIND fft, rfft or fft2
+                      [default: fft:1024,fft:16384,fft:65536,fft:1048576,fft:65537,
+                       rfft:1048576,fft2:1024x1024]
     --python PATH     python with numpy              [default: .venv/bin/python, created by
                                                       scripts/setup-pyenv.sh when missing]
     --no-numpy        measure RLX only (also skips JAX / PyTorch in `train`)
@@ -76,6 +81,7 @@ struct Opts {
     gpt: Vec<(usize, usize)>,
     steps: usize,
     precision: PrecisionPolicy,
+    fft: Vec<(String, Vec<usize>)>,
 }
 
 fn list(v: &str) -> Vec<usize> {
@@ -102,6 +108,28 @@ fn shape(v: &str) -> (usize, usize, usize, bool) {
     }
 }
 
+/// `KIND:SHAPE` transforms (`fft:1024`, `fft2:1024x1024`).
+fn fft_list(v: &str) -> Vec<(String, Vec<usize>)> {
+    v.split(',')
+        .map(|t| {
+            let (kind, shape) = t
+                .trim()
+                .split_once(':')
+                .unwrap_or_else(|| die(&format!("--fft: not KIND:SHAPE: {t}")));
+            let dims: Vec<usize> = shape.split('x').filter_map(|d| d.parse().ok()).collect();
+            let ok = match kind {
+                "fft" | "rfft" => dims.len() == 1,
+                "fft2" => dims.len() == 2,
+                _ => false,
+            };
+            if !ok || dims.iter().any(|&d| d < 2) {
+                die(&format!("--fft: not fft:N, rfft:N or fft2:NxM: {t}"));
+            }
+            (kind.to_string(), dims)
+        })
+        .collect()
+}
+
 fn die(msg: &str) -> ! {
     eprintln!("rlx-bench: {msg}\n(see rlx-bench --help)");
     std::process::exit(2)
@@ -124,6 +152,9 @@ fn parse() -> Opts {
         gpt: vec![(128, 2), (256, 4)],
         steps: 300,
         precision: PrecisionPolicy::AutoMixedBf16,
+        fft: fft_list(
+            "fft:1024,fft:16384,fft:65536,fft:1048576,fft:65537,rfft:1048576,fft2:1024x1024",
+        ),
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -145,6 +176,7 @@ fn parse() -> Opts {
             "--rows" => o.rows = list(&val())[0],
             "--cols" => o.cols = list(&val())[0],
             "--python" => o.python = Some(val()),
+            "--fft" => o.fft = fft_list(&val()),
             "--train-python" => o.train_python = Some(val()),
             "--no-numpy" => o.numpy = false,
             "--steps" => o.steps = list(&val())[0].max(1),
@@ -551,6 +583,62 @@ fn stream_suite(o: &Opts, py: Option<&numpy::Numpy>, softmax: bool) {
     }
 }
 
+fn fft_suite(o: &Opts, py: Option<&numpy::Numpy>) {
+    println!(
+        "\n### FFT, GFLOP/s (5 N log2 N per complex transform of N points, 2.5 N log2 N per real one): median [min–max] of {} samples\n",
+        o.rounds * o.reps
+    );
+    println!("numpy.fft (pocketfft) runs on one thread; scipy.fft gets `workers` = the RLX thread count. A 1-D transform runs on one thread in all three; a 2-D one splits its rows.\n");
+    println!("| transform | threads | RLX | numpy.fft | scipy.fft | RLX / numpy | RLX / scipy |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for (kind, dims) in &o.fft {
+        let n: usize = dims.iter().product();
+        let real = kind == "rfft";
+        let dt = if real { DType::F32 } else { DType::C64 };
+        let mut g = Graph::new("fft");
+        let x = g.param("x", Shape::new(dims, dt));
+        let y = match kind.as_str() {
+            "fft" => g.fft(x, 0, None),
+            "rfft" => g.rfft(x, 0, None),
+            _ => g.fft2(x),
+        };
+        g.set_outputs(vec![y]);
+        let data = fill(if real { n } else { 2 * n }, 9);
+        let flops = if real { 2.5 } else { 5.0 } * n as f64 * (n as f64).log2();
+        let shape: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+        let shape = shape.join("x");
+        for &t in &o.threads {
+            let mut p = program(&g, t, &[("x", &data)]);
+            p.execute();
+            let (mut ours, mut np, mut sp) =
+                (Samples::default(), Samples::default(), Samples::default());
+            for _ in 0..o.rounds {
+                ours.extend(
+                    time_reps(o.reps, || p.execute())
+                        .into_iter()
+                        .map(|s| flops / s / 1e9),
+                );
+                if let Some(py) = py {
+                    for (lib, into) in [("numpy", &mut np), ("scipy", &mut sp)] {
+                        let args = [
+                            "--op", "fft", "--kind", kind, "--shape", &shape, "--lib", lib,
+                        ];
+                        into.extend(py.run(&args, t, o.reps));
+                    }
+                }
+            }
+            println!(
+                "| {kind} {shape} | {t} | {} | {} | {} | {} | {} |",
+                ours.show(2),
+                np.show(2),
+                sp.show(2),
+                stats::ratio(&ours, &np),
+                stats::ratio(&ours, &sp)
+            );
+        }
+    }
+}
+
 fn overhead_suite(o: &Opts) {
     println!("\n### Per-run overhead of a tiny graph ([1,4] x [4,2] matmul through CompiledGraph::run), µs\n");
     println!("| threads | median [min–max] per run |");
@@ -636,6 +724,10 @@ fn main() {
     }
     if all || o.suite == "softmax" {
         stream_suite(&o, py.as_ref(), true);
+        ran = true;
+    }
+    if o.suite == "fft" {
+        fft_suite(&o, py.as_ref());
         ran = true;
     }
     if all || o.suite == "overhead" {

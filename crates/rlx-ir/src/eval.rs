@@ -12,13 +12,16 @@ use half::{bf16, f16};
 use std::collections::BTreeMap;
 
 /// Element storage of a [`Tensor`]: floats as f64 (already rounded to the tensor's dtype),
-/// integers and bools as i64 (already wrapped to the dtype's range; bools are 0 or 1).
+/// integers and bools as i64 (already wrapped to the dtype's range; bools are 0 or 1), complex
+/// values as `(re, im)` pairs of f64 (each part already rounded to f32).
 #[derive(Clone, Debug, PartialEq)]
 pub enum Data {
     /// F16, BF16, F32 and F64 values.
     Float(Vec<f64>),
     /// I8 … I64, U8, U32 and Bool values.
     Int(Vec<i64>),
+    /// C64 values.
+    Complex(Vec<(f64, f64)>),
 }
 
 /// A host value: static dims, a dtype and its elements in row-major order.
@@ -36,8 +39,8 @@ pub fn round_float(dt: DType, v: f64) -> f64 {
         DType::F16 => f16::from_f64(v).to_f64(),
         DType::BF16 => bf16::from_f64(v).to_f64(),
         DType::F64 => v,
-        // Not real floats: nothing to round (callers round float values only; complex values
-        // are refused by the evaluator as an unsupported dtype).
+        // Not real floats: nothing to round (callers round float values only; each part of a
+        // complex value is rounded as an f32).
         DType::I8
         | DType::I16
         | DType::I32
@@ -82,16 +85,14 @@ pub fn saturate_int(dt: DType, v: f64) -> i64 {
     }
 }
 
-fn unsupported_dtype(dt: DType) -> Error {
-    Error::Invalid(format!("the reference evaluator has no {dt} arithmetic"))
-}
-
 impl Tensor {
     /// A tensor from f64 values, converted to `dtype`: floats round to nearest, integers take
-    /// the cast semantics of [`saturate_int`], Bool is `v != 0`.
+    /// the cast semantics of [`saturate_int`], Bool is `v != 0`, C64 gets imaginary parts 0.
     pub fn from_f64(dims: &[usize], dtype: DType, vals: Vec<f64>) -> Tensor {
         debug_assert_eq!(vals.len(), dims.iter().product::<usize>());
-        let data = if dtype.is_float() {
+        let data = if dtype == DType::C64 {
+            return Tensor::from_complex(dims, vals.into_iter().map(|v| (v, 0.0)).collect());
+        } else if dtype.is_float() {
             Data::Float(vals.into_iter().map(|v| round_float(dtype, v)).collect())
         } else {
             Data::Int(vals.into_iter().map(|v| saturate_int(dtype, v)).collect())
@@ -108,8 +109,25 @@ impl Tensor {
         Tensor::from_i128(dims, dtype, vals.into_iter().map(i128::from).collect())
     }
 
+    /// A C64 tensor from `(re, im)` pairs, each part rounded to f32.
+    pub fn from_complex(dims: &[usize], vals: Vec<(f64, f64)>) -> Tensor {
+        debug_assert_eq!(vals.len(), dims.iter().product::<usize>());
+        Tensor {
+            dims: dims.to_vec(),
+            dtype: DType::C64,
+            data: Data::Complex(
+                vals.into_iter()
+                    .map(|(r, i)| (r as f32 as f64, i as f32 as f64))
+                    .collect(),
+            ),
+        }
+    }
+
     /// [`Tensor::from_i64`] from wider intermediates (products and sums before wrapping).
     pub fn from_i128(dims: &[usize], dtype: DType, vals: Vec<i128>) -> Tensor {
+        if dtype == DType::C64 {
+            return Tensor::from_complex(dims, vals.into_iter().map(|v| (v as f64, 0.0)).collect());
+        }
         let data = if dtype.is_float() {
             Data::Float(
                 vals.into_iter()
@@ -126,15 +144,12 @@ impl Tensor {
         }
     }
 
-    /// Decode little-endian bytes of `shape` (which must be static and not C64).
+    /// Decode little-endian bytes of `shape` (which must be static).
     pub fn from_bytes(shape: &Shape, bytes: &[u8]) -> Result<Tensor> {
         let dims = shape
             .static_dims()
             .ok_or_else(|| Error::Invalid(format!("cannot evaluate symbolic shape {shape}")))?;
         let dt = shape.dtype();
-        if dt == DType::C64 {
-            return Err(unsupported_dtype(dt));
-        }
         let n: usize = dims.iter().product();
         let w = dt.size_bytes();
         if bytes.len() != n * w {
@@ -144,7 +159,15 @@ impl Tensor {
                 n * w
             )));
         }
-        let data = if dt.is_float() {
+        let data = if dt == DType::C64 {
+            let f = |b: &[u8]| f32::from_le_bytes(b.try_into().expect("4 bytes")) as f64;
+            Data::Complex(
+                bytes
+                    .chunks_exact(8)
+                    .map(|b| (f(&b[..4]), f(&b[4..])))
+                    .collect(),
+            )
+        } else if dt.is_float() {
             Data::Float(
                 bytes
                     .chunks_exact(w)
@@ -187,6 +210,10 @@ impl Tensor {
                 }
                 (Data::Float(v), _) => o.copy_from_slice(&bf16::from_f64(v[i]).to_le_bytes()),
                 (Data::Int(v), _) => o.copy_from_slice(&v[i].to_le_bytes()[..w]),
+                (Data::Complex(v), _) => {
+                    o[..4].copy_from_slice(&(v[i].0 as f32).to_le_bytes());
+                    o[4..].copy_from_slice(&(v[i].1 as f32).to_le_bytes());
+                }
             }
         }
         out
@@ -217,19 +244,31 @@ impl Tensor {
         &self.data
     }
 
-    /// Every element as f64 (integers converted; exact up to 2^53).
+    /// Every element as f64 (integers converted, exact up to 2^53; complex values give their
+    /// real parts).
     pub fn f64s(&self) -> Vec<f64> {
         match &self.data {
             Data::Float(v) => v.clone(),
             Data::Int(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::Complex(v) => v.iter().map(|&(r, _)| r).collect(),
         }
     }
 
-    /// Every element as i64 (floats truncated toward zero).
+    /// Every element as i64 (floats truncated toward zero; complex values give their real
+    /// parts so truncated).
     pub fn i64s(&self) -> Vec<i64> {
         match &self.data {
             Data::Float(v) => v.iter().map(|&x| x as i64).collect(),
             Data::Int(v) => v.clone(),
+            Data::Complex(v) => v.iter().map(|&(r, _)| r as i64).collect(),
+        }
+    }
+
+    /// Every element as a `(re, im)` pair (real dtypes give imaginary parts 0).
+    pub fn complex(&self) -> Vec<(f64, f64)> {
+        match &self.data {
+            Data::Complex(v) => v.clone(),
+            Data::Float(_) | Data::Int(_) => self.f64s().into_iter().map(|r| (r, 0.0)).collect(),
         }
     }
 
@@ -247,6 +286,7 @@ impl Tensor {
         let data = match &self.data {
             Data::Float(v) => Data::Float(src.iter().map(|&i| v[i]).collect()),
             Data::Int(v) => Data::Int(src.iter().map(|&i| v[i]).collect()),
+            Data::Complex(v) => Data::Complex(src.iter().map(|&i| v[i]).collect()),
         };
         Tensor {
             dims: dims.to_vec(),
@@ -345,16 +385,14 @@ pub fn evaluate(g: &Graph, leaves: &BTreeMap<String, Tensor>) -> Result<Vec<Tens
                     .iter()
                     .map(|i| vals[i.index()].as_ref().expect("operands come first"))
                     .collect();
-                if let Some(t) = ins.iter().find(|t| t.dtype() == DType::C64) {
-                    return Err(at(Error::op(
-                        op.name(),
-                        format!(
-                            "the reference evaluator has no c64 arithmetic (operand {})",
-                            t.shape()
-                        ),
-                    )));
-                }
-                let out = crate::ops::eval(op, &ins, &n.shape).map_err(at)?;
+                let dts: Vec<DType> = ins.iter().map(|t| t.dtype()).collect();
+                // Complex values go through the op's complex form (real and imaginary parts
+                // computed with real ops), which the complex primitives evaluate.
+                let out = if crate::ops::complex::splits(op, &dts) {
+                    through_decomposition(op, &ins).map_err(at)?
+                } else {
+                    crate::ops::eval(op, &ins, &n.shape).map_err(at)?
+                };
                 debug_assert_eq!(
                     out.shape(),
                     n.shape,

@@ -23,8 +23,15 @@ pub fn prepare_for_ad(g: &Graph) -> Result<Graph> {
     prepare(g, ops::has_ad_rules)
 }
 
+/// Ops over complex values are always differentiated through their complex form (real ops on
+/// the parts, joined by `complex`, `real` and `imag`, whose rules follow JAX's convention for
+/// complex cotangents), so every real op's rule serves them unchanged.
 fn prepare(g: &Graph, has_rule: impl Fn(&Op) -> bool) -> Result<Graph> {
-    let supports = |g: &Graph, id: NodeId| has_rule(&g.node(id).op);
+    let supports = |g: &Graph, id: NodeId| {
+        let n = g.node(id);
+        let dtypes: Vec<rlx_ir::DType> = n.inputs.iter().map(|&i| g.shape(i).dtype()).collect();
+        has_rule(&n.op) && !ops::complex::splits(&n.op, &dtypes)
+    };
     Ok(Decompose {
         backend: "autodiff",
         supports: &supports,
@@ -34,15 +41,21 @@ fn prepare(g: &Graph, has_rule: impl Fn(&Op) -> bool) -> Result<Graph> {
     .0)
 }
 
+/// Whether values of `dt` have derivatives: the real floats, and c64 (whose cotangents follow
+/// JAX's convention: `dL/dx - i dL/dy` for `x + iy`, what `jax.grad` returns).
+fn has_derivatives(dt: rlx_ir::DType) -> bool {
+    dt.is_float() || dt == rlx_ir::DType::C64
+}
+
 /// Names of the leaves `wrt` (each an input or param of a floating-point dtype).
 fn leaf_names(g: &Graph, wrt: &[NodeId]) -> Result<Vec<String>> {
     wrt.iter()
         .map(|&id| {
             let n = g.get(id).ok_or(Error::BadOutput { node: id, nodes: g.len() })?;
             match &n.op {
-                Op::Input { name } | Op::Param { name } if n.shape.dtype().is_float() => Ok(name.clone()),
+                Op::Input { name } | Op::Param { name } if has_derivatives(n.shape.dtype()) => Ok(name.clone()),
                 Op::Input { name } | Op::Param { name } => Err(Error::Invalid(format!(
-                    "cannot differentiate with respect to \"{name}\" of dtype {}: only floating-point inputs and params have derivatives",
+                    "cannot differentiate with respect to \"{name}\" of dtype {}: only floating-point and complex inputs and params have derivatives",
                     n.shape.dtype()
                 ))),
                 op => Err(Error::Invalid(format!(
@@ -195,7 +208,7 @@ pub fn jvp(g: &Graph, tangent_for: &[&str]) -> Result<Graph> {
     for name in tangent_for {
         let l = find(&out, name)?;
         let s = out.shape(l).clone();
-        if !s.dtype().is_float() {
+        if !has_derivatives(s.dtype()) {
             return Err(Error::Invalid(format!(
                 "cannot perturb \"{name}\" of dtype {}: tangents need a floating-point dtype",
                 s.dtype()

@@ -45,7 +45,7 @@ pub use rlx_runtime::{CompiledGraph, PrecisionPolicy, Session};
 pub mod ops {
     /// Ops defined in one file each ([`OpDef`](rlx_ir::ops::OpDef)), built with
     /// [`Op::defined`](rlx_ir::Op::defined).
-    pub use rlx_ir::ops::{Dequantize, FakeQuantize, Quantize};
+    pub use rlx_ir::ops::{Dequantize, FakeQuantize, Fft, FftKind, Quantize};
     pub use rlx_ir::{
         Activation, BinaryOp, CmpOp, ConvAttrs, DotDims, FusedRegion, FusionKind, MaskKind,
         PoolAttrs, PoolKind, ReduceKind, TopKOutput,

@@ -33,6 +33,10 @@ const NOT_DIFFERENTIABLE: &[(&str, &str)] = &[
     ("cache_write", "inference-only: updates the KV cache in place"),
     ("cached_attention", "inference-only: reads the KV cache"),
     ("paged_attention", "inference-only: reads the paged KV cache"),
+    ("complex", "c64 values have f32 parts, not the f64 this check runs in: complex.rs checks the complex ops' derivatives against jax.grad and jax.jvp"),
+    ("real", "c64 operand (see complex)"),
+    ("imag", "c64 operand (see complex)"),
+    ("fft", "c64 operands or results (see complex)"),
 ];
 
 /// A `while` without `max_iterations`: no reverse mode, as JAX has none for `while_loop` (the

@@ -28,10 +28,11 @@ fn unbatchable(c: &Value, axes: &[(usize, usize)]) -> Option<&'static str> {
     }
 }
 
-/// Insert the examples as a new axis `axis` of `shape`.
+/// Insert the examples as a new axis `axis` of `shape` (each c64 element is two values, so the
+/// run length comes from the examples' length).
 fn stack_at(examples: &[Vec<f64>], shape: &[usize], axis: usize) -> Vec<f64> {
     let outer: usize = shape[..axis].iter().product();
-    let inner: usize = shape[axis..].iter().product();
+    let inner = examples.first().map_or(0, |e| e.len()) / outer.max(1);
     let mut out = Vec::with_capacity(outer * inner * examples.len());
     for o in 0..outer {
         for ex in examples {
@@ -72,7 +73,7 @@ fn build(c: &Value) -> Case {
         // Floats differ per example; indices, conditions and positions stay valid as they are.
         let per: Vec<Vec<f64>> = (0..B)
             .map(|b| {
-                if dt.is_float() {
+                if dt.is_float() || dt == DType::C64 {
                     base.iter()
                         .map(|v| v + 0.125 * b as f64 * v.abs().max(0.5))
                         .collect()

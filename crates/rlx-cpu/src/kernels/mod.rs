@@ -6,6 +6,7 @@ pub mod adam;
 mod attention;
 mod control;
 mod elementwise;
+mod fft;
 pub mod fused;
 pub mod gemm;
 mod index;
@@ -182,6 +183,12 @@ pub fn compute(build: impl FnOnce(&[TRef], TRef) -> Box<dyn Kernel> + 'static) -
     }
 }
 
+/// Whether the CPU runs `op` on complex (c64) operands or results itself: the complex
+/// primitives and the Fourier transforms (every other op reaches it as its complex form).
+pub fn takes_complex(op: &Op) -> bool {
+    fft::takes_complex(op)
+}
+
 /// Whether the CPU backend runs node `id` of `g` natively: its op kind has a kernel here and
 /// its dtypes and shapes are ones the kernel takes (see [`refusal`]).
 pub fn supports(g: &Graph, id: NodeId) -> bool {
@@ -206,8 +213,10 @@ pub fn refusal(g: &Graph, id: NodeId) -> Option<String> {
         if s.rank() > MAX_RANK {
             return Some(format!("shape {s}: the CPU handles rank <= {MAX_RANK}"));
         }
-        if s.dtype() == DType::C64 {
-            return Some(format!("shape {s}: the CPU has no complex kernels"));
+        if s.dtype() == DType::C64 && !n.op.is_leaf() && !takes_complex(&n.op) {
+            return Some(format!(
+                "shape {s}: the CPU runs complex values through complex, real, imag and fft only"
+            ));
         }
     }
     let dt = n.shape.dtype();

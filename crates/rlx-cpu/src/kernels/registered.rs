@@ -37,6 +37,9 @@ pub fn register_kernel(name: &'static str, f: CpuKernel) {
 /// The kernel registered for `op`, if any; the IR's own ops defined by an `OpDef` that have a
 /// CPU kernel here are recognised by their type.
 pub(super) fn of(op: &DefinedOp) -> Option<CpuKernel> {
+    if let Some(k) = super::fft::kernel_of(op) {
+        return Some(k);
+    }
     if let Some(s) = op.downcast::<SelectiveScan>() {
         let s = *s;
         return Some(Arc::new(move |_, ins, out, shape, pool| {
@@ -50,8 +53,8 @@ pub(super) fn of(op: &DefinedOp) -> Option<CpuKernel> {
         .cloned()
 }
 
-/// Lower a node whose op has a registered kernel: operands copied dense into scratch, then the
-/// kernel, one step.
+/// Lower a node whose op has a registered kernel: operands read in place where they are dense
+/// (and apart from the result), copied dense into scratch otherwise, then the kernel, one step.
 pub(super) fn lower(info: &NodeInfo<'_>, op: &DefinedOp, f: CpuKernel) -> Result<Lowered> {
     let bytes: Vec<usize> = info
         .ins
@@ -76,7 +79,18 @@ pub(super) fn lower(info: &NodeInfo<'_>, op: &DefinedOp, f: CpuKernel) -> Result
             kernel(move |pool| {
                 let mut at = 0;
                 let mut views: Vec<(&[u8], &Shape)> = Vec::with_capacity(ins.len());
+                let out_range = out.ptr.get() as usize..out.ptr.get() as usize + out_bytes;
                 for ((t, n), s) in ins.iter().zip(&bytes).zip(&shapes) {
+                    let w = t.dtype.size_bytes();
+                    // SAFETY: a contiguous layout covers `n` bytes from its offset.
+                    let start = unsafe { t.ptr.get().add(t.layout.offset * w) };
+                    let (lo, hi) = (start as usize, start as usize + n);
+                    if t.layout.is_contiguous() && (hi <= out_range.start || lo >= out_range.end) {
+                        // Dense already and apart from the result: read in place.
+                        // SAFETY: as above; nothing writes it during this step.
+                        views.push((unsafe { std::slice::from_raw_parts(start, *n) }, s));
+                        continue;
+                    }
                     // SAFETY: the scratch holds every operand's bytes, one after another, and
                     // nothing else touches it during this step.
                     let dst = unsafe { std::slice::from_raw_parts_mut(tmp.get().add(at), *n) };

@@ -24,13 +24,14 @@ pub(super) fn check_node(g: &Graph, id: rlx_ir::NodeId) -> Result<Vec<usize>> {
             n.shape
         ),
     })?;
-    if dims.len() > MAX_RANK || n.shape.dtype() == DType::C64 {
+    let complex_ok = n.op.is_leaf() || kernels::takes_complex(&n.op);
+    if dims.len() > MAX_RANK || (n.shape.dtype() == DType::C64 && !complex_ok) {
         return Err(Error::Unsupported {
             backend: "cpu".into(),
             op: n.op.name().into(),
             node: id,
             msg: format!(
-                "shape {} (the CPU backend handles rank <= {MAX_RANK} and no c64)",
+                "shape {} (the CPU backend handles rank <= {MAX_RANK}, and c64 values only in complex, real, imag and fft)",
                 n.shape
             ),
         });

@@ -15,6 +15,12 @@ pub(super) fn binary(b: BinaryOp, ins: &[&Shape]) -> Result<Shape> {
     if b == BinaryOp::Pow {
         require_float(name, ins[0])?;
     }
+    if ins[0].dtype() == DType::C64 && !super::complex::binary_allowed(b) {
+        return Err(Error::op(
+            name,
+            format!("is not defined on complex operands ({})", ins[0]),
+        ));
+    }
     if ins[0].dtype() == DType::Bool && !matches!(b, BinaryOp::Max | BinaryOp::Min) {
         return Err(Error::op(
             name,
@@ -29,6 +35,14 @@ pub(super) fn binary(b: BinaryOp, ins: &[&Shape]) -> Result<Shape> {
 
 pub(super) fn compare(op: &Op, ins: &[&Shape]) -> Result<Shape> {
     same_dtype(op.name(), ins[0], ins[1])?;
+    if ins[0].dtype() == DType::C64
+        && !matches!(op, Op::Compare(crate::CmpOp::Eq | crate::CmpOp::Ne))
+    {
+        return Err(Error::op(
+            op.name(),
+            format!("complex numbers have no order ({})", ins[0]),
+        ));
+    }
     Ok(Shape::with_dims(
         broadcast(op.name(), ins[0], ins[1])?,
         DType::Bool,
@@ -50,6 +64,9 @@ pub(super) fn select(ins: &[&Shape]) -> Result<Shape> {
 
 pub(super) fn activation(a: Activation, x: &Shape) -> Result<Shape> {
     let name = Op::Activation(a).name();
+    if x.dtype() == DType::C64 {
+        return super::complex::activation(a, x);
+    }
     let ok = x.dtype().is_float() || (a.allows_int() && x.dtype().is_int());
     if !ok {
         return Err(Error::op(name, format!("is not defined for operand {x}")));
@@ -591,10 +608,12 @@ pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
                 };
                 Tensor::from_i128(&od, dt, x.iter().map(|&v| f(v)).collect())
             }
+            Data::Complex(_) => return Err(super::complex::not_split(op)),
         },
         Op::Cast { .. } => match bc[0].data() {
             Data::Float(x) => Tensor::from_f64(&od, dt, x.clone()),
             Data::Int(x) => Tensor::from_i64(&od, dt, x.clone()),
+            Data::Complex(_) => return Err(super::complex::not_split(op)),
         },
         other => return Err(Error::op(other.name(), "is not an elementwise op")),
     })

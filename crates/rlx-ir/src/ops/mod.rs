@@ -9,12 +9,14 @@
 mod ad;
 mod batch;
 pub mod blocks;
+pub mod complex;
 mod cond;
 mod custom;
 mod def;
 mod dequantize;
 mod elementwise;
 mod fake_quantize;
+mod fft;
 mod fused;
 mod index;
 mod kv;
@@ -30,10 +32,12 @@ mod spatial;
 
 pub use batch::{batch, batch_supported, materialize as batch_materialize, Batched};
 pub use blocks::{Embedding, Linear, Mlp, QuantLinear, TransformerBlock};
+pub use complex::{Complex, Imag, Real};
 pub use cond::If;
 pub use def::{register, registration, registrations, DefinedOp, OpClass, OpDef, OpRegistration};
 pub use dequantize::Dequantize;
 pub use fake_quantize::FakeQuantize;
+pub use fft::{Fft, FftKind};
 pub use loops::{Scan, While};
 pub use quantize::Quantize;
 pub use selective_scan::SelectiveScan;
@@ -52,6 +56,10 @@ const DEFINED: &[OpRegistration] = &[
     loops::WHILE,
     loops::SCAN,
     selective_scan::OP,
+    complex::COMPLEX,
+    complex::REAL,
+    complex::IMAG,
+    fft::OP,
 ];
 
 use crate::{Dim, Error, Graph, NodeId, Op, Result, Shape};
@@ -334,8 +342,13 @@ pub fn expected_arity(op: &Op) -> Option<(usize, usize)> {
 /// Rewrite `op` applied to `inputs` (nodes of `g`) into simpler ops appended to `g`.
 ///
 /// Returns `None` for ops that are primitive. Backends that lack a kernel for a composite op get
-/// this decomposition instead.
+/// this decomposition instead. An op over complex values ([`complex::splits`]) decomposes into
+/// its complex form: real ops on the real and imaginary parts.
 pub fn decompose(g: &mut Graph, op: &Op, inputs: &[NodeId]) -> Option<Result<NodeId>> {
+    let dtypes: Vec<crate::DType> = inputs.iter().map(|&i| g.shape(i).dtype()).collect();
+    if complex::splits(op, &dtypes) {
+        return Some(complex::split(g, op, inputs));
+    }
     Some(match op {
         Op::DotGeneral(d) => linalg::decompose_dot_general(g, d, inputs[0], inputs[1]),
         Op::LayerNorm { eps } => nn::decompose_norm(g, inputs, *eps, false),

@@ -260,6 +260,10 @@ pub(super) fn eval(op: &crate::Op, ins: &[&Tensor], out: &Shape) -> Result<Tenso
                     x.dtype(),
                     ins.iter().flat_map(|t| t.i64s()).collect(),
                 ),
+                crate::eval::Data::Complex(_) => Tensor::from_complex(
+                    &[all.len()],
+                    ins.iter().flat_map(|t| t.complex()).collect(),
+                ),
             };
             let src: Vec<usize> = (0..n)
                 .map(|i| {

@@ -16,7 +16,14 @@ pub(super) fn reduce(kind: ReduceKind, axes: &[usize], keepdims: bool, x: &Shape
     for &a in axes {
         check_axis("reduce", a, x)?;
     }
-    if kind == ReduceKind::Mean {
+    if x.dtype() == DType::C64 {
+        if !matches!(kind, ReduceKind::Sum | ReduceKind::Mean) {
+            return Err(Error::op(
+                "reduce",
+                format!("{kind:?} of complex operand {x}: only sum and mean are defined"),
+            ));
+        }
+    } else if kind == ReduceKind::Mean {
         require_float("reduce mean", x)?;
     }
     if x.dtype() == DType::Bool && matches!(kind, ReduceKind::Sum | ReduceKind::Prod) {
@@ -333,6 +340,7 @@ pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
                             .collect(),
                     )
                 }
+                Data::Complex(_) => return Err(super::complex::not_split(op)),
             }
         }
         Op::Softmax { axis } => {
@@ -372,6 +380,7 @@ pub(super) fn eval(op: &Op, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
                     }
                     Tensor::from_i128(&od, dt, o)
                 }
+                Data::Complex(_) => return Err(super::complex::not_split(op)),
             }
         }
         Op::TopK { k, output } => {

@@ -11,6 +11,10 @@ use rlx::prelude::*;
 
 /// Encode f64 values as the little-endian bytes of `dt` (values must fit).
 pub fn encode(values: &[f64], dt: DType) -> Vec<u8> {
+    if dt == DType::C64 {
+        // Each c64 element is two values: its real and imaginary parts.
+        return encode(values, DType::F32);
+    }
     let w = dt.size_bytes();
     let mut out = vec![0u8; values.len() * w];
     for (v, o) in values.iter().zip(out.chunks_exact_mut(w)) {
@@ -21,6 +25,9 @@ pub fn encode(values: &[f64], dt: DType) -> Vec<u8> {
 
 /// Decode little-endian bytes of `dt` as f64.
 pub fn decode(bytes: &[u8], dt: DType) -> Vec<f64> {
+    if dt == DType::C64 {
+        return decode(bytes, DType::F32);
+    }
     bytes
         .chunks_exact(dt.size_bytes())
         .map(|b| convert::bytes_to_f64(b, dt))

@@ -207,6 +207,17 @@ pub fn op_of(name: &str, a: &Value) -> Op {
                 })
             }
         }
+        "fft" => Op::defined(rlx::ir::ops::Fft {
+            kind: match a["kind"].as_str().expect("kind") {
+                "fft" => rlx::ir::ops::FftKind::Fft,
+                "ifft" => rlx::ir::ops::FftKind::Ifft,
+                "rfft" => rlx::ir::ops::FftKind::Rfft,
+                "irfft" => rlx::ir::ops::FftKind::Irfft,
+                k => panic!("fft kind {k}"),
+            },
+            axis: u("axis"),
+            n: u("n"),
+        }),
         // Ops defined by an `OpDef`: the row's attributes in the text form (null is `none`).
         name if rlx::ir::ops::registration(name).is_some() => {
             let items: Vec<String> = a

@@ -72,6 +72,7 @@ NP_DTYPE = {
     "u8": np.uint8,
     "i8": np.int8,
     "bool": np.bool_,
+    "c64": np.complex64,
 }
 FLOATS = ("f32", "f64", "f16", "bf16")
 INTS = ("i32", "i64", "u8")
@@ -96,6 +97,8 @@ TOLERANCES = {
 
 def tolerance(kind, dtype):
     """(rtol, atol) for a result of `dtype` in tolerance class `kind`."""
+    if dtype == "c64":  # each part is an f32
+        dtype = "f32"
     if dtype not in FLOATS:
         return 0.0, 0.0
     return TOLERANCES[kind][dtype]
@@ -121,6 +124,8 @@ def wide(x):
     x = np.asarray(x)
     if x.dtype.kind in "iu":
         return x.astype(np.int64)
+    if x.dtype.kind == "c":
+        return x.astype(np.complex128)
     return x.astype(np.float64)
 
 
@@ -197,7 +202,12 @@ def tensor_json(value, dtype, perm=None):
     if perm is not None:
         stored = np.transpose(stored, np.argsort(perm))
     flat = np.ascontiguousarray(stored).reshape(-1)
-    if dtype in FLOATS:
+    if dtype == "c64":
+        # Each element as its real then imaginary part (the bytes' order).
+        flat = np.ascontiguousarray(flat.astype(np.complex64)).view(np.float32).astype(np.float64)
+        assert np.all(np.isfinite(flat)), "non-finite value in a golden"
+        data = [float(v) for v in flat]
+    elif dtype in FLOATS:
         flat = flat.astype(np.float64)
         assert np.all(np.isfinite(flat)), "non-finite value in a golden"
         data = [float(v) for v in flat]
@@ -1552,6 +1562,90 @@ def gen_quant_linear(table):
         table.cases[-1]["atol"] = float(0.01 * terms.max())
 
 
+def cnormal(shape, scale=1.0):
+    """Complex values with standard normal parts (c64)."""
+    re = rng.standard_normal(shape) * scale
+    im = rng.standard_normal(shape) * scale
+    return (re + 1j * im).astype(np.complex64)
+
+
+def gen_complex(table):
+    """c64 through every op that has a complex form (arithmetic, products, sums, movement,
+    casts, compares) and the three primitives `complex`, `real` and `imag`."""
+    c = "c64"
+    for op, fn in [("add", np.add), ("sub", np.subtract), ("mul", np.multiply)]:
+        for ls, rs, tag in [([3, 4], [3, 4], "same"), ([3, 1], [4], "bcast")]:
+            a, b = cnormal(ls), cnormal(rs)
+            table.add(op, tag, {}, [arg(a, c), arg(b, c)], fn(wide(a), wide(b)), c, "elementwise")
+    a, b = cnormal([2, 5]), cnormal([2, 5]) + np.complex64(1.5 - 0.5j)
+    table.add("div", "same", {}, [arg(a, c), arg(b, c)], wide(a) / wide(b), c, "transcendental")
+    a = cnormal([6])
+    b = a.copy()
+    b[1] = np.complex64(a[1].real + 1j * (a[1].imag + 1))  # same real part
+    b[4] = np.complex64((a[4].real + 1) + 1j * a[4].imag)  # same imaginary part
+    for op, fn in [("eq", np.equal), ("ne", np.not_equal)]:
+        table.add(op, "parts", {}, [arg(a, c), arg(b, c)], fn(a, b), "bool", "exact")
+    cond = rng.random([2, 3]) < 0.5
+    a, b = cnormal([2, 3]), cnormal([2, 3])
+    table.add("where", "c64", {}, [arg(cond, "bool"), arg(a, c), arg(b, c)], np.where(cond, a, b), c, "elementwise")
+    z = cnormal([3, 4])
+    table.add("neg", "c64", {}, [arg(z, c)], -wide(z), c, "elementwise")
+    table.add("abs", "c64", {}, [arg(z, c)], np.abs(wide(z)), "f32", "transcendental")
+    table.add("exp", "c64", {}, [arg(z, c)], np.exp(wide(z)), c, "transcendental")
+    table.add("log", "c64", {}, [arg(z, c)], np.log(wide(z)), c, "transcendental")
+    x = normal([2, 3], 1.0, "f32")
+    table.add("cast", "f32_to_c64", {"to": c}, [arg(x, "f32")], wide(x).astype(np.complex128), c, "exact")
+    table.add("cast", "c64_to_f32", {"to": "f32"}, [arg(z, c)], wide(z).real, "f32", "exact")
+    a, b = cnormal([2, 3, 4]), cnormal([4, 5])
+    table.add("matmul", "c64", {}, [arg(a, c), arg(b, c)], wide(a) @ wide(b), c, "accumulate")
+    a, b = cnormal([3, 4]), cnormal([4, 2])
+    table.add("dot_general", "c64", {"lhs_contract": [1], "rhs_contract": [0], "lhs_batch": [], "rhs_batch": []},
+              [arg(a, c), arg(b, c)], wide(a) @ wide(b), c, "accumulate")
+    z = cnormal([2, 3, 4])
+    for kind, fn in [("sum", np.sum), ("mean", np.mean)]:
+        table.add("reduce", f"c64_{kind}", {"kind": kind, "axes": [0, 2], "keepdims": False},
+                  [arg(z, c)], fn(wide(z), axis=(0, 2)), c, "accumulate")
+    table.add("reshape", "c64", {"shape": [4, 6]}, [arg(z, c)], wide(z).reshape(4, 6), c, "exact")
+    table.add("transpose", "c64", {"perm": [2, 0, 1]}, [arg(z, c)], np.transpose(wide(z), (2, 0, 1)), c, "exact")
+    table.add("narrow", "c64", {"axis": 2, "start": 1, "len": 2}, [arg(z, c)], wide(z)[:, :, 1:3], c, "exact")
+    w = cnormal([2, 1, 4])
+    table.add("concat", "c64", {"axis": 1}, [arg(z, c), arg(w, c)], np.concatenate([wide(z), wide(w)], axis=1), c, "exact")
+    v = cnormal([3, 1])
+    table.add("expand", "c64", {"shape": [2, 3, 4]}, [arg(v, c)], np.broadcast_to(wide(v), (2, 3, 4)), c, "exact")
+    idx = np.array([2, 0, 2], np.int32)
+    table.add("gather", "c64", {"axis": 1}, [arg(z, c), arg(idx, "i32")], np.take(wide(z), idx, axis=1), c, "exact")
+    upd = cnormal([2, 3, 4])
+    ref = wide(z).copy()
+    np.add.at(ref, (slice(None), idx), wide(upd))
+    table.add("scatter_add", "c64", {"axis": 1}, [arg(z, c), arg(idx, "i32"), arg(upd, c)], ref, c, "elementwise")
+    table.add("cumsum", "c64", {"axis": 2}, [arg(z, c)], np.cumsum(wide(z), axis=2), c, "accumulate")
+    re, im = normal([3, 4], 1.0, "f32"), normal([4], 1.0, "f32")
+    table.add("complex", "bcast", {}, [arg(re, "f32"), arg(im, "f32")], wide(re) + 1j * wide(im), c, "exact")
+    table.add("real", "c64", {}, [arg(z, c)], wide(z).real, "f32", "exact")
+    table.add("imag", "c64", {}, [arg(z, c)], wide(z).imag, "f32", "exact")
+
+
+def gen_fft(table):
+    """The four transforms along every axis of small tensors, at lengths 1, 2, powers of two,
+    odd, even non-powers and primes (numpy's pocketfft in f64 as the reference)."""
+    c = "c64"
+    for kind in ["fft", "ifft"]:
+        for shape, axis in [([1], 0), ([2], 0), ([8], 0), ([3, 7], 1), ([12, 2], 0), ([2, 17, 3], 1), ([2, 3, 16], 2)]:
+            z = cnormal(shape)
+            fn = np.fft.fft if kind == "fft" else np.fft.ifft
+            table.add("fft", f"{kind}_{shape[axis]}", {"kind": kind, "axis": axis, "n": shape[axis]},
+                      [arg(z, c)], fn(wide(z), axis=axis), c, "accumulate")
+    for shape, axis in [([1], 0), ([2], 0), ([9], 0), ([4, 10], 1), ([13, 3], 0), ([2, 3, 16], 2)]:
+        x = normal(shape, 1.0, "f32")
+        n = shape[axis]
+        table.add("fft", f"rfft_{n}", {"kind": "rfft", "axis": axis, "n": n},
+                  [arg(x, "f32")], np.fft.rfft(wide(x), axis=axis), c, "accumulate")
+    for shape, axis, n in [([1], 0, 1), ([2], 0, 2), ([5], 0, 8), ([5], 0, 9), ([3, 6], 1, 11), ([7, 2], 0, 12), ([2, 9, 3], 1, 17)]:
+        z = cnormal(shape)
+        table.add("fft", f"irfft_{n}", {"kind": "irfft", "axis": axis, "n": n},
+                  [arg(z, c)], np.fft.irfft(wide(z), n=n, axis=axis), "f32", "accumulate")
+
+
 # ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
@@ -1563,7 +1657,7 @@ GENERATORS = [
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
     gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
     gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints, gen_blocks, gen_if, gen_loops, gen_quant_linear,
-    gen_selective_scan,
+    gen_selective_scan, gen_complex, gen_fft,
 ]
 
 

@@ -6,6 +6,8 @@ Usage:
     numpy_ref.py --op add     --threads T --reps R --elems E
     numpy_ref.py --op softmax --threads T --reps R --rows R --cols C
     numpy_ref.py --op fft     --threads T --reps R --kind K --shape N[xM] --lib numpy|scipy
+    numpy_ref.py --op linalg  --threads T --reps R --kind solve|cholesky|qr_r|svd_s --size N
+    numpy_ref.py --op spmm    --threads T --reps R --size N --per-row P --cols K
 
 Prints exactly one JSON line on stdout. Any error goes to stderr and the
 process exits non-zero (2 for bad arguments, 1 for anything else).
@@ -51,18 +53,28 @@ def positive_int(text):
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--op", required=True, choices=["gemm", "add", "softmax", "fft"])
+    p.add_argument("--op", required=True, choices=["gemm", "add", "softmax", "fft", "linalg", "spmm"])
     p.add_argument("--threads", required=True, type=positive_int)
     p.add_argument("--reps", required=True, type=positive_int)
     p.add_argument("--size", type=positive_int, help="gemm: square matrix size N")
     p.add_argument("--rows", type=positive_int, help="softmax: rows")
     p.add_argument("--cols", type=positive_int, help="softmax: cols (reduced axis)")
     p.add_argument("--elems", type=positive_int, help="add: element count")
-    p.add_argument("--kind", choices=["fft", "rfft", "fft2"], help="fft: which transform")
+    p.add_argument("--kind", choices=["fft", "rfft", "fft2", "solve", "cholesky", "qr_r", "svd_s"],
+                   help="fft: which transform; linalg: which factorization")
     p.add_argument("--shape", help="fft: N (1-D) or NxM (fft2)")
     p.add_argument("--lib", choices=["numpy", "scipy"], help="fft: numpy.fft or scipy.fft")
+    p.add_argument("--per-row", type=positive_int, help="spmm: nonzeros per row")
     args = p.parse_args(argv)
 
+    if args.op == "spmm":
+        if args.size is None or args.per_row is None or args.cols is None:
+            p.error("--op spmm requires --size, --per-row and --cols")
+        return args
+    if args.op == "linalg":
+        if args.kind not in LINALG_FLOPS or args.size is None:
+            p.error("--op linalg requires --kind solve|cholesky|qr_r|svd_s and --size")
+        return args
     if args.op == "fft":
         missing = [f"--{n}" for n in ("kind", "shape", "lib") if getattr(args, n) is None]
         if missing:
@@ -309,6 +321,74 @@ def setup_softmax(np, args):
     return run, check, "gb_s", lambda t: nbytes / t / 1e9, {"rows": rows, "cols": cols}
 
 
+# Nominal flop counts of each factorization of an n x n matrix (the usual leading terms), so
+# that a rate is comparable across sizes; the ratio of two rates is the ratio of their times.
+LINALG_FLOPS = {
+    "solve": lambda n: 2.0 / 3.0 * n ** 3,       # LU (one right-hand side)
+    "cholesky": lambda n: 1.0 / 3.0 * n ** 3,
+    "qr_r": lambda n: 4.0 / 3.0 * n ** 3,        # Householder, R only
+    "svd_s": lambda n: 8.0 / 3.0 * n ** 3,       # bidiagonalization, singular values only
+}
+
+
+def setup_linalg(np, args):
+    """numpy.linalg (LAPACK from numpy's OpenBLAS) in float64 on an n x n matrix: solve with one
+    right-hand side, cholesky of a symmetric positive definite matrix, qr(mode="r"),
+    svd(compute_uv=False)."""
+    n = args.size
+    rng = np.random.default_rng(SEED)
+    a = rng.standard_normal((n, n))
+    if args.kind == "cholesky":
+        a = a @ a.T + n * np.eye(n)
+    b = rng.standard_normal((n, 1))
+    fn = {
+        "solve": lambda: np.linalg.solve(a, b),
+        "cholesky": lambda: np.linalg.cholesky(a),
+        "qr_r": lambda: np.linalg.qr(a, mode="r"),
+        "svd_s": lambda: np.linalg.svd(a, compute_uv=False),
+    }[args.kind]
+    out = {}
+
+    def run():
+        out["y"] = fn()
+
+    def check():
+        if args.kind == "solve" and not np.allclose(a @ out["y"], b, atol=1e-6 * n):
+            raise RuntimeError("solve result check failed")
+
+    flops = LINALG_FLOPS[args.kind](n)
+    return run, check, "gflops", lambda t: flops / t / 1e9, {
+        "kind": args.kind, "size": n, "dtype": "float64"}
+
+
+def setup_spmm(np, args):
+    """scipy.sparse: an n x n float32 CSR matrix with `per_row` nonzeros in each row (random
+    columns) times a dense float32 vector (`cols` = 1) or [n, cols] matrix. scipy's sparse
+    products run on one thread."""
+    import scipy
+    import scipy.sparse as sp
+
+    n, per, k = args.size, args.per_row, args.cols
+    rng = np.random.default_rng(SEED)
+    indices = rng.integers(0, n, size=n * per).astype(np.int32)
+    indptr = np.arange(0, n * per + 1, per, dtype=np.int32)
+    data = rng.standard_normal(n * per, dtype=np.float32)
+    a = sp.csr_matrix((data, indices, indptr), shape=(n, n))
+    x = rng.standard_normal(n if k == 1 else (n, k), dtype=np.float32)
+    out = {}
+
+    def run():
+        out["y"] = a @ x
+
+    def check():
+        if out["y"].dtype != np.float32:
+            raise RuntimeError(f"spmm computed in {out['y'].dtype}")
+
+    flops = 2.0 * n * per * k
+    return run, check, "gflops", lambda t: flops / t / 1e9, {
+        "size": n, "per_row": per, "k": k, "scipy": scipy.__version__}
+
+
 def setup_fft(np, args):
     """One transform of complex64 (float32 for rfft) data, numpy's pocketfft (one thread) or
     scipy.fft with `workers` = the thread count; GFLOP/s counts 5 N log2 N per complex
@@ -357,7 +437,7 @@ def main(argv):
     import numpy as np  # noqa: E402  (deliberately after pin_threads)
 
     setup = {"gemm": setup_gemm, "add": setup_add, "softmax": setup_softmax,
-             "fft": setup_fft}[args.op]
+             "fft": setup_fft, "linalg": setup_linalg, "spmm": setup_spmm}[args.op]
     run, check, metric, to_metric, dims = setup(np, args)
 
     with ThreadLimit(args.threads):
@@ -367,11 +447,12 @@ def main(argv):
 
     values = [to_metric(t) for t in times]
     out = {"op": args.op, "threads": args.threads}
+    dtype = dims.pop("dtype", "float32")
     out.update(dims)
     out.update({
         "reps": args.reps,
         "warmup": WARMUP,
-        "dtype": "float32",
+        "dtype": dtype,
         "times_s": times,
         "median_s": statistics.median(times),
         "metric": metric,

@@ -7,10 +7,10 @@
 mod amp;
 mod compile;
 mod numpy;
+mod science;
 mod stats;
 mod train;
 
-use rlx::driver::Executable;
 use rlx::prelude::*;
 use rlx_cpu::gemm::{self, Mat};
 use rlx_cpu::pool::Pool;
@@ -30,6 +30,12 @@ SUITES:
     elementwise  f32 add of two vectors, GB/s (kernel only, preallocated output)
     softmax      f32 row softmax of a [rows, cols] matrix, GB/s
     overhead     microseconds per CompiledGraph::run of a tiny graph (RLX only)
+    linalg       f64 solve, cholesky, qr (r) and svd (singular values) of square matrices
+                 (rlx-linalg on faer), GFLOP/s at nominal counts, against numpy.linalg
+    sparse       f32 sparse × dense products (rlx-sparse's spmm; SpMV and SpMM), GFLOP/s,
+                 against scipy.sparse's CSR product
+    scan         Mamba's selective scan (f32), G state updates per second, against
+                 PyTorch's selective_scan_ref recurrence (python from --train-python)
     fft          c64 fft (1-D, powers of two and a prime; 2-D), f32 rfft, GFLOP/s (5 N log2 N),
                  against numpy.fft (pocketfft, one thread) and scipy.fft (workers = threads)
     amp          the character GPT trained on Genesis in f32 and under --precision, one step
@@ -53,6 +59,8 @@ OPTIONS:
     --reps N          repetitions per block          [default: 3]
     --elems N         elementwise length             [default: 10000000]
     --rows N --cols N softmax shape                  [default: 4096 x 1024]
+    --linalg LIST     linalg sizes                   [default: 256,512,1024,2048]
+    --scan BxDxLxN    scan shape                     [default: 4x1536x2048x16]
     --fft LIST        fft transforms as KIND:SHAPE, comma separated, KIND fft, rfft or fft2
                       [default: fft:1024,fft:16384,fft:65536,fft:1048576,fft:65537,
                        rfft:1048576,fft2:1024x1024]
@@ -82,6 +90,8 @@ struct Opts {
     steps: usize,
     precision: PrecisionPolicy,
     fft: Vec<(String, Vec<usize>)>,
+    linalg: Vec<usize>,
+    scan: (usize, usize, usize, usize),
 }
 
 fn list(v: &str) -> Vec<usize> {
@@ -152,6 +162,8 @@ fn parse() -> Opts {
         gpt: vec![(128, 2), (256, 4)],
         steps: 300,
         precision: PrecisionPolicy::AutoMixedBf16,
+        linalg: vec![256, 512, 1024, 2048],
+        scan: (4, 1536, 2048, 16),
         fft: fft_list(
             "fft:1024,fft:16384,fft:65536,fft:1048576,fft:65537,rfft:1048576,fft2:1024x1024",
         ),
@@ -177,6 +189,17 @@ fn parse() -> Opts {
             "--cols" => o.cols = list(&val())[0],
             "--python" => o.python = Some(val()),
             "--fft" => o.fft = fft_list(&val()),
+            "--linalg" => o.linalg = list(&val()),
+            "--scan" => {
+                let d = val()
+                    .split('x')
+                    .map(|x| x.parse().unwrap_or(0))
+                    .collect::<Vec<usize>>();
+                match d[..] {
+                    [b, dim, l, n] if b * dim * l * n > 0 => o.scan = (b, dim, l, n),
+                    _ => die("--scan: not BxDxLxN"),
+                }
+            }
             "--train-python" => o.train_python = Some(val()),
             "--no-numpy" => o.numpy = false,
             "--steps" => o.steps = list(&val())[0].max(1),
@@ -495,17 +518,11 @@ fn gemm_shapes(o: &Opts) {
 
 /// Compile `g` straight to a CPU program (kernel-level timing, no I/O copies).
 fn program(g: &Graph, threads: usize, params: &[(&str, &[f32])]) -> rlx_cpu::Program {
-    let mut p = rlx_cpu::compile(g, threads).unwrap_or_else(|e| die(&e.to_string()));
-    for (name, v) in params {
-        let i = p
-            .params()
-            .iter()
-            .position(|s| s.name == *name)
-            .expect("param");
-        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-        p.write_param(i, &bytes);
-    }
-    p
+    let bytes: Vec<(&str, Vec<u8>)> = params
+        .iter()
+        .map(|(n, v)| (*n, v.iter().flat_map(|x| x.to_le_bytes()).collect()))
+        .collect();
+    science::program(g, threads, &bytes)
 }
 
 fn stream_suite(o: &Opts, py: Option<&numpy::Numpy>, softmax: bool) {
@@ -685,6 +702,14 @@ fn main() {
         amp::suite(&o.gpt, &o.threads, o.steps, &o.precision);
         return;
     }
+    if o.suite == "scan" {
+        println!("{}", stats::machine_report());
+        let python = o
+            .numpy
+            .then(|| train::reference_python(o.train_python.as_deref()));
+        science::scan_suite(o.scan, &o.threads, o.rounds, o.reps, python.as_deref());
+        return;
+    }
     if o.suite == "train" {
         println!("{}", stats::machine_report());
         train::suite(
@@ -728,6 +753,20 @@ fn main() {
     }
     if o.suite == "fft" {
         fft_suite(&o, py.as_ref());
+        ran = true;
+    }
+    if o.suite == "sparse" {
+        science::sparse_suite(
+            &[(100_000, 16, 1), (1_000_000, 16, 1), (100_000, 16, 16)],
+            &o.threads,
+            o.rounds,
+            o.reps,
+            py.as_ref(),
+        );
+        ran = true;
+    }
+    if o.suite == "linalg" {
+        science::linalg_suite(&o.linalg, &o.threads, o.rounds, o.reps, py.as_ref());
         ran = true;
     }
     if all || o.suite == "overhead" {

@@ -251,6 +251,79 @@ fn exp_shift_sum_lanes(x: &[f32], m: f32, y: &mut [f32]) -> f32 {
     s + lanes.iter().sum::<f32>()
 }
 
+/// `ln(1 + t)` for `t` in `[0, 1]`, branch-free: `2 atanh(s)` with `s = t / (2 + t) <= 1/3`,
+/// its odd series to `s^17` (the next term is below 2e-10 of the sum).
+#[inline(always)]
+fn ln_1p_unit(t: f32) -> f32 {
+    let s = t / (2.0 + t);
+    let s2 = s * s;
+    let p = (1.0 / 17.0f32)
+        .mul_add(s2, 1.0 / 15.0)
+        .mul_add(s2, 1.0 / 13.0)
+        .mul_add(s2, 1.0 / 11.0)
+        .mul_add(s2, 1.0 / 9.0)
+        .mul_add(s2, 1.0 / 7.0)
+        .mul_add(s2, 1.0 / 5.0)
+        .mul_add(s2, 1.0 / 3.0)
+        .mul_add(s2, 1.0);
+    2.0 * s * p
+}
+
+multiversion! {
+/// `y = softplus(x) = max(x, 0) + ln(1 + e^-|x|)`, vectorized (selective scan's delta).
+pub fn softplus_rows(x: &[f32], y: &mut [f32]) -> () {
+    for (yv, &xv) in y.iter_mut().zip(x) {
+        *yv = xv.max(0.0) + ln_1p_unit(exp_f32(-xv.abs()));
+    }
+}
+}
+
+multiversion! {
+/// `y *= z / (1 + e^-z)` (a SiLU gate), vectorized.
+pub fn silu_gate_in_place(y: &mut [f32], z: &[f32]) -> () {
+    for (yv, &zv) in y.iter_mut().zip(z) {
+        *yv *= zv / (1.0 + exp_f32(-zv));
+    }
+}
+}
+
+multiversion! {
+/// One channel of Mamba's selective scan: with `a [N]`, `b`, `c` `[L, N]` (the channel's batch,
+/// sequence-major), `dl [L]` (delta after softplus) and `u [L]`, runs the state `x [N]` through
+/// `x = e^(dl_l a) x + dl_l u_l b_l` and writes `y_l = Σ_n x c_l`. The `N` states of a step are
+/// one vector (exp by [`exp_f32`]).
+pub fn scan_channel(x: &mut [f32], a: &[f32], b: &[f32], c: &[f32], dl: &[f32], u: &[f32], y: &mut [f32]) -> () {
+    let ns = x.len();
+    let full = ns / 16 * 16;
+    for (l, yl) in y.iter_mut().enumerate() {
+        let (d, du) = (dl[l], dl[l] * u[l]);
+        let (bl, cl) = (&b[l * ns..(l + 1) * ns], &c[l * ns..(l + 1) * ns]);
+        // Sixteen states at a time with sixteen partial sums (a sequential sum would keep the
+        // loop scalar), then the rest.
+        let mut lanes = [0f32; 16];
+        for (((xc, ac), bc), cc) in x[..full]
+            .chunks_exact_mut(16)
+            .zip(a[..full].chunks_exact(16))
+            .zip(bl[..full].chunks_exact(16))
+            .zip(cl[..full].chunks_exact(16))
+        {
+            for i in 0..16 {
+                let v = exp_f32(d * ac[i]) * xc[i] + du * bc[i];
+                xc[i] = v;
+                lanes[i] += v * cc[i];
+            }
+        }
+        let mut acc = 0f32;
+        for n in full..ns {
+            let v = exp_f32(d * a[n]) * x[n] + du * bl[n];
+            x[n] = v;
+            acc += v * cl[n];
+        }
+        *yl = acc + lanes.iter().sum::<f32>();
+    }
+}
+}
+
 multiversion! {
 /// `y = e^(x - m)` and the sum of `y`, 16 lanes at a time.
 pub fn exp_shift_sum(x: &[f32], m: f32, y: &mut [f32]) -> f32 {
@@ -484,6 +557,31 @@ pub fn layer_norm_rows(x: &[f32], g: &[f32], b: &[f32], y: &mut [f32], n: usize,
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn softplus_and_the_silu_gate_match_f64() {
+        let x: Vec<f32> = (-4000..=4000).map(|i| i as f32 * 0.01).collect();
+        crate::isa::for_each_level(|level| {
+            let mut y = vec![0f32; x.len()];
+            softplus_rows(&x, &mut y);
+            for (&xv, &yv) in x.iter().zip(&y) {
+                let w = (xv as f64).max(0.0) + (-(xv as f64).abs()).exp().ln_1p();
+                assert!(
+                    ((yv as f64) - w).abs() <= 4.0 * f32::EPSILON as f64 * w,
+                    "softplus({xv}) = {yv}, want {w} at {level}"
+                );
+            }
+            let mut g = vec![1.5f32; x.len()];
+            silu_gate_in_place(&mut g, &x);
+            for (&xv, &gv) in x.iter().zip(&g) {
+                let w = 1.5 * xv as f64 / (1.0 + (-(xv as f64)).exp());
+                assert!(
+                    ((gv as f64) - w).abs() <= 4.0 * f32::EPSILON as f64 * w.abs() + 1e-30,
+                    "1.5 silu({xv}) = {gv}, want {w} at {level}"
+                );
+            }
+        });
+    }
 
     #[test]
     fn rms_norm_rows_equals_a_sequential_f64_sum_per_row() {

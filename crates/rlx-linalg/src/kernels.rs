@@ -80,21 +80,28 @@ fn qr(am: &Mat<f64>, output: QrOutput) -> Vec<f64> {
     let (m, n) = (am.nrows(), am.ncols());
     let k = m.min(n);
     let f = am.qr();
-    let (mut q, r0) = (f.compute_thin_Q(), f.thin_R());
+    let r0 = f.thin_R();
     let mut r = Mat::from_fn(k, n, |i, j| if j >= i { r0[(i, j)] } else { 0.0 });
-    for i in 0..k {
-        if r[(i, i)] < 0.0 {
-            for j in 0..n {
-                r[(i, j)] = -r[(i, j)];
-            }
-            for p in 0..m {
-                q[(p, i)] = -q[(p, i)];
-            }
-        }
-    }
+    let flip: Vec<bool> = (0..k).map(|i| r[(i, i)] < 0.0).collect();
     match output {
-        QrOutput::Q => flat(q.as_ref()),
-        QrOutput::R => flat(r.as_ref()),
+        QrOutput::Q => {
+            let mut q = f.compute_thin_Q();
+            for (i, _) in flip.iter().enumerate().filter(|(_, &f)| f) {
+                for p in 0..m {
+                    q[(p, i)] = -q[(p, i)];
+                }
+            }
+            flat(q.as_ref())
+        }
+        // R alone: Q is never formed.
+        QrOutput::R => {
+            for (i, _) in flip.iter().enumerate().filter(|(_, &f)| f) {
+                for j in 0..n {
+                    r[(i, j)] = -r[(i, j)];
+                }
+            }
+            flat(r.as_ref())
+        }
     }
 }
 
@@ -104,6 +111,13 @@ fn qr(am: &Mat<f64>, output: QrOutput) -> Vec<f64> {
 fn svd(am: &Mat<f64>, output: SvdOutput) -> Vec<f64> {
     let (m, n) = (am.nrows(), am.ncols());
     let k = m.min(n);
+    if output == SvdOutput::S {
+        // The values alone: no singular vectors are formed.
+        return match am.singular_values() {
+            Ok(s) => s,
+            Err(_) => vec![f64::NAN; k],
+        };
+    }
     let Ok(f) = am.thin_svd() else {
         let len = match output {
             SvdOutput::U => m * k,
@@ -145,7 +159,14 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
         let batch: usize = ad[..ad.len() - 2].iter().product();
         let a = read(abytes, dt);
         let one = |b: usize| {
-            let am = mat(&a[b * m * n..(b + 1) * m * n], m, n);
+            let slice = &a[b * m * n..(b + 1) * m * n];
+            if rect == Rectangular::Svd(SvdOutput::S) {
+                // aᵀ (the row-major data read column-major) has a's singular values.
+                return MatRef::from_column_major_slice(slice, n, m)
+                    .singular_values()
+                    .unwrap_or_else(|_| vec![f64::NAN; m.min(n)]);
+            }
+            let am = mat(slice, m, n);
             match rect {
                 Rectangular::Svd(output) => svd(&am, output),
                 Rectangular::Qr(output) => qr(&am, output),
@@ -174,7 +195,10 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
                     n,
                     k,
                 );
-                res.extend(flat(am.partial_piv_lu().solve(&bm).as_ref()));
+                // The row-major operand read column-major is aᵀ: factor it in place of a copy
+                // and solve (aᵀ)ᵀ x = b.
+                let at = MatRef::from_column_major_slice(&a[m * n * n..(m + 1) * n * n], n, n);
+                res.extend(flat(at.partial_piv_lu().solve_transpose(&bm).as_ref()));
             }
             Linalg::TriangularSolve { lower } => {
                 // Only the triangle named is read.

@@ -17,6 +17,9 @@
 //! reference evaluator and the CPU kernel (a backend running the decomposition does not check
 //! them).
 
+use rlx_cpu::kernels::registered::view;
+use rlx_cpu::kernels::{par_ranges, Ptr};
+use rlx_cpu::pool::Pool;
 use rlx_ir::eval::Tensor;
 use rlx_ir::ops::{Cost, DefinedOp, OpDef, OpRegistration};
 use rlx_ir::text::Attr;
@@ -48,9 +51,9 @@ pub fn register() -> Result<()> {
              ins: &[(&[u8], &Shape)],
              out: &mut [u8],
              shape: &Shape,
-             _pool: &rlx_cpu::pool::Pool| {
+             pool: &Pool| {
                 let m = op.downcast::<Spmm>().map_or(0, |s| s.m);
-                kernel(m, ins, out, shape)
+                kernel(m, ins, out, shape, pool)
             },
         ),
     );
@@ -176,42 +179,52 @@ impl OpDef for Spmm {
     }
 }
 
-/// The CPU kernel: `y[rows[e]] += values[e] * dense[cols[e]]` in the values' type (f32 or f64;
-/// other float types through f64).
-fn kernel(m: usize, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape) {
-    let ints = |(b, s): (&[u8], &Shape)| -> Vec<i64> {
-        Tensor::from_bytes(s, b)
-            .map(|t| t.i64s())
-            .unwrap_or_default()
-    };
-    let (rows, cols) = (ints(ins[0]), ints(ins[1]));
+/// The CPU kernel: `y[rows[e]] += values[e] * dense[cols[e]]` in the values' type (f32 or f64
+/// with i32 or i64 indices read in place; other types through f64). When the rows are sorted
+/// (as a CSR matrix's are) the result's rows are split over the pool, each thread summing the
+/// entries of its rows in order; otherwise one thread sums every entry in order.
+fn kernel(m: usize, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape, pool: &Pool) {
     let dd = ins[3].1.static_dims().unwrap_or_default();
     let (n, k) = (dd[0], dd.get(1).copied().unwrap_or(1));
     let dt = shape.dtype();
-    let floats = |(b, s): (&[u8], &Shape)| -> Vec<f64> {
-        Tensor::from_bytes(s, b)
-            .map(|t| t.f64s())
-            .unwrap_or_default()
-    };
-    match dt {
-        DType::F32 => {
-            let read = |b: &[u8]| -> Vec<f32> {
-                b.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-                    .collect()
-            };
-            let (v, d) = (read(ins[2].0), read(ins[3].0));
-            let mut y = vec![0f32; m * k];
-            accumulate(&rows, &cols, m, n, |e, r, c| {
-                for j in 0..k {
-                    y[r * k + j] += v[e] * d[c * k + j];
+    let idt = ins[0].1.dtype();
+    macro_rules! fast {
+        ($i:ty, $t:ty) => {{
+            let (rows, cols) = (view::<$i>(ins[0].0), view::<$i>(ins[1].0));
+            let (v, d) = (view::<$t>(ins[2].0), view::<$t>(ins[3].0));
+            if (out.as_ptr() as usize).is_multiple_of(std::mem::align_of::<$t>()) {
+                out.fill(0);
+                // SAFETY: `out` holds m·k values of the type, aligned for it; zero bytes are 0.
+                let y = unsafe {
+                    std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut $t, m * k)
+                };
+                products(&rows, &cols, &v, &d, y, (m, n, k), pool);
+            } else {
+                let mut y = vec![<$t>::default(); m * k];
+                products(&rows, &cols, &v, &d, &mut y, (m, n, k), pool);
+                for (o, x) in out.chunks_exact_mut(std::mem::size_of::<$t>()).zip(&y) {
+                    o.copy_from_slice(&x.to_le_bytes());
                 }
-            });
-            for (o, x) in out.chunks_exact_mut(4).zip(&y) {
-                o.copy_from_slice(&x.to_le_bytes());
             }
-        }
+        }};
+    }
+    match (idt, dt) {
+        (DType::I32, DType::F32) => fast!(i32, f32),
+        (DType::I64, DType::F32) => fast!(i64, f32),
+        (DType::I32, DType::F64) => fast!(i32, f64),
+        (DType::I64, DType::F64) => fast!(i64, f64),
         _ => {
+            let ints = |(b, s): (&[u8], &Shape)| -> Vec<i64> {
+                Tensor::from_bytes(s, b)
+                    .map(|t| t.i64s())
+                    .unwrap_or_default()
+            };
+            let floats = |(b, s): (&[u8], &Shape)| -> Vec<f64> {
+                Tensor::from_bytes(s, b)
+                    .map(|t| t.f64s())
+                    .unwrap_or_default()
+            };
+            let (rows, cols) = (ints(ins[0]), ints(ins[1]));
             let (v, d) = (floats(ins[2]), floats(ins[3]));
             let mut y = vec![0f64; m * k];
             accumulate(&rows, &cols, m, n, |e, r, c| {
@@ -223,6 +236,120 @@ fn kernel(m: usize, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape) {
             out.copy_from_slice(&t.to_bytes());
         }
     }
+}
+
+/// An index type of the sparse operands; a negative index becomes one too large to be in
+/// range.
+trait Index: Copy + Sync {
+    fn at(self) -> usize;
+}
+
+impl Index for i32 {
+    #[inline(always)]
+    fn at(self) -> usize {
+        self as u32 as usize
+    }
+}
+
+impl Index for i64 {
+    #[inline(always)]
+    fn at(self) -> usize {
+        self as u64 as usize
+    }
+}
+
+/// `y += values · dense` over the entries (out-of-range ones skipped), split over the pool by
+/// rows when the rows are sorted.
+fn products<I: Index, T>(
+    rows: &[I],
+    cols: &[I],
+    v: &[T],
+    d: &[T],
+    y: &mut [T],
+    (m, n, k): (usize, usize, usize),
+    pool: &Pool,
+) where
+    T: Copy + Default + std::ops::Mul<Output = T> + std::ops::AddAssign + Send + Sync,
+{
+    // Entries lo..hi into `y`, whose first row is `first_row`.
+    let sum = |lo: usize, hi: usize, y: &mut [T], first_row: usize| {
+        if k == 1 {
+            // One row at a time (the rows are sorted), its sum in four registers so the adds
+            // do not wait on each other.
+            let mut e = lo;
+            while e < hi {
+                let r = rows[e].at();
+                let mut t = e + 1;
+                while t < hi && rows[t].at() == r {
+                    t += 1;
+                }
+                if r < m {
+                    let term = |i: usize| {
+                        let c = cols[i].at();
+                        if c < n {
+                            // SAFETY: c < n = d.len().
+                            v[i] * unsafe { *d.get_unchecked(c) }
+                        } else {
+                            T::default()
+                        }
+                    };
+                    let mut acc = [T::default(); 4];
+                    let mut i = e;
+                    while i + 4 <= t {
+                        for (j, a) in acc.iter_mut().enumerate() {
+                            *a += term(i + j);
+                        }
+                        i += 4;
+                    }
+                    for i in i..t {
+                        acc[0] += term(i);
+                    }
+                    let (mut s01, mut s23) = (acc[0], acc[2]);
+                    s01 += acc[1];
+                    s23 += acc[3];
+                    s01 += s23;
+                    y[r - first_row] += s01;
+                }
+                e = t;
+            }
+            return;
+        }
+        for e in lo..hi {
+            let (r, c) = (rows[e].at(), cols[e].at());
+            if r < m && c < n {
+                let (yr, dc) = ((r - first_row) * k, c * k);
+                for (yv, &dv) in y[yr..yr + k].iter_mut().zip(&d[dc..dc + k]) {
+                    *yv += v[e] * dv;
+                }
+            }
+        }
+    };
+    let sorted = rows.windows(2).all(|w| w[0].at() <= w[1].at());
+    if !sorted || pool.threads() < 2 || rows.len() < 1 << 14 {
+        if sorted {
+            sum(0, rows.len(), y, 0);
+        } else {
+            // Rows in any order: every row of y is this part's.
+            for e in 0..rows.len() {
+                let (r, c) = (rows[e].at(), cols[e].at());
+                if r < m && c < n {
+                    for j in 0..k {
+                        y[r * k + j] += v[e] * d[c * k + j];
+                    }
+                }
+            }
+        }
+        return;
+    }
+    let at = |row: usize| rows.partition_point(|&r| r.at() < row);
+    let yp = Ptr(y.as_mut_ptr() as *mut u8);
+    par_ranges(pool, m, 64, |rr| {
+        // SAFETY: each range of rows owns its own rows of `y`.
+        let part = unsafe {
+            std::slice::from_raw_parts_mut((yp.get() as *mut T).add(rr.start * k), rr.len() * k)
+        };
+        sum(at(rr.start), at(rr.end), part, rr.start);
+    });
 }
 
 /// `f(entry, row, col)` for every entry whose indices are in range.

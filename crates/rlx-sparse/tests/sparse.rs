@@ -373,3 +373,93 @@ fn out_of_range_entries_are_skipped_and_cg_has_forward_mode() {
         "jvp {got} vs {want}"
     );
 }
+
+/// The CPU kernel at sizes where it splits sorted rows over threads (and sums each row in
+/// several registers), with rows in order and shuffled and with entries out of range, against
+/// the reference evaluator.
+#[test]
+fn the_cpu_kernel_matches_the_reference_at_size() {
+    rlx_sparse::register().unwrap();
+    let (n, per) = (3000, 9);
+    let mut s = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    let nnz = n * per;
+    let mut rows: Vec<i32> = (0..nnz).map(|e| (e / per) as i32).collect();
+    let cols: Vec<i32> = (0..nnz).map(|_| (next() % n as u64) as i32).collect();
+    // Rows of different lengths: some entries move to the next row.
+    for e in (5..nnz).step_by(17) {
+        rows[e] = rows[e - 1];
+    }
+    let vals: Vec<f32> = (0..nnz)
+        .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    for (shuffled, bad) in [(false, false), (true, false), (false, true)] {
+        let (mut r, mut c) = (rows.clone(), cols.clone());
+        if shuffled {
+            for e in (0..nnz).rev() {
+                let j = (next() % (e as u64 + 1)) as usize;
+                r.swap(e, j);
+                c.swap(e, j);
+            }
+        }
+        if bad {
+            c[10] = n as i32 + 4;
+            r[nnz - 1] = n as i32;
+        }
+        for k in [1, 3] {
+            let mut g = Graph::new("spmm");
+            let ri = g.input("r", Shape::new(&[nnz], DType::I32));
+            let ci = g.input("c", Shape::new(&[nnz], DType::I32));
+            let vi = g.input("v", Shape::new(&[nnz], DType::F32));
+            let dims = if k == 1 { vec![n] } else { vec![n, k] };
+            let x = g.input("x", Shape::new(&dims, DType::F32));
+            let coo = Coo {
+                rows: ri,
+                cols: ci,
+                values: vi,
+                shape: (n, n),
+            };
+            let y = coo.matmul(&mut g, x).unwrap();
+            g.set_outputs(vec![y]);
+            let xs: Vec<f32> = (0..n * k)
+                .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+                .collect();
+            let ib = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+            let fb = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+            let feeds: Vec<(&str, Vec<u8>, DType)> = vec![
+                ("r", ib(&r), DType::I32),
+                ("c", ib(&c), DType::I32),
+                ("v", fb(&vals), DType::F32),
+                ("x", fb(&xs), DType::F32),
+            ];
+            let mut leaves = BTreeMap::new();
+            for (name, bytes, _) in &feeds {
+                let sh = g.shape(g.find_leaf(name).unwrap()).clone();
+                leaves.insert(name.to_string(), Tensor::from_bytes(&sh, bytes).unwrap());
+            }
+            let want = rlx::ir::eval::evaluate(&g, &leaves).unwrap()[0].f64s();
+            let mut comp = Session::new(Device::Cpu).with_threads(2).compile(g);
+            let f: Vec<(&str, &[u8], DType)> = feeds
+                .iter()
+                .map(|(n, b, d)| (*n, b.as_slice(), *d))
+                .collect();
+            let out = comp.run_typed(&f);
+            let got: Vec<f32> = out[0]
+                .0
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (*a as f64 - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                    "shuffled {shuffled} bad {bad} k {k} element {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}

@@ -323,15 +323,7 @@ fn forward_mode_matches_jax_jvp() {
 
 /// Deterministic values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f64> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-        })
-        .collect()
+    common::uniform(n, seed, -1.0, 1.0)
 }
 
 /// One transform of `dims` (the operand's) on the CPU against the reference evaluator.

@@ -4,14 +4,14 @@
 //! the pool). Every other op over complex values reaches the CPU as its complex form (real ops
 //! on the parts).
 
-use super::{par_ranges, registered::CpuKernel, Ptr};
+use super::registered::{view, CpuKernel};
+use super::{par_ranges, Ptr};
 use crate::pool::Pool;
 use realfft::RealFftPlanner;
 use rlx_ir::ops::{Complex, DefinedOp, Fft, FftKind, Imag, Real};
 use rlx_ir::{Op, Shape};
 use rustfft::num_complex::Complex32;
 use rustfft::FftPlanner;
-use std::borrow::Cow;
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Whether the CPU runs `op` on complex operands or results itself.
@@ -71,25 +71,6 @@ fn join(ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape) {
 fn part(z: &[u8], out: &mut [u8], at: usize) {
     for (o, v) in out.chunks_exact_mut(4).zip(z.chunks_exact(8)) {
         o.copy_from_slice(&v[at..at + 4]);
-    }
-}
-
-/// `bytes` as values of `T` (a 4-byte-aligned float type): borrowed where the bytes are
-/// aligned for it, copied otherwise.
-fn view<T: Copy + Default>(bytes: &[u8]) -> Cow<'_, [T]> {
-    let size = std::mem::size_of::<T>();
-    let n = bytes.len() / size;
-    if (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
-        // SAFETY: aligned, `n * size` bytes in bounds, and T (f32 or Complex32) accepts any
-        // bit pattern.
-        Cow::Borrowed(unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, n) })
-    } else {
-        let mut v = vec![T::default(); n];
-        // SAFETY: `v` holds `n * size` bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, n * size)
-        };
-        Cow::Owned(v)
     }
 }
 

@@ -8,6 +8,7 @@ use crate::pool::Pool;
 use rlx_ir::convert::{bytes_to_f64, f64_to_bytes};
 use rlx_ir::ops::{DefinedOp, SelectiveScan};
 use rlx_ir::{DType, Result, Shape};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
@@ -23,6 +24,50 @@ fn kernels() -> &'static RwLock<HashMap<&'static str, CpuKernel>> {
     static K: std::sync::OnceLock<RwLock<HashMap<&'static str, CpuKernel>>> =
         std::sync::OnceLock::new();
     K.get_or_init(Default::default)
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// Number types every bit pattern of which is a value, so bytes can be read as them.
+pub trait Plain: Copy + Default + sealed::Sealed {}
+
+macro_rules! plain {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl Plain for $t {}
+    )*};
+}
+plain!(
+    u8,
+    i8,
+    i16,
+    u32,
+    i32,
+    i64,
+    f32,
+    f64,
+    rustfft::num_complex::Complex32
+);
+
+/// An operand's dense bytes as values of `T`: borrowed where the bytes are aligned for `T`,
+/// copied otherwise. For kernels given to [`register_kernel`].
+pub fn view<T: Plain>(bytes: &[u8]) -> Cow<'_, [T]> {
+    let size = std::mem::size_of::<T>();
+    let n = bytes.len() / size;
+    if (bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>()) {
+        // SAFETY: aligned, `n * size` bytes in bounds, and every bit pattern is a `T`
+        // (`Plain`).
+        Cow::Borrowed(unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const T, n) })
+    } else {
+        let mut v = vec![T::default(); n];
+        // SAFETY: `v` holds `n * size` bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, n * size)
+        };
+        Cow::Owned(v)
+    }
 }
 
 /// Give the CPU backend a native kernel for the registered op `name` (replacing one given
@@ -121,49 +166,68 @@ fn selective_scan(
     let ns = ins[2].1.static_dims().map_or(0, |d| d[1]);
     let (bs, ds, ls) = (u[0], u[1], u[2]);
     if dt == DType::F32 {
-        let f: Vec<Vec<f32>> = ins
-            .iter()
-            .map(|(b, _)| {
-                b.chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect()
-            })
-            .collect();
-        let mut y = vec![0f32; bs * ds * ls];
-        let yp = Ptr(y.as_mut_ptr() as *mut u8);
+        let f: Vec<std::borrow::Cow<'_, [f32]>> = ins.iter().map(|(b, _)| view::<f32>(b)).collect();
+        // B and C sequence-major ([B, L, N]), so each step's states are contiguous.
+        let seq_major = |v: &[f32]| -> Vec<f32> {
+            let mut t = vec![0f32; bs * ls * ns];
+            for bi in 0..bs {
+                for n in 0..ns {
+                    for l in 0..ls {
+                        t[(bi * ls + l) * ns + n] = v[(bi * ns + n) * ls + l];
+                    }
+                }
+            }
+            t
+        };
+        let (bt, ct) = (seq_major(&f[3]), seq_major(&f[4]));
+        // Results go straight into `out` when it is aligned for f32 (arena buffers are).
+        let aligned = (out.as_ptr() as usize).is_multiple_of(4);
+        let mut tmp = vec![0f32; if aligned { 0 } else { bs * ds * ls }];
+        let yp = Ptr(if aligned {
+            out.as_mut_ptr()
+        } else {
+            tmp.as_mut_ptr() as *mut u8
+        });
         par_ranges(pool, bs * ds, 1, |chans| {
-            let mut x = vec![0f32; ns];
+            let (mut x, mut dl) = (vec![0f32; ns], vec![0f32; ls]);
             for ch in chans {
                 let (bi, di) = (ch / ds, ch % ds);
+                let row = ch * ls..(ch + 1) * ls;
+                if s.delta_softplus {
+                    crate::math::softplus_rows(&f[1][row.clone()], &mut dl);
+                } else {
+                    dl.copy_from_slice(&f[1][row.clone()]);
+                }
+                // SAFETY: `yp` holds `bs * ds * ls` f32 results, 4-byte aligned; each channel
+                // writes its own `ls` of them.
+                let y = unsafe {
+                    std::slice::from_raw_parts_mut((yp.get() as *mut f32).add(row.start), ls)
+                };
                 x.iter_mut().for_each(|v| *v = 0.0);
-                for l in 0..ls {
-                    let at = ch * ls + l;
-                    let d0 = f[1][at];
-                    let dl = if s.delta_softplus {
-                        d0.max(0.0) + (-d0.abs()).exp().ln_1p()
-                    } else {
-                        d0
-                    };
-                    let du = dl * f[0][at];
-                    let mut acc = 0f32;
-                    for (n, xn) in x.iter_mut().enumerate() {
-                        let bc = (bi * ns + n) * ls + l;
-                        *xn = (dl * f[2][di * ns + n]).exp() * *xn + du * f[3][bc];
-                        acc += *xn * f[4][bc];
+                let bc = bi * ls * ns..(bi + 1) * ls * ns;
+                crate::math::scan_channel(
+                    &mut x,
+                    &f[2][di * ns..(di + 1) * ns],
+                    &bt[bc.clone()],
+                    &ct[bc],
+                    &dl,
+                    &f[0][row.clone()],
+                    y,
+                );
+                if let Some(dk) = f.get(5) {
+                    for (yl, &ul) in y.iter_mut().zip(&f[0][row.clone()]) {
+                        *yl += ul * dk[di];
                     }
-                    if let Some(dk) = f.get(5) {
-                        acc += f[0][at] * dk[di];
-                    }
-                    if let Some(z) = f.get(6) {
-                        acc *= z[at] / (1.0 + (-z[at]).exp());
-                    }
-                    // SAFETY: each channel writes its own `ls` results of `y`.
-                    unsafe { *(yp.get() as *mut f32).add(at) = acc };
+                }
+                if let Some(z) = f.get(6) {
+                    crate::math::silu_gate_in_place(y, &z[row.clone()]);
                 }
             }
         });
-        for (o, v) in out.chunks_exact_mut(4).zip(y) {
-            o.copy_from_slice(&v.to_le_bytes());
+        if !aligned {
+            for (o, v) in out.chunks_exact_mut(4).zip(tmp) {
+                o.copy_from_slice(&v.to_le_bytes());
+            }
         }
         return;
     }

@@ -33,3 +33,17 @@ pub fn decode(bytes: &[u8], dt: DType) -> Vec<f64> {
         .map(|b| convert::bytes_to_f64(b, dt))
         .collect()
 }
+
+/// `n` deterministic values in `[lo, hi)` (xorshift from `seed`): inputs for tests that must
+/// not depend on a crate's random stream.
+pub fn uniform(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            lo + (hi - lo) * ((s >> 11) as f64 / (1u64 << 53) as f64)
+        })
+        .collect()
+}

@@ -12,6 +12,16 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// The per-repetition `values` of a reference script's JSON line.
+pub fn values(v: &serde_json::Value) -> Vec<f64> {
+    v["values"]
+        .as_array()
+        .expect("values")
+        .iter()
+        .filter_map(|x| x.as_f64())
+        .collect()
+}
+
 impl Numpy {
     /// The given python, or the project venv (created by scripts/setup-pyenv.sh if missing).
     pub fn find(python: Option<&str>) -> Numpy {
@@ -67,13 +77,7 @@ impl Numpy {
 
     /// Per-repetition metric values (GFLOP/s or GB/s).
     pub fn run(&self, args: &[&str], threads: usize, reps: usize) -> Vec<f64> {
-        let v = self.call(args, threads, reps);
-        v["values"]
-            .as_array()
-            .expect("values")
-            .iter()
-            .filter_map(|x| x.as_f64())
-            .collect()
+        values(&self.call(args, threads, reps))
     }
 
     /// numpy version and BLAS build, from a tiny run.

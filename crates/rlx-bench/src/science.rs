@@ -231,12 +231,7 @@ fn torch_scan(
     }
     let v: serde_json::Value =
         serde_json::from_slice(&out.stdout).expect("scan_ref.py prints one JSON object");
-    v["values"]
-        .as_array()
-        .expect("values")
-        .iter()
-        .filter_map(|x| x.as_f64())
-        .collect()
+    crate::numpy::values(&v)
 }
 
 /// Sparse × dense products (`rlx-sparse`'s `spmm`) of an n × n f32 matrix with `per_row`

@@ -90,9 +90,10 @@ impl Tensor {
     /// the cast semantics of [`saturate_int`], Bool is `v != 0`, C64 gets imaginary parts 0.
     pub fn from_f64(dims: &[usize], dtype: DType, vals: Vec<f64>) -> Tensor {
         debug_assert_eq!(vals.len(), dims.iter().product::<usize>());
-        let data = if dtype == DType::C64 {
+        if dtype == DType::C64 {
             return Tensor::from_complex(dims, vals.into_iter().map(|v| (v, 0.0)).collect());
-        } else if dtype.is_float() {
+        }
+        let data = if dtype.is_float() {
             Data::Float(vals.into_iter().map(|v| round_float(dtype, v)).collect())
         } else {
             Data::Int(vals.into_iter().map(|v| saturate_int(dtype, v)).collect())

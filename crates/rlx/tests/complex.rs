@@ -489,6 +489,26 @@ fn istft_inverts_stft() {
     }
 }
 
+/// `angle` against `atan2` in every quadrant, on both axes and at 0 (numpy's `angle`; a sum of
+/// angles, as in the JAX cases, can hide a quadrant error when errors of ±2π cancel).
+#[test]
+fn angle_is_atan2_in_every_quadrant() {
+    let points: Vec<(f64, f64)> = [-2.0, -0.5, 0.0, 0.5, 2.0]
+        .iter()
+        .flat_map(|&x| [-1.5, -0.25, 0.0, 0.25, 1.5].map(|y| (x, y)))
+        .collect();
+    let mut g = Graph::new("angle");
+    let z = g.input("z", Shape::new(&[points.len()], C64));
+    let a = g.angle(z);
+    g.set_outputs(vec![a]);
+    let flat: Vec<f64> = points.iter().flat_map(|&(x, y)| [x, y]).collect();
+    let feeds = [("z".to_string(), encode(&flat, C64), C64)];
+    let want: Vec<f64> = points.iter().map(|&(x, y)| f64::atan2(y, x)).collect();
+    for got in [run_cpu(&g, &feeds), run_reference(&g, &feeds)] {
+        close(&got[0], &want, 1e-6).unwrap();
+    }
+}
+
 #[test]
 fn bad_calls_are_named_errors() {
     let mut g = Graph::new("bad");

@@ -3,7 +3,8 @@
 # Mesa's software Vulkan (lavapipe), so the GPU backend's tests run on a machine without a GPU,
 # Python's venv module, in which the server tests install the `openai` client
 # (scripts/setup-serve-pyenv.sh), and NVRTC from PyPI (.venv-cuda), with which the tests
-# compile every CUDA kernel. Extra arguments go to `cargo test`.
+# compile every CUDA kernel, and the edge targets' tools: the Arm cross compiler with newlib and
+# QEMU (the Cortex-M C runs under emulation). Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
@@ -17,6 +18,17 @@ if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     $sudo apt-get install -y -q python3-venv >/dev/null 2>&1 || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q python3-venv >/dev/null; }
+fi
+missing=()
+command -v arm-none-eabi-gcc >/dev/null 2>&1 || missing+=(gcc-arm-none-eabi)
+[ -e /usr/lib/arm-none-eabi/newlib/libc_nano.a ] || missing+=(libnewlib-arm-none-eabi)
+command -v qemu-system-arm >/dev/null 2>&1 || missing+=(qemu-system-arm)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing ${missing[*]} (the Cortex-M tests build C for Arm and run it under QEMU)" >&2
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null 2>&1 || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null; }
 fi
 # NVRTC from PyPI (no GPU needed): the CUDA backend's kernels are compiled for sm_80 and sm_90
 # by the tests, so no kernel reaches a user uncompiled.

@@ -6,6 +6,7 @@
 
 mod amp;
 mod compile;
+mod int8;
 mod numpy;
 mod science;
 mod stats;
@@ -42,6 +43,9 @@ SUITES:
                  of each in turn: step times and final losses (RLX only)
     compile      compiling the character GPT's training step in new processes without and
                  with the compile cache (on disk), and again in one process (in memory)
+    int8         the digits MLP and CNN quantized to int8 (rlx::quant) on the CPU, µs per batch
+                 at batch 1 and 64, against ONNX Runtime's static int8 model (python from
+                 .venv-edge, created by scripts/setup-edge-pyenv.sh)
     train        training step (forward + backward + AdamW) of an MLP and a character GPT,
                  against JAX jit and PyTorch eager (python from --train-python)
     all          gemm, elementwise, softmax and overhead
@@ -708,6 +712,11 @@ fn main() {
             .numpy
             .then(|| train::reference_python(o.train_python.as_deref()));
         science::scan_suite(o.scan, &o.threads, o.rounds, o.reps, python.as_deref());
+        return;
+    }
+    if o.suite == "int8" {
+        println!("{}", stats::machine_report());
+        int8::suite(&o.threads, o.rounds, o.reps, o.numpy);
         return;
     }
     if o.suite == "train" {

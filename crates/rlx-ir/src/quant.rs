@@ -193,3 +193,163 @@ impl QuantScheme {
         })
     }
 }
+
+/// Integer requantization as TFLite's reference kernels, gemmlowp and CMSIS-NN compute it: a
+/// real factor `r` becomes a Q31 multiplier `m` and a power-of-two `shift` with
+/// `r ≈ m · 2^(shift - 31)`, and an `i32` accumulator is scaled by them with two roundings
+/// (a rounding doubling high multiply, then a rounding right shift). The integer ops
+/// (`qlinear`, `qconv2d`, `qadd`), the CPU kernels, and the C and SystemVerilog that the edge
+/// writers produce all compute exactly this.
+pub mod fixed {
+    /// The lowest `shift` a multiplier may carry (a factor of at least `2^-32`).
+    pub const MIN_SHIFT: i32 = -31;
+    /// The highest `shift` (a factor below `2^31`).
+    pub const MAX_SHIFT: i32 = 30;
+
+    /// `r` as `(multiplier, shift)`: `multiplier` in `[2^30, 2^31)` and `r = multiplier ·
+    /// 2^(shift - 31)` to within half a unit of the multiplier, rounding half away from zero
+    /// (TFLite's `QuantizeMultiplier`). Zero, and factors below `2^-32`, give `(0, 0)`. `None`
+    /// for a negative, non-finite or too large (`≥ 2^31`) factor.
+    pub fn quantize_multiplier(r: f64) -> Option<(i32, i32)> {
+        if !r.is_finite() || r < 0.0 {
+            return None;
+        }
+        if r == 0.0 {
+            return Some((0, 0));
+        }
+        // r = q · 2^e with q in [0.5, 1).
+        let e = r.log2().floor() as i32 + 1;
+        let mut e = e;
+        let mut q = r / 2f64.powi(e);
+        // log2 can be off by one at exact powers of two.
+        while q >= 1.0 {
+            q /= 2.0;
+            e += 1;
+        }
+        while q < 0.5 {
+            q *= 2.0;
+            e -= 1;
+        }
+        let mut fixed = (q * (1u64 << 31) as f64).round() as i64;
+        if fixed == 1 << 31 {
+            fixed /= 2;
+            e += 1;
+        }
+        if e < MIN_SHIFT {
+            return Some((0, 0));
+        }
+        if e > MAX_SHIFT {
+            return None;
+        }
+        Some((fixed as i32, e))
+    }
+
+    /// gemmlowp's `SaturatingRoundingDoublingHighMul`: the high 32 bits of `2ab`, rounded to
+    /// nearest (ties away from zero); `i32::MAX` for `a = b = i32::MIN`.
+    pub fn doubling_high_mul(a: i32, b: i32) -> i32 {
+        if a == i32::MIN && b == i32::MIN {
+            return i32::MAX;
+        }
+        let ab = a as i64 * b as i64;
+        let nudge: i64 = if ab >= 0 { 1 << 30 } else { 1 - (1 << 30) };
+        // Integer division truncates toward zero, as in C.
+        ((ab + nudge) / (1i64 << 31)) as i32
+    }
+
+    /// gemmlowp's `RoundingDivideByPOT`: `x / 2^exponent` rounded to nearest, ties away from
+    /// zero (`exponent` in `0..=31`).
+    pub fn rounding_shift_right(x: i32, exponent: u32) -> i32 {
+        let mask = ((1i64 << exponent) - 1) as i32;
+        let remainder = x & mask;
+        let threshold = (mask >> 1) + i32::from(x < 0);
+        (x >> exponent) + i32::from(remainder > threshold)
+    }
+
+    /// TFLite's `MultiplyByQuantizedMultiplier`: `x · multiplier · 2^(shift - 31)`, rounded
+    /// twice as the reference kernels round. A positive `shift` shifts `x` left first, saturated
+    /// to `i32`. `shift` must lie in [`MIN_SHIFT`]`..=`[`MAX_SHIFT`].
+    pub fn multiply_by_quantized_multiplier(x: i32, multiplier: i32, shift: i32) -> i32 {
+        debug_assert!((MIN_SHIFT..=MAX_SHIFT).contains(&shift));
+        let left = shift.max(0) as u32;
+        let right = (-shift).max(0) as u32;
+        let shifted = ((x as i64) << left).clamp(i32::MIN as i64, i32::MAX as i64) as i32;
+        rounding_shift_right(doubling_high_mul(shifted, multiplier), right)
+    }
+
+    /// An accumulator requantized to an 8-bit value: scaled, offset by the result's zero
+    /// point and clamped to `[lo, hi]` (the type's range, or a fused activation's).
+    pub fn requantize(
+        acc: i32,
+        multiplier: i32,
+        shift: i32,
+        zero_point: i32,
+        lo: i32,
+        hi: i32,
+    ) -> i32 {
+        multiply_by_quantized_multiplier(acc, multiplier, shift)
+            .saturating_add(zero_point)
+            .clamp(lo, hi)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn multipliers_round_trip_the_factor() {
+            for r in [
+                1.0,
+                0.5,
+                0.75,
+                1e-3,
+                0.0123456,
+                3.999,
+                1234.5,
+                2f64.powi(-31),
+            ] {
+                let (m, s) = quantize_multiplier(r).unwrap();
+                assert!((1 << 30..=i32::MAX).contains(&m), "{r}: {m}");
+                let back = m as f64 * 2f64.powi(s - 31);
+                assert!((back - r).abs() <= r * 2f64.powi(-30), "{r}: {back}");
+            }
+            assert_eq!(quantize_multiplier(0.0), Some((0, 0)));
+            assert_eq!(quantize_multiplier(1e-12), Some((0, 0)));
+            assert_eq!(quantize_multiplier(-1.0), None);
+            assert_eq!(quantize_multiplier(f64::NAN), None);
+            assert_eq!(quantize_multiplier(2f64.powi(31)), None);
+        }
+
+        /// Hand-computed cases. 0.5 is `(2^30, 0)`: the doubling multiply rounds its ties
+        /// upward (2.5 to 3, -2.5 to -2); the rounding shift rounds ties away from zero.
+        #[test]
+        fn requantization_rounds_as_the_reference_kernels() {
+            let (m, s) = quantize_multiplier(0.5).unwrap();
+            assert_eq!((m, s), (1 << 30, 0));
+            let got: Vec<i32> = [-5, -3, -1, 1, 3, 5, 100]
+                .iter()
+                .map(|&x| multiply_by_quantized_multiplier(x, m, s))
+                .collect();
+            assert_eq!(got, [-2, -1, 0, 1, 2, 3, 50]);
+            // 0.25 = (2^30, -1): one more rounding shift; 6·0.25 = 1.5 rounds to 2, -6 to -2,
+            // and 5·0.25 = 1.25 gives 2 (rounded twice: 2.5 to 3, then 1.5 to 2).
+            let (m, s) = quantize_multiplier(0.25).unwrap();
+            assert_eq!((m, s), (1 << 30, -1));
+            assert_eq!(multiply_by_quantized_multiplier(6, m, s), 2);
+            assert_eq!(multiply_by_quantized_multiplier(-6, m, s), -2);
+            assert_eq!(multiply_by_quantized_multiplier(5, m, s), 2);
+            // A factor above one shifts left first: 3 · 3 = 9.
+            let (m, s) = quantize_multiplier(3.0).unwrap();
+            assert_eq!(multiply_by_quantized_multiplier(3, m, s), 9);
+            // Saturation of the doubling multiply and of the left shift: x · 2 as (x << 2)
+            // saturated, then halved.
+            assert_eq!(doubling_high_mul(i32::MIN, i32::MIN), i32::MAX);
+            assert_eq!(
+                multiply_by_quantized_multiplier(i32::MAX, 1 << 30, 2),
+                1 << 30
+            );
+            assert_eq!(requantize(1000, 1 << 30, 0, -10, -128, 127), 127);
+            assert_eq!(requantize(-1000, 1 << 30, 0, -10, -128, 127), -128);
+            assert_eq!(requantize(40, 1 << 30, 0, -10, -128, 127), 10);
+        }
+    }
+}

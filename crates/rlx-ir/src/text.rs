@@ -27,6 +27,8 @@ use std::fmt::{self, Write};
 pub enum Attr {
     /// A non-negative integer.
     Int(u64),
+    /// A negative integer, `-v` (`v > 0`; zero and positive values are [`Attr::Int`]).
+    NegInt(u64),
     /// A float.
     Float(f32),
     /// `true` / `false`.
@@ -48,6 +50,16 @@ pub enum Attr {
 impl From<usize> for Attr {
     fn from(v: usize) -> Attr {
         Attr::Int(v as u64)
+    }
+}
+
+impl From<i64> for Attr {
+    fn from(v: i64) -> Attr {
+        if v < 0 {
+            Attr::NegInt(v.unsigned_abs())
+        } else {
+            Attr::Int(v as u64)
+        }
     }
 }
 
@@ -93,6 +105,10 @@ impl Attr {
     fn write(&self, out: &mut String, indent: usize) {
         match self {
             Attr::Int(v) => push_int(out, *v),
+            Attr::NegInt(v) => {
+                out.push('-');
+                push_int(out, *v);
+            }
             // Debug is the shortest form that reads back to the same f32 (`1e-5`, `10000.0`).
             Attr::Float(v) => {
                 let _ = write!(out, "{v:?}");
@@ -137,7 +153,7 @@ impl Attr {
 
     fn kind(&self) -> &'static str {
         match self {
-            Attr::Int(_) => "an integer",
+            Attr::Int(_) | Attr::NegInt(_) => "an integer",
             Attr::Float(_) => "a float",
             Attr::Bool(_) => "true or false",
             Attr::Str(_) => "a string",
@@ -184,6 +200,22 @@ impl Attrs {
     pub fn usize(&mut self, key: &str) -> Result<usize> {
         let a = self.take(key)?;
         self.as_usize(key, &a)
+    }
+
+    /// A signed integer.
+    pub fn i64(&mut self, key: &str) -> Result<i64> {
+        match self.take(key)? {
+            Attr::Int(v) => i64::try_from(v).map_err(|_| {
+                Error::op(self.op, format!("attribute `{key}` = {v} does not fit i64"))
+            }),
+            Attr::NegInt(v) => 0i64.checked_sub_unsigned(v).ok_or_else(|| {
+                Error::op(
+                    self.op,
+                    format!("attribute `{key}` = -{v} does not fit i64"),
+                )
+            }),
+            other => Err(self.bad(key, "an integer", &other)),
+        }
     }
 
     fn as_usize(&self, key: &str, a: &Attr) -> Result<usize> {
@@ -620,6 +652,15 @@ impl<'a> Parser<'a> {
                 .parse()
                 .map(Attr::Int)
                 .map_err(|_| self.err(format!("integer {w} is too large")));
+        }
+        if let Some(m) = w.strip_prefix('-') {
+            if !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()) {
+                return match m.parse::<u64>() {
+                    Ok(0) => Ok(Attr::Int(0)),
+                    Ok(v) => Ok(Attr::NegInt(v)),
+                    Err(_) => Err(self.err(format!("integer {w} is too large"))),
+                };
+            }
         }
         w.parse::<f32>()
             .map(Attr::Float)

@@ -20,6 +20,7 @@ pub mod patterns;
 pub mod pipeline;
 pub mod plan;
 pub mod precision;
+pub mod quant;
 pub mod rewrite;
 pub mod simplify;
 pub mod vmap;
@@ -39,6 +40,10 @@ pub use pipeline::{CompilePipeline, CompileResult, Pass, PassRecord};
 pub use plan::{prepare, Donation, LoweringOptions, LoweringPlan, Skip};
 pub use precision::{
     op_class, AutoMixedPrecision, CustomPrecision, OpClass, Precision, PrecisionPolicy,
+};
+pub use quant::{
+    calibrate, insert_q_dq, integer_core, quant_propagate, specialize_params, CalibrationEntry,
+    CalibrationRecord, Calibrator, IntegerCore, QuantMap, QuantPropagate, RangeMethod,
 };
 pub use rewrite::{rewrite, Rewrite, Rule, RuleSet, RuleSite, Site};
 pub use simplify::AlgebraicSimplify;

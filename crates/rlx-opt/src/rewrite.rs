@@ -283,6 +283,7 @@ pub fn structural_hash(op: &Op, ins: &[NodeId], shape: &Shape) -> u64 {
 fn hash_attr(a: &Attr, h: &mut impl Hasher) {
     match a {
         Attr::Int(v) => v.hash(h),
+        Attr::NegInt(v) => (!v).hash(h),
         Attr::Float(v) => v.to_bits().hash(h),
         Attr::Bool(v) => v.hash(h),
         Attr::Str(s) | Attr::Word(s) => s.hash(h),

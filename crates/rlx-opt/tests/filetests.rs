@@ -6,14 +6,15 @@
 //! produce now (review the diff before committing it).
 //!
 //! Passes by name: `simplify`, `cse`, `dce`, `const_fold`, `fuse_elementwise` and
-//! `fuse_patterns` (a file starting with one also shows its fusion report), and `decompose=op+op` (the decomposition a backend
+//! `fuse_patterns` (a file starting with one also shows its fusion report), `quant_propagate`
+//! (a QDQ graph folded into int8 ops), and `decompose=op+op` (the decomposition a backend
 //! lacking those ops gets; `decompose=fused` inlines fused regions). Rule lists must never make a graph worse:
 //! unless a file decomposes, its cost after may not exceed its cost before.
 
 use rlx_ir::{ops, Graph, NodeId, OpKind};
 use rlx_opt::{
     AlgebraicSimplify, CompilePipeline, ConstantFolding, Cse, DeadCodeElimination, Decompose,
-    FuseElementwise, FusePatterns, FusionOptions, Pass,
+    FuseElementwise, FusePatterns, FusionOptions, Pass, QuantPropagate,
 };
 use std::fmt::Write;
 use std::path::Path;
@@ -33,6 +34,7 @@ fn pass_of<'a>(
         }),
         "fuse_elementwise" => Box::new(FuseElementwise::new(FusionOptions::default())),
         "fuse_patterns" => Box::new(FusePatterns::new(FusionOptions::default(), None)),
+        "quant_propagate" => Box::new(QuantPropagate),
         _ if name.starts_with("decompose=") => Box::new(Decompose {
             backend: "filetest",
             supports,

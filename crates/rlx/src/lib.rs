@@ -29,7 +29,11 @@
 
 #![deny(missing_docs)]
 
+#[cfg(feature = "cortexm")]
+pub use rlx_cortexm as cortexm;
 pub use rlx_driver as driver;
+#[cfg(feature = "fpga")]
+pub use rlx_fpga as fpga;
 #[cfg(feature = "gguf")]
 pub use rlx_gguf as gguf;
 pub use rlx_ir as ir;
@@ -45,17 +49,26 @@ pub use rlx_runtime::{CompiledGraph, PrecisionPolicy, Session};
 pub mod ops {
     /// Ops defined in one file each ([`OpDef`](rlx_ir::ops::OpDef)), built with
     /// [`Op::defined`](rlx_ir::Op::defined).
-    pub use rlx_ir::ops::{Dequantize, FakeQuantize, Fft, FftKind, Quantize};
+    pub use rlx_ir::ops::{
+        Dequantize, FakeQuantize, Fft, FftKind, QAdd, QConv2d, QLinear, QOut, QPool, Quantize,
+    };
     pub use rlx_ir::{
         Activation, BinaryOp, CmpOp, ConvAttrs, DotDims, FusedRegion, FusionKind, MaskKind,
         PoolAttrs, PoolKind, ReduceKind, TopKOutput,
     };
 }
 
-/// Quantization metadata: the layouts of packed weights taken by `Op::DequantMatMul` and
-/// `Op::DequantizeRows`.
+/// Quantization: the layouts of packed weights taken by `Op::DequantMatMul` and
+/// `Op::DequantizeRows`, and post-training int8 quantization (calibration, the quantization
+/// map, `insert_q_dq`, `quant_propagate`) with its fixed-point arithmetic.
 pub mod quant {
+    pub use rlx_ir::quant::fixed;
     pub use rlx_ir::QuantScheme;
+    pub use rlx_opt::quant::{
+        activation_entry, calibrate, insert_q_dq, integer_core, quant_propagate, specialize_params,
+        taps, weight_entry, CalibrationEntry, CalibrationRecord, Calibrator, IntegerCore, QuantMap,
+        RangeMethod, TapKind,
+    };
 }
 
 /// Automatic differentiation: reverse mode (`grad_with_loss`, `grad`), forward mode (`jvp`),

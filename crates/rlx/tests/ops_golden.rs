@@ -288,6 +288,14 @@ const NOT_ON_THE_GPU: &[(&str, &str, &str)] = &[
         "*",
         "a while without max_iterations has no GPU form (a bounded one unrolls)",
     ),
+    (
+        "qlinear",
+        "*",
+        "the int8 integer ops run on the CPU (and the edge writers) only",
+    ),
+    ("qconv2d", "*", "the int8 integer ops run on the CPU only"),
+    ("qadd", "*", "the int8 integer ops run on the CPU only"),
+    ("qpool", "*", "the int8 integer ops run on the CPU only"),
 ];
 
 /// A case's kind for [`NOT_ON_THE_GPU`]: its op's name, marked with the form where the GPU runs
@@ -525,6 +533,14 @@ const NOT_ON_CUDA: &[(&str, &str, &str)] = &[
         "i32",
         "decomposes into an integer matmul, float only on CUDA",
     ),
+    (
+        "qlinear",
+        "*",
+        "the int8 integer ops run on the CPU (and the edge writers) only",
+    ),
+    ("qconv2d", "*", "the int8 integer ops run on the CPU only"),
+    ("qadd", "*", "the int8 integer ops run on the CPU only"),
+    ("qpool", "*", "the int8 integer ops run on the CPU only"),
 ];
 
 /// The entry of [`NOT_ON_CUDA`] allowing case `c`, if any (its index).

@@ -15,6 +15,7 @@ mod linalg;
 mod movement;
 mod norm;
 pub mod patterns;
+mod qint;
 pub mod quant;
 mod reduce;
 pub mod registered;

@@ -85,6 +85,9 @@ pub(super) fn of(op: &DefinedOp) -> Option<CpuKernel> {
     if let Some(k) = super::fft::kernel_of(op) {
         return Some(k);
     }
+    if let Some(k) = super::qint::kernel_of(op) {
+        return Some(k);
+    }
     if let Some(s) = op.downcast::<SelectiveScan>() {
         let s = *s;
         return Some(Arc::new(move |_, ins, out, shape, pool| {

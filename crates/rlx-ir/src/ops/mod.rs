@@ -24,6 +24,7 @@ mod linalg;
 mod loops;
 mod movement;
 mod nn;
+mod qint;
 mod quant;
 mod quantize;
 mod reduce;
@@ -39,6 +40,7 @@ pub use dequantize::Dequantize;
 pub use fake_quantize::FakeQuantize;
 pub use fft::{Fft, FftKind};
 pub use loops::{Scan, While};
+pub use qint::{window as pool_window, QAdd, QConv2d, QLinear, QOut, QPool, QADD_LEFT_SHIFT};
 pub use quantize::Quantize;
 pub use selective_scan::SelectiveScan;
 
@@ -60,6 +62,10 @@ const DEFINED: &[OpRegistration] = &[
     complex::REAL,
     complex::IMAG,
     fft::OP,
+    qint::QLINEAR,
+    qint::QCONV2D,
+    qint::QADD,
+    qint::QPOOL,
 ];
 
 use crate::{Dim, Error, Graph, NodeId, Op, Result, Shape};

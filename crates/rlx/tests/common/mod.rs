@@ -2,6 +2,7 @@
 
 #![allow(dead_code)]
 
+pub mod digits;
 pub mod gpt;
 pub mod llm;
 pub mod table;

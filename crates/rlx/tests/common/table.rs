@@ -226,6 +226,8 @@ pub fn op_of(name: &str, a: &Value) -> Op {
                 .flatten()
                 .map(|(k, v)| match v {
                     Value::Null => format!("{k} = none"),
+                    // A word (an enum value such as a pooling kind).
+                    Value::String(w) => format!("{k} = {w}"),
                     v => format!("{k} = {v}"),
                 })
                 .collect();

@@ -1647,6 +1647,145 @@ def gen_fft(table):
 
 
 # ---------------------------------------------------------------------------
+# Int8 integer ops (TFLite / gemmlowp fixed-point requantization)
+# ---------------------------------------------------------------------------
+
+I32_MIN, I32_MAX = -2**31, 2**31 - 1
+
+
+def tflite_quantize_multiplier(r):
+    """TFLite's QuantizeMultiplier: r = q * 2^e with q in [0.5, 1) (frexp), q in Q31 rounded
+    half away from zero."""
+    if r == 0:
+        return 0, 0
+    q, e = math.frexp(r)
+    f = int(math.floor(q * 2**31 + 0.5))
+    if f == 2**31:
+        f //= 2
+        e += 1
+    if e < -31:
+        return 0, 0
+    assert e <= 30
+    return f, e
+
+
+def wrap_i32(v):
+    return (v + 2**31) % 2**32 - 2**31
+
+
+def srdhm(a, b):
+    """gemmlowp SaturatingRoundingDoublingHighMul (C integer division truncates)."""
+    if a == b == I32_MIN:
+        return I32_MAX
+    ab = a * b
+    v = ab + (2**30 if ab >= 0 else 1 - 2**30)
+    q = abs(v) // 2**31
+    return q if v >= 0 else -q
+
+
+def rdbpot(x, e):
+    """gemmlowp RoundingDivideByPOT."""
+    mask = (1 << e) - 1
+    threshold = (mask >> 1) + (1 if x < 0 else 0)
+    return (x >> e) + (1 if (x & mask) > threshold else 0)
+
+
+def mbqm(x, m, s):
+    """TFLite MultiplyByQuantizedMultiplier; the left shift saturates to i32."""
+    shifted = min(max(x << max(s, 0), I32_MIN), I32_MAX)
+    return rdbpot(srdhm(shifted, m), max(-s, 0))
+
+
+def requant(acc, m, s, zp, lo, hi):
+    return min(max(mbqm(wrap_i32(acc), m, s) + zp, lo), hi)
+
+
+def qparams(rng, n, lo=1e-4, hi=2.0):
+    """Per-channel (bias, multiplier, shift) drawn from real factors over four decades, one of
+    them above one (a left shift)."""
+    factors = np.exp(rng.uniform(np.log(lo), np.log(hi), size=n))
+    ms = [tflite_quantize_multiplier(float(f)) for f in factors]
+    bias = rng.integers(-3000, 3000, size=n).astype(np.int32)
+    return bias, np.asarray([m for m, _ in ms], np.int32), np.asarray([s for _, s in ms], np.int32)
+
+
+def gen_qint(table):
+    """qlinear, qconv2d, qadd and qpool against the reference kernels' integer arithmetic
+    written out here (TFLite's QuantizeMultiplier by frexp, gemmlowp's rounding)."""
+    rng = np.random.default_rng(4040)
+    i8 = lambda shape: rng.integers(-128, 128, size=shape).astype(np.int8)  # noqa: E731
+    for xshape, n, xzp, ozp, relu, tag in [([3, 20], 5, -3, 5, False, "rows"), ([37], 4, -128, -128, True, "relu"),
+                                           ([2, 3, 70], 9, 17, 0, False, "rank3")]:
+        x, k = i8(xshape), xshape[-1]
+        w = i8([n, k])
+        bias, m, s = qparams(rng, n, 1e-4, 0.05 if relu else 0.02)
+        lo, hi = (ozp if relu else -128), 127
+        acc = x.astype(np.int64) - xzp
+        acc = acc @ w.astype(np.int64).T + bias
+        y = np.vectorize(lambda a, c: requant(int(a), int(m[c]), int(s[c]), ozp, lo, hi))(
+            acc, np.arange(n) * np.ones_like(acc, dtype=np.int64))
+        table.add("qlinear", tag, {"x_zero_point": xzp, "out_zero_point": ozp, "lo": lo, "hi": hi},
+                  [arg(x, "i8"), arg(w, "i8"), arg(bias, "i32"), arg(m, "i32"), arg(s, "i32")], y, "i8", "exact")
+    for xshape, o, kh, kw, stride, pad, xzp, ozp, relu, tag in [
+        ([2, 3, 6, 5], 4, 3, 3, [1, 1], [[1, 1], [1, 1]], -7, 2, False, "same"),
+        ([1, 2, 7, 6], 3, 2, 3, [2, 1], [[0, 1], [2, 0]], 30, -128, True, "strided"),
+    ]:
+        x = i8(xshape)
+        b, c, h, wd = xshape
+        w = i8([o, c, kh, kw])
+        bias, m, s = qparams(rng, o, 1e-4, 0.01)
+        lo, hi = (ozp if relu else -128), 127
+        xp = np.full([b, c, h + pad[0][0] + pad[0][1], wd + pad[1][0] + pad[1][1]], xzp, np.int64)
+        xp[:, :, pad[0][0]:pad[0][0] + h, pad[1][0]:pad[1][0] + wd] = x
+        ho = (xp.shape[2] - kh) // stride[0] + 1
+        wo = (xp.shape[3] - kw) // stride[1] + 1
+        y = np.zeros([b, o, ho, wo], np.int64)
+        for bi, oc, oy, ox in itertools.product(range(b), range(o), range(ho), range(wo)):
+            win = xp[bi, :, oy * stride[0]:oy * stride[0] + kh, ox * stride[1]:ox * stride[1] + kw] - xzp
+            acc = int((win * w[oc].astype(np.int64)).sum()) + int(bias[oc])
+            y[bi, oc, oy, ox] = requant(acc, int(m[oc]), int(s[oc]), ozp, lo, hi)
+        table.add("qconv2d", tag, {"stride": stride, "padding": pad, "x_zero_point": xzp, "out_zero_point": ozp,
+                                   "lo": lo, "hi": hi},
+                  [arg(x, "i8"), arg(w, "i8"), arg(bias, "i32"), arg(m, "i32"), arg(s, "i32")], y, "i8", "exact")
+    for sa, sb, so, azp, bzp, ozp, relu, tag in [(0.05, 0.02, 0.06, -3, 10, -1, False, "plain"),
+                                                 (0.01, 0.03, 0.025, 100, -128, -128, True, "relu")]:
+        a, bb = i8([2, 3, 4]), i8([2, 3, 4])
+        a.reshape(-1)[:3] = [127, -128, azp]
+        bb.reshape(-1)[:3] = [127, -128, bzp]
+        twice = 2 * max(sa, sb)
+        am, ash = tflite_quantize_multiplier(sa / twice)
+        bm, bsh = tflite_quantize_multiplier(sb / twice)
+        om, osh = tflite_quantize_multiplier(twice / (2**20 * so))
+        lo, hi = (ozp if relu else -128), 127
+        y = [requant(wrap_i32(mbqm((int(va) - azp) << 20, am, ash) + mbqm((int(vb) - bzp) << 20, bm, bsh)),
+                     om, osh, ozp, lo, hi) for va, vb in zip(a.reshape(-1), bb.reshape(-1))]
+        attrs = {"a_zero_point": azp, "b_zero_point": bzp, "a_multiplier": am, "a_shift": ash,
+                 "b_multiplier": bm, "b_shift": bsh, "out_multiplier": om, "out_shift": osh,
+                 "out_zero_point": ozp, "lo": lo, "hi": hi}
+        table.add("qadd", tag, attrs, [arg(a, "i8"), arg(bb, "i8")], np.asarray(y).reshape(a.shape), "i8", "exact")
+    for kind in ["max", "mean"]:
+        for xshape, kernel, stride, pad, tag in [([2, 3, 5, 6], [2, 2], [2, 2], [[0, 1], [0, 0]], "2x2"),
+                                                 ([1, 2, 4, 4], [3, 3], [1, 2], [[1, 1], [1, 1]], "3x3pad")]:
+            x = i8(xshape)
+            b, c, h, wd = xshape
+            ho = (h + pad[0][0] + pad[0][1] - kernel[0]) // stride[0] + 1
+            wo = (wd + pad[1][0] + pad[1][1] - kernel[1]) // stride[1] + 1
+            y = np.zeros([b, c, ho, wo], np.int64)
+            for bi, ci, oy, ox in itertools.product(range(b), range(c), range(ho), range(wo)):
+                y0, x0 = oy * stride[0] - pad[0][0], ox * stride[1] - pad[1][0]
+                win = x[bi, ci, max(y0, 0):max(y0 + kernel[0], 0), max(x0, 0):max(x0 + kernel[1], 0)].astype(np.int64)
+                if kind == "max":
+                    y[bi, ci, oy, ox] = win.max()
+                else:
+                    total, cnt = int(win.sum()), win.size
+                    # TFLite: round half away from zero, with C's truncating division.
+                    num = total + cnt // 2 if total > 0 else total - cnt // 2
+                    y[bi, ci, oy, ox] = abs(num) // cnt * (1 if num >= 0 else -1)
+            table.add("qpool", f"{kind}_{tag}", {"kind": kind, "kernel": kernel, "stride": stride, "padding": pad},
+                      [arg(x, "i8")], y, "i8", "exact")
+
+
+# ---------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------
 
@@ -1657,7 +1796,7 @@ GENERATORS = [
     gen_scatter_add, gen_cumsum, gen_topk, gen_attention, gen_rope, gen_conv,
     gen_pool, gen_unary_grads, gen_gguf, gen_kv, gen_custom,
     gen_affine_quant, gen_fused, gen_paged, gen_narrow_ints, gen_blocks, gen_if, gen_loops, gen_quant_linear,
-    gen_selective_scan, gen_complex, gen_fft,
+    gen_selective_scan, gen_complex, gen_fft, gen_qint,
 ]
 
 

@@ -4,7 +4,8 @@
 # Python's venv module, in which the server tests install the `openai` client
 # (scripts/setup-serve-pyenv.sh), and NVRTC from PyPI (.venv-cuda), with which the tests
 # compile every CUDA kernel, and the edge targets' tools: the Arm cross compiler with newlib and
-# QEMU (the Cortex-M C runs under emulation). Extra arguments go to `cargo test`.
+# QEMU (the Cortex-M C runs under emulation), Verilator and Yosys (the FPGA datapath is
+# simulated and synthesized). Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
@@ -23,8 +24,10 @@ missing=()
 command -v arm-none-eabi-gcc >/dev/null 2>&1 || missing+=(gcc-arm-none-eabi)
 [ -e /usr/lib/arm-none-eabi/newlib/libc_nano.a ] || missing+=(libnewlib-arm-none-eabi)
 command -v qemu-system-arm >/dev/null 2>&1 || missing+=(qemu-system-arm)
+command -v verilator >/dev/null 2>&1 || missing+=(verilator)
+command -v yosys >/dev/null 2>&1 || missing+=(yosys)
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "installing ${missing[*]} (the Cortex-M tests build C for Arm and run it under QEMU)" >&2
+    echo "installing ${missing[*]} (the Cortex-M tests build C for Arm and run it under QEMU; the FPGA tests simulate with Verilator and synthesize with Yosys)" >&2
     sudo=""
     [ "$(id -u)" -eq 0 ] || sudo="sudo"
     export DEBIAN_FRONTEND=noninteractive

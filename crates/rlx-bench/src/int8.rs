@@ -66,29 +66,35 @@ fn ort_block(
     m
 }
 
-/// Run the suite: `rounds` alternations of RLX blocks (`reps` timings per configuration) and
-/// one ONNX Runtime run (7 timings per configuration); without `ort`, RLX only. The data and
-/// ONNX Runtime come from `.venv-edge` (`scripts/setup-edge-pyenv.sh`).
-pub fn suite(threads: &[usize], rounds: usize, reps: usize, ort: bool) {
-    let dir = std::env::temp_dir().join(format!("rlx-bench-int8-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| die(&e.to_string()));
-    let data_path = dir.join("digits.bin");
-    let py = root().join(".venv-edge/bin/python");
+/// scikit-learn's split written into `dir` (setting up `.venv-edge` first): its path and data.
+pub fn digits(dir: &Path) -> (PathBuf, DigitsData) {
+    let path = dir.join("digits.bin");
     let ok = Command::new(root().join("scripts/setup-edge-pyenv.sh"))
         .stdout(std::process::Stdio::null())
         .status();
     if !ok.is_ok_and(|s| s.success()) {
         die("scripts/setup-edge-pyenv.sh failed");
     }
-    let ok = Command::new(&py)
+    let ok = Command::new(root().join(".venv-edge/bin/python"))
         .arg(root().join("scripts/digits.py"))
         .arg("data")
-        .arg(&data_path)
+        .arg(&path)
         .status();
     if !ok.is_ok_and(|s| s.success()) {
         die("digits.py data failed");
     }
-    let d = DigitsData::read(&data_path).unwrap_or_else(|e| die(&e.to_string()));
+    let d = DigitsData::read(&path).unwrap_or_else(|e| die(&e.to_string()));
+    (path, d)
+}
+
+/// Run the suite: `rounds` alternations of RLX blocks (`reps` timings per configuration) and
+/// one ONNX Runtime run (7 timings per configuration); without `ort`, RLX only. The data and
+/// ONNX Runtime come from `.venv-edge` (`scripts/setup-edge-pyenv.sh`).
+pub fn suite(threads: &[usize], rounds: usize, reps: usize, ort: bool) {
+    let dir = std::env::temp_dir().join(format!("rlx-bench-int8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| die(&e.to_string()));
+    let (data_path, d) = digits(&dir);
+    let py = root().join(".venv-edge/bin/python");
     println!(
         "\n### Int8 inference of the digits models (RLX's int8 graph on its CPU backend against ONNX Runtime's static int8 QDQ model), µs per batch: median [min–max]\n"
     );

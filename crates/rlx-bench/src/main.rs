@@ -6,6 +6,7 @@
 
 mod amp;
 mod compile;
+mod edge;
 mod int8;
 mod numpy;
 mod science;
@@ -43,6 +44,9 @@ SUITES:
                  of each in turn: step times and final losses (RLX only)
     compile      compiling the character GPT's training step in new processes without and
                  with the compile cache (on disk), and again in one process (in memory)
+    edge         the digits models as int8 C for Cortex-M (flash and RAM against the float
+                 weights) and as FPGA datapaths at both ends of the MAC lanes (Verilator
+                 cycles, Yosys cells); needs the tools scripts/test.sh installs (RLX only)
     int8         the digits MLP and CNN quantized to int8 (rlx::quant) on the CPU, µs per batch
                  at batch 1 and 64, against ONNX Runtime's static int8 model (python from
                  .venv-edge, created by scripts/setup-edge-pyenv.sh)
@@ -712,6 +716,10 @@ fn main() {
             .numpy
             .then(|| train::reference_python(o.train_python.as_deref()));
         science::scan_suite(o.scan, &o.threads, o.rounds, o.reps, python.as_deref());
+        return;
+    }
+    if o.suite == "edge" {
+        edge::suite();
         return;
     }
     if o.suite == "int8" {

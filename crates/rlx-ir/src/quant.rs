@@ -246,6 +246,7 @@ pub mod fixed {
 
     /// gemmlowp's `SaturatingRoundingDoublingHighMul`: the high 32 bits of `2ab`, rounded to
     /// nearest (ties away from zero); `i32::MAX` for `a = b = i32::MIN`.
+    #[inline]
     pub fn doubling_high_mul(a: i32, b: i32) -> i32 {
         if a == i32::MIN && b == i32::MIN {
             return i32::MAX;
@@ -258,6 +259,7 @@ pub mod fixed {
 
     /// gemmlowp's `RoundingDivideByPOT`: `x / 2^exponent` rounded to nearest, ties away from
     /// zero (`exponent` in `0..=31`).
+    #[inline]
     pub fn rounding_shift_right(x: i32, exponent: u32) -> i32 {
         let mask = ((1i64 << exponent) - 1) as i32;
         let remainder = x & mask;
@@ -268,6 +270,7 @@ pub mod fixed {
     /// TFLite's `MultiplyByQuantizedMultiplier`: `x · multiplier · 2^(shift - 31)`, rounded
     /// twice as the reference kernels round. A positive `shift` shifts `x` left first, saturated
     /// to `i32`. `shift` must lie in [`MIN_SHIFT`]`..=`[`MAX_SHIFT`].
+    #[inline]
     pub fn multiply_by_quantized_multiplier(x: i32, multiplier: i32, shift: i32) -> i32 {
         debug_assert!((MIN_SHIFT..=MAX_SHIFT).contains(&shift));
         let left = shift.max(0) as u32;
@@ -278,6 +281,7 @@ pub mod fixed {
 
     /// An accumulator requantized to an 8-bit value: scaled, offset by the result's zero
     /// point and clamped to `[lo, hi]` (the type's range, or a fused activation's).
+    #[inline]
     pub fn requantize(
         acc: i32,
         multiplier: i32,

@@ -132,6 +132,9 @@ pub struct NodeInfo<'a> {
     /// For a MatMul: its right operand is a param stored in column panels
     /// ([`gemm::half::HMat::panels`], the plan's `panel_params`).
     pub b_panels: bool,
+    /// Per operand, its bytes when it is a constant (dense), which a kernel may prepare at
+    /// lowering (the int8 products pack their weights once).
+    pub consts: Vec<Option<&'a [u8]>>,
     /// What the program's kernels share (one per program).
     pub shared: &'a Shared,
     /// The program's lowering plan (control flow finds its bodies' plans there).
@@ -321,7 +324,10 @@ pub fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
         Op::CacheWrite | Op::CachedAttention { .. } | Op::PagedAttention { .. } => kv::lower(info),
         Op::Defined(d) => match (control::Flow::of(d), registered::of(d)) {
             (Some(flow), _) => control::lower(info, flow),
-            (None, Some(f)) => registered::lower(info, d, f),
+            (None, Some(f)) => {
+                let f = qint::prepared(info, d).unwrap_or(f);
+                registered::lower(info, d, f)
+            }
             (None, None) => Err(info.unsupported(format!("{} has no CPU kernel", d.name()))),
         },
         // Leaves and fused regions are lowered by the program itself; the rest are decomposed

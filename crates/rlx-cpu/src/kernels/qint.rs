@@ -6,25 +6,28 @@
 //! `i8` weights widened to `i16`, in pairs summed to `i32` (x86's `pmaddwd`; `vpdpwssd` where
 //! AVX-512 VNNI is present), 32 or 64 lanes at a time. A convolution gathers each output
 //! position's window into such a row first (padding as zero, which the zero point makes it).
-//! Work is split over output channels for one row and over rows for several.
+//! Work is split over output channels for one row and over rows for several. With AVX-512
+//! VNNI, several rows (a batch, or a convolution's output positions) take `vpdpbusd` instead:
+//! the input as u8 (`x + 128`) against weights packed 16 channels by 4 products per register,
+//! four rows sharing each weight load, the offset taken back out through the weight sums.
 
 use super::registered::{view, CpuKernel};
 use super::{par_ranges, Ptr};
 use crate::pool::Pool;
 use rlx_ir::ops::{pool_window, DefinedOp, QAdd, QConv2d, QLinear, QOut, QPool};
 use rlx_ir::quant::fixed;
-use rlx_ir::Shape;
+use rlx_ir::{PoolKind, Shape};
 use std::sync::Arc;
 
 pub(super) fn kernel_of(op: &DefinedOp) -> Option<CpuKernel> {
     if let Some(&q) = op.downcast::<QLinear>() {
         return Some(Arc::new(move |_, ins, out, _, pool| {
-            qlinear(q, ins, out, pool)
+            qlinear(q, ins, out, pool, None)
         }));
     }
     if let Some(&q) = op.downcast::<QConv2d>() {
         return Some(Arc::new(move |_, ins, out, shape, pool| {
-            qconv2d(q, ins, out, shape, pool)
+            qconv2d(q, ins, out, shape, pool, None)
         }));
     }
     if let Some(&q) = op.downcast::<QAdd>() {
@@ -138,6 +141,294 @@ unsafe fn dot_avx512(a: &[i16], b: &[i8]) -> i32 {
     _mm512_reduce_add_epi32(acc).wrapping_add(dot_scalar(&a[i..n], &b[i..n]))
 }
 
+/// Weights packed for AVX-512 VNNI's `vpdpbusd` (u8 × s8 in groups of four, summed into i32
+/// lanes): per block of 16 output channels, per group of 4 products, the 16 channels' 4
+/// weights (64 bytes); channels and products past the end are zero. With each channel's
+/// weight sum, which turns the products of `x + 128` (the u8 operand) back into those of
+/// `x - zp`: `Σ (x - zp) w = Σ (x + 128) w - (128 + zp) Σ w`, exactly (wrapping i32).
+struct Packed {
+    data: Vec<i8>,
+    sums: Vec<i32>,
+    /// Groups of four products.
+    groups: usize,
+    /// Blocks of 16 channels.
+    blocks: usize,
+}
+
+fn pack(w: &[i8], n: usize, k: usize) -> Packed {
+    let groups = k.div_ceil(4);
+    let blocks = n.div_ceil(16);
+    let mut data = vec![0i8; blocks * groups * 64];
+    for c in 0..n {
+        let (b, lane) = (c / 16, c % 16);
+        for (i, &v) in w[c * k..(c + 1) * k].iter().enumerate() {
+            data[(b * groups + i / 4) * 64 + lane * 4 + i % 4] = v;
+        }
+    }
+    let sums = (0..n)
+        .map(|c| w[c * k..(c + 1) * k].iter().map(|&v| v as i32).sum())
+        .collect();
+    Packed {
+        data,
+        sums,
+        groups,
+        blocks,
+    }
+}
+
+/// Whether this thread may use the packed VNNI products.
+fn vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        crate::isa::avx512()
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `acc[r][c] = Σ_i rows[r][i] · w[c][i]` for `m` rows of u8 (`4 · groups` bytes each) against
+/// packed weights; `acc` holds `16 · blocks` lanes per row.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn gemm_vnni(rows: &[u8], m: usize, p: &Packed, acc: &mut [i32]) {
+    use std::arch::x86_64::*;
+    let kp = 4 * p.groups;
+    let np = 16 * p.blocks;
+    debug_assert!(rows.len() >= m * kp && acc.len() >= m * np);
+    // SAFETY: row `r < m` has `kp = 4 · groups` bytes, so group `g` is in bounds.
+    let word = |r: usize, g: usize| -> i32 {
+        unsafe { std::ptr::read_unaligned(rows.as_ptr().add(r * kp + 4 * g) as *const i32) }
+    };
+    let mut r = 0;
+    while r < m {
+        let rs = (m - r).min(4);
+        for b in 0..p.blocks {
+            let mut a = [_mm512_setzero_si512(); 4];
+            for g in 0..p.groups {
+                // SAFETY: 64 packed bytes per (block, group).
+                let wv = unsafe {
+                    _mm512_loadu_si512(
+                        p.data.as_ptr().add((b * p.groups + g) * 64) as *const __m512i
+                    )
+                };
+                for (i, ai) in a.iter_mut().enumerate().take(rs) {
+                    *ai = _mm512_dpbusd_epi32(*ai, _mm512_set1_epi32(word(r + i, g)), wv);
+                }
+            }
+            for (i, ai) in a.iter().enumerate().take(rs) {
+                // SAFETY: row `r + i` has `np` lanes, block `b` 16 of them.
+                unsafe {
+                    _mm512_storeu_si512(
+                        acc.as_mut_ptr().add((r + i) * np + 16 * b) as *mut __m512i,
+                        *ai,
+                    )
+                };
+            }
+        }
+        r += rs;
+    }
+}
+
+/// The accumulators of `m` u8 rows against packed weights (see [`gemm_vnni`]); only called
+/// where [`vnni`] holds.
+fn gemm(rows: &[u8], m: usize, p: &Packed, acc: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: callers checked `vnni()`.
+    unsafe {
+        gemm_vnni(rows, m, p, acc)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (rows, m, p, acc);
+    }
+}
+
+/// Per output channel, padded to whole blocks of 16, as lanes: what turns a product of u8
+/// rows into the accumulator (`bias - (128 + zp) Σ w`, wrapping), the multiplier and the
+/// shift.
+struct Lanes {
+    corr: Vec<i32>,
+    mult: Vec<i32>,
+    shift: Vec<i32>,
+}
+
+impl Lanes {
+    fn of(ch: &[(i32, i32, i32)], p: &Packed, x_zero_point: i32) -> Lanes {
+        let n = 16 * p.blocks;
+        let mut l = Lanes {
+            corr: vec![0; n],
+            mult: vec![0; n],
+            shift: vec![0; n],
+        };
+        let off = 128 + x_zero_point;
+        for (c, &(b, m, s)) in ch.iter().enumerate() {
+            l.corr[c] = b.wrapping_sub(off.wrapping_mul(p.sums[c]));
+            (l.mult[c], l.shift[c]) = (m, s);
+        }
+        l
+    }
+}
+
+/// Sixteen accumulators of a row (block `b` of its channels, `acc` holding the row's lanes)
+/// corrected by the weight sums, biased and requantized: the int8 results, bit for bit
+/// [`fixed::requantize`] per lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn requant_x16(acc: &[i32], b: usize, l: &Lanes, out: QOut) -> [u8; 16] {
+    use std::arch::x86_64::*;
+    let at = 16 * b;
+    debug_assert!(acc.len() >= at + 16 && l.corr.len() >= at + 16);
+    // SAFETY (all loads): the row's lanes and the channel lanes hold `16 · blocks` values.
+    let ld = |v: &[i32]| unsafe { _mm512_loadu_si512(v.as_ptr().add(at) as *const __m512i) };
+    let a = _mm512_add_epi32(ld(acc), ld(&l.corr));
+    let (m, sh) = (ld(&l.mult), ld(&l.shift));
+    let zero = _mm512_setzero_si512();
+    let left = _mm512_max_epi32(sh, zero);
+    let right = _mm512_max_epi32(_mm512_sub_epi32(zero, sh), zero);
+    // The doubling high multiply of the left-shifted (saturated) value, eight lanes at a time
+    // in 64 bits.
+    let half = |x: __m256i, l: __m256i, m: __m256i| -> __m256i {
+        let x = _mm512_sllv_epi64(_mm512_cvtepi32_epi64(x), _mm512_cvtepi32_epi64(l));
+        let x = _mm512_min_epi64(
+            _mm512_max_epi64(x, _mm512_set1_epi64(i32::MIN as i64)),
+            _mm512_set1_epi64(i32::MAX as i64),
+        );
+        let m = _mm512_cvtepi32_epi64(m);
+        let ab = _mm512_mul_epi32(x, m);
+        let neg = _mm512_cmplt_epi64_mask(ab, _mm512_setzero_si512());
+        let nudge = _mm512_mask_blend_epi64(
+            neg,
+            _mm512_set1_epi64(1 << 30),
+            _mm512_set1_epi64(1 - (1 << 30)),
+        );
+        let v = _mm512_add_epi64(ab, nudge);
+        let vneg = _mm512_cmplt_epi64_mask(v, _mm512_setzero_si512());
+        let adj = _mm512_maskz_mov_epi64(vneg, _mm512_set1_epi64((1i64 << 31) - 1));
+        let q = _mm512_srai_epi64(_mm512_add_epi64(v, adj), 31);
+        let min = _mm512_set1_epi64(i32::MIN as i64);
+        let sat = _mm512_cmpeq_epi64_mask(x, min) & _mm512_cmpeq_epi64_mask(m, min);
+        _mm512_cvtepi64_epi32(_mm512_mask_mov_epi64(
+            q,
+            sat,
+            _mm512_set1_epi64(i32::MAX as i64),
+        ))
+    };
+    let lo_h = half(
+        _mm512_castsi512_si256(a),
+        _mm512_castsi512_si256(left),
+        _mm512_castsi512_si256(m),
+    );
+    let hi_h = half(
+        _mm512_extracti64x4_epi64(a, 1),
+        _mm512_extracti64x4_epi64(left, 1),
+        _mm512_extracti64x4_epi64(m, 1),
+    );
+    let h = _mm512_inserti64x4(_mm512_castsi256_si512(lo_h), hi_h, 1);
+    // The rounding right shift.
+    let one = _mm512_set1_epi32(1);
+    let mask = _mm512_sub_epi32(_mm512_sllv_epi32(one, right), one);
+    let rem = _mm512_and_si512(h, mask);
+    let hneg = _mm512_cmplt_epi32_mask(h, zero);
+    let thr = _mm512_mask_add_epi32(
+        _mm512_srai_epi32(mask, 1),
+        hneg,
+        _mm512_srai_epi32(mask, 1),
+        one,
+    );
+    let up = _mm512_cmpgt_epi32_mask(rem, thr);
+    let r = _mm512_mask_add_epi32(
+        _mm512_srav_epi32(h, right),
+        up,
+        _mm512_srav_epi32(h, right),
+        one,
+    );
+    // Offset and clamp (a value beyond ±65536 clamps the same whatever the zero point).
+    let r = _mm512_min_epi32(
+        _mm512_max_epi32(r, _mm512_set1_epi32(-65536)),
+        _mm512_set1_epi32(65536),
+    );
+    let r = _mm512_add_epi32(r, _mm512_set1_epi32(out.zero_point));
+    let r = _mm512_min_epi32(
+        _mm512_max_epi32(r, _mm512_set1_epi32(out.lo)),
+        _mm512_set1_epi32(out.hi),
+    );
+    let mut bytes = [0u8; 16];
+    // SAFETY: 16 bytes.
+    unsafe { _mm_storeu_si128(bytes.as_mut_ptr() as *mut __m128i, _mm512_cvtepi32_epi8(r)) };
+    bytes
+}
+
+/// The int8 results of a row's channels in block `b` (see [`requant_x16`]); only called where
+/// [`vnni`] holds.
+fn requant_block(acc: &[i32], b: usize, l: &Lanes, out: QOut) -> [u8; 16] {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: callers checked `vnni()`, which includes AVX-512 F and BW.
+    unsafe {
+        requant_x16(acc, b, l, out)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (acc, b, l, out);
+        [0; 16]
+    }
+}
+
+/// Packed weights and their channels' lanes: once, at lowering, where the weights and
+/// requantization operands are constants; at each run otherwise.
+struct Prepared {
+    packed: Packed,
+    lanes: Lanes,
+}
+
+impl Prepared {
+    fn new(w: &[i8], ch: &[(i32, i32, i32)], k: usize, x_zero_point: i32) -> Prepared {
+        let packed = pack(&w[..ch.len() * k], ch.len(), k);
+        let lanes = Lanes::of(ch, &packed, x_zero_point);
+        Prepared { packed, lanes }
+    }
+}
+
+/// A kernel for a `qlinear` or `qconv2d` whose weights, bias, multipliers and shifts are
+/// constants: the packing done now instead of at every run.
+pub(super) fn prepared(info: &super::NodeInfo<'_>, op: &DefinedOp) -> Option<CpuKernel> {
+    let c = |i: usize| info.consts.get(i).copied().flatten();
+    let (w, b, m, s) = (c(1)?, c(2)?, c(3)?, c(4)?);
+    // The buffers may be longer than the values (rounded up): read the operands' lengths.
+    let n = info.ins[2].numel();
+    let ch: Vec<(i32, i32, i32)> = view::<i32>(b)
+        .iter()
+        .zip(view::<i32>(m).iter())
+        .zip(view::<i32>(s).iter())
+        .take(n)
+        .map(|((&b, &m), &s)| (b, m, s))
+        .collect();
+    let k = info.ins[1].numel() / n.max(1);
+    if ch.len() != n || w.len() < n * k {
+        return None;
+    }
+    let zp = match (op.downcast::<QLinear>(), op.downcast::<QConv2d>()) {
+        (Some(q), _) => q.x_zero_point,
+        (None, Some(q)) => q.x_zero_point,
+        (None, None) => return None,
+    };
+    let pre = Arc::new(Prepared::new(&view::<i8>(w), &ch, k, zp));
+    if let Some(&q) = op.downcast::<QLinear>() {
+        return Some(Arc::new(move |_, ins, out, _, pool| {
+            qlinear(q, ins, out, pool, Some(&pre))
+        }));
+    }
+    if let Some(&q) = op.downcast::<QConv2d>() {
+        return Some(Arc::new(move |_, ins, out, shape, pool| {
+            qconv2d(q, ins, out, shape, pool, Some(&pre))
+        }));
+    }
+    None
+}
+
 /// Per output channel: `(bias, multiplier, shift)`.
 fn channels(ins: &[(&[u8], &Shape)]) -> Vec<(i32, i32, i32)> {
     let (b, m, s) = (
@@ -164,7 +455,13 @@ fn centred(x: &[i8], zp: i32, dst: &mut [i16]) {
     }
 }
 
-fn qlinear(q: QLinear, ins: &[(&[u8], &Shape)], out: &mut [u8], pool: &Pool) {
+fn qlinear(
+    q: QLinear,
+    ins: &[(&[u8], &Shape)],
+    out: &mut [u8],
+    pool: &Pool,
+    pre: Option<&Prepared>,
+) {
     let x = view::<i8>(ins[0].0);
     let w = view::<i8>(ins[1].0);
     let ch = channels(ins);
@@ -174,6 +471,9 @@ fn qlinear(q: QLinear, ins: &[(&[u8], &Shape)], out: &mut [u8], pool: &Pool) {
         return;
     }
     let rows = out.len() / n;
+    if rows > 1 && vnni() {
+        return qlinear_packed(q, &x, &w, &ch, k, rows, out, pool, pre);
+    }
     let mut xc = vec![0i16; rows * k];
     centred(&x, q.x_zero_point, &mut xc);
     let o = Ptr(out.as_mut_ptr());
@@ -196,7 +496,80 @@ fn qlinear(q: QLinear, ins: &[(&[u8], &Shape)], out: &mut [u8], pool: &Pool) {
     }
 }
 
-fn qconv2d(q: QConv2d, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape, pool: &Pool) {
+/// Several rows with VNNI: the rows as u8 (`x + 128`), products of packed weights, in blocks
+/// of 16 rows per task.
+#[allow(clippy::too_many_arguments)]
+fn qlinear_packed(
+    q: QLinear,
+    x: &[i8],
+    w: &[i8],
+    ch: &[(i32, i32, i32)],
+    k: usize,
+    rows: usize,
+    out: &mut [u8],
+    pool: &Pool,
+    pre: Option<&Prepared>,
+) {
+    let n = ch.len();
+    let own;
+    let Prepared {
+        packed: p,
+        lanes: l,
+    } = match pre {
+        Some(pre) => pre,
+        None => {
+            own = Prepared::new(w, ch, k, q.x_zero_point);
+            &own
+        }
+    };
+    let kp = 4 * p.groups;
+    let np = 16 * p.blocks;
+    let o = Ptr(out.as_mut_ptr());
+    // Tasks of at least ~256k products: below that, handing work to another thread costs more
+    // than it saves.
+    let per_block = 16 * n * k;
+    par_ranges(
+        pool,
+        rows.div_ceil(16),
+        (1 << 18) / per_block.max(1) + 1,
+        |blocks| {
+            let r0 = blocks.start * 16;
+            let r1 = (blocks.end * 16).min(rows);
+            let m = r1 - r0;
+            let mut u = vec![0u8; m * kp];
+            for (r, row) in u.chunks_exact_mut(kp).enumerate() {
+                for (d, &v) in row.iter_mut().zip(&x[(r0 + r) * k..(r0 + r + 1) * k]) {
+                    *d = (v as u8) ^ 0x80;
+                }
+            }
+            let mut acc = vec![0i32; m * np];
+            gemm(&u, m, p, &mut acc);
+            for r in 0..m {
+                for b in 0..p.blocks {
+                    let y = requant_block(&acc[r * np..(r + 1) * np], b, l, q.out);
+                    let len = (n - 16 * b).min(16);
+                    // SAFETY: row `r0 + r` of the result; tasks own disjoint rows.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            y.as_ptr(),
+                            o.get().add((r0 + r) * n + 16 * b),
+                            len,
+                        )
+                    };
+                }
+            }
+        },
+    );
+}
+
+fn qconv2d(
+    q: QConv2d,
+    ins: &[(&[u8], &Shape)],
+    out: &mut [u8],
+    shape: &Shape,
+    pool: &Pool,
+    pre: Option<&Prepared>,
+) {
     let x = view::<i8>(ins[0].0);
     let w = view::<i8>(ins[1].0);
     let ch = channels(ins);
@@ -213,6 +586,89 @@ fn qconv2d(q: QConv2d, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape, p
     let k = c * kh * kw;
     let positions = od[0] * ho * wo;
     let out_ptr = Ptr(out.as_mut_ptr());
+    if positions > 1 && vnni() {
+        // Each position's window as a u8 row (`x + 128`; padding is the zero point, which
+        // the weight sums take back out), 16 positions per product.
+        let own;
+        let Prepared {
+            packed: p,
+            lanes: l,
+        } = match pre {
+            Some(pre) => pre,
+            None => {
+                own = Prepared::new(&w, &ch, k, q.x_zero_point);
+                &own
+            }
+        };
+        let (kp, np) = (4 * p.groups, 16 * p.blocks);
+        let pad = (q.x_zero_point as i8 as u8) ^ 0x80;
+        // The input as u8 with its padding around it, so each window row is a plain copy.
+        let ((pt, pb), (pl, pr)) = (q.padding[0], q.padding[1]);
+        let (hp, wp) = (h + pt + pb, wi + pl + pr);
+        let planes = od[0] * c;
+        // Four bytes of slack: windows up to four wide are copied as one unaligned word.
+        let mut xp = vec![pad; planes * hp * wp + 4];
+        for pl_i in 0..planes {
+            for y in 0..h {
+                let src = &x[(pl_i * h + y) * wi..(pl_i * h + y + 1) * wi];
+                let dst = &mut xp[(pl_i * hp + y + pt) * wp + pl..][..wi];
+                for (d, &v) in dst.iter_mut().zip(src) {
+                    *d = (v as u8) ^ 0x80;
+                }
+            }
+        }
+        let xp = &xp;
+        let per_block = 16 * o * k;
+        par_ranges(
+            pool,
+            positions.div_ceil(16),
+            (1 << 18) / per_block.max(1) + 1,
+            |blocks| {
+                let p0 = blocks.start * 16;
+                let p1 = (blocks.end * 16).min(positions);
+                let m = p1 - p0;
+                let mut u = vec![0u8; m * kp + 4];
+                for i in 0..m {
+                    let pi = p0 + i;
+                    let (b, oy, ox) = (pi / (ho * wo), (pi / wo) % ho, pi % wo);
+                    let base = (b * c * hp + oy * q.stride[0]) * wp + ox * q.stride[1];
+                    for ci in 0..c {
+                        for ky in 0..kh {
+                            let at = base + (ci * hp + ky) * wp;
+                            let d = i * kp + (ci * kh + ky) * kw;
+                            if kw <= 4 {
+                                // SAFETY: `at + 4 <= xp.len()` and `d + 4 <= u.len()` (the slack of
+                                // both); a word past the window's `kw` bytes is overwritten by the
+                                // next window or lies in the row's padding, whose weights are 0.
+                                unsafe {
+                                    let v =
+                                        std::ptr::read_unaligned(xp.as_ptr().add(at) as *const u32);
+                                    std::ptr::write_unaligned(u.as_mut_ptr().add(d) as *mut u32, v);
+                                }
+                            } else {
+                                u[d..d + kw].copy_from_slice(&xp[at..at + kw]);
+                            }
+                        }
+                    }
+                }
+                let mut acc = vec![0i32; m * np];
+                gemm(&u, m, p, &mut acc);
+                for i in 0..m {
+                    let pi = p0 + i;
+                    let (b, pos) = (pi / (ho * wo), pi % (ho * wo));
+                    let at = b * o * ho * wo + pos;
+                    for blk in 0..p.blocks {
+                        let y = requant_block(&acc[i * np..(i + 1) * np], blk, l, q.out);
+                        for (j, &v) in y.iter().enumerate().take((o - 16 * blk).min(16)) {
+                            // SAFETY: within the result; each position is one task's.
+                            unsafe { *out_ptr.get().add(at + (16 * blk + j) * ho * wo) = v };
+                        }
+                    }
+                }
+            },
+        );
+        return;
+    }
     let dot = dot_fn();
     par_ranges(pool, positions, (2048 / (o * k).max(1)).max(1), |ps| {
         let mut row = vec![0i16; k];
@@ -252,18 +708,49 @@ fn qpool(q: QPool, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape, pool:
     let (h, w) = (xd[2], xd[3]);
     let (ho, wo) = (od[2], od[3]);
     let o = Ptr(out.as_mut_ptr());
+    let plain2 = q.kind == PoolKind::Max
+        && q.kernel == [2, 2]
+        && q.stride == [2, 2]
+        && q.padding == [(0, 0), (0, 0)];
     par_ranges(pool, xd[0] * xd[1], 64, |planes| {
         for p in planes {
             let xp = &x[p * h * w..(p + 1) * h * w];
+            if plain2 {
+                // The common 2×2 max pool: two rows at a time, pairs of columns.
+                for oy in 0..ho {
+                    let (r0, r1) = (
+                        &xp[2 * oy * w..][..2 * wo],
+                        &xp[(2 * oy + 1) * w..][..2 * wo],
+                    );
+                    for (ox, (a, b)) in r0.chunks_exact(2).zip(r1.chunks_exact(2)).enumerate() {
+                        let v = a[0].max(a[1]).max(b[0].max(b[1]));
+                        // SAFETY: within the result; planes are disjoint.
+                        unsafe { *o.get().add((p * ho + oy) * wo + ox) = v as u8 };
+                    }
+                }
+                continue;
+            }
             for oy in 0..ho {
                 let ys = pool_window(oy, q.stride[0], q.padding[0].0, q.kernel[0], h);
                 for ox in 0..wo {
                     let xs = pool_window(ox, q.stride[1], q.padding[1].0, q.kernel[1], w);
-                    let vals = ys
-                        .clone()
-                        .flat_map(|iy| xs.clone().map(move |ix| xp[iy * w + ix] as i32));
+                    let v = match q.kind {
+                        PoolKind::Max => {
+                            let mut best = i8::MIN;
+                            for iy in ys.clone() {
+                                for &v in &xp[iy * w + xs.start..iy * w + xs.end] {
+                                    best = best.max(v);
+                                }
+                            }
+                            best as i32
+                        }
+                        PoolKind::Mean => q.reduce(
+                            ys.clone()
+                                .flat_map(|iy| xs.clone().map(move |ix| xp[iy * w + ix] as i32)),
+                        ),
+                    };
                     // SAFETY: within the result; planes are disjoint.
-                    unsafe { *o.get().add((p * ho + oy) * wo + ox) = q.reduce(vals) as i8 as u8 };
+                    unsafe { *o.get().add((p * ho + oy) * wo + ox) = v as i8 as u8 };
                 }
             }
         }

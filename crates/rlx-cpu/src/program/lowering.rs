@@ -349,6 +349,24 @@ impl<'g> Lowering<'g> {
                     .inputs
                     .get(1)
                     .is_some_and(|b| self.panel_nodes.contains(&b.index())),
+            consts: node
+                .inputs
+                .iter()
+                .map(|i| {
+                    let v = &self.vals[i.index()];
+                    match v.buf {
+                        Buf::Const(j) if v.layout.is_contiguous() && v.layout.offset == 0 => {
+                            let b = &self.consts[j];
+                            // SAFETY: the constant's buffer holds `len` bytes, written once at
+                            // compile and never again.
+                            Some(unsafe {
+                                std::slice::from_raw_parts(b.ptr() as *const u8, b.len())
+                            })
+                        }
+                        _ => None,
+                    }
+                })
+                .collect(),
             shared: &self.shared,
             plan: self.plan,
         }

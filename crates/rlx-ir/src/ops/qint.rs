@@ -615,6 +615,7 @@ pub(super) const QADD: OpRegistration = OpRegistration {
 
 impl QAdd {
     /// The result for one pair of int8 values.
+    #[inline]
     pub fn apply(&self, a: i32, b: i32) -> i32 {
         let scaled = |v: i32, zp: i32, (m, s): (i32, i32)| {
             fixed::multiply_by_quantized_multiplier((v - zp) << QADD_LEFT_SHIFT, m, s)

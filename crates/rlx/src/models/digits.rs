@@ -324,17 +324,14 @@ impl DigitsModel {
     }
 }
 
-/// The fraction of rows of `logits` (`CLASSES` per row) whose largest entry is the label.
+/// The fraction of rows of `logits` (`CLASSES` per row) whose largest entry is the label (the
+/// first of equal largest entries, as int8 logits often tie).
 pub fn accuracy(logits: &[f32], labels: &[i32]) -> f64 {
     let right = logits
         .chunks_exact(CLASSES)
         .zip(labels)
         .filter(|(row, &y)| {
-            let best = row
-                .iter()
-                .enumerate()
-                .max_by(|a, b| a.1.total_cmp(b.1))
-                .map_or(0, |(i, _)| i);
+            let best = (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b });
             best as i32 == y
         })
         .count();

@@ -1729,6 +1729,7 @@ def gen_qint(table):
     for xshape, o, kh, kw, stride, pad, xzp, ozp, relu, tag in [
         ([2, 3, 6, 5], 4, 3, 3, [1, 1], [[1, 1], [1, 1]], -7, 2, False, "same"),
         ([1, 2, 7, 6], 3, 2, 3, [2, 1], [[0, 1], [2, 0]], 30, -128, True, "strided"),
+        ([2, 2, 6, 7], 17, 2, 5, [1, 2], [[1, 0], [2, 2]], 0, 9, False, "wide"),
     ]:
         x = i8(xshape)
         b, c, h, wd = xshape

@@ -77,8 +77,8 @@ fn c_int(v: i64) -> String {
     }
 }
 
-/// Write `core` as C for a microcontroller (see the crate documentation). `prefix` names the
-/// file's symbols (`rlx_model_run` keeps its name; the rest are `static`).
+/// Write `core` as C for a microcontroller (see the crate documentation): `rlx_model_run` is
+/// the file's one external symbol; kernels, constants and the arena are `static`.
 pub fn emit_c(core: &IntegerCore) -> Result<CModel> {
     let g = &core.graph;
     // Every node must be one the writer knows.

@@ -305,14 +305,13 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
                     q.x_zero_point
                 );
             }
-            Layer::Conv { q, x, kh, kw, .. } => {
+            Layer::Conv { q, x, .. } => {
                 let _ = writeln!(
                     s,
                     "            iy = $signed({{2'b0, pos0}}) * {sh} + $signed({{2'b0, k1}}) - {pt};\n            ix = $signed({{2'b0, pos1}}) * {sw} + $signed({{2'b0, k2}}) - {pl};\n            pad_now = (iy < 0) || (iy >= {h}) || (ix < 0) || (ix >= {w});\n            v{src}_ra = pad_now ? '0 : (k0 * {h} + iy[15:0]) * {w} + ix[15:0];\n            zp_x = {zp};",
                     sh = q.stride[0], sw = q.stride[1], pt = q.padding[0].0, pl = q.padding[1].0,
                     h = x[1], w = x[2], zp = q.x_zero_point
                 );
-                let _ = (kh, kw);
             }
             Layer::MaxPool { q, x, .. } => {
                 let _ = writeln!(

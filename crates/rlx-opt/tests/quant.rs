@@ -265,3 +265,31 @@ fn params_become_constants_and_mismatches_are_named() {
     assert_eq!(e.min, vec![0.0]);
     assert_eq!(e.zero_point, vec![-128]);
 }
+
+proptest::proptest! {
+    /// A quantization map read from any text is a map whose entries are consistent, or an
+    /// error: never a panic.
+    #[test]
+    fn any_text_reads_as_a_map_or_an_error(s in ".{0,400}") {
+        let _ = QuantMap::from_json(&s);
+    }
+
+    /// A map whose JSON was cut or had a byte changed reads back or fails cleanly, and what
+    /// reads back has positive scales and matching lengths.
+    #[test]
+    fn damaged_maps_fail_cleanly(cut in 0usize..2000, at in 0usize..2000, byte in 0u8..128) {
+        let g = linear(1);
+        let map = calibrate(&g, &[feed(t(&[1, 4], &[1.0, -2.0, 0.5, 3.0]))], RangeMethod::MinMax).unwrap();
+        let mut text = map.to_json().into_bytes();
+        if at < text.len() {
+            text[at] = byte;
+        }
+        text.truncate(cut.min(text.len()));
+        if let Ok(m) = QuantMap::from_json(&String::from_utf8_lossy(&text)) {
+            for (_, e) in &m.taps {
+                proptest::prop_assert!(e.scale.iter().all(|s| *s > 0.0 && s.is_finite()));
+                proptest::prop_assert_eq!(e.zero_point.len(), e.scale.len());
+            }
+        }
+    }
+}

@@ -337,3 +337,36 @@ pub fn accuracy(logits: &[f32], labels: &[i32]) -> f64 {
         .count();
     right as f64 / labels.len().max(1) as f64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    proptest::proptest! {
+        /// Any file reads as a split whose labels are digits, or as an error naming the file.
+        #[test]
+        fn any_file_reads_as_a_split_or_an_error(
+            body in proptest::collection::vec(0u8..=255, 0..600),
+            header in proptest::bool::ANY,
+            ntr in 0u32..4,
+            nte in 0u32..4,
+        ) {
+            let mut bytes = Vec::new();
+            if header {
+                bytes.extend_from_slice(MAGIC);
+                bytes.extend_from_slice(&ntr.to_le_bytes());
+                bytes.extend_from_slice(&nte.to_le_bytes());
+            }
+            bytes.extend_from_slice(&body);
+            let path = std::env::temp_dir().join(format!("rlx-digits-prop-{}", std::process::id()));
+            std::fs::write(&path, &bytes).unwrap();
+            match DigitsData::read(&path) {
+                Ok(d) => {
+                    proptest::prop_assert_eq!(d.train_x.len(), d.train_y.len() * PIXELS);
+                    proptest::prop_assert!(d.test_y.iter().all(|&y| (0..10).contains(&y)));
+                }
+                Err(e) => proptest::prop_assert!(e.to_string().contains("digits data")),
+            }
+        }
+    }
+}

@@ -11,5 +11,8 @@ REPO="$(git -C "$SCRIPT_DIR" rev-parse --show-toplevel 2>/dev/null || (cd "$SCRI
 # shellcheck source=lib/venv.sh
 source "$SCRIPT_DIR/lib/venv.sh"
 
+# Tests, examples and benchmarks may run this at once: one at a time.
+exec 9>"$REPO/.venv-edge.lock"
+flock 9
 ensure_venv setup-edge-pyenv "$REPO/.venv-edge" \
     "scikit-learn==1.8.0" "onnx==1.20.1" "onnxruntime==1.23.2" "numpy==2.3.5"

@@ -16,19 +16,17 @@ fn root() -> PathBuf {
 }
 
 fn weights_json(model: DigitsModel, params: &BTreeMap<String, Vec<f32>>) -> String {
-    let mut s = String::from("{\"params\": {");
-    for (i, (name, dims)) in model.params().into_iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        let vals: Vec<String> = params[name].iter().map(|v| format!("{v:?}")).collect();
-        s.push_str(&format!(
-            "\"{name}\": {{\"dims\": {dims:?}, \"values\": [{}]}}",
-            vals.join(",")
-        ));
-    }
-    s.push_str("}}");
-    s
+    let p: serde_json::Map<String, serde_json::Value> = model
+        .params()
+        .into_iter()
+        .map(|(name, dims)| {
+            (
+                name.to_string(),
+                serde_json::json!({"dims": dims, "values": params[name]}),
+            )
+        })
+        .collect();
+    serde_json::json!({ "params": p }).to_string()
 }
 
 /// ONNX Runtime's seconds per batch, by `b{batch}_t{threads}`.

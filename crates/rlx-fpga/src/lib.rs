@@ -18,7 +18,7 @@
 //! `macs` trades multipliers for cycles: a layer of `N` channels, `K` products and `S`
 //! positions takes about `S · ⌈N / macs⌉ · (K + macs + 2)` cycles. The ops it writes are
 //! `qlinear`, `qconv2d`, max `qpool` and `reshape`; any other op (and a batch above 1) is an
-//! error naming it. [`testbench_cpp`] writes a Verilator testbench that streams inputs through
+//! error naming it. [`sim::testbench_cpp`] writes a Verilator testbench that streams inputs through
 //! the module and prints each output and the cycles it took.
 
 use rlx_ir::eval::Tensor;

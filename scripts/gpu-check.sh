@@ -38,6 +38,9 @@ strip "$OUT/bin/rlx"
 # tracked files included).
 tar -C "$OUT" -cJf "$OUT/bin.tar.xz" bin
 rm -rf "$OUT/bin"
+# The CUBINs compiled here (tests with RLX_NVRTC), ~2 MB compressed.
+cache="${RLX_CACHE_DIR:-$HOME/.cache/rlx}"
+[[ -d "$cache/cuda" ]] && tar -C "$cache" -cJf "$OUT/cubins.tar.xz" cuda
 if [[ "${1:-}" == "--model" ]]; then
     model=$(cargo run --release -q -p rlx-cli -- fetch smollm2 2>/dev/null | tail -1 || true)
     [[ -f "$model" ]] || model="${RLX_CACHE_DIR:-$HOME/.cache/rlx}/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,40 +51,77 @@ if [[ "${1:-}" == "--model" ]]; then
 fi
 cat >"$OUT/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# Run on the GPU machine from the repository root: every CUDA test, one table at the end.
+# Run on the GPU machine from the repository root: every CUDA test, the benchmarks, one table
+# at the end (the whole log in $OUT when that is set, else /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [[ -d .gpu-check/bin ]] || tar -C .gpu-check -xJf .gpu-check/bin.tar.xz
 export RLX_REQUIRE_CUDA=1 RLX_REQUIRE_NVRTC=1 RLX_CACHE_DIR="${RLX_CACHE_DIR:-/tmp/rlx-cache}"
 mkdir -p "$RLX_CACHE_DIR"
+# Kernels compiled here before (CUBINs keyed by source, architecture and NVRTC version): a
+# machine whose NVRTC has the same version skips compiling them again.
+[[ -f .gpu-check/cubins.tar.xz ]] && tar -C "$RLX_CACHE_DIR" -xJf .gpu-check/cubins.tar.xz
 model="$RLX_CACHE_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [[ ! -f "$model" && -f "$RLX_CACHE_DIR/part-00" && -f "$RLX_CACHE_DIR/part-01" ]]; then
     cat "$RLX_CACHE_DIR/part-00" "$RLX_CACHE_DIR/part-01" >"$model"
 fi
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
+# wgpu needs a Vulkan loader and glvnd (NVIDIA's Vulkan driver links to it): Debian's
+# libvulkan1, libglvnd0, ... carried in .gl/ where the machine has none, and NVIDIA's ICD file.
+if ! ldconfig -p | grep -q libvulkan.so.1 && compgen -G ".gl/*.deb" >/dev/null; then
+    for f in .gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+fi
+icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[[ -f $icd && -z "${VK_DRIVER_FILES:-}" ]] && export VK_DRIVER_FILES=$icd
+LOG="${OUT:-/tmp}/gpu-check.log"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a $LOG
 declare -a rows
+# run LABEL SECONDS CMD...: the command under a time limit, its key lines shown, a table row.
 run() {
-    local label="$1"
-    shift
+    local label="$1" limit="$2"
+    shift 2
     local start status
     start=$(date +%s.%N)
-    "$@" 2>&1 | tee -a /tmp/gpu-check.log | grep -E "^test |CUDA|SmolLM2|kernels|panicked|tok/s|pp[0-9]|tg[0-9]"
+    echo "== $label" | tee -a $LOG
+    timeout "$limit" "$@" 2>&1 | tee -a $LOG |
+        grep -E "^test |CUDA|cuda|random|agree|SmolLM2|Gemma|kernels|panicked|error|tok/s|pp[0-9]|tg[0-9]|NOT run|^load|^\\| "
     status=${PIPESTATUS[0]}
-    rows+=("$(printf '%-58s %s (%s s)' "$label" "$([ "$status" = 0 ] && echo pass || echo FAIL)" "$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")")")
+    rows+=("$(printf '%-62s %s (%s s)' "$label" "$([ "$status" = 0 ] && echo pass || echo "FAIL rc=$status")" "$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")")")
 }
-for t in cuda_backend ops_golden; do
-    run "$t: needs_cuda_device" .gpu-check/bin/$t --test-threads=1 needs_cuda_device
-    run "$t: every_cuda_kernel (NVRTC here)" .gpu-check/bin/$t --test-threads=1 every_cuda_kernel
-done
+B=.gpu-check/bin
+run "cuda_backend: needs_cuda_device (training, precision)" 120 $B/cuda_backend --test-threads=1 needs_cuda_device
+run "ops_golden: needs_cuda_device (op table)" 240 $B/ops_golden --test-threads=1 needs_cuda_device
+run "gpu_llm: random SmolLM2/Gemma 3 shapes vs the CPU" 240 $B/gpu_llm --test-threads=1 needs_cuda_device_random
 if [[ -f "$model" ]]; then
-    run "gpu_llm: needs_cuda_device (SmolLM2)" .gpu-check/bin/gpu_llm --test-threads=1 needs_cuda_device
-    run "rlx bench SmolLM2 --device cuda" .gpu-check/bin/rlx bench --model "$model" --device cuda -p 512 -n 128 -r 3
-    run "rlx bench SmolLM2 --device cpu" .gpu-check/bin/rlx bench --model "$model" --device cpu -p 512 -n 128 -r 3
-else
-    rows+=("SmolLM2 (no model at $model): NOT run")
+    run "gpu_llm: SmolLM2 vs the CPU" 240 $B/gpu_llm --test-threads=1 needs_cuda_device_smollm2
+fi
+run "every CUDA kernel compiles with this machine's NVRTC" 120 sh -c "$B/cuda_backend every_cuda_kernel && $B/ops_golden every_cuda_kernel"
+for m in smollm2 gemma3; do
+    for d in cuda cpu; do
+        run "rlx bench random:$m --device $d -p 512 -n 128 -r 3" 120 $B/rlx bench --model random:$m --device $d -p 512 -n 128 -r 3
+    done
+done
+# Where a decode step's time goes: every launch timed with CUDA events (RLX_PROFILE).
+export RLX_PROFILE=1 RLX_PROFILE_TOP=25
+run "rlx bench random:smollm2 --device cuda, profiled" 120 $B/rlx bench --model random:smollm2 --device cuda -p 512 -n 32 -r 1
+unset RLX_PROFILE RLX_PROFILE_TOP
+echo "== CUDA profiles"
+awk '/^rlx-cuda profile/{p=1} p&&!/^(rlx-cuda profile|  )/{p=0} p' $LOG
+if [[ -f "$model" ]]; then
+    run "rlx bench SmolLM2 --device cuda" 120 $B/rlx bench --model "$model" --device cuda -p 512 -n 128 -r 3
+fi
+if ldconfig -p | grep -q libvulkan.so.1; then
+    # wgpu through the machine's Vulkan driver, with the per-dispatch profile.
+    export RLX_PROFILE=1 RLX_PROFILE_TOP=12
+    run "rlx bench random:smollm2 --device gpu (wgpu) -p 512 -n 16 -r 1, profiled" 120 $B/rlx bench --model random:smollm2 --device gpu -p 512 -n 16 -r 1
+    unset RLX_PROFILE RLX_PROFILE_TOP
+    run "rlx bench random:smollm2 --device gpu (wgpu) -p 512 -n 128 -r 1" 120 $B/rlx bench --model random:smollm2 --device gpu -p 512 -n 128 -r 1
+    echo "== wgpu profiles"
+    awk '/^rlx-wgpu profile/{p=1} p&&!/^(rlx-wgpu profile|  )/{p=0} p' $LOG
 fi
 echo "== RLX CUDA GPU check =="
-printf '%s\n' "${rows[@]}"
+printf '%s\n' "${rows[@]}" | tee -a $LOG
+echo "log: $LOG"
 RUN
 chmod +x "$OUT/run.sh"
 du -sh "$OUT" .gpu-model-* 2>/dev/null >&2 || true
@@ -90,4 +130,4 @@ if [[ -d .gpu-model-1 ]]; then
     echo "  carry .gpu-model-1: mkdir -p /tmp/rlx-cache && cp .gpu-model-1/part-00 /tmp/rlx-cache/"
     echo "  carry .gpu-model-2: cp .gpu-model-2/part-01 /tmp/rlx-cache/"
 fi
-echo "  carry .gpu-check:   bash .gpu-check/run.sh"
+echo "  carry .gpu-check (and .gl for wgpu, see the device notes): bash .gpu-check/run.sh"

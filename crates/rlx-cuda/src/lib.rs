@@ -11,11 +11,17 @@
 //! launches as one captured CUDA graph.
 //!
 //! What runs: elementwise ops and regions on f32, f64, f16, bf16, the integer types and bool;
-//! reductions, softmax, cumsum, top-k, matmul (a tiled kernel, f32 accumulation), the movement
-//! and index ops; composites the compiler decomposes into them (dot_general, norms, attention,
-//! RoPE, conv, pool, the quantize ops, ...). Not yet: the LLM ops (GGUF `DequantMatMul`,
-//! `DequantizeRows`, `CacheWrite`, `CachedAttention`, `PagedAttention`), cuBLAS products, control
-//! flow; a graph holding one is a compile error naming the op and node ([`unsupported`]).
+//! reductions, softmax, cumsum, top-k, matmul (a tiled kernel, f32 accumulation), RoPE, the
+//! movement and index ops; the LLM ops: GGUF `DequantMatMul` for every block type (a
+//! matrix-vector kernel reading each packed weight once for decode, a tiled one for prompts,
+//! activations rounded to int8 blocks as the CPU rounds them), `DequantizeRows`, `CacheWrite`,
+//! `CachedAttention` and `PagedAttention`; composites the compiler decomposes into them
+//! (dot_general, norms, attention, conv, pool, the quantize ops, ...). Not yet: cuBLAS and tensor
+//! cores, control flow, complex and integer-quantized (`qlinear`, ...) ops; a graph holding one is
+//! a compile error naming the op and node ([`unsupported`]).
+//!
+//! `RLX_PROFILE` runs each program launch by launch with CUDA events around every launch and
+//! prints, when the program is dropped, the time per op kind and the slowest launches.
 //!
 //! Without a driver or a device, `Device::Cuda.is_available()` is false and a compile is
 //! [`rlx_ir::Error::DeviceUnavailable`], never a panic.

@@ -192,9 +192,9 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         Op::CacheWrite if source::cache_write(ins[0], ins[1], ins[2]).is_some() => return None,
         Op::CacheWrite => format!("a cache write of {} into {}", ins[1], ins[0]),
         Op::CachedAttention { .. }
-            if source::attention_scores(ins[0], ins[1], ins[3]).is_some()
+            if source::attention_scores(ins[0], ins[1], ins[3], false).is_some()
                 && ins[2] == ins[1]
-                && source::attention_values(ins[2], out).is_some() =>
+                && source::attention_values(ins[2], out, 256).is_some() =>
         {
             return None
         }
@@ -209,11 +209,17 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
             return None
         }
         Op::PagedAttention { .. } => format!("paged attention over {ins:?} giving {out}"),
+        Op::Rope { .. }
+            if source::rope(out, ins[1]).is_some()
+                && n.shape.static_dims().is_some_and(|d| d.len() >= 2 && d[d.len() - 1] % 2 == 0) =>
+        {
+            return None
+        }
+        Op::Rope { .. } => format!("rope of {out} at {} positions (odd head width or dtype)", ins[1]),
         Op::DotGeneral(_)
         | Op::LayerNorm { .. }
         | Op::RmsNorm { .. }
         | Op::Attention { .. }
-        | Op::Rope { .. }
         | Op::Conv(_)
         | Op::Pool(_)
         | Op::Custom(_)
@@ -682,6 +688,23 @@ impl Lowering<'_> {
                 let src = source::dequantize_rows(*scheme, dt);
                 self.launch(id, src, [blocks(nel, BLOCK as usize), 1, 1], BLOCK, words)
             }
+            Op::Rope { theta, interleaved } => {
+                let (x, pos) = (node.inputs[0], node.inputs[1]);
+                let (s, half) = (d[d.len() - 2], d[d.len() - 1] / 2);
+                let pairs = nel / 2;
+                let words = vec![
+                    imm(pairs),
+                    imm(s.max(1)),
+                    imm(half.max(1)),
+                    self.val(x),
+                    self.val(pos),
+                    self.val(id),
+                    Pending::Imm(theta.to_bits() as i32 as i64),
+                    imm(*interleaved as usize),
+                ];
+                let src = source::rope(dt, g.shape(pos).dtype());
+                self.launch(id, src, [blocks(pairs, BLOCK as usize), 1, 1], BLOCK, words)
+            }
             Op::CachedAttention { scale, window } => self.cached_attention(id, *scale, *window),
             Op::PagedAttention {
                 scale,
@@ -838,7 +861,8 @@ impl Lowering<'_> {
     }
 
     /// A GGUF product: activations rounded to int8 blocks first where the scheme and the row
-    /// count ask for it (into scratch), then a warp per result column and tile of rows.
+    /// count ask for it (into scratch), then the matrix-vector kernel (up to 8 rows) or a warp
+    /// per result column and tile of rows.
     fn dequant_matmul(
         &mut self,
         id: NodeId,
@@ -869,8 +893,7 @@ impl Lowering<'_> {
             x_at = Pending::Scratch(r);
             scratch = Some(r);
         }
-        let tiles = rows.div_ceil(source::QROWS);
-        let words = vec![
+        let mut words = vec![
             imm(rows),
             imm(k),
             imm(n),
@@ -878,16 +901,34 @@ impl Lowering<'_> {
             self.val(w),
             imm(*wd.last().unwrap_or(&0)),
             self.val(id),
-            imm(tiles),
         ];
-        let src = source::dequant_matmul(scheme, node.shape.dtype());
-        self.launch(
-            id,
-            src,
-            [blocks(tiles * n, (BLOCK / 32) as usize), 1, 1],
-            BLOCK,
-            words,
-        )?;
+        if rows <= source::QROWS {
+            // A few rows (decode): the matrix-vector kernel, with warps per column enough that
+            // each lane has at most a few chunks of 32 in flight, and one where the columns
+            // alone fill the GPU (the output head).
+            let split = if n >= 4096 {
+                1
+            } else {
+                k.div_ceil(4 * 32)
+                    .next_power_of_two()
+                    .clamp(1, source::MATVEC_WARPS)
+            };
+            let src = source::dequant_matvec(scheme, node.shape.dtype(), split);
+            let threads = 32 * source::MATVEC_WARPS as u32;
+            let cols = source::MATVEC_WARPS / split;
+            self.launch(id, src, [blocks(n, cols), 1, 1], threads, words)?;
+        } else {
+            let tiles = rows.div_ceil(source::QROWS);
+            words.push(imm(tiles));
+            let src = source::dequant_matmul(scheme, node.shape.dtype());
+            self.launch(
+                id,
+                src,
+                [blocks(tiles * n, (BLOCK / 32) as usize), 1, 1],
+                BLOCK,
+                words,
+            )?;
+        }
         if let Some(r) = scratch {
             self.until_now(r);
         }
@@ -948,11 +989,14 @@ impl Lowering<'_> {
             imm(window.unwrap_or(0)),
             Pending::Imm(scale.to_bits() as i32 as i64),
         ];
-        let src = source::attention_scores(g.shape(q).dtype(), cache, g.shape(pos).dtype());
+        // Decode (a few query rows): a warp per score, so the GPU has enough threads.
+        let warp = qd[0] < rlx_ir::QuantScheme::MATRIX_ATTENTION_ROWS;
+        let src = source::attention_scores(g.shape(q).dtype(), cache, g.shape(pos).dtype(), warp);
+        let per = if warp { BLOCK / 32 } else { BLOCK };
         self.launch(
             id,
             src,
-            [blocks(rows * t, BLOCK as usize), 1, 1],
+            [blocks(rows * t, per as usize), 1, 1],
             BLOCK,
             scores,
         )?;
@@ -976,14 +1020,10 @@ impl Lowering<'_> {
             Pending::Scratch(r),
             self.val(id),
         ];
-        let src = source::attention_values(g.shape(v).dtype(), node.shape.dtype());
-        self.launch(
-            id,
-            src,
-            [blocks(rows * dv, BLOCK as usize), 1, 1],
-            BLOCK,
-            values,
-        )?;
+        // Few query rows (decode): bigger blocks, so more threads share each row's keys.
+        let threads = if rows < 64 { 1024 } else { BLOCK };
+        let src = source::attention_values(g.shape(v).dtype(), node.shape.dtype(), threads);
+        self.launch(id, src, [blocks(rows, 1), 1, 1], threads, values)?;
         self.until_now(r);
         Ok(())
     }

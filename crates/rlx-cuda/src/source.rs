@@ -1,5 +1,6 @@
 //! The CUDA C that RLX writes: a header of conversions and math helpers (no CUDA headers: f16
-//! and bf16 go through bit manipulation, so the driver and `libnvrtc` are all a machine needs),
+//! and bf16 go through bit manipulation, f16 to f32 on the device through one PTX `cvt`, so the
+//! driver and `libnvrtc` are all a machine needs),
 //! one generated kernel per elementwise body, and the fixed kernels (strided copy, gather,
 //! scatter-add, reductions, softmax, cumsum, top-k, the tiled product).
 //!
@@ -21,6 +22,11 @@ typedef long long i64;
 typedef unsigned long long u64;
 #define INF_F32 __int_as_float(0x7f800000)
 __device__ __forceinline__ float h2f(u16 h) {
+#ifdef __CUDA_ARCH__
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#endif
     u32 s = ((u32)h & 0x8000u) << 16, e = ((u32)h >> 10) & 0x1fu, m = (u32)h & 0x3ffu;
     if (e == 0u) { float f = (float)m * 5.9604644775390625e-8f; return s ? -f : f; }
     if (e == 31u) return __uint_as_float(s | 0x7f800000u | (m << 13));
@@ -886,6 +892,111 @@ pub fn dequant_matmul(scheme: rlx_ir::QuantScheme, out: DType) -> Option<String>
     Some(src.replacen("struct M", &format!("{BYTES}{dec}\nstruct M"), 1))
 }
 
+/// Words of rotary embedding: `[pairs, s, half, x, pos, out, theta_bits, interleaved]`.
+pub const ROPE_WORDS: usize = 8;
+
+/// Rotary position embedding of `x [..., S, D]` at `positions [S]`, a thread per rotated pair:
+/// pair `k` of row `s` turns by `pos[s] * theta^(-2k/D)` (the frequency computed in f64 and
+/// rounded to f32, as the decomposition's constant table is), pairs `(k, k + D/2)` or, with
+/// `interleaved`, `(2k, 2k + 1)`.
+pub fn rope(dt: DType, pos: DType) -> Option<String> {
+    if !real(dt) || dt == DType::F64 || pos == DType::Bool {
+        return None;
+    }
+    let (st, ps) = (storage(dt)?, storage(pos)?);
+    let (a, b) = (load(dt, "xp[ia]"), load(dt, "xp[ib]"));
+    let (oa, ob) = (
+        store(dt, &fit(dt, "fa * c - fb * sn".into())),
+        store(dt, &fit(dt, "fa * sn + fb * c".into())),
+    );
+    Some(kernel(
+        ROPE_WORDS,
+        &format!(
+            r#"{GRID_LOOP}        const i64 half = m.w[2], kk = i % half, row = i / half, srow = row % m.w[1];
+        const float freq = (float)pow((double)__int_as_float((int)m.w[6]), -2.0 * (double)kk / (double)(2 * half));
+        const float ang = (float)(((const {ps}*)m.w[4])[srow]) * freq;
+        const float c = cosf(ang), sn = sinf(ang);
+        const i64 ia = m.w[7] ? row * 2 * half + 2 * kk : row * 2 * half + kk;
+        const i64 ib = m.w[7] ? ia + 1 : ia + half;
+        const {st}* xp = (const {st}*)m.w[3];
+        const float fa = (float)({a}), fb = (float)({b});
+        {st}* o = ({st}*)m.w[5];
+        o[ia] = {oa};
+        o[ib] = {ob};
+    }}
+"#
+        ),
+    ))
+}
+
+/// Words of the quantized matrix-vector product: `[rows, k, n, x, w, row_bytes, out]`.
+pub const DEQUANT_MATVEC_WORDS: usize = 7;
+
+/// Warps of the matrix-vector product's blocks.
+pub const MATVEC_WARPS: usize = 8;
+
+/// `x [R, K] (f32) @ decode(w)^T` for a few rows (`R <= QROWS`: decode), reading each packed
+/// weight once for all rows: `split` warps per result column (1, 2, 4 or 8; a block of
+/// [`MATVEC_WARPS`] warps takes `8 / split` columns), each warp taking every `split`-th chunk of
+/// 32 elements with its lanes on consecutive elements, so each load of a warp reads one stretch
+/// of the row and of `x` and a column's loads are in flight together; each warp's sum by
+/// shuffles, a column's warps' sums added in warp order through shared memory. Activations that
+/// the scheme rounds come rounded ([`quantize_acts`]).
+pub fn dequant_matvec(scheme: rlx_ir::QuantScheme, out: DType, split: usize) -> Option<String> {
+    if !real(out) || out == DType::F64 || !matches!(split, 1 | 2 | 4 | 8) {
+        return None;
+    }
+    let dec = gguf_decoder(scheme)?;
+    let st = storage(out)?;
+    let val = store(out, &fit(out, "s".into()));
+    let cols = MATVEC_WARPS / split;
+    let body = format!(
+        r#"    __shared__ float sh[{MATVEC_WARPS}][{QROWS}];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % {split}, slot = warp / {split};
+    const i64 rows = m.w[0], k = m.w[1], n = m.w[2];
+    const float* x = (const float*)m.w[3];
+    for (i64 j0 = blockIdx.x * (i64){cols}; j0 < n; j0 += (i64)gridDim.x * {cols}) {{
+        const i64 j = j0 + slot;
+        if (j < n) {{
+            const unsigned char* row = (const unsigned char*)m.w[4] + j * m.w[5];
+            float acc[{QROWS}];
+            #pragma unroll
+            for (int r = 0; r < {QROWS}; ++r) acc[r] = 0.0f;
+            #pragma unroll 4
+            for (i64 c = 32 * part; c < k; c += 32 * {split}) {{
+                const i64 e = c + lane;
+                if (e < k) {{
+                    const float wv = deq(row, (u32)e);
+                    #pragma unroll
+                    for (int r = 0; r < {QROWS}; ++r) if (r < rows) acc[r] += x[r * k + e] * wv;
+                }}
+            }}
+            #pragma unroll
+            for (int r = 0; r < {QROWS}; ++r) {{
+                if (r >= rows) continue;
+                for (int o = 16; o > 0; o >>= 1) acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+                if (lane == 0) sh[warp][r] = acc[r];
+            }}
+        }}
+        __syncthreads();
+        if (threadIdx.x < {cols} * rows) {{
+            const int cs = threadIdx.x / (int)rows, r = threadIdx.x % (int)rows;
+            const i64 jj = j0 + cs;
+            if (jj < n) {{
+                float s = 0.0f;
+                #pragma unroll
+                for (int q = 0; q < {split}; ++q) s += sh[cs * {split} + q][r];
+                (({st}*)m.w[6])[r * n + jj] = {val};
+            }}
+        }}
+        __syncthreads();
+    }}
+"#
+    );
+    let src = kernel(DEQUANT_MATVEC_WORDS, &body);
+    Some(src.replacen("struct M", &format!("{BYTES}{dec}\nstruct M"), 1))
+}
+
 /// Words of the activation rounding: `[blocks, x, out]`.
 pub const QUANTIZE_ACTS_WORDS: usize = 3;
 
@@ -983,33 +1094,51 @@ pub fn cache_write(cache: DType, upd: DType, pos: DType) -> Option<String> {
 /// t, hkv, v, weights, out]`.
 pub const ATTENTION_SCORES_WORDS: usize = 11;
 
-/// Cached attention, step 1, a thread per score: query row `i` of `q [S, Hq, D]` sees cache rows
+/// Cached attention, step 1, a score per thread, or with `warp` (few query rows: decode) a
+/// warp per score whose lanes split the head dimension, so each key row is read in one
+/// stretch: query row `i` of `q [S, Hq, D]` sees cache rows
 /// `first ..= pos + i` (inside the window) of `k [T, Hkv, D]` (heads grouped); masked keys score
 /// -inf. Queries are rounded to the cache's dtype first (the CPU's arithmetic for f16 / bf16
 /// caches).
-pub fn attention_scores(q: DType, cache: DType, pos: DType) -> Option<String> {
+pub fn attention_scores(q: DType, cache: DType, pos: DType, warp: bool) -> Option<String> {
     if !real(q) || !real(cache) || pos.is_float() || pos == DType::Bool {
         return None;
     }
     let (qs, ks, ps) = (storage(q)?, storage(cache)?, storage(pos)?);
     let qv = fit(cache, format!("(float)({})", load(q, "qp[e]")));
     let kv = load(cache, "kp[e]");
+    // Score `i`: its key `j`, head `h` and query row `qi`, the keys the row sees, and the rows.
+    let (lane, head, masked, dot) = if warp {
+        (
+            "    const int lane = threadIdx.x & 31;\n    for (i64 i = (blockIdx.x * (i64)blockDim.x + threadIdx.x) >> 5; i < m.w[0]; i += ((i64)gridDim.x * blockDim.x) >> 5) {\n",
+            "",
+            "if (lane == 0) sc[i] = -INF_F32; continue;",
+            "for (i64 e = lane; e < d; e += 32) s += QV * (float)(KV);\n        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);\n        if (lane == 0) ",
+        )
+    } else {
+        (
+            "",
+            GRID_LOOP,
+            "sc[i] = -INF_F32; continue;",
+            "for (i64 e = 0; e < d; ++e) s += QV * (float)(KV);\n        ",
+        )
+    };
+    let dot = dot.replace("QV", &qv).replace("KV", &kv);
     Some(kernel(
         ATTENTION_SCORES_WORDS,
         &format!(
-            r#"{GRID_LOOP}        const i64 hq = m.w[1], d = m.w[2], t = m.w[3], hkv = m.w[4];
+            r#"{lane}{head}        const i64 hq = m.w[1], d = m.w[2], t = m.w[3], hkv = m.w[4];
         const i64 j = i % t, h = (i / t) % hq, qi = i / (t * hq);
         const i64 at = (i64)((const {ps}*)m.w[7])[0];
         const i64 pos = at < 0 ? 0 : at;
         const i64 last = pos + qi < t - 1 ? pos + qi : t - 1;
         const i64 first = (m.w[9] > 0 && last + 1 > m.w[9]) ? last + 1 - m.w[9] : 0;
         float* sc = (float*)m.w[8];
-        if (j < first || j > last) {{ sc[i] = -INF_F32; continue; }}
+        if (j < first || j > last) {{ {masked} }}
         const {qs}* qp = (const {qs}*)m.w[5] + (qi * hq + h) * d;
         const {ks}* kp = (const {ks}*)m.w[6] + (j * hkv + h / (hq / hkv)) * d;
         float s = 0.0f;
-        for (i64 e = 0; e < d; ++e) s += {qv} * (float)({kv});
-        sc[i] = s * __int_as_float((int)m.w[10]);
+        {dot}sc[i] = s * __int_as_float((int)m.w[10]);
     }}
 "#
         ),
@@ -1061,25 +1190,52 @@ pub fn attention_weights(cache: DType, t: u32) -> Option<String> {
 /// Words of step 3.
 pub const ATTENTION_VALUES_WORDS: usize = 8;
 
-/// Cached attention, step 3, a thread per result: the weighted sum of the value rows; keys
-/// weighing exactly 0 (masked) are not read.
-pub fn attention_values(cache: DType, out: DType) -> Option<String> {
-    if !real(cache) || !real(out) {
+/// Cached attention, step 3: the weighted sum of the value rows, a block of `threads` (256 or
+/// 1024: few query rows, as in decode) per query row and head. Rows narrower than `threads`:
+/// `threads / Dv` groups of `Dv` threads (one per result column), each group taking every
+/// `threads / Dv`-th key, their sums added in group order through shared memory; wider rows: a
+/// thread per column over every key. Keys weighing exactly 0 (masked) are not read.
+pub fn attention_values(cache: DType, out: DType, threads: u32) -> Option<String> {
+    if !real(cache) || !real(out) || !matches!(threads, 256 | 1024) {
         return None;
     }
     let (vs, os) = (storage(cache)?, storage(out)?);
     let vv = load(cache, "vp[j * hkv * dv]");
-    let val = store(out, &fit(out, "acc".into()));
+    let val = store(out, &fit(out, "s".into()));
     Some(kernel(
         ATTENTION_VALUES_WORDS,
         &format!(
-            r#"{GRID_LOOP}        const i64 hq = m.w[1], dv = m.w[2], t = m.w[3], hkv = m.w[4];
-        const i64 c = i % dv, h = (i / dv) % hq, qi = i / (dv * hq);
-        const float* w = (const float*)m.w[6] + (qi * hq + h) * t;
+            r#"    __shared__ float sh[{threads}];
+    const i64 hq = m.w[1], dv = m.w[2], t = m.w[3], hkv = m.w[4];
+    if (dv == 0) return;
+    const i64 groups = dv >= {threads} ? 1 : {threads} / dv;
+    for (i64 rh = blockIdx.x; rh < m.w[0] / dv; rh += gridDim.x) {{
+        const i64 h = rh % hq;
+        const float* w = (const float*)m.w[6] + rh * t;
+        if (groups == 1) {{
+            for (i64 c = threadIdx.x; c < dv; c += blockDim.x) {{
+                const {vs}* vp = (const {vs}*)m.w[5] + (h / (hq / hkv)) * dv + c;
+                float s = 0.0f;
+                for (i64 j = 0; j < t; ++j) {{ const float p = w[j]; if (p != 0.0f) s += p * (float)({vv}); }}
+                (({os}*)m.w[7])[rh * dv + c] = {val};
+            }}
+            continue;
+        }}
+        const i64 c = threadIdx.x % dv, g = threadIdx.x / dv;
         const {vs}* vp = (const {vs}*)m.w[5] + (h / (hq / hkv)) * dv + c;
         float acc = 0.0f;
-        for (i64 j = 0; j < t; ++j) {{ const float p = w[j]; if (p != 0.0f) acc += p * (float)({vv}); }}
-        (({os}*)m.w[7])[i] = {val};
+        if (g < groups) {{
+            #pragma unroll 4
+            for (i64 j = g; j < t; j += groups) {{ const float p = w[j]; if (p != 0.0f) acc += p * (float)({vv}); }}
+        }}
+        sh[threadIdx.x] = acc;
+        __syncthreads();
+        if (g == 0) {{
+            float s = 0.0f;
+            for (i64 q = 0; q < groups; ++q) s += sh[q * dv + c];
+            (({os}*)m.w[7])[rh * dv + c] = {val};
+        }}
+        __syncthreads();
     }}
 "#
         ),

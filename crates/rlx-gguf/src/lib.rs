@@ -1,5 +1,7 @@
 //! GGUF for RLX: a memory-mapped reader for GGUF v1–v3 ([`GgufFile`]), bit-exact dequantization
-//! of the ggml block types ([`dequantize`]) and the tokenizer stored in GGUF metadata.
+//! of the ggml block types ([`dequantize`]), the tokenizer stored in GGUF metadata, and a
+//! writer ([`GgufWriter`], with [`random_tensor`] and [`synthetic_vocab`] for random-weight
+//! models of a real model's shapes).
 //!
 //! ```no_run
 //! let f = rlx_gguf::GgufFile::open("model.gguf")?;
@@ -19,6 +21,7 @@ mod reader;
 pub mod simd;
 pub mod tokenizer;
 mod types;
+mod writer;
 
 pub use dequant::{
     dequantize, dequantize_block, dequantize_portable, dequantize_with, k4_scale_min, q3k_scales,
@@ -29,3 +32,4 @@ pub use reader::{
 };
 pub use tokenizer::{Tokenizer, TokenizerKind};
 pub use types::GgmlType;
+pub use writer::{random_tensor, synthetic_vocab, GgufWriter, SplitMix64};

@@ -35,7 +35,7 @@
 //! # Ok::<(), rlx_gguf::GgufError>(())
 //! ```
 
-mod bpe;
+pub(crate) mod bpe;
 mod merge;
 mod spm;
 mod unicode;

@@ -46,7 +46,7 @@ pub const VARS: &[Var] = &[
     var("RLX_FUSE_PATTERNS", "`0`", "on", "`0` forms no pattern regions (a product with its bias and activation, a residual add with its norm, ...): each op runs on its own, for A/B measurements."),
     var("RLX_CAUSAL_SKIP", "`0`, `1`", "on", "Let causal attention's products skip what is known to be zero."),
     var("RLX_PARAM_PANELS", "`0`", "the backend's width", "`0` stores every param row-major (no column panels for bf16 weights)."),
-    var("RLX_PROFILE", "`1`, `nodes`", "off", "Time every step of a compiled CPU program and print the time per op kind when it is dropped (`nodes`: also the slowest steps); on the GPU, time every dispatch with timestamp queries where the adapter has them and print the time per op kind, the slowest dispatches and what each run asked of the device."),
+    var("RLX_PROFILE", "`1`, `nodes`", "off", "Time every step of a compiled CPU program and print the time per op kind when it is dropped (`nodes`: also the slowest steps); on CUDA, run launch by launch with events around each and print the time per op kind and the slowest launches; on the GPU (wgpu), time every dispatch with timestamp queries where the adapter has them and print the time per op kind, the slowest dispatches and what each run asked of the device."),
     var("RLX_PROFILE_TOP", "a count", "30", "How many of the slowest steps (CPU, `RLX_PROFILE=nodes`) or dispatches (GPU) the profile lists."),
     var("RLX_ISA", "`portable`, `avx2`, `avx2-vnni`", "the best the CPU has", "Cap the CPU kernels' instruction-set level."),
     var("RLX_NO_AVX512", "any value", "AVX-512 where the CPU has it", "Cap the CPU kernels at AVX2 + VNNI."),

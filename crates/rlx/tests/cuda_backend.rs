@@ -120,49 +120,12 @@ fn every_cuda_kernel_of_the_training_step_and_precision_policies_compiles_with_n
     for p in policies() {
         check(mlp(), p, &mut kernels);
     }
-    match rlx_cuda::nvrtc::Nvrtc::get() {
-        Ok(nvrtc) => {
-            for src in &kernels {
-                for arch in rlx_cuda::CHECKED_ARCHS {
-                    nvrtc.cubin(src, arch).unwrap();
-                }
-            }
-            eprintln!(
-                "training step and precision policies: {} distinct CUDA kernels compiled for sm_{:?}",
-                kernels.len(),
-                rlx_cuda::CHECKED_ARCHS
-            );
-        }
-        Err(e) => {
-            assert!(
-                std::env::var("RLX_REQUIRE_NVRTC").as_deref() != Ok("1"),
-                "RLX_REQUIRE_NVRTC=1 and {e}"
-            );
-            eprintln!("NVRTC missing, CUDA kernels lowered but NOT compiled: {e}");
-        }
-    }
-}
-
-/// Fail under `RLX_REQUIRE_CUDA=1` without a device; otherwise say in one line what did not run.
-fn device_or_skip(what: &str) -> bool {
-    if Device::Cuda.is_available() {
-        return true;
-    }
-    assert!(
-        std::env::var("RLX_REQUIRE_CUDA").as_deref() != Ok("1"),
-        "RLX_REQUIRE_CUDA=1 but {}",
-        Device::Cuda.availability_hint()
-    );
-    eprintln!(
-        "no CUDA device, {what} NOT run: {}",
-        Device::Cuda.availability_hint()
-    );
-    false
+    common::compile_cuda_kernels(&kernels, "training step and precision policies");
 }
 
 #[test]
 fn needs_cuda_device_five_adamw_steps_give_the_cpus_losses() {
-    if !device_or_skip("the CUDA training check") {
+    if !common::cuda_or_skip("the CUDA training check") {
         return;
     }
     let (cpu, cpu_w) = train(Device::Cpu, 5);
@@ -184,7 +147,7 @@ fn needs_cuda_device_five_adamw_steps_give_the_cpus_losses() {
 
 #[test]
 fn needs_cuda_device_an_mlp_under_every_precision_policy_gives_the_cpus_values() {
-    if !device_or_skip("the CUDA precision check") {
+    if !common::cuda_or_skip("the CUDA precision check") {
         return;
     }
     let x: Vec<f32> = (0..32).map(|i| ((i * 7 % 13) as f32 - 6.0) / 6.0).collect();
@@ -228,4 +191,35 @@ fn needs_cuda_device_an_mlp_under_every_precision_policy_gives_the_cpus_values()
             );
         }
     }
+}
+
+/// Every variant of the LLM kernels the lowering can pick (by scheme, warps per column, query
+/// rows and dtypes), compiled with NVRTC when it is at hand: a model whose shapes pick a variant
+/// the LLM tests do not reach still gets a kernel that was compiled here.
+#[test]
+fn every_cuda_llm_kernel_variant_compiles_with_nvrtc() {
+    use rlx_cuda::source;
+    use rlx_ir::QuantScheme;
+    let mut kernels = Vec::new();
+    for scheme in QuantScheme::GGUF {
+        for split in [1, 2, 4, 8] {
+            kernels.push(source::dequant_matvec(scheme, DType::F32, split).expect("matvec"));
+        }
+        kernels.push(source::dequant_matmul(scheme, DType::F32).expect("matmul"));
+        kernels.push(source::dequantize_rows(scheme, DType::F32).expect("rows"));
+    }
+    assert!(source::dequant_matvec(QuantScheme::GgufQ4_0, DType::F32, 3).is_none());
+    kernels.extend([32, 256].map(|b| source::quantize_acts(b).expect("rounding")));
+    for cache in [DType::F32, DType::F16, DType::BF16] {
+        for warp in [false, true] {
+            kernels.push(
+                source::attention_scores(DType::F32, cache, DType::I32, warp).expect("scores"),
+            );
+        }
+        for threads in [256, 1024] {
+            kernels.push(source::attention_values(cache, DType::F32, threads).expect("values"));
+        }
+        kernels.push(source::rope(cache, DType::I32).expect("rope"));
+    }
+    common::compile_cuda_kernels(&kernels, "LLM kernel variants");
 }

@@ -90,3 +90,18 @@ fn smollm2_as_cuda_programs_in_host_emulation_agrees_with_the_cpu() {
         lg = cuda.forward(&[c as u32]).unwrap();
     }
 }
+
+/// Gemma 3's shapes and block types (Q5_0, Q4_K, Q6_K, Q8_0; sliding-window and global layers)
+/// as random weights (`rlx::llm::random_gguf`), through the CUDA backend's programs in host
+/// emulation: teacher-forced logits and greedy decode steps as on the CPU.
+#[test]
+fn random_gemma3_shape_as_cuda_programs_agrees_with_the_cpu() {
+    rlx::driver::register_backend(
+        Device::Cuda,
+        std::sync::Arc::new(rlx_cuda::emulate::EmulatedBackend),
+    );
+    let load = |device| common::llm::load_random(KnownModel::Gemma3, device, 32, 8);
+    let (mut cpu, mut cuda) = (load(Device::Cpu), load(Device::Cuda));
+    common::llm::compare_random(&mut cpu, &mut cuda, 6, 2)
+        .check("random Gemma 3 shape as CUDA programs (host emulation)");
+}

@@ -209,66 +209,14 @@ fn long_text(m: &Model) {
     assert_eq!(tok.decode(&tok.encode(&plain, false, false), false), plain);
 }
 
-/// GGUF value type ids.
-fn type_id(v: &Value) -> u32 {
-    match v {
-        Value::U8(_) => 0,
-        Value::I8(_) => 1,
-        Value::U16(_) => 2,
-        Value::I16(_) => 3,
-        Value::U32(_) => 4,
-        Value::I32(_) => 5,
-        Value::F32(_) => 6,
-        Value::Bool(_) => 7,
-        Value::String(_) => 8,
-        Value::Array(_) => 9,
-        Value::U64(_) => 10,
-        Value::I64(_) => 11,
-        Value::F64(_) => 12,
-    }
-}
-
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
-/// The little-endian GGUF encoding of `v` (without its type).
-fn put_value(out: &mut Vec<u8>, v: &Value) {
-    match v {
-        Value::U8(x) => out.push(*x),
-        Value::I8(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::Bool(x) => out.push(*x as u8),
-        Value::String(x) => put_str(out, x),
-        Value::Array(items) => {
-            // An empty array's element type is lost in `Value`; any type reads back the same.
-            out.extend_from_slice(&items.first().map_or(8, type_id).to_le_bytes());
-            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
-            items.iter().for_each(|x| put_value(out, x));
-        }
-    }
-}
-
 /// A GGUF v3 file holding `entries` as metadata and no tensors.
 fn gguf_file(entries: &[(String, Value)]) -> GgufFile {
-    let mut b = b"GGUF".to_vec();
-    b.extend_from_slice(&3u32.to_le_bytes());
-    b.extend_from_slice(&0u64.to_le_bytes());
-    b.extend_from_slice(&(entries.len() as u64).to_le_bytes());
+    let mut w = rlx_gguf::GgufWriter::new();
     for (key, v) in entries {
-        put_str(&mut b, key);
-        b.extend_from_slice(&type_id(v).to_le_bytes());
-        put_value(&mut b, v);
+        w.meta(key, v.clone());
     }
-    GgufFile::from_bytes(b).expect("the vocabulary copy parses")
+    GgufFile::from_bytes(w.to_bytes().expect("the vocabulary copy writes"))
+        .expect("the vocabulary copy parses")
 }
 
 /// The vocabulary-only copy `gen_tokenizer.py` gives llama.cpp: every metadata key of `base`

@@ -244,16 +244,7 @@ fn a_parting_is_a_near_tie_only_between_the_cpus_top_two() {
 /// set by `scripts/gpu-check.sh`'s runner, makes that a failure).
 #[test]
 fn needs_cuda_device_smollm2_agrees_with_the_cpu() {
-    if !Device::Cuda.is_available() {
-        assert!(
-            std::env::var("RLX_REQUIRE_CUDA").as_deref() != Ok("1"),
-            "RLX_REQUIRE_CUDA=1 but {}",
-            Device::Cuda.availability_hint()
-        );
-        eprintln!(
-            "no CUDA device, SmolLM2 on CUDA NOT run: {}",
-            Device::Cuda.availability_hint()
-        );
+    if !common::cuda_or_skip("SmolLM2 on CUDA") {
         return;
     }
     let g = golden("smollm2");
@@ -269,4 +260,21 @@ fn needs_cuda_device_smollm2_agrees_with_the_cpu() {
         "SmolLM2: {} greedy tokens as on the CPU; {} prompts equal, parted at near-ties: {:?}",
         run.matched, run.equal, run.parted
     );
+}
+
+/// Random-weight models of SmolLM2's and Gemma 3's shapes and block types
+/// (`rlx::llm::random_gguf`, written into the cache) on a CUDA device agree with the CPU: 64
+/// teacher-forced positions and 16 greedy decode steps each, every top-1 difference a near-tie.
+/// This needs no model file, so the GPU check runs it wherever it goes.
+#[test]
+fn needs_cuda_device_random_smollm2_and_gemma3_shapes_agree_with_the_cpu() {
+    if !common::cuda_or_skip("random-weight models on CUDA") {
+        return;
+    }
+    for m in [KnownModel::SmolLM2, KnownModel::Gemma3] {
+        let load = |device| common::llm::load_random(m, device, 128, 64);
+        let (mut cpu, mut cuda) = (load(Device::Cpu), load(Device::Cuda));
+        common::llm::compare_random(&mut cpu, &mut cuda, 64, 16)
+            .check(&format!("random {m:?} shape on CUDA"));
+    }
 }

@@ -639,16 +639,7 @@ fn every_cuda_kernel_of_the_op_table_compiles_with_nvrtc() {
 /// GPU machine, where a missing device fails it).
 #[test]
 fn needs_cuda_device_op_table_matches_the_reference_evaluator() {
-    if !Device::Cuda.is_available() {
-        assert!(
-            std::env::var("RLX_REQUIRE_CUDA").as_deref() != Ok("1"),
-            "RLX_REQUIRE_CUDA=1 but {}",
-            Device::Cuda.availability_hint()
-        );
-        eprintln!(
-            "no CUDA device, CUDA op table NOT run: {}",
-            Device::Cuda.availability_hint()
-        );
+    if !common::cuda_or_skip("CUDA op table") {
         return;
     }
     let mut failures = Vec::new();

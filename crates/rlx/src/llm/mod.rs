@@ -19,6 +19,7 @@ mod chat;
 mod config;
 mod graph;
 mod model;
+mod random;
 mod sample;
 
 pub use chat::{ChatMessage, ChatTemplate, JinjaTemplate};
@@ -28,4 +29,5 @@ pub use graph::{
 };
 pub(crate) use model::{load_weights, open_model};
 pub use model::{Llm, LoadOptions, LoadStats};
+pub use random::{ensure_random, random_gguf};
 pub use sample::{Sampler, SamplerConfig};

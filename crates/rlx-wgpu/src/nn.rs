@@ -1,5 +1,5 @@
 //! Native kernels of the composite ops the compiler would otherwise decompose: LayerNorm and
-//! RmsNorm (one invocation per row), RoPE (per element, frequencies computed on the host as the
+//! RmsNorm (a workgroup per row, its sums by a tree in workgroup memory), RoPE (per element, frequencies computed on the host as the
 //! decomposition does), attention (one invocation per query row, an online softmax over the keys
 //! it may see: no score matrix in memory, one dispatch instead of six), convolution and pooling
 //! (one invocation per result). Each computes in f32 and rounds its result to the op's dtype once.
@@ -8,7 +8,7 @@
 //! words and invocation count. Both read the node's attributes, so the op table's cases of these
 //! ops run here rather than through their decompositions.
 
-use crate::shaders::{one_d, round_to, wgsl_type};
+use crate::shaders::{one_d, round_to, wgsl_type, HEADER, MAX_GROUPS, WG, WG_SUM};
 use rlx_ir::{DType, Graph, MaskKind, NodeId, Op, PoolKind, Result};
 
 /// Largest value head dim the attention kernel takes (its per-row accumulator).
@@ -84,7 +84,7 @@ pub fn step(
                 word(id),
                 eps.to_bits(),
             ];
-            (norm(rms, out), meta, rows)
+            (norm(rms, out), meta, rows * WG as usize)
         }
         Op::Rope { theta, interleaved } => {
             let (s, d) = (od[od.len() - 2], od[od.len() - 1]);
@@ -220,13 +220,14 @@ fn broadcast(d: &[usize], full: &[usize]) -> Vec<usize> {
     s
 }
 
-/// One invocation per row: meta `[rows, d, x, gamma, beta, out, eps]`.
+/// A workgroup per row (dispatch `rows * WG` invocations): meta `[rows, d, x, gamma, beta,
+/// out, eps]`; the mean and the variance summed by the workgroup ([`shaders::WG_SUM`]).
 fn norm(rms: bool, out: DType) -> String {
     let (mean, shift) = if rms {
         ("", "")
     } else {
         (
-            "for (var j = 0u; j < d; j++) { mean += ld(x + j); }\n    mean = mean / f32(d);",
+            "var s = 0.0;\n    if (live) { for (var j = lid; j < d; j += WGu) { s += ld(x + j); } }\n    mean = wg_sum(s, lid) / f32(d);",
             " + ld(mt[4] + j)",
         )
     };
@@ -234,21 +235,27 @@ fn norm(rms: bool, out: DType) -> String {
         out,
         format!("(ld(x + j) - mean) * inv * ld(mt[3] + j){shift}"),
     );
-    one_d(
-        "r",
-        &format!(
-            r#"    let d = mt[1];
+    let body = format!(
+        r#"{HEADER}
+{WG_SUM}
+@compute @workgroup_size({WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+    let r = wg.x + wg.y * {MAX_GROUPS}u;
+    let live = r < mt[0];
+    let d = mt[1];
     let x = mt[2] + r * d;
     let o = mt[5] + r * d;
     var mean = 0.0;
     {mean}
     var v = 0.0;
-    for (var j = 0u; j < d; j++) {{ let c = ld(x + j) - mean; v += c * c; }}
+    if (live) {{ for (var j = lid; j < d; j += WGu) {{ let c = ld(x + j) - mean; v += c * c; }} }}
+    v = wg_sum(v, lid);
     let inv = 1.0 / sqrt(v / f32(d) + bitcast<f32>(mt[6]));
-    for (var j = 0u; j < d; j++) {{ st(o + j, {y}); }}
+    if (live) {{ for (var j = lid; j < d; j += WGu) {{ st(o + j, {y}); }} }}
+}}
 "#
-        ),
-    )
+    );
+    body.replace("WGu", &format!("{WG}u"))
 }
 
 /// One invocation per element: meta `[n, S, D, x, pos, out, freq[D/2]...]`; the rotation and

@@ -982,6 +982,72 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
     )
 }
 
+/// The workgroup-wide sum and maximum of a [`WG`]-invocation workgroup (`red` workgroup
+/// memory, a tree of barriers; call them from uniform control flow).
+pub(crate) const WG_SUM: &str = r#"var<workgroup> red: array<f32, 64>;
+fn wg_sum(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) { red[lid] = red[lid] + red[lid + s]; }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+fn wg_max(v: f32, lid: u32) -> f32 {
+    red[lid] = v;
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) { red[lid] = max(red[lid], red[lid + s]); }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+"#;
+
+/// `x [R, K] @ decode(w)^T` for a few rows (`R <= QROWS`: decode): meta as
+/// [`dequant_matmul`]'s; a workgroup per result column (dispatch `N * WG` invocations), its
+/// invocations on consecutive elements of the row, each weight decoded once for all rows, the
+/// partial sums added by a tree in workgroup memory.
+pub fn dequant_matvec(decoder: &str, out: DType) -> String {
+    let rnd = round_to(out, "part[lid * 64u]".into());
+    format!(
+        r#"{HEADER}{BYTES}{decoder}
+var<workgroup> part: array<f32, {parts}>;
+@compute @workgroup_size({WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+    let j = wg.x + wg.y * {MAX_GROUPS}u;
+    let rows = mt[0];
+    let k = mt[1];
+    let n = mt[2];
+    let live = j < n;
+    var acc: array<f32, {QROWS}>;
+    if (live) {{
+        let row = mt[4] + j * mt[5];
+        for (var p = lid; p < k; p += {WG}u) {{
+            let w = deq(row, p);
+            for (var t = 0u; t < rows; t++) {{ acc[t] += ld(mt[3] + t * k + p) * w; }}
+        }}
+    }}
+    for (var t = 0u; t < {QROWS}u; t++) {{ part[t * 64u + lid] = acc[t]; }}
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {{
+        if (lid < s) {{
+            for (var t = 0u; t < {QROWS}u; t++) {{ part[t * 64u + lid] += part[t * 64u + lid + s]; }}
+        }}
+        workgroupBarrier();
+    }}
+    if (live && lid < rows) {{ st(mt[6] + lid * n + j, {rnd}); }}
+}}
+"#,
+        parts = QROWS * 64
+    )
+}
+
 /// Packed GGUF rows decoded: meta `[n, K, row_bytes, w_byte, out_off]`.
 pub fn dequantize_rows(decoder: &str, out: DType) -> String {
     let rnd = round_to(out, "deq(mt[3] + (i / mt[1]) * mt[2], i % mt[1])".into());
@@ -1047,22 +1113,29 @@ pub fn attention_scores(cache: DType) -> String {
     )
 }
 
-/// Step 2, one invocation per query row and head: meta `[S * Hq, t, scores]`; the scores become
-/// the normalized weights (rounded to the cache's dtype), in place.
+/// Step 2, a workgroup per query row and head (dispatch `S * Hq * WG` invocations): meta
+/// `[S * Hq, t, scores]`; the scores become the normalized weights (rounded to the cache's
+/// dtype), in place, the maximum and the sum found by the workgroup ([`WG_SUM`]).
 pub fn attention_weights(cache: DType) -> String {
     let w = round_to(cache, "exp(ld(r + j) - mx) / sum".into());
-    one_d(
-        "row",
-        &format!(
-            r#"    let t = mt[1];
+    format!(
+        r#"{HEADER}
+{WG_SUM}
+@compute @workgroup_size({WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+    let row = wg.x + wg.y * {MAX_GROUPS}u;
+    let live = row < mt[0];
+    let t = mt[1];
     let r = mt[2] + row * t;
     var mx = bitcast<f32>(0xff800000u);
-    for (var j = 0u; j < t; j++) {{ mx = max(mx, ld(r + j)); }}
+    if (live) {{ for (var j = lid; j < t; j += {WG}u) {{ mx = max(mx, ld(r + j)); }} }}
+    mx = wg_max(mx, lid);
     var sum = 0.0;
-    for (var j = 0u; j < t; j++) {{ sum += exp(ld(r + j) - mx); }}
-    for (var j = 0u; j < t; j++) {{ st(r + j, {w}); }}
+    if (live) {{ for (var j = lid; j < t; j += {WG}u) {{ sum += exp(ld(r + j) - mx); }} }}
+    sum = wg_sum(sum, lid);
+    if (live) {{ for (var j = lid; j < t; j += {WG}u) {{ st(r + j, {w}); }} }}
+}}
 "#
-        ),
     )
 }
 

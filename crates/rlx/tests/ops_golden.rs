@@ -471,8 +471,12 @@ fn the_gpus_quantized_products_agree_with_the_cpus() {
             worst, exact
         );
         // Q4_1 / Q5_1 leave ~1e-5: the CPU rounds their blocks' activation sums to f16 as well.
+        // The GPU adds a row in another order (a workgroup's tree), which moves a result by a
+        // few f32 ulps of the largest one: where the CPU is that close to the exact product
+        // (float weights, no rounded activations), those ulps are the bound.
+        let ulps = 4.0 * f32::EPSILON as f64 * scale;
         assert!(
-            worst <= 2e-5 * scale && worst <= exact / 100.0,
+            worst <= 2e-5 * scale && (worst <= exact / 100.0 || worst <= ulps),
             "{name}: GPU and CPU differ by {worst} (scale {scale}; the CPU and the exact product by {exact})"
         );
         checked += 1;

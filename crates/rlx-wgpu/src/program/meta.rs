@@ -396,6 +396,13 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
                 s.out(),
             ]);
             let dec = shaders::gguf_decoder(*scheme).expect("checked by unsupported()");
+            if rows <= shaders::QROWS as usize {
+                // A few rows (decode): a workgroup per result column.
+                return Ok((
+                    shaders::dequant_matvec(dec, out),
+                    groups_1d(nn * WG as usize),
+                ));
+            }
             let invocations = rows.div_ceil(shaders::QROWS as usize) * nn;
             Ok((shaders::dequant_matmul(dec, out), groups_1d(invocations)))
         }
@@ -473,7 +480,10 @@ fn cached_attention(
         }
         1 => {
             meta.extend([rows as u32, t as u32, sc]);
-            (shaders::attention_weights(cache), groups_1d(rows))
+            (
+                shaders::attention_weights(cache),
+                groups_1d(rows * WG as usize),
+            )
         }
         _ => {
             meta.extend([

@@ -11,7 +11,8 @@
 //! launches as one captured CUDA graph.
 //!
 //! What runs: elementwise ops and regions on f32, f64, f16, bf16, the integer types and bool;
-//! reductions, softmax, cumsum, top-k, matmul (a tiled kernel, f32 accumulation), RoPE, the
+//! reductions, softmax, cumsum, top-k, matmul (a tiled kernel, f32 accumulation), LayerNorm,
+//! RMSNorm and RoPE, the
 //! movement and index ops; the LLM ops: GGUF `DequantMatMul` for every block type (a
 //! matrix-vector kernel reading each packed weight once for decode, a tiled one for prompts,
 //! activations rounded to int8 blocks as the CPU rounds them), `DequantizeRows`, `CacheWrite`,

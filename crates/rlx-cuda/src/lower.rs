@@ -216,9 +216,17 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
             return None
         }
         Op::Rope { .. } => format!("rope of {out} at {} positions (odd head width or dtype)", ins[1]),
+        Op::LayerNorm { .. } | Op::RmsNorm { .. } => {
+            let rms = matches!(n.op, Op::RmsNorm { .. });
+            if source::norm(ins[0], ins[1], ins.get(2).copied().filter(|_| !rms), out, rms, 32)
+                .is_some()
+                && n.inputs.len() == if rms { 2 } else { 3 }
+            {
+                return None;
+            }
+            format!("{} of {ins:?} giving {out}", n.op.name())
+        }
         Op::DotGeneral(_)
-        | Op::LayerNorm { .. }
-        | Op::RmsNorm { .. }
         | Op::Attention { .. }
         | Op::Conv(_)
         | Op::Pool(_)
@@ -687,6 +695,31 @@ impl Lowering<'_> {
                 ];
                 let src = source::dequantize_rows(*scheme, dt);
                 self.launch(id, src, [blocks(nel, BLOCK as usize), 1, 1], BLOCK, words)
+            }
+            Op::LayerNorm { eps } | Op::RmsNorm { eps } => {
+                let rms = matches!(node.op, Op::RmsNorm { .. });
+                let width = *d.last().unwrap_or(&1);
+                let rows = nel.checked_div(width).unwrap_or(0);
+                let beta = (!rms).then(|| node.inputs[2]);
+                let words = vec![
+                    imm(rows),
+                    imm(width),
+                    self.val(node.inputs[0]),
+                    self.val(node.inputs[1]),
+                    beta.map_or(imm(0), |b| self.val(b)),
+                    self.val(id),
+                    Pending::Imm(eps.to_bits() as i32 as i64),
+                ];
+                let t = source::row_threads(width, rows);
+                let src = source::norm(
+                    g.shape(node.inputs[0]).dtype(),
+                    g.shape(node.inputs[1]).dtype(),
+                    beta.map(|b| g.shape(b).dtype()),
+                    dt,
+                    rms,
+                    t,
+                );
+                self.launch(id, src, row_grid(rows, t), BLOCK, words)
             }
             Op::Rope { theta, interleaved } => {
                 let (x, pos) = (node.inputs[0], node.inputs[1]);

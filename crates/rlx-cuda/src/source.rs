@@ -892,6 +892,78 @@ pub fn dequant_matmul(scheme: rlx_ir::QuantScheme, out: DType) -> Option<String>
     Some(src.replacen("struct M", &format!("{BYTES}{dec}\nstruct M"), 1))
 }
 
+/// Words of a norm: `[rows, d, x, gamma, beta, out, eps_bits]` (`beta` 0 for RMSNorm).
+pub const NORM_WORDS: usize = 7;
+
+/// LayerNorm (`rms` false) or RMSNorm over the last axis of `x [rows, d]`, `t` threads a row
+/// ([`row_threads`]): the mean and the variance summed across the row's threads, computed in
+/// f32 and rounded to the result's dtype once.
+pub fn norm(
+    x: DType,
+    gamma: DType,
+    beta: Option<DType>,
+    out: DType,
+    rms: bool,
+    t: u32,
+) -> Option<String> {
+    // Computed in f32: f64 norms run as their decomposition.
+    let f32ish = |d: DType| real(d) && d != DType::F64;
+    if !f32ish(x)
+        || !f32ish(gamma)
+        || !f32ish(out)
+        || beta.is_some_and(|b| !f32ish(b))
+        || rms == beta.is_some()
+    {
+        return None;
+    }
+    let (xs, gs, os) = (storage(x)?, storage(gamma)?, storage(out)?);
+    let xv = format!("(float)({})", load(x, "xr[e]"));
+    let gv = format!(
+        "(float)({})",
+        load(gamma, "((const GS*)m.w[3])[e]".replace("GS", gs).as_str())
+    );
+    let bv = match beta {
+        Some(b) => format!(
+            " + (float)({})",
+            load(b, &format!("((const {}*)m.w[4])[e]", storage(b)?))
+        ),
+        None => String::new(),
+    };
+    let y = store(out, &fit(out, format!("(({xv}) - mean) * inv * {gv}{bv}")));
+    let mut s = String::new();
+    if t == 256 {
+        s.push_str("    __shared__ float sh[8];\n");
+    }
+    s.push_str(&row_loop(t));
+    s.push_str(&format!(
+        "        const i64 d = m.w[1];\n        const {xs}* xr = (const {xs}*)m.w[2] + row * d;\n        float mean = 0.0f;\n"
+    ));
+    if !rms {
+        s.push_str(&format!(
+            "        for (i64 e = lane; e < d; e += {t}) mean += {xv};\n"
+        ));
+        s.push_str(&row_reduce("mean", t, "radd"));
+        s.push_str("        mean = mean / (float)d;\n");
+    }
+    s.push_str(&format!(
+        "        float v = 0.0f;\n        for (i64 e = lane; e < d; e += {t}) {{ const float c = {xv} - mean; v += c * c; }}\n"
+    ));
+    s.push_str(&row_reduce("v", t, "radd"));
+    s.push_str(&format!(
+        "        const float inv = 1.0f / sqrtf(v / (float)d + __int_as_float((int)m.w[6]));\n        for (i64 e = lane; e < d; e += {t}) (({os}*)m.w[5])[row * d + e] = {y};\n"
+    ));
+    if t == 256 {
+        s.push_str("        __syncthreads();\n");
+    }
+    s.push_str("    }\n");
+    let src = kernel(NORM_WORDS, &s);
+    Some(src.replacen(
+        "struct M",
+        "__device__ __forceinline__ float radd(float a, float b) { return a + b; }\nstruct M",
+        1,
+    ))
+}
+
 /// Words of rotary embedding: `[pairs, s, half, x, pos, out, theta_bits, interleaved]`.
 pub const ROPE_WORDS: usize = 8;
 

@@ -1139,26 +1139,66 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     )
 }
 
-/// Step 3, one invocation per result: meta `[S * Hq * Dv, hq, dv, t, hkv, v, weights, out]`.
+/// Invocations of a workgroup of step 3.
+pub const VALUES_WG: u32 = 256;
+
+/// Step 3, a workgroup of [`VALUES_WG`] invocations per query row and head (dispatch one
+/// workgroup each): meta `[S * Hq * Dv, hq, dv, t, hkv, v, weights, out]`. Rows narrower than
+/// the workgroup: `VALUES_WG / Dv` groups of `Dv` invocations (one per result column), each group
+/// taking every `VALUES_WG / Dv`-th key, their sums added in group order through workgroup
+/// memory; wider rows: an invocation per column over every key.
 pub fn attention_values(out: DType) -> String {
     let rnd = round_to(out, "acc".into());
-    one_d(
-        "idx",
-        &format!(
-            r#"    let hq = mt[1]; let dv = mt[2]; let t = mt[3]; let hkv = mt[4];
-    let c = idx % dv;
-    let h = (idx / dv) % hq;
-    let i = idx / (dv * hq);
-    let w = mt[6] + (i * hq + h) * t;
-    let vr = mt[5] + (h / (hq / hkv)) * dv + c;
-    var acc = 0.0;
-    for (var j = 0u; j < t; j++) {{
-        // Masked keys weigh exactly 0: their cache rows (maybe never written) are not read.
-        let p = ld(w + j);
-        if (p != 0.0) {{ acc += p * ld(vr + j * hkv * dv); }}
+    let rnd_sum = round_to(out, "sum".into());
+    format!(
+        r#"{HEADER}
+var<workgroup> vpart: array<f32, {VALUES_WG}>;
+var<workgroup> vdv: u32;
+@compute @workgroup_size({VALUES_WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+    let rh = wg.x + wg.y * {MAX_GROUPS}u;
+    // The row width, uniform across the workgroup, so the branch below may hold a barrier.
+    if (lid == 0u) {{ vdv = max(mt[2], 1u); }}
+    let dv = workgroupUniformLoad(&vdv);
+    let hq = mt[1]; let t = mt[3]; let hkv = mt[4];
+    let live = rh < mt[0] / dv;
+    let h = rh % hq;
+    let w = mt[6] + rh * t;
+    let groups = max({VALUES_WG}u / dv, 1u);
+    if (groups == 1u) {{
+        // Wide rows: no key groups, so no barrier (uniform: `groups` is the same everywhere).
+        if (live) {{
+            for (var c = lid; c < dv; c += {VALUES_WG}u) {{
+                let vr = mt[5] + (h / (hq / hkv)) * dv + c;
+                var acc = 0.0;
+                for (var j = 0u; j < t; j++) {{
+                    let p = ld(w + j);
+                    if (p != 0.0) {{ acc += p * ld(vr + j * hkv * dv); }}
+                }}
+                st(mt[7] + rh * dv + c, {rnd});
+            }}
+        }}
+    }} else {{
+        let c = lid % dv;
+        let g = lid / dv;
+        var acc = 0.0;
+        if (live && g < groups) {{
+            let vr = mt[5] + (h / (hq / hkv)) * dv + c;
+            // Masked keys weigh exactly 0: their cache rows (maybe never written) are not read.
+            for (var j = g; j < t; j += groups) {{
+                let p = ld(w + j);
+                if (p != 0.0) {{ acc += p * ld(vr + j * hkv * dv); }}
+            }}
+        }}
+        vpart[lid] = acc;
+        workgroupBarrier();
+        if (live && g == 0u) {{
+            var sum = 0.0;
+            for (var q = 0u; q < groups; q++) {{ sum += vpart[q * dv + c]; }}
+            st(mt[7] + rh * dv + c, {rnd_sum});
+        }}
     }}
-    st(mt[7] + idx, {rnd});
+}}
 "#
-        ),
     )
 }

@@ -220,6 +220,12 @@ fn every_cuda_llm_kernel_variant_compiles_with_nvrtc() {
             kernels.push(source::attention_values(cache, DType::F32, threads).expect("values"));
         }
         kernels.push(source::rope(cache, DType::I32).expect("rope"));
+        for t in [32, 256] {
+            kernels.push(source::norm(cache, cache, None, cache, true, t).expect("rms norm"));
+            kernels.push(
+                source::norm(cache, cache, Some(cache), cache, false, t).expect("layer norm"),
+            );
+        }
     }
     common::compile_cuda_kernels(&kernels, "LLM kernel variants");
 }

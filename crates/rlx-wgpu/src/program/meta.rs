@@ -496,9 +496,11 @@ fn cached_attention(
                 sc,
                 s.out(),
             ]);
+            // A workgroup per query row and head.
+            let g = (rows as u32).max(1);
             (
                 shaders::attention_values(s.dtype(s.node)),
-                groups_1d(s.count),
+                (g.min(MAX_GROUPS), g.div_ceil(MAX_GROUPS), 1),
             )
         }
     })

@@ -710,7 +710,12 @@ impl Lowering<'_> {
                     self.val(id),
                     Pending::Imm(eps.to_bits() as i32 as i64),
                 ];
-                let t = source::row_threads(width, rows);
+                // Few rows (decode): a block per row, so the row's loads are all in flight.
+                let t = if rows < 64 {
+                    256
+                } else {
+                    source::row_threads(width, rows)
+                };
                 let src = source::norm(
                     g.shape(node.inputs[0]).dtype(),
                     g.shape(node.inputs[1]).dtype(),

@@ -455,30 +455,9 @@ fn the_gpus_quantized_products_agree_with_the_cpus() {
             run_on(Device::Gpu, &b, true).expect("runs on the GPU"),
         );
         let want = run_reference(&b).expect("reference");
-        let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-3);
-        let worst = cpu
-            .iter()
-            .zip(&gpu)
-            .map(|(p, q)| (p - q).abs())
-            .fold(0f64, f64::max);
-        let exact = cpu
-            .iter()
-            .zip(&want)
-            .map(|(p, q)| (p - q).abs())
-            .fold(0f64, f64::max);
-        eprintln!(
-            "{name}: GPU - CPU {:.2e}, CPU - exact {:.2e} (of {scale:.3})",
-            worst, exact
-        );
-        // Q4_1 / Q5_1 leave ~1e-5: the CPU rounds their blocks' activation sums to f16 as well.
-        // The GPU adds a row in another order (a workgroup's tree), which moves a result by a
-        // few f32 ulps of the largest one: where the CPU is that close to the exact product
-        // (float weights, no rounded activations), those ulps are the bound.
-        let ulps = 4.0 * f32::EPSILON as f64 * scale;
-        assert!(
-            worst <= 2e-5 * scale && (worst <= exact / 100.0 || worst <= ulps),
-            "{name}: GPU and CPU differ by {worst} (scale {scale}; the CPU and the exact product by {exact})"
-        );
+        if let Err(e) = quantized_agrees(name, &cpu, &gpu, &want, "GPU") {
+            panic!("{e}");
+        }
         checked += 1;
     }
     assert!(checked >= 13, "only {checked} quantized product cases");
@@ -684,6 +663,42 @@ fn needs_cuda_device_op_table_matches_the_reference_evaluator() {
     );
 }
 
+/// A quantized product on another backend (`what`) against the CPU's (`cpu`) and the exact one
+/// (`want`): within 2e-5 of the largest result and a hundredth of the CPU's distance from the
+/// exact product, or, where the CPU is that close to it (float weights, no rounded
+/// activations), a few f32 ulps of the largest result (another summation order). So the other
+/// backend must round activations as the CPU does; the op table's own tolerance (against an
+/// exact product with unrounded activations) could not tell.
+fn quantized_agrees(
+    name: &str,
+    cpu: &[f64],
+    other: &[f64],
+    want: &[f64],
+    what: &str,
+) -> Result<(), String> {
+    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-3);
+    let worst = cpu
+        .iter()
+        .zip(other)
+        .map(|(p, q)| (p - q).abs())
+        .fold(0f64, f64::max);
+    let exact = cpu
+        .iter()
+        .zip(want)
+        .map(|(p, q)| (p - q).abs())
+        .fold(0f64, f64::max);
+    eprintln!("{name}: {what} - CPU {worst:.2e}, CPU - exact {exact:.2e} (of {scale:.3})");
+    // Q4_1 / Q5_1 leave ~1e-5: the CPU rounds their blocks' activation sums to f16 as well.
+    let ulps = 4.0 * f32::EPSILON as f64 * scale;
+    if worst <= 2e-5 * scale && (worst <= exact / 100.0 || worst <= ulps) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{name}: {what} and CPU differ by {worst} (scale {scale}; the CPU and the exact product by {exact})"
+        ))
+    }
+}
+
 /// The CUDA programs of the op table, run on the host (their kernels compiled as C++ by `g++`
 /// against a header that plays CUDA's blocks, barriers and warp shuffles; see
 /// `rlx_cuda::emulate`): every case the backend runs gives the reference evaluator's values.
@@ -739,6 +754,13 @@ fn cuda_programs_of_the_op_table_match_the_reference_evaluator_in_host_emulation
             run_reference(b).and_then(|want| compare(&tol, &got, &want, "reference evaluator"))
         {
             failures.push(format!("{name} ({} launches): {e}", p.launches.len()));
+        }
+        if c["op"] == "dequant_matmul" {
+            let cpu = run_on(Device::Cpu, b, true).expect("runs on the CPU");
+            let want = run_reference(b).expect("reference");
+            if let Err(e) = quantized_agrees(name, &cpu, &got, &want, "CUDA (emulated)") {
+                failures.push(e);
+            }
         }
     }
     eprintln!(

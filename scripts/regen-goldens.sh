@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate all golden reference files (crates/rlx/tests/golden/ops.json, jax_parity.json,
-# precision.json, complex.json and the downstream crates' linalg.json and sparse.json).
+# precision.json, complex.json and the downstream crates' linalg.json, sparse.json and splat.json).
 #
 # Sets up the pinned Python environment (scripts/setup-pyenv.sh) and runs the
 # generators with it. The output is deterministic: running this twice with the
@@ -21,3 +21,4 @@ cd "$REPO"
 .venv/bin/python crates/rlx/tests/golden/gen_complex.py
 .venv/bin/python crates/rlx-linalg/tests/golden/gen_linalg.py
 .venv/bin/python crates/rlx-sparse/tests/golden/gen_sparse.py
+.venv/bin/python crates/rlx-splat/tests/golden/gen_splat.py

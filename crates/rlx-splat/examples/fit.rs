@@ -1,10 +1,10 @@
-//! Fit 3D Gaussians to a picture: 144 Gaussians on a grid in front of a camera, optimized by
+//! Fit 3D Gaussians to a picture: 256 Gaussians on a grid in front of a camera, optimized by
 //! Adam through the splatting ops' gradients (means, scales, rotations, colours, opacities)
 //! until their render matches a drawn target (a disc, a square and a stripe). Writes the
 //! target, the start and the fit as PNG.
 //!
 //! `cargo run --release -p rlx-splat --example fit [out-dir] [steps]` (default `target/splat`,
-//! 300 steps)
+//! 500 steps)
 
 use rlx::prelude::*;
 use rlx::train::{mse, Optimizer, Schedule, TrainConfig, Trainer};
@@ -12,8 +12,8 @@ use rlx_splat::{covariance, look_at, render, Camera, Gaussians};
 use std::io::BufWriter;
 use std::path::Path;
 
-const SIZE: usize = 96;
-const GRID: usize = 12;
+const SIZE: usize = 128;
+const GRID: usize = 16;
 
 /// The picture to fit: white, a red disc, a blue rotated square and a green stripe.
 fn target() -> Vec<f32> {
@@ -56,7 +56,7 @@ fn write_png(path: &Path, img: &[f32]) -> std::io::Result<()> {
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let out = Path::new(args.get(1).map_or("target/splat", |s| s.as_str())).to_path_buf();
-    let steps: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(300);
+    let steps: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(500);
     std::fs::create_dir_all(&out).map_err(|e| Error::Invalid(format!("{out:?}: {e}")))?;
     let n = GRID * GRID;
     let cam = Camera::with_fov(SIZE, SIZE, 0.8);

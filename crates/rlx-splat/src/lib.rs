@@ -9,15 +9,19 @@
 //! - `splat_sort(depth [N]) -> i32 [N]`: the order front to back (stable);
 //! - `splat_rasterize{height, width}(projected [N, 6], colours [N, C], opacities [N],
 //!   background [C]?) -> [height, width, C]`: front-to-back alpha compositing of Gaussians given
-//!   in depth order.
+//!   in depth order;
+//! - `splat_rasterize_vjp{height, width}`: the rasterizer's reverse mode (what autodiff emits
+//!   for it).
 //!
 //! Each op's rules are an [`OpDef`]: shape inference (errors name the op and the shapes), a
 //! reference evaluator in f64, and a decomposition into the IR's own ops (products, elementwise
-//! arithmetic, `cumsum`, `topk`), so every backend runs them and autodiff and vmap go through
-//! them: gradients reach the means, covariances, colours, opacities, background and camera. The
-//! CPU backend gets a native rasterizer ([`register`]) that bins the Gaussians into 16 × 16
-//! pixel tiles by the exact extent where their alpha can pass the threshold, so it computes
-//! what the decomposition computes (every pixel against every Gaussian) up to rounding.
+//! arithmetic, `cumsum`, `topk`), so every backend runs them and vmap and forward mode go
+//! through them. Reverse mode of the rasterizer is its own rule, [`RasterizeVjp`]; the others
+//! are differentiated through their decompositions: gradients reach the means, covariances,
+//! colours, opacities, background and camera. The CPU backend gets a native rasterizer and a
+//! native backward ([`register`]) that bin the Gaussians into 16 × 16 pixel tiles by the exact
+//! extent where their alpha can pass the threshold, so they compute what the decompositions
+//! compute (every pixel against every Gaussian) up to rounding.
 //!
 //! [`render`] chains the three; [`covariance`] builds covariances from scales and rotations
 //! (quaternions), the parametrization under which optimization keeps them positive definite.
@@ -58,13 +62,15 @@
 //! within 1e-4), the Jacobian does not clamp off-screen centres, and covariances are read as
 //! their symmetric part `(Σ + Σᵀ) / 2`.
 
-use rlx_cpu::kernels::{par_ranges, Ptr};
 use rlx_cpu::pool::Pool;
 use rlx_ir::eval::Tensor;
 use rlx_ir::ops::{Cost, DefinedOp, OpDef, OpRegistration};
 use rlx_ir::text::Attr;
-use rlx_ir::{Activation, CmpOp, DType, Error, Graph, NodeId, Result, Shape};
+use rlx_ir::{Activation, DType, Error, Graph, NodeId, Result, Shape};
 use std::sync::Arc;
+
+mod raster;
+pub use raster::{Rasterize, RasterizeVjp};
 
 /// Gaussians closer to the camera than this (camera-space depth) are not drawn.
 pub const NEAR: f64 = 0.2;
@@ -96,18 +102,8 @@ pub struct Project {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SortByDepth;
 
-/// `splat_rasterize{height, width}(projected [N, 6], colours [N, C], opacities [N],
-/// background [C]?) -> [height, width, C]`, the Gaussians given front to back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Rasterize {
-    /// Image rows.
-    pub height: usize,
-    /// Image columns.
-    pub width: usize,
-}
-
 /// The registrations of the ops (`rlx_ir::ops::register` each, or call [`register`]).
-pub const REGISTRATIONS: [OpRegistration; 3] = [
+pub const REGISTRATIONS: [OpRegistration; 4] = [
     OpRegistration {
         name: "splat_project",
         from_attrs: |a| {
@@ -161,6 +157,21 @@ pub const REGISTRATIONS: [OpRegistration; 3] = [
             ]
         },
     },
+    OpRegistration {
+        name: "splat_rasterize_vjp",
+        from_attrs: |a| {
+            Ok(DefinedOp::new(RasterizeVjp {
+                height: a.usize("height")?,
+                width: a.usize("width")?,
+            }))
+        },
+        examples: || {
+            vec![DefinedOp::new(RasterizeVjp {
+                height: 3,
+                width: 7,
+            })]
+        },
+    },
 ];
 
 /// Register the ops with the IR and the rasterizer with the CPU backend (again is a no-op).
@@ -177,7 +188,21 @@ pub fn register() -> Result<()> {
              shape: &Shape,
              pool: &Pool| {
                 if let Some(r) = op.downcast::<Rasterize>() {
-                    rasterize_kernel(r, ins, out, shape, pool);
+                    raster::rasterize_kernel(r, ins, out, shape, pool);
+                }
+            },
+        ),
+    );
+    rlx_cpu::kernels::registered::register_kernel(
+        "splat_rasterize_vjp",
+        Arc::new(
+            |op: &DefinedOp,
+             ins: &[(&[u8], &Shape)],
+             out: &mut [u8],
+             shape: &Shape,
+             pool: &Pool| {
+                if let Some(r) = op.downcast::<RasterizeVjp>() {
+                    raster::rasterize_vjp_kernel(r, ins, out, shape, pool);
                 }
             },
         ),
@@ -469,316 +494,6 @@ impl OpDef for SortByDepth {
             Ok(g.try_topk(neg, n)?.1)
         })())
     }
-}
-
-/// Alpha of the Gaussian `p` (a row of `splat_project`'s result) with opacity `o` at pixel
-/// centre `(px, py)`.
-#[inline]
-fn alpha(p: &[f64], o: f64, px: f64, py: f64) -> f64 {
-    if p[5].is_nan() || p[5] < NEAR {
-        return 0.0;
-    }
-    let (dx, dy) = (px - p[0], py - p[1]);
-    let q = p[2] * dx * dx + 2.0 * p[3] * dx * dy + p[4] * dy * dy;
-    let a = (o * (-0.5 * q).exp()).min(ALPHA_MAX);
-    if a >= ALPHA_MIN {
-        a
-    } else {
-        0.0
-    }
-}
-
-impl Rasterize {
-    fn err(&self, msg: String) -> Error {
-        Error::op("splat_rasterize", msg)
-    }
-}
-
-impl OpDef for Rasterize {
-    fn name(&self) -> &'static str {
-        "splat_rasterize"
-    }
-
-    fn attrs(&self) -> Vec<(&'static str, Attr)> {
-        vec![
-            ("height", Attr::from(self.height)),
-            ("width", Attr::from(self.width)),
-        ]
-    }
-
-    fn arity(&self) -> (usize, usize) {
-        (3, 4)
-    }
-
-    fn infer(&self, ins: &[&Shape]) -> Result<Shape> {
-        let op = "splat_rasterize";
-        let dt = float_type(op, "projected", ins[0])?;
-        let pd = dims(op, "projected", ins[0])?;
-        let cd = dims(op, "colours", ins[1])?;
-        let od = dims(op, "opacities", ins[2])?;
-        if pd.len() != 2 || pd[1] != 6 {
-            return Err(self.err(format!(
-                "projected {} must be [N, 6] (splat_project's result)",
-                ins[0]
-            )));
-        }
-        let n = pd[0];
-        if cd.len() != 2 || cd[0] != n || ins[1].dtype() != dt {
-            return Err(self.err(format!(
-                "colours {} must be [{n}, C] of {dt} (projected {})",
-                ins[1], ins[0]
-            )));
-        }
-        if od != [n] || ins[2].dtype() != dt {
-            return Err(self.err(format!(
-                "opacities {} must be [{n}] of {dt} (projected {})",
-                ins[2], ins[0]
-            )));
-        }
-        if let Some(bg) = ins.get(3) {
-            if dims(op, "background", bg)? != [cd[1]] || bg.dtype() != dt {
-                return Err(self.err(format!(
-                    "background {bg} must be [{}] of {dt} (colours {})",
-                    cd[1], ins[1]
-                )));
-            }
-        }
-        if self.height == 0 || self.width == 0 {
-            return Err(self.err(format!(
-                "an image of {} x {} pixels is empty",
-                self.height, self.width
-            )));
-        }
-        Ok(Shape::new(&[self.height, self.width, cd[1]], dt))
-    }
-
-    fn eval(&self, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
-        let (p, col, op) = (ins[0].f64s(), ins[1].f64s(), ins[2].f64s());
-        let bg = ins.get(3).map(|t| t.f64s());
-        let (n, ch) = (op.len(), ins[1].dims()[1]);
-        let mut y = Vec::with_capacity(self.height * self.width * ch);
-        for py in 0..self.height {
-            for px in 0..self.width {
-                let (cx, cy) = (px as f64 + 0.5, py as f64 + 0.5);
-                let mut acc = vec![0.0; ch];
-                let mut t = 1.0;
-                for i in 0..n {
-                    let a = alpha(&p[i * 6..i * 6 + 6], op[i], cx, cy);
-                    for (c, v) in acc.iter_mut().enumerate() {
-                        *v += a * t * col[i * ch + c];
-                    }
-                    t *= 1.0 - a;
-                }
-                if let Some(bg) = &bg {
-                    for (v, b) in acc.iter_mut().zip(bg) {
-                        *v += t * b;
-                    }
-                }
-                y.extend(acc);
-            }
-        }
-        Ok(Tensor::from_f64(
-            &[self.height, self.width, ch],
-            out.dtype(),
-            y,
-        ))
-    }
-
-    fn cost(&self, ins: &[&Shape], out: &Shape) -> Cost {
-        let n = ins[2].numel().unwrap_or(0) as u64;
-        let ch = out.static_dims().map_or(1, |d| d[2]) as u64;
-        let pixels = (self.height * self.width) as u64;
-        Cost {
-            flops: pixels * n * (16 + 2 * ch),
-            bytes: bytes_of(ins) + out.size_bytes().unwrap_or(0) as u64,
-        }
-    }
-
-    /// Every pixel against every Gaussian, `[P, N]` with `P = height · width`: alphas by
-    /// elementwise ops (the thresholds by `where`), the transmittances `T` as the exponential
-    /// of an exclusive `cumsum` of `log(1 - alpha)`, the image as one product of the weights
-    /// `alpha · T` with the colours.
-    fn decompose(&self, g: &mut Graph, ins: &[NodeId]) -> Option<Result<NodeId>> {
-        Some((|| {
-            let (proj, colours, opac) = (ins[0], ins[1], ins[2]);
-            let dt = g.shape(proj).dtype();
-            let (n, ch) = {
-                let cd = g.shape(colours).static_dims().unwrap_or_default();
-                (cd[0], cd[1])
-            };
-            let (h, w) = (self.height, self.width);
-            let pixels = h * w;
-            let xs = (0..pixels).map(|p| (p % w) as f64 + 0.5).collect();
-            let ys = (0..pixels).map(|p| (p / w) as f64 + 0.5).collect();
-            let px = constant(g, &[pixels, 1], xs, dt)?;
-            let py = constant(g, &[pixels, 1], ys, dt)?;
-            let col = |g: &mut Graph, i: usize| -> Result<NodeId> {
-                let c = column(g, proj, i)?;
-                g.try_reshape(c, &[n])
-            };
-            let (u, v, a, b, c, depth) = (
-                col(g, 0)?,
-                col(g, 1)?,
-                col(g, 2)?,
-                col(g, 3)?,
-                col(g, 4)?,
-                col(g, 5)?,
-            );
-            let dx = g.try_sub(px, u)?;
-            let dy = g.try_sub(py, v)?;
-            let dx2 = g.try_mul(dx, dx)?;
-            let qa = g.try_mul(a, dx2)?;
-            let two = g.try_scalar(2.0, dt)?;
-            let b2 = g.try_mul(two, b)?;
-            let dxy = g.try_mul(dx, dy)?;
-            let qb = g.try_mul(b2, dxy)?;
-            let dy2 = g.try_mul(dy, dy)?;
-            let qc = g.try_mul(c, dy2)?;
-            let q = g.try_add(qa, qb)?;
-            let q = g.try_add(q, qc)?;
-            let mhalf = g.try_scalar(-0.5, dt)?;
-            let e = g.try_mul(q, mhalf)?;
-            let e = g.try_activation(Activation::Exp, e)?;
-            let al = g.try_mul(opac, e)?;
-            let amax = g.try_scalar(ALPHA_MAX, dt)?;
-            let al = g.try_minimum(al, amax)?;
-            let amin = g.try_scalar(ALPHA_MIN, dt)?;
-            let zero = g.try_scalar(0.0, dt)?;
-            let visible = g.try_compare(CmpOp::Ge, al, amin)?;
-            let al = g.try_select(visible, al, zero)?;
-            let near = g.try_scalar(NEAR, dt)?;
-            let front = g.try_compare(CmpOp::Ge, depth, near)?;
-            let al = g.try_select(front, al, zero)?;
-            // T_i = exp(Σ_{j<i} log(1 - alpha_j)).
-            let one = g.try_scalar(1.0, dt)?;
-            let keep = g.try_sub(one, al)?;
-            let l = g.try_activation(Activation::Log, keep)?;
-            let cs = g.try_cumsum(l, 1)?;
-            let before = g.try_sub(cs, l)?;
-            let t = g.try_activation(Activation::Exp, before)?;
-            let wts = g.try_mul(al, t)?;
-            let mut img = g.try_dot(wts, colours)?;
-            if let Some(&bg) = ins.get(3) {
-                let total = g.try_sum(l, &[1], true)?;
-                let t_end = g.try_activation(Activation::Exp, total)?;
-                let behind = g.try_mul(t_end, bg)?;
-                img = g.try_add(img, behind)?;
-            }
-            g.try_reshape(img, &[h, w, ch])
-        })())
-    }
-}
-
-/// The CPU rasterizer: the Gaussians binned into [`TILE`]-pixel tiles by the box holding every
-/// pixel where their alpha reaches [`ALPHA_MIN`] (`q ≤ 2 ln(255 · opacity)`, an ellipse whose
-/// bounding box follows from the 2-D covariance, widened by a pixel against rounding; a
-/// Gaussian whose conic is not positive definite or whose centre is not finite goes to every
-/// tile), then each tile's pixels composited in f64 over its own list, tiles split over the
-/// pool. A Gaussian left out of a tile has alpha 0 at each of its pixels, so the result is the
-/// reference evaluator's.
-fn rasterize_kernel(
-    r: &Rasterize,
-    ins: &[(&[u8], &Shape)],
-    out: &mut [u8],
-    shape: &Shape,
-    pool: &Pool,
-) {
-    let f64s = |(b, s): (&[u8], &Shape)| -> Vec<f64> {
-        Tensor::from_bytes(s, b)
-            .map(|t| t.f64s())
-            .unwrap_or_default()
-    };
-    let (p, col, op) = (f64s(ins[0]), f64s(ins[1]), f64s(ins[2]));
-    let bg = ins.get(3).map(|&x| f64s(x));
-    let ch = shape.static_dims().map_or(1, |d| d[2]);
-    let n = op.len();
-    let (h, w) = (r.height, r.width);
-    let (tw, th) = (w.div_ceil(TILE), h.div_ceil(TILE));
-    let mut bins: Vec<Vec<u32>> = vec![Vec::new(); tw * th];
-    for i in 0..n {
-        let (g, o) = (&p[i * 6..i * 6 + 6], op[i]);
-        if g[5].is_nan() || g[5] < NEAR || o.is_nan() || o < ALPHA_MIN {
-            continue;
-        }
-        let (a, b, c) = (g[2], g[3], g[4]);
-        let det = a * c - b * b;
-        let (mut x0, mut x1, mut y0, mut y1) = (0, tw - 1, 0, th - 1);
-        if det > 0.0 && a > 0.0 && g[0].is_finite() && g[1].is_finite() {
-            let q = 2.0 * (o / ALPHA_MIN).ln().max(0.0);
-            let rx = (q * c / det).sqrt() + 1.0;
-            let ry = (q * a / det).sqrt() + 1.0;
-            // Pixel columns whose centres x + 0.5 lie within u ± rx.
-            let lo_x = (g[0] - rx - 0.5).floor();
-            let hi_x = (g[0] + rx - 0.5).ceil();
-            let lo_y = (g[1] - ry - 0.5).floor();
-            let hi_y = (g[1] + ry - 0.5).ceil();
-            if hi_x < 0.0 || hi_y < 0.0 || lo_x > (w - 1) as f64 || lo_y > (h - 1) as f64 {
-                continue;
-            }
-            let tile = |v: f64, last: usize| (v.max(0.0) as usize).min(last) / TILE;
-            (x0, x1) = (tile(lo_x, w - 1), tile(hi_x, w - 1));
-            (y0, y1) = (tile(lo_y, h - 1), tile(hi_y, h - 1));
-        }
-        for ty in y0..=y1 {
-            for tx in x0..=x1 {
-                bins[ty * tw + tx].push(i as u32);
-            }
-        }
-    }
-    let dt = shape.dtype();
-    let size = dt.size_bytes();
-    let dst = Ptr(out.as_mut_ptr());
-    let work: usize = bins.iter().map(|b| b.len() * TILE * TILE).sum();
-    let per_task = (bins.len() * (1 << 16) / work.max(1)).max(1);
-    par_ranges(pool, bins.len(), per_task, |tiles| {
-        let mut acc = vec![0.0f64; ch];
-        for tile in tiles {
-            let (tx, ty) = (tile % tw, tile / tw);
-            let list = &bins[tile];
-            for y in ty * TILE..((ty + 1) * TILE).min(h) {
-                for x in tx * TILE..((tx + 1) * TILE).min(w) {
-                    let (cx, cy) = (x as f64 + 0.5, y as f64 + 0.5);
-                    acc.fill(0.0);
-                    let mut t = 1.0;
-                    for &i in list {
-                        let i = i as usize;
-                        let a = alpha(&p[i * 6..i * 6 + 6], op[i], cx, cy);
-                        if a == 0.0 {
-                            continue;
-                        }
-                        let wt = a * t;
-                        for (v, cv) in acc.iter_mut().zip(&col[i * ch..i * ch + ch]) {
-                            *v += wt * cv;
-                        }
-                        t *= 1.0 - a;
-                    }
-                    if let Some(bg) = &bg {
-                        for (v, b) in acc.iter_mut().zip(bg) {
-                            *v += t * b;
-                        }
-                    }
-                    let at = (y * w + x) * ch * size;
-                    for (k, &v) in acc.iter().enumerate() {
-                        // SAFETY: pixel (x, y) is this tile's alone, its `ch` values in
-                        // bounds of the [h, w, ch] result.
-                        unsafe {
-                            let d = dst.get().add(at + k * size);
-                            match dt {
-                                DType::F64 => {
-                                    std::ptr::copy_nonoverlapping(v.to_le_bytes().as_ptr(), d, 8)
-                                }
-                                _ => std::ptr::copy_nonoverlapping(
-                                    (v as f32).to_le_bytes().as_ptr(),
-                                    d,
-                                    4,
-                                ),
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    });
 }
 
 /// The pinhole camera of a render: the image size and the intrinsics in pixels.

@@ -5,12 +5,12 @@
 //! the view matrix; vmap over cameras against a loop; a scene fitted to a target image; the
 //! text form; bad shapes as named errors.
 
-use rlx::autodiff::grad;
+use rlx::autodiff::{grad, hvp, jvp, tangent_name};
 use rlx::ir::eval::Tensor;
 use rlx::ir::ops::OpDef;
 use rlx::prelude::*;
 use rlx::train::{Optimizer, Schedule, TrainConfig, Trainer};
-use rlx_splat::{Camera, Gaussians, Rasterize};
+use rlx_splat::{Camera, Gaussians, Rasterize, RasterizeVjp};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -199,6 +199,13 @@ fn renders_and_their_gradients_match_jax() {
         let ids: Vec<NodeId> = wrt.iter().map(|w| w.1).collect();
         let gg = grad(&g, &ids).unwrap();
         let mut cgg = Session::new(Device::Cpu).compile(gg);
+        assert!(
+            cgg.dispatch_report()
+                .nodes
+                .iter()
+                .any(|n| n.op == "splat_rasterize_vjp"),
+            "{name}: the CPU runs its own backward rasterizer"
+        );
         set_all(&mut cgg, &c, DType::F64);
         let outs = cgg.run_typed(&[]);
         for (k, (leaf, _)) in wrt.iter().enumerate() {
@@ -221,6 +228,20 @@ fn renders_and_their_gradients_match_jax() {
             2e-5,
         );
         assert_eq!(as_f64(&out[3].0, DType::I32), order, "{name}: order (GPU)");
+        // The gradients on the GPU: the backward rasterizer's decomposition, in f32.
+        let g32 = render_graph(&c, DType::F32);
+        let ids: Vec<NodeId> = wrt.iter().map(|w| g32.find_leaf(w.0).unwrap()).collect();
+        let mut gpu = Session::new(Device::Gpu).compile(grad(&g32, &ids).unwrap());
+        set_all(&mut gpu, &c, DType::F32);
+        let outs = gpu.run_typed(&[]);
+        for (k, (leaf, _)) in wrt.iter().enumerate() {
+            close(
+                &format!("{name}: d / d {leaf} (GPU, f32)"),
+                &as_f64(&outs[k].0, DType::F32),
+                &f64s(&c[format!("grad_{leaf}").as_str()]),
+                2e-4,
+            );
+        }
     }
 }
 
@@ -284,6 +305,62 @@ fn the_decomposition_and_the_tile_kernel_agree() {
                 tol,
             );
         }
+        // The backward rasterizer (with a background): reference evaluator, decomposition on
+        // the CPU and tile kernel, for the golden cotangent.
+        let ct = f64s(&c["cotangent"]);
+        let bg: Vec<f64> = (0..ch).map(|k| 0.3 + 0.2 * k as f64).collect();
+        let vjp = RasterizeVjp {
+            height: cam.height,
+            width: cam.width,
+        };
+        let mut g = Graph::new("raster_vjp");
+        let shapes = [
+            ("p", vec![n, 6]),
+            ("c", vec![n, ch]),
+            ("o", vec![n]),
+            ("bg", vec![ch]),
+            ("ct", vec![cam.height, cam.width, ch]),
+        ];
+        let ins: Vec<NodeId> = shapes
+            .iter()
+            .map(|(k, d)| g.input(k, Shape::new(d, DType::F64)))
+            .collect();
+        let native = g.define(vjp, &ins).unwrap();
+        let dense = vjp.decompose(&mut g, &ins).unwrap().unwrap();
+        g.set_outputs(vec![native, dense]);
+        let values = [&proj, &cols, &opac, &bg, &ct];
+        let leaves: BTreeMap<String, Tensor> = shapes
+            .iter()
+            .zip(values)
+            .map(|((k, d), v)| (k.to_string(), Tensor::from_f64(d, DType::F64, v.to_vec())))
+            .collect();
+        let want = rlx::ir::eval::evaluate(&g, &leaves).unwrap()[0].f64s();
+        let mut cg = Session::new(Device::Cpu).compile(g);
+        let bytes: Vec<(String, Vec<u8>)> = leaves
+            .iter()
+            .map(|(k, t)| (k.clone(), t.to_bytes()))
+            .collect();
+        let run: Vec<(&str, &[u8], DType)> = bytes
+            .iter()
+            .map(|(k, b)| (k.as_str(), b.as_slice(), DType::F64))
+            .collect();
+        let out = cg.run_typed(&run);
+        close(
+            &format!("{name}: vjp tiles vs reference"),
+            &as_f64(&out[0].0, DType::F64),
+            &want,
+            1e-12,
+        );
+        close(
+            &format!("{name}: vjp decomposition vs reference"),
+            &as_f64(&out[1].0, DType::F64),
+            &want,
+            1e-12,
+        );
+        assert!(
+            want.iter().any(|v| v.abs() > 1e-3),
+            "{name}: a cotangent that is not zero"
+        );
     }
 }
 
@@ -360,6 +437,56 @@ fn the_tile_kernel_matches_the_reference_at_size() {
         ("bg", &leaves["bg"].to_bytes(), DType::F32),
     ]);
     close("tiles at size", &as_f64(&out[0].0, DType::F32), &want, 1e-6);
+    // The backward kernel at size, a cotangent of ±1s: against the reference evaluator, and
+    // the same bytes on a second run (the threads' sums are added in a fixed order).
+    let mut gb = Graph::new("raster_vjp");
+    let ins: Vec<NodeId> = [
+        ("p", vec![n, 6]),
+        ("c", vec![n, ch]),
+        ("o", vec![n]),
+        ("bg", vec![ch]),
+        ("ct", vec![h, w, ch]),
+    ]
+    .iter()
+    .map(|(k, d)| gb.input(k, Shape::new(d, DType::F32)))
+    .collect();
+    let vjp = gb
+        .define(
+            RasterizeVjp {
+                height: h,
+                width: w,
+            },
+            &ins,
+        )
+        .unwrap();
+    gb.set_outputs(vec![vjp]);
+    let ctv: Vec<f64> = (0..h * w * ch)
+        .map(|k| if k % 7 < 3 { 1.0 } else { -1.0 })
+        .collect();
+    let mut leaves = leaves;
+    leaves.insert("ct".into(), t(&ctv, &[h, w, ch]));
+    let want = rlx::ir::eval::evaluate(&gb, &leaves).unwrap()[0].f64s();
+    let mut cg = Session::new(Device::Cpu).with_threads(2).compile(gb);
+    let bytes: Vec<(String, Vec<u8>)> = leaves
+        .iter()
+        .map(|(k, t)| (k.clone(), t.to_bytes()))
+        .collect();
+    let run: Vec<(&str, &[u8], DType)> = bytes
+        .iter()
+        .map(|(k, b)| (k.as_str(), b.as_slice(), DType::F32))
+        .collect();
+    let first = cg.run_typed(&run)[0].0.clone();
+    close(
+        "vjp tiles at size",
+        &as_f64(&first, DType::F32),
+        &want,
+        1e-5,
+    );
+    assert_eq!(
+        cg.run_typed(&run)[0].0,
+        first,
+        "the backward kernel is deterministic"
+    );
     // The scene is not trivially empty or flat.
     let lit = (0..want.len())
         .filter(|&k| (want[k] - bgv[k % ch]).abs() > 0.05)
@@ -577,4 +704,88 @@ fn bad_shapes_are_named_errors() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("splat_sort") && e.contains("[N, 6]"), "{e}");
+}
+
+/// Forward mode (through the decompositions) against reverse mode (the native backward):
+/// `J v = ⟨∇L, v⟩` for a random direction over every leaf; and Hessian-vector products
+/// (forward over reverse: the backward rasterizer's decomposition differentiated) against
+/// central differences of the gradient.
+#[test]
+fn forward_mode_and_second_order_agree_with_reverse_mode() {
+    rlx_splat::register().unwrap();
+    let c = &cases()[0];
+    let g = render_graph(c, DType::F64);
+    let leaves: Vec<&str> = LEAVES.iter().copied().filter(|n| has(c, n)).collect();
+    let mut s = 99u64;
+    let mut rnd = move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    };
+    let dirs: Vec<Vec<f64>> = leaves
+        .iter()
+        .map(|n| (0..f64s(&c[*n]).len()).map(|_| rnd()).collect())
+        .collect();
+    let b = |v: &[f64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let ids: Vec<NodeId> = leaves.iter().map(|n| g.find_leaf(n).unwrap()).collect();
+    let mut rev = Session::new(Device::Cpu).compile(grad(&g, &ids).unwrap());
+    // The gradient at the case's values, each leaf moved by `eps` along its direction.
+    let mut grads_at = |eps: f64| -> Vec<Vec<f64>> {
+        for (n, d) in leaves.iter().zip(&dirs) {
+            let v: Vec<f64> = f64s(&c[*n])
+                .iter()
+                .zip(d)
+                .map(|(x, d)| x + eps * d)
+                .collect();
+            rev.set_param_typed(n, &b(&v), DType::F64);
+        }
+        rev.run_typed(&[])
+            .iter()
+            .map(|o| as_f64(&o.0, DType::F64))
+            .collect()
+    };
+    let grads = grads_at(0.0);
+    let want: f64 = grads
+        .iter()
+        .zip(&dirs)
+        .map(|(g, d)| g.iter().zip(d).map(|(a, b)| a * b).sum::<f64>())
+        .sum();
+    let fwd = jvp(&g, &leaves).unwrap();
+    let mut cf = Session::new(Device::Cpu).compile(fwd);
+    set_all(&mut cf, c, DType::F64);
+    let tangents: Vec<(String, Vec<u8>)> = leaves
+        .iter()
+        .zip(&dirs)
+        .map(|(n, d)| (tangent_name(n), b(d)))
+        .collect();
+    let ins: Vec<(&str, &[u8], DType)> = tangents
+        .iter()
+        .map(|(n, v)| (n.as_str(), v.as_slice(), DType::F64))
+        .collect();
+    let out = cf.run_typed(&ins);
+    // Outputs: the primals [loss, image, projected, order], then the tangents in that order.
+    let got = as_f64(&out[4].0, DType::F64)[0];
+    close("J v vs <grad, v>", &[got], &[want], 1e-10);
+
+    let h = hvp(&g, &ids).unwrap();
+    let mut ch = Session::new(Device::Cpu).compile(h);
+    set_all(&mut ch, c, DType::F64);
+    let out = ch.run_typed(&ins);
+    let eps = 1e-5;
+    let (up, down) = (grads_at(eps), grads_at(-eps));
+    for (k, leaf) in leaves.iter().enumerate() {
+        let fd: Vec<f64> = up[k]
+            .iter()
+            .zip(&down[k])
+            .map(|(a, b)| (a - b) / (2.0 * eps))
+            .collect();
+        let got = as_f64(&out[1 + leaves.len() + k].0, DType::F64);
+        close(
+            &format!("H v, {leaf}, vs differences of the gradient"),
+            &got,
+            &fd,
+            1e-5,
+        );
+    }
 }

@@ -51,13 +51,26 @@ pub trait OpDef: AsAny + Send + Sync + 'static {
     }
 
     /// Whether [`OpDef::vjp`] and [`OpDef::jvp`] are rules of this op. When false, autodiff
-    /// differentiates the decomposition (or reports that the op has none).
+    /// differentiates the decomposition (or reports that the op has none). For one mode alone,
+    /// see [`OpDef::has_vjp_rule`] and [`OpDef::has_jvp_rule`].
     fn has_ad_rules(&self) -> bool {
         false
     }
 
+    /// Whether [`OpDef::vjp`] is a rule of this op; by default [`OpDef::has_ad_rules`]. An op
+    /// may have a reverse-mode rule alone (a native backward kernel, say) and leave forward
+    /// mode to its decomposition.
+    fn has_vjp_rule(&self) -> bool {
+        self.has_ad_rules()
+    }
+
+    /// Whether [`OpDef::jvp`] is a rule of this op; by default [`OpDef::has_ad_rules`].
+    fn has_jvp_rule(&self) -> bool {
+        self.has_ad_rules()
+    }
+
     /// Reverse mode: the cotangents of the operands `ins` given the cotangent `ct` of the result
-    /// `out` (`None`: zero or not differentiable). Only called when [`OpDef::has_ad_rules`].
+    /// `out` (`None`: zero or not differentiable). Only called when [`OpDef::has_vjp_rule`].
     fn vjp(
         &self,
         _g: &mut Graph,
@@ -69,7 +82,7 @@ pub trait OpDef: AsAny + Send + Sync + 'static {
     }
 
     /// Forward mode: the tangent of the result `out` given the operands' tangents (`None` is
-    /// zero; at least one is present). Only called when [`OpDef::has_ad_rules`].
+    /// zero; at least one is present). Only called when [`OpDef::has_jvp_rule`].
     fn jvp(
         &self,
         _g: &mut Graph,

@@ -450,7 +450,7 @@ macro_rules! without_ad_rules {
 pub fn has_vjp_rule(op: &Op) -> bool {
     match op {
         Op::Custom(f) => f.vjp.is_some(),
-        Op::Defined(d) => d.def().has_ad_rules(),
+        Op::Defined(d) => d.def().has_vjp_rule(),
         op => !composite(op) && !inference_only(op),
     }
 }
@@ -459,7 +459,7 @@ pub fn has_vjp_rule(op: &Op) -> bool {
 pub fn has_jvp_rule(op: &Op) -> bool {
     match op {
         Op::Custom(f) => f.jvp.is_some(),
-        Op::Defined(d) => d.def().has_ad_rules(),
+        Op::Defined(d) => d.def().has_jvp_rule(),
         op => !composite(op) && !inference_only(op),
     }
 }

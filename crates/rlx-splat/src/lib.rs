@@ -179,35 +179,30 @@ pub fn register() -> Result<()> {
     for reg in REGISTRATIONS {
         rlx_ir::ops::register(reg)?;
     }
-    rlx_cpu::kernels::registered::register_kernel(
-        "splat_rasterize",
-        Arc::new(
-            |op: &DefinedOp,
-             ins: &[(&[u8], &Shape)],
-             out: &mut [u8],
-             shape: &Shape,
-             pool: &Pool| {
-                if let Some(r) = op.downcast::<Rasterize>() {
-                    raster::rasterize_kernel(r, ins, out, shape, pool);
-                }
-            },
-        ),
-    );
-    rlx_cpu::kernels::registered::register_kernel(
-        "splat_rasterize_vjp",
-        Arc::new(
-            |op: &DefinedOp,
-             ins: &[(&[u8], &Shape)],
-             out: &mut [u8],
-             shape: &Shape,
-             pool: &Pool| {
-                if let Some(r) = op.downcast::<RasterizeVjp>() {
-                    raster::rasterize_vjp_kernel(r, ins, out, shape, pool);
-                }
-            },
-        ),
-    );
+    cpu_kernel("splat_rasterize", raster::rasterize_kernel);
+    cpu_kernel("splat_rasterize_vjp", raster::rasterize_vjp_kernel);
     Ok(())
+}
+
+/// A CPU kernel of one of these ops, given the op as its own type.
+type Kernel<T> = fn(&T, &[(&[u8], &Shape)], &mut [u8], &Shape, &Pool);
+
+/// Give the CPU backend `kernel` for the registered op `name` of type `T`.
+fn cpu_kernel<T: OpDef>(name: &'static str, kernel: Kernel<T>) {
+    rlx_cpu::kernels::registered::register_kernel(
+        name,
+        Arc::new(
+            move |op: &DefinedOp,
+                  ins: &[(&[u8], &Shape)],
+                  out: &mut [u8],
+                  shape: &Shape,
+                  pool: &Pool| {
+                if let Some(r) = op.downcast::<T>() {
+                    kernel(r, ins, out, shape, pool);
+                }
+            },
+        ),
+    );
 }
 
 /// Static dimensions of operand `what` of `op`, or an error naming both.

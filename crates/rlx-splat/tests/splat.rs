@@ -190,32 +190,34 @@ fn renders_and_their_gradients_match_jax() {
         );
         assert_eq!(as_f64(&out[3].0, DType::I32), order, "{name}: order (CPU)");
 
-        // Reverse mode, through the decompositions, against JAX.
-        let wrt: Vec<(&str, NodeId)> = LEAVES
-            .iter()
-            .filter(|n| has(&c, n))
-            .map(|n| (*n, g.find_leaf(n).unwrap()))
-            .collect();
-        let ids: Vec<NodeId> = wrt.iter().map(|w| w.1).collect();
-        let gg = grad(&g, &ids).unwrap();
-        let mut cgg = Session::new(Device::Cpu).compile(gg);
-        assert!(
-            cgg.dispatch_report()
-                .nodes
-                .iter()
-                .any(|n| n.op == "splat_rasterize_vjp"),
-            "{name}: the CPU runs its own backward rasterizer"
-        );
-        set_all(&mut cgg, &c, DType::F64);
-        let outs = cgg.run_typed(&[]);
-        for (k, (leaf, _)) in wrt.iter().enumerate() {
-            close(
-                &format!("{name}: d / d {leaf}"),
-                &as_f64(&outs[k].0, DType::F64),
-                &f64s(&c[format!("grad_{leaf}").as_str()]),
-                1e-9,
-            );
-        }
+        // Reverse mode against JAX: the CPU's backward kernel in f64, the GPU's decomposition
+        // in f32.
+        let leaf_names: Vec<&str> = LEAVES.iter().copied().filter(|n| has(&c, n)).collect();
+        let gradients_match = |device: Device, dt: DType, rtol: f64| {
+            let g = render_graph(&c, dt);
+            let ids: Vec<NodeId> = leaf_names.iter().map(|n| g.find_leaf(n).unwrap()).collect();
+            let mut cg = Session::new(device).compile(grad(&g, &ids).unwrap());
+            if device == Device::Cpu {
+                assert!(
+                    cg.dispatch_report()
+                        .nodes
+                        .iter()
+                        .any(|n| n.op == "splat_rasterize_vjp"),
+                    "{name}: the CPU runs its own backward rasterizer"
+                );
+            }
+            set_all(&mut cg, &c, dt);
+            let outs = cg.run_typed(&[]);
+            for (k, leaf) in leaf_names.iter().enumerate() {
+                close(
+                    &format!("{name}: d / d {leaf} ({device:?}, {dt})"),
+                    &as_f64(&outs[k].0, dt),
+                    &f64s(&c[format!("grad_{leaf}").as_str()]),
+                    rtol,
+                );
+            }
+        };
+        gradients_match(Device::Cpu, DType::F64, 1e-9);
 
         // f32 on the GPU (Mesa's software Vulkan in the suite), which runs the decompositions.
         let mut gpu = Session::new(Device::Gpu).compile(render_graph(&c, DType::F32));
@@ -229,19 +231,7 @@ fn renders_and_their_gradients_match_jax() {
         );
         assert_eq!(as_f64(&out[3].0, DType::I32), order, "{name}: order (GPU)");
         // The gradients on the GPU: the backward rasterizer's decomposition, in f32.
-        let g32 = render_graph(&c, DType::F32);
-        let ids: Vec<NodeId> = wrt.iter().map(|w| g32.find_leaf(w.0).unwrap()).collect();
-        let mut gpu = Session::new(Device::Gpu).compile(grad(&g32, &ids).unwrap());
-        set_all(&mut gpu, &c, DType::F32);
-        let outs = gpu.run_typed(&[]);
-        for (k, (leaf, _)) in wrt.iter().enumerate() {
-            close(
-                &format!("{name}: d / d {leaf} (GPU, f32)"),
-                &as_f64(&outs[k].0, DType::F32),
-                &f64s(&c[format!("grad_{leaf}").as_str()]),
-                2e-4,
-            );
-        }
+        gradients_match(Device::Gpu, DType::F32, 2e-4);
     }
 }
 

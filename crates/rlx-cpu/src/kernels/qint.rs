@@ -10,6 +10,11 @@
 //! VNNI, several rows (a batch, or a convolution's output positions) take `vpdpbusd` instead:
 //! the input as u8 (`x + 128`) against weights packed 16 channels by 4 products per register,
 //! four rows sharing each weight load, the offset taken back out through the weight sums.
+//! Convolutions whose kernel rows are at most four wide take output positions as lanes
+//! instead ([`conv_lanes`], with AVX-512 VBMI): sixteen positions' window rows gathered by one
+//! byte permute of a 64-byte load, each output channel's sixteen results requantized together
+//! and stored straight into the NCHW result. Max pooling of planes of at most 64 bytes is a
+//! byte permute per window element.
 
 use super::registered::{view, CpuKernel};
 use super::{par_ranges, Ptr};
@@ -285,81 +290,82 @@ unsafe fn requant_x16(acc: &[i32], b: usize, l: &Lanes, out: QOut) -> [u8; 16] {
     // SAFETY (all loads): the row's lanes and the channel lanes hold `16 · blocks` values.
     let ld = |v: &[i32]| unsafe { _mm512_loadu_si512(v.as_ptr().add(at) as *const __m512i) };
     let a = _mm512_add_epi32(ld(acc), ld(&l.corr));
-    let (m, sh) = (ld(&l.mult), ld(&l.shift));
+    let mut bytes = [0u8; 16];
+    // SAFETY: 16 bytes; AVX-512 F and BW are enabled here.
+    unsafe {
+        _mm_storeu_si128(
+            bytes.as_mut_ptr() as *mut __m128i,
+            requant_v(a, ld(&l.mult), ld(&l.shift), out),
+        )
+    };
+    bytes
+}
+
+/// Sixteen corrected accumulators `a` requantized by multipliers `m` and shifts `sh` (per
+/// lane): the int8 results, bit for bit [`fixed::requantize`] per lane.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn requant_v(
+    a: std::arch::x86_64::__m512i,
+    m: std::arch::x86_64::__m512i,
+    sh: std::arch::x86_64::__m512i,
+    out: QOut,
+) -> std::arch::x86_64::__m128i {
+    std::arch::x86_64::_mm512_cvtepi32_epi8(requant_lanes(a, m, sh, out))
+}
+
+/// [`requant_v`], each result in its lane's i32. The saturating left shift in 32 bits; the
+/// doubling high multiply and the rounding right shift in 64 bits, on the products of the
+/// even lanes and (shifted down) of the odd ones: gemmlowp's nudge-and-truncate is
+/// `floor((ab + 2^30) / 2^31)` for either sign of `ab` (`i32::MAX` for `MIN · MIN`, the one
+/// product of `2^62`), and its rounding divide by `2^e` (ties away from zero) is
+/// `floor((h + 2^(e-1) - [h < 0]) / 2^e)` for `e > 0`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn requant_lanes(
+    a: std::arch::x86_64::__m512i,
+    m: std::arch::x86_64::__m512i,
+    sh: std::arch::x86_64::__m512i,
+    out: QOut,
+) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
     let zero = _mm512_setzero_si512();
     let left = _mm512_max_epi32(sh, zero);
     let right = _mm512_max_epi32(_mm512_sub_epi32(zero, sh), zero);
-    // The doubling high multiply of the left-shifted (saturated) value, eight lanes at a time
-    // in 64 bits.
-    let half = |x: __m256i, l: __m256i, m: __m256i| -> __m256i {
-        let x = _mm512_sllv_epi64(_mm512_cvtepi32_epi64(x), _mm512_cvtepi32_epi64(l));
-        let x = _mm512_min_epi64(
-            _mm512_max_epi64(x, _mm512_set1_epi64(i32::MIN as i64)),
-            _mm512_set1_epi64(i32::MAX as i64),
+    // Saturating left shift: where shifting back does not restore the value, the result
+    // saturates to the sign's end.
+    let shifted = _mm512_sllv_epi32(a, left);
+    let lost = _mm512_cmpneq_epi32_mask(_mm512_srav_epi32(shifted, left), a);
+    let neg = _mm512_cmplt_epi32_mask(a, zero);
+    let x = _mm512_mask_mov_epi32(shifted, lost, _mm512_set1_epi32(i32::MAX));
+    let x = _mm512_mask_mov_epi32(x, lost & neg, _mm512_set1_epi32(i32::MIN));
+    let one = _mm512_set1_epi64(1);
+    let scaled = |p: __m512i, e: __m512i| -> __m512i {
+        let h = _mm512_srai_epi64::<31>(_mm512_add_epi64(p, _mm512_set1_epi64(1 << 30)));
+        let both_min = _mm512_cmpeq_epi64_mask(p, _mm512_set1_epi64(1 << 62));
+        let h = _mm512_mask_mov_epi64(h, both_min, _mm512_set1_epi64(i32::MAX as i64));
+        // 2^(e-1), and 0 for e = 0 (a count past 63 shifts everything out).
+        let half = _mm512_sllv_epi64(one, _mm512_sub_epi64(e, one));
+        let sign = _mm512_maskz_mov_epi64(
+            _mm512_cmpneq_epi64_mask(e, zero),
+            _mm512_srai_epi64::<63>(h),
         );
-        let m = _mm512_cvtepi32_epi64(m);
-        let ab = _mm512_mul_epi32(x, m);
-        let neg = _mm512_cmplt_epi64_mask(ab, _mm512_setzero_si512());
-        let nudge = _mm512_mask_blend_epi64(
-            neg,
-            _mm512_set1_epi64(1 << 30),
-            _mm512_set1_epi64(1 - (1 << 30)),
-        );
-        let v = _mm512_add_epi64(ab, nudge);
-        let vneg = _mm512_cmplt_epi64_mask(v, _mm512_setzero_si512());
-        let adj = _mm512_maskz_mov_epi64(vneg, _mm512_set1_epi64((1i64 << 31) - 1));
-        let q = _mm512_srai_epi64(_mm512_add_epi64(v, adj), 31);
-        let min = _mm512_set1_epi64(i32::MIN as i64);
-        let sat = _mm512_cmpeq_epi64_mask(x, min) & _mm512_cmpeq_epi64_mask(m, min);
-        _mm512_cvtepi64_epi32(_mm512_mask_mov_epi64(
-            q,
-            sat,
-            _mm512_set1_epi64(i32::MAX as i64),
-        ))
+        _mm512_srav_epi64(_mm512_add_epi64(_mm512_add_epi64(h, half), sign), e)
     };
-    let lo_h = half(
-        _mm512_castsi512_si256(a),
-        _mm512_castsi512_si256(left),
-        _mm512_castsi512_si256(m),
+    let low = _mm512_set1_epi64(0xffff_ffff);
+    let even = scaled(_mm512_mul_epi32(x, m), _mm512_and_si512(right, low));
+    let odd = scaled(
+        _mm512_mul_epi32(_mm512_srli_epi64::<32>(x), _mm512_srli_epi64::<32>(m)),
+        _mm512_srli_epi64::<32>(right),
     );
-    let hi_h = half(
-        _mm512_extracti64x4_epi64(a, 1),
-        _mm512_extracti64x4_epi64(left, 1),
-        _mm512_extracti64x4_epi64(m, 1),
-    );
-    let h = _mm512_inserti64x4(_mm512_castsi256_si512(lo_h), hi_h, 1);
-    // The rounding right shift.
-    let one = _mm512_set1_epi32(1);
-    let mask = _mm512_sub_epi32(_mm512_sllv_epi32(one, right), one);
-    let rem = _mm512_and_si512(h, mask);
-    let hneg = _mm512_cmplt_epi32_mask(h, zero);
-    let thr = _mm512_mask_add_epi32(
-        _mm512_srai_epi32(mask, 1),
-        hneg,
-        _mm512_srai_epi32(mask, 1),
-        one,
-    );
-    let up = _mm512_cmpgt_epi32_mask(rem, thr);
-    let r = _mm512_mask_add_epi32(
-        _mm512_srav_epi32(h, right),
-        up,
-        _mm512_srav_epi32(h, right),
-        one,
-    );
-    // Offset and clamp (a value beyond ±65536 clamps the same whatever the zero point).
+    let r = _mm512_mask_blend_epi32(0xaaaa, even, _mm512_slli_epi64::<32>(odd));
+    // Offset and clamp: clamping to [lo - zp, hi - zp] then adding zp is the reference's
+    // saturating add and clamp.
     let r = _mm512_min_epi32(
-        _mm512_max_epi32(r, _mm512_set1_epi32(-65536)),
-        _mm512_set1_epi32(65536),
+        _mm512_max_epi32(r, _mm512_set1_epi32(out.lo - out.zero_point)),
+        _mm512_set1_epi32(out.hi - out.zero_point),
     );
-    let r = _mm512_add_epi32(r, _mm512_set1_epi32(out.zero_point));
-    let r = _mm512_min_epi32(
-        _mm512_max_epi32(r, _mm512_set1_epi32(out.lo)),
-        _mm512_set1_epi32(out.hi),
-    );
-    let mut bytes = [0u8; 16];
-    // SAFETY: 16 bytes.
-    unsafe { _mm_storeu_si128(bytes.as_mut_ptr() as *mut __m128i, _mm512_cvtepi32_epi8(r)) };
-    bytes
+    _mm512_add_epi32(r, _mm512_set1_epi32(out.zero_point))
 }
 
 /// The int8 results of a row's channels in block `b` (see [`requant_x16`]); only called where
@@ -382,13 +388,271 @@ fn requant_block(acc: &[i32], b: usize, l: &Lanes, out: QOut) -> [u8; 16] {
 struct Prepared {
     packed: Packed,
     lanes: Lanes,
+    /// A convolution's weights for [`conv_lanes`], where its kernel rows fit a word.
+    words: Option<ConvWords>,
 }
 
 impl Prepared {
     fn new(w: &[i8], ch: &[(i32, i32, i32)], k: usize, x_zero_point: i32) -> Prepared {
         let packed = pack(&w[..ch.len() * k], ch.len(), k);
         let lanes = Lanes::of(ch, &packed, x_zero_point);
-        Prepared { packed, lanes }
+        Prepared {
+            packed,
+            lanes,
+            words: None,
+        }
+    }
+
+    /// A convolution's weights `[o, c, kh, kw]`, packed both ways.
+    fn conv(w: &[i8], ch: &[(i32, i32, i32)], wd: &[usize], x_zero_point: i32) -> Prepared {
+        let mut p = Prepared::new(w, ch, wd[1] * wd[2] * wd[3], x_zero_point);
+        p.words = ConvWords::new(w, wd, &p.lanes);
+        p
+    }
+}
+
+/// A convolution's weights for [`conv_lanes`]: per output channel (padded with zero channels
+/// to whole blocks of 16), per input channel and kernel row, the row's weights (`kw ≤ 4`) as
+/// one word, zero past `kw`; with the channels' corrected biases, multipliers and shifts.
+struct ConvWords {
+    /// `[blocks · 16][rows]`, `rows = c · kh`.
+    words: Vec<i32>,
+    rows: usize,
+    corr: Vec<i32>,
+    mult: Vec<i32>,
+    shift: Vec<i32>,
+}
+
+impl ConvWords {
+    fn new(w: &[i8], wd: &[usize], l: &Lanes) -> Option<ConvWords> {
+        let (o, c, kh, kw) = (wd[0], wd[1], wd[2], wd[3]);
+        if kw > 4 || w.len() < o * c * kh * kw {
+            return None;
+        }
+        let rows = c * kh;
+        let o16 = o.div_ceil(16) * 16;
+        let mut words = vec![0i32; o16 * rows];
+        for oc in 0..o {
+            for r in 0..rows {
+                let mut b = [0u8; 4];
+                for (kx, v) in b.iter_mut().enumerate().take(kw) {
+                    *v = w[(oc * rows + r) * kw + kx] as u8;
+                }
+                words[oc * rows + r] = i32::from_le_bytes(b);
+            }
+        }
+        let lane =
+            |v: &[i32]| -> Vec<i32> { (0..o16).map(|i| v.get(i).copied().unwrap_or(0)).collect() };
+        Some(ConvWords {
+            words,
+            rows,
+            corr: lane(&l.corr),
+            mult: lane(&l.mult),
+            shift: lane(&l.shift),
+        })
+    }
+}
+
+/// [`requant_lanes`] for one multiplier `m` and `shift` across the lanes (one channel's
+/// accumulators), its shifts by a scalar count: the same results, bit for bit.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+fn requant_uniform(
+    a: std::arch::x86_64::__m512i,
+    m: i32,
+    shift: i32,
+    out: QOut,
+) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    let (left, right) = (shift.max(0), (-shift).max(0));
+    let zero = _mm512_setzero_si512();
+    let x = if left > 0 {
+        let count = _mm_cvtsi32_si128(left);
+        let shifted = _mm512_sll_epi32(a, count);
+        let lost = _mm512_cmpneq_epi32_mask(_mm512_sra_epi32(shifted, count), a);
+        let neg = _mm512_cmplt_epi32_mask(a, zero);
+        let x = _mm512_mask_mov_epi32(shifted, lost, _mm512_set1_epi32(i32::MAX));
+        _mm512_mask_mov_epi32(x, lost & neg, _mm512_set1_epi32(i32::MIN))
+    } else {
+        a
+    };
+    let mv = _mm512_set1_epi32(m);
+    let half = _mm512_set1_epi64(if right > 0 { 1i64 << (right - 1) } else { 0 });
+    let count = _mm_cvtsi64_si128(right as i64);
+    let scaled = |p: __m512i| -> __m512i {
+        let h = _mm512_srai_epi64::<31>(_mm512_add_epi64(p, _mm512_set1_epi64(1 << 30)));
+        let h = if m == i32::MIN {
+            let both_min = _mm512_cmpeq_epi64_mask(p, _mm512_set1_epi64(1 << 62));
+            _mm512_mask_mov_epi64(h, both_min, _mm512_set1_epi64(i32::MAX as i64))
+        } else {
+            h
+        };
+        if right == 0 {
+            return h;
+        }
+        let t = _mm512_add_epi64(_mm512_add_epi64(h, half), _mm512_srai_epi64::<63>(h));
+        _mm512_sra_epi64(t, count)
+    };
+    let even = scaled(_mm512_mul_epi32(x, mv));
+    let odd = scaled(_mm512_mul_epi32(_mm512_srli_epi64::<32>(x), mv));
+    let r = _mm512_mask_blend_epi32(0xaaaa, even, _mm512_slli_epi64::<32>(odd));
+    let r = _mm512_min_epi32(
+        _mm512_max_epi32(r, _mm512_set1_epi32(out.lo - out.zero_point)),
+        _mm512_set1_epi32(out.hi - out.zero_point),
+    );
+    _mm512_add_epi32(r, _mm512_set1_epi32(out.zero_point))
+}
+
+/// The `rows` rows of `wi` int8 values of `x` (`h` to a plane) as u8 (`x + 128`) into the
+/// padded planes of `xp` (`hp × wp`, the rows placed `pt` down and `pl` across), by masked
+/// 64-byte loads and stores.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[cfg(target_arch = "x86_64")]
+unsafe fn shifted_rows(
+    x: &[i8],
+    xp: &mut [u8],
+    (rows, h, wi): (usize, usize, usize),
+    (hp, wp): (usize, usize),
+    (pt, pl): (usize, usize),
+) {
+    use std::arch::x86_64::*;
+    let flip = _mm512_set1_epi8(i8::MIN);
+    for r in 0..rows {
+        let (plane, y) = (r / h, r % h);
+        let dst = (plane * hp + y + pt) * wp + pl;
+        debug_assert!(dst + wi <= xp.len() && (r + 1) * wi <= x.len());
+        let mut i = 0;
+        while i < wi {
+            let n = (wi - i).min(64);
+            let mask: __mmask64 = if n == 64 { !0 } else { (1u64 << n) - 1 };
+            // SAFETY: bytes `i..i + n` of row `r` and of its place in `xp` are in bounds; the
+            // rest of each 64 is masked off.
+            unsafe {
+                let v = _mm512_maskz_loadu_epi8(mask, x.as_ptr().add(r * wi + i));
+                _mm512_mask_storeu_epi8(
+                    xp.as_mut_ptr().add(dst + i) as *mut i8,
+                    mask,
+                    _mm512_xor_si512(v, flip),
+                );
+            }
+            i += n;
+        }
+    }
+}
+
+/// Whether this thread may use [`conv_lanes`] (AVX-512 VBMI's byte permutes besides VNNI).
+fn vbmi() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        vnni()
+            && std::is_x86_feature_detected!("avx512vbmi")
+            && std::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Where the windows of 16 consecutive output positions of one image lie in the padded
+/// input: per block of 16 positions, the offset of its first position's window (from the
+/// image's kernel-row base) and the byte permute giving lane `j` its window row's four bytes,
+/// and how many of its positions are real. `None` when a block's windows span more than one
+/// 64-byte load.
+struct Windows {
+    blocks: Vec<(usize, [u8; 64], usize)>,
+}
+
+impl Windows {
+    fn new(ho: usize, wo: usize, wp: usize, stride: [usize; 2]) -> Option<Windows> {
+        let positions = ho * wo;
+        let off = |p: usize| (p / wo) * stride[0] * wp + (p % wo) * stride[1];
+        let mut blocks = Vec::new();
+        for b in 0..positions.div_ceil(16) {
+            let (p0, real) = (16 * b, (positions - 16 * b).min(16));
+            let base = off(p0);
+            let mut idx = [0u8; 64];
+            for j in 0..real {
+                let rel = off(p0 + j) - base;
+                if rel + 3 >= 64 {
+                    return None;
+                }
+                for t in 0..4 {
+                    idx[4 * j + t] = (rel + t) as u8;
+                }
+            }
+            blocks.push((base, idx, real));
+        }
+        Some(Windows { blocks })
+    }
+}
+
+/// A convolution with output positions as lanes: for each image and block of 16 positions,
+/// each input channel and kernel row's window bytes of all 16 positions come from one 64-byte
+/// load of the padded u8 input by one byte permute (four bytes a lane: the row's `kw ≤ 4`
+/// values, the rest multiplied by zero weights), and take `vpdpbusd` against each of 16
+/// output channels' broadcast weight word; each channel's 16 accumulators are then
+/// requantized and stored straight into the NCHW result. `xp` is the padded input (planes of
+/// `hp × wp`, 64 bytes of slack at the end).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn conv_lanes(
+    xp: &[u8],
+    images: std::ops::Range<usize>,
+    (c, o, kh): (usize, usize, usize),
+    (hp, wp): (usize, usize),
+    win: &Windows,
+    cw: &ConvWords,
+    out_q: QOut,
+    out: Ptr,
+) {
+    use std::arch::x86_64::*;
+    let positions: usize = win.blocks.iter().map(|b| b.2).sum();
+    for b in images {
+        for (blk, &(base, ref idx, real)) in win.blocks.iter().enumerate() {
+            let p0 = 16 * blk;
+            // SAFETY: 64 bytes.
+            let perm = unsafe { _mm512_loadu_si512(idx.as_ptr() as *const __m512i) };
+            for ob in (0..o).step_by(16) {
+                let mut acc = [_mm512_setzero_si512(); 16];
+                for ci in 0..c {
+                    for ky in 0..kh {
+                        let at = ((b * c + ci) * hp + ky) * wp + base;
+                        debug_assert!(at + 64 <= xp.len());
+                        // SAFETY: the padded input has 64 bytes of slack past its last plane.
+                        let raw =
+                            unsafe { _mm512_loadu_si512(xp.as_ptr().add(at) as *const __m512i) };
+                        let xv = _mm512_permutexvar_epi8(perm, raw);
+                        let r = ci * kh + ky;
+                        for (j, a) in acc.iter_mut().enumerate() {
+                            // SAFETY: channel `ob + j < blocks · 16` has `rows` words.
+                            let wv = unsafe { *cw.words.get_unchecked((ob + j) * cw.rows + r) };
+                            *a = _mm512_dpbusd_epi32(*a, xv, _mm512_set1_epi32(wv));
+                        }
+                    }
+                }
+                let mask: __mmask16 = if real == 16 {
+                    0xffff
+                } else {
+                    (1u16 << real) - 1
+                };
+                for (j, a) in acc.iter().enumerate().take(o - ob) {
+                    let oc = ob + j;
+                    let v = _mm512_add_epi32(*a, _mm512_set1_epi32(cw.corr[oc]));
+                    let y = requant_uniform(v, cw.mult[oc], cw.shift[oc], out_q);
+                    // SAFETY: positions p0..p0 + real of channel oc of image b are within the
+                    // result and this task's.
+                    unsafe {
+                        _mm_mask_storeu_epi8(
+                            out.get().add((b * o + oc) * positions + p0) as *mut i8,
+                            mask,
+                            _mm512_cvtepi32_epi8(y),
+                        )
+                    };
+                }
+            }
+        }
     }
 }
 
@@ -415,7 +679,10 @@ pub(super) fn prepared(info: &super::NodeInfo<'_>, op: &DefinedOp) -> Option<Cpu
         (None, Some(q)) => q.x_zero_point,
         (None, None) => return None,
     };
-    let pre = Arc::new(Prepared::new(&view::<i8>(w), &ch, k, zp));
+    let pre = Arc::new(match op.downcast::<QConv2d>() {
+        Some(_) => Prepared::conv(&view::<i8>(w), &ch, info.ins[1].dims(), zp),
+        None => Prepared::new(&view::<i8>(w), &ch, k, zp),
+    });
     if let Some(&q) = op.downcast::<QLinear>() {
         return Some(Arc::new(move |_, ins, out, _, pool| {
             qlinear(q, ins, out, pool, Some(&pre))
@@ -515,6 +782,7 @@ fn qlinear_packed(
     let Prepared {
         packed: p,
         lanes: l,
+        ..
     } = match pre {
         Some(pre) => pre,
         None => {
@@ -590,34 +858,51 @@ fn qconv2d(
         // Each position's window as a u8 row (`x + 128`; padding is the zero point, which
         // the weight sums take back out), 16 positions per product.
         let own;
-        let Prepared {
-            packed: p,
-            lanes: l,
-        } = match pre {
+        let prep = match pre {
             Some(pre) => pre,
             None => {
-                own = Prepared::new(&w, &ch, k, q.x_zero_point);
+                own = Prepared::conv(&w, &ch, &wd, q.x_zero_point);
                 &own
             }
         };
+        let Prepared {
+            packed: p,
+            lanes: l,
+            words,
+        } = prep;
         let (kp, np) = (4 * p.groups, 16 * p.blocks);
         let pad = (q.x_zero_point as i8 as u8) ^ 0x80;
         // The input as u8 with its padding around it, so each window row is a plain copy.
         let ((pt, pb), (pl, pr)) = (q.padding[0], q.padding[1]);
         let (hp, wp) = (h + pt + pb, wi + pl + pr);
         let planes = od[0] * c;
-        // Four bytes of slack: windows up to four wide are copied as one unaligned word.
-        let mut xp = vec![pad; planes * hp * wp + 4];
-        for pl_i in 0..planes {
-            for y in 0..h {
-                let src = &x[(pl_i * h + y) * wi..(pl_i * h + y + 1) * wi];
-                let dst = &mut xp[(pl_i * hp + y + pt) * wp + pl..][..wi];
-                for (d, &v) in dst.iter_mut().zip(src) {
-                    *d = (v as u8) ^ 0x80;
-                }
+        // 64 bytes of slack: windows are read as whole 64-byte loads or 4-byte words.
+        let mut xp = vec![pad; planes * hp * wp + 64];
+        let rows = planes * h;
+        #[cfg(target_arch = "x86_64")]
+        if x.len() >= rows * wi {
+            // SAFETY: `vnni()` includes AVX-512 BW; `x` holds `rows` rows of `wi` bytes and
+            // `xp` every padded plane.
+            unsafe { shifted_rows(&x, &mut xp, (rows, h, wi), (hp, wp), (pt, pl)) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        for r in 0..rows {
+            let (plane, y) = (r / h, r % h);
+            let dst = &mut xp[(plane * hp + y + pt) * wp + pl..][..wi];
+            for (d, &v) in dst.iter_mut().zip(&x[r * wi..(r + 1) * wi]) {
+                *d = (v as u8) ^ 0x80;
             }
         }
         let xp = &xp;
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(cw), Some(win), true) = (words, Windows::new(ho, wo, wp, q.stride), vbmi()) {
+            let per_image = win.blocks.len() * c * kh * o.div_ceil(16) * 16;
+            par_ranges(pool, od[0], (1 << 14) / per_image.max(1) + 1, |images| {
+                // SAFETY: `vbmi()` holds; `xp` has its slack; each task owns its images.
+                unsafe { conv_lanes(xp, images, (c, o, kh), (hp, wp), &win, cw, q.out, out_ptr) }
+            });
+            return;
+        }
         let per_block = 16 * o * k;
         par_ranges(
             pool,
@@ -708,6 +993,40 @@ fn qpool(q: QPool, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape, pool:
     let (h, w) = (xd[2], xd[3]);
     let (ho, wo) = (od[2], od[3]);
     let o = Ptr(out.as_mut_ptr());
+    #[cfg(target_arch = "x86_64")]
+    if q.kind == PoolKind::Max && h * w <= 64 && ho * wo <= 64 && vbmi() {
+        // Each window element of every output of a plane as one byte permute of the plane.
+        let mut idx = Vec::new();
+        for ky in 0..q.kernel[0] {
+            for kx in 0..q.kernel[1] {
+                let mut v = [0u8; 64];
+                for oy in 0..ho {
+                    let ys = pool_window(oy, q.stride[0], q.padding[0].0, q.kernel[0], h);
+                    for ox in 0..wo {
+                        let xs = pool_window(ox, q.stride[1], q.padding[1].0, q.kernel[1], w);
+                        // The window's element (ky, kx) where the window has it, else its
+                        // first (the maximum does not change).
+                        let iy = (oy * q.stride[0] + ky).checked_sub(q.padding[0].0);
+                        let ix = (ox * q.stride[1] + kx).checked_sub(q.padding[1].0);
+                        let at = match (iy, ix) {
+                            (Some(iy), Some(ix)) if ys.contains(&iy) && xs.contains(&ix) => {
+                                iy * w + ix
+                            }
+                            _ => ys.start * w + xs.start,
+                        };
+                        v[oy * wo + ox] = at as u8;
+                    }
+                }
+                idx.push(v);
+            }
+        }
+        let planes = xd[0] * xd[1];
+        par_ranges(pool, planes, 256, |ps| {
+            // SAFETY: `vbmi()` holds; planes of `h · w ≤ 64` bytes in, `ho · wo ≤ 64` out.
+            unsafe { max_pool_small(&x, ps, h * w, ho * wo, &idx, o) }
+        });
+        return;
+    }
     let plain2 = q.kind == PoolKind::Max
         && q.kernel == [2, 2]
         && q.stride == [2, 2]
@@ -755,4 +1074,155 @@ fn qpool(q: QPool, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape, pool:
             }
         }
     });
+}
+
+/// Max pooling of planes of at most 64 bytes: each plane one masked load, each window element
+/// one byte permute (`idx`), their maximum one masked store.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn max_pool_small(
+    x: &[i8],
+    planes: std::ops::Range<usize>,
+    plane: usize,
+    plane_out: usize,
+    idx: &[[u8; 64]],
+    out: Ptr,
+) {
+    use std::arch::x86_64::*;
+    let mask_in: __mmask64 = if plane == 64 { !0 } else { (1u64 << plane) - 1 };
+    let mask_out: __mmask64 = if plane_out == 64 {
+        !0
+    } else {
+        (1u64 << plane_out) - 1
+    };
+    // SAFETY: 64 bytes each.
+    let perms: Vec<__m512i> = idx
+        .iter()
+        .map(|v| unsafe { _mm512_loadu_si512(v.as_ptr() as *const __m512i) })
+        .collect();
+    for p in planes {
+        debug_assert!((p + 1) * plane <= x.len());
+        // SAFETY: bytes past the plane are masked off (and not read).
+        let v = unsafe { _mm512_maskz_loadu_epi8(mask_in, x.as_ptr().add(p * plane)) };
+        let mut m = _mm512_set1_epi8(i8::MIN);
+        for &perm in &perms {
+            m = _mm512_max_epi8(m, _mm512_permutexvar_epi8(perm, v));
+        }
+        // SAFETY: plane `p` of the result, this task's.
+        unsafe { _mm512_mask_storeu_epi8(out.get().add(p * plane_out) as *mut i8, mask_out, m) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The vector requantization against `fixed::requantize`, lane by lane: accumulators at
+    /// the ends of i32 and around rounding ties, every shift, multipliers at their ends (0,
+    /// 2^30, i32::MAX, i32::MIN) and random, the same for all lanes and different in each.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn vector_requantization_is_the_scalar_one() {
+        use std::arch::x86_64::*;
+        if !(crate::isa::avx512() && std::is_x86_feature_detected!("avx512bw")) {
+            return;
+        }
+        let mut s = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let outs = [
+            QOut {
+                zero_point: -3,
+                lo: -128,
+                hi: 127,
+            },
+            QOut {
+                zero_point: 100,
+                lo: 0,
+                hi: 127,
+            },
+        ];
+        let span = (fixed::MAX_SHIFT - fixed::MIN_SHIFT + 1) as u64;
+        let mut checked = 0;
+        for shift in fixed::MIN_SHIFT..=fixed::MAX_SHIFT {
+            for m in [
+                0,
+                1 << 30,
+                (1 << 30) + 12345,
+                i32::MAX,
+                i32::MIN,
+                rnd() as i32,
+                -1,
+            ] {
+                for round in 0..10 {
+                    let acc: [i32; 16] = std::array::from_fn(|i| match (round, i) {
+                        (0, 0) => i32::MIN,
+                        (0, 1) => i32::MAX,
+                        (0, 2) => 0,
+                        (0, 3) => -1,
+                        // Ties of the right shift: ±(2k + 1) · 2^(right - 1).
+                        (1, _) => (i as i32 - 8) << (-shift).clamp(0, 30),
+                        (2, _) => {
+                            ((2 * i as i32 + 1) << (-shift - 1).clamp(0, 30))
+                                * if i % 2 == 0 { 1 } else { -1 }
+                        }
+                        (3, _) => (rnd() as i32) >> (rnd() % 31),
+                        _ => rnd() as i32,
+                    });
+                    // Rounds 8 and 9: a multiplier and shift of each lane's own.
+                    let (ms, shifts): ([i32; 16], [i32; 16]) = if round >= 8 {
+                        (
+                            std::array::from_fn(|_| match rnd() % 4 {
+                                0 => i32::MIN,
+                                1 => m,
+                                _ => (1 << 30) + (rnd() % (1 << 30)) as i32,
+                            }),
+                            std::array::from_fn(|_| fixed::MIN_SHIFT + (rnd() % span) as i32),
+                        )
+                    } else {
+                        ([m; 16], [shift; 16])
+                    };
+                    for out in outs {
+                        let want: Vec<u8> = (0..16)
+                            .map(|i| {
+                                let (a, m, sh) = (acc[i], ms[i], shifts[i]);
+                                fixed::requantize(a, m, sh, out.zero_point, out.lo, out.hi) as i8
+                                    as u8
+                            })
+                            .collect();
+                        let mut got = [0u8; 16];
+                        // SAFETY: AVX-512 F and BW are present (checked above).
+                        unsafe {
+                            let ld =
+                                |v: &[i32; 16]| _mm512_loadu_si512(v.as_ptr() as *const __m512i);
+                            let y = requant_v(ld(&acc), ld(&ms), ld(&shifts), out);
+                            _mm_storeu_si128(got.as_mut_ptr() as *mut __m128i, y);
+                            if round < 8 {
+                                let u = requant_uniform(ld(&acc), m, shift, out);
+                                let mut one = [0u8; 16];
+                                let y = _mm512_cvtepi32_epi8(u);
+                                _mm_storeu_si128(one.as_mut_ptr() as *mut __m128i, y);
+                                assert_eq!(
+                                    one.to_vec(),
+                                    want,
+                                    "uniform: m {m} shift {shift} acc {acc:?}"
+                                );
+                            }
+                        }
+                        assert_eq!(
+                            got.to_vec(),
+                            want,
+                            "multipliers {ms:?} shifts {shifts:?} acc {acc:?}"
+                        );
+                        checked += 16;
+                    }
+                }
+            }
+        }
+        assert!(checked > 60_000);
+    }
 }

@@ -485,6 +485,41 @@ pub(super) fn f16_to_f32(src: &[half::f16], dst: &mut [f32], f: fn(half::f16) ->
     }
 }
 
+/// f32 → i8 as Rust's `as` converts (toward zero, saturating, NaN to 0) on dense runs, 16 at a
+/// time with AVX-512: clamped to [-128, 127] first, so the truncating conversion cannot
+/// overflow, and NaN lanes zeroed.
+fn f32_to_i8(src: &[f32], dst: &mut [i8], f: fn(f32) -> i8) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if crate::isa::avx512() {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn simd(src: &[f32], dst: &mut [i8]) -> usize {
+            use std::arch::x86_64::*;
+            let n = src.len() / 16 * 16;
+            let (lo, hi) = (_mm512_set1_ps(-128.0), _mm512_set1_ps(127.0));
+            for i in (0..n).step_by(16) {
+                // SAFETY: 16 values from `i < n` in both slices.
+                unsafe {
+                    let v = _mm512_loadu_ps(src.as_ptr().add(i));
+                    let num = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v);
+                    let c = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+                    let q = _mm512_maskz_mov_epi32(num, _mm512_cvttps_epi32(c));
+                    _mm_storeu_si128(
+                        dst.as_mut_ptr().add(i) as *mut __m128i,
+                        _mm512_cvtepi32_epi8(q),
+                    );
+                }
+            }
+            n
+        }
+        // SAFETY: the CPU has AVX-512 F; the slices have equal lengths.
+        done = unsafe { simd(src, dst) };
+    }
+    for (d, s) in dst[done..].iter_mut().zip(&src[done..]) {
+        *d = f(*s);
+    }
+}
+
 /// `x` rounded to bf16 (nearest even; a NaN stays a quiet NaN), as bits, without branches.
 #[inline(always)]
 pub(super) fn bf16_bits(x: f32) -> u16 {
@@ -547,6 +582,11 @@ pub(super) fn lower(info: &NodeInfo<'_>) -> Result<Lowered> {
             })
         }
         Op::Cast {
+            to: rlx_ir::DType::I8,
+        } if dt == rlx_ir::DType::F32 => {
+            compute(|i, o| map1_with(i[0], o, (|v: f32| v as i8) as fn(f32) -> i8, f32_to_i8))
+        }
+        Op::Cast {
             to: rlx_ir::DType::F16,
         } if dt == rlx_ir::DType::F32 => compute(|i, o| {
             map1_with(
@@ -605,5 +645,55 @@ pub(super) fn copy(x: TRef, out: TRef) -> Box<dyn Kernel> {
             };
             super::materialize(&x, dst);
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The vector f32 → i8 conversion is Rust's `as` on every value that matters: NaN,
+    /// infinities, values past either end, halves and values just inside the ends, at every
+    /// position of a 16-lane block and in the scalar tail.
+    #[test]
+    fn f32_to_i8_is_as() {
+        let special = [
+            f32::NAN,
+            -f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            1e10,
+            -1e10,
+            3e9,
+            -3e9,
+            127.0,
+            127.99,
+            128.0,
+            -128.0,
+            -128.99,
+            -129.0,
+            0.5,
+            -0.5,
+            -0.0,
+            1.5,
+            -1.5,
+            2.5e-40,
+            f32::MAX,
+            f32::MIN,
+        ];
+        let src: Vec<f32> = (0..16 * 5 + 7)
+            .map(|i| {
+                special[(i * 7) % special.len()]
+                    * if i % 3 == 0 {
+                        1.0
+                    } else {
+                        1.0 + i as f32 * 0.01
+                    }
+            })
+            .collect();
+        let mut dst = vec![0i8; src.len()];
+        let f = (|v: f32| v as i8) as fn(f32) -> i8;
+        super::f32_to_i8(&src, &mut dst, f);
+        for (s, d) in src.iter().zip(&dst) {
+            assert_eq!(*d, *s as i8, "{s}");
+        }
     }
 }

@@ -34,7 +34,7 @@ SUITES:
     overhead     microseconds per CompiledGraph::run of a tiny graph (RLX only)
     linalg       f64 solve, cholesky, qr (r) and svd (singular values) of square matrices
                  (rlx-linalg on faer), GFLOP/s at nominal counts, against numpy.linalg
-    sparse       f32 sparse × dense products (rlx-sparse's spmm; SpMV and SpMM), GFLOP/s,
+    sparse       f32 sparse × dense products (rlx-sparse's spmm_csr; SpMV and SpMM), GFLOP/s,
                  against scipy.sparse's CSR product
     scan         Mamba's selective scan (f32), G state updates per second, against
                  PyTorch's selective_scan_ref recurrence (python from --train-python)

@@ -263,24 +263,24 @@ pub fn sparse_suite(
             s ^= s << 17;
             s
         };
-        let rows: Vec<i32> = (0..nnz).map(|e| (e / per) as i32).collect();
+        let indptr: Vec<i32> = (0..=n).map(|r| (r * per) as i32).collect();
         let cols: Vec<i32> = (0..nnz).map(|_| (next() % n as u64) as i32).collect();
         let ints = |v: &[i32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
         let mut g = Graph::new("spmm");
-        let coo = rlx_sparse::Coo {
-            rows: g.param("rows", Shape::new(&[nnz], DType::I32)),
-            cols: g.param("cols", Shape::new(&[nnz], DType::I32)),
+        let csr = rlx_sparse::Csr {
+            indptr: g.param("indptr", Shape::new(&[n + 1], DType::I32)),
+            indices: g.param("cols", Shape::new(&[nnz], DType::I32)),
             values: g.param("values", Shape::new(&[nnz], DType::F32)),
             shape: (n, n),
         };
         let dense_dims = if k == 1 { vec![n] } else { vec![n, k] };
         let x = g.param("x", Shape::new(&dense_dims, DType::F32));
-        let y = coo
+        let y = csr
             .matmul(&mut g, x)
             .unwrap_or_else(|e| die(&e.to_string()));
         g.set_outputs(vec![y]);
         let params = [
-            ("rows", ints(&rows)),
+            ("indptr", ints(&indptr)),
             ("cols", ints(&cols)),
             ("values", f32_bytes(&crate::fill(nnz, 8))),
             ("x", f32_bytes(&crate::fill(n * k, 9))),

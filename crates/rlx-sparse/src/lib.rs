@@ -9,6 +9,11 @@
 //!   decomposition into `gather`, a product and `scatter_add` (so every backend runs it and
 //!   autodiff and vmap go through it: gradients with respect to the values and the dense
 //!   operand), and a native CPU kernel ([`register`]);
+//! - `spmm_csr(indptr, indices, values, dense)`: the same product with the matrix in
+//!   compressed-row form ([`Csr::matmul`], [`SpmmCsr`]), as scipy's CSR product computes it:
+//!   its decomposition expands the row pointers into rows in `O(m + nnz)` and runs `spmm`'s;
+//!   its CPU kernel splits rows over threads by their entry counts and, for f32 values with
+//!   i32 columns, gathers sixteen dense values a step with AVX-512;
 //! - [`cg`]: a conjugate-gradient solve of `a x = b` for symmetric positive definite `a`, as an
 //!   RLX `while` bounded by `max_iterations` (so reverse mode, forward mode and vmap go through
 //!   it).
@@ -26,6 +31,9 @@ use rlx_ir::text::Attr;
 use rlx_ir::{BinaryOp, CmpOp, DType, Error, Graph, NodeId, Op, ReduceKind, Result, Shape};
 use std::sync::Arc;
 
+mod csr;
+pub use csr::SpmmCsr;
+
 /// `spmm{m}(rows [nnz], cols [nnz], values [nnz], dense [n] or [n, k]) -> [m] or [m, k]`:
 /// `y[rows[e]] += values[e] * dense[cols[e]]` for every entry `e`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,9 +49,26 @@ pub const REGISTRATION: OpRegistration = OpRegistration {
     examples: || vec![DefinedOp::new(Spmm { m: 3 })],
 };
 
-/// Register `spmm` with the IR and its kernel with the CPU backend (again is a no-op).
+/// The registration of `spmm_csr` (or call [`register`]).
+pub const CSR_REGISTRATION: OpRegistration = OpRegistration {
+    name: "spmm_csr",
+    from_attrs: |_| Ok(DefinedOp::new(SpmmCsr)),
+    examples: || vec![DefinedOp::new(SpmmCsr)],
+};
+
+/// Register `spmm` and `spmm_csr` with the IR and their kernels with the CPU backend (again is
+/// a no-op).
 pub fn register() -> Result<()> {
     rlx_ir::ops::register(REGISTRATION)?;
+    rlx_ir::ops::register(CSR_REGISTRATION)?;
+    rlx_cpu::kernels::registered::register_kernel(
+        "spmm_csr",
+        Arc::new(
+            |_: &DefinedOp, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape, pool: &Pool| {
+                csr::kernel(ins, out, shape, pool)
+            },
+        ),
+    );
     rlx_cpu::kernels::registered::register_kernel(
         "spmm",
         Arc::new(
@@ -57,6 +82,44 @@ pub fn register() -> Result<()> {
             },
         ),
     );
+    Ok(())
+}
+
+/// The cost of a sparse × dense product: operands `[.., .., values [nnz], dense [n, k]]`.
+pub(crate) fn product_cost(ins: &[&Shape], out: &Shape) -> Cost {
+    let nnz = ins[2].numel().unwrap_or(0) as u64;
+    let k = ins[3]
+        .static_dims()
+        .and_then(|d| d.get(1).copied())
+        .unwrap_or(1) as u64;
+    let bytes = ins
+        .iter()
+        .chain([&out])
+        .map(|s| s.size_bytes().unwrap_or(0) as u64)
+        .sum();
+    Cost {
+        flops: 2 * nnz * k,
+        bytes,
+    }
+}
+
+/// That `dense` has the sparse matrix's `shape.1` rows (for `op`).
+fn check_dense(g: &Graph, op: &str, shape: (usize, usize), dense: NodeId) -> Result<()> {
+    let n = g
+        .shape(dense)
+        .static_dims()
+        .and_then(|d| d.first().copied());
+    if n != Some(shape.1) {
+        return Err(Error::op(
+            op,
+            format!(
+                "a {}x{} sparse matrix times dense {}",
+                shape.0,
+                shape.1,
+                g.shape(dense)
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -132,20 +195,7 @@ impl OpDef for Spmm {
     }
 
     fn cost(&self, ins: &[&Shape], out: &Shape) -> Cost {
-        let nnz = ins[2].numel().unwrap_or(0) as u64;
-        let k = ins[3]
-            .static_dims()
-            .and_then(|d| d.get(1).copied())
-            .unwrap_or(1) as u64;
-        let bytes = ins
-            .iter()
-            .chain([&out])
-            .map(|s| s.size_bytes().unwrap_or(0) as u64)
-            .sum();
-        Cost {
-            flops: 2 * nnz * k,
-            bytes,
-        }
+        product_cost(ins, out)
     }
 
     /// `scatter_add(zeros [m, k], rows, values · gather(dense, cols))`.
@@ -180,7 +230,7 @@ impl OpDef for Spmm {
 }
 
 /// The CPU kernel: `y[rows[e]] += values[e] * dense[cols[e]]` in the values' type (f32 or f64
-/// with i32 or i64 indices read in place; other types through f64). When the rows are sorted
+/// with rows and columns both i32 or both i64 read in place; other types through f64). When the rows are sorted
 /// (as a CSR matrix's are) the result's rows are split over the pool, each thread summing the
 /// entries of its rows in order; otherwise one thread sums every entry in order.
 fn kernel(m: usize, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape, pool: &Pool) {
@@ -208,11 +258,13 @@ fn kernel(m: usize, ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape, pool
             }
         }};
     }
+    // Rows and columns of one index type are read in place; mixed types go the general way.
+    let same = ins[1].1.dtype() == idt;
     match (idt, dt) {
-        (DType::I32, DType::F32) => fast!(i32, f32),
-        (DType::I64, DType::F32) => fast!(i64, f32),
-        (DType::I32, DType::F64) => fast!(i32, f64),
-        (DType::I64, DType::F64) => fast!(i64, f64),
+        (DType::I32, DType::F32) if same => fast!(i32, f32),
+        (DType::I64, DType::F32) if same => fast!(i64, f32),
+        (DType::I32, DType::F64) if same => fast!(i32, f64),
+        (DType::I64, DType::F64) if same => fast!(i64, f64),
         _ => {
             let ints = |(b, s): (&[u8], &Shape)| -> Vec<i64> {
                 Tensor::from_bytes(s, b)
@@ -399,21 +451,7 @@ impl Coo {
     /// `self · dense` (`dense [n]` or `[n, k]`).
     pub fn matmul(&self, g: &mut Graph, dense: NodeId) -> Result<NodeId> {
         register()?;
-        let n = g
-            .shape(dense)
-            .static_dims()
-            .and_then(|d| d.first().copied());
-        if n != Some(self.shape.1) {
-            return Err(Error::op(
-                "spmm",
-                format!(
-                    "a {}x{} sparse matrix times dense {}",
-                    self.shape.0,
-                    self.shape.1,
-                    g.shape(dense)
-                ),
-            ));
-        }
+        check_dense(g, "spmm", self.shape, dense)?;
         g.define(
             Spmm { m: self.shape.0 },
             &[self.rows, self.cols, self.values, dense],
@@ -433,43 +471,12 @@ impl Coo {
 
 impl Csr {
     /// The same matrix in coordinate form: each entry's row, `rows[e] = #{i ≥ 1 : indptr[i] ≤
-    /// e}`, computed in the graph (a comparison of every row pointer with every entry, then a
-    /// sum), so it runs wherever the graph runs.
+    /// e}`, computed in the graph (a one at each row's end pointer, summed by `cumsum`: `O(m +
+    /// nnz)`), so it runs wherever the graph runs.
     pub fn to_coo(&self, g: &mut Graph) -> Result<Coo> {
-        let ip = g.shape(self.indptr).clone();
+        self.check(g)?;
         let nnz = g.shape(self.values).numel().unwrap_or(0);
-        let m = self.shape.0;
-        if !int(ip.dtype()) || ip.static_dims() != Some(vec![m + 1]) {
-            return Err(Error::op(
-                "csr",
-                format!(
-                    "indptr {ip} must be an integer vector of {} row pointers",
-                    m + 1
-                ),
-            ));
-        }
-        let dt = ip.dtype();
-        let e = Tensor::from_i64(&[1, nnz], dt, (0..nnz as i64).collect());
-        let e = g.try_constant_bytes(Shape::new(&[1, nnz], dt), e.to_bytes())?;
-        let tail = g.try_op(
-            Op::Narrow {
-                axis: 0,
-                start: 1,
-                len: m,
-            },
-            &[self.indptr],
-        )?;
-        let tail = g.try_op(Op::Reshape { shape: vec![m, 1] }, &[tail])?;
-        let le = g.try_compare(CmpOp::Le, tail, e)?;
-        let ones = g.try_cast(le, dt)?;
-        let rows = g.try_op(
-            Op::Reduce {
-                kind: ReduceKind::Sum,
-                axes: vec![0],
-                keepdims: false,
-            },
-            &[ones],
-        )?;
+        let rows = csr::rows_of(g, self.indptr, nnz)?;
         Ok(Coo {
             rows,
             cols: self.indices,
@@ -478,9 +485,27 @@ impl Csr {
         })
     }
 
-    /// `self · dense`.
+    /// `self · dense` (`dense [n]` or `[n, k]`): `spmm_csr`.
     pub fn matmul(&self, g: &mut Graph, dense: NodeId) -> Result<NodeId> {
-        self.to_coo(g)?.matmul(g, dense)
+        register()?;
+        self.check(g)?;
+        check_dense(g, "spmm_csr", self.shape, dense)?;
+        g.define(SpmmCsr, &[self.indptr, self.indices, self.values, dense])
+    }
+
+    /// `indptr` holds `m + 1` integer row pointers.
+    fn check(&self, g: &Graph) -> Result<()> {
+        let ip = g.shape(self.indptr);
+        if !int(ip.dtype()) || ip.static_dims() != Some(vec![self.shape.0 + 1]) {
+            return Err(Error::op(
+                "csr",
+                format!(
+                    "indptr {ip} must be an integer vector of {} row pointers",
+                    self.shape.0 + 1
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 

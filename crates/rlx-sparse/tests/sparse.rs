@@ -141,7 +141,12 @@ fn products_match_scipy_everywhere_and_their_gradients_match_jax() {
         close(&format!("{name} (reference)"), &r[1].f64s(), &want, 1e-12);
         // The CPU's kernel.
         let mut cg_ = Session::new(Device::Cpu).compile(g.clone());
-        assert!(cg_.dispatch_report().nodes.iter().any(|n| n.op == "spmm"));
+        let op = if c["form"] == "coo" {
+            "spmm"
+        } else {
+            "spmm_csr"
+        };
+        assert!(cg_.dispatch_report().nodes.iter().any(|n| n.op == op));
         set(&mut cg_, "values", &c["values"], DType::F64);
         set(&mut cg_, "dense", &c["dense"], DType::F64);
         let out = cg_.run_typed(&[]);
@@ -462,4 +467,123 @@ fn the_cpu_kernel_matches_the_reference_at_size() {
             }
         }
     }
+}
+
+/// The CSR kernel (AVX-512 for f32 values with i32 columns: gathers for one dense column, rows of
+/// 16 to 64 columns for several; the general loop otherwise) at sizes where it splits rows over
+/// threads by their entry counts:
+/// rows of different lengths and empty ones, i32 and i64 pointers and columns, f32 and f64,
+/// SpMV and SpMM, columns out of range; against the reference evaluator, and against the
+/// decomposition (each entry's row from the pointers, then `spmm`'s) compiled for the CPU.
+#[test]
+fn the_csr_kernel_matches_the_reference_at_size() {
+    rlx_sparse::register().unwrap();
+    let n = 5000;
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    // Row r holds (r * 7) % 23 entries: 0 to 22, some rows empty.
+    let mut indptr = vec![0i64];
+    for r in 0..n {
+        indptr.push(indptr[r] + ((r * 7) % 23) as i64);
+    }
+    let nnz = indptr[n] as usize;
+    let mut cols: Vec<i64> = (0..nnz).map(|_| (next() % n as u64) as i64).collect();
+    cols[3] = n as i64 + 2;
+    cols[nnz - 5] = -1;
+    let vals: Vec<f64> = (0..nnz)
+        .map(|_| (next() % 2001) as f64 / 1000.0 - 1.0)
+        .collect();
+    for (pt, it, dt, k) in [
+        (DType::I32, DType::I32, DType::F32, 1),
+        (DType::I64, DType::I32, DType::F32, 1),
+        (DType::I32, DType::I64, DType::F32, 1),
+        (DType::I32, DType::I32, DType::F32, 5),
+        (DType::I64, DType::I32, DType::F32, 70),
+        (DType::I64, DType::I64, DType::F64, 1),
+        (DType::I32, DType::I32, DType::F64, 3),
+    ] {
+        let xs: Vec<f64> = (0..n * k)
+            .map(|_| (next() % 2001) as f64 / 1000.0 - 1.0)
+            .collect();
+        let ddims = if k == 1 { vec![n] } else { vec![n, k] };
+        let leaves: BTreeMap<String, Tensor> = [
+            ("p", Tensor::from_i64(&[n + 1], pt, indptr.clone())),
+            ("c", Tensor::from_i64(&[nnz], it, cols.clone())),
+            ("v", Tensor::from_f64(&[nnz], dt, vals.clone())),
+            ("x", Tensor::from_f64(&ddims, dt, xs)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let mut g = Graph::new("csr");
+        let csr = Csr {
+            indptr: g.input("p", Shape::new(&[n + 1], pt)),
+            indices: g.input("c", Shape::new(&[nnz], it)),
+            values: g.input("v", Shape::new(&[nnz], dt)),
+            shape: (n, n),
+        };
+        let x = g.input("x", Shape::new(&ddims, dt));
+        let y = csr.matmul(&mut g, x).unwrap();
+        let coo = csr.to_coo(&mut g).unwrap();
+        let y2 = coo.matmul(&mut g, x).unwrap();
+        g.set_outputs(vec![y, y2]);
+        let want = rlx::ir::eval::evaluate(&g, &leaves).unwrap()[0].f64s();
+        let mut comp = Session::new(Device::Cpu).with_threads(2).compile(g);
+        assert!(comp
+            .dispatch_report()
+            .nodes
+            .iter()
+            .any(|n| n.op == "spmm_csr"));
+        let bytes: Vec<(String, Vec<u8>, DType)> = leaves
+            .iter()
+            .map(|(k, t)| (k.clone(), t.to_bytes(), t.dtype()))
+            .collect();
+        let feeds: Vec<(&str, &[u8], DType)> = bytes
+            .iter()
+            .map(|(k, b, d)| (k.as_str(), b.as_slice(), *d))
+            .collect();
+        let out = comp.run_typed(&feeds);
+        for (which, o) in ["spmm_csr", "to_coo + spmm"].iter().zip(&out) {
+            let got = Tensor::from_bytes(&Shape::new(&[want.len()], dt), &o.0)
+                .unwrap()
+                .f64s();
+            let tol = if dt == DType::F32 { 1e-5 } else { 1e-12 };
+            for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (a - b).abs() <= tol * (1.0 + b.abs()),
+                    "{which} {pt} {it} {dt} k {k} element {i}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_text_form_keeps_spmm_csr() {
+    rlx_sparse::register().unwrap();
+    let mut g = Graph::new("t");
+    let csr = Csr {
+        indptr: g.input("p", Shape::new(&[4], DType::I32)),
+        indices: g.input("c", Shape::new(&[5], DType::I32)),
+        values: g.input("v", Shape::new(&[5], DType::F32)),
+        shape: (3, 6),
+    };
+    let d = g.input("d", Shape::new(&[6, 2], DType::F32));
+    let y = csr.matmul(&mut g, d).unwrap();
+    g.set_outputs(vec![y]);
+    let text = g.to_text();
+    assert!(text.contains("spmm_csr"), "{text}");
+    assert_eq!(Graph::parse(&text).unwrap().to_text(), text);
+    // A wrong pointer count is an error naming the operand.
+    let bad = Csr {
+        indptr: g.input("p2", Shape::new(&[3], DType::I32)),
+        ..csr
+    };
+    let e = bad.matmul(&mut g, d).unwrap_err().to_string();
+    assert!(e.contains("indptr") && e.contains("4 row pointers"), "{e}");
 }

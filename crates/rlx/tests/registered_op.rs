@@ -318,10 +318,11 @@ fn a_registered_op_runs_the_native_cpu_kernel_its_crate_gives() {
     );
     let before = CALLS.load(Ordering::Relaxed);
     let outs = run(&mut c);
-    assert_eq!(
-        CALLS.load(Ordering::Relaxed),
-        before + 1,
-        "one kernel call per run"
+    // At least this run's call: the other tests of this binary run softplus on the CPU too,
+    // concurrently, and from now on through this kernel.
+    assert!(
+        CALLS.load(Ordering::Relaxed) > before,
+        "the run called the registered kernel"
     );
     for (k, (got, (x, w))) in outs[1].iter().zip(X.iter().zip(&W)).enumerate() {
         let want = softplus_f64(2.0, (*x * *w) as f64) as f32;

@@ -255,6 +255,9 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
     write(&res, dt, out);
 }
 
+/// The matrix size from which a kernel splits its work over the program's threads.
+const PARALLEL_FROM: usize = 1024;
+
 /// Give the CPU backend a kernel for each op.
 pub(crate) fn register() {
     for r in crate::REGISTRATIONS {
@@ -265,8 +268,17 @@ pub(crate) fn register() {
                  ins: &[(&[u8], &Shape)],
                  out: &mut [u8],
                  shape: &Shape,
-                 _pool: &rlx_cpu::pool::Pool| {
+                 pool: &rlx_cpu::pool::Pool| {
                     let op = *op.downcast::<Linalg>().expect("an op of rlx-linalg");
+                    // faer splits a factorization of a large matrix over as many threads as
+                    // the program has (its rayon pool; RLX's own waits on this step
+                    // meanwhile); below PARALLEL_FROM rows, sharing the work costs more than
+                    // it saves.
+                    let n = ins[0].1.static_dims().map_or(0, |d| d[d.len() - 1]);
+                    faer::set_global_parallelism(match pool.threads() {
+                        t if t > 1 && n >= PARALLEL_FROM => faer::Par::rayon(t),
+                        _ => faer::Par::Seq,
+                    });
                     run(op, ins, out, shape)
                 },
             ),

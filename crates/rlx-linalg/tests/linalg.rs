@@ -436,3 +436,78 @@ fn wide_qr_two_result_ops_in_text_and_vmap() {
         1e-12,
     );
 }
+
+/// From 1024 rows the kernels split a factorization over the program's threads (faer's rayon
+/// parallelism): solve, Cholesky, QR and singular values of one 1024 × 1024 matrix on two
+/// threads agree with one thread, and the solve's residual is small.
+#[test]
+fn large_matrices_split_over_threads_agree_with_one_thread() {
+    rlx_linalg::register().unwrap();
+    let n = 1024;
+    let mut s = 0x2545_f491_4f6c_dd1du64;
+    let mut rnd = move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    };
+    // Symmetric, 2 on the diagonal, off-diagonal entries below 1/n: positive definite and well
+    // conditioned by Gershgorin's circles.
+    let mut a = vec![0.0; n * n];
+    for i in 0..n {
+        a[i * n + i] = 2.0;
+        for j in 0..i {
+            let v = 2.0 * rnd() / n as f64;
+            a[i * n + j] = v;
+            a[j * n + i] = v;
+        }
+    }
+    let b: Vec<f64> = (0..n).map(|_| rnd()).collect();
+    let mut g = Graph::new("large");
+    let ai = g.input("a", Shape::new(&[n, n], DType::F64));
+    let bi = g.input("b", Shape::new(&[n, 1], DType::F64));
+    let outs = vec![
+        rlx_linalg::apply(&mut g, Linalg::Solve, &[ai, bi]).unwrap(),
+        rlx_linalg::apply(&mut g, Linalg::Cholesky, &[ai]).unwrap(),
+        rlx_linalg::apply(
+            &mut g,
+            Linalg::Qr {
+                output: QrOutput::R,
+            },
+            &[ai],
+        )
+        .unwrap(),
+        rlx_linalg::apply(
+            &mut g,
+            Linalg::Svd {
+                output: SvdOutput::S,
+            },
+            &[ai],
+        )
+        .unwrap(),
+    ];
+    g.set_outputs(outs);
+    let bytes = |v: &[f64]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    let (ab, bb) = (bytes(&a), bytes(&b));
+    let results: Vec<Vec<Vec<f64>>> = [1, 2]
+        .iter()
+        .map(|&t| {
+            let mut c = Session::new(Device::Cpu).with_threads(t).compile(g.clone());
+            c.run_typed(&[("a", &ab, DType::F64), ("b", &bb, DType::F64)])
+                .iter()
+                .map(|o| as_f64(&o.0, DType::F64))
+                .collect()
+        })
+        .collect();
+    for (k, what) in ["solve", "cholesky", "qr r", "singular values"]
+        .iter()
+        .enumerate()
+    {
+        close(what, &results[1][k], &results[0][k], 1e-9);
+    }
+    let x = &results[1][0];
+    let worst = (0..n)
+        .map(|i| ((0..n).map(|j| a[i * n + j] * x[j]).sum::<f64>() - b[i]).abs())
+        .fold(0.0, f64::max);
+    assert!(worst < 1e-9, "residual {worst}");
+}

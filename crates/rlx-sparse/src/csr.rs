@@ -170,31 +170,28 @@ pub(crate) fn kernel(ins: &[(&[u8], &Shape)], out: &mut [u8], shape: &Shape, poo
     let dd = ins[3].1.static_dims().unwrap_or_default();
     let (n, k) = (dd[0], dd.get(1).copied().unwrap_or(1));
     let (pt, it, dt) = (ins[0].1.dtype(), ins[1].1.dtype(), shape.dtype());
-    let simd = {
-        #[cfg(target_arch = "x86_64")]
-        {
-            it == DType::I32 && dt == DType::F32 && rlx_cpu::isa::avx512()
+    #[cfg(target_arch = "x86_64")]
+    if it == DType::I32 && dt == DType::F32 && rlx_cpu::isa::avx512() {
+        let (cols, v, d) = (
+            view::<i32>(ins[1].0),
+            view::<f32>(ins[2].0),
+            view::<f32>(ins[3].0),
+        );
+        match pt {
+            DType::I32 => into::<f32>(out, |y| {
+                f32_avx512(&view::<i32>(ins[0].0), &cols, &v, &d, y, (n, k), pool)
+            }),
+            _ => into::<f32>(out, |y| {
+                f32_avx512(&view::<i64>(ins[0].0), &cols, &v, &d, y, (n, k), pool)
+            }),
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
-        }
-    };
+        return;
+    }
     macro_rules! typed {
         ($p:ty, $i:ty, $t:ty) => {{
             let (indptr, indices) = (view::<$p>(ins[0].0), view::<$i>(ins[1].0));
             let (v, d) = (view::<$t>(ins[2].0), view::<$t>(ins[3].0));
             into::<$t>(out, |y| {
-                #[cfg(target_arch = "x86_64")]
-                if simd {
-                    // SAFETY of the casts: `simd` holds only for i32 columns and f32 values.
-                    let cols = view::<i32>(ins[1].0);
-                    let (v, d) = (view::<f32>(ins[2].0), view::<f32>(ins[3].0));
-                    let y = unsafe {
-                        std::slice::from_raw_parts_mut(y.as_mut_ptr() as *mut f32, y.len())
-                    };
-                    return f32_avx512(&indptr, &cols, &v, &d, y, (n, k), pool);
-                }
                 products(&indptr, &indices, &v, &d, y, (n, k), pool)
             });
         }};

@@ -17,8 +17,10 @@
 //! matrix-vector kernel reading each packed weight once for decode, a tiled one for prompts,
 //! activations rounded to int8 blocks as the CPU rounds them), `DequantizeRows`, `CacheWrite`,
 //! `CachedAttention` and `PagedAttention`; composites the compiler decomposes into them
-//! (dot_general, norms, attention, conv, pool, the quantize ops, ...). Not yet: cuBLAS and tensor
-//! cores, control flow, complex and integer-quantized (`qlinear`, ...) ops; a graph holding one is
+//! (dot_general, norms, attention, conv, pool, the quantize ops, ...); c64 values as pairs of
+//! f32, with copies for `complex`, `real` and `imag` (the rest of complex arithmetic and the
+//! FFT's DFT-matrix decomposition run as real ops on the parts). Not yet: cuBLAS and tensor
+//! cores, control flow and integer-quantized (`qlinear`, ...) ops; a graph holding one is
 //! a compile error naming the op and node ([`unsupported`]).
 //!
 //! `RLX_PROFILE` runs each program launch by launch with CUDA events around every launch and

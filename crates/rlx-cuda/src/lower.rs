@@ -11,6 +11,7 @@
 
 use crate::source::{self, Access, BLOCK};
 use rlx_driver::IoSlot;
+use rlx_ir::ops::complex::{primitive_of, Primitive};
 use rlx_ir::{DType, Error, FusionKind, Graph, Node, NodeId, Op, Result, TopKOutput};
 use rlx_opt::{plan_memory, BufferRequest};
 use std::collections::HashMap;
@@ -105,12 +106,30 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
     let n = g.node(id);
     let out = n.shape.dtype();
     let ins: Vec<DType> = n.inputs.iter().map(|i| g.shape(*i).dtype()).collect();
+    // c64 values are pairs of f32: leaves hold them and the three complex primitives move parts
+    // in and out (every other complex op decomposes into real ops on the parts).
+    let leaf = matches!(
+        n.op,
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. }
+    );
+    if let Some(p) = primitive_of(&n.op) {
+        let fits = match p {
+            Primitive::Complex => ins.iter().all(|&d| d == DType::F32) && out == DType::C64,
+            Primitive::Real | Primitive::Imag => ins == [DType::C64] && out == DType::F32,
+        };
+        let dims_ok = n.shape.rank() <= RANK
+            && n.shape.static_dims().is_some()
+            && n.inputs.iter().all(|i| g.shape(*i).static_dims().is_some());
+        if fits && dims_ok {
+            return None;
+        }
+    }
     if let Some(d) = std::iter::once(out)
         .chain(ins.iter().copied())
-        .find(|d| source::storage(*d).is_none())
+        .find(|&d| source::storage(d).is_none() && !(leaf && d == DType::C64))
     {
         return Some(format!(
-            "{d} values do not run on CUDA (f32, f64, f16, bf16, the integers and bool do)"
+            "{d} values do not run on CUDA (f32, f64, f16, bf16, the integers and bool do; c64 through complex, real and imag)"
         ));
     }
     if n.shape.rank() > RANK || n.inputs.iter().any(|i| g.shape(*i).rank() > RANK) {
@@ -749,9 +768,40 @@ impl Lowering<'_> {
                 window,
                 block,
             } => self.paged_attention(id, *scale, *window, *block),
+            Op::Defined(_) if primitive_of(&node.op).is_some() => {
+                self.complex(id, d, primitive_of(&node.op))
+            }
             other => Err(Error::Unsupported {
                 backend: "cuda".into(),
                 op: other.name().into(),
+                node: id,
+                msg: "no CUDA kernel".into(),
+            }),
+        }
+    }
+
+    /// The complex primitives as copies of f32 words: c64 values are pairs of them, so `real`
+    /// and `imag` read every other word (from the first or the second) and `complex` writes its
+    /// operands (broadcast) into every other word, one copy each.
+    fn complex(&mut self, id: NodeId, d: &[usize], p: Option<Primitive>) -> Result<()> {
+        let node = self.g.node(id);
+        let dense = dense_strides(d);
+        let pairs: Vec<usize> = dense.iter().map(|s| 2 * s).collect();
+        match p {
+            Some(Primitive::Real) | Some(Primitive::Imag) => {
+                let off = usize::from(p == Some(Primitive::Imag));
+                self.copy_to(4, id, node.inputs[0], off, pairs, d.to_vec(), id, 0, dense)
+            }
+            Some(Primitive::Complex) => {
+                for (k, &x) in node.inputs.iter().enumerate() {
+                    let s = broadcast_strides(&dims(self.g, x)?, d);
+                    self.copy_to(4, id, x, 0, s, d.to_vec(), id, k, pairs.clone())?;
+                }
+                Ok(())
+            }
+            None => Err(Error::Unsupported {
+                backend: "cuda".into(),
+                op: node.op.name().into(),
                 node: id,
                 msg: "no CUDA kernel".into(),
             }),
@@ -844,6 +894,7 @@ impl Lowering<'_> {
         let dst_strides =
             dense_strides(self.g.shape(dst).static_dims().as_deref().unwrap_or(&dims_));
         self.copy_to(
+            elem_bytes(self.g.shape(src).dtype()),
             id,
             src,
             src_off,
@@ -855,9 +906,11 @@ impl Lowering<'_> {
         )
     }
 
+    /// A strided copy of elements of `eb` bytes (offsets and strides count them).
     #[allow(clippy::too_many_arguments)]
     fn copy_to(
         &mut self,
+        eb: usize,
         id: NodeId,
         src: NodeId,
         src_off: usize,
@@ -867,7 +920,6 @@ impl Lowering<'_> {
         dst_off: usize,
         dst_strides: Vec<usize>,
     ) -> Result<()> {
-        let eb = elem_bytes(self.g.shape(src).dtype());
         let nel: usize = dims_.iter().product();
         let rank = dims_.len();
         let mut words = vec![
@@ -1158,6 +1210,7 @@ impl Lowering<'_> {
             let len = pd[axis];
             if pd.iter().product::<usize>() > 0 {
                 self.copy_to(
+                    elem_bytes(g.shape(x).dtype()),
                     id,
                     x,
                     0,

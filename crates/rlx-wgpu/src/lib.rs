@@ -12,7 +12,8 @@
 //! index ops, and the LLM ops (GGUF `DequantMatMul` / `DequantizeRows` with the rows packed on
 //! the device, `CacheWrite`, `CachedAttention`); composites the compiler decomposes into them
 //! (dot_general, norms, attention, RoPE, conv, pool, Quantize / Dequantize / FakeQuantize, ...)
-//! run too. What does not ([`unsupported`] says why) is a compile error naming the op and node.
+//! run too, and c64 values (pairs of f32 words; `complex`, `real` and `imag` are word copies,
+//! the rest of complex arithmetic and the FFT's decomposition real ops on the parts). What does not ([`unsupported`] says why) is a compile error naming the op and node.
 
 #![deny(missing_docs)]
 

@@ -16,6 +16,7 @@ use crate::shaders::{self, ARENA_CHUNK, PARAMS_CHUNK, RANK};
 use crate::values::{device_bytes, forms, from_words, to_words, Form};
 use crate::Gpu;
 use rlx_driver::{Executable, IoSlot};
+use rlx_ir::ops::complex::{primitive_of, Primitive};
 use rlx_ir::{DType, Error, Graph, NodeId, Op, Result};
 use std::sync::Arc;
 
@@ -188,12 +189,27 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
     let n = g.node(id);
     let out = n.shape.dtype();
     let ins: Vec<DType> = n.inputs.iter().map(|i| g.shape(*i).dtype()).collect();
+    // c64 values are pairs of f32 words: leaves hold them and the three complex primitives
+    // move parts in and out (every other complex op decomposes into real ops on the parts).
+    if let Some(p) = primitive_of(&n.op) {
+        let want = match p {
+            Primitive::Complex => (ins.iter().all(|&d| d == DType::F32), DType::C64),
+            Primitive::Real | Primitive::Imag => (ins == [DType::C64], DType::F32),
+        };
+        if want.0 && out == want.1 && n.shape.rank() <= RANK {
+            return None;
+        }
+    }
+    let leaf = matches!(
+        n.op,
+        Op::Input { .. } | Op::Param { .. } | Op::Constant { .. }
+    );
     if let Some(d) = std::iter::once(out)
         .chain(ins.iter().copied())
-        .find(|d| shaders::wgsl_type(*d).is_none())
+        .find(|&d| shaders::wgsl_type(d).is_none() && !(leaf && d == DType::C64))
     {
         return Some(format!(
-            "{d} values do not run on the GPU (f32, f16, bf16, i32, i16, i8, u32, u8 and bool do)"
+            "{d} values do not run on the GPU (f32, f16, bf16, i32, i16, i8, u32, u8 and bool do; c64 through complex, real and imag)"
         ));
     }
     if n.shape.rank() > RANK || n.inputs.iter().any(|i| g.shape(*i).rank() > RANK) {

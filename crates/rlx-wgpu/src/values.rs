@@ -6,7 +6,8 @@ use rlx_ir::{DType, Error, Graph, Op, Result};
 /// How a value's elements lie in device memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Form {
-    /// One 32-bit word per element of this dtype (see the [`crate::shaders`] module docs).
+    /// One 32-bit word per element of this dtype (see the [`crate::shaders`] module docs); two
+    /// for c64 (the f32 real part, then the imaginary part: the host's layout).
     Words(DType),
     /// The host's bytes, four to a word: u8 rows that only the GGUF decoders read.
     Packed,
@@ -19,10 +20,19 @@ impl Form {
     /// Device bytes of `n` elements.
     pub(crate) fn bytes(self, n: usize) -> usize {
         match self {
-            Form::Words(_) => n * 4,
+            Form::Words(dt) => n * 4 * words_per(dt),
             Form::Packed => n.next_multiple_of(4),
             Form::Half => (n * 2).next_multiple_of(4),
         }
+    }
+}
+
+/// Words per element of a value of dtype `dt` held as words: two for c64, one otherwise.
+pub(crate) fn words_per(dt: DType) -> usize {
+    if dt == DType::C64 {
+        2
+    } else {
+        1
     }
 }
 
@@ -131,7 +141,11 @@ pub fn to_words(f: Form, bytes: &[u8]) -> Vec<u8> {
             .iter()
             .flat_map(|&b| u32::from(b != 0).to_le_bytes())
             .collect(),
-        _ => bytes.to_vec(),
+        // 32-bit values, and c64 as its two f32 parts, are the host's bytes (f64 and i64 never
+        // reach the device: `unsupported` refuses them).
+        DType::F32 | DType::I32 | DType::U32 | DType::C64 | DType::F64 | DType::I64 => {
+            bytes.to_vec()
+        }
     }
 }
 
@@ -168,7 +182,9 @@ pub fn from_words(f: Form, words: &[u8], out: &mut [u8]) {
                 .zip(out.chunks_exact_mut(size))
                 .for_each(|(c, o)| o.copy_from_slice(&c[..size]))
         }
-        _ => out.copy_from_slice(&words[..out.len()]),
+        DType::F32 | DType::I32 | DType::U32 | DType::C64 | DType::F64 | DType::I64 => {
+            out.copy_from_slice(&words[..out.len()])
+        }
     }
 }
 
@@ -176,6 +192,6 @@ pub fn from_words(f: Form, words: &[u8], out: &mut [u8]) {
 pub(crate) fn device_bytes(f: Form, bytes: usize) -> usize {
     match f {
         Form::Packed | Form::Half => bytes,
-        Form::Words(dt) => bytes / dt.size_bytes() * 4,
+        Form::Words(dt) => bytes / dt.size_bytes() * 4 * words_per(dt),
     }
 }

@@ -3,7 +3,9 @@
 //! convention for complex inputs) and `jax.jvp`, on the CPU and on the reference evaluator;
 //! the CPU's FFT kernels against the evaluator at long, odd and prime lengths and along strided
 //! axes; the DFT-matrix decomposition (what a backend without an FFT kernel runs) against the
-//! kernels; vmap against a loop; and the errors of bad calls.
+//! kernels; vmap against a loop; and the errors of bad calls. The GPU backends (wgpu on
+//! lavapipe, CUDA programs in host emulation) run the same JAX cases, values, gradients and
+//! tangents, and the transforms at odd, prime and long lengths through the decomposition.
 
 mod common;
 
@@ -236,15 +238,20 @@ fn close(got: &[f64], want: &[f64], tol: f64) -> Result<(), String> {
 }
 
 fn run_cpu(g: &Graph, feeds: &[(String, Vec<u8>, DType)]) -> Vec<Vec<f64>> {
-    let mut c = Session::new(Device::Cpu)
+    run_on(Device::Cpu, g, feeds)
+}
+
+/// `g` compiled for `device` and run on `feeds`.
+fn run_on(device: Device, g: &Graph, feeds: &[(String, Vec<u8>, DType)]) -> Vec<Vec<f64>> {
+    let mut c = Session::new(device)
         .try_compile(g.clone())
-        .unwrap_or_else(|e| panic!("{}: {e}", g.name()));
+        .unwrap_or_else(|e| panic!("{} on {device}: {e}", g.name()));
     let f: Vec<(&str, &[u8], DType)> = feeds
         .iter()
         .map(|(n, b, d)| (n.as_str(), b.as_slice(), *d))
         .collect();
     c.try_run_typed(&f)
-        .unwrap_or_else(|e| panic!("{}: {e}", g.name()))
+        .unwrap_or_else(|e| panic!("{} on {device}: {e}", g.name()))
         .iter()
         .map(|(b, d)| decode(b, *d))
         .collect()
@@ -263,6 +270,131 @@ fn run_reference(g: &Graph, feeds: &[(String, Vec<u8>, DType)]) -> Vec<Vec<f64>>
         .collect()
 }
 
+/// `g` compiled for the wgpu backend (lavapipe in CI) and run on `feeds`.
+fn run_gpu(g: &Graph, feeds: &[(String, Vec<u8>, DType)]) -> Vec<Vec<f64>> {
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
+    run_on(Device::Gpu, g, feeds)
+}
+
+/// `g` lowered for CUDA (the compiler's decompositions for the CUDA backend, then its
+/// launches) and run in host emulation.
+fn run_cuda_emulated(g: &Graph, feeds: &[(String, Vec<u8>, DType)]) -> Vec<Vec<f64>> {
+    let l = Session::new(Device::Cuda)
+        .try_lower(g.clone())
+        .unwrap_or_else(|e| panic!("{} for CUDA: {e}", g.name()));
+    let p = rlx_cuda::lower(&l.graph, &[]).unwrap_or_else(|e| panic!("{} for CUDA: {e}", g.name()));
+    let emu = rlx_cuda::emulate::Emulator::build(&p.kernels).expect("the kernels compile");
+    let inputs: Vec<Vec<u8>> = p
+        .inputs
+        .iter()
+        .map(|s| {
+            feeds
+                .iter()
+                .find(|(n, _, _)| *n == s.name)
+                .map(|(_, b, _)| b.clone())
+                .unwrap_or_else(|| panic!("no value for {}", s.name))
+        })
+        .collect();
+    emu.run(&p, &inputs, &[])
+        .unwrap_or_else(|e| panic!("{} in CUDA emulation: {e}", g.name()))
+        .iter()
+        .zip(&p.outputs)
+        .map(|(b, s)| decode(b, s.shape.dtype()))
+        .collect()
+}
+
+/// How a test runs a graph on its feeds: a backend, or the reference evaluator.
+type Runner = fn(&Graph, &[(String, Vec<u8>, DType)]) -> Vec<Vec<f64>>;
+
+/// Every JAX case through each of `runners`: the loss and `jax.grad` (through the reverse-mode
+/// graph), and `jax.jvp` (forward mode).
+fn jax_checks(runners: &[(&str, Runner)]) {
+    for c in cases() {
+        let g = c.graph();
+        let wrt: Vec<NodeId> = (0..c.inputs.len())
+            .map(|i| g.find_leaf(&format!("x{i}")).unwrap())
+            .collect();
+        let gg = grad_with_loss(&g, &wrt).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        let mut feeds = c.feeds();
+        feeds.push((D_OUTPUT.into(), encode(&[1.0], F32), F32));
+        let names: Vec<String> = (0..c.inputs.len()).map(|i| format!("x{i}")).collect();
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let jg = jvp(&g, &refs).unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        let mut tfeeds = c.feeds();
+        for (i, t) in c.tangents.iter().enumerate() {
+            let dt = c.inputs[i].1;
+            tfeeds.push((tangent_name(&names[i]), encode(t, dt), dt));
+        }
+        for (what, run) in runners {
+            let outs = run(&gg, &feeds);
+            close(&outs[0], &[c.loss], 2e-5).unwrap_or_else(|e| panic!("{} {what}: {e}", c.name));
+            for (i, want) in c.grads.iter().enumerate() {
+                close(&outs[1 + i], want, 1e-4)
+                    .unwrap_or_else(|e| panic!("{} {what} d/dx{i}: {e}", c.name));
+            }
+            let outs = run(&jg, &tfeeds);
+            close(&outs[1], &[c.jvp], 1e-4)
+                .unwrap_or_else(|e| panic!("{} {what} jvp: {e}", c.name));
+        }
+    }
+}
+
+/// The JAX cases on the GPU backends, every complex op running as real ops on the parts between
+/// the `complex` / `real` / `imag` kernels and the transforms as their DFT-matrix decomposition.
+#[test]
+fn losses_gradients_and_tangents_match_jax_on_the_gpus() {
+    jax_checks(&[("wgpu", run_gpu), ("cuda (emulated)", run_cuda_emulated)]);
+}
+
+/// Transforms at long, odd and prime lengths and along inner axes on the GPU backends (the
+/// DFT-matrix decomposition) against the CPU's FFT kernels, and an stft → istft round trip.
+#[test]
+fn transforms_on_the_gpus_match_the_cpu_kernels() {
+    use FftKind::{Fft as F, Ifft as I, Irfft as Ir, Rfft as R};
+    let cases: [(FftKind, &[usize], usize, usize); 8] = [
+        (F, &[2, 1000], 1, 1000),
+        (I, &[1009], 0, 1009),
+        (F, &[37, 3, 5], 0, 37),
+        (F, &[4096], 0, 4096),
+        (R, &[2, 2048], 1, 2048),
+        (R, &[3, 30, 4], 1, 30),
+        (Ir, &[501], 0, 1001),
+        (Ir, &[2, 9, 3], 1, 17),
+    ];
+    for (kind, dims, axis, n) in cases {
+        let (g, feeds) = transform(kind, dims, axis, n);
+        let cpu = run_cpu(&g, &feeds);
+        let tol = transform_tolerance(n);
+        close(&run_gpu(&g, &feeds)[0], &cpu[0], tol)
+            .unwrap_or_else(|e| panic!("wgpu {kind:?} {dims:?} axis {axis} n {n}: {e}"));
+        if n <= 64 {
+            close(&run_cuda_emulated(&g, &feeds)[0], &cpu[0], tol)
+                .unwrap_or_else(|e| panic!("cuda {kind:?} {dims:?} axis {axis} n {n}: {e}"));
+        }
+    }
+    let (n_fft, hop, len) = (32, 8, 120);
+    let mut g = Graph::new("stft");
+    let x = g.input("x", Shape::new(&[2, len], F32));
+    let s = g.stft(x, n_fft, hop, None);
+    let y = g.istft(s, n_fft, hop, None);
+    let m = g.activation(Activation::Abs, s);
+    g.set_outputs(vec![y, m]);
+    let feeds = vec![("x".to_string(), encode(&values(2 * len, 4), F32), F32)];
+    let cpu = run_cpu(&g, &feeds);
+    for (what, got) in [
+        ("wgpu", run_gpu(&g, &feeds)),
+        ("cuda (emulated)", run_cuda_emulated(&g, &feeds)),
+    ] {
+        for (o, w) in got.iter().zip(&cpu) {
+            close(o, w, 1e-5).unwrap_or_else(|e| panic!("{what} stft/istft: {e}"));
+        }
+    }
+}
+
 #[test]
 fn losses_match_jax_on_the_cpu_and_the_reference_evaluator() {
     for c in cases() {
@@ -278,47 +410,8 @@ fn losses_match_jax_on_the_cpu_and_the_reference_evaluator() {
 }
 
 #[test]
-fn gradients_match_jax_grad() {
-    for c in cases() {
-        let g = c.graph();
-        let wrt: Vec<NodeId> = (0..c.inputs.len())
-            .map(|i| g.find_leaf(&format!("x{i}")).unwrap())
-            .collect();
-        let gg = grad_with_loss(&g, &wrt).unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        let mut feeds = c.feeds();
-        feeds.push((D_OUTPUT.into(), encode(&[1.0], F32), F32));
-        for (what, outs) in [
-            ("cpu", run_cpu(&gg, &feeds)),
-            ("reference", run_reference(&gg, &feeds)),
-        ] {
-            close(&outs[0], &[c.loss], 2e-5).unwrap_or_else(|e| panic!("{} {what}: {e}", c.name));
-            for (i, want) in c.grads.iter().enumerate() {
-                close(&outs[1 + i], want, 1e-4)
-                    .unwrap_or_else(|e| panic!("{} {what} d/dx{i}: {e}", c.name));
-            }
-        }
-    }
-}
-
-#[test]
-fn forward_mode_matches_jax_jvp() {
-    for c in cases() {
-        let g = c.graph();
-        let names: Vec<String> = (0..c.inputs.len()).map(|i| format!("x{i}")).collect();
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let jg = jvp(&g, &refs).unwrap_or_else(|e| panic!("{}: {e}", c.name));
-        let mut feeds = c.feeds();
-        for (i, t) in c.tangents.iter().enumerate() {
-            let dt = c.inputs[i].1;
-            feeds.push((tangent_name(&names[i]), encode(t, dt), dt));
-        }
-        for (what, outs) in [
-            ("cpu", run_cpu(&jg, &feeds)),
-            ("reference", run_reference(&jg, &feeds)),
-        ] {
-            close(&outs[1], &[c.jvp], 1e-4).unwrap_or_else(|e| panic!("{} {what}: {e}", c.name));
-        }
-    }
+fn gradients_and_tangents_match_jax_on_the_cpu_and_the_reference_evaluator() {
+    jax_checks(&[("cpu", run_cpu), ("reference", run_reference)]);
 }
 
 /// Deterministic values in [-1, 1).
@@ -326,8 +419,13 @@ fn values(n: usize, seed: u64) -> Vec<f64> {
     common::uniform(n, seed, -1.0, 1.0)
 }
 
-/// One transform of `dims` (the operand's) on the CPU against the reference evaluator.
-fn kernel_vs_reference(kind: FftKind, dims: &[usize], axis: usize, n: usize) {
+/// One transform of `dims` (the operand's) as a graph, and feeds for it.
+fn transform(
+    kind: FftKind,
+    dims: &[usize],
+    axis: usize,
+    n: usize,
+) -> (Graph, Vec<(String, Vec<u8>, DType)>) {
     let in_dt = if kind == FftKind::Rfft { F32 } else { C64 };
     let mut g = Graph::new("t");
     let x = g.input("x", Shape::new(dims, in_dt));
@@ -339,10 +437,20 @@ fn kernel_vs_reference(kind: FftKind, dims: &[usize], axis: usize, n: usize) {
         encode(&values(count, n as u64), in_dt),
         in_dt,
     )];
+    (g, feeds)
+}
+
+/// Rounding grows like log n in an FFT and like sqrt n in a direct sum of n terms.
+fn transform_tolerance(n: usize) -> f64 {
+    2e-6 * (n as f64).sqrt().max(4.0)
+}
+
+/// One transform of `dims` (the operand's) on the CPU against the reference evaluator.
+fn kernel_vs_reference(kind: FftKind, dims: &[usize], axis: usize, n: usize) {
+    let (g, feeds) = transform(kind, dims, axis, n);
     let cpu = run_cpu(&g, &feeds);
     let reference = run_reference(&g, &feeds);
-    // Rounding grows like log n in an FFT and like sqrt n in the direct sum.
-    close(&cpu[0], &reference[0], 2e-6 * (n as f64).sqrt().max(4.0))
+    close(&cpu[0], &reference[0], transform_tolerance(n))
         .unwrap_or_else(|e| panic!("{kind:?} {dims:?} axis {axis} n {n}: {e}"));
 }
 

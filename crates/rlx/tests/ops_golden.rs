@@ -254,11 +254,6 @@ fn the_cpu_backend_matches_the_reference_evaluator() {
 /// case, so the list shrinks as the GPU backend grows.
 const NOT_ON_THE_GPU: &[(&str, &str, &str)] = &[
     ("*", "f64", "WGSL has no f64 type"),
-    (
-        "*",
-        "c64",
-        "no WGSL kernels for complex, real and imag (the rest of complex arithmetic decomposes into them)",
-    ),
     ("*", "i64", "WGSL has no 64-bit integer type"),
     (
         "matmul",
@@ -500,11 +495,6 @@ fn the_table_covers_every_op() {
 /// dtype among the case's values (`*`: any), and why. Compiling one must fail naming the
 /// missing kernel, and every entry must still be needed.
 const NOT_ON_CUDA: &[(&str, &str, &str)] = &[
-    (
-        "*",
-        "c64",
-        "no CUDA kernels for complex, real and imag (the rest of complex arithmetic decomposes into them)",
-    ),
     (
         "while (unbounded)",
         "*",

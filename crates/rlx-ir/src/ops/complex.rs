@@ -49,6 +49,33 @@ registration!(COMPLEX, "complex", Complex);
 registration!(REAL, "real", Real);
 registration!(IMAG, "imag", Imag);
 
+/// The three complex primitives, which move f32 parts into and out of c64 values: a backend
+/// that holds c64 values as pairs of f32 needs kernels for these only (and for [`super::Fft`],
+/// or its decomposition).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Primitive {
+    /// `complex(re, im)`.
+    Complex,
+    /// `real(z)`.
+    Real,
+    /// `imag(z)`.
+    Imag,
+}
+
+/// Which complex primitive `op` is, if it is one.
+pub fn primitive_of(op: &Op) -> Option<Primitive> {
+    let Op::Defined(d) = op else { return None };
+    if d.downcast::<Complex>().is_some() {
+        Some(Primitive::Complex)
+    } else if d.downcast::<Real>().is_some() {
+        Some(Primitive::Real)
+    } else if d.downcast::<Imag>().is_some() {
+        Some(Primitive::Imag)
+    } else {
+        None
+    }
+}
+
 /// Whether `op` is one of the complex primitives (or the FFT), which take and give complex
 /// values themselves.
 fn primitive(op: &Op) -> bool {

@@ -9,6 +9,7 @@ use super::{unsupported, GpuProgram, Loc};
 use crate::values::Form;
 use crate::{shaders, Gpu};
 use rlx_driver::IoSlot;
+use rlx_ir::ops::complex::{primitive_of, Primitive};
 use rlx_ir::{Error, Graph, Node, NodeId, Op, Result};
 use rlx_opt::BufferRequest;
 
@@ -131,6 +132,10 @@ pub(super) fn select(
             | Op::DequantizeRows { .. }
             | Op::CachedAttention { .. }
             | Op::CacheWrite => s.quant_kv(g, &at)?,
+            Op::Defined(_) => match primitive_of(&node.op) {
+                Some(p) => s.complex(g, &at, p)?,
+                None => return Err(no_kernel(&node.op, id)),
+            },
             other => return Err(no_kernel(other, id)),
         };
         if let Some(kernel) = kernel {
@@ -424,6 +429,42 @@ impl Selection {
             }),
             other => return Err(no_kernel(other, at.id)),
         }))
+    }
+
+    /// The complex primitives as word copies: c64 values are pairs of f32 words, so `real` and
+    /// `imag` read every other word (from the first or the second) and `complex` writes its
+    /// operands (broadcast) into every other word, one copy each.
+    fn complex(&mut self, g: &Graph, at: &At, p: Primitive) -> Result<Option<Kernel>> {
+        let dense = dense_strides(&at.d);
+        let pairs: Vec<usize> = dense.iter().map(|s| 2 * s).collect();
+        let part = |src: usize, src_off: usize, src_strides: Vec<usize>, dst_off, dst_strides| {
+            Kernel::Movement(Movement::Copy {
+                src,
+                src_off,
+                src_strides,
+                dims: at.d.clone(),
+                dst_off,
+                dst_strides,
+            })
+        };
+        match p {
+            Primitive::Real | Primitive::Imag => {
+                let off = usize::from(p == Primitive::Imag);
+                Ok(Some(part(at.ins[0], off, pairs, 0, dense)))
+            }
+            Primitive::Complex => {
+                let r = self.request(at, at.step, at.step);
+                self.req_of[at.i] = Some(r);
+                for (k, &x) in at.ins.iter().enumerate() {
+                    let xd = dims(g, NodeId(x as u32))?;
+                    let kernel = part(x, 0, broadcast_strides(&xd, &at.d), k, pairs.clone());
+                    self.pending.push((at.i, kernel));
+                }
+                self.keep_operands(at.node, self.pending.len());
+                self.reqs[r].end = self.pending.len();
+                Ok(None)
+            }
+        }
     }
 
     /// One copy per part into its slice of the result.

@@ -2,7 +2,7 @@
 //! computed in f64 and rounded once).
 
 use crate::{EighOutput, Linalg, QrOutput, Rectangular, SvdOutput};
-use faer::linalg::solvers::{DenseSolveCore, Solve};
+use faer::linalg::solvers::DenseSolveCore;
 use faer::Mat;
 use faer::MatRef;
 use rlx_ir::ops::DefinedOp;
@@ -12,10 +12,18 @@ use std::sync::Arc;
 /// Little-endian f32 / f64 bytes as f64.
 fn read(bytes: &[u8], dt: DType) -> Vec<f64> {
     match dt {
-        DType::F64 => bytes
-            .chunks_exact(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect(),
+        DType::F64 => {
+            let mut v = vec![0.0f64; bytes.len() / 8];
+            if cfg!(target_endian = "little") {
+                // The bytes are the values: one copy.
+                copy_le_f64(bytes, &mut v);
+            } else {
+                for (x, c) in v.iter_mut().zip(bytes.chunks_exact(8)) {
+                    *x = f64::from_le_bytes(c.try_into().expect("8 bytes"));
+                }
+            }
+            v
+        }
         _ => bytes
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")) as f64)
@@ -23,9 +31,31 @@ fn read(bytes: &[u8], dt: DType) -> Vec<f64> {
     }
 }
 
+/// `bytes` (little-endian f64 on a little-endian host) copied into `v`.
+fn copy_le_f64(bytes: &[u8], v: &mut [f64]) {
+    assert_eq!(bytes.len(), v.len() * 8, "f64 bytes");
+    // SAFETY: `v` holds exactly `bytes.len()` initialized bytes and every bit pattern is an
+    // f64; the regions do not overlap (`v` is owned by the caller, `bytes` borrowed).
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), bytes.len())
+    }
+}
+
 /// `vals` written as `dt`'s little-endian bytes into `out`.
 fn write(vals: &[f64], dt: DType, out: &mut [u8]) {
     match dt {
+        DType::F64 if cfg!(target_endian = "little") => {
+            // The values are the bytes: one copy.
+            assert_eq!(out.len(), vals.len() * 8, "f64 bytes");
+            // SAFETY: `out` holds exactly the bytes of `vals`, which do not overlap it.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    vals.as_ptr().cast::<u8>(),
+                    out.as_mut_ptr(),
+                    out.len(),
+                )
+            }
+        }
         DType::F64 => {
             for (o, v) in out.chunks_exact_mut(8).zip(vals) {
                 o.copy_from_slice(&v.to_le_bytes());
@@ -37,6 +67,123 @@ fn write(vals: &[f64], dt: DType, out: &mut [u8]) {
             }
         }
     }
+}
+
+/// The LU factorization's recursion stops at panels this wide (faer's default is 16; 32
+/// measured faster here from 256 to 2048 rows).
+const LU_RECURSION: usize = 32;
+
+/// Solve `a x = b` in place: `a` is `n × n` row-major, so read column-major it is `aᵀ`, which is
+/// factored in place (`P aᵀ = L U`, partial pivoting); then `a x = b` is the transposed
+/// solve. `b` (`n × k`, row-major) becomes `x`. A singular `a` gives infinities or NaNs.
+fn solve_in_place(a: &mut [f64], n: usize, b: &mut [f64], k: usize, par: faer::Par) {
+    use faer::dyn_stack::{MemBuffer, MemStack};
+    use faer::linalg::lu::partial_pivoting::{factor, solve};
+    let mut params: factor::PartialPivLuParams = faer::Auto::<f64>::auto();
+    params.recursion_threshold = LU_RECURSION;
+    let mut lu = faer::MatMut::from_column_major_slice_mut(a, n, n);
+    let (mut perm, mut perm_inv) = (vec![0usize; n], vec![0usize; n]);
+    let mut mem = MemBuffer::new(
+        factor::lu_in_place_scratch::<usize, f64>(n, n, par, params.into()).or(
+            solve::solve_transpose_in_place_scratch::<usize, f64>(n, k, par),
+        ),
+    );
+    let (_, p) = factor::lu_in_place(
+        lu.as_mut(),
+        &mut perm,
+        &mut perm_inv,
+        par,
+        MemStack::new(&mut mem),
+        params.into(),
+    );
+    let x = faer::MatMut::from_row_major_slice_mut(b, n, k);
+    solve::solve_transpose_in_place(lu.as_ref(), lu.as_ref(), p, x, par, MemStack::new(&mut mem));
+}
+
+/// The lower Cholesky factor of the `n × n` row-major matrix `a` in place (its lower triangle
+/// read, the upper set to 0), or NaNs where it is not positive definite (JAX's answer). Factored
+/// as a row-major view, which for faer is the upper factor of the column-major `aᵀ`: no copy.
+fn cholesky_in_place(a: &mut [f64], n: usize, par: faer::Par) {
+    use faer::dyn_stack::{MemBuffer, MemStack};
+    use faer::linalg::cholesky::llt::factor;
+    let mut params: factor::LltParams = faer::Auto::<f64>::auto();
+    // Measured on row-major views from 256 to 2048 rows (faer's defaults: 64 and 128).
+    params.recursion_threshold = 32;
+    params.block_size = 64;
+    let mut mem = MemBuffer::new(factor::cholesky_in_place_scratch::<f64>(
+        n,
+        par,
+        params.into(),
+    ));
+    let l = faer::MatMut::from_row_major_slice_mut(a, n, n);
+    let ok = factor::cholesky_in_place(
+        l,
+        Default::default(),
+        par,
+        MemStack::new(&mut mem),
+        params.into(),
+    )
+    .is_ok();
+    if !ok {
+        a.fill(f64::NAN);
+        return;
+    }
+    for i in 0..n {
+        a[i * n + i + 1..(i + 1) * n].fill(0.0);
+    }
+}
+
+/// `src` (`rows × cols`, row-major) into `dst` as its transpose (`cols × rows`, row-major),
+/// in tiles so both sides stay in cache.
+fn transpose(src: &[f64], rows: usize, cols: usize, dst: &mut [f64]) {
+    const TILE: usize = 32;
+    for i0 in (0..rows).step_by(TILE) {
+        for j0 in (0..cols).step_by(TILE) {
+            for i in i0..(i0 + TILE).min(rows) {
+                for j in j0..(j0 + TILE).min(cols) {
+                    dst[j * rows + i] = src[i * cols + j];
+                }
+            }
+        }
+    }
+}
+
+/// `r` of the reduced QR factorization of one `m × n` row-major matrix (`k × n`, `k = min(m,
+/// n)`, row-major, diagonal non-negative), factored in place by Householder reflections in
+/// blocks; `q` is never formed.
+fn qr_r(a: &[f64], m: usize, n: usize, par: faer::Par) -> Vec<f64> {
+    use faer::dyn_stack::{MemBuffer, MemStack};
+    use faer::linalg::qr::no_pivoting::factor;
+    let k = m.min(n);
+    // Column-major `m × n` is the row-major transpose.
+    let mut f = vec![0.0; m * n];
+    transpose(a, m, n, &mut f);
+    let block = factor::recommended_block_size::<f64>(m, n);
+    let mut coeff = Mat::<f64>::zeros(block, k);
+    let mut mem = MemBuffer::new(factor::qr_in_place_scratch::<f64>(
+        m,
+        n,
+        block,
+        par,
+        Default::default(),
+    ));
+    factor::qr_in_place(
+        faer::MatMut::from_column_major_slice_mut(&mut f, m, n),
+        coeff.as_mut(),
+        par,
+        MemStack::new(&mut mem),
+        Default::default(),
+    );
+    let mut r = vec![0.0; m * n];
+    transpose(&f, n, m, &mut r);
+    r.truncate(k * n);
+    for (i, row) in r.chunks_exact_mut(n).enumerate() {
+        row[..i].fill(0.0);
+        if row[i] < 0.0 {
+            row[i..].iter_mut().for_each(|v| *v = -*v);
+        }
+    }
+    r
 }
 
 fn mat(v: &[f64], rows: usize, cols: usize) -> Mat<f64> {
@@ -74,35 +221,19 @@ fn eigh(am: &Mat<f64>, output: EighOutput) -> Vec<f64> {
     }
 }
 
-/// The reduced QR factorization of one `m × n` matrix with `r`'s diagonal non-negative: `q`
-/// (`m × k`) or `r` (`k × n`), row-major.
-fn qr(am: &Mat<f64>, output: QrOutput) -> Vec<f64> {
-    let (m, n) = (am.nrows(), am.ncols());
-    let k = m.min(n);
+/// `q` of the reduced QR factorization of one `m × n` matrix (`m × k`, row-major), its columns
+/// signed to match [`qr_r`]'s non-negative diagonal.
+fn qr_q(am: &Mat<f64>) -> Vec<f64> {
+    let m = am.nrows();
     let f = am.qr();
-    let r0 = f.thin_R();
-    let mut r = Mat::from_fn(k, n, |i, j| if j >= i { r0[(i, j)] } else { 0.0 });
-    let flip: Vec<bool> = (0..k).map(|i| r[(i, i)] < 0.0).collect();
-    match output {
-        QrOutput::Q => {
-            let mut q = f.compute_thin_Q();
-            for (i, _) in flip.iter().enumerate().filter(|(_, &f)| f) {
-                for p in 0..m {
-                    q[(p, i)] = -q[(p, i)];
-                }
-            }
-            flat(q.as_ref())
-        }
-        // R alone: Q is never formed.
-        QrOutput::R => {
-            for (i, _) in flip.iter().enumerate().filter(|(_, &f)| f) {
-                for j in 0..n {
-                    r[(i, j)] = -r[(i, j)];
-                }
-            }
-            flat(r.as_ref())
+    let r = f.thin_R();
+    let mut q = f.compute_thin_Q();
+    for i in (0..r.nrows().min(r.ncols())).filter(|&i| r[(i, i)] < 0.0) {
+        for p in 0..m {
+            q[(p, i)] = -q[(p, i)];
         }
     }
+    flat(q.as_ref())
 }
 
 /// The reduced SVD of one `m × n` matrix, singular values descending, each column of `u` with
@@ -149,7 +280,8 @@ fn svd(am: &Mat<f64>, output: SvdOutput) -> Vec<f64> {
 }
 
 /// One op on operands `ins` (dense bytes and shapes) into `out`.
-fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
+/// `par`: how the factorizations that take it explicitly (solve, Cholesky) split their work.
+fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape, par: faer::Par) {
     let (abytes, ashape) = ins[0];
     let dt = ashape.dtype();
     let ad = ashape.static_dims().unwrap_or_default();
@@ -166,10 +298,10 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
                     .singular_values()
                     .unwrap_or_else(|_| vec![f64::NAN; m.min(n)]);
             }
-            let am = mat(slice, m, n);
             match rect {
-                Rectangular::Svd(output) => svd(&am, output),
-                Rectangular::Qr(output) => qr(&am, output),
+                Rectangular::Svd(output) => svd(&mat(slice, m, n), output),
+                Rectangular::Qr(QrOutput::R) => qr_r(slice, m, n, par),
+                Rectangular::Qr(QrOutput::Q) => qr_q(&mat(slice, m, n)),
             }
         };
         let res: Vec<f64> = (0..batch).flat_map(one).collect();
@@ -178,42 +310,53 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
     }
     let n = ad[ad.len() - 1];
     let batch: usize = ad[..ad.len() - 2].iter().product();
-    let a = read(abytes, dt);
-    let b = ins.get(1).map(|(bytes, _)| read(bytes, dt));
+    let mut a = read(abytes, dt);
+    let mut b = ins.get(1).map(|(bytes, _)| read(bytes, dt));
     let k = ins
         .get(1)
         .and_then(|(_, s)| s.static_dims())
         .and_then(|d| d.last().copied())
         .unwrap_or(n);
+    // Solve and Cholesky work in place on the operands' values (no copy per matrix).
+    match (op, b.as_mut()) {
+        (Linalg::Solve, Some(b)) => {
+            if n * k > 0 {
+                for (am, bm) in a.chunks_exact_mut(n * n).zip(b.chunks_exact_mut(n * k)) {
+                    solve_in_place(am, n, bm, k, par);
+                }
+            }
+            write(b, dt, out);
+            return;
+        }
+        (Linalg::Cholesky, _) => {
+            if n > 0 {
+                for am in a.chunks_exact_mut(n * n) {
+                    cholesky_in_place(am, n, par);
+                }
+            }
+            write(&a, dt, out);
+            return;
+        }
+        _ => {}
+    }
     let mut res = Vec::with_capacity(out_shape.numel().unwrap_or(0));
     for m in 0..batch {
-        let am = mat(&a[m * n * n..(m + 1) * n * n], n, n);
+        let a_m = &a[m * n * n..(m + 1) * n * n];
+        let b_m = || &b.as_ref().expect("two operands")[m * n * k..(m + 1) * n * k];
+        let am = || mat(a_m, n, n);
         match op {
-            Linalg::Solve => {
-                let bm = mat(
-                    &b.as_ref().expect("two operands")[m * n * k..(m + 1) * n * k],
-                    n,
-                    k,
-                );
-                // The row-major operand read column-major is aᵀ: factor it in place of a copy
-                // and solve (aᵀ)ᵀ x = b.
-                let at = MatRef::from_column_major_slice(&a[m * n * n..(m + 1) * n * n], n, n);
-                res.extend(flat(at.partial_piv_lu().solve_transpose(&bm).as_ref()));
-            }
+            // Answered above.
+            Linalg::Solve | Linalg::Cholesky => {}
             Linalg::TriangularSolve { lower } => {
                 // Only the triangle named is read.
                 let t = Mat::from_fn(n, n, |i, j| {
                     if i == j || (i > j) == lower {
-                        am[(i, j)]
+                        a_m[i * n + j]
                     } else {
                         0.0
                     }
                 });
-                let mut x = mat(
-                    &b.as_ref().expect("two operands")[m * n * k..(m + 1) * n * k],
-                    n,
-                    k,
-                );
+                let mut x = mat(b_m(), n, k);
                 if lower {
                     t.solve_lower_triangular_in_place(&mut x);
                 } else {
@@ -221,34 +364,16 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape) {
                 }
                 res.extend(flat(x.as_ref()));
             }
-            Linalg::Inv => res.extend(flat(am.partial_piv_lu().inverse().as_ref())),
-            Linalg::Eigh { output } => res.extend(eigh(&am, output)),
+            Linalg::Inv => res.extend(flat(am().partial_piv_lu().inverse().as_ref())),
+            Linalg::Eigh { output } => res.extend(eigh(&am(), output)),
             // Answered above.
             Linalg::Qr { .. } | Linalg::Svd { .. } => {}
-            Linalg::Det => res.push(am.as_ref().determinant()),
+            Linalg::Det => res.push(am().as_ref().determinant()),
             Linalg::LogAbsDet => {
                 // log |det| from the LU factors' diagonal, with no overflow.
-                let lu = am.partial_piv_lu();
+                let lu = am().partial_piv_lu();
                 let u = lu.U();
                 res.push((0..n).map(|i| u[(i, i)].abs().ln()).sum());
-            }
-            Linalg::Cholesky => {
-                // The lower triangle only; not positive definite: NaNs (JAX's answer).
-                let sym = Mat::from_fn(n, n, |i, j| if i >= j { am[(i, j)] } else { am[(j, i)] });
-                match sym.llt(faer::Side::Lower) {
-                    Ok(l) => {
-                        let l = l.L();
-                        res.extend((0..n * n).map(|p| {
-                            let (i, j) = (p / n, p % n);
-                            if i >= j {
-                                l[(i, j)]
-                            } else {
-                                0.0
-                            }
-                        }))
-                    }
-                    Err(_) => res.extend(std::iter::repeat_n(f64::NAN, n * n)),
-                }
             }
         }
     }
@@ -275,11 +400,13 @@ pub(crate) fn register() {
                     // meanwhile); below PARALLEL_FROM rows, sharing the work costs more than
                     // it saves.
                     let n = ins[0].1.static_dims().map_or(0, |d| d[d.len() - 1]);
-                    faer::set_global_parallelism(match pool.threads() {
+                    let par = match pool.threads() {
                         t if t > 1 && n >= PARALLEL_FROM => faer::Par::rayon(t),
                         _ => faer::Par::Seq,
-                    });
-                    run(op, ins, out, shape)
+                    };
+                    // The ops on faer's high-level API read its global setting.
+                    faer::set_global_parallelism(par);
+                    run(op, ins, out, shape, par)
                 },
             ),
         );

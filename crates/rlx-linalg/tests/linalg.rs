@@ -120,6 +120,17 @@ fn close(what: &str, got: &[f64], want: &[f64], rtol: f64) {
     }
 }
 
+/// Deterministic values in [-0.5, 0.5) (xorshift from `seed`).
+fn uniform(seed: u64) -> impl FnMut() -> f64 {
+    let mut s = seed;
+    move || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    }
+}
+
 fn as_f64(bytes: &[u8], dt: DType) -> Vec<f64> {
     Tensor::from_bytes(&Shape::new(&[bytes.len() / dt.size_bytes()], dt), bytes)
         .unwrap()
@@ -444,13 +455,7 @@ fn wide_qr_two_result_ops_in_text_and_vmap() {
 fn large_matrices_split_over_threads_agree_with_one_thread() {
     rlx_linalg::register().unwrap();
     let n = 1024;
-    let mut s = 0x2545_f491_4f6c_dd1du64;
-    let mut rnd = move || {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-    };
+    let mut rnd = uniform(0x2545_f491_4f6c_dd1du64);
     // Symmetric, 2 on the diagonal, off-diagonal entries below 1/n: positive definite and well
     // conditioned by Gershgorin's circles.
     let mut a = vec![0.0; n * n];
@@ -510,4 +515,111 @@ fn large_matrices_split_over_threads_agree_with_one_thread() {
         .map(|i| ((0..n).map(|j| a[i * n + j] * x[j]).sum::<f64>() - b[i]).abs())
         .fold(0.0, f64::max);
     assert!(worst < 1e-9, "residual {worst}");
+}
+
+/// The kernels past the goldens' sizes and at the documented edges, on the CPU against the
+/// reference evaluator (f64 and f32): solve with several right-hand sides at 300 rows (past the
+/// LU's recursion), `r` of tall, wide and square QR (past its blocks), Cholesky reading the lower triangle only (the strict upper one holds noise),
+/// a matrix that is not positive definite (NaNs everywhere, as JAX), and a singular solve
+/// (infinities or NaNs, never a panic).
+#[test]
+fn kernels_at_size_and_at_the_edges_agree_with_the_reference_evaluator() {
+    rlx_linalg::register().unwrap();
+    let mut rnd = uniform(0x9e37_79b9_7f4a_7c15u64);
+    let n = 300;
+    let k = 3;
+    let general: Vec<f64> = (0..n * n)
+        .map(|p| rnd() + if p % (n + 1) == 0 { 4.0 } else { 0.0 })
+        .collect();
+    // Lower triangle of a symmetric positive definite matrix, noise above the diagonal.
+    let mut spd = vec![0.0; n * n];
+    for i in 0..n {
+        for j in 0..=i {
+            let v = if i == j { 2.0 } else { 2.0 * rnd() / n as f64 };
+            spd[i * n + j] = v;
+        }
+        for j in i + 1..n {
+            spd[i * n + j] = 10.0 * rnd();
+        }
+    }
+    let rhs: Vec<f64> = (0..n * k).map(|_| rnd()).collect();
+    let tall: Vec<f64> = (0..n * 200).map(|_| rnd()).collect();
+    let indefinite = vec![1.0, 2.0, 2.0, 1.0];
+    let mut singular = general.clone();
+    singular[5 * n..6 * n].fill(0.0);
+    let r_of_qr = Linalg::Qr {
+        output: QrOutput::R,
+    };
+    type Case<'a> = (&'a str, Linalg, Vec<(&'a [f64], Vec<usize>)>);
+    let cases: Vec<Case> = vec![
+        (
+            "solve",
+            Linalg::Solve,
+            vec![(&general, vec![n, n]), (&rhs, vec![n, k])],
+        ),
+        ("cholesky", Linalg::Cholesky, vec![(&spd, vec![n, n])]),
+        ("qr r (tall)", r_of_qr, vec![(&tall, vec![n, 200])]),
+        ("qr r (wide)", r_of_qr, vec![(&tall, vec![200, n])]),
+        ("qr r (square)", r_of_qr, vec![(&general, vec![n, n])]),
+        (
+            "cholesky (indefinite)",
+            Linalg::Cholesky,
+            vec![(&indefinite, vec![2, 2])],
+        ),
+        (
+            "solve (singular)",
+            Linalg::Solve,
+            vec![(&singular, vec![n, n]), (&rhs, vec![n, k])],
+        ),
+    ];
+    for (what, op, ins) in cases {
+        for dt in [DType::F64, DType::F32] {
+            let mut g = Graph::new("edge");
+            let ids: Vec<NodeId> = ins
+                .iter()
+                .enumerate()
+                .map(|(i, (_, d))| g.input(NAMES[i], Shape::new(d, dt)))
+                .collect();
+            let y = apply(&mut g, op, &ids).unwrap();
+            g.set_outputs(vec![y]);
+            let tensors: Vec<Tensor> = ins
+                .iter()
+                .map(|(v, d)| Tensor::from_f64(d, dt, v.to_vec()))
+                .collect();
+            let feeds: Vec<(&str, Vec<u8>, DType)> = tensors
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (NAMES[i], t.to_bytes(), dt))
+                .collect();
+            let refs: Vec<(&str, &[u8], DType)> = feeds
+                .iter()
+                .map(|(n, b, d)| (*n, b.as_slice(), *d))
+                .collect();
+            let mut c = Session::new(Device::Cpu).compile(g.clone());
+            let got = as_f64(&c.run_typed(&refs)[0].0, dt);
+            let leaves: BTreeMap<String, Tensor> = tensors
+                .into_iter()
+                .enumerate()
+                .map(|(i, t)| (NAMES[i].to_string(), t))
+                .collect();
+            let want = rlx::ir::eval::evaluate(&g, &leaves).unwrap()[0].f64s();
+            let label = format!("{what} ({dt})");
+            match what {
+                "cholesky (indefinite)" => assert!(
+                    got.iter().chain(&want).all(|v| v.is_nan()),
+                    "{label}: {got:?} / reference {want:?}"
+                ),
+                "solve (singular)" => assert!(
+                    got.iter().any(|v| !v.is_finite()),
+                    "{label}: a finite answer to a singular system"
+                ),
+                _ => close(
+                    &label,
+                    &got,
+                    &want,
+                    if dt == DType::F64 { 1e-10 } else { 1e-4 },
+                ),
+            }
+        }
+    }
 }

@@ -13,16 +13,19 @@
 //!   one output channel: a `qlinear` or `qconv2d` layer walks its output positions and, for each
 //!   group of `macs` channels, its `K` products one per cycle, then requantizes the group
 //!   through one requantization unit (the fixed-point arithmetic of `rlx_ir::quant::fixed`,
-//!   ReLU as its clamp); a max `qpool` walks its windows one value per cycle.
+//!   ReLU as its clamp); a `qpool` walks its windows one value per cycle (max, or sum and count
+//!   then a rounded division for the mean); a `qadd` reads both operands' element each other
+//!   cycle and writes TFLite's int8 sum (each operand shifted and rescaled, the sum
+//!   requantized).
 //!
 //! `macs` trades multipliers for cycles: a layer of `N` channels, `K` products and `S`
 //! positions takes about `S · ⌈N / macs⌉ · (K + macs + 2)` cycles. The ops it writes are
-//! `qlinear`, `qconv2d`, max `qpool` and `reshape`; any other op (and a batch above 1) is an
-//! error naming it. [`sim::testbench_cpp`] writes a Verilator testbench that streams inputs through
+//! `qlinear`, `qconv2d`, `qadd`, `qpool` (max and mean) and `reshape`; any other op (and a
+//! batch above 1) is an error naming it. [`sim::testbench_cpp`] writes a Verilator testbench that streams inputs through
 //! the module and prints each output and the cycles it took.
 
 use rlx_ir::eval::Tensor;
-use rlx_ir::ops::{QConv2d, QLinear, QPool};
+use rlx_ir::ops::{QAdd, QConv2d, QLinear, QPool, QADD_LEFT_SHIFT};
 use rlx_ir::{Error, Graph, NodeId, Op, PoolKind, Result};
 use rlx_opt::quant::IntegerCore;
 use std::fmt::Write;
@@ -65,11 +68,14 @@ enum Layer {
         kw: usize,
         out: [usize; 2],
     },
-    MaxPool {
+    /// Max or mean pooling: one window value per cycle.
+    Pool {
         q: QPool,
         x: [usize; 3],
         out: [usize; 2],
     },
+    /// `qadd` of two values of `n` elements: one element per two cycles.
+    Add { q: QAdd, n: usize },
 }
 
 fn dims(g: &Graph, id: NodeId) -> Vec<usize> {
@@ -139,7 +145,15 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
                     out: [od[2], od[3]],
                 },
             ));
-        } else if let Some(q) = def.downcast::<QPool>().filter(|q| q.kind == PoolKind::Max) {
+        } else if let Some(q) = def.downcast::<QAdd>() {
+            layers.push((
+                id,
+                Layer::Add {
+                    q: *q,
+                    n: node.shape.numel().unwrap_or(0),
+                },
+            ));
+        } else if let Some(q) = def.downcast::<QPool>() {
             let (xd, od) = (dims(g, ins[0]), dims(g, id));
             if xd[0] != 1 {
                 unsupported.push(format!(
@@ -150,7 +164,7 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
             }
             layers.push((
                 id,
-                Layer::MaxPool {
+                Layer::Pool {
                     q: *q,
                     x: [xd[1], xd[2], xd[3]],
                     out: [od[2], od[3]],
@@ -162,7 +176,7 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
     }
     if !unsupported.is_empty() {
         return Err(Error::Invalid(format!(
-            "the FPGA writer has no datapath for {} (it writes qlinear, qconv2d, max qpool and reshape)",
+            "the FPGA writer has no datapath for {} (it writes qlinear, qconv2d, qadd, qpool and reshape)",
             unsupported.join(", ")
         )));
     }
@@ -229,8 +243,12 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
             Layer::Conv {
                 x, n, kh, kw, out, ..
             } => (*n, x[0] * kh * kw, out[0] * out[1]),
-            Layer::MaxPool { x, q, out } => {
+            Layer::Pool { x, q, out } => {
                 compute_cycles += x[0] * out[0] * out[1] * (q.kernel[0] * q.kernel[1] + 2) + 1;
+                continue;
+            }
+            Layer::Add { n, .. } => {
+                compute_cycles += 2 * n + 1;
                 continue;
             }
         };
@@ -276,7 +294,7 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
     let nl = layers.len();
     let _ = writeln!(
         s,
-        "    localparam S_LOAD = 0, S_SEND = {send}, S_HOLD = {hold};\n    localparam PH_MAC = 0, PH_DRAIN = 1, PH_REQ = 2;\n    logic [7:0] state;\n    logic [1:0] phase;\n    logic [15:0] pos0, pos1, pos2, grp, kf, k0, k1, k2, r, io;\n    logic mac_d, pad_d;\n    logic signed [31:0] acc [0:{pm}];\n    logic signed [31:0] best;",
+        "    localparam S_LOAD = 0, S_SEND = {send}, S_HOLD = {hold};\n    localparam PH_MAC = 0, PH_DRAIN = 1, PH_REQ = 2;\n    logic [7:0] state;\n    logic [1:0] phase;\n    logic [15:0] pos0, pos1, pos2, grp, kf, k0, k1, k2, r, io;\n    logic mac_d, pad_d;\n    logic signed [31:0] acc [0:{pm}];\n    logic signed [31:0] best, psum, pcnt;",
         send = nl + 1,
         hold = nl + 2,
         pm = p - 1
@@ -313,7 +331,14 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
                     h = x[1], w = x[2], zp = q.x_zero_point
                 );
             }
-            Layer::MaxPool { q, x, .. } => {
+            Layer::Add { .. } => {
+                let b = r(g.node(*id).inputs[1]).0;
+                let _ = writeln!(
+                    s,
+                    "            v{src}_ra = pos0;\n            v{b}_ra = pos0;"
+                );
+            }
+            Layer::Pool { q, x, .. } => {
                 let _ = writeln!(
                     s,
                     "            iy = $signed({{2'b0, pos1}}) * {sh} + $signed({{2'b0, k1}}) - {pt};\n            ix = $signed({{2'b0, pos2}}) * {sw} + $signed({{2'b0, k2}}) - {pl};\n            pad_now = (iy < 0) || (iy >= {h}) || (ix < 0) || (ix >= {w});\n            v{src}_ra = pad_now ? '0 : (pos0 * {h} + iy[15:0]) * {w} + ix[15:0];",
@@ -322,7 +347,7 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
                 );
             }
         }
-        if !matches!(l, Layer::MaxPool { .. }) {
+        if matches!(l, Layer::Linear { .. } | Layer::Conv { .. }) {
             let _ = writeln!(
                 s,
                 "            x_c = $signed({{v{src}_q[7], v{src}_q}}) - $signed(zp_x[8:0]);"
@@ -343,13 +368,10 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
     // ROM reads (synchronous), addressed by the group and the product index.
     s.push_str("    always_ff @(posedge clk) begin\n");
     for (li, (_, l)) in layers.iter().enumerate() {
-        if let Layer::MaxPool { .. } = l {
-            continue;
-        }
         let k = match l {
             Layer::Linear { k, .. } => *k,
             Layer::Conv { x, kh, kw, .. } => x[0] * kh * kw,
-            Layer::MaxPool { .. } => 0,
+            Layer::Pool { .. } | Layer::Add { .. } => continue,
         };
         for lane in 0..p {
             let _ = writeln!(s, "        w{li}_{lane}_q <= w{li}_{lane}[grp * {k} + kf];");
@@ -387,11 +409,37 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
                     st = li + 1, ho = out[0], wo = out[1], zp = q.out.zero_point, lo = q.out.lo, hi = q.out.hi
                 );
             }
-            Layer::MaxPool { out, .. } => {
+            Layer::Pool { q, out, .. } => {
+                let value = match q.kind {
+                    PoolKind::Max => "best[7:0]",
+                    PoolKind::Mean => "rlx_mean(psum, pcnt)",
+                };
                 let _ = writeln!(
                     s,
-                    "        if (state == {st} && phase == PH_REQ) begin\n            v{v}_we = 1'b1;\n            v{v}_wa = (pos0 * {ho} + pos1) * {wo} + pos2;\n            v{v}_wd = best[7:0];\n        end",
+                    "        if (state == {st} && phase == PH_REQ) begin\n            v{v}_we = 1'b1;\n            v{v}_wa = (pos0 * {ho} + pos1) * {wo} + pos2;\n            v{v}_wd = {value};\n        end",
                     st = li + 1, ho = out[0], wo = out[1]
+                );
+            }
+            Layer::Add { q, .. } => {
+                let ins = &g.node(*id).inputs;
+                let (a, b) = (r(ins[0]).0, r(ins[1]).0);
+                let part = |v: u32, zp: i32, (m, sh): (i32, i32)| {
+                    format!(
+                        "rlx_mbqm(($signed({{{{24{{v{v}_q[7]}}}}, v{v}_q}}) - {zp}) <<< {QADD_LEFT_SHIFT}, 32'h{:08x}, 32'h{:08x})",
+                        m as u32, sh as u32
+                    )
+                };
+                let _ = writeln!(
+                    s,
+                    "        if (state == {st} && phase == PH_REQ) begin\n            v{v}_we = 1'b1;\n            v{v}_wa = pos0;\n            v{v}_wd = rlx_requant({pa} + {pb}, 32'h{om:08x}, 32'h{os:08x}, {zp}, {lo}, {hi});\n        end",
+                    st = li + 1,
+                    pa = part(a, q.a_zero_point, q.a_scale),
+                    pb = part(b, q.b_zero_point, q.b_scale),
+                    om = q.out_scale.0 as u32,
+                    os = q.out_scale.1 as u32,
+                    zp = q.out.zero_point,
+                    lo = q.out.lo,
+                    hi = q.out.hi
                 );
             }
         }
@@ -409,7 +457,7 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
         r(y).0
     );
     // The sequencer.
-    s.push_str("    always_ff @(posedge clk) begin\n        if (rst) begin\n            state <= S_LOAD; phase <= PH_MAC; io <= 0; mac_d <= 1'b0; pad_d <= 1'b0;\n            pos0 <= 0; pos1 <= 0; pos2 <= 0; grp <= 0; kf <= 0; k0 <= 0; k1 <= 0; k2 <= 0; r <= 0; best <= -128;\n");
+    s.push_str("    always_ff @(posedge clk) begin\n        if (rst) begin\n            state <= S_LOAD; phase <= PH_MAC; io <= 0; mac_d <= 1'b0; pad_d <= 1'b0;\n            pos0 <= 0; pos1 <= 0; pos2 <= 0; grp <= 0; kf <= 0; k0 <= 0; k1 <= 0; k2 <= 0; r <= 0; best <= -128; psum <= 0; pcnt <= 0;\n");
     for lane in 0..p {
         let _ = writeln!(s, "            acc[{lane}] <= 0;");
     }
@@ -430,13 +478,31 @@ pub fn emit_sv(core: &IntegerCore, macs: usize) -> Result<SvModel> {
             } => {
                 emit_mac(&mut s, p, *n, &[x[0], *kh, *kw], &[out[0], out[1]], st + 1);
             }
-            Layer::MaxPool { q, x, out } => {
+            Layer::Pool { q, x, out } => {
+                let src = format!("v{}", r(g.node(layers[li].0).inputs[0]).0);
+                let val = format!("$signed({{{{24{{{src}_q[7]}}}}, {src}_q}})");
+                // Take the value read last cycle into the window's max or sum and count.
+                let (take, reset) = match q.kind {
+                    PoolKind::Max => (format!("if ({val} > best) best <= {val};"), "best <= -128;"),
+                    PoolKind::Mean => (
+                        format!("begin psum <= psum + {val}; pcnt <= pcnt + 1; end"),
+                        "psum <= 0; pcnt <= 0;",
+                    ),
+                };
                 let _ = writeln!(
                     s,
-                    "                case (phase)\n                PH_MAC: begin\n                    mac_d <= 1'b1; pad_d <= pad_now;\n                    if (mac_d && !pad_d && $signed({{{{24{{{src}_q[7]}}}}, {src}_q}}) > best) best <= $signed({{{{24{{{src}_q[7]}}}}, {src}_q}});\n                    if (k2 == {kw1}) begin k2 <= 0; if (k1 == {kh1}) begin k1 <= 0; phase <= PH_DRAIN; end else k1 <= k1 + 1; end else k2 <= k2 + 1;\n                end\n                PH_DRAIN: begin\n                    mac_d <= 1'b0;\n                    if (!pad_d && $signed({{{{24{{{src}_q[7]}}}}, {src}_q}}) > best) best <= $signed({{{{24{{{src}_q[7]}}}}, {src}_q}});\n                    phase <= PH_REQ;\n                end\n                default: begin\n                    best <= -128; phase <= PH_MAC;\n                    if (pos2 == {wo1}) begin pos2 <= 0; if (pos1 == {ho1}) begin pos1 <= 0; if (pos0 == {c1}) begin pos0 <= 0; state <= {next}; end else pos0 <= pos0 + 1; end else pos1 <= pos1 + 1; end else pos2 <= pos2 + 1;\n                end\n                endcase",
-                    src = format!("v{}", r(g.node(layers[li].0).inputs[0]).0),
+                    "                case (phase)\n                PH_MAC: begin\n                    mac_d <= 1'b1; pad_d <= pad_now;\n                    if (mac_d && !pad_d) {take}\n                    if (k2 == {kw1}) begin k2 <= 0; if (k1 == {kh1}) begin k1 <= 0; phase <= PH_DRAIN; end else k1 <= k1 + 1; end else k2 <= k2 + 1;\n                end\n                PH_DRAIN: begin\n                    mac_d <= 1'b0;\n                    if (!pad_d) {take}\n                    phase <= PH_REQ;\n                end\n                default: begin\n                    {reset} phase <= PH_MAC;\n                    if (pos2 == {wo1}) begin pos2 <= 0; if (pos1 == {ho1}) begin pos1 <= 0; if (pos0 == {c1}) begin pos0 <= 0; state <= {next}; end else pos0 <= pos0 + 1; end else pos1 <= pos1 + 1; end else pos2 <= pos2 + 1;\n                end\n                endcase",
                     kh1 = q.kernel[0] - 1, kw1 = q.kernel[1] - 1,
                     ho1 = out[0] - 1, wo1 = out[1] - 1, c1 = x[0] - 1, next = st + 1
+                );
+            }
+            Layer::Add { n, .. } => {
+                // Read element pos0 of both operands; write the sum a cycle later.
+                let _ = writeln!(
+                    s,
+                    "                if (phase == PH_MAC) phase <= PH_REQ;\n                else begin\n                    phase <= PH_MAC;\n                    if (pos0 == {last}) begin pos0 <= 0; state <= {next}; end else pos0 <= pos0 + 1;\n                end",
+                    last = n - 1,
+                    next = st + 1
                 );
             }
         }
@@ -498,14 +564,15 @@ fn emit_mac(s: &mut String, p: usize, n: usize, ks: &[usize], positions: &[usize
     );
 }
 
-/// The requantization unit: `rlx_ir::quant::fixed::requantize` as a function.
-const REQUANT_SV: &str = r#"    // gemmlowp's rounding doubling high multiply, rounding right shift, TFLite's
-    // MultiplyByQuantizedMultiplier, then the zero point and the clamp.
-    function automatic logic [7:0] rlx_requant(input logic signed [31:0] acc, input logic [31:0] mult,
-                                               input logic [31:0] shift, input integer zp,
-                                               input integer lo, input integer hi);
-        logic signed [31:0] sh, m, xs, hi32, mask, rem, thr, v;
-        logic signed [63:0] wide, ab, nudged, q, vz;
+/// The requantization unit: `rlx_ir::quant::fixed::multiply_by_quantized_multiplier` and
+/// `requantize` as functions, and `QPool`'s rounded mean.
+const REQUANT_SV: &str = r#"    // gemmlowp's rounding doubling high multiply, rounding right shift: TFLite's
+    // MultiplyByQuantizedMultiplier.
+    function automatic logic signed [31:0] rlx_mbqm(input logic signed [31:0] acc,
+                                                    input logic [31:0] mult,
+                                                    input logic [31:0] shift);
+        logic signed [31:0] sh, m, xs, hi32, mask, rem, thr;
+        logic signed [63:0] wide, ab, nudged, q;
         integer left, right;
         begin
             sh = $signed(shift);
@@ -527,11 +594,31 @@ const REQUANT_SV: &str = r#"    // gemmlowp's rounding doubling high multiply, r
             mask = (32'sd1 <<< right) - 1;
             rem = hi32 & mask;
             thr = (mask >>> 1) + (hi32 < 0 ? 32'sd1 : 32'sd0);
-            v = (hi32 >>> right) + (rem > thr ? 32'sd1 : 32'sd0);
+            rlx_mbqm = (hi32 >>> right) + (rem > thr ? 32'sd1 : 32'sd0);
+        end
+    endfunction
+    // The scaled accumulator offset by the zero point and clamped: an int8 result.
+    function automatic logic [7:0] rlx_requant(input logic signed [31:0] acc, input logic [31:0] mult,
+                                               input logic [31:0] shift, input integer zp,
+                                               input integer lo, input integer hi);
+        logic signed [31:0] v;
+        logic signed [63:0] vz;
+        begin
+            v = rlx_mbqm(acc, mult, shift);
             vz = $signed({{32{v[31]}}, v}) + zp;
             if (vz < lo) vz = lo;
             if (vz > hi) vz = hi;
             rlx_requant = vz[7:0];
+        end
+    endfunction
+    // A window's mean: the sum divided by the elements counted, rounded half away from zero.
+    function automatic logic [7:0] rlx_mean(input logic signed [31:0] sum, input logic signed [31:0] n);
+        logic signed [31:0] q;
+        begin
+            if (n == 0) q = 0;
+            else if (sum > 0) q = (sum + (n >>> 1)) / n;
+            else q = (sum - (n >>> 1)) / n;
+            rlx_mean = q[7:0];
         end
     endfunction
 "#;

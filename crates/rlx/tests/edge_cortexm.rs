@@ -8,7 +8,7 @@ use rlx::cortexm::{emit_c, CModel};
 use rlx::models::digits::{DigitsData, DigitsModel, PIXELS};
 mod common;
 
-use common::digits::{data, host, quantized};
+use common::digits::{data, host, quantized, residual_core};
 use rlx::prelude::*;
 use rlx::quant::{integer_core, IntegerCore, RangeMethod};
 
@@ -25,27 +25,38 @@ fn model_c(model: DigitsModel, d: &DigitsData) -> (IntegerCore, CModel) {
 }
 
 fn on_qemu(model: DigitsModel) {
-    assert!(
-        qemu::tools_present(),
-        "arm-none-eabi-gcc and qemu-system-arm are needed (scripts/test.sh installs them)"
-    );
     let dir = std::env::temp_dir().join(format!(
         "rlx-cortexm-{}-{}",
         model.name(),
         std::process::id()
     ));
-    std::fs::create_dir_all(&dir).unwrap();
     let (_, d) = data(&dir);
     let (core, c) = model_c(model, &d);
     let inputs = quantized(&d.test_x, core.input);
-    let want = host(&core, &inputs);
+    run_both_cores(model.name(), &core, &c, &inputs, &dir);
+}
+
+/// `c` (written from `core`) on the Cortex-M4 and the Cortex-M55 under QEMU: every input's
+/// output equal to the host's, `smlad` in the code.
+fn run_both_cores(
+    name: &str,
+    core: &IntegerCore,
+    c: &CModel,
+    inputs: &[Vec<i8>],
+    dir: &std::path::Path,
+) {
+    assert!(
+        qemu::tools_present(),
+        "arm-none-eabi-gcc and qemu-system-arm are needed (scripts/test.sh installs them)"
+    );
+    let want = host(core, inputs);
     for core_kind in [Core::M4, Core::M55] {
-        let img = qemu::build(&c, &inputs, core_kind, &dir.join(core_kind.cpu())).unwrap();
+        let img = qemu::build(c, inputs, core_kind, &dir.join(core_kind.cpu())).unwrap();
         let got = qemu::run(&img, inputs.len(), c.output_len).unwrap();
         let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
         println!(
             "{} on {}: model flash {} B, RAM {} B (image with the inputs: text {} B, data {} B, bss {} B; arena {} B, constants {} B), {} smlad; {} of {} outputs differ",
-            model.name(),
+            name,
             core_kind.cpu(),
             img.model_text,
             img.model_bss,
@@ -67,7 +78,19 @@ fn on_qemu(model: DigitsModel) {
         assert!(img.smlad > 0, "no smlad in the {} build", core_kind.cpu());
         assert!(img.bss >= c.arena_bytes);
     }
-    std::fs::remove_dir_all(&dir).ok();
+    std::fs::remove_dir_all(dir).ok();
+}
+
+/// `qadd` (a residual connection with ReLU) and mean pooling with padding, beside the ops the
+/// digits models use: the first 200 held-out images, bit for bit on both cores.
+#[test]
+fn a_residual_model_with_mean_pooling_runs_bit_exact_on_cortex_m_under_qemu() {
+    let dir = std::env::temp_dir().join(format!("rlx-cortexm-residual-{}", std::process::id()));
+    let (_, d) = data(&dir);
+    let core = residual_core(&d.train_x[..256 * PIXELS]);
+    let c = emit_c(&core).unwrap();
+    let inputs = quantized(&d.test_x[..200 * PIXELS], core.input);
+    run_both_cores("residual", &core, &c, &inputs, &dir);
 }
 
 #[test]

@@ -111,6 +111,40 @@ impl OpDef for SpmmCsr {
     }
 }
 
+/// The wgpu kernel (`rlx_wgpu::register_kernel`): one invocation per result element `(r, j)`,
+/// summing row `r`'s entries in order in f32 (pointers clamped to the entries, columns outside
+/// the dense rows skipped, as the CPU kernel does). i32 pointers and columns, f32 values.
+pub(crate) fn wgsl_kernel(ins: &[&Shape], out: &Shape) -> Option<rlx_wgpu::WgslKernel> {
+    let i32s = [ins[0], ins[1]].iter().all(|s| s.dtype() == DType::I32);
+    if !i32s || ins[2].dtype() != DType::F32 || out.dtype() != DType::F32 {
+        return None;
+    }
+    let dd = ins[3].static_dims()?;
+    let (n, k) = (dd[0], dd.get(1).copied().unwrap_or(1));
+    let nnz = ins[2].numel()?;
+    let body = "    let k = mt[6];
+    let r = i / k;
+    let j = i % k;
+    let nnz = i32(mt[7]);
+    let lo = clamp(bitcast<i32>(rd(mt[2] + r)), 0, nnz);
+    let hi = max(clamp(bitcast<i32>(rd(mt[2] + r + 1u)), 0, nnz), lo);
+    var acc = 0.0;
+    for (var e = lo; e < hi; e++) {
+        let c = bitcast<u32>(rd(mt[3] + u32(e)));
+        if (c < mt[8]) {
+            acc += bitcast<f32>(rd(mt[4] + u32(e))) * bitcast<f32>(rd(mt[5] + c * k + j));
+        }
+    }
+    wr(mt[1] + i, bitcast<u32>(acc));
+";
+    Some(rlx_wgpu::WgslKernel {
+        body: body.into(),
+        words: vec![k as u32, nnz as u32, n as u32],
+        invocations: out.numel()?,
+        longest_loop: nnz,
+    })
+}
+
 /// The entries of a row whose pointers are `lo` and `hi`, clamped to `0..nnz` (a falling
 /// pointer gives no entries).
 fn entries(lo: i64, hi: i64, nnz: usize) -> (usize, usize) {

@@ -69,6 +69,10 @@ pub fn register() -> Result<()> {
             },
         ),
     );
+    rlx_wgpu::register_kernel(
+        "spmm_csr",
+        Arc::new(|_: &DefinedOp, ins: &[&Shape], out: &Shape| csr::wgsl_kernel(ins, out)),
+    );
     rlx_cpu::kernels::registered::register_kernel(
         "spmm",
         Arc::new(

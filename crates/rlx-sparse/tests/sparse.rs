@@ -178,7 +178,8 @@ fn products_match_scipy_everywhere_and_their_gradients_match_jax() {
             &f64s(&c["grad_dense"]),
             1e-12,
         );
-        // f32 on the GPU (Mesa's software Vulkan in the suite), which runs the decomposition.
+        // f32 on the GPU (Mesa's software Vulkan in the suite): COO through the decomposition,
+        // CSR through its WGSL kernel.
         let g32 = product_graph(c, DType::F32);
         let mut c32 = Session::new(Device::Gpu).compile(g32);
         set(&mut c32, "values", &c["values"], DType::F32);
@@ -448,7 +449,7 @@ fn the_cpu_kernel_matches_the_reference_at_size() {
                 leaves.insert(name.to_string(), Tensor::from_bytes(&sh, bytes).unwrap());
             }
             let want = rlx::ir::eval::evaluate(&g, &leaves).unwrap()[0].f64s();
-            let mut comp = Session::new(Device::Cpu).with_threads(2).compile(g);
+            let mut comp = Session::new(Device::Cpu).with_threads(2).compile(g.clone());
             let f: Vec<(&str, &[u8], DType)> = feeds
                 .iter()
                 .map(|(n, b, d)| (*n, b.as_slice(), *d))
@@ -533,7 +534,7 @@ fn the_csr_kernel_matches_the_reference_at_size() {
         let y2 = coo.matmul(&mut g, x).unwrap();
         g.set_outputs(vec![y, y2]);
         let want = rlx::ir::eval::evaluate(&g, &leaves).unwrap()[0].f64s();
-        let mut comp = Session::new(Device::Cpu).with_threads(2).compile(g);
+        let mut comp = Session::new(Device::Cpu).with_threads(2).compile(g.clone());
         assert!(comp
             .dispatch_report()
             .nodes
@@ -547,8 +548,29 @@ fn the_csr_kernel_matches_the_reference_at_size() {
             .iter()
             .map(|(k, b, d)| (k.as_str(), b.as_slice(), *d))
             .collect();
-        let out = comp.run_typed(&feeds);
-        for (which, o) in ["spmm_csr", "to_coo + spmm"].iter().zip(&out) {
+        let mut out = comp.run_typed(&feeds);
+        // i32 pointers and columns with f32 values: also wgpu's kernel (lavapipe in CI).
+        if (pt, it, dt) == (DType::I32, DType::I32, DType::F32) {
+            // The product alone (lavapipe cannot loop over every entry as to_coo's cumsum does).
+            let mut alone = g.clone();
+            alone.set_outputs(vec![y]);
+            let mut gpu = Session::new(Device::Gpu).compile(alone);
+            assert!(
+                !gpu.dispatch_report()
+                    .decomposed
+                    .contains_key("decompose:spmm_csr"),
+                "spmm_csr runs natively on the GPU: {}",
+                gpu.dispatch_report()
+            );
+            out.extend(gpu.run_typed(&feeds));
+        }
+        let names = [
+            "spmm_csr",
+            "to_coo + spmm",
+            "spmm_csr (GPU)",
+            "to_coo + spmm (GPU)",
+        ];
+        for (which, o) in names.iter().zip(&out) {
             let got = Tensor::from_bytes(&Shape::new(&[want.len()], dt), &o.0)
                 .unwrap()
                 .f64s();

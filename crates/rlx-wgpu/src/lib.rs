@@ -19,10 +19,12 @@
 
 mod nn;
 mod program;
+pub mod registered;
 pub mod shaders;
 mod values;
 
 pub use program::{unsupported, GpuProgram, StepTime};
+pub use registered::{register_kernel, WgpuKernel, WgslKernel};
 pub use values::{from_words, to_words, Form};
 
 use rlx_driver::{Backend, CompileOptions, Device, Executable};
@@ -350,7 +352,16 @@ impl Backend for WgpuBackend {
     }
 
     fn supports(&self, graph: &Graph, id: NodeId) -> bool {
-        unsupported(graph, id).is_none()
+        if unsupported(graph, id).is_some() {
+            return false;
+        }
+        // A registered kernel whose loops this adapter would end early: the decomposition.
+        match registered::kernel_for(graph, id) {
+            Some(k) if k.longest_loop > nn::LOOP_LIMIT => {
+                Gpu::get(self.device).is_ok_and(|gpu| !gpu.loop_limited())
+            }
+            _ => true,
+        }
     }
 
     fn refusal(&self, graph: &Graph, id: NodeId) -> Option<String> {

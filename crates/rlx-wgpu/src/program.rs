@@ -254,7 +254,8 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         }
         Op::CachedAttention { .. } => float(out) && float(ins[1]),
         Op::Custom(_) => false,
-        Op::Defined(_) | Op::PagedAttention { .. } => false,
+        Op::Defined(_) => crate::registered::kernel_for(g, id).is_some(),
+        Op::PagedAttention { .. } => false,
     };
     (!ok).then(|| format!("{} on {} has no WGSL kernel yet", n.op.name(), n.shape))
 }

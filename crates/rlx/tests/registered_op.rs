@@ -330,6 +330,71 @@ fn a_registered_op_runs_the_native_cpu_kernel_its_crate_gives() {
     }
 }
 
+/// The crate that registered the op gives the wgpu backend a WGSL kernel for it
+/// (`rlx_wgpu::register_kernel`): the GPU then runs it natively (lavapipe in CI) with the
+/// reference's values; where the kernel declines the operands (here: rank 3), or would loop
+/// longer than the adapter lets an invocation, the GPU runs the decomposition.
+#[test]
+fn a_registered_op_runs_the_native_wgsl_kernel_its_crate_gives() {
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
+    registered();
+    rlx_wgpu::register_kernel(
+        "softplus",
+        std::sync::Arc::new(|op, ins, out| {
+            let beta = op.downcast::<Softplus>()?.beta;
+            // f32 only, rank 2 at most; a beta of 7 claims a loop too long for lavapipe.
+            if out.dtype() != DType::F32 || ins[0].rank() > 2 {
+                return None;
+            }
+            Some(rlx_wgpu::WgslKernel {
+                body: "    let b = bitcast<f32>(mt[3]);\n    let bx = b * bitcast<f32>(rd(mt[2] + i));\n    wr(mt[1] + i, bitcast<u32>((max(bx, 0.0) + log(1.0 + exp(-abs(bx)))) / b));\n".into(),
+                words: vec![beta.to_bits()],
+                invocations: out.numel()?,
+                longest_loop: if beta == 7.0 { 1 << 20 } else { 0 },
+            })
+        }),
+    );
+    let native = |g: Graph| {
+        let c = Session::new(Device::Gpu).compile(g);
+        let r = c.dispatch_report();
+        let native = !r.decomposed.contains_key("decompose:softplus")
+            && r.nodes.iter().any(|n| n.op == "softplus");
+        (c, native)
+    };
+    let (mut c, is_native) = native(model());
+    assert!(is_native, "a native WGSL kernel: {}", c.dispatch_report());
+    let outs = run(&mut c);
+    for (k, (got, (x, w))) in outs[1].iter().zip(X.iter().zip(&W)).enumerate() {
+        let want = softplus_f64(2.0, (*x * *w) as f64);
+        assert!(
+            (*got as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
+            "element {k}: {got} vs {want}"
+        );
+    }
+    // Declined operands and a loop too long for lavapipe: the decomposition, the same values.
+    for (dims, beta) in [(vec![1, 2, 3], 2.0), (vec![2, 3], 7.0)] {
+        let mut g = Graph::new("declined");
+        let x = g.input("x", Shape::new(&dims, DType::F32));
+        let y = softplus(&mut g, x, beta);
+        g.set_outputs(vec![y]);
+        let (mut c, is_native) = native(g);
+        let lavapipe = rlx_wgpu::Gpu::get(Device::Gpu).unwrap().loop_limited();
+        assert_eq!(is_native, beta == 7.0 && !lavapipe, "{dims:?}, beta {beta}");
+        let got = &c.run(&[("x", &X)])[0];
+        for (k, (got, x)) in got.iter().zip(&X).enumerate() {
+            let want = softplus_f64(beta as f64, *x as f64);
+            assert!(
+                (*got as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{dims:?} element {k}: {got} vs {want}"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_registered_op_differentiates_and_batches() {
     registered();

@@ -18,6 +18,8 @@ pub(super) enum Kernel {
     QuantKv(QuantKv),
     /// A kernel of [`crate::nn`] (norms, RoPE, attention, convolution, pooling).
     Native,
+    /// The kernel registered for a defined op ([`crate::registered`]).
+    Registered,
 }
 
 /// Elementwise kernels: one generated shader per body.

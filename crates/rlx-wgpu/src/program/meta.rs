@@ -118,6 +118,18 @@ pub(super) fn encode(
             meta.extend(words);
             Ok((source, groups_1d(invocations)))
         }
+        Kernel::Registered => {
+            let k = crate::registered::kernel_for(g, id).ok_or_else(|| Error::Unsupported {
+                backend: "wgpu".into(),
+                op: g.node(id).op.name().into(),
+                node: id,
+                msg: "its registered kernel no longer takes these operands".into(),
+            })?;
+            meta.extend([k.invocations as u32, s.out()]);
+            meta.extend(g.node(id).inputs.iter().map(|x| s.word(x.index())));
+            meta.extend(k.words);
+            Ok((shaders::one_d("i", &k.body), groups_1d(k.invocations)))
+        }
         Kernel::Elementwise(e) => elementwise(&s, e, meta),
         Kernel::Movement(m) => movement(&s, m, meta),
         Kernel::Reduction(r) => reduction(&s, r, meta),

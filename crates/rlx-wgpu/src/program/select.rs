@@ -134,6 +134,7 @@ pub(super) fn select(
             | Op::CacheWrite => s.quant_kv(g, &at)?,
             Op::Defined(_) => match primitive_of(&node.op) {
                 Some(p) => s.complex(g, &at, p)?,
+                None if crate::registered::kernel_for(g, id).is_some() => Some(Kernel::Registered),
                 None => return Err(no_kernel(&node.op, id)),
             },
             other => return Err(no_kernel(other, id)),
@@ -213,6 +214,7 @@ fn loop_len(g: &Graph, id: NodeId) -> usize {
                 }
                 _ => 0,
             }),
+        Op::Defined(_) => crate::registered::kernel_for(g, id).map_or(0, |k| k.longest_loop),
         _ => 0,
     }
 }

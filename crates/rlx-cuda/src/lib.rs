@@ -35,10 +35,12 @@ mod device;
 pub mod emulate;
 pub mod lower;
 pub mod nvrtc;
+pub mod registered;
 pub mod source;
 
 pub use device::{Cuda, CudaProgram};
 pub use lower::{lower, unsupported, Program};
+pub use registered::{register_kernel, CudaKernel, CudaKernelBuilder};
 
 use rlx_driver::{Backend, CompileOptions, Executable};
 use rlx_ir::{Error, FusionKind, Graph, NodeId, Op, Result};

@@ -249,8 +249,9 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         | Op::Attention { .. }
         | Op::Conv(_)
         | Op::Pool(_)
-        | Op::Custom(_)
-        | Op::Defined(_) => format!("no CUDA kernel for {} yet", n.op.name()),
+        | Op::Custom(_) => format!("no CUDA kernel for {} yet", n.op.name()),
+        Op::Defined(_) if crate::registered::kernel_for(g, id).is_some() => return None,
+        Op::Defined(_) => format!("no CUDA kernel for {} yet", n.op.name()),
     };
     Some(why)
 }
@@ -771,6 +772,27 @@ impl Lowering<'_> {
             Op::Defined(_) if primitive_of(&node.op).is_some() => {
                 self.complex(id, d, primitive_of(&node.op))
             }
+            Op::Defined(_) => match crate::registered::kernel_for(g, id) {
+                Some(k) => {
+                    let mut words = vec![imm(k.items), self.val(id)];
+                    words.extend(node.inputs.iter().map(|&x| self.val(x)));
+                    words.extend(k.words.iter().map(|&w| Pending::Imm(w)));
+                    let src = source::grid_kernel(words.len(), &k.body);
+                    self.launch(
+                        id,
+                        Some(src),
+                        [blocks(k.items, BLOCK as usize), 1, 1],
+                        BLOCK,
+                        words,
+                    )
+                }
+                None => Err(Error::Unsupported {
+                    backend: "cuda".into(),
+                    op: node.op.name().into(),
+                    node: id,
+                    msg: "no CUDA kernel".into(),
+                }),
+            },
             other => Err(Error::Unsupported {
                 backend: "cuda".into(),
                 op: other.name().into(),

@@ -88,6 +88,12 @@ pub(crate) fn kernel(words: usize, body: &str) -> String {
     )
 }
 
+/// A kernel of `words` words running `body` for each item `i` in `0..w[0]` (a grid-stride
+/// loop): the form of registered kernels ([`crate::registered`]).
+pub(crate) fn grid_kernel(words: usize, body: &str) -> String {
+    kernel(words, &format!("{GRID_LOOP}{body}    }}\n"))
+}
+
 /// The loop of a one-thread-per-element kernel over `w[0]` items, numbered `i`.
 const GRID_LOOP: &str =
     "    for (i64 i = blockIdx.x * (i64)blockDim.x + threadIdx.x; i < m.w[0]; i += (i64)gridDim.x * blockDim.x) {\n";

@@ -12,6 +12,7 @@ pub mod cuda;
 mod device;
 #[cfg(feature = "gpu")]
 pub mod gpu;
+pub mod kernels;
 
 pub use backend::{
     byte_length_error, register_backend, registered_backend, Backend, CompileOptions, Executable,

@@ -145,6 +145,34 @@ pub(crate) fn wgsl_kernel(ins: &[&Shape], out: &Shape) -> Option<rlx_wgpu::WgslK
     })
 }
 
+/// The CUDA kernel (`rlx_cuda::register_kernel`): the WGSL kernel's loop in CUDA C, a thread
+/// per result element.
+pub(crate) fn cuda_kernel(ins: &[&Shape], out: &Shape) -> Option<rlx_cuda::CudaKernel> {
+    let w = wgsl_kernel(ins, out)?;
+    let body = "        const i64 k = m.w[6], nnz = m.w[7];
+        const u32 n = (u32)m.w[8];
+        const i64 r = i / k, j = i % k;
+        const int *ip = (const int *)m.w[2];
+        const int *cols = (const int *)m.w[3];
+        const float *v = (const float *)m.w[4];
+        const float *d = (const float *)m.w[5];
+        i64 lo = ip[r], hi = ip[r + 1];
+        lo = lo < 0 ? 0 : (lo > nnz ? nnz : lo);
+        hi = hi < 0 ? 0 : (hi > nnz ? nnz : hi);
+        float acc = 0.0f;
+        for (i64 e = lo; e < hi; e++) {
+            const u32 c = (u32)cols[e];
+            if (c < n) acc += v[e] * d[(i64)c * k + j];
+        }
+        ((float *)m.w[1])[i] = acc;
+";
+    Some(rlx_cuda::CudaKernel {
+        body: body.into(),
+        words: w.words.iter().map(|&x| x as i64).collect(),
+        items: w.invocations,
+    })
+}
+
 /// The entries of a row whose pointers are `lo` and `hi`, clamped to `0..nnz` (a falling
 /// pointer gives no entries).
 fn entries(lo: i64, hi: i64, nnz: usize) -> (usize, usize) {

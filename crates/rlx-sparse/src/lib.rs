@@ -73,6 +73,10 @@ pub fn register() -> Result<()> {
         "spmm_csr",
         Arc::new(|_: &DefinedOp, ins: &[&Shape], out: &Shape| csr::wgsl_kernel(ins, out)),
     );
+    rlx_cuda::register_kernel(
+        "spmm_csr",
+        Arc::new(|_: &DefinedOp, ins: &[&Shape], out: &Shape| csr::cuda_kernel(ins, out)),
+    );
     rlx_cpu::kernels::registered::register_kernel(
         "spmm",
         Arc::new(

@@ -563,12 +563,43 @@ fn the_csr_kernel_matches_the_reference_at_size() {
                 gpu.dispatch_report()
             );
             out.extend(gpu.run_typed(&feeds));
+            // CUDA's kernel in host emulation.
+            let mut single = g.clone();
+            single.set_outputs(vec![y]);
+            let l = Session::new(Device::Cuda).try_lower(single).unwrap();
+            let p = rlx_cuda::lower(&l.graph, &[]).unwrap();
+            assert!(
+                p.launches.iter().any(|l| l.op == "spmm_csr"),
+                "one launch of its kernel"
+            );
+            // NVRTC compiles it where present (required where `RLX_REQUIRE_NVRTC=1`).
+            match rlx_cuda::nvrtc::Nvrtc::get() {
+                Ok(nvrtc) => {
+                    for src in &p.kernels {
+                        for arch in rlx_cuda::CHECKED_ARCHS {
+                            nvrtc.cubin(src, arch).unwrap();
+                        }
+                    }
+                }
+                Err(e) => assert!(
+                    std::env::var("RLX_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                    "RLX_REQUIRE_NVRTC=1 and {e}"
+                ),
+            }
+            let emu = rlx_cuda::emulate::Emulator::build(&p.kernels).unwrap();
+            let ins: Vec<Vec<u8>> = p
+                .inputs
+                .iter()
+                .map(|s| leaves[&s.name].to_bytes())
+                .collect();
+            let got = emu.run(&p, &ins, &[]).unwrap();
+            out.push((got[0].clone(), dt));
         }
         let names = [
             "spmm_csr",
             "to_coo + spmm",
             "spmm_csr (GPU)",
-            "to_coo + spmm (GPU)",
+            "spmm_csr (CUDA, emulated)",
         ];
         for (which, o) in names.iter().zip(&out) {
             let got = Tensor::from_bytes(&Shape::new(&[want.len()], dt), &o.0)

@@ -11,10 +11,8 @@
 //! `mt[0]` the invocations, `mt[1]` the result's first word, `mt[2 + k]` operand `k`'s first
 //! word (elements follow one word each, row-major), then the kernel's own [`WgslKernel::words`].
 
-use rlx_ir::ops::DefinedOp;
-use rlx_ir::{Graph, NodeId, Op, Shape};
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, RwLock};
+use rlx_driver::kernels::{KernelBuilder, KernelRegistry};
+use rlx_ir::{Graph, NodeId};
 
 /// A WGSL kernel for one node of a registered op (see the module documentation).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,41 +29,21 @@ pub struct WgslKernel {
     pub longest_loop: usize,
 }
 
-/// Builds the kernel of a node: the op (its attributes through [`DefinedOp::downcast`]), the
-/// operands' shapes and the result's; `None` where it does not take them (the node then runs
-/// as the op's decomposition).
-pub type WgpuKernel =
-    Arc<dyn Fn(&DefinedOp, &[&Shape], &Shape) -> Option<WgslKernel> + Send + Sync>;
+/// Builds the kernel of a node (see [`rlx_driver::kernels::KernelBuilder`]).
+pub type WgpuKernel = KernelBuilder<WgslKernel>;
 
-fn kernels() -> &'static RwLock<HashMap<&'static str, WgpuKernel>> {
-    static K: OnceLock<RwLock<HashMap<&'static str, WgpuKernel>>> = OnceLock::new();
-    K.get_or_init(Default::default)
-}
+static KERNELS: KernelRegistry<WgslKernel> = KernelRegistry::new();
 
 /// Give the wgpu backend a native kernel for the registered op `name` (replacing one given
 /// before).
 pub fn register_kernel(name: &'static str, kernel: WgpuKernel) {
-    kernels()
-        .write()
-        .unwrap_or_else(|e| e.into_inner())
-        .insert(name, kernel);
+    KERNELS.register(name, kernel);
 }
 
 /// The kernel of node `id` of `g`, when its op has a registered kernel that takes its operands
 /// and every value is one the GPU holds as words.
 pub(crate) fn kernel_for(g: &Graph, id: NodeId) -> Option<WgslKernel> {
-    let n = g.node(id);
-    let Op::Defined(d) = &n.op else { return None };
-    let k = kernels()
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(d.name())
-        .cloned()?;
-    let shapes: Vec<&Shape> = n.inputs.iter().map(|&x| g.shape(x)).collect();
-    let words =
-        |s: &Shape| crate::shaders::wgsl_type(s.dtype()).is_some() && s.static_dims().is_some();
-    if !words(&n.shape) || !shapes.iter().all(|s| words(s)) {
-        return None;
-    }
-    k(d, &shapes, &n.shape)
+    KERNELS.kernel_for(g, id, |s| {
+        crate::shaders::wgsl_type(s.dtype()).is_some() && s.static_dims().is_some()
+    })
 }

@@ -395,6 +395,67 @@ fn a_registered_op_runs_the_native_wgsl_kernel_its_crate_gives() {
     }
 }
 
+/// The same for CUDA (`rlx_cuda::register_kernel`): the program launches the crate's kernel for
+/// the op, its values in host emulation are the reference's, and the kernel compiles with NVRTC
+/// for the checked architectures (a failure without NVRTC where `RLX_REQUIRE_NVRTC=1`); a
+/// declined operand (rank 3) lowers to the decomposition.
+#[test]
+fn a_registered_op_runs_the_native_cuda_kernel_its_crate_gives() {
+    registered();
+    rlx_cuda::register_kernel(
+        "softplus",
+        std::sync::Arc::new(|op, ins, out| {
+            let beta = op.downcast::<Softplus>()?.beta;
+            if out.dtype() != DType::F32 || ins[0].rank() > 2 {
+                return None;
+            }
+            Some(rlx_cuda::CudaKernel {
+                body: "        const float b = __int_as_float((int)m.w[3]);\n        const float bx = b * ((const float *)m.w[2])[i];\n        ((float *)m.w[1])[i] = (fmaxf(bx, 0.0f) + log1pf(expf(-fabsf(bx)))) / b;\n".into(),
+                words: vec![beta.to_bits() as i64],
+                items: out.numel()?,
+            })
+        }),
+    );
+    let lowered = |g: Graph| {
+        let l = Session::new(Device::Cuda).try_lower(g).unwrap();
+        rlx_cuda::lower(&l.graph, &[]).unwrap()
+    };
+    let p = lowered(model());
+    let native = |p: &rlx_cuda::Program| p.launches.iter().any(|l| l.op == "softplus");
+    assert!(native(&p), "a launch of the registered kernel");
+    let emu = rlx_cuda::emulate::Emulator::build(&p.kernels).expect("the kernels compile");
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let outs = emu.run(&p, &[bytes(&X)], &[bytes(&W)]).unwrap();
+    for (k, (got, (x, w))) in outs[1].chunks_exact(4).zip(X.iter().zip(&W)).enumerate() {
+        let got = f32::from_le_bytes(got.try_into().unwrap()) as f64;
+        let want = softplus_f64(2.0, (*x * *w) as f64);
+        assert!(
+            (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+            "element {k}: {got} vs {want}"
+        );
+    }
+    match rlx_cuda::nvrtc::Nvrtc::get() {
+        Ok(nvrtc) => {
+            for src in &p.kernels {
+                for arch in rlx_cuda::CHECKED_ARCHS {
+                    nvrtc
+                        .cubin(src, arch)
+                        .unwrap_or_else(|e| panic!("sm_{arch}: {e}\n{src}"));
+                }
+            }
+        }
+        Err(e) => assert!(
+            std::env::var("RLX_REQUIRE_NVRTC").as_deref() != Ok("1"),
+            "RLX_REQUIRE_NVRTC=1 and {e}"
+        ),
+    }
+    let mut g = Graph::new("declined");
+    let x = g.input("x", Shape::new(&[1, 2, 3], DType::F32));
+    let y = softplus(&mut g, x, 2.0);
+    g.set_outputs(vec![y]);
+    assert!(!native(&lowered(g)), "rank 3 runs the decomposition");
+}
+
 #[test]
 fn a_registered_op_differentiates_and_batches() {
     registered();

@@ -181,6 +181,18 @@ pub fn register() -> Result<()> {
     }
     cpu_kernel("splat_rasterize", raster::rasterize_kernel);
     cpu_kernel("splat_rasterize_vjp", raster::rasterize_vjp_kernel);
+    rlx_wgpu::register_kernel(
+        "splat_rasterize",
+        Arc::new(|op: &DefinedOp, ins: &[&Shape], out: &Shape| {
+            raster::wgsl_kernel(op.downcast()?, ins, out)
+        }),
+    );
+    rlx_cuda::register_kernel(
+        "splat_rasterize",
+        Arc::new(|op: &DefinedOp, ins: &[&Shape], out: &Shape| {
+            raster::cuda_kernel(op.downcast()?, ins, out)
+        }),
+    );
     Ok(())
 }
 

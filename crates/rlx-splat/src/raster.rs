@@ -755,3 +755,69 @@ pub(crate) fn rasterize_vjp_kernel(
     let t = Tensor::from_f64(&[len], shape.dtype(), total);
     out.copy_from_slice(&t.to_bytes());
 }
+
+/// The GPU kernels' body (WGSL or CUDA C, by `lang`): one invocation per pixel and channel,
+/// compositing every Gaussian front to back in f32 as [`Scene::pixel`] does (the same alpha
+/// rule, no tile lists: each pixel visits all `N`). Operand `k`'s address is `addr(k)`, the
+/// result's `addr(usize::MAX)`; own words: channels, width, `N`.
+fn gpu_body(wgsl: bool, background: bool) -> String {
+    let (near, amax, amin) = (NEAR as f32, ALPHA_MAX as f32, ALPHA_MIN as f32);
+    let own = if background { 6 } else { 5 };
+    if wgsl {
+        let f = |a: String| format!("bitcast<f32>(rd({a}))");
+        format!(
+            "    let ch = mt[{c}];\n    let w = mt[{wd}];\n    let n = mt[{nn}];\n    let pix = i / ch;\n    let c = i % ch;\n    let px = f32(pix % w) + 0.5;\n    let py = f32(pix / w) + 0.5;\n    var t = 1.0;\n    var acc = 0.0;\n    for (var g = 0u; g < n; g++) {{\n        let b = mt[2] + g * 6u;\n        let z = {z};\n        if (z != z || z < {near:?}) {{ continue; }}\n        let dx = px - {x};\n        let dy = py - {y};\n        let q = {a} * dx * dx + 2.0 * {bb} * dx * dy + {cc} * dy * dy;\n        let alpha = min({o} * exp(-0.5 * q), {amax:?});\n        if (alpha < {amin:?}) {{ continue; }}\n        acc += alpha * t * {col};\n        t *= 1.0 - alpha;\n    }}\n{bg}    wr(mt[1] + i, bitcast<u32>(acc));\n",
+            c = own, wd = own + 1, nn = own + 2,
+            z = f("b + 5u".into()), x = f("b".into()), y = f("b + 1u".into()),
+            a = f("b + 2u".into()), bb = f("b + 3u".into()), cc = f("b + 4u".into()),
+            o = f("mt[4] + g".into()), col = f("mt[3] + g * ch + c".into()),
+            bg = if background { format!("    acc += t * {};\n", f("mt[5] + c".into())) } else { String::new() },
+        )
+    } else {
+        format!(
+            "        const i64 ch = m.w[{c}], w = m.w[{wd}], n = m.w[{nn}];\n        const float *p = (const float *)m.w[2];\n        const float *col = (const float *)m.w[3];\n        const float *op = (const float *)m.w[4];\n        const i64 pix = i / ch, c = i % ch;\n        const float px = (float)(pix % w) + 0.5f, py = (float)(pix / w) + 0.5f;\n        float t = 1.0f, acc = 0.0f;\n        for (i64 g = 0; g < n; g++) {{\n            const float *b = p + g * 6;\n            const float z = b[5];\n            if (z != z || z < {near:?}f) continue;\n            const float dx = px - b[0], dy = py - b[1];\n            const float q = b[2] * dx * dx + 2.0f * b[3] * dx * dy + b[4] * dy * dy;\n            const float alpha = fminf(op[g] * expf(-0.5f * q), {amax:?}f);\n            if (alpha < {amin:?}f) continue;\n            acc += alpha * t * col[g * ch + c];\n            t *= 1.0f - alpha;\n        }}\n{bg}        ((float *)m.w[1])[i] = acc;\n",
+            c = own, wd = own + 1, nn = own + 2,
+            bg = if background { "        acc += t * ((const float *)m.w[5])[c];\n".to_string() } else { String::new() },
+        )
+    }
+}
+
+/// `splat_rasterize`'s operands as the GPU kernels take them: f32 throughout, static shapes.
+/// Their own words: channels, width, `N`; the invocations: pixels × channels.
+fn gpu_shape(op: &Rasterize, ins: &[&Shape], out: &Shape) -> Option<(Vec<u32>, usize, usize)> {
+    if ins.iter().any(|s| s.dtype() != DType::F32) || out.dtype() != DType::F32 {
+        return None;
+    }
+    let n = ins[2].numel()?;
+    let ch = *out.static_dims()?.last()?;
+    Some((vec![ch as u32, op.width as u32, n as u32], out.numel()?, n))
+}
+
+/// The wgpu kernel of `splat_rasterize` (`rlx_wgpu::register_kernel`).
+pub(crate) fn wgsl_kernel(
+    op: &Rasterize,
+    ins: &[&Shape],
+    out: &Shape,
+) -> Option<rlx_wgpu::WgslKernel> {
+    let (words, invocations, n) = gpu_shape(op, ins, out)?;
+    Some(rlx_wgpu::WgslKernel {
+        body: gpu_body(true, ins.len() == 4),
+        words,
+        invocations,
+        longest_loop: n,
+    })
+}
+
+/// The CUDA kernel of `splat_rasterize` (`rlx_cuda::register_kernel`).
+pub(crate) fn cuda_kernel(
+    op: &Rasterize,
+    ins: &[&Shape],
+    out: &Shape,
+) -> Option<rlx_cuda::CudaKernel> {
+    let (words, items, _) = gpu_shape(op, ins, out)?;
+    Some(rlx_cuda::CudaKernel {
+        body: gpu_body(false, ins.len() == 4),
+        words: words.into_iter().map(i64::from).collect(),
+        items,
+    })
+}

@@ -219,8 +219,15 @@ fn renders_and_their_gradients_match_jax() {
         };
         gradients_match(Device::Cpu, DType::F64, 1e-9);
 
-        // f32 on the GPU (Mesa's software Vulkan in the suite), which runs the decompositions.
+        // f32 on the GPU (Mesa's software Vulkan in the suite): the rasterizer's WGSL kernel,
+        // the other ops' decompositions.
         let mut gpu = Session::new(Device::Gpu).compile(render_graph(&c, DType::F32));
+        assert!(
+            !gpu.dispatch_report()
+                .decomposed
+                .contains_key("decompose:splat_rasterize"),
+            "{name}: the rasterizer runs natively on the GPU"
+        );
         set_all(&mut gpu, &c, DType::F32);
         let out = gpu.run_typed(&[]);
         close(
@@ -230,6 +237,37 @@ fn renders_and_their_gradients_match_jax() {
             2e-5,
         );
         assert_eq!(as_f64(&out[3].0, DType::I32), order, "{name}: order (GPU)");
+        // CUDA in host emulation: the rasterizer's CUDA kernel (and NVRTC compiles it).
+        let l = Session::new(Device::Cuda)
+            .try_lower(render_graph(&c, DType::F32))
+            .unwrap();
+        let p = rlx_cuda::lower(&l.graph, &[]).unwrap();
+        assert!(
+            p.launches.iter().any(|l| l.op == "splat_rasterize"),
+            "{name}: one launch of the rasterizer's kernel"
+        );
+        if let Ok(nvrtc) = rlx_cuda::nvrtc::Nvrtc::get() {
+            for src in &p.kernels {
+                for arch in rlx_cuda::CHECKED_ARCHS {
+                    nvrtc.cubin(src, arch).unwrap();
+                }
+            }
+        }
+        let params: Vec<Vec<u8>> = p
+            .params
+            .iter()
+            .map(|slot| {
+                Tensor::from_f64(&dims(&c[&slot.name]), DType::F32, f64s(&c[&slot.name])).to_bytes()
+            })
+            .collect();
+        let emu = rlx_cuda::emulate::Emulator::build(&p.kernels).unwrap();
+        let out = emu.run(&p, &[], &params).unwrap();
+        close(
+            &format!("{name}: image (CUDA, emulated, f32)"),
+            &as_f64(&out[1], DType::F32),
+            &image,
+            2e-5,
+        );
         // The gradients on the GPU: the backward rasterizer's decomposition, in f32.
         gradients_match(Device::Gpu, DType::F32, 2e-4);
     }

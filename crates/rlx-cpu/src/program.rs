@@ -413,8 +413,12 @@ impl Executable for Program {
     }
 
     fn execute(&mut self) -> Result<()> {
+        crate::kernels::registered::clear_faults();
         Program::execute(self);
-        Ok(())
+        match crate::kernels::registered::take_fault() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
     }
 
     fn read_output(&self, idx: usize, out: &mut [u8]) -> Result<()> {

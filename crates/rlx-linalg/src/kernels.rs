@@ -5,6 +5,7 @@ use crate::{EighOutput, Linalg, QrOutput, Rectangular, SvdOutput};
 use faer::linalg::solvers::DenseSolveCore;
 use faer::Mat;
 use faer::MatRef;
+use rlx_cpu::kernels::registered::fail;
 use rlx_ir::ops::DefinedOp;
 use rlx_ir::{DType, Shape};
 use std::sync::Arc;
@@ -75,8 +76,9 @@ const LU_RECURSION: usize = 32;
 
 /// Solve `a x = b` in place: `a` is `n × n` row-major, so read column-major it is `aᵀ`, which is
 /// factored in place (`P aᵀ = L U`, partial pivoting); then `a x = b` is the transposed
-/// solve. `b` (`n × k`, row-major) becomes `x`. A singular `a` gives infinities or NaNs.
-fn solve_in_place(a: &mut [f64], n: usize, b: &mut [f64], k: usize, par: faer::Par) {
+/// solve. `b` (`n × k`, row-major) becomes `x`. Whether `a` is singular (an exactly zero
+/// pivot, as LAPACK's `getrf` reports it; `x` then holds infinities or NaNs).
+fn solve_in_place(a: &mut [f64], n: usize, b: &mut [f64], k: usize, par: faer::Par) -> bool {
     use faer::dyn_stack::{MemBuffer, MemStack};
     use faer::linalg::lu::partial_pivoting::{factor, solve};
     let mut params: factor::PartialPivLuParams = faer::Auto::<f64>::auto();
@@ -96,14 +98,17 @@ fn solve_in_place(a: &mut [f64], n: usize, b: &mut [f64], k: usize, par: faer::P
         MemStack::new(&mut mem),
         params.into(),
     );
+    let singular = (0..n).any(|i| lu[(i, i)] == 0.0);
     let x = faer::MatMut::from_row_major_slice_mut(b, n, k);
     solve::solve_transpose_in_place(lu.as_ref(), lu.as_ref(), p, x, par, MemStack::new(&mut mem));
+    singular
 }
 
 /// The lower Cholesky factor of the `n × n` row-major matrix `a` in place (its lower triangle
-/// read, the upper set to 0), or NaNs where it is not positive definite (JAX's answer). Factored
-/// as a row-major view, which for faer is the upper factor of the column-major `aᵀ`: no copy.
-fn cholesky_in_place(a: &mut [f64], n: usize, par: faer::Par) {
+/// read, the upper set to 0). Factored as a row-major view, which for faer is the upper factor
+/// of the column-major `aᵀ`: no copy. Where `a` is not positive definite: NaNs, and the order of
+/// the first leading minor that is not positive.
+fn cholesky_in_place(a: &mut [f64], n: usize, par: faer::Par) -> Option<usize> {
     use faer::dyn_stack::{MemBuffer, MemStack};
     use faer::linalg::cholesky::llt::factor;
     let mut params: factor::LltParams = faer::Auto::<f64>::auto();
@@ -116,21 +121,21 @@ fn cholesky_in_place(a: &mut [f64], n: usize, par: faer::Par) {
         params.into(),
     ));
     let l = faer::MatMut::from_row_major_slice_mut(a, n, n);
-    let ok = factor::cholesky_in_place(
+    let result = factor::cholesky_in_place(
         l,
         Default::default(),
         par,
         MemStack::new(&mut mem),
         params.into(),
-    )
-    .is_ok();
-    if !ok {
+    );
+    if let Err(factor::LltError::NonPositivePivot { index }) = result {
         a.fill(f64::NAN);
-        return;
+        return Some(index + 1);
     }
     for i in 0..n {
         a[i * n + i + 1..(i + 1) * n].fill(0.0);
     }
+    None
 }
 
 /// `src` (`rows × cols`, row-major) into `dst` as its transpose (`cols × rows`, row-major),
@@ -321,8 +326,14 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape, p
     match (op, b.as_mut()) {
         (Linalg::Solve, Some(b)) => {
             if n * k > 0 {
-                for (am, bm) in a.chunks_exact_mut(n * n).zip(b.chunks_exact_mut(n * k)) {
-                    solve_in_place(am, n, bm, k, par);
+                for (m, (am, bm)) in a
+                    .chunks_exact_mut(n * n)
+                    .zip(b.chunks_exact_mut(n * k))
+                    .enumerate()
+                {
+                    if solve_in_place(am, n, bm, k, par) {
+                        fail(crate::singular(m, batch));
+                    }
                 }
             }
             write(b, dt, out);
@@ -330,8 +341,10 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape, p
         }
         (Linalg::Cholesky, _) => {
             if n > 0 {
-                for am in a.chunks_exact_mut(n * n) {
-                    cholesky_in_place(am, n, par);
+                for (m, am) in a.chunks_exact_mut(n * n).enumerate() {
+                    if let Some(order) = cholesky_in_place(am, n, par) {
+                        fail(crate::not_positive_definite(m, batch, order));
+                    }
                 }
             }
             write(&a, dt, out);
@@ -356,6 +369,9 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape, p
                         0.0
                     }
                 });
+                if (0..n).any(|i| a_m[i * n + i] == 0.0) {
+                    fail(crate::singular(m, batch));
+                }
                 let mut x = mat(b_m(), n, k);
                 if lower {
                     t.solve_lower_triangular_in_place(&mut x);
@@ -364,7 +380,13 @@ fn run(op: Linalg, ins: &[(&[u8], &Shape)], out: &mut [u8], out_shape: &Shape, p
                 }
                 res.extend(flat(x.as_ref()));
             }
-            Linalg::Inv => res.extend(flat(am().partial_piv_lu().inverse().as_ref())),
+            Linalg::Inv => {
+                let lu = am().partial_piv_lu();
+                if (0..n).any(|i| lu.U()[(i, i)] == 0.0) {
+                    fail(crate::singular(m, batch));
+                }
+                res.extend(flat(lu.inverse().as_ref()))
+            }
             Linalg::Eigh { output } => res.extend(eigh(&am(), output)),
             // Answered above.
             Linalg::Qr { .. } | Linalg::Svd { .. } => {}

@@ -7,8 +7,13 @@
 //! gives it to the CPU backend). They have no decomposition: a backend without a kernel for
 //! them (the GPU backends) refuses them by name.
 //!
-//! As in JAX and LAPACK, a singular matrix gives infinities or NaNs, and `cholesky` of a matrix
-//! that is not positive definite gives NaNs (at run time there is no error to raise).
+//! As numpy, scipy and PyTorch do (JAX returns NaNs instead), `solve`, `inv` and
+//! `triangular_solve` of a singular matrix (an exactly zero pivot or diagonal entry, as LAPACK
+//! reports it) and `cholesky` of a matrix that is not positive definite end the run with an
+//! error naming the op, its node, which matrix of the batch and (for `cholesky`) the order of
+//! its first leading minor that is not positive; the CPU kernels report it through
+//! `rlx_cpu::kernels::registered::fail`, the reference evaluator as its error. `det` and
+//! `logabsdet` of a singular matrix are 0 and -inf.
 //!
 //! Ops with several results (`eigh`'s eigenvalues and eigenvectors, `qr`'s `q` and `r`, `svd`'s
 //! `u`, `s` and `vt`) are one op per result, as the IR's `top_k` is; a kernel computes the
@@ -248,6 +253,33 @@ fn output_attr<T: Copy>(
     a.word("output", &choices.join(", "), |w| {
         all.iter().copied().find(|&o| name(o) == w)
     })
+}
+
+/// Which matrix of a batch of `batch` an error is about (`m` counts from 0).
+fn which(m: usize, batch: usize) -> String {
+    if batch == 1 {
+        "the matrix".into()
+    } else {
+        format!("matrix {m} of the batch of {batch}")
+    }
+}
+
+/// The error of `solve`, `inv` and `triangular_solve` on a singular matrix: an exactly zero
+/// pivot of its LU factorization (or diagonal entry of the triangle), as LAPACK reports it.
+pub(crate) fn singular(m: usize, batch: usize) -> String {
+    format!(
+        "{} is singular (an exactly zero pivot; det and logabsdet give 0 and -inf for it)",
+        which(m, batch)
+    )
+}
+
+/// The error of `cholesky` on a matrix that is not positive definite: the order of its first
+/// leading minor that is not positive.
+pub(crate) fn not_positive_definite(m: usize, batch: usize, order: usize) -> String {
+    format!(
+        "{} is not positive definite (its leading minor of order {order} is not positive)",
+        which(m, batch)
+    )
 }
 
 /// Register the ops with the IR and their kernels with the CPU backend (again is a no-op).

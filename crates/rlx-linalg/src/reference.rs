@@ -5,7 +5,7 @@
 
 use crate::{EighOutput, Linalg, QrOutput, Rectangular, SvdOutput};
 use rlx_ir::eval::Tensor;
-use rlx_ir::{Result, Shape};
+use rlx_ir::{Error, Result, Shape};
 
 /// `a` (row-major `n × n`) factored in place as `P a = L U`; the row order and the sign of `P`.
 fn lu(a: &mut [f64], n: usize) -> (Vec<usize>, f64) {
@@ -359,10 +359,16 @@ pub(crate) fn eval(op: Linalg, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
             Linalg::Solve => {
                 let mut f = am.to_vec();
                 let (perm, _) = lu(&mut f, n);
+                if (0..n).any(|i| f[i * n + i] == 0.0) {
+                    return Err(Error::op("solve", crate::singular(m, batch)));
+                }
                 let bm = &b.as_ref().expect("two operands")[m * n * k..(m + 1) * n * k];
                 res.extend(lu_solve(&f, &perm, bm, n, k));
             }
             Linalg::TriangularSolve { lower } => {
+                if (0..n).any(|i| am[i * n + i] == 0.0) {
+                    return Err(Error::op("triangular_solve", crate::singular(m, batch)));
+                }
                 let mut x = b.as_ref().expect("two operands")[m * n * k..(m + 1) * n * k].to_vec();
                 substitute(am, &mut x, n, k, lower, false);
                 res.extend(x);
@@ -370,6 +376,9 @@ pub(crate) fn eval(op: Linalg, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
             Linalg::Inv => {
                 let mut f = am.to_vec();
                 let (perm, _) = lu(&mut f, n);
+                if (0..n).any(|i| f[i * n + i] == 0.0) {
+                    return Err(Error::op("inv", crate::singular(m, batch)));
+                }
                 let eye: Vec<f64> = (0..n * n).map(|i| f64::from(i / n == i % n)).collect();
                 res.extend(lu_solve(&f, &perm, &eye, n, n));
             }
@@ -393,24 +402,25 @@ pub(crate) fn eval(op: Linalg, ins: &[&Tensor], out: &Shape) -> Result<Tensor> {
             // Answered above.
             Linalg::Qr { .. } | Linalg::Svd { .. } => {}
             Linalg::Cholesky => {
-                // Only the lower triangle is read; a matrix that is not positive definite gives
-                // NaNs, as LAPACK-backed JAX does.
+                // Only the lower triangle is read; a matrix that is not positive definite is an
+                // error naming its first leading minor that is not positive.
                 let mut l = vec![0.0; n * n];
-                let mut ok = true;
                 for i in 0..n {
                     for j in 0..=i {
                         let s: f64 = (0..j).map(|p| l[i * n + p] * l[j * n + p]).sum();
                         if i == j {
                             let d = am[i * n + i] - s;
-                            ok &= d > 0.0;
-                            l[i * n + i] = d.max(0.0).sqrt();
+                            if d.is_nan() || d <= 0.0 {
+                                return Err(Error::op(
+                                    "cholesky",
+                                    crate::not_positive_definite(m, batch, i + 1),
+                                ));
+                            }
+                            l[i * n + i] = d.sqrt();
                         } else {
                             l[i * n + j] = (am[i * n + j] - s) / l[j * n + j];
                         }
                     }
-                }
-                if !ok {
-                    l.iter_mut().for_each(|v| *v = f64::NAN);
                 }
                 res.extend(l);
             }

@@ -70,6 +70,34 @@ pub fn view<T: Plain>(bytes: &[u8]) -> Cow<'_, [T]> {
     }
 }
 
+thread_local! {
+    /// What a kernel running on this thread reported through [`fail`].
+    static KERNEL_FAULT: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+    /// The first failure of the run on this thread, with the node that reported it.
+    static RUN_FAULT: std::cell::RefCell<Option<rlx_ir::Error>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Report, from inside a registered kernel, that it cannot give a result for these operands
+/// (a singular matrix, a matrix that is not positive definite, ...): the run then ends with an
+/// [`rlx_ir::Error::Op`] naming the op, its node and `msg`. Call it on the thread that runs the
+/// kernel (not from work it hands to the pool); the result's bytes are whatever the kernel left.
+pub fn fail(msg: impl Into<String>) {
+    KERNEL_FAULT.with(|f| {
+        f.borrow_mut().get_or_insert_with(|| msg.into());
+    });
+}
+
+/// Forget any failure this thread holds (the start of a run).
+pub(crate) fn clear_faults() {
+    KERNEL_FAULT.with(|f| f.borrow_mut().take());
+    RUN_FAULT.with(|f| f.borrow_mut().take());
+}
+
+/// The first failure a kernel reported during the run on this thread.
+pub(crate) fn take_fault() -> Option<rlx_ir::Error> {
+    RUN_FAULT.with(|f| f.borrow_mut().take())
+}
+
 /// Give the CPU backend a native kernel for the registered op `name` (replacing one given
 /// before). Ops without one run as their decomposition.
 pub fn register_kernel(name: &'static str, f: CpuKernel) {
@@ -119,6 +147,7 @@ pub(super) fn lower(info: &NodeInfo<'_>, op: &DefinedOp, f: CpuKernel) -> Result
     let out_shape = info.node.shape.clone();
     let out_bytes = out_shape.size_bytes().unwrap_or(0);
     let op = op.clone();
+    let node = info.id;
     let scratch: usize = bytes.iter().sum();
     Ok(Lowered::Compute {
         scratch,
@@ -149,6 +178,17 @@ pub(super) fn lower(info: &NodeInfo<'_>, op: &DefinedOp, f: CpuKernel) -> Result
                 // SAFETY: the result buffer is dense and `out_bytes` long.
                 let o = unsafe { std::slice::from_raw_parts_mut(out.ptr.get(), out_bytes) };
                 f(&op, &views, o, &out_shape, pool);
+                if let Some(msg) = KERNEL_FAULT.with(|k| k.borrow_mut().take()) {
+                    let operands: Vec<String> = shapes.iter().map(|s| s.to_string()).collect();
+                    let e = rlx_ir::Error::Op {
+                        op: op.name().to_string(),
+                        node: Some(node),
+                        msg: format!("{msg} (operands {})", operands.join(", ")),
+                    };
+                    RUN_FAULT.with(|r| {
+                        r.borrow_mut().get_or_insert(e);
+                    });
+                }
             })
         }),
     })

@@ -7,7 +7,7 @@
 //! Every value is dense in its dtype's storage (f16/bf16 as 16 bits, Bool as a byte); a reshape
 //! is the same bytes under other dims; a transpose, narrow, expand or concat a strided copy;
 //! intermediates share the arena as the memory planner lays them out; params live in a buffer
-//! of their own (shared by programs compiled with [`crate::CudaBackend::compile_sharing`]).
+//! of their own (shared by programs compiled with `CudaBackend`'s `Backend::compile_sharing`).
 
 use crate::source::{self, Access, BLOCK};
 use rlx_driver::IoSlot;
@@ -769,30 +769,30 @@ impl Lowering<'_> {
                 window,
                 block,
             } => self.paged_attention(id, *scale, *window, *block),
-            Op::Defined(_) if primitive_of(&node.op).is_some() => {
-                self.complex(id, d, primitive_of(&node.op))
-            }
-            Op::Defined(_) => match crate::registered::kernel_for(g, id) {
-                Some(k) => {
-                    let mut words = vec![imm(k.items), self.val(id)];
-                    words.extend(node.inputs.iter().map(|&x| self.val(x)));
-                    words.extend(k.words.iter().map(|&w| Pending::Imm(w)));
-                    let src = source::grid_kernel(words.len(), &k.body);
-                    self.launch(
-                        id,
-                        Some(src),
-                        [blocks(k.items, BLOCK as usize), 1, 1],
-                        BLOCK,
-                        words,
-                    )
+            Op::Defined(_) => {
+                match (primitive_of(&node.op), crate::registered::kernel_for(g, id)) {
+                    (Some(p), _) => self.complex(id, d, p),
+                    (None, Some(k)) => {
+                        let mut words = vec![imm(k.items), self.val(id)];
+                        words.extend(node.inputs.iter().map(|&x| self.val(x)));
+                        words.extend(k.words.iter().map(|&w| Pending::Imm(w)));
+                        let src = source::grid_kernel(words.len(), &k.body);
+                        self.launch(
+                            id,
+                            Some(src),
+                            [blocks(k.items, BLOCK as usize), 1, 1],
+                            BLOCK,
+                            words,
+                        )
+                    }
+                    (None, None) => Err(Error::Unsupported {
+                        backend: "cuda".into(),
+                        op: node.op.name().into(),
+                        node: id,
+                        msg: "no CUDA kernel".into(),
+                    }),
                 }
-                None => Err(Error::Unsupported {
-                    backend: "cuda".into(),
-                    op: node.op.name().into(),
-                    node: id,
-                    msg: "no CUDA kernel".into(),
-                }),
-            },
+            }
             other => Err(Error::Unsupported {
                 backend: "cuda".into(),
                 op: other.name().into(),
@@ -805,28 +805,22 @@ impl Lowering<'_> {
     /// The complex primitives as copies of f32 words: c64 values are pairs of them, so `real`
     /// and `imag` read every other word (from the first or the second) and `complex` writes its
     /// operands (broadcast) into every other word, one copy each.
-    fn complex(&mut self, id: NodeId, d: &[usize], p: Option<Primitive>) -> Result<()> {
+    fn complex(&mut self, id: NodeId, d: &[usize], p: Primitive) -> Result<()> {
         let node = self.g.node(id);
         let dense = dense_strides(d);
         let pairs: Vec<usize> = dense.iter().map(|s| 2 * s).collect();
         match p {
-            Some(Primitive::Real) | Some(Primitive::Imag) => {
-                let off = usize::from(p == Some(Primitive::Imag));
+            Primitive::Real | Primitive::Imag => {
+                let off = usize::from(p == Primitive::Imag);
                 self.copy_to(4, id, node.inputs[0], off, pairs, d.to_vec(), id, 0, dense)
             }
-            Some(Primitive::Complex) => {
+            Primitive::Complex => {
                 for (k, &x) in node.inputs.iter().enumerate() {
                     let s = broadcast_strides(&dims(self.g, x)?, d);
                     self.copy_to(4, id, x, 0, s, d.to_vec(), id, k, pairs.clone())?;
                 }
                 Ok(())
             }
-            None => Err(Error::Unsupported {
-                backend: "cuda".into(),
-                op: node.op.name().into(),
-                node: id,
-                msg: "no CUDA kernel".into(),
-            }),
         }
     }
 

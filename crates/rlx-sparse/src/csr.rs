@@ -99,7 +99,7 @@ impl OpDef for SpmmCsr {
         super::product_cost(ins, out)
     }
 
-    /// Each entry's row from the row pointers ([`rows_of`]), then `spmm`'s decomposition.
+    /// Each entry's row from the row pointers (`rows_of`), then `spmm`'s decomposition.
     fn decompose(&self, g: &mut Graph, ins: &[NodeId]) -> Option<Result<NodeId>> {
         Some((|| {
             let m = g.shape(ins[0]).numel().unwrap_or(1) - 1;

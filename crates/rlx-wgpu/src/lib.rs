@@ -13,7 +13,10 @@
 //! the device, `CacheWrite`, `CachedAttention`); composites the compiler decomposes into them
 //! (dot_general, norms, attention, RoPE, conv, pool, Quantize / Dequantize / FakeQuantize, ...)
 //! run too, and c64 values (pairs of f32 words; `complex`, `real` and `imag` are word copies,
-//! the rest of complex arithmetic and the FFT's decomposition real ops on the parts). What does not ([`unsupported`] says why) is a compile error naming the op and node.
+//! the rest of complex arithmetic and the FFT's decomposition real ops on the parts). Ops
+//! registered from other crates run natively where their crate gave a WGSL kernel
+//! ([`register_kernel`]). What does not ([`unsupported`] says why) is a compile error naming the
+//! op and node.
 
 #![deny(missing_docs)]
 

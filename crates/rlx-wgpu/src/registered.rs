@@ -25,7 +25,7 @@ pub struct WgslKernel {
     pub invocations: usize,
     /// The most loop iterations one invocation runs in all: an adapter that ends long loops
     /// (lavapipe, after 65535) runs the op's decomposition instead when this is above
-    /// [`crate::nn::LOOP_LIMIT`].
+    /// 65,000 (the backend's loop limit).
     pub longest_loop: usize,
 }
 

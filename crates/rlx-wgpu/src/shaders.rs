@@ -1115,7 +1115,7 @@ pub fn attention_scores(cache: DType) -> String {
 
 /// Step 2, a workgroup per query row and head (dispatch `S * Hq * WG` invocations): meta
 /// `[S * Hq, t, scores]`; the scores become the normalized weights (rounded to the cache's
-/// dtype), in place, the maximum and the sum found by the workgroup ([`WG_SUM`]).
+/// dtype), in place, the maximum and the sum found by the workgroup (`WG_SUM`).
 pub fn attention_weights(cache: DType) -> String {
     let w = round_to(cache, "exp(ld(r + j) - mx) / sum".into());
     format!(

@@ -20,7 +20,7 @@ OUT=.gpu-check
 rm -rf "$OUT" .gpu-model-1 .gpu-model-2
 mkdir -p "$OUT/bin"
 echo "gpu-check: building the test binaries (cargo test --no-run) and rlx (release)" >&2
-cargo test -p rlx --no-run --message-format=json --test ops_golden --test cuda_backend --test gpu_llm 2>/dev/null |
+cargo test -p rlx --no-run --message-format=json --test ops_golden --test cuda_backend --test gpu_llm --test complex --test registered_op 2>/dev/null |
     python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -92,6 +92,8 @@ B=.gpu-check/bin
 run "cuda_backend: needs_cuda_device (training, precision)" 120 $B/cuda_backend --test-threads=1 needs_cuda_device
 run "ops_golden: needs_cuda_device (op table)" 240 $B/ops_golden --test-threads=1 needs_cuda_device
 run "gpu_llm: random SmolLM2/Gemma 3 shapes vs the CPU" 240 $B/gpu_llm --test-threads=1 needs_cuda_device_random
+run "complex: JAX cases and a 4096-point FFT on CUDA" 120 $B/complex --test-threads=1 needs_cuda_device
+run "registered_op: a crate's CUDA kernel on the device" 60 $B/registered_op --test-threads=1 needs_cuda_device
 if [[ -f "$model" ]]; then
     run "gpu_llm: SmolLM2 vs the CPU" 240 $B/gpu_llm --test-threads=1 needs_cuda_device_smollm2
 fi
@@ -111,7 +113,11 @@ if [[ -f "$model" ]]; then
     run "rlx bench SmolLM2 --device cuda" 120 $B/rlx bench --model "$model" --device cuda -p 512 -n 128 -r 3
 fi
 if ldconfig -p | grep -q libvulkan.so.1; then
-    # wgpu through the machine's Vulkan driver, with the per-dispatch profile.
+    # wgpu through the machine's Vulkan driver: the op table (c64 included), the complex JAX
+    # cases and transforms, a crate's WGSL kernel; then the benchmark with its profile.
+    run "ops_golden: the op table on wgpu" 240 $B/ops_golden --test-threads=1 the_gpu_backend_matches
+    run "complex: JAX cases and transforms on wgpu (and CUDA emulation)" 240 $B/complex --test-threads=1 on_the_gpus
+    run "registered_op: a crate's WGSL kernel on wgpu" 60 $B/registered_op --test-threads=1 wgsl
     export RLX_PROFILE=1 RLX_PROFILE_TOP=12
     run "rlx bench random:smollm2 --device gpu (wgpu) -p 512 -n 16 -r 1, profiled" 120 $B/rlx bench --model random:smollm2 --device gpu -p 512 -n 16 -r 1
     unset RLX_PROFILE RLX_PROFILE_TOP

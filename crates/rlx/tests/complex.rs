@@ -350,6 +350,23 @@ fn losses_gradients_and_tangents_match_jax_on_the_gpus() {
     jax_checks(&[("wgpu", run_gpu), ("cuda (emulated)", run_cuda_emulated)]);
 }
 
+/// The JAX cases on a CUDA device (`scripts/gpu-check.sh` runs it there with
+/// `RLX_REQUIRE_CUDA=1`; elsewhere it says in one line that it did not run).
+#[test]
+fn needs_cuda_device_the_jax_cases_run_on_the_device() {
+    if !common::cuda_or_skip("the complex JAX cases on CUDA") {
+        return;
+    }
+    jax_checks(&[("cuda", |g, feeds| run_on(Device::Cuda, g, feeds))]);
+    let (g, feeds) = transform(FftKind::Fft, &[4096], 0, 4096);
+    close(
+        &run_on(Device::Cuda, &g, &feeds)[0],
+        &run_cpu(&g, &feeds)[0],
+        transform_tolerance(4096),
+    )
+    .unwrap_or_else(|e| panic!("cuda fft 4096: {e}"));
+}
+
 /// Transforms at long, odd and prime lengths and along inner axes on the GPU backends (the
 /// DFT-matrix decomposition) against the CPU's FFT kernels, and an stft → istft round trip.
 #[test]

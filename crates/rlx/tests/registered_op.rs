@@ -5,6 +5,8 @@
 //! native kernel for it), reverse and forward mode against finite differences, vmap, the compile
 //! cache (in memory and on disk) and the dispatch report.
 
+mod common;
+
 use rlx::ir::eval::Tensor;
 use rlx::ir::ops::{register, Batched, DefinedOp, OpClass, OpDef, OpRegistration};
 use rlx::ir::text::Attr;
@@ -402,20 +404,7 @@ fn a_registered_op_runs_the_native_wgsl_kernel_its_crate_gives() {
 #[test]
 fn a_registered_op_runs_the_native_cuda_kernel_its_crate_gives() {
     registered();
-    rlx_cuda::register_kernel(
-        "softplus",
-        std::sync::Arc::new(|op, ins, out| {
-            let beta = op.downcast::<Softplus>()?.beta;
-            if out.dtype() != DType::F32 || ins[0].rank() > 2 {
-                return None;
-            }
-            Some(rlx_cuda::CudaKernel {
-                body: "        const float b = __int_as_float((int)m.w[3]);\n        const float bx = b * ((const float *)m.w[2])[i];\n        ((float *)m.w[1])[i] = (fmaxf(bx, 0.0f) + log1pf(expf(-fabsf(bx)))) / b;\n".into(),
-                words: vec![beta.to_bits() as i64],
-                items: out.numel()?,
-            })
-        }),
-    );
+    register_cuda_kernel();
     let lowered = |g: Graph| {
         let l = Session::new(Device::Cuda).try_lower(g).unwrap();
         rlx_cuda::lower(&l.graph, &[]).unwrap()
@@ -434,26 +423,50 @@ fn a_registered_op_runs_the_native_cuda_kernel_its_crate_gives() {
             "element {k}: {got} vs {want}"
         );
     }
-    match rlx_cuda::nvrtc::Nvrtc::get() {
-        Ok(nvrtc) => {
-            for src in &p.kernels {
-                for arch in rlx_cuda::CHECKED_ARCHS {
-                    nvrtc
-                        .cubin(src, arch)
-                        .unwrap_or_else(|e| panic!("sm_{arch}: {e}\n{src}"));
-                }
-            }
-        }
-        Err(e) => assert!(
-            std::env::var("RLX_REQUIRE_NVRTC").as_deref() != Ok("1"),
-            "RLX_REQUIRE_NVRTC=1 and {e}"
-        ),
-    }
+    common::compile_cuda_kernels(&p.kernels, "softplus's registered kernel");
     let mut g = Graph::new("declined");
     let x = g.input("x", Shape::new(&[1, 2, 3], DType::F32));
     let y = softplus(&mut g, x, 2.0);
     g.set_outputs(vec![y]);
     assert!(!native(&lowered(g)), "rank 3 runs the decomposition");
+}
+
+/// Give the CUDA backend softplus's kernel (f32, rank 2 at most).
+fn register_cuda_kernel() {
+    rlx_cuda::register_kernel(
+        "softplus",
+        std::sync::Arc::new(|op, ins, out| {
+            let beta = op.downcast::<Softplus>()?.beta;
+            if out.dtype() != DType::F32 || ins[0].rank() > 2 {
+                return None;
+            }
+            Some(rlx_cuda::CudaKernel {
+                body: "        const float b = __int_as_float((int)m.w[3]);\n        const float bx = b * ((const float *)m.w[2])[i];\n        ((float *)m.w[1])[i] = (fmaxf(bx, 0.0f) + log1pf(expf(-fabsf(bx)))) / b;\n".into(),
+                words: vec![beta.to_bits() as i64],
+                items: out.numel()?,
+            })
+        }),
+    );
+}
+
+/// The registered CUDA kernel on a CUDA device (`scripts/gpu-check.sh` runs it there with
+/// `RLX_REQUIRE_CUDA=1`; elsewhere it says in one line that it did not run).
+#[test]
+fn needs_cuda_device_the_registered_kernel_runs_on_the_device() {
+    if !common::cuda_or_skip("softplus's CUDA kernel on the device") {
+        return;
+    }
+    registered();
+    register_cuda_kernel();
+    let mut c = Session::new(Device::Cuda).compile(model());
+    let outs = run(&mut c);
+    for (k, (got, (x, w))) in outs[1].iter().zip(X.iter().zip(&W)).enumerate() {
+        let want = softplus_f64(2.0, (*x * *w) as f64);
+        assert!(
+            (*got as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
+            "element {k}: {got} vs {want}"
+        );
+    }
 }
 
 #[test]

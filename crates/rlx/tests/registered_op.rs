@@ -298,6 +298,11 @@ fn a_registered_op_runs_the_native_cpu_kernel_its_crate_gives() {
                 DType::F32 => {
                     for (o, v) in out.chunks_exact_mut(4).zip(x.chunks_exact(4)) {
                         let v = f32::from_le_bytes(v.try_into().unwrap()) as f64;
+                        // This kernel refuses NaN operands: how a kernel reports what it
+                        // cannot compute.
+                        if v.is_nan() {
+                            rlx_cpu::kernels::registered::fail("a NaN operand");
+                        }
                         o.copy_from_slice(&(softplus_f64(beta, v) as f32).to_le_bytes());
                     }
                 }
@@ -330,6 +335,19 @@ fn a_registered_op_runs_the_native_cpu_kernel_its_crate_gives() {
         let want = softplus_f64(2.0, (*x * *w) as f64) as f32;
         assert_eq!(*got, want, "element {k}");
     }
+    // A kernel that reports a failure (`registered::fail`) ends the run with an error naming
+    // the op, its node and operands; the next run starts clean.
+    let mut bad = X;
+    bad[2] = f32::NAN;
+    let e = c
+        .try_run(&[("x", &bad)])
+        .expect_err("the kernel refuses NaN")
+        .to_string();
+    assert!(
+        e.starts_with("softplus (node %") && e.contains("a NaN operand") && e.contains("f32[2, 3]"),
+        "{e}"
+    );
+    assert!(c.try_run(&[("x", &X)]).is_ok(), "the next run succeeds");
 }
 
 /// The crate that registered the op gives the wgpu backend a WGSL kernel for it

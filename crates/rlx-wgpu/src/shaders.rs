@@ -952,33 +952,70 @@ pub fn quantize_acts(blk: u32) -> String {
 /// them all.
 pub const QROWS: u32 = 8;
 
-/// `x [R, K] @ decode(w)^T` for packed GGUF rows `w [N, row_bytes]`: meta `[R, K, N, x_off,
-/// w_byte, row_bytes, out_off]`; invocation `(tile, j)` computes result column `j` for rows
-/// `tile * QROWS ..` (up to `QROWS` of them), decoding each weight once.
+/// Rows of a prompt product's tile ([`dequant_matmul`]).
+pub const TILE_ROWS: u32 = 32;
+/// Columns of a prompt product's tile: one per invocation of the workgroup.
+pub const TILE_COLS: u32 = WG;
+/// Depth of one step of a prompt product's tile.
+const TILE_K: u32 = 32;
+
+/// `x [R, K] @ decode(w)^T` for packed GGUF rows `w [N, row_bytes]` (prompts, `R > QROWS`):
+/// meta `[R, K, N, x_off, w_byte, row_bytes, out_off]`; a workgroup per tile of
+/// [`TILE_ROWS`] rows and [`TILE_COLS`] columns (dispatch `(⌈N / TILE_COLS⌉, ⌈R / TILE_ROWS⌉)`),
+/// each invocation one column. Per step of 32 along `K`, the tile's activations are loaded once
+/// into workgroup memory for all its columns, and each invocation decodes its column's 32
+/// weights once for all the tile's rows, then accumulates the tile's rows in registers (the
+/// rows unrolled, so every accumulator index is static). Loops run `2.5 K` iterations an
+/// invocation.
 pub fn dequant_matmul(decoder: &str, out: DType) -> String {
-    let rnd = round_to(out, "acc[t]".into());
+    let (tr, tk) = (TILE_ROWS, TILE_K);
+    let fma: String = (0..tr)
+        .map(|t| format!("            acc[{t}] += xs[{t}u * {tk}u + kk] * w;\n"))
+        .collect();
+    let store: String = (0..tr)
+        .map(|t| {
+            let v = round_to(out, format!("acc[{t}]"));
+            format!("        if (r0 + {t}u < rows) {{ st(mt[6] + (r0 + {t}u) * n + j, {v}); }}\n")
+        })
+        .collect();
     format!(
         r#"{HEADER}{BYTES}{decoder}
+var<workgroup> xs: array<f32, {xs}>;
 @compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let i = gid.x + gid.y * ROW;
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
     let rows = mt[0];
     let k = mt[1];
     let n = mt[2];
-    let tiles = (rows + {QROWS}u - 1u) / {QROWS}u;
-    if (i >= tiles * n) {{ return; }}
-    let r0 = (i / n) * {QROWS}u;
-    let j = i % n;
-    let m = min({QROWS}u, rows - r0);
-    let row = mt[4] + j * mt[5];
-    var acc: array<f32, {QROWS}>;
-    for (var p = 0u; p < k; p++) {{
-        let w = deq(row, p);
-        for (var t = 0u; t < m; t++) {{ acc[t] += ld(mt[3] + (r0 + t) * k + p) * w; }}
+    let j = wg.x * {WG}u + lid;
+    let r0 = wg.y * {tr}u;
+    let live = j < n;
+    let row = mt[4] + min(j, n - 1u) * mt[5];
+    var acc: array<f32, {tr}>;
+    var wv: array<f32, {tk}>;
+    for (var c = 0u; c < k; c += {tk}u) {{
+        for (var e = lid; e < {xs}u; e += {WG}u) {{
+            let t = e / {tk}u;
+            let p = c + e % {tk}u;
+            var v = 0.0;
+            if (r0 + t < rows && p < k) {{ v = ld(mt[3] + (r0 + t) * k + p); }}
+            xs[e] = v;
+        }}
+        for (var kk = 0u; kk < {tk}u; kk++) {{
+            var w = 0.0;
+            if (live && c + kk < k) {{ w = deq(row, c + kk); }}
+            wv[kk] = w;
+        }}
+        workgroupBarrier();
+        for (var kk = 0u; kk < {tk}u; kk++) {{
+            let w = wv[kk];
+{fma}        }}
+        workgroupBarrier();
     }}
-    for (var t = 0u; t < m; t++) {{ st(mt[6] + (r0 + t) * n + j, {rnd}); }}
+    if (live) {{
+{store}    }}
 }}
-"#
+"#,
+        xs = tr * tk
     )
 }
 

@@ -458,6 +458,76 @@ fn the_gpus_quantized_products_agree_with_the_cpus() {
     assert!(checked >= 13, "only {checked} quantized product cases");
 }
 
+/// Prompt-sized quantized products (more rows than the decode kernel takes, so the GPU's tiled
+/// prompt kernel): 9 and 37 rows (one partial tile, a full one and a partial one) by 70
+/// columns (a partial tile of columns) over K = 512, for every GGUF block type the GPU
+/// decodes, random well-formed weights; the GPU against the CPU as
+/// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them.
+#[test]
+fn prompt_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
+    assert!(
+        Device::Gpu.is_available(),
+        "{}",
+        Device::Gpu.availability_hint()
+    );
+    let (n, k) = (70, 512);
+    let mut rng = rlx::gguf::SplitMix64::new(11);
+    let mut checked = 0;
+    for scheme in rlx::ir::QuantScheme::GGUF {
+        let (Some(ty), Some(row_bytes)) = (scheme.ggml_type(), scheme.row_bytes(k)) else {
+            continue;
+        };
+        if rlx_wgpu::shaders::gguf_decoder(scheme).is_none() {
+            continue;
+        }
+        // Q8_K is an activation type: no random weights of it are written.
+        let Ok(w) = rlx::gguf::random_tensor(ty, &[n, k], 0.0, 0.5, &mut rng) else {
+            continue;
+        };
+        for rows in [9, 37] {
+            let x: Vec<f32> = (0..rows * k)
+                .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
+                .collect();
+            let mut g = Graph::new("prompt_product");
+            let xi = g.input("x", Shape::new(&[rows, k], DType::F32));
+            let wi = g.param("w", Shape::new(&[n, row_bytes], DType::U8));
+            let y = g.op(Op::DequantMatMul { scheme }, &[xi, wi]);
+            g.set_outputs(vec![y]);
+            let b = Built {
+                g,
+                feeds: vec![(
+                    "x".into(),
+                    x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    DType::F32,
+                )],
+                params: vec![("w".into(), w.clone(), DType::U8)],
+            };
+            let name = format!("{scheme:?} {rows}x{k} @ {n}");
+            let cpu = run_on(Device::Cpu, &b, true).expect("runs on the CPU");
+            let gpu = run_on(Device::Gpu, &b, true).expect("runs on the GPU");
+            let want = run_reference(&b).expect("reference");
+            // Where the CPU's product is itself unrounded (float weights, or activations it
+            // does not round at this size), the two summation orders differ over K = 512 by
+            // more than a few ulps: both are then held within 2e-6 of the largest result of
+            // the exact product (f32 sums of 512 terms). Where the CPU rounds (far from
+            // exact), the GPU must match it.
+            let off = |a: &[f64]| {
+                a.iter()
+                    .zip(&want)
+                    .map(|(p, q)| (p - q).abs())
+                    .fold(0f64, f64::max)
+            };
+            let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+            let near_exact = off(&cpu) <= 2e-6 * scale && off(&gpu) <= 2e-6 * scale;
+            if let Err(e) = quantized_agrees(&name, &cpu, &gpu, &want, "GPU (tiled)") {
+                assert!(near_exact, "{e}");
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 24, "only {checked} prompt-sized products");
+}
+
 /// The text form prints and parses back every case of the op table (every op kind, with its
 /// attributes), and the parsed graph prints the same text.
 #[test]

@@ -415,8 +415,13 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
                     groups_1d(nn * WG as usize),
                 ));
             }
-            let invocations = rows.div_ceil(shaders::QROWS as usize) * nn;
-            Ok((shaders::dequant_matmul(dec, out), groups_1d(invocations)))
+            // Prompts: a workgroup per tile of rows and columns.
+            let groups = (
+                nn.div_ceil(shaders::TILE_COLS as usize) as u32,
+                rows.div_ceil(shaders::TILE_ROWS as usize) as u32,
+                1,
+            );
+            Ok((shaders::dequant_matmul(dec, out), groups))
         }
         QuantKv::DequantizeRows { w, scheme } => {
             let wd = s.dims(*w)?;

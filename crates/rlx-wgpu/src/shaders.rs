@@ -610,17 +610,92 @@ pub fn copy() -> String {
     )
 }
 
-/// Reduction: meta `[n_out, m, in_off, out_off, outer_rank, outer_dims[RANK],
-/// outer_strides[RANK], inner_rank, inner_dims[RANK], inner_strides[RANK]]`; each invocation
-/// folds the `m` elements of one output.
-pub fn reduce(kind: ReduceKind, out: DType) -> String {
-    let (init, step, fin) = match kind {
+/// Reduced elements from which a reduction takes a workgroup per result ([`reduce_wide`]).
+pub const WIDE_REDUCE: usize = 256;
+
+/// A reduction of at least [`WIDE_REDUCE`] elements per result: meta as [`reduce`]'s; a
+/// workgroup per result (dispatch `n_out * WG` invocations), its invocations striding over the
+/// reduced elements, then a tree in workgroup memory (the same combining step as [`reduce`]'s,
+/// NaN-propagating for max and min).
+pub fn reduce_wide(kind: ReduceKind, out: DType) -> String {
+    let (init, step, fin) = reduce_parts(kind);
+    let rnd = round_to(out, fin.replace("acc", "red[0]"));
+    // Max and min test NaN by its bits: the compiler may fold `a != a` away in the tree.
+    let combine = match kind {
+        ReduceKind::Sum | ReduceKind::Mean => "a + b",
+        ReduceKind::Max => "select(max(a, b), a + b, nanb(a) || nanb(b))",
+        ReduceKind::Min => "select(min(a, b), a + b, nanb(a) || nanb(b))",
+        ReduceKind::Prod => "a * b",
+    };
+    let step = match kind {
+        ReduceKind::Max | ReduceKind::Min => "combine(acc, x)",
+        _ => step,
+    };
+    let (od, os, ir, id, is) = (5, 5 + RANK, 5 + 2 * RANK, 6 + 2 * RANK, 6 + 3 * RANK);
+    format!(
+        r#"{HEADER}
+{WALK}
+var<workgroup> red: array<f32, {WG}>;
+fn nanb(v: f32) -> bool {{ let u = bitcast<u32>(v); return (u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu) != 0u; }}
+fn combine(a: f32, b: f32) -> f32 {{ return {combine}; }}
+@compute @workgroup_size({WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+    let i = wg.x + wg.y * {MAX_GROUPS}u;
+    let live = i < mt[0];
+    let m = mt[1];
+    var acc: f32 = {init};
+    if (live) {{
+        let base = mt[2] + walk(i, 4u, {od}u, {os}u);
+        for (var j = lid; j < m; j += {WG}u) {{
+            let x = ld(base + walk(j, {ir}u, {id}u, {is}u));
+            acc = {step};
+        }}
+    }}
+    red[lid] = acc;
+    workgroupBarrier();
+    for (var s = {half}u; s > 0u; s = s >> 1u) {{
+        if (lid < s) {{ red[lid] = combine(red[lid], red[lid + s]); }}
+        workgroupBarrier();
+    }}
+    if (live && lid == 0u) {{ st(mt[3] + i, {rnd}); }}
+}}
+"#,
+        half = WG / 2
+    )
+}
+
+/// The initial value, the step folding element `x` into `acc`, and the result from `acc`, of
+/// a reduction kind.
+fn reduce_parts(kind: ReduceKind) -> (&'static str, &'static str, &'static str) {
+    match kind {
         ReduceKind::Sum => ("0.0", "acc + x", "acc"),
         ReduceKind::Mean => ("0.0", "acc + x", "acc / f32(m)"),
         ReduceKind::Max => ("bitcast<f32>(0xff800000u)", "rmax(acc, x)", "acc"),
         ReduceKind::Min => ("bitcast<f32>(0x7f800000u)", "rmin(acc, x)", "acc"),
         ReduceKind::Prod => ("1.0", "acc * x", "acc"),
-    };
+    }
+}
+
+/// `walk(i, rank_at, dims_at, strides_at)`: the offset of element `i` of the dims at
+/// `mt[dims_at..]` laid out with the strides at `mt[strides_at..]`.
+const WALK: &str = r#"fn walk(i: u32, rank_at: u32, dims_at: u32, strides_at: u32) -> u32 {
+    let rank = mt[rank_at];
+    var rem = i;
+    var off = 0u;
+    for (var d = 0u; d < rank; d++) {
+        let ax = rank - 1u - d;
+        let dim = mt[dims_at + ax];
+        off += (rem % dim) * mt[strides_at + ax];
+        rem = rem / dim;
+    }
+    return off;
+}"#;
+
+/// Reduction: meta `[n_out, m, in_off, out_off, outer_rank, outer_dims[RANK],
+/// outer_strides[RANK], inner_rank, inner_dims[RANK], inner_strides[RANK]]`; each invocation
+/// folds the `m` elements of one output.
+pub fn reduce(kind: ReduceKind, out: DType) -> String {
+    let (init, step, fin) = reduce_parts(kind);
     let rnd = round_to(out, fin.to_string());
     let od = 5;
     let os = od + RANK;
@@ -629,18 +704,7 @@ pub fn reduce(kind: ReduceKind, out: DType) -> String {
     let is = id + RANK;
     format!(
         r#"{HEADER}
-fn walk(i: u32, rank_at: u32, dims_at: u32, strides_at: u32) -> u32 {{
-    let rank = mt[rank_at];
-    var rem = i;
-    var off = 0u;
-    for (var d = 0u; d < rank; d++) {{
-        let ax = rank - 1u - d;
-        let dim = mt[dims_at + ax];
-        off += (rem % dim) * mt[strides_at + ax];
-        rem = rem / dim;
-    }}
-    return off;
-}}
+{WALK}
 
 @compute @workgroup_size({WG})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{

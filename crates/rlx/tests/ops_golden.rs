@@ -528,6 +528,88 @@ fn prompt_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
     assert!(checked >= 24, "only {checked} prompt-sized products");
 }
 
+/// Reductions over long rows on the GPU (a workgroup per result from 256 reduced elements):
+/// every kind over a row of 1000, a strided middle axis of 300, two axes together and 70,000
+/// elements into one (more than one lavapipe invocation may loop over), with a NaN in one row
+/// for max and min; against the reference evaluator.
+#[test]
+fn long_reductions_on_the_gpu_match_the_reference_evaluator() {
+    assert!(
+        Device::Gpu.is_available(),
+        "{}",
+        Device::Gpu.availability_hint()
+    );
+    let kinds = [
+        ReduceKind::Sum,
+        ReduceKind::Mean,
+        ReduceKind::Max,
+        ReduceKind::Min,
+        ReduceKind::Prod,
+    ];
+    let shapes: [(&[usize], &[usize]); 4] = [
+        (&[3, 1000], &[1]),
+        (&[2, 300, 5], &[1]),
+        (&[4, 20, 30], &[1, 2]),
+        (&[70000], &[0]),
+    ];
+    for kind in kinds {
+        for (dims, axes) in shapes {
+            let n: usize = dims.iter().product();
+            // Products stay finite: values near 1 for prod, spread out for the others.
+            let mut x: Vec<f32> = (0..n)
+                .map(|i| {
+                    let u = (i * 7919 % 1000) as f32 / 1000.0;
+                    if kind == ReduceKind::Prod {
+                        1.0 + (u - 0.5) * 0.01
+                    } else {
+                        u * 4.0 - 2.0
+                    }
+                })
+                .collect();
+            if matches!(kind, ReduceKind::Max | ReduceKind::Min) {
+                x[7] = f32::NAN;
+            }
+            let mut g = Graph::new("long_reduce");
+            let xi = g.input("x", Shape::new(dims, DType::F32));
+            let y = g.op(
+                Op::Reduce {
+                    kind,
+                    axes: axes.to_vec(),
+                    keepdims: false,
+                },
+                &[xi],
+            );
+            g.set_outputs(vec![y]);
+            let b = Built {
+                g,
+                feeds: vec![(
+                    "x".into(),
+                    x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    DType::F32,
+                )],
+                params: vec![],
+            };
+            let got = run_on(Device::Gpu, &b, true).expect("runs on the GPU");
+            let want = run_reference(&b).expect("reference");
+            let scale = want
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold(1f64, |m, v| m.max(v.abs()));
+            for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+                let ok = if w.is_nan() {
+                    a.is_nan()
+                } else {
+                    (a - w).abs() <= 1e-5 * scale
+                };
+                assert!(
+                    ok,
+                    "{kind:?} {dims:?} over {axes:?}, result {i}: {a} vs {w}"
+                );
+            }
+        }
+    }
+}
+
 /// The text form prints and parses back every case of the op table (every op kind, with its
 /// attributes), and the parsed graph prints the same text.
 #[test]

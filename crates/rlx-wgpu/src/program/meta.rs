@@ -292,6 +292,13 @@ fn reduction(s: &Site, k: &Reduction, meta: &mut Vec<u32>) -> Result<(String, Gr
             meta.push(axes.len() as u32);
             meta.extend(pad(&axes.iter().map(|&a| sd[a]).collect::<Vec<_>>()));
             meta.extend(pad(&axes.iter().map(|&a| ss[a]).collect::<Vec<_>>()));
+            if m >= shaders::WIDE_REDUCE {
+                // Long rows: a workgroup per result.
+                return Ok((
+                    shaders::reduce_wide(*kind, out),
+                    groups_1d(count * WG as usize),
+                ));
+            }
             Ok((shaders::reduce(*kind, out), groups_1d(count)))
         }
         Reduction::Softmax { src, axis } => {

@@ -185,7 +185,15 @@ fn loop_len(g: &Graph, id: NodeId) -> usize {
     let n = g.node(id);
     let axis_len = |x: NodeId, a: usize| axis_len_in(g, x, a);
     match &n.op {
-        Op::Reduce { axes, .. } => axes.iter().map(|&a| axis_len(n.inputs[0], a)).product(),
+        Op::Reduce { axes, .. } => {
+            let m: usize = axes.iter().map(|&a| axis_len(n.inputs[0], a)).product();
+            // Long rows take a workgroup per result: each invocation walks a 64th, then the tree.
+            if m >= shaders::WIDE_REDUCE {
+                m.div_ceil(shaders::WG as usize) + 8
+            } else {
+                m
+            }
+        }
         Op::Softmax { axis } | Op::Cumsum { axis } => 3 * axis_len(n.inputs[0], *axis),
         // The contraction (the tiled product's tiles of 16, plus the loads).
         Op::MatMul => 2 * axis_len(n.inputs[0], g.shape(n.inputs[0]).rank() - 1),

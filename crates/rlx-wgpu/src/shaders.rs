@@ -1012,8 +1012,8 @@ pub fn quantize_acts(blk: u32) -> String {
     )
 }
 
-/// Rows of `x` one invocation of the quantized product computes: each decoded weight serves
-/// them all.
+/// Rows up to which a quantized product is a decode product ([`dequant_matvec`]: each decoded
+/// weight serves them all); more rows take the tiled prompt kernel ([`dequant_matmul`]).
 pub const QROWS: u32 = 8;
 
 /// Rows of a prompt product's tile ([`dequant_matmul`]).

@@ -129,6 +129,15 @@ fn run_on(device: Device, b: &Built, optimize: bool) -> Result<Vec<f64>, String>
     Ok(decode(&outs[0].0, outs[0].1))
 }
 
+/// A GPU adapter is here (CI installs Mesa's software Vulkan); a missing one fails the test.
+fn assert_gpu() {
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
+}
+
 /// Run a built case on the reference evaluator.
 fn run_reference(b: &Built) -> Result<Vec<f64>, String> {
     let mut leaves = std::collections::BTreeMap::new();
@@ -333,11 +342,7 @@ fn allowed_off(list: &[(&str, &str, &str)], c: &Value) -> Option<usize> {
 /// adapters get).
 #[test]
 fn the_gpu_backend_matches_the_reference_evaluator() {
-    assert!(
-        Device::Gpu.is_available(),
-        "no GPU adapter: {}",
-        Device::Gpu.availability_hint()
-    );
+    assert_gpu();
     let cases = cases();
     let (mut ran, mut failures) = (BTreeSet::new(), Vec::new());
     let mut used = vec![0usize; NOT_ON_THE_GPU.len()];
@@ -436,11 +441,7 @@ fn the_gpu_backend_matches_the_reference_evaluator() {
 /// distance from the exact product, for every GGUF block type.
 #[test]
 fn the_gpus_quantized_products_agree_with_the_cpus() {
-    assert!(
-        Device::Gpu.is_available(),
-        "{}",
-        Device::Gpu.availability_hint()
-    );
+    assert_gpu();
     let mut checked = 0;
     for c in cases().iter().filter(|c| c["op"] == "dequant_matmul") {
         let name = c["name"].as_str().unwrap_or("?");
@@ -465,11 +466,7 @@ fn the_gpus_quantized_products_agree_with_the_cpus() {
 /// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them.
 #[test]
 fn prompt_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
-    assert!(
-        Device::Gpu.is_available(),
-        "{}",
-        Device::Gpu.availability_hint()
-    );
+    assert_gpu();
     let (n, k) = (70, 512);
     let mut rng = rlx::gguf::SplitMix64::new(11);
     let mut checked = 0;
@@ -534,11 +531,7 @@ fn prompt_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
 /// for max and min; against the reference evaluator.
 #[test]
 fn long_reductions_on_the_gpu_match_the_reference_evaluator() {
-    assert!(
-        Device::Gpu.is_available(),
-        "{}",
-        Device::Gpu.availability_hint()
-    );
+    assert_gpu();
     let kinds = [
         ReduceKind::Sum,
         ReduceKind::Mean,

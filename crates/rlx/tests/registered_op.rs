@@ -186,6 +186,17 @@ fn model() -> Graph {
 const X: [f32; 6] = [-3.0, -0.5, 0.0, 0.25, 1.5, 20.0];
 const W: [f32; 6] = [0.5, 1.0, -2.0, 3.0, 1.0, 1.0];
 
+/// `model()`'s softplus values (its second output) within `tol` relative of the f64 formula.
+fn assert_model_values(got: &[f32], tol: f64) {
+    for (k, (got, (x, w))) in got.iter().zip(X.iter().zip(&W)).enumerate() {
+        let want = softplus_f64(2.0, (*x * *w) as f64);
+        assert!(
+            (*got as f64 - want).abs() <= tol * want.abs().max(1.0),
+            "element {k}: {got} vs {want}"
+        );
+    }
+}
+
 fn run(c: &mut CompiledGraph) -> Vec<Vec<f32>> {
     c.set_param("w", &W);
     c.run(&[("x", &X)])
@@ -388,13 +399,7 @@ fn a_registered_op_runs_the_native_wgsl_kernel_its_crate_gives() {
     let (mut c, is_native) = native(model());
     assert!(is_native, "a native WGSL kernel: {}", c.dispatch_report());
     let outs = run(&mut c);
-    for (k, (got, (x, w))) in outs[1].iter().zip(X.iter().zip(&W)).enumerate() {
-        let want = softplus_f64(2.0, (*x * *w) as f64);
-        assert!(
-            (*got as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
-            "element {k}: {got} vs {want}"
-        );
-    }
+    assert_model_values(&outs[1], 1e-6);
     // Declined operands and a loop too long for lavapipe: the decomposition, the same values.
     for (dims, beta) in [(vec![1, 2, 3], 2.0), (vec![2, 3], 7.0)] {
         let mut g = Graph::new("declined");
@@ -478,13 +483,7 @@ fn needs_cuda_device_the_registered_kernel_runs_on_the_device() {
     register_cuda_kernel();
     let mut c = Session::new(Device::Cuda).compile(model());
     let outs = run(&mut c);
-    for (k, (got, (x, w))) in outs[1].iter().zip(X.iter().zip(&W)).enumerate() {
-        let want = softplus_f64(2.0, (*x * *w) as f64);
-        assert!(
-            (*got as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
-            "element {k}: {got} vs {want}"
-        );
-    }
+    assert_model_values(&outs[1], 1e-6);
 }
 
 #[test]

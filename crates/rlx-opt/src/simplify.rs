@@ -4,7 +4,8 @@
 //!   widens `x` (for integers any zero; for floats only `-0.0` is an exact additive identity,
 //!   since `-0.0 + 0.0 = +0.0`)
 //! - `neg(neg(x))` → `x`
-//! - `transpose(transpose(x, p), q)` → `transpose(x, p∘q)`; identity transpose → `x`
+//! - `transpose(transpose(x, p), q)` → `transpose(x, p∘q)`; identity transpose → `x`; a
+//!   transpose that moves only axes of length 1 → a reshape (a view)
 //! - `reshape(reshape(x))` → `reshape(x)`; reshape / expand to the same shape → `x`
 //! - `cast(x)` to its own dtype → `x`; full-range narrow → `x`
 //! - `concat(a…) + concat(b…)` along one axis → `concat(aᵢ + bᵢ)` over the common refinement of
@@ -98,6 +99,24 @@ pub fn rules() -> RuleSet<'static> {
                 .enumerate()
                 .all(|(i, &p)| i == p)
                 .then_some(s.ins[0]))
+        }))
+        .with(Rule::new("transpose_unit_axes", &[K::Transpose], |g, s| {
+            // Moving only axes of length 1 keeps every element's row-major offset: the
+            // transpose is a reshape (a view on every backend), e.g. `[1, H, D] -> [H, 1, D]`.
+            let Op::Transpose { perm } = s.op else {
+                return Ok(None);
+            };
+            let (Some(src), Some(dims)) = (g.shape(s.ins[0]).static_dims(), s.shape.static_dims())
+            else {
+                return Ok(None);
+            };
+            let kept: Vec<usize> = perm.iter().copied().filter(|&p| src[p] != 1).collect();
+            if perm.iter().enumerate().all(|(i, &p)| i == p)
+                || !kept.windows(2).all(|w| w[0] < w[1])
+            {
+                return Ok(None);
+            }
+            Ok(Some(g.try_reshape(s.ins[0], &dims)?))
         }))
         .with(Rule::new("transpose_transpose", &[K::Transpose], |g, s| {
             let (Op::Transpose { perm }, Op::Transpose { perm: inner }) =

@@ -521,11 +521,27 @@ fn f32_avx512<P: Index>(
             }
             let mut acc = _mm512_setzero_ps();
             let mut e = lo;
-            while e < hi {
-                let left = (hi - e).min(16);
-                let mask: __mmask16 = if left == 16 { !0 } else { (1u16 << left) - 1 };
-                // SAFETY: entries e..e + left are in bounds; the rest of the 16 are masked off
-                // (and not read); only columns in 0..n are gathered.
+            // Whole groups of sixteen: plain loads, and a gather that waits on no mask unless
+            // a column is out of range (a predictable branch, not a dependency).
+            while e + 16 <= hi {
+                // SAFETY: entries e..e + 16 are in bounds; only columns in 0..n are gathered.
+                unsafe {
+                    let c = _mm512_loadu_si512(cols.as_ptr().add(e) as *const _);
+                    let x = _mm512_loadu_ps(v.as_ptr().add(e));
+                    let ok = _mm512_cmplt_epu32_mask(c, limit);
+                    let g = if ok == !0 {
+                        _mm512_i32gather_ps::<4>(c, d.as_ptr())
+                    } else {
+                        _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), ok, c, d.as_ptr())
+                    };
+                    acc = _mm512_fmadd_ps(x, g, acc);
+                }
+                e += 16;
+            }
+            if e < hi {
+                let mask: __mmask16 = (1u16 << (hi - e)) - 1;
+                // SAFETY: entries e..hi are in bounds; the rest of the 16 are masked off (and
+                // not read); only columns in 0..n are gathered.
                 unsafe {
                     let c = _mm512_maskz_loadu_epi32(mask, cols.as_ptr().add(e));
                     let ok = mask & _mm512_cmplt_epu32_mask(c, limit);
@@ -533,7 +549,6 @@ fn f32_avx512<P: Index>(
                     let g = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), ok, c, d.as_ptr());
                     acc = _mm512_fmadd_ps(x, g, acc);
                 }
-                e += left;
             }
             y[r - a] = _mm512_reduce_add_ps(acc);
         }

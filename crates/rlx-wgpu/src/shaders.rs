@@ -743,6 +743,92 @@ pub fn softmax(out: DType) -> String {
     )
 }
 
+/// Row length from which softmax and cumsum take a workgroup per row ([`softmax_wide`],
+/// [`cumsum_wide`]) rather than an invocation per element looping over its row.
+pub const WIDE_ROW: usize = 32;
+
+/// The prologue of a kernel with a workgroup per row of a value along one axis (meta as
+/// [`softmax`]'s: `[n, len, stride, in_off, out_off]`, dispatch `n / len * WG` invocations):
+/// `len`, `stride`, `live` (the workgroup has a row) and `start` (its first element's index).
+const ROW_PER_GROUP: &str = r#"var<workgroup> red: array<f32, WGu>;
+fn nanb(v: f32) -> bool { let u = bitcast<u32>(v); return (u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu) != 0u; }
+fn cmax(a: f32, b: f32) -> f32 { return select(max(a, b), a + b, nanb(a) || nanb(b)); }
+@compute @workgroup_size(WGu)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let len = mt[1];
+    let stride = mt[2];
+    let r = wg.x + wg.y * MAX_GROUPSu;
+    let live = r < mt[0] / len;
+    let start = (r / stride) * len * stride + r % stride;
+"#;
+
+/// Softmax along one axis, a workgroup per row: meta as [`softmax`]'s; the row's maximum
+/// (NaN-propagating, tested by its bits) and sum each by a tree in workgroup memory.
+pub fn softmax_wide(out: DType) -> String {
+    let rnd = round_to(out, "exp(ld(mt[3] + e) - mx) / sum".into());
+    format!(
+        r#"{HEADER}
+{ROW_PER_GROUP}    var mx = bitcast<f32>(0xff800000u);
+    if (live) {{ for (var j = lid; j < len; j += WGu) {{ mx = cmax(mx, ld(mt[3] + start + j * stride)); }} }}
+    red[lid] = mx;
+    workgroupBarrier();
+    for (var s = HALFu; s > 0u; s = s >> 1u) {{
+        if (lid < s) {{ red[lid] = cmax(red[lid], red[lid + s]); }}
+        workgroupBarrier();
+    }}
+    mx = red[0];
+    workgroupBarrier();
+    var sum = 0.0;
+    if (live) {{ for (var j = lid; j < len; j += WGu) {{ sum += exp(ld(mt[3] + start + j * stride) - mx); }} }}
+    red[lid] = sum;
+    workgroupBarrier();
+    for (var s = HALFu; s > 0u; s = s >> 1u) {{
+        if (lid < s) {{ red[lid] = red[lid] + red[lid + s]; }}
+        workgroupBarrier();
+    }}
+    sum = red[0];
+    if (live) {{ for (var j = lid; j < len; j += WGu) {{ let e = start + j * stride; st(mt[4] + e, {rnd}); }} }}
+}}
+"#
+    )
+    .replace("MAX_GROUPSu", &format!("{MAX_GROUPS}u"))
+    .replace("HALFu", &format!("{}u", WG / 2))
+    .replace("WGu", &format!("{WG}u"))
+}
+
+/// Inclusive prefix sum along one axis, a workgroup per row: meta as [`softmax`]'s; the row in
+/// chunks of `WG`, each scanned in workgroup memory (log-step) and added to the sum of the
+/// chunks before it.
+pub fn cumsum_wide(out: DType) -> String {
+    let rnd = round_to(out, "carry + red[lid]".into());
+    format!(
+        r#"{HEADER}
+{ROW_PER_GROUP}    var carry = 0.0;
+    for (var c = 0u; c < len; c += WGu) {{
+        let j = c + lid;
+        let on = live && j < len;
+        var v = 0.0;
+        if (on) {{ v = ld(mt[3] + start + j * stride); }}
+        red[lid] = v;
+        workgroupBarrier();
+        for (var s = 1u; s < WGu; s = s << 1u) {{
+            var t = 0.0;
+            if (lid >= s) {{ t = red[lid - s]; }}
+            workgroupBarrier();
+            red[lid] = red[lid] + t;
+            workgroupBarrier();
+        }}
+        if (on) {{ st(mt[4] + start + j * stride, {rnd}); }}
+        carry += red[WGu - 1u];
+        workgroupBarrier();
+    }}
+}}
+"#
+    )
+    .replace("MAX_GROUPSu", &format!("{MAX_GROUPS}u"))
+    .replace("WGu", &format!("{WG}u"))
+}
+
 /// Gather along an axis: meta `[n, rank, out_off, dims[RANK], x_off, x_strides[RANK], idx_off,
 /// idx_strides[RANK], axis_stride, axis_len]` (strides over the result's axes, zero where an
 /// axis does not index that operand); indices are clamped into the axis, as the reference

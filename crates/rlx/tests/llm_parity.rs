@@ -175,10 +175,22 @@ fn forced_stepwise(llm: &mut Llm, g: &Value) {
     );
 }
 
+/// A decode step moves only its length-1 token axis around RoPE: the compiler makes those
+/// transposes views (reshapes), so the compiled step copies nothing for them.
+fn decode_step_has_no_transposes(llm: &Llm) {
+    let g = llm.decode_graph().graph();
+    let moves = g
+        .ids()
+        .filter(|&i| matches!(g.node(i).op, rlx::ir::Op::Transpose { .. }))
+        .count();
+    assert_eq!(moves, 0, "transposes left in the decode step");
+}
+
 #[test]
 fn smollm2_matches_llama_cpp() {
     let g = golden("smollm2");
     let mut llm = load(KnownModel::SmolLM2);
+    decode_step_has_no_transposes(&llm);
     greedy(&mut llm, &g, 5);
     forced(&mut llm, &g);
     forced_stepwise(&mut llm, &g);
@@ -188,6 +200,7 @@ fn smollm2_matches_llama_cpp() {
 fn gemma3_matches_llama_cpp() {
     let g = golden("gemma3");
     let mut llm = load(KnownModel::Gemma3);
+    decode_step_has_no_transposes(&llm);
     greedy(&mut llm, &g, 3);
     forced(&mut llm, &g);
     forced_stepwise(&mut llm, &g);

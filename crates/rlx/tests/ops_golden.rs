@@ -525,6 +525,35 @@ fn prompt_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
     assert!(checked >= 24, "only {checked} prompt-sized products");
 }
 
+/// Graph `g` of one f32 input `x` on the GPU against the reference evaluator: every result
+/// within 1e-5 of the largest finite one (at least `floor`), NaN where the reference has NaN.
+fn gpu_matches_reference(g: Graph, x: &[f32], floor: f64, what: &str) {
+    let b = Built {
+        g,
+        feeds: vec![(
+            "x".into(),
+            x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::F32,
+        )],
+        params: vec![],
+    };
+    let got = run_on(Device::Gpu, &b, true).expect("runs on the GPU");
+    let want = run_reference(&b).expect("reference");
+    assert_eq!(got.len(), want.len(), "{what}");
+    let scale = want
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(floor, |m, v| m.max(v.abs()));
+    for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+        let ok = if w.is_nan() {
+            a.is_nan()
+        } else {
+            (a - w).abs() <= 1e-5 * scale
+        };
+        assert!(ok, "{what}, result {i}: {a} vs {w}");
+    }
+}
+
 /// Reductions over long rows on the GPU (a workgroup per result from 256 reduced elements):
 /// every kind over a row of 1000, a strided middle axis of 300, two axes together and 70,000
 /// elements into one (more than one lavapipe invocation may loop over), with a NaN in one row
@@ -573,32 +602,49 @@ fn long_reductions_on_the_gpu_match_the_reference_evaluator() {
                 &[xi],
             );
             g.set_outputs(vec![y]);
-            let b = Built {
-                g,
-                feeds: vec![(
-                    "x".into(),
-                    x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                    DType::F32,
-                )],
-                params: vec![],
-            };
-            let got = run_on(Device::Gpu, &b, true).expect("runs on the GPU");
-            let want = run_reference(&b).expect("reference");
-            let scale = want
-                .iter()
-                .filter(|v| v.is_finite())
-                .fold(1f64, |m, v| m.max(v.abs()));
-            for (i, (a, w)) in got.iter().zip(&want).enumerate() {
-                let ok = if w.is_nan() {
-                    a.is_nan()
-                } else {
-                    (a - w).abs() <= 1e-5 * scale
-                };
-                assert!(
-                    ok,
-                    "{kind:?} {dims:?} over {axes:?}, result {i}: {a} vs {w}"
-                );
+            gpu_matches_reference(g, &x, 1.0, &format!("{kind:?} {dims:?} over {axes:?}"));
+        }
+    }
+}
+
+/// Softmax and cumsum along rows of 32 or more (a workgroup per row on the GPU): a contiguous
+/// row of 1000, a strided middle axis of 300, a leading axis of 40 and one row of 70,000, with
+/// a NaN row and a `-inf` for softmax; against the reference evaluator.
+#[test]
+fn long_softmax_and_cumsum_on_the_gpu_match_the_reference_evaluator() {
+    assert_gpu();
+    let shapes: [(&[usize], usize); 4] = [
+        (&[3, 1000], 1),
+        (&[2, 300, 5], 1),
+        (&[40, 3], 0),
+        (&[70000], 0),
+    ];
+    for softmax in [true, false] {
+        for (dims, axis) in shapes {
+            let n: usize = dims.iter().product();
+            let mut x: Vec<f32> = (0..n)
+                .map(|i| (i * 7919 % 1000) as f32 / 250.0 - 2.0)
+                .collect();
+            if softmax {
+                x[7] = f32::NAN;
+                x[n - 2] = f32::NEG_INFINITY;
             }
+            let mut g = Graph::new("long_rows");
+            let xi = g.input("x", Shape::new(dims, DType::F32));
+            let op = if softmax {
+                Op::Softmax { axis }
+            } else {
+                Op::Cumsum { axis }
+            };
+            let y = g.op(op, &[xi]);
+            g.set_outputs(vec![y]);
+            let what = if softmax { "softmax" } else { "cumsum" };
+            gpu_matches_reference(
+                g,
+                &x,
+                if softmax { 0.0 } else { 1.0 },
+                &format!("{what} {dims:?} along {axis}"),
+            );
         }
     }
 }

@@ -303,10 +303,19 @@ fn reduction(s: &Site, k: &Reduction, meta: &mut Vec<u32>) -> Result<(String, Gr
         }
         Reduction::Softmax { src, axis } => {
             along(s, *src, *axis, meta);
+            if s.out_d[*axis] >= shaders::WIDE_ROW {
+                // Long rows: a workgroup per row.
+                let rows = count / s.out_d[*axis];
+                return Ok((shaders::softmax_wide(out), groups_1d(rows * WG as usize)));
+            }
             Ok((shaders::softmax(out), groups_1d(count)))
         }
         Reduction::Cumsum { src, axis } => {
             along(s, *src, *axis, meta);
+            if s.out_d[*axis] >= shaders::WIDE_ROW {
+                let rows = count / s.out_d[*axis];
+                return Ok((shaders::cumsum_wide(out), groups_1d(rows * WG as usize)));
+            }
             Ok((shaders::cumsum(out), groups_1d(count)))
         }
         Reduction::TopK { x, k, indices } => {

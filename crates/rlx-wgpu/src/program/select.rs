@@ -194,7 +194,15 @@ fn loop_len(g: &Graph, id: NodeId) -> usize {
                 m
             }
         }
-        Op::Softmax { axis } | Op::Cumsum { axis } => 3 * axis_len(n.inputs[0], *axis),
+        Op::Softmax { axis } | Op::Cumsum { axis } => {
+            let len = axis_len(n.inputs[0], *axis);
+            // Long rows take a workgroup per row: each invocation walks a 64th, plus the trees.
+            if len >= shaders::WIDE_ROW {
+                3 * len.div_ceil(shaders::WG as usize) + 8
+            } else {
+                3 * len
+            }
+        }
         // The contraction (the tiled product's tiles of 16, plus the loads).
         Op::MatMul => 2 * axis_len(n.inputs[0], g.shape(n.inputs[0]).rank() - 1),
         // Each of k weights decoded once for up to QROWS rows.

@@ -334,6 +334,9 @@ struct Lowering<'g> {
     req_of: Vec<Option<usize>>,
     /// The params-buffer offset of each node that is (an alias of) a param there.
     param_of: Vec<Option<u64>>,
+    /// Bytes into its request (or param) at which each node's value begins: non-zero for a
+    /// view of part of another value ([`rlx_driver::views::narrow_view`]).
+    off_of: Vec<u64>,
     params_bytes: u64,
     /// Further results of a fused region: computed by the step of that node.
     extra_of: Vec<Option<usize>>,
@@ -360,6 +363,7 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
         reqs: Vec::new(),
         req_of: vec![None; n],
         param_of: vec![None; n],
+        off_of: vec![0; n],
         params_bytes: 0,
         extra_of: vec![None; n],
         consts: Vec::new(),
@@ -432,6 +436,19 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
                 let x = node.inputs[0].index();
                 l.req_of[i] = l.req_of[x];
                 l.param_of[i] = l.param_of[x];
+                l.off_of[i] = l.off_of[x];
+            }
+            // A narrow whose result is a contiguous range of its operand: a view from an
+            // offset on a 16-byte boundary (so wide loads stay aligned), no launch.
+            Op::Narrow { .. }
+                if rlx_driver::views::narrow_view(g, id)
+                    .is_some_and(|e| (e * elem_bytes(node.shape.dtype())).is_multiple_of(16)) =>
+            {
+                let x = node.inputs[0].index();
+                let e = rlx_driver::views::narrow_view(g, id).expect("checked");
+                l.req_of[i] = l.req_of[x];
+                l.param_of[i] = l.param_of[x];
+                l.off_of[i] = l.off_of[x] + (e * elem_bytes(node.shape.dtype())) as u64;
             }
             Op::Concat { axis } => l.concat(id, &d, *axis, bytes)?,
             Op::CacheWrite => {
@@ -439,6 +456,7 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
                 let c = node.inputs[0].index();
                 l.req_of[i] = l.req_of[c];
                 l.param_of[i] = l.param_of[c];
+                l.off_of[i] = l.off_of[c];
                 l.cache_write(id)?;
                 l.keep_operands(node, step);
             }
@@ -1260,10 +1278,13 @@ impl Lowering<'_> {
         let plan = plan_memory(&self.reqs, 256);
         let g = self.g;
         let locs: Vec<Option<Loc>> = (0..g.len())
-            .map(|node| match (self.param_of[node], self.req_of[node]) {
-                (Some(off), _) => Some(Loc::Params(off)),
-                (None, Some(r)) => Some(Loc::Arena(plan.offsets[r] as u64)),
-                (None, None) => None,
+            .map(|node| {
+                let view = self.off_of[node];
+                match (self.param_of[node], self.req_of[node]) {
+                    (Some(off), _) => Some(Loc::Params(off + view)),
+                    (None, Some(r)) => Some(Loc::Arena(plan.offsets[r] as u64 + view)),
+                    (None, None) => None,
+                }
             })
             .collect();
         let loc = |node: usize| -> Result<Loc> {

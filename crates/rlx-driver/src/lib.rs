@@ -13,6 +13,7 @@ mod device;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 pub mod kernels;
+pub mod views;
 
 pub use backend::{
     byte_length_error, register_backend, registered_backend, Backend, CompileOptions, Executable,

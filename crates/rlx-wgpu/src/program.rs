@@ -98,6 +98,11 @@ impl GpuProgram {
         self.steps.len()
     }
 
+    /// The op of each dispatch, in order (a node may take several).
+    pub fn step_ops(&self) -> Vec<&'static str> {
+        self.steps.iter().map(|s| s.op).collect()
+    }
+
     /// Per dispatch, what the runs since compiling took (`RLX_PROFILE` set; empty otherwise):
     /// device time from timestamp queries where the adapter has them.
     pub fn profile(&self) -> Vec<StepTime> {
@@ -281,6 +286,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
     let words = meta::Words {
         pbuf_of: &sel.pbuf_of,
         req_of: &sel.req_of,
+        off_of: &sel.off_of,
         offsets,
         form: &form,
     };
@@ -308,9 +314,14 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
     let output_at = g
         .outputs()
         .iter()
-        .map(|o| match sel.pbuf_of[o.index()] {
-            Some(off) => Loc::Params(off),
-            None => Loc::Arena(offsets[sel.req_of[o.index()].expect("outputs have words")] as u64),
+        .map(|o| {
+            let view = sel.off_of[o.index()] as u64;
+            match sel.pbuf_of[o.index()] {
+                Some(off) => Loc::Params(off + view),
+                None => Loc::Arena(
+                    offsets[sel.req_of[o.index()].expect("outputs have words")] as u64 + view,
+                ),
+            }
         })
         .collect();
     let leaf_forms = |leaf: fn(&Op) -> bool| -> Vec<Form> {

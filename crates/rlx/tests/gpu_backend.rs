@@ -1,6 +1,7 @@
 //! The GPU backend seen from outside: adapter choice by name, and the dispatch report of a
 //! graph compiled for it (regions generated as shaders, decompositions, native kernels).
 
+use rlx::driver::Backend;
 use rlx::opt::Dispatch;
 use rlx::prelude::*;
 
@@ -108,6 +109,100 @@ fn fused_regions_on_the_gpu_give_the_cpus_values() {
                 "output {o}[{i}]: CPU {p}, GPU {q}"
             );
         }
+    }
+}
+
+/// A narrow whose result is a contiguous range of its operand (every axis before the narrowed
+/// one of length 1: a decode step's split of a stacked product) is a view on both GPU backends:
+/// no dispatch or launch of its own, its readers (and the caller, for an output) offset into the
+/// operand's storage, also through a reshape of a view. Narrows that are not contiguous (a
+/// leading axis of 2) or start off a 16-byte boundary still copy. Bytes against the reference
+/// evaluator on wgpu and in CUDA's host emulation.
+#[test]
+fn contiguous_narrows_are_views_on_the_gpu_backends() {
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
+    let text = r#"graph "views" {
+  %x = input {name = "x"} : f32[1, 40]
+  %w = input {name = "w"} : f32[2, 8]
+  %y = mul %x, %x : f32[1, 40]
+  %a = narrow %y {axis = 1, start = 0, len = 12} : f32[1, 12]
+  %b = narrow %y {axis = 1, start = 12, len = 20} : f32[1, 20]
+  %c = narrow %y {axis = 1, start = 32, len = 8} : f32[1, 8]
+  %f = narrow %y {axis = 1, start = 4, len = 8} : f32[1, 8]
+  %d = reshape %b {shape = [1, 4, 5]} : f32[1, 4, 5]
+  %e = narrow %d {axis = 1, start = 2, len = 2} : f32[1, 2, 5]
+  %v = narrow %d {axis = 1, start = 0, len = 2} : f32[1, 2, 5]
+  %g = narrow %w {axis = 1, start = 4, len = 4} : f32[2, 4]
+  %s = neg %a : f32[1, 12]
+  %t = neg %v : f32[1, 2, 5]
+  return %s, %c, %f, %e, %t, %g
+}"#;
+    let g = Graph::parse(text).unwrap();
+    let x: Vec<f32> = (0..40).map(|i| (i % 11) as f32 / 5.5 - 1.0).collect();
+    let w: Vec<f32> = (0..16).map(|i| i as f32 * 0.25).collect();
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|f| f.to_le_bytes()).collect() };
+    let feeds = [("x", bytes(&x)), ("w", bytes(&w))];
+    let leaves = feeds
+        .iter()
+        .map(|(n, b)| {
+            let shape = g.shape(g.find_leaf(n).unwrap());
+            (
+                n.to_string(),
+                rlx::ir::eval::Tensor::from_bytes(shape, b).unwrap(),
+            )
+        })
+        .collect();
+    // Products, negations and copies: every backend's bytes are the reference evaluator's.
+    let want: Vec<Vec<u8>> = rlx::ir::eval::evaluate(&g, &leaves)
+        .unwrap()
+        .iter()
+        .map(|t| t.to_bytes())
+        .collect();
+    let lowered = |device: Device| Session::new(device).try_lower(g.clone()).unwrap().graph;
+    // Views: %a, %b (48 bytes in), %c, %f, and %v through the reshape of %b. Copies: %e (22
+    // elements in: 88 bytes, off the 16-byte boundary) and %g (a leading axis of 2).
+    let expected_copies = 2;
+    // wgpu.
+    let mut exe = rlx_wgpu::WgpuBackend {
+        device: Device::Gpu,
+    }
+    .compile(
+        &lowered(Device::Gpu),
+        &rlx::driver::CompileOptions::default(),
+    )
+    .unwrap();
+    for (k, (_, b)) in feeds.iter().enumerate() {
+        exe.write_input(k, b).unwrap();
+    }
+    exe.execute().unwrap();
+    let program = exe
+        .as_any()
+        .and_then(|a| a.downcast_ref::<rlx_wgpu::GpuProgram>())
+        .unwrap();
+    let ops = program.step_ops();
+    assert_eq!(
+        ops.iter().filter(|o| **o == "narrow").count(),
+        expected_copies,
+        "{ops:?}"
+    );
+    for (o, want) in want.iter().enumerate() {
+        let mut got = vec![0u8; want.len()];
+        exe.read_output(o, &mut got).unwrap();
+        assert_eq!(&got, want, "wgpu output {o}");
+    }
+    // CUDA, lowered here and run in host emulation.
+    let p = rlx_cuda::lower(&lowered(Device::Cuda), &[]).unwrap();
+    let copies = p.launches.iter().filter(|l| l.op == "narrow").count();
+    assert_eq!(copies, expected_copies, "CUDA launches");
+    let emu = rlx_cuda::emulate::Emulator::build(&p.kernels).expect("the kernels compile");
+    let inputs: Vec<Vec<u8>> = feeds.iter().map(|(_, b)| b.clone()).collect();
+    let got = emu.run(&p, &inputs, &[]).unwrap();
+    for (o, (got, want)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(got, want, "CUDA output {o}");
     }
 }
 
@@ -515,7 +610,8 @@ fn cached_attention_over_an_f16_cache_rounds_as_the_cpu_does() {
 
 /// On an adapter that ends an invocation's loops after 65535 iterations (lavapipe, a CPU-type
 /// adapter), a kernel that would loop longer is a compile error naming the op and node, not a
-/// silently wrong result; shorter ones run.
+/// silently wrong result (top-k ranks each element against its whole row: a row of 200 runs, one
+/// of 70,000 does not); a softmax over 70,000 elements runs, its workgroup splitting the row.
 #[test]
 fn loops_past_the_adapters_limit_are_a_compile_error() {
     assert!(
@@ -526,23 +622,33 @@ fn loops_past_the_adapters_limit_are_a_compile_error() {
     let info = rlx::driver::gpu::adapter(Device::Gpu)
         .expect("an adapter")
         .get_info();
-    let softmax = |n: usize| {
-        let mut g = Graph::new("long_softmax");
+    let row = |n: usize, softmax: bool| {
+        let mut g = Graph::new("long_row");
         let x = g.try_input("x", Shape::new(&[1, n], DType::F32)).unwrap();
-        let y = g.try_softmax(x, 1).unwrap();
+        let y = if softmax {
+            g.try_softmax(x, 1).unwrap()
+        } else {
+            g.try_topk(x, 2).unwrap().0
+        };
         g.set_outputs(vec![y]);
         Session::new(Device::Gpu).try_compile(g)
     };
-    let mut short = softmax(1000).expect("a short softmax compiles");
-    let x: Vec<f32> = (0..1000).map(|i| (i % 7) as f32).collect();
-    let y = short.run(&[("x", &x)]);
-    assert!((y[0].iter().sum::<f32>() - 1.0).abs() < 1e-4);
-    let long = softmax(70_000);
+    for n in [1000, 70_000] {
+        let mut c = row(n, true).expect("a softmax compiles");
+        let x: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
+        let y = c.run(&[("x", &x)]);
+        assert!(
+            (y[0].iter().sum::<f32>() - 1.0).abs() < 1e-4,
+            "softmax of {n}"
+        );
+    }
+    row(200, false).expect("a short top-k compiles");
+    let long = row(70_000, false);
     if format!("{:?}", info.device_type) == "Cpu" {
         let err = long
             .err()
-            .expect("70000-long softmax refused on a loop-limited adapter");
-        assert_mentions(&err.to_string(), &["softmax", "%1", "65535"]);
+            .expect("70000-long top-k refused on a loop-limited adapter");
+        assert_mentions(&err.to_string(), &["topk", "%1", "65535"]);
     } else {
         long.expect("a real GPU has no such limit");
     }

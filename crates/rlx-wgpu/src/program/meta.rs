@@ -17,6 +17,8 @@ pub(super) struct Words<'a> {
     pub(super) pbuf_of: &'a [Option<u64>],
     /// Arena request of each node's words.
     pub(super) req_of: &'a [Option<usize>],
+    /// Bytes into its request (or param) at which each node's words begin.
+    pub(super) off_of: &'a [usize],
     /// Byte offset of each arena request.
     pub(super) offsets: &'a [usize],
     /// Each value's form.
@@ -27,10 +29,11 @@ impl Words<'_> {
     /// The address of value `node`'s first word, as the shaders take it (the [`SHARED`] bit
     /// for the params buffer, the [`HALF`] bit and a half index for f16 storage).
     fn word(&self, node: usize) -> usize {
-        let byte = match self.pbuf_of[node] {
-            Some(off) => off as usize,
-            None => self.offsets[self.req_of[node].expect("every value has words")],
-        };
+        let byte = self.off_of[node]
+            + match self.pbuf_of[node] {
+                Some(off) => off as usize,
+                None => self.offsets[self.req_of[node].expect("every value has words")],
+            };
         let space = if self.pbuf_of[node].is_some() {
             SHARED
         } else {
@@ -44,10 +47,11 @@ impl Words<'_> {
 
     /// Byte address of a packed value: from SHARED on in the params buffer.
     fn byte_addr(&self, node: usize) -> usize {
-        match self.pbuf_of[node] {
-            Some(off) => SHARED + off as usize,
-            None => self.offsets[self.req_of[node].expect("every value has words")],
-        }
+        self.off_of[node]
+            + match self.pbuf_of[node] {
+                Some(off) => SHARED + off as usize,
+                None => self.offsets[self.req_of[node].expect("every value has words")],
+            }
     }
 
     /// Word address of arena request `r` (a scratch of f32 words).

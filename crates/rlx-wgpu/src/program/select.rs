@@ -23,6 +23,9 @@ pub(super) struct Selection {
     pub(super) param_loc: Vec<Option<u64>>,
     /// Arena request of each node's words (aliases share one), in node order.
     pub(super) req_of: Vec<Option<usize>>,
+    /// Bytes from the start of its request (or param) at which each node's words begin: non-zero
+    /// for a view of part of another value ([`rlx_driver::views::narrow_view`]).
+    pub(super) off_of: Vec<usize>,
     /// The arena requests.
     pub(super) reqs: Vec<BufferRequest>,
     /// The steps: the node each computes (for) and its kernel.
@@ -46,6 +49,8 @@ struct At<'a> {
     node: &'a Node,
     /// Its dims.
     d: Vec<usize>,
+    /// Its form.
+    form: Form,
     /// Bytes of its words.
     bytes: u64,
     /// The index of its first step.
@@ -68,6 +73,7 @@ pub(super) fn select(
         pbuf_size: 0,
         param_loc: Vec::new(),
         req_of: vec![None; n],
+        off_of: vec![0; n],
         reqs: Vec::new(),
         pending: Vec::new(),
         consts: Vec::new(),
@@ -91,6 +97,7 @@ pub(super) fn select(
             step: s.pending.len(),
             ins: node.inputs.iter().map(|x| x.index()).collect(),
             d,
+            form: form[i],
         };
         // Operands stay live through this step.
         s.keep_operands(node, at.step);
@@ -401,6 +408,19 @@ impl Selection {
         }))
     }
 
+    /// The byte offset at which a narrow that is a view of its operand starts
+    /// ([`rlx_driver::views::narrow_view`]), in words or halves on a 16-byte boundary (so a
+    /// kernel's wide loads stay aligned); `None` when the narrow copies.
+    fn view(&self, g: &Graph, at: &At) -> Option<usize> {
+        let elems = rlx_driver::views::narrow_view(g, at.id)?;
+        let bytes = match at.form {
+            Form::Words(dt) => elems * 4 * crate::values::words_per(dt),
+            Form::Half => elems * 2,
+            Form::Packed => return None,
+        };
+        bytes.is_multiple_of(16).then_some(bytes)
+    }
+
     /// Reshapes (the operand's words), strided copies, concatenation (a copy per part) and the
     /// index ops; `None` when the node needs no step of its own after those placed here.
     fn movement(&mut self, g: &Graph, at: &At) -> Result<Option<Kernel>> {
@@ -419,6 +439,14 @@ impl Selection {
             Op::Reshape { .. } => {
                 self.req_of[i] = self.req_of[ins[0]];
                 self.pbuf_of[i] = self.pbuf_of[ins[0]];
+                self.off_of[i] = self.off_of[ins[0]];
+                return Ok(None);
+            }
+            Op::Narrow { .. } if self.view(g, at).is_some() => {
+                let off = self.view(g, at).expect("checked");
+                self.req_of[i] = self.req_of[ins[0]];
+                self.pbuf_of[i] = self.pbuf_of[ins[0]];
+                self.off_of[i] = self.off_of[ins[0]] + off;
                 return Ok(None);
             }
             Op::Transpose { perm } => {
@@ -581,6 +609,7 @@ impl Selection {
                 // The cache is updated in place: the result is the cache's own words.
                 self.req_of[i] = self.req_of[ins[0]];
                 self.pbuf_of[i] = self.pbuf_of[ins[0]];
+                self.off_of[i] = self.off_of[ins[0]];
                 self.pending.push((
                     i,
                     Kernel::QuantKv(QuantKv::CacheWrite {

@@ -440,6 +440,11 @@ pub struct EmulatedProgram {
 }
 
 impl EmulatedProgram {
+    /// The lowered program it runs.
+    pub fn program(&self) -> &Program {
+        &self.prog
+    }
+
     fn new(prog: Program, share: Option<&EmulatedProgram>) -> Result<EmulatedProgram> {
         // Every program run here is also compile-checked for the device where NVRTC is at hand
         // (required under RLX_REQUIRE_NVRTC=1, as the tests set it).

@@ -37,6 +37,26 @@ fn smollm2_as_cuda_programs_in_host_emulation_agrees_with_the_cpu() {
     );
     let g = golden("smollm2");
     let (mut cpu, mut cuda) = (load(Device::Cpu), load(Device::Cuda));
+    // A decode step moves nothing: RoPE's moves of the token axis are reshapes, and the splits
+    // of the stacked q/k/v and gate/up products are views.
+    let step = cuda
+        .decode_graph()
+        .executable()
+        .as_any()
+        .and_then(|a| a.downcast_ref::<rlx_cuda::emulate::EmulatedProgram>())
+        .expect("an emulated CUDA program")
+        .program();
+    let moves: Vec<&str> = step
+        .launches
+        .iter()
+        .map(|l| l.op)
+        .filter(|o| matches!(*o, "narrow" | "transpose"))
+        .collect();
+    assert!(moves.is_empty(), "{moves:?}");
+    eprintln!(
+        "SmolLM2 decode step as a CUDA program: {} launches",
+        step.launches.len()
+    );
     let tokens: Vec<u32> = ids(&g["forced"]["ids"]).into_iter().take(12).collect();
     let v = cpu.config.vocab;
     let (lc, lg) = (

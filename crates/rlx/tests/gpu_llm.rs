@@ -199,6 +199,20 @@ fn smollm2_on_the_gpu_agrees_with_the_cpu() {
     );
     let g = golden("smollm2");
     let (mut cpu, mut gpu) = (load(Device::Cpu), load(Device::Gpu));
+    // A decode step moves nothing: RoPE's moves of the token axis are reshapes, and the splits
+    // of the stacked q/k/v and gate/up products are views.
+    let step = gpu
+        .decode_graph()
+        .executable()
+        .as_any()
+        .and_then(|a| a.downcast_ref::<rlx_wgpu::GpuProgram>())
+        .expect("a wgpu program");
+    let ops = step.step_ops();
+    let moves = ops
+        .iter()
+        .filter(|o| matches!(**o, "narrow" | "transpose"))
+        .count();
+    assert_eq!(moves, 0, "{} dispatches: {ops:?}", ops.len());
     // The whole parity text (310 positions) takes ~15 minutes on lavapipe, too long for CI:
     // RLX_GPU_FULL_PARITY=1 runs it (measured 2026-11-25: 310/310 agree); CI runs the first 24.
     let full = std::env::var_os("RLX_GPU_FULL_PARITY").is_some();

@@ -1220,11 +1220,12 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             for (var t = 0u; t < rows; t++) {{ acc[t] += ld(mt[3] + t * k + p) * w; }}
         }}
     }}
-    for (var t = 0u; t < {QROWS}u; t++) {{ part[t * 64u + lid] = acc[t]; }}
+    // Only the product's rows go through the tree (one for a decode step, not QROWS).
+    for (var t = 0u; t < rows; t++) {{ part[t * 64u + lid] = acc[t]; }}
     workgroupBarrier();
     for (var s = 32u; s > 0u; s = s >> 1u) {{
         if (lid < s) {{
-            for (var t = 0u; t < {QROWS}u; t++) {{ part[t * 64u + lid] += part[t * 64u + lid + s]; }}
+            for (var t = 0u; t < rows; t++) {{ part[t * 64u + lid] += part[t * 64u + lid + s]; }}
         }}
         workgroupBarrier();
     }}

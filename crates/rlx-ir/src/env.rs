@@ -65,6 +65,7 @@ pub const VARS: &[Var] = &[
     var("RLX_HGEMM_B", "bytes", "2097152", "Bytes of packed B per panel of the bf16 GEMM."),
     var("RLX_WGPU_ADAPTER", "part of an adapter's name", "the first adapter of the device's kind", "Pick the GPU adapter by name."),
     var("RLX_WGPU_F16_STORAGE", "`0`", "on where the adapter has `shader-f16`", "`0` stores f16 values as 32-bit words on the GPU."),
+    var("RLX_WGPU_SUBGROUPS", "`0`", "on where the adapter has subgroups", "`0` adds the few-rows quantized products' sums by workgroup trees alone, without subgroup operations."),
     var("RLX_NVRTC", "a path to `libnvrtc.so.*`", "the system loader's `libnvrtc.so.13`, `.12`, `libnvrtc.so`", "The NVRTC library the CUDA backend compiles its kernels with (e.g. the one of the PyPI wheel `nvidia-cuda-nvrtc`, under `nvidia/cu13/lib`)."),
     var("RLX_CUDA_KERNEL_CACHE", "`0`", "on", "`0` compiles every CUDA kernel afresh instead of reading its CUBIN from `cuda/` under the cache directory."),
     var("RLX_CUDA_GRAPHS", "`0`", "on", "`0` launches a CUDA program's kernels one by one on every run instead of replaying them as one captured CUDA graph."),

@@ -48,6 +48,10 @@ pub struct Gpu {
     /// Whether f16 values are stored as 16 bits: the adapter has `SHADER_F16` (opened with it)
     /// and binds enough storage buffers to bind each buffer a second time as `array<f16>`.
     pub f16: bool,
+    /// Whether the device was opened with subgroup operations (the adapter has `SUBGROUP`;
+    /// `RLX_WGPU_SUBGROUPS=0` leaves them off): the few-rows quantized products then add each
+    /// subgroup's sums with `subgroupAdd` before the workgroup's.
+    pub subgroups: bool,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     /// Why the device was lost, once it was (then every exchange and run fails with it, and
     /// [`Gpu::get`] opens the adapter again).
@@ -237,9 +241,14 @@ impl Gpu {
         // Timestamps only when profiling (`RLX_PROFILE`) and where the adapter has them.
         let timestamps = rlx_ir::env::is_set("RLX_PROFILE")
             && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+        let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP)
+            && !rlx_ir::env::is_off("RLX_WGPU_SUBGROUPS");
         let mut features = wgpu::Features::empty();
         if f16 {
             features |= wgpu::Features::SHADER_F16;
+        }
+        if subgroups {
+            features |= wgpu::Features::SUBGROUP;
         }
         if timestamps {
             features |= wgpu::Features::TIMESTAMP_QUERY;
@@ -272,6 +281,7 @@ impl Gpu {
             info: adapter.get_info(),
             limits,
             f16,
+            subgroups,
             pipelines: Mutex::default(),
             lost,
             error,

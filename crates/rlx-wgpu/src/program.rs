@@ -289,6 +289,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
         off_of: &sel.off_of,
         offsets,
         form: &form,
+        subgroups: gpu.subgroups,
     };
     let (meta, planned) = steps::pipelines(&gpu, g, &sel.pending, &words, layout.memory)?;
     let steps = steps::bind(&gpu, &meta, planned, &arena, &pbuf);

@@ -1199,14 +1199,44 @@ fn wg_max(v: f32, lid: u32) -> f32 {
 /// `x [R, K] @ decode(w)^T` for a few rows (`R <= QROWS`: decode): meta as
 /// [`dequant_matmul`]'s; a workgroup per result column (dispatch `N * WG` invocations), its
 /// invocations on consecutive elements of the row, each weight decoded once for all rows, the
-/// partial sums added by a tree in workgroup memory.
-pub fn dequant_matvec(decoder: &str, out: DType) -> String {
-    let rnd = round_to(out, "part[lid * 64u]".into());
+/// partial sums of the product's rows added by a tree in workgroup memory, or with `subgroups`
+/// by `subgroupAdd` in each subgroup and then the subgroups' sums in subgroup order (one
+/// barrier instead of six).
+pub fn dequant_matvec(decoder: &str, out: DType, subgroups: bool) -> String {
+    let (builtins, sum, result) = if subgroups {
+        (
+            ", @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) ns: u32, \
+             @builtin(subgroup_invocation_id) sl: u32",
+            r#"    // Every invocation reaches the subgroup sums (uniform: `rows` is a meta word).
+    for (var t = 0u; t < rows; t++) {
+        let v = subgroupAdd(acc[t]);
+        if (sl == 0u) { part[t * 64u + sg] = v; }
+    }
+    workgroupBarrier();
+    var tot = 0.0;
+    if (lid < rows) { for (var q = 0u; q < ns; q++) { tot += part[lid * 64u + q]; } }"#,
+            "tot",
+        )
+    } else {
+        (
+            "",
+            r#"    for (var t = 0u; t < rows; t++) { part[t * 64u + lid] = acc[t]; }
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            for (var t = 0u; t < rows; t++) { part[t * 64u + lid] += part[t * 64u + lid + s]; }
+        }
+        workgroupBarrier();
+    }"#,
+            "part[lid * 64u]",
+        )
+    };
+    let rnd = round_to(out, result.into());
     format!(
         r#"{HEADER}{BYTES}{decoder}
 var<workgroup> part: array<f32, {parts}>;
 @compute @workgroup_size({WG})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32{builtins}) {{
     let j = wg.x + wg.y * {MAX_GROUPS}u;
     let rows = mt[0];
     let k = mt[1];
@@ -1220,15 +1250,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
             for (var t = 0u; t < rows; t++) {{ acc[t] += ld(mt[3] + t * k + p) * w; }}
         }}
     }}
-    // Only the product's rows go through the tree (one for a decode step, not QROWS).
-    for (var t = 0u; t < rows; t++) {{ part[t * 64u + lid] = acc[t]; }}
-    workgroupBarrier();
-    for (var s = 32u; s > 0u; s = s >> 1u) {{
-        if (lid < s) {{
-            for (var t = 0u; t < rows; t++) {{ part[t * 64u + lid] += part[t * 64u + lid + s]; }}
-        }}
-        workgroupBarrier();
-    }}
+    // Only the product's rows are summed (one for a decode step, not QROWS).
+{sum}
     if (live && lid < rows) {{ st(mt[6] + lid * n + j, {rnd}); }}
 }}
 "#,

@@ -48,9 +48,10 @@ fn gpu_profile_lists_every_dispatch_with_its_runs() {
         .all(|s| s.groups.0 * s.groups.1 * s.groups.2 > 0));
     let timed = program.gpu().timestamps;
     println!(
-        "adapter {}: timestamp queries {}",
+        "adapter {}: timestamp queries {}, subgroups {}",
         program.gpu().info.name,
-        if timed { "yes" } else { "no" }
+        if timed { "yes" } else { "no" },
+        if program.gpu().subgroups { "yes" } else { "no" }
     );
     if timed {
         let total: u64 = profile.iter().map(|s| s.ns.expect("timed")).sum();

@@ -23,6 +23,8 @@ pub(super) struct Words<'a> {
     pub(super) offsets: &'a [usize],
     /// Each value's form.
     pub(super) form: &'a [Form],
+    /// Whether kernels may use subgroup operations ([`crate::Gpu::subgroups`]).
+    pub(super) subgroups: bool,
 }
 
 impl Words<'_> {
@@ -431,7 +433,7 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
             if rows <= shaders::QROWS as usize {
                 // A few rows (decode): a workgroup per result column.
                 return Ok((
-                    shaders::dequant_matvec(dec, out),
+                    shaders::dequant_matvec(dec, out, s.w.subgroups),
                     groups_1d(nn * WG as usize),
                 ));
             }

@@ -113,9 +113,12 @@ if [[ -f "$model" ]]; then
     run "rlx bench SmolLM2 --device cuda" 120 $B/rlx bench --model "$model" --device cuda -p 512 -n 128 -r 3
 fi
 if ldconfig -p | grep -q libvulkan.so.1; then
-    # wgpu through the machine's Vulkan driver: the op table (c64 included), the complex JAX
-    # cases and transforms, a crate's WGSL kernel; then the benchmark with its profile.
+    # wgpu through the machine's Vulkan driver: the op table (c64 included), the quantized
+    # products (subgroup sums where the driver has subgroups) and the workgroup-per-row
+    # reductions, softmax and cumsum, the complex JAX cases and transforms, a crate's WGSL
+    # kernel; then the benchmark with its profile.
     run "ops_golden: the op table on wgpu" 240 $B/ops_golden --test-threads=1 the_gpu_backend_matches
+    run "ops_golden: quantized products and long rows on wgpu" 240 $B/ops_golden --test-threads=1 quantized_products long_
     run "complex: JAX cases and transforms on wgpu (and CUDA emulation)" 240 $B/complex --test-threads=1 on_the_gpus
     run "registered_op: a crate's WGSL kernel on wgpu" 60 $B/registered_op --test-threads=1 wgsl
     export RLX_PROFILE=1 RLX_PROFILE_TOP=12

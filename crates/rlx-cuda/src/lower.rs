@@ -439,13 +439,14 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
                 l.off_of[i] = l.off_of[x];
             }
             // A narrow whose result is a contiguous range of its operand: a view from an
-            // offset on a 16-byte boundary (so wide loads stay aligned), no launch.
+            // offset on a 16-byte boundary (as the wgpu backend keeps them; every element type
+            // divides it), no launch.
             Op::Narrow { .. }
                 if rlx_driver::views::narrow_view(g, id)
                     .is_some_and(|e| (e * elem_bytes(node.shape.dtype())).is_multiple_of(16)) =>
             {
                 let x = node.inputs[0].index();
-                let e = rlx_driver::views::narrow_view(g, id).expect("checked");
+                let e = rlx_driver::views::narrow_view(g, id).expect("checked by the guard");
                 l.req_of[i] = l.req_of[x];
                 l.param_of[i] = l.param_of[x];
                 l.off_of[i] = l.off_of[x] + (e * elem_bytes(node.shape.dtype())) as u64;

@@ -610,6 +610,10 @@ pub fn copy() -> String {
     )
 }
 
+/// `nanb(v)`: whether `v` is NaN, by its bits (a compiler may fold `v != v` away inside a
+/// workgroup tree).
+const NAN_BITS: &str = "fn nanb(v: f32) -> bool { let u = bitcast<u32>(v); return (u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu) != 0u; }";
+
 /// Reduced elements from which a reduction takes a workgroup per result ([`reduce_wide`]).
 pub const WIDE_REDUCE: usize = 256;
 
@@ -636,7 +640,7 @@ pub fn reduce_wide(kind: ReduceKind, out: DType) -> String {
         r#"{HEADER}
 {WALK}
 var<workgroup> red: array<f32, {WG}>;
-fn nanb(v: f32) -> bool {{ let u = bitcast<u32>(v); return (u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu) != 0u; }}
+{NAN_BITS}
 fn combine(a: f32, b: f32) -> f32 {{ return {combine}; }}
 @compute @workgroup_size({WG})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
@@ -751,8 +755,6 @@ pub const WIDE_ROW: usize = 32;
 /// [`softmax`]'s: `[n, len, stride, in_off, out_off]`, dispatch `n / len * WG` invocations):
 /// `len`, `stride`, `live` (the workgroup has a row) and `start` (its first element's index).
 const ROW_PER_GROUP: &str = r#"var<workgroup> red: array<f32, WGu>;
-fn nanb(v: f32) -> bool { let u = bitcast<u32>(v); return (u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu) != 0u; }
-fn cmax(a: f32, b: f32) -> f32 { return select(max(a, b), a + b, nanb(a) || nanb(b)); }
 @compute @workgroup_size(WGu)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let len = mt[1];
@@ -768,6 +770,8 @@ pub fn softmax_wide(out: DType) -> String {
     let rnd = round_to(out, "exp(ld(mt[3] + e) - mx) / sum".into());
     format!(
         r#"{HEADER}
+{NAN_BITS}
+fn cmax(a: f32, b: f32) -> f32 {{ return select(max(a, b), a + b, nanb(a) || nanb(b)); }}
 {ROW_PER_GROUP}    var mx = bitcast<f32>(0xff800000u);
     if (live) {{ for (var j = lid; j < len; j += WGu) {{ mx = cmax(mx, ld(mt[3] + start + j * stride)); }} }}
     red[lid] = mx;

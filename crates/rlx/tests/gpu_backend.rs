@@ -611,7 +611,8 @@ fn cached_attention_over_an_f16_cache_rounds_as_the_cpu_does() {
 /// On an adapter that ends an invocation's loops after 65535 iterations (lavapipe, a CPU-type
 /// adapter), a kernel that would loop longer is a compile error naming the op and node, not a
 /// silently wrong result (top-k ranks each element against its whole row: a row of 200 runs, one
-/// of 70,000 does not); a softmax over 70,000 elements runs, its workgroup splitting the row.
+/// of 70,000 does not; a cumsum's workgroup scans its row chunk by chunk: 700,000 is too long);
+/// a softmax over 70,000 elements runs, its workgroup splitting the row.
 #[test]
 fn loops_past_the_adapters_limit_are_a_compile_error() {
     assert!(
@@ -622,19 +623,20 @@ fn loops_past_the_adapters_limit_are_a_compile_error() {
     let info = rlx::driver::gpu::adapter(Device::Gpu)
         .expect("an adapter")
         .get_info();
-    let row = |n: usize, softmax: bool| {
+    // 0: softmax, 1: top-k, 2: cumsum.
+    let row = |n: usize, op: u8| {
         let mut g = Graph::new("long_row");
         let x = g.try_input("x", Shape::new(&[1, n], DType::F32)).unwrap();
-        let y = if softmax {
-            g.try_softmax(x, 1).unwrap()
-        } else {
-            g.try_topk(x, 2).unwrap().0
+        let y = match op {
+            0 => g.try_softmax(x, 1).unwrap(),
+            1 => g.try_topk(x, 2).unwrap().0,
+            _ => g.try_cumsum(x, 1).unwrap(),
         };
         g.set_outputs(vec![y]);
         Session::new(Device::Gpu).try_compile(g)
     };
     for n in [1000, 70_000] {
-        let mut c = row(n, true).expect("a softmax compiles");
+        let mut c = row(n, 0).expect("a softmax compiles");
         let x: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
         let y = c.run(&[("x", &x)]);
         assert!(
@@ -642,15 +644,19 @@ fn loops_past_the_adapters_limit_are_a_compile_error() {
             "softmax of {n}"
         );
     }
-    row(200, false).expect("a short top-k compiles");
-    let long = row(70_000, false);
-    if format!("{:?}", info.device_type) == "Cpu" {
-        let err = long
-            .err()
-            .expect("70000-long top-k refused on a loop-limited adapter");
-        assert_mentions(&err.to_string(), &["topk", "%1", "65535"]);
-    } else {
-        long.expect("a real GPU has no such limit");
+    row(200, 1).expect("a short top-k compiles");
+    // A top-k of 70,000, and a cumsum of 700,000 (each invocation scans 10,938 chunks of its
+    // row in 7 steps each: 76,566 iterations).
+    for (n, op, name) in [(70_000, 1, "topk"), (700_000, 2, "cumsum")] {
+        let long = row(n, op);
+        if format!("{:?}", info.device_type) == "Cpu" {
+            let err = long
+                .err()
+                .unwrap_or_else(|| panic!("{n}-long {name} refused on a loop-limited adapter"));
+            assert_mentions(&err.to_string(), &[name, "%1", "65535"]);
+        } else {
+            long.expect("a real GPU has no such limit");
+        }
     }
 }
 

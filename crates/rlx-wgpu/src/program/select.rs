@@ -203,11 +203,15 @@ fn loop_len(g: &Graph, id: NodeId) -> usize {
         }
         Op::Softmax { axis } | Op::Cumsum { axis } => {
             let len = axis_len(n.inputs[0], *axis);
-            // Long rows take a workgroup per row: each invocation walks a 64th, plus the trees.
-            if len >= shaders::WIDE_ROW {
-                3 * len.div_ceil(shaders::WG as usize) + 8
-            } else {
-                3 * len
+            // Long rows take a workgroup per row; a tree or scan is log2(WG) steps.
+            let chunks = len.div_ceil(shaders::WG as usize);
+            let steps = shaders::WG.trailing_zeros() as usize;
+            match (&n.op, len >= shaders::WIDE_ROW) {
+                // Three walks over a 64th of the row, two trees.
+                (Op::Softmax { .. }, true) => 3 * chunks + 2 * steps,
+                // Per chunk of the row, one load and the scan's steps.
+                (_, true) => chunks * (1 + steps),
+                _ => 3 * len,
             }
         }
         // The contraction (the tiled product's tiles of 16, plus the loads).
@@ -409,8 +413,9 @@ impl Selection {
     }
 
     /// The byte offset at which a narrow that is a view of its operand starts
-    /// ([`rlx_driver::views::narrow_view`]), in words or halves on a 16-byte boundary (so a
-    /// kernel's wide loads stay aligned); `None` when the narrow copies.
+    /// ([`rlx_driver::views::narrow_view`]), in words or halves on a 16-byte boundary (the
+    /// alignment the arena gives the values it places, kept for views too); `None` when the
+    /// narrow copies.
     fn view(&self, g: &Graph, at: &At) -> Option<usize> {
         let elems = rlx_driver::views::narrow_view(g, at.id)?;
         let bytes = match at.form {
@@ -442,18 +447,17 @@ impl Selection {
                 self.off_of[i] = self.off_of[ins[0]];
                 return Ok(None);
             }
-            Op::Narrow { .. } if self.view(g, at).is_some() => {
-                let off = self.view(g, at).expect("checked");
-                self.req_of[i] = self.req_of[ins[0]];
-                self.pbuf_of[i] = self.pbuf_of[ins[0]];
-                self.off_of[i] = self.off_of[ins[0]] + off;
-                return Ok(None);
-            }
             Op::Transpose { perm } => {
                 let ss = dense_strides(&dims(g, node.inputs[0])?);
                 copy(0, perm.iter().map(|&p| ss[p]).collect())
             }
             Op::Narrow { axis, start, .. } => {
+                if let Some(off) = self.view(g, at) {
+                    self.req_of[i] = self.req_of[ins[0]];
+                    self.pbuf_of[i] = self.pbuf_of[ins[0]];
+                    self.off_of[i] = self.off_of[ins[0]] + off;
+                    return Ok(None);
+                }
                 let ss = dense_strides(&dims(g, node.inputs[0])?);
                 copy(start * ss[*axis], ss)
             }

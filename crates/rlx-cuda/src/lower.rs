@@ -985,9 +985,10 @@ impl Lowering<'_> {
         self.reqs[r].end = self.steps.len().saturating_sub(1);
     }
 
-    /// A GGUF product: activations rounded to int8 blocks first where the scheme and the row
-    /// count ask for it (into scratch), then the matrix-vector kernel (up to 8 rows) or a warp
-    /// per result column and tile of rows.
+    /// A GGUF product: up to 8 rows the matrix-vector kernel, which rounds the activations to
+    /// int8 blocks itself (where the scheme and the row count ask for it) when they fit in its
+    /// shared memory; else they are rounded first (into scratch) and the matrix-vector kernel
+    /// or, for more rows, a warp per result column and tile of rows takes them.
     fn dequant_matmul(
         &mut self,
         id: NodeId,
@@ -1002,12 +1003,27 @@ impl Lowering<'_> {
         let n = *d.last().unwrap_or(&1);
         let xe: usize = xd.iter().product();
         let rows = xe.checked_div(k).unwrap_or(0);
+        // A decode product whose activations fit in shared memory rounds them itself.
+        let staged = rows <= source::QROWS && xe <= source::MATVEC_STAGE;
+        let round = scheme.act_block(rows);
         let mut x_at = self.val(x);
-        let mut scratch = None;
-        if let Some(blk) = scheme.act_block(rows) {
+        let (mut scratch, mut sums) = (None, None);
+        if let Some(blk) = round.filter(|_| !staged) {
             let r = self.scratch(xe.max(1) * 4);
             let blocks_ = xe / blk;
-            let words = vec![imm(blocks_), self.val(x), Pending::Scratch(r)];
+            // The block sums of Q4_1 / Q5_1's offsets (Q8_1's, f16).
+            let s = matches!(
+                scheme,
+                rlx_ir::QuantScheme::GgufQ4_1 | rlx_ir::QuantScheme::GgufQ5_1
+            )
+            .then(|| self.scratch(blocks_.max(1) * 4));
+            let words = vec![
+                imm(blocks_),
+                self.val(x),
+                Pending::Scratch(r),
+                s.map_or(imm(0), Pending::Scratch),
+            ];
+            sums = s;
             self.launch(
                 id,
                 source::quantize_acts(blk),
@@ -1028,20 +1044,20 @@ impl Lowering<'_> {
             self.val(id),
         ];
         if rows <= source::QROWS {
-            // A few rows (decode): the matrix-vector kernel, with warps per column enough that
-            // each lane has at most a few chunks of 32 in flight, and one where the columns
-            // alone fill the GPU (the output head).
-            let split = if n >= 4096 {
-                1
-            } else {
-                k.div_ceil(4 * 32)
-                    .next_power_of_two()
-                    .clamp(1, source::MATVEC_WARPS)
-            };
-            let src = source::dequant_matvec(scheme, node.shape.dtype(), split);
+            // A few rows (decode): the matrix-vector kernel.
+            let split = source::matvec_split(scheme, k, n);
+            let src = source::dequant_matvec(scheme, node.shape.dtype(), split, staged);
             let threads = 32 * source::MATVEC_WARPS as u32;
             let cols = source::MATVEC_WARPS / split;
-            self.launch(id, src, [blocks(n, cols), 1, 1], threads, words)?;
+            words.push(imm(if staged { round.unwrap_or(0) } else { 0 }));
+            words.push(sums.map_or(imm(0), Pending::Scratch));
+            // Staged, a block stages once for every column it takes: at most
+            // `MATVEC_GRID` blocks, striding over the columns (the output head).
+            let mut grid = blocks(n, cols);
+            if staged {
+                grid = grid.min(source::MATVEC_GRID);
+            }
+            self.launch(id, src, [grid, 1, 1], threads, words)?;
         } else {
             let tiles = rows.div_ceil(source::QROWS);
             words.push(imm(tiles));
@@ -1054,7 +1070,7 @@ impl Lowering<'_> {
                 words,
             )?;
         }
-        if let Some(r) = scratch {
+        for r in scratch.into_iter().chain(sums) {
             self.until_now(r);
         }
         Ok(())

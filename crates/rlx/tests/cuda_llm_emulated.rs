@@ -53,6 +53,15 @@ fn smollm2_as_cuda_programs_in_host_emulation_agrees_with_the_cpu() {
         .filter(|o| matches!(*o, "narrow" | "transpose"))
         .collect();
     assert!(moves.is_empty(), "{moves:?}");
+    // Each quantized product is one launch: its kernel rounds the activations itself.
+    let products: Vec<usize> = step
+        .launches
+        .iter()
+        .filter(|l| l.op == "dequant_matmul")
+        .map(|l| l.node)
+        .collect();
+    let nodes: std::collections::BTreeSet<usize> = products.iter().copied().collect();
+    assert_eq!(products.len(), nodes.len(), "launches of the products");
     eprintln!(
         "SmolLM2 decode step as a CUDA program: {} launches",
         step.launches.len()

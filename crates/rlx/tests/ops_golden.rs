@@ -471,7 +471,7 @@ fn prompt_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
     let mut rng = rlx::gguf::SplitMix64::new(11);
     let mut checked = 0;
     for scheme in rlx::ir::QuantScheme::GGUF {
-        let (Some(ty), Some(row_bytes)) = (scheme.ggml_type(), scheme.row_bytes(k)) else {
+        let (Some(ty), Some(_)) = (scheme.ggml_type(), scheme.row_bytes(k)) else {
             continue;
         };
         if rlx_wgpu::shaders::gguf_decoder(scheme).is_none() {
@@ -482,47 +482,135 @@ fn prompt_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
             continue;
         };
         for rows in [9, 37] {
-            let x: Vec<f32> = (0..rows * k)
-                .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
-                .collect();
-            let mut g = Graph::new("prompt_product");
-            let xi = g.input("x", Shape::new(&[rows, k], DType::F32));
-            let wi = g.param("w", Shape::new(&[n, row_bytes], DType::U8));
-            let y = g.op(Op::DequantMatMul { scheme }, &[xi, wi]);
-            g.set_outputs(vec![y]);
-            let b = Built {
-                g,
-                feeds: vec![(
-                    "x".into(),
-                    x.iter().flat_map(|v| v.to_le_bytes()).collect(),
-                    DType::F32,
-                )],
-                params: vec![("w".into(), w.clone(), DType::U8)],
-            };
+            let b = quantized_product(scheme, rows, k, n, &w);
             let name = format!("{scheme:?} {rows}x{k} @ {n}");
             let cpu = run_on(Device::Cpu, &b, true).expect("runs on the CPU");
             let gpu = run_on(Device::Gpu, &b, true).expect("runs on the GPU");
             let want = run_reference(&b).expect("reference");
-            // Where the CPU's product is itself unrounded (float weights, or activations it
-            // does not round at this size), the two summation orders differ over K = 512 by
-            // more than a few ulps: both are then held within 2e-6 of the largest result of
-            // the exact product (f32 sums of 512 terms). Where the CPU rounds (far from
-            // exact), the GPU must match it.
-            let off = |a: &[f64]| {
-                a.iter()
-                    .zip(&want)
-                    .map(|(p, q)| (p - q).abs())
-                    .fold(0f64, f64::max)
-            };
-            let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
-            let near_exact = off(&cpu) <= 2e-6 * scale && off(&gpu) <= 2e-6 * scale;
-            if let Err(e) = quantized_agrees(&name, &cpu, &gpu, &want, "GPU (tiled)") {
-                assert!(near_exact, "{e}");
+            if let Err(e) = quantized_or_near_exact(&name, &cpu, &gpu, &want, "GPU (tiled)") {
+                panic!("{e}");
             }
             checked += 1;
         }
     }
     assert!(checked >= 24, "only {checked} prompt-sized products");
+}
+
+/// Decode-sized quantized products (1, 5 and 8 rows, 70 columns) as CUDA programs in host
+/// emulation, for every GGUF block type with random well-formed weights, against the CPU as
+/// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them: with K = 576 (256-element
+/// blocks: 768) the activations fit in the matrix-vector kernel's shared memory and it rounds
+/// them itself, one launch; with K = 2048 and 5 rows they do not, and a rounding launch comes
+/// first. Both the word-load decoders (`source::group_decoder`) and the element-wise ones run.
+#[test]
+fn decode_sized_quantized_products_as_cuda_programs_agree_with_the_cpus() {
+    let n = 70;
+    let mut rng = rlx::gguf::SplitMix64::new(17);
+    let mut cases = Vec::new();
+    for scheme in rlx::ir::QuantScheme::GGUF {
+        let Some(ty) = scheme.ggml_type() else {
+            continue;
+        };
+        let blk = if scheme.act_block(1) == Some(256) {
+            768
+        } else {
+            576
+        };
+        for (rows, k) in [(1, blk), (5, blk), (8, blk), (5, 2048)] {
+            // Q8_K is an activation type: no random weights of it are written.
+            let Ok(w) = rlx::gguf::random_tensor(ty, &[n, k], 0.0, 0.5, &mut rng) else {
+                continue;
+            };
+            let b = quantized_product(scheme, rows, k, n, &w);
+            let l = Session::new(Device::Cuda)
+                .try_lower(b.g.clone())
+                .expect("lowers");
+            let p = rlx_cuda::lower(&l.graph, &[]).expect("lowers for CUDA");
+            cases.push((
+                format!("{scheme:?} {rows}x{k} @ {n}"),
+                scheme,
+                rows,
+                k,
+                b,
+                p,
+            ));
+        }
+    }
+    let emu = rlx_cuda::emulate::Emulator::build(cases.iter().flat_map(|c| &c.5.kernels))
+        .expect("the kernels compile for the host");
+    for (name, scheme, rows, k, b, p) in &cases {
+        let staged = rows * k <= rlx_cuda::source::MATVEC_STAGE;
+        let launches = if !staged && scheme.act_block(*rows).is_some() {
+            2
+        } else {
+            1
+        };
+        assert_eq!(p.launches.len(), launches, "{name}: launches");
+        let outs = emu
+            .run(p, &[b.feeds[0].1.clone()], &[b.params[0].1.clone()])
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = decode(&outs[0], DType::F32);
+        let cpu = run_on(Device::Cpu, b, true).expect("runs on the CPU");
+        let want = run_reference(b).expect("reference");
+        if let Err(e) = quantized_or_near_exact(name, &cpu, &got, &want, "CUDA (emulated)") {
+            panic!("{e}");
+        }
+    }
+    assert!(cases.len() >= 48, "only {} products", cases.len());
+}
+
+/// `x [rows, k] @ decode(w)^T` for `n` packed GGUF rows `w`, `x` a fixed pattern in ±0.7.
+fn quantized_product(
+    scheme: rlx::ir::QuantScheme,
+    rows: usize,
+    k: usize,
+    n: usize,
+    w: &[u8],
+) -> Built {
+    let row_bytes = scheme.row_bytes(k).expect("a GGUF scheme");
+    let x: Vec<f32> = (0..rows * k)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
+        .collect();
+    let mut g = Graph::new("quantized_product");
+    let xi = g.input("x", Shape::new(&[rows, k], DType::F32));
+    let wi = g.param("w", Shape::new(&[n, row_bytes], DType::U8));
+    let y = g.op(Op::DequantMatMul { scheme }, &[xi, wi]);
+    g.set_outputs(vec![y]);
+    Built {
+        g,
+        feeds: vec![(
+            "x".into(),
+            x.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            DType::F32,
+        )],
+        params: vec![("w".into(), w.to_vec(), DType::U8)],
+    }
+}
+
+/// [`quantized_agrees`], or, where neither the CPU's product nor the other's is rounded (float
+/// weights, or activations the CPU does not round at this size), both within 2e-6 of the
+/// largest result of the exact product: over hundreds of terms two summation orders differ by
+/// more than a few ulps.
+fn quantized_or_near_exact(
+    name: &str,
+    cpu: &[f64],
+    other: &[f64],
+    want: &[f64],
+    what: &str,
+) -> Result<(), String> {
+    let off = |a: &[f64]| {
+        a.iter()
+            .zip(want)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f64, f64::max)
+    };
+    let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+    quantized_agrees(name, cpu, other, want, what).or_else(|e| {
+        match off(cpu) <= 2e-6 * scale && off(other) <= 2e-6 * scale {
+            true => Ok(()),
+            false => Err(e),
+        }
+    })
 }
 
 /// Graph `g` of one f32 input `x` on the GPU against the reference evaluator: every result

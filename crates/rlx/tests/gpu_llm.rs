@@ -213,6 +213,11 @@ fn smollm2_on_the_gpu_agrees_with_the_cpu() {
         .filter(|o| matches!(**o, "narrow" | "transpose"))
         .count();
     assert_eq!(moves, 0, "{} dispatches: {ops:?}", ops.len());
+    // A decode step's quantized products round their activations themselves: one dispatch
+    // each (q/k/v, output, gate/up and down a layer, and the head).
+    let products = ops.iter().filter(|o| **o == "dequant_matmul").count();
+    assert_eq!(products, 4 * 30 + 1, "{} dispatches: {ops:?}", ops.len());
+    eprintln!("SmolLM2 decode step on wgpu: {} dispatches", ops.len());
     // The whole parity text (310 positions) takes ~15 minutes on lavapipe, too long for CI:
     // RLX_GPU_FULL_PARITY=1 runs it (measured 2026-11-25: 310/310 agree); CI runs the first 24.
     let full = std::env::var_os("RLX_GPU_FULL_PARITY").is_some();

@@ -496,14 +496,10 @@ fn prompt_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
     assert!(checked >= 24, "only {checked} prompt-sized products");
 }
 
-/// Decode-sized quantized products (1, 5 and 8 rows, 70 columns) as CUDA programs in host
-/// emulation, for every GGUF block type with random well-formed weights, against the CPU as
-/// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them: with K = 576 (256-element
-/// blocks: 768) the activations fit in the matrix-vector kernel's shared memory and it rounds
-/// them itself, one launch; with K = 2048 and 5 rows they do not, and a rounding launch comes
-/// first. Both the word-load decoders (`source::group_decoder`) and the element-wise ones run.
-#[test]
-fn decode_sized_quantized_products_as_cuda_programs_agree_with_the_cpus() {
+/// Decode-sized quantized products (1, 5 and 8 rows, 70 columns) for every GGUF block type
+/// with random well-formed weights: K = 576 (256-element blocks: 768), and K = 2048 at 5 rows;
+/// `(name, scheme, rows, k, graph)`.
+fn decode_sized_products() -> Vec<(String, rlx::ir::QuantScheme, usize, usize, Built)> {
     let n = 70;
     let mut rng = rlx::gguf::SplitMix64::new(17);
     let mut cases = Vec::new();
@@ -522,20 +518,48 @@ fn decode_sized_quantized_products_as_cuda_programs_agree_with_the_cpus() {
                 continue;
             };
             let b = quantized_product(scheme, rows, k, n, &w);
+            cases.push((format!("{scheme:?} {rows}x{k} @ {n}"), scheme, rows, k, b));
+        }
+    }
+    assert!(cases.len() >= 48, "only {} products", cases.len());
+    cases
+}
+
+/// [`decode_sized_products`] on the GPU against the CPU as
+/// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them: where the activations fit in
+/// workgroup memory (`rows * K` ≤ 3072) the matrix-vector kernel rounds them itself; where not,
+/// a rounding step comes first (with the 32-blocks' sums for Q4_1 / Q5_1). Both the word-load
+/// decoders (`shaders::group_decoder`) and the element-wise ones run.
+#[test]
+fn decode_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
+    assert_gpu();
+    for (name, _, _, _, b) in &decode_sized_products() {
+        let cpu = run_on(Device::Cpu, b, true).expect("runs on the CPU");
+        let gpu = run_on(Device::Gpu, b, true).expect("runs on the GPU");
+        let want = run_reference(b).expect("reference");
+        if let Err(e) = quantized_or_near_exact(name, &cpu, &gpu, &want, "GPU") {
+            panic!("{e}");
+        }
+    }
+}
+
+/// [`decode_sized_products`] as CUDA programs in host emulation, against the CPU as
+/// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them: where the activations fit in
+/// the matrix-vector kernel's shared memory (`rows * K` ≤ 8192) it rounds them itself, one
+/// launch; with K = 2048 and 5 rows they do not, and a rounding launch comes first. Both the
+/// word-load decoders (`source::group_decoder`) and the element-wise ones run.
+#[test]
+fn decode_sized_quantized_products_as_cuda_programs_agree_with_the_cpus() {
+    let cases: Vec<_> = decode_sized_products()
+        .into_iter()
+        .map(|(name, scheme, rows, k, b)| {
             let l = Session::new(Device::Cuda)
                 .try_lower(b.g.clone())
                 .expect("lowers");
             let p = rlx_cuda::lower(&l.graph, &[]).expect("lowers for CUDA");
-            cases.push((
-                format!("{scheme:?} {rows}x{k} @ {n}"),
-                scheme,
-                rows,
-                k,
-                b,
-                p,
-            ));
-        }
-    }
+            (name, scheme, rows, k, b, p)
+        })
+        .collect();
     let emu = rlx_cuda::emulate::Emulator::build(cases.iter().flat_map(|c| &c.5.kernels))
         .expect("the kernels compile for the host");
     for (name, scheme, rows, k, b, p) in &cases {
@@ -556,7 +580,6 @@ fn decode_sized_quantized_products_as_cuda_programs_agree_with_the_cpus() {
             panic!("{e}");
         }
     }
-    assert!(cases.len() >= 48, "only {} products", cases.len());
 }
 
 /// `x [rows, k] @ decode(w)^T` for `n` packed GGUF rows `w`, `x` a fixed pattern in ±0.7.

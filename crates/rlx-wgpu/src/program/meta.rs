@@ -409,7 +409,13 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
         QuantKv::QuantizeActs { x, to, blk } => {
             let elems: usize = s.dims(*x)?.iter().product();
             let blocks = elems / *blk as usize;
-            meta.extend([blocks as u32, s.word(*x), s.w.scratch(*to) as u32]);
+            // Blocks of 32 write their sums after the rounded values.
+            meta.extend([
+                blocks as u32,
+                s.word(*x),
+                s.w.scratch(*to) as u32,
+                (s.w.scratch(*to) + elems) as u32,
+            ]);
             Ok((shaders::quantize_acts(*blk), groups_1d(blocks)))
         }
         QuantKv::DequantMatMul { x, w, scheme, acts } => {
@@ -431,9 +437,20 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
             ]);
             let dec = shaders::gguf_decoder(*scheme).expect("checked by unsupported()");
             if rows <= shaders::QROWS as usize {
-                // A few rows (decode): a workgroup per result column.
+                // A few rows (decode): a workgroup per result column, rounding the activations
+                // itself where they fit in its memory, else reading them (and the 32-blocks'
+                // sums) from the rounding step.
+                let staged = shaders::matvec_staged(rows, rows * k);
+                let round = scheme.act_block(rows).unwrap_or(0);
+                let sums = acts.map_or(0, |r| s.w.scratch(r) + rows * k);
+                meta.extend([
+                    if staged { round as u32 } else { 0 },
+                    sums as u32,
+                    u32::from(acts.is_some() && round == 32),
+                ]);
+                let grouped = shaders::group_decoder(*scheme);
                 return Ok((
-                    shaders::dequant_matvec(dec, out, s.w.subgroups),
+                    shaders::dequant_matvec(dec, grouped, out, s.w.subgroups, staged),
                     groups_1d(nn * WG as usize),
                 ));
             }

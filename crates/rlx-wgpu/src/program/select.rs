@@ -551,13 +551,16 @@ impl Selection {
         Ok(Some(Kernel::QuantKv(match &node.op {
             Op::DequantMatMul { scheme } => {
                 // Activations rounded first (a step of their own, into a scratch request that
-                // lives until the product has read it).
+                // lives until the product has read it), unless the product stages them.
+                // A decode product whose activations fit in workgroup memory rounds them
+                // itself (`shaders::matvec_staged`). Blocks of 32 are followed by their sums.
                 let xd = dims(g, node.inputs[0])?;
                 let rows = if xd.len() >= 2 { xd[xd.len() - 2] } else { 1 };
-                let acts = scheme.act_block(rows).map(|blk| {
-                    let xe: usize = xd.iter().product();
+                let xe: usize = xd.iter().product();
+                let staged = shaders::matvec_staged(rows, xe);
+                let acts = scheme.act_block(rows).filter(|_| !staged).map(|blk| {
                     self.reqs.push(BufferRequest {
-                        size: xe.max(1) * 4,
+                        size: (xe + xe / 32).max(1) * 4,
                         start: step,
                         end: step + 1,
                     });

@@ -543,6 +543,25 @@ fn decode_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
     }
 }
 
+/// On a CUDA device: [`decode_sized_products`] against the CPU as
+/// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them (the staged and unstaged
+/// matrix-vector kernels, word-load and element-wise decoders, on the device). Without a device
+/// the test says so in one line.
+#[test]
+fn needs_cuda_device_decode_sized_quantized_products_agree_with_the_cpus() {
+    if !common::cuda_or_skip("CUDA decode-sized products") {
+        return;
+    }
+    for (name, _, _, _, b) in &decode_sized_products() {
+        let cpu = run_on(Device::Cpu, b, true).expect("runs on the CPU");
+        let got = run_on(Device::Cuda, b, true).expect("runs on CUDA");
+        let want = run_reference(b).expect("reference");
+        if let Err(e) = quantized_or_near_exact(name, &cpu, &got, &want, "CUDA") {
+            panic!("{e}");
+        }
+    }
+}
+
 /// [`decode_sized_products`] as CUDA programs in host emulation, against the CPU as
 /// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them: where the activations fit in
 /// the matrix-vector kernel's shared memory (`rows * K` ≤ 8192) it rounds them itself, one

@@ -340,10 +340,54 @@ struct Lowering<'g> {
     params_bytes: u64,
     /// Further results of a fused region: computed by the step of that node.
     extra_of: Vec<Option<usize>>,
+    /// RMSNorms taken into their one reader, a decode product that normalizes its staged
+    /// activations itself ([`norms_into_products`]); by the norm's node.
+    norm_into: Vec<bool>,
     consts: Vec<(usize, Vec<u8>)>,
     p: Program,
     input_req: Vec<usize>,
     param_place: Vec<Result<u64, usize>>,
+}
+
+/// The RMSNorms whose one reader is a decode product that can normalize its staged activations
+/// itself (`source::dequant_matvec`'s `norm`): f32 operand, gamma and result, the result no
+/// output of the graph and read by nothing else.
+fn norms_into_products(g: &Graph) -> Vec<bool> {
+    let mut readers: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for x in &g.node(id).inputs {
+            readers[x.index()].push(id);
+        }
+    }
+    let mut into = vec![false; g.len()];
+    for id in g.ids() {
+        let node = g.node(id);
+        let f32s = |x: NodeId| g.shape(x).dtype() == DType::F32;
+        if !matches!(node.op, Op::RmsNorm { .. })
+            || !f32s(id)
+            || !node.inputs.iter().all(|&x| f32s(x))
+            || g.outputs().contains(&id)
+        {
+            continue;
+        }
+        let [p] = readers[id.index()][..] else {
+            continue;
+        };
+        let prod = g.node(p);
+        let Op::DequantMatMul { scheme } = prod.op else {
+            continue;
+        };
+        let Ok(xd) = dims(g, id) else { continue };
+        let k = *xd.last().unwrap_or(&1);
+        let xe: usize = xd.iter().product();
+        let rows = xe.checked_div(k).unwrap_or(0);
+        into[id.index()] = prod.inputs[0] == id
+            && prod.inputs[1] != id
+            && rows <= source::QROWS
+            && xe <= source::MATVEC_STAGE
+            && source::norm_fuses(scheme);
+    }
+    into
 }
 
 /// Blocks for `n` items of `per` each, at most 65535·16.
@@ -366,6 +410,7 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
         off_of: vec![0; n],
         params_bytes: 0,
         extra_of: vec![None; n],
+        norm_into: norms_into_products(g),
         consts: Vec::new(),
         p: Program::default(),
         input_req: Vec::new(),
@@ -384,7 +429,7 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
         let i = id.index();
         let step = l.steps.len();
         l.keep_operands(node, step);
-        if l.extra_of[i].is_some() {
+        if l.extra_of[i].is_some() || l.norm_into[i] {
             continue;
         }
         let d = dims(g, id)?;
@@ -1003,10 +1048,15 @@ impl Lowering<'_> {
         let n = *d.last().unwrap_or(&1);
         let xe: usize = xd.iter().product();
         let rows = xe.checked_div(k).unwrap_or(0);
-        // A decode product whose activations fit in shared memory rounds them itself.
+        // A decode product whose activations fit in shared memory rounds them itself, and
+        // applies the RMSNorm they come from where that norm was taken into it.
         let staged = rows <= source::QROWS && xe <= source::MATVEC_STAGE;
         let round = scheme.act_block(rows);
-        let mut x_at = self.val(x);
+        let norm = self.norm_into[x.index()].then(|| g.node(x));
+        let mut x_at = match norm {
+            Some(nn) => self.val(nn.inputs[0]),
+            None => self.val(x),
+        };
         let (mut scratch, mut sums) = (None, None);
         if let Some(blk) = round.filter(|_| !staged) {
             let r = self.scratch(xe.max(1) * 4);
@@ -1046,11 +1096,22 @@ impl Lowering<'_> {
         if rows <= source::QROWS {
             // A few rows (decode): the matrix-vector kernel.
             let split = source::matvec_split(scheme, k, n);
-            let src = source::dequant_matvec(scheme, node.shape.dtype(), split, staged);
+            let src =
+                source::dequant_matvec(scheme, node.shape.dtype(), split, staged, norm.is_some());
             let threads = 32 * source::MATVEC_WARPS as u32;
             let cols = source::MATVEC_WARPS / split;
             words.push(imm(if staged { round.unwrap_or(0) } else { 0 }));
             words.push(sums.map_or(imm(0), Pending::Scratch));
+            match norm {
+                Some(nn) => {
+                    let Op::RmsNorm { eps } = nn.op else {
+                        unreachable!("norms_into_products takes RMSNorms only")
+                    };
+                    words.push(self.val(nn.inputs[1]));
+                    words.push(Pending::Imm(eps.to_bits() as i32 as i64));
+                }
+                None => words.extend([imm(0), imm(0)]),
+            }
             // Staged, a block stages once for every column it takes: at most
             // `MATVEC_GRID` blocks, striding over the columns (the output head).
             let mut grid = blocks(n, cols);
@@ -1072,6 +1133,10 @@ impl Lowering<'_> {
         }
         for r in scratch.into_iter().chain(sums) {
             self.until_now(r);
+        }
+        // The norm's operand and gamma are read by this product's launch.
+        if let Some(nn) = norm {
+            self.keep_operands(nn, self.steps.len().saturating_sub(1));
         }
         Ok(())
     }

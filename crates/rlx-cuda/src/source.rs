@@ -1008,10 +1008,18 @@ pub fn rope(dt: DType, pos: DType) -> Option<String> {
 }
 
 /// Words of the quantized matrix-vector product: `[rows, k, n, x, w, row_bytes, out, round,
-/// sums]`: `round`, the activation block a staged kernel rounds `x` to (0 for none); `sums`,
-/// where an unstaged kernel finds the rounded activations' block sums ([`quantize_acts`]; 0 for
-/// none).
-pub const DEQUANT_MATVEC_WORDS: usize = 9;
+/// sums, gamma, eps_bits]`: `round`, the activation block a staged kernel rounds `x` to (0 for
+/// none); `sums`, where an unstaged kernel finds the rounded activations' block sums
+/// ([`quantize_acts`]; 0 for none); `gamma` and `eps_bits`, the RMSNorm a kernel with `norm`
+/// applies to `x` first (0 otherwise).
+pub const DEQUANT_MATVEC_WORDS: usize = 11;
+
+/// Whether an RMSNorm (f32) can be taken into a staged matrix-vector product of `scheme`
+/// ([`dequant_matvec`]'s `norm`): for the block types whose activations round to blocks of 32,
+/// or do not round.
+pub fn norm_fuses(scheme: rlx_ir::QuantScheme) -> bool {
+    scheme.act_block(1) != Some(256)
+}
 
 /// Warps of the matrix-vector product's blocks.
 pub const MATVEC_WARPS: usize = 8;
@@ -1142,7 +1150,7 @@ __device__ __forceinline__ u32 ld32h(const unsigned char* p) { const u16* h = (c
 /// block; the words' `round` says whether to round them) and write them as [`quantize_acts`]
 /// rounds them: the block's largest magnitude (and for 256, the first element that has it)
 /// found across its lanes; with `sums`, also each 32-block's `Q8_1` sum.
-fn stage_acts(blk: usize, sums: bool) -> String {
+fn stage_acts(blk: usize, sums: bool, norm: bool) -> String {
     let round = match blk {
         32 => {
             r#"        for (i64 b0 = 4 * warp; b0 < rows * k / 32; b0 += 4 * MATVEC_WARPS) {
@@ -1150,7 +1158,7 @@ fn stage_acts(blk: usize, sums: bool) -> String {
             const bool live = b < rows * k / 32;
             float v[4], amax = 0.0f;
             #pragma unroll
-            for (int i = 0; i < 4; ++i) { v[i] = live ? xg[at + i] : 0.0f; amax = fmaxf(amax, fabsf(v[i])); }
+            for (int i = 0; i < 4; ++i) { v[i] = live ? XSRC[at + i] : 0.0f; amax = fmaxf(amax, fabsf(v[i])); }
             for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
             const float d = r16(amax / 127.0f);
             const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
@@ -1188,19 +1196,51 @@ SUMS        }
     } else {
         ""
     };
+    // RMSNorm first (into `xs`, as `norm` computes it), then rounded there in place: each
+    // element is read and written by the same thread.
+    let (first, src, copy) = if norm {
+        (
+            format!(
+                r#"    __shared__ float red[{MATVEC_WARPS}];
+    for (int r = 0; r < (int)rows; ++r) {{
+        float v = 0.0f;
+        for (i64 e = threadIdx.x; e < k; e += blockDim.x) {{ const float c = xg[r * k + e]; v += c * c; }}
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (lane == 0) red[warp] = v;
+        __syncthreads();
+        float tot = 0.0f;
+        #pragma unroll
+        for (int w = 0; w < {MATVEC_WARPS}; ++w) tot += red[w];
+        __syncthreads();
+        const float inv = 1.0f / sqrtf(tot / (float)k + __int_as_float((int)m.w[10]));
+        for (i64 e = threadIdx.x; e < k; e += blockDim.x) xs[r * k + e] = (xg[r * k + e] - 0.0f) * inv * ((const float*)m.w[9])[e];
+    }}
+    __syncthreads();
+"#
+            ),
+            "xs",
+            "",
+        )
+    } else {
+        (
+            String::new(),
+            "xg",
+            "        for (i64 e = threadIdx.x; e < rows * k; e += blockDim.x) xs[e] = xg[e];\n",
+        )
+    };
     format!(
         r#"    __shared__ float xs[{MATVEC_STAGE}], ssh[{MATVEC_STAGE} / 32];
     const bool has_sums = m.w[7] == 32;
     const float* sums = ssh;
-    if (m.w[7] == {blk}) {{
+{first}    if (m.w[7] == {blk}) {{
 {round}    }} else {{
-        for (i64 e = threadIdx.x; e < rows * k; e += blockDim.x) xs[e] = xg[e];
-    }}
+{copy}    }}
     __syncthreads();
 "#
     )
     .replace("MATVEC_WARPS", &MATVEC_WARPS.to_string())
     .replace("SUMS", sums)
+    .replace("XSRC", src)
 }
 
 /// Warps per result column of the matrix-vector product ([`dequant_matvec`]) for `n` columns
@@ -1232,24 +1272,35 @@ pub fn matvec_split(scheme: rlx_ir::QuantScheme, k: usize, n: usize) -> usize {
 /// `staged`: the block first copies `x` (at most [`MATVEC_STAGE`] values) into shared memory,
 /// rounding it to the scheme's activation blocks as [`quantize_acts`] does when the `round`
 /// word asks, so a decode product is one launch. Unstaged, activations the scheme rounds come
-/// rounded by a [`quantize_acts`] launch before.
+/// rounded by a [`quantize_acts`] launch before. `norm` (staged): `x` is an RMSNorm's operand,
+/// normalized in shared memory first (as [`norm`] computes it, f32 `gamma`), so the norm takes
+/// no launch of its own.
 pub fn dequant_matvec(
     scheme: rlx_ir::QuantScheme,
     out: DType,
     split: usize,
     staged: bool,
+    norm: bool,
 ) -> Option<String> {
-    if !real(out) || out == DType::F64 || !matches!(split, 1 | 2 | 4 | 8) {
+    if !real(out)
+        || out == DType::F64
+        || !matches!(split, 1 | 2 | 4 | 8)
+        || (norm && !norm_fuses(scheme))
+    {
         return None;
     }
     let dec = gguf_decoder(scheme)?;
     let st = storage(out)?;
     let val = store(out, &fit(out, "s".into()));
     let cols = MATVEC_WARPS / split;
+    let staged = staged || norm;
     let (stage, xv) = if staged {
         use rlx_ir::QuantScheme::{GgufQ4_1, GgufQ5_1};
         let blk = scheme.act_block(1).unwrap_or(32);
-        (stage_acts(blk, matches!(scheme, GgufQ4_1 | GgufQ5_1)), "xs")
+        (
+            stage_acts(blk, matches!(scheme, GgufQ4_1 | GgufQ5_1), norm),
+            "xs",
+        )
     } else {
         (
             "    const bool has_sums = m.w[8] != 0;\n    const float* sums = (const float*)m.w[8];\n"

@@ -562,6 +562,101 @@ fn needs_cuda_device_decode_sized_quantized_products_agree_with_the_cpus() {
     }
 }
 
+/// An RMSNorm read only by a decode product is taken into the product's kernel on CUDA (it
+/// normalizes the staged activations, then rounds them): one launch for both, in host
+/// emulation against the CPU's norm and product as
+/// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them. Products of K-quants
+/// (activation blocks of 256) keep the norm's own launch.
+#[test]
+fn rms_norms_taken_into_cuda_decode_products_agree_with_the_cpus() {
+    use rlx::ir::QuantScheme::*;
+    let n = 70;
+    let mut rng = rlx::gguf::SplitMix64::new(23);
+    let mut cases = Vec::new();
+    for scheme in [
+        GgufQ4_0, GgufQ4_1, GgufQ5_0, GgufQ8_0, GgufF16, GgufQ4K, GgufQ6K,
+    ] {
+        let k = if scheme.act_block(1) == Some(256) {
+            768
+        } else {
+            576
+        };
+        let ty = scheme.ggml_type().expect("a GGUF scheme");
+        let w = rlx::gguf::random_tensor(ty, &[n, k], 0.0, 0.5, &mut rng).expect("weights");
+        let gamma: Vec<f32> = (0..k).map(|i| 0.5 + (i % 7) as f32 * 0.125).collect();
+        for rows in [1, 5] {
+            let mut b = quantized_product(scheme, rows, k, n, &w);
+            let (x, wi) = (b.g.inputs()[0].1, b.g.node(b.g.outputs()[0]).inputs[1]);
+            let mut g = Graph::new("norm_product");
+            let xi = g.input("x", b.g.shape(x).clone());
+            let gi = g.param("gamma", Shape::new(&[k], DType::F32));
+            let wp = g.param("w", b.g.shape(wi).clone());
+            let h = g.op(Op::RmsNorm { eps: 1e-5 }, &[xi, gi]);
+            let y = g.op(Op::DequantMatMul { scheme }, &[h, wp]);
+            g.set_outputs(vec![y]);
+            b.g = g;
+            b.params.insert(
+                0,
+                (
+                    "gamma".into(),
+                    gamma.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    DType::F32,
+                ),
+            );
+            let l = Session::new(Device::Cuda)
+                .try_lower(b.g.clone())
+                .expect("lowers");
+            let p = rlx_cuda::lower(&l.graph, &[]).expect("lowers for CUDA");
+            let launches = if rlx_cuda::source::norm_fuses(scheme) {
+                1
+            } else {
+                2
+            };
+            assert_eq!(
+                p.launches.len(),
+                launches,
+                "{scheme:?} {rows} rows: launches"
+            );
+            cases.push((format!("rms_norm then {scheme:?} {rows}x{k} @ {n}"), b, p));
+        }
+    }
+    let emu = rlx_cuda::emulate::Emulator::build(cases.iter().flat_map(|c| &c.2.kernels))
+        .expect("the kernels compile for the host");
+    for (name, b, p) in &cases {
+        emulated_product_agrees(&emu, name, b, p);
+    }
+}
+
+/// Program `p` of the quantized product `b` in host emulation against the CPU, as
+/// [`quantized_or_near_exact`] holds them.
+fn emulated_product_agrees(
+    emu: &rlx_cuda::emulate::Emulator,
+    name: &str,
+    b: &Built,
+    p: &rlx_cuda::Program,
+) {
+    let params: Vec<Vec<u8>> = p
+        .params
+        .iter()
+        .map(|s| {
+            b.params
+                .iter()
+                .find(|(n, _, _)| *n == s.name)
+                .map(|(_, v, _)| v.clone())
+                .expect("a value for every param")
+        })
+        .collect();
+    let outs = emu
+        .run(p, &[b.feeds[0].1.clone()], &params)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let got = decode(&outs[0], DType::F32);
+    let cpu = run_on(Device::Cpu, b, true).expect("runs on the CPU");
+    let want = run_reference(b).expect("reference");
+    if let Err(e) = quantized_or_near_exact(name, &cpu, &got, &want, "CUDA (emulated)") {
+        panic!("{e}");
+    }
+}
+
 /// [`decode_sized_products`] as CUDA programs in host emulation, against the CPU as
 /// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them: where the activations fit in
 /// the matrix-vector kernel's shared memory (`rows * K` ≤ 8192) it rounds them itself, one
@@ -589,15 +684,7 @@ fn decode_sized_quantized_products_as_cuda_programs_agree_with_the_cpus() {
             1
         };
         assert_eq!(p.launches.len(), launches, "{name}: launches");
-        let outs = emu
-            .run(p, &[b.feeds[0].1.clone()], &[b.params[0].1.clone()])
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let got = decode(&outs[0], DType::F32);
-        let cpu = run_on(Device::Cpu, b, true).expect("runs on the CPU");
-        let want = run_reference(b).expect("reference");
-        if let Err(e) = quantized_or_near_exact(name, &cpu, &got, &want, "CUDA (emulated)") {
-            panic!("{e}");
-        }
+        emulated_product_agrees(&emu, name, b, p);
     }
 }
 

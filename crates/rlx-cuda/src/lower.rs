@@ -341,8 +341,10 @@ struct Lowering<'g> {
     /// Further results of a fused region: computed by the step of that node.
     extra_of: Vec<Option<usize>>,
     /// RMSNorms taken into their one reader, a decode product that normalizes its staged
-    /// activations itself ([`norms_into_products`]); by the norm's node.
+    /// activations itself, and residual adds whose sum such a norm reads, added by that product
+    /// ([`norms_into_products`]); by node.
     norm_into: Vec<bool>,
+    add_into: Vec<bool>,
     consts: Vec<(usize, Vec<u8>)>,
     p: Program,
     input_req: Vec<usize>,
@@ -351,8 +353,10 @@ struct Lowering<'g> {
 
 /// The RMSNorms whose one reader is a decode product that can normalize its staged activations
 /// itself (`source::dequant_matvec`'s `norm`): f32 operand, gamma and result, the result no
-/// output of the graph and read by nothing else.
-fn norms_into_products(g: &Graph) -> Vec<bool> {
+/// output of the graph and read by nothing else; and the residual adds such a norm reads (f32
+/// operands of the result's shape, every other reader after the product), which that product
+/// computes (`add`).
+fn norms_into_products(g: &Graph) -> (Vec<bool>, Vec<bool>) {
     let mut readers: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
     for id in g.ids() {
         for x in &g.node(id).inputs {
@@ -387,7 +391,24 @@ fn norms_into_products(g: &Graph) -> Vec<bool> {
             && xe <= source::MATVEC_STAGE
             && source::norm_fuses(scheme);
     }
-    into
+    let mut add = vec![false; g.len()];
+    for id in g.ids() {
+        if !into[id.index()] {
+            continue;
+        }
+        // The product launches where the add would have: every other reader of the sum must
+        // come after it.
+        let (a, p) = (g.node(id).inputs[0], readers[id.index()][0]);
+        let node = g.node(a);
+        let same = |x: NodeId| g.shape(x) == g.shape(a);
+        add[a.index()] = matches!(node.op, Op::Binary(rlx_ir::BinaryOp::Add))
+            && node.inputs.iter().all(|&x| same(x))
+            && readers[a.index()]
+                .iter()
+                .all(|&r| r == id || r.index() > p.index())
+            && !g.outputs().contains(&a);
+    }
+    (into, add)
 }
 
 /// Blocks for `n` items of `per` each, at most 65535·16.
@@ -410,12 +431,14 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
         off_of: vec![0; n],
         params_bytes: 0,
         extra_of: vec![None; n],
-        norm_into: norms_into_products(g),
+        norm_into: Vec::new(),
+        add_into: Vec::new(),
         consts: Vec::new(),
         p: Program::default(),
         input_req: Vec::new(),
         param_place: Vec::new(),
     };
+    (l.norm_into, l.add_into) = norms_into_products(g);
     for id in g.ids() {
         if let Some(why) = unsupported(g, id) {
             return Err(Error::Unsupported {
@@ -430,6 +453,12 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
         let step = l.steps.len();
         l.keep_operands(node, step);
         if l.extra_of[i].is_some() || l.norm_into[i] {
+            continue;
+        }
+        // A residual add the product after its norm computes: its bytes, no launch here.
+        if l.add_into[i] {
+            let bytes = dims(g, id)?.iter().product::<usize>().max(1) * 4;
+            l.req_of[i] = Some(l.request(bytes, step, step));
             continue;
         }
         let d = dims(g, id)?;
@@ -1053,9 +1082,14 @@ impl Lowering<'_> {
         let staged = rows <= source::QROWS && xe <= source::MATVEC_STAGE;
         let round = scheme.act_block(rows);
         let norm = self.norm_into[x.index()].then(|| g.node(x));
-        let mut x_at = match norm {
-            Some(nn) => self.val(nn.inputs[0]),
-            None => self.val(x),
+        let add = norm
+            .map(|nn| nn.inputs[0])
+            .filter(|a| self.add_into[a.index()])
+            .map(|a| (a, g.node(a)));
+        let mut x_at = match (norm, add) {
+            (_, Some((_, an))) => self.val(an.inputs[0]),
+            (Some(nn), None) => self.val(nn.inputs[0]),
+            (None, None) => self.val(x),
         };
         let (mut scratch, mut sums) = (None, None);
         if let Some(blk) = round.filter(|_| !staged) {
@@ -1096,8 +1130,14 @@ impl Lowering<'_> {
         if rows <= source::QROWS {
             // A few rows (decode): the matrix-vector kernel.
             let split = source::matvec_split(scheme, k, n);
-            let src =
-                source::dequant_matvec(scheme, node.shape.dtype(), split, staged, norm.is_some());
+            let src = source::dequant_matvec(
+                scheme,
+                node.shape.dtype(),
+                split,
+                staged,
+                norm.is_some(),
+                add.is_some(),
+            );
             let threads = 32 * source::MATVEC_WARPS as u32;
             let cols = source::MATVEC_WARPS / split;
             words.push(imm(if staged { round.unwrap_or(0) } else { 0 }));
@@ -1109,6 +1149,13 @@ impl Lowering<'_> {
                     };
                     words.push(self.val(nn.inputs[1]));
                     words.push(Pending::Imm(eps.to_bits() as i32 as i64));
+                }
+                None => words.extend([imm(0), imm(0)]),
+            }
+            match add {
+                Some((a, an)) => {
+                    words.push(self.val(an.inputs[1]));
+                    words.push(self.val(a));
                 }
                 None => words.extend([imm(0), imm(0)]),
             }
@@ -1134,9 +1181,18 @@ impl Lowering<'_> {
         for r in scratch.into_iter().chain(sums) {
             self.until_now(r);
         }
-        // The norm's operand and gamma are read by this product's launch.
+        // The norm's operand and gamma (and the add's operands) are read by this product's
+        // launch, which writes the add's result.
+        let last = self.steps.len().saturating_sub(1);
         if let Some(nn) = norm {
-            self.keep_operands(nn, self.steps.len().saturating_sub(1));
+            self.keep_operands(nn, last);
+        }
+        if let Some((a, an)) = add {
+            self.keep_operands(an, last);
+            if let Some(r) = self.req_of[a.index()] {
+                self.reqs[r].start = self.reqs[r].start.min(last);
+                self.reqs[r].end = self.reqs[r].end.max(last);
+            }
         }
         Ok(())
     }

@@ -1008,11 +1008,12 @@ pub fn rope(dt: DType, pos: DType) -> Option<String> {
 }
 
 /// Words of the quantized matrix-vector product: `[rows, k, n, x, w, row_bytes, out, round,
-/// sums, gamma, eps_bits]`: `round`, the activation block a staged kernel rounds `x` to (0 for
-/// none); `sums`, where an unstaged kernel finds the rounded activations' block sums
+/// sums, gamma, eps_bits, x2, sum]`: `round`, the activation block a staged kernel rounds `x`
+/// to (0 for none); `sums`, where an unstaged kernel finds the rounded activations' block sums
 /// ([`quantize_acts`]; 0 for none); `gamma` and `eps_bits`, the RMSNorm a kernel with `norm`
-/// applies to `x` first (0 otherwise).
-pub const DEQUANT_MATVEC_WORDS: usize = 11;
+/// applies to `x` first; `x2` and `sum`, with `add`, the second operand of the residual add
+/// that `x` is the first of, and where the add's result goes (0 otherwise).
+pub const DEQUANT_MATVEC_WORDS: usize = 13;
 
 /// Whether an RMSNorm (f32) can be taken into a staged matrix-vector product of `scheme`
 /// ([`dequant_matvec`]'s `norm`): for the block types whose activations round to blocks of 32,
@@ -1150,7 +1151,7 @@ __device__ __forceinline__ u32 ld32h(const unsigned char* p) { const u16* h = (c
 /// block; the words' `round` says whether to round them) and write them as [`quantize_acts`]
 /// rounds them: the block's largest magnitude (and for 256, the first element that has it)
 /// found across its lanes; with `sums`, also each 32-block's `Q8_1` sum.
-fn stage_acts(blk: usize, sums: bool, norm: bool) -> String {
+fn stage_acts(blk: usize, sums: bool, norm: bool, add: bool) -> String {
     let round = match blk {
         32 => {
             r#"        for (i64 b0 = 4 * warp; b0 < rows * k / 32; b0 += 4 * MATVEC_WARPS) {
@@ -1198,13 +1199,22 @@ SUMS        }
     };
     // RMSNorm first (into `xs`, as `norm` computes it), then rounded there in place: each
     // element is read and written by the same thread.
+    // With `add`, the norm's operand is the sum of two (a residual add): block 0 also writes it.
+    let (xe, keep) = if add {
+        (
+            "(xg[r * k + e] + ((const float*)m.w[11])[r * k + e])",
+            " if (blockIdx.x == 0) ((float*)m.w[12])[r * k + e] = c;",
+        )
+    } else {
+        ("xg[r * k + e]", "")
+    };
     let (first, src, copy) = if norm {
         (
             format!(
                 r#"    __shared__ float red[{MATVEC_WARPS}];
     for (int r = 0; r < (int)rows; ++r) {{
         float v = 0.0f;
-        for (i64 e = threadIdx.x; e < k; e += blockDim.x) {{ const float c = xg[r * k + e]; v += c * c; }}
+        for (i64 e = threadIdx.x; e < k; e += blockDim.x) {{ const float c = {xe};{keep} v += c * c; }}
         for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (lane == 0) red[warp] = v;
         __syncthreads();
@@ -1213,7 +1223,7 @@ SUMS        }
         for (int w = 0; w < {MATVEC_WARPS}; ++w) tot += red[w];
         __syncthreads();
         const float inv = 1.0f / sqrtf(tot / (float)k + __int_as_float((int)m.w[10]));
-        for (i64 e = threadIdx.x; e < k; e += blockDim.x) xs[r * k + e] = (xg[r * k + e] - 0.0f) * inv * ((const float*)m.w[9])[e];
+        for (i64 e = threadIdx.x; e < k; e += blockDim.x) xs[r * k + e] = ({xe} - 0.0f) * inv * ((const float*)m.w[9])[e];
     }}
     __syncthreads();
 "#
@@ -1274,18 +1284,21 @@ pub fn matvec_split(scheme: rlx_ir::QuantScheme, k: usize, n: usize) -> usize {
 /// word asks, so a decode product is one launch. Unstaged, activations the scheme rounds come
 /// rounded by a [`quantize_acts`] launch before. `norm` (staged): `x` is an RMSNorm's operand,
 /// normalized in shared memory first (as [`norm`] computes it, f32 `gamma`), so the norm takes
-/// no launch of its own.
+/// no launch of its own. `add` (with `norm`): the norm's operand is the sum of `x` and `x2` (a
+/// residual add), which block 0 also writes to `sum`, so the add takes no launch either.
 pub fn dequant_matvec(
     scheme: rlx_ir::QuantScheme,
     out: DType,
     split: usize,
     staged: bool,
     norm: bool,
+    add: bool,
 ) -> Option<String> {
     if !real(out)
         || out == DType::F64
         || !matches!(split, 1 | 2 | 4 | 8)
         || (norm && !norm_fuses(scheme))
+        || (add && !norm)
     {
         return None;
     }
@@ -1298,7 +1311,7 @@ pub fn dequant_matvec(
         use rlx_ir::QuantScheme::{GgufQ4_1, GgufQ5_1};
         let blk = scheme.act_block(1).unwrap_or(32);
         (
-            stage_acts(blk, matches!(scheme, GgufQ4_1 | GgufQ5_1), norm),
+            stage_acts(blk, matches!(scheme, GgufQ4_1 | GgufQ5_1), norm, add),
             "xs",
         )
     } else {

@@ -205,21 +205,25 @@ fn every_cuda_llm_kernel_variant_compiles_with_nvrtc() {
         for split in [1, 2, 4, 8] {
             for staged in [false, true] {
                 kernels.push(
-                    source::dequant_matvec(scheme, DType::F32, split, staged, false)
+                    source::dequant_matvec(scheme, DType::F32, split, staged, false, false)
                         .expect("matvec"),
                 );
             }
             if source::norm_fuses(scheme) {
-                kernels.push(
-                    source::dequant_matvec(scheme, DType::F32, split, true, true)
-                        .expect("matvec with a norm"),
-                );
+                for add in [false, true] {
+                    kernels.push(
+                        source::dequant_matvec(scheme, DType::F32, split, true, true, add)
+                            .expect("matvec with a norm"),
+                    );
+                }
             }
         }
         kernels.push(source::dequant_matmul(scheme, DType::F32).expect("matmul"));
         kernels.push(source::dequantize_rows(scheme, DType::F32).expect("rows"));
     }
-    assert!(source::dequant_matvec(QuantScheme::GgufQ4_0, DType::F32, 3, true, false).is_none());
+    assert!(
+        source::dequant_matvec(QuantScheme::GgufQ4_0, DType::F32, 3, true, false, false).is_none()
+    );
     kernels.extend([32, 256].map(|b| source::quantize_acts(b).expect("rounding")));
     for cache in [DType::F32, DType::F16, DType::BF16] {
         for warp in [false, true] {

@@ -569,6 +569,7 @@ fn needs_cuda_device_decode_sized_quantized_products_agree_with_the_cpus() {
 /// (activation blocks of 256) keep the norm's own launch.
 #[test]
 fn rms_norms_taken_into_cuda_decode_products_agree_with_the_cpus() {
+    use rlx::ir::BinaryOp;
     use rlx::ir::QuantScheme::*;
     let n = 70;
     let mut rng = rlx::gguf::SplitMix64::new(23);
@@ -584,16 +585,39 @@ fn rms_norms_taken_into_cuda_decode_products_agree_with_the_cpus() {
         let ty = scheme.ggml_type().expect("a GGUF scheme");
         let w = rlx::gguf::random_tensor(ty, &[n, k], 0.0, 0.5, &mut rng).expect("weights");
         let gamma: Vec<f32> = (0..k).map(|i| 0.5 + (i % 7) as f32 * 0.125).collect();
-        for rows in [1, 5] {
+        for (rows, residual) in [(1, false), (5, false), (1, true), (5, true)] {
             let mut b = quantized_product(scheme, rows, k, n, &w);
             let (x, wi) = (b.g.inputs()[0].1, b.g.node(b.g.outputs()[0]).inputs[1]);
             let mut g = Graph::new("norm_product");
             let xi = g.input("x", b.g.shape(x).clone());
             let gi = g.param("gamma", Shape::new(&[k], DType::F32));
             let wp = g.param("w", b.g.shape(wi).clone());
-            let h = g.op(Op::RmsNorm { eps: 1e-5 }, &[xi, gi]);
+            // With `residual`, the norm reads `x + r` (an add the product computes) and a node
+            // after the product reads the sum too: `(x + r)²` is the graph's second output.
+            // The CPU and CUDA sum the norm's squares in different orders, so an activation on a
+            // rounding boundary could round the other way and move a result by one step (as
+            // between any two summation orders); these inputs have none.
+            let (h, sum) = if residual {
+                let r = g.input("r", b.g.shape(x).clone());
+                let s = g.op(Op::Binary(BinaryOp::Add), &[xi, r]);
+                (g.op(Op::RmsNorm { eps: 1e-5 }, &[s, gi]), Some(s))
+            } else {
+                (g.op(Op::RmsNorm { eps: 1e-5 }, &[xi, gi]), None)
+            };
             let y = g.op(Op::DequantMatMul { scheme }, &[h, wp]);
-            g.set_outputs(vec![y]);
+            let mut outs = vec![y];
+            if let Some(s) = sum {
+                outs.push(g.op(Op::Binary(BinaryOp::Mul), &[s, s]));
+                let r: Vec<f32> = (0..rows * k)
+                    .map(|i| ((i * 31 % 97) as f32 - 48.0) / 64.0)
+                    .collect();
+                b.feeds.push((
+                    "r".into(),
+                    r.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    DType::F32,
+                ));
+            }
+            g.set_outputs(outs);
             b.g = g;
             b.params.insert(
                 0,
@@ -607,17 +631,22 @@ fn rms_norms_taken_into_cuda_decode_products_agree_with_the_cpus() {
                 .try_lower(b.g.clone())
                 .expect("lowers");
             let p = rlx_cuda::lower(&l.graph, &[]).expect("lowers for CUDA");
-            let launches = if rlx_cuda::source::norm_fuses(scheme) {
-                1
-            } else {
-                2
+            // Norm (and add) inside the product where it takes them; the scaling its own.
+            let launches = match (rlx_cuda::source::norm_fuses(scheme), residual) {
+                (true, r) => 1 + r as usize,
+                (false, r) => 2 + 2 * r as usize,
             };
             assert_eq!(
                 p.launches.len(),
                 launches,
-                "{scheme:?} {rows} rows: launches"
+                "{scheme:?} {rows} rows, residual {residual}: launches"
             );
-            cases.push((format!("rms_norm then {scheme:?} {rows}x{k} @ {n}"), b, p));
+            let what = if residual {
+                "add, rms_norm"
+            } else {
+                "rms_norm"
+            };
+            cases.push((format!("{what} then {scheme:?} {rows}x{k} @ {n}"), b, p));
         }
     }
     let emu = rlx_cuda::emulate::Emulator::build(cases.iter().flat_map(|c| &c.2.kernels))
@@ -625,6 +654,19 @@ fn rms_norms_taken_into_cuda_decode_products_agree_with_the_cpus() {
     for (name, b, p) in &cases {
         emulated_product_agrees(&emu, name, b, p);
     }
+}
+
+/// The bytes of each slot's value, by name.
+fn values_for(slots: &[rlx::driver::IoSlot], from: &[(String, Vec<u8>, DType)]) -> Vec<Vec<u8>> {
+    slots
+        .iter()
+        .map(|s| {
+            from.iter()
+                .find(|(n, _, _)| *n == s.name)
+                .map(|(_, v, _)| v.clone())
+                .unwrap_or_else(|| panic!("no value for {}", s.name))
+        })
+        .collect()
 }
 
 /// Program `p` of the quantized product `b` in host emulation against the CPU, as
@@ -635,25 +677,32 @@ fn emulated_product_agrees(
     b: &Built,
     p: &rlx_cuda::Program,
 ) {
-    let params: Vec<Vec<u8>> = p
-        .params
-        .iter()
-        .map(|s| {
-            b.params
-                .iter()
-                .find(|(n, _, _)| *n == s.name)
-                .map(|(_, v, _)| v.clone())
-                .expect("a value for every param")
-        })
-        .collect();
+    let (feeds, params) = (
+        values_for(&p.inputs, &b.feeds),
+        values_for(&p.params, &b.params),
+    );
     let outs = emu
-        .run(p, &[b.feeds[0].1.clone()], &params)
+        .run(p, &feeds, &params)
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let got = decode(&outs[0], DType::F32);
     let cpu = run_on(Device::Cpu, b, true).expect("runs on the CPU");
     let want = run_reference(b).expect("reference");
     if let Err(e) = quantized_or_near_exact(name, &cpu, &got, &want, "CUDA (emulated)") {
         panic!("{e}");
+    }
+    // A second output (`(x + r)²`, of the residual sum read after the product) to the bit.
+    if let Some(second) = outs.get(1) {
+        let f = |v: &[u8]| decode(v, DType::F32);
+        let (x, r) = (f(&b.feeds[0].1), f(&b.feeds[1].1));
+        let want: Vec<f64> = x
+            .iter()
+            .zip(&r)
+            .map(|(a, c)| {
+                let s = *a as f32 + *c as f32;
+                (s * s) as f64
+            })
+            .collect();
+        assert_eq!(f(second), want, "{name}: the residual sum");
     }
 }
 
@@ -1122,21 +1171,10 @@ fn cuda_programs_of_the_op_table_match_the_reference_evaluator_in_host_emulation
     let mut failures = Vec::new();
     for (c, b, p) in &progs {
         let name = c["name"].as_str().unwrap_or("?");
-        let bytes_of = |slots: &[rlx::driver::IoSlot], from: &[(String, Vec<u8>, DType)]| {
-            slots
-                .iter()
-                .map(|s| {
-                    from.iter()
-                        .find(|(n, _, _)| *n == s.name)
-                        .map(|(_, v, _)| v.clone())
-                        .unwrap_or_else(|| panic!("{name}: no value for {}", s.name))
-                })
-                .collect::<Vec<_>>()
-        };
         let outs = match emu.run(
             p,
-            &bytes_of(&p.inputs, &b.feeds),
-            &bytes_of(&p.params, &b.params),
+            &values_for(&p.inputs, &b.feeds),
+            &values_for(&p.params, &b.params),
         ) {
             Ok(o) => o,
             Err(e) => {

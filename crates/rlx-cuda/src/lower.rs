@@ -229,7 +229,7 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         }
         Op::PagedAttention { .. } => format!("paged attention over {ins:?} giving {out}"),
         Op::Rope { .. }
-            if source::rope(out, ins[1]).is_some()
+            if source::rope(out, ins[1], None).is_some()
                 && n.shape.static_dims().is_some_and(|d| d.len() >= 2 && d[d.len() - 1] % 2 == 0) =>
         {
             return None
@@ -345,6 +345,9 @@ struct Lowering<'g> {
     /// ([`norms_into_products`]); by node.
     norm_into: Vec<bool>,
     add_into: Vec<bool>,
+    /// Rotations whose only reader (through reshapes) is a cache write, which writes them
+    /// rotated ([`ropes_into_caches`]): by the cache write's node, the rotation.
+    rope_of: Vec<Option<NodeId>>,
     consts: Vec<(usize, Vec<u8>)>,
     p: Program,
     input_req: Vec<usize>,
@@ -357,12 +360,7 @@ struct Lowering<'g> {
 /// operands of the result's shape, every other reader after the product), which that product
 /// computes (`add`).
 fn norms_into_products(g: &Graph) -> (Vec<bool>, Vec<bool>) {
-    let mut readers: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
-    for id in g.ids() {
-        for x in &g.node(id).inputs {
-            readers[x.index()].push(id);
-        }
-    }
+    let readers = readers(g);
     let mut into = vec![false; g.len()];
     for id in g.ids() {
         let node = g.node(id);
@@ -411,6 +409,57 @@ fn norms_into_products(g: &Graph) -> (Vec<bool>, Vec<bool>) {
     (into, add)
 }
 
+/// The nodes reading each node.
+fn readers(g: &Graph) -> Vec<Vec<NodeId>> {
+    let mut readers: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for x in &g.node(id).inputs {
+            readers[x.index()].push(id);
+        }
+    }
+    readers
+}
+
+/// The cache writes (position form) whose update is a rotation (f32, its positions of the
+/// cache write's position dtype) read by nothing else, through reshapes that nothing else
+/// reads either: `source::rope` with a cache writes it rotated into the cache (by the cache
+/// write's node, the rotation).
+fn ropes_into_caches(g: &Graph) -> Vec<Option<NodeId>> {
+    let readers = readers(g);
+    let mut of = vec![None; g.len()];
+    for id in g.ids() {
+        let node = g.node(id);
+        if !matches!(node.op, Op::CacheWrite) {
+            continue;
+        }
+        let (cache, pos) = (node.inputs[0], node.inputs[2]);
+        let one_pos = dims(g, pos).is_ok_and(|d| d.iter().product::<usize>() == 1);
+        let mut u = node.inputs[1];
+        let mut next = id;
+        while matches!(g.node(u).op, Op::Reshape { .. }) && readers[u.index()] == [next] {
+            next = u;
+            u = g.node(u).inputs[0];
+        }
+        let r = g.node(u);
+        let fits = matches!(r.op, Op::Rope { .. })
+            && readers[u.index()] == [next]
+            && !g.outputs().contains(&u)
+            && one_pos
+            && g.shape(u).dtype() == DType::F32
+            && g.shape(r.inputs[1]).dtype() == g.shape(pos).dtype()
+            && source::rope(
+                DType::F32,
+                g.shape(pos).dtype(),
+                Some(g.shape(cache).dtype()),
+            )
+            .is_some();
+        if fits {
+            of[id.index()] = Some(u);
+        }
+    }
+    of
+}
+
 /// Blocks for `n` items of `per` each, at most 65535·16.
 fn blocks(n: usize, per: usize) -> u32 {
     n.div_ceil(per.max(1)).clamp(1, 65535 * 16) as u32
@@ -433,12 +482,21 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
         extra_of: vec![None; n],
         norm_into: Vec::new(),
         add_into: Vec::new(),
+        rope_of: Vec::new(),
         consts: Vec::new(),
         p: Program::default(),
         input_req: Vec::new(),
         param_place: Vec::new(),
     };
     (l.norm_into, l.add_into) = norms_into_products(g);
+    l.rope_of = ropes_into_caches(g);
+    let into_cache: Vec<bool> = {
+        let mut v = vec![false; n];
+        for r in l.rope_of.iter().flatten() {
+            v[r.index()] = true;
+        }
+        v
+    };
     for id in g.ids() {
         if let Some(why) = unsupported(g, id) {
             return Err(Error::Unsupported {
@@ -452,7 +510,7 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
         let i = id.index();
         let step = l.steps.len();
         l.keep_operands(node, step);
-        if l.extra_of[i].is_some() || l.norm_into[i] {
+        if l.extra_of[i].is_some() || l.norm_into[i] || into_cache[i] {
             continue;
         }
         // A residual add the product after its norm computes: its bytes, no launch here.
@@ -852,8 +910,11 @@ impl Lowering<'_> {
                     self.val(id),
                     Pending::Imm(theta.to_bits() as i32 as i64),
                     imm(*interleaved as usize),
+                    imm(0),
+                    imm(0),
+                    imm(0),
                 ];
-                let src = source::rope(dt, g.shape(pos).dtype());
+                let src = source::rope(dt, g.shape(pos).dtype(), None);
                 self.launch(id, src, [blocks(pairs, BLOCK as usize), 1, 1], BLOCK, words)
             }
             Op::CachedAttention { scale, window } => self.cached_attention(id, *scale, *window),
@@ -1197,10 +1258,42 @@ impl Lowering<'_> {
         Ok(())
     }
 
-    /// Rows of the update into the cache, in place.
+    /// Rows of the update into the cache, in place; an update that is a rotation read by
+    /// nothing else ([`ropes_into_caches`]) is rotated on its way in.
     fn cache_write(&mut self, id: NodeId) -> Result<()> {
         let g = self.g;
         let node = g.node(id);
+        if let Some(r) = self.rope_of[id.index()] {
+            let rn = g.node(r);
+            let Op::Rope { theta, interleaved } = rn.op else {
+                unreachable!("ropes_into_caches takes rotations only")
+            };
+            let (d, cd) = (dims(g, r)?, dims(g, node.inputs[0])?);
+            let (s, half) = (d[d.len() - 2], d[d.len() - 1] / 2);
+            let pairs = d.iter().product::<usize>() / 2;
+            let words = vec![
+                imm(pairs),
+                imm(s.max(1)),
+                imm(half.max(1)),
+                self.val(rn.inputs[0]),
+                self.val(rn.inputs[1]),
+                self.val(node.inputs[0]),
+                Pending::Imm(theta.to_bits() as i32 as i64),
+                imm(interleaved as usize),
+                self.val(node.inputs[2]),
+                imm(cd[1..].iter().product::<usize>().max(1)),
+                imm(cd[0]),
+            ];
+            let src = source::rope(
+                DType::F32,
+                g.shape(rn.inputs[1]).dtype(),
+                Some(g.shape(node.inputs[0]).dtype()),
+            );
+            self.launch(id, src, [blocks(pairs, BLOCK as usize), 1, 1], BLOCK, words)?;
+            // The rotation's operands are read by this launch.
+            self.keep_operands(rn, self.steps.len().saturating_sub(1));
+            return Ok(());
+        }
         let (cache, upd, pos) = (node.inputs[0], node.inputs[1], node.inputs[2]);
         let (cd, ud, pd) = (dims(g, cache)?, dims(g, upd)?, dims(g, pos)?);
         let row: usize = cd[1..].iter().product();

@@ -970,23 +970,48 @@ pub fn norm(
     ))
 }
 
-/// Words of rotary embedding: `[pairs, s, half, x, pos, out, theta_bits, interleaved]`.
-pub const ROPE_WORDS: usize = 8;
+/// Words of rotary embedding: `[pairs, s, half, x, pos, out, theta_bits, interleaved, at,
+/// row, t]`; the last three for a rotation written into a cache (`at`: where the cache
+/// write's position is; `row`, `t`: the cache's row length and rows), 0 otherwise.
+pub const ROPE_WORDS: usize = 11;
 
 /// Rotary position embedding of `x [..., S, D]` at `positions [S]`, a thread per rotated pair:
 /// pair `k` of row `s` turns by `pos[s] * theta^(-2k/D)` (the frequency computed in f64 and
 /// rounded to f32, as the decomposition's constant table is), pairs `(k, k + D/2)` or, with
-/// `interleaved`, `(2k, 2k + 1)`.
-pub fn rope(dt: DType, pos: DType) -> Option<String> {
+/// `interleaved`, `(2k, 2k + 1)`. With `cache` (`x` f32), the rotated values go into a KV cache
+/// of that dtype instead, as `CacheWrite` writes them there (element `e` of the result at
+/// element `e` of the cache from row `max(at, 0)` on, rows past the cache dropped), so a
+/// rotation whose only reader is a cache write takes no launch of its own.
+pub fn rope(dt: DType, pos: DType, cache: Option<DType>) -> Option<String> {
     if !real(dt) || dt == DType::F64 || pos == DType::Bool {
+        return None;
+    }
+    if cache.is_some_and(|c| !real(c)) || (cache.is_some() && dt != DType::F32) {
         return None;
     }
     let (st, ps) = (storage(dt)?, storage(pos)?);
     let (a, b) = (load(dt, "xp[ia]"), load(dt, "xp[ib]"));
-    let (oa, ob) = (
-        store(dt, &fit(dt, "fa * c - fb * sn".into())),
-        store(dt, &fit(dt, "fa * sn + fb * c".into())),
-    );
+    let (out, oa, ob, at) = match cache {
+        None => (
+            st,
+            store(dt, &fit(dt, "fa * c - fb * sn".into())),
+            store(dt, &fit(dt, "fa * sn + fb * c".into())),
+            String::new(),
+        ),
+        Some(c) => (
+            storage(c)?,
+            store(c, &format!("({})(fa * c - fb * sn)", compute(c)?)),
+            store(c, &format!("({})(fa * sn + fb * c)", compute(c)?)),
+            format!(
+                "        const i64 at0 = (i64)((const {ps}*)m.w[8])[0], at = at0 < 0 ? 0 : at0;\n        if (at + ia / m.w[9] >= m.w[10] || at + ib / m.w[9] >= m.w[10]) continue;\n"
+            ),
+        ),
+    };
+    let base = if cache.is_some() {
+        " + at * m.w[9]"
+    } else {
+        ""
+    };
     Some(kernel(
         ROPE_WORDS,
         &format!(
@@ -996,9 +1021,9 @@ pub fn rope(dt: DType, pos: DType) -> Option<String> {
         const float c = cosf(ang), sn = sinf(ang);
         const i64 ia = m.w[7] ? row * 2 * half + 2 * kk : row * 2 * half + kk;
         const i64 ib = m.w[7] ? ia + 1 : ia + half;
-        const {st}* xp = (const {st}*)m.w[3];
+{at}        const {st}* xp = (const {st}*)m.w[3];
         const float fa = (float)({a}), fb = (float)({b});
-        {st}* o = ({st}*)m.w[5];
+        {out}* o = ({out}*)m.w[5]{base};
         o[ia] = {oa};
         o[ib] = {ob};
     }}

@@ -234,7 +234,8 @@ fn every_cuda_llm_kernel_variant_compiles_with_nvrtc() {
         for threads in [256, 1024] {
             kernels.push(source::attention_values(cache, DType::F32, threads).expect("values"));
         }
-        kernels.push(source::rope(cache, DType::I32).expect("rope"));
+        kernels.push(source::rope(cache, DType::I32, None).expect("rope"));
+        kernels.push(source::rope(DType::F32, DType::I32, Some(cache)).expect("rope into a cache"));
         for t in [32, 256] {
             kernels.push(source::norm(cache, cache, None, cache, true, t).expect("rms norm"));
             kernels.push(

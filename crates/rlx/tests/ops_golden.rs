@@ -706,6 +706,85 @@ fn emulated_product_agrees(
     }
 }
 
+/// A rotation whose only reader (through a reshape) is a cache write is rotated into the
+/// cache by one launch on CUDA; in host emulation the cache it gives is the reference
+/// evaluator's (f32 and f16 caches, one and two rows, positions inside the cache, at its last
+/// row with a row dropped, past it, and negative).
+#[test]
+fn ropes_into_cuda_cache_writes_match_the_reference_evaluator() {
+    let (h, d, t) = (3, 8, 4);
+    let mut cases = Vec::new();
+    for cache_dt in [DType::F32, DType::F16] {
+        for s in [1, 2] {
+            for at in [1i32, 3, 4, -2] {
+                let mut g = Graph::new("rope_into_cache");
+                let x = g.input("x", Shape::new(&[h, s, d], DType::F32));
+                let positions = g.input("positions", Shape::new(&[s], DType::I32));
+                let cache = g.param("cache", Shape::new(&[t, h * d], cache_dt));
+                let pos = g.input("at", Shape::new(&[1], DType::I32));
+                let r = g.rope(x, positions, 10000.0, false);
+                let u = g.reshape(r, &[s, h * d]);
+                let w = g.cache_write(cache, u, pos);
+                g.set_outputs(vec![w]);
+                let xs: Vec<f32> = (0..h * s * d).map(|i| (i as f32 * 0.37).sin()).collect();
+                let cs: Vec<f32> = (0..t * h * d).map(|i| i as f32 * 0.01 - 0.4).collect();
+                let cache_bytes: Vec<u8> = match cache_dt {
+                    DType::F16 => cs
+                        .iter()
+                        .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                        .collect(),
+                    _ => cs.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                };
+                let b = Built {
+                    g,
+                    feeds: vec![
+                        (
+                            "x".into(),
+                            xs.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                            DType::F32,
+                        ),
+                        (
+                            "positions".into(),
+                            (0..s as i32)
+                                .flat_map(|p| (at.max(0) + p + 5).to_le_bytes())
+                                .collect(),
+                            DType::I32,
+                        ),
+                        ("at".into(), at.to_le_bytes().to_vec(), DType::I32),
+                    ],
+                    params: vec![("cache".into(), cache_bytes, cache_dt)],
+                };
+                let l = Session::new(Device::Cuda)
+                    .try_lower(b.g.clone())
+                    .expect("lowers");
+                let p = rlx_cuda::lower(&l.graph, &[]).expect("lowers for CUDA");
+                let name = format!("{cache_dt} cache, {s} rows at {at}");
+                assert_eq!(p.launches.len(), 1, "{name}: launches");
+                cases.push((name, b, p));
+            }
+        }
+    }
+    let emu = rlx_cuda::emulate::Emulator::build(cases.iter().flat_map(|c| &c.2.kernels))
+        .expect("the kernels compile for the host");
+    for (name, b, p) in &cases {
+        let outs = emu
+            .run(
+                p,
+                &values_for(&p.inputs, &b.feeds),
+                &values_for(&p.params, &b.params),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = decode(&outs[0], p.outputs[0].shape.dtype());
+        let want = run_reference(b).expect("reference");
+        for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (a - w).abs() <= 1e-3 * w.abs().max(1.0),
+                "{name}: element {i}: {a} against {w}"
+            );
+        }
+    }
+}
+
 /// [`decode_sized_products`] as CUDA programs in host emulation, against the CPU as
 /// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them: where the activations fit in
 /// the matrix-vector kernel's shared memory (`rows * K` ≤ 8192) it rounds them itself, one

@@ -1141,7 +1141,10 @@ impl Lowering<'_> {
         // A decode product whose activations fit in shared memory rounds them itself, and
         // applies the RMSNorm they come from where that norm was taken into it.
         let staged = rows <= source::QROWS && xe <= source::MATVEC_STAGE;
-        let round = scheme.act_block(rows);
+        // Rounding goes by the rows of the last matrix, as on the CPU (`x [B, 1, K]` is B
+        // one-row products, rounded as one-token steps are), the kernel by all rows.
+        let mrows = if xd.len() >= 2 { xd[xd.len() - 2] } else { 1 };
+        let round = scheme.act_block(mrows);
         let norm = self.norm_into[x.index()].then(|| g.node(x));
         let add = norm
             .map(|nn| nn.inputs[0])

@@ -1207,6 +1207,24 @@ fn wg_max(v: f32, lid: u32) -> f32 {
 /// with its block sums and the product's partial sums, under the 16 KiB every adapter has.
 pub const MATVEC_STAGE: u32 = 3072;
 
+/// Workgroups of a staged matrix-vector product at most: each stages the activations once and
+/// then takes [`matvec_columns`] result columns in turn.
+pub const MATVEC_GROUPS: usize = 1024;
+
+/// Loop iterations an invocation of a matrix-vector product runs per result column of `k`
+/// elements (a generous count: an element a step, every row).
+pub fn matvec_column_loops(k: usize) -> usize {
+    k.div_ceil(WG as usize) * (QROWS as usize + 1) + 16
+}
+
+/// Result columns each workgroup of a staged matrix-vector product of `n` columns of `k`
+/// elements takes: enough for at most [`MATVEC_GROUPS`] workgroups, but never so many that an
+/// invocation's loops pass 32,768 iterations (lavapipe cuts invocations off at 65,535).
+pub fn matvec_columns(n: usize, k: usize) -> usize {
+    let most = (32_768 / matvec_column_loops(k)).max(1);
+    n.div_ceil(MATVEC_GROUPS).clamp(1, most)
+}
+
 /// Whether a decode product of `rows` rows and `elems` activations stages them
 /// ([`dequant_matvec`]'s `staged`), rounding them itself: no rounding step before it.
 pub fn matvec_staged(rows: usize, elems: usize) -> bool {
@@ -1303,8 +1321,9 @@ const STAGE: &str = r#"    let nx = rows * k;
 "#;
 
 /// `x [R, K] @ decode(w)^T` for a few rows (`R <= QROWS`: decode): meta `[R, K, N, x_off,
-/// w_byte, row_bytes, out_off, round, sums_off, sums]`; a workgroup per result column
-/// (dispatch `N * WG` invocations), each weight decoded once for all rows. With a `grouped`
+/// w_byte, row_bytes, out_off, round, sums_off, sums, cols]`; a workgroup per `cols` result
+/// columns, taken in turn (dispatch `⌈N / cols⌉ * WG` invocations; `cols` is 1 unstaged,
+/// [`matvec_columns`] staged), each weight decoded once for all rows. With a `grouped`
 /// decoder ([`group_decoder`]) each invocation takes eight weights of a block from one or two
 /// word loads, chunks of 512 elements a step; else invocations on consecutive elements. The
 /// partial sums of the product's rows are added by a tree in workgroup memory, or with
@@ -1430,18 +1449,22 @@ pub fn dequant_matvec(
 var<workgroup> part: array<f32, {parts}>;
 {decls}@compute @workgroup_size({WG})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32{builtins}) {{
-    let j = wg.x + wg.y * {MAX_GROUPS}u;
     let rows = mt[0];
     let k = mt[1];
     let n = mt[2];
+{stage}    // `mt[10]` result columns a workgroup, in turn (uniform: a meta word).
+    for (var jc = 0u; jc < mt[10]; jc++) {{
+    let j = (wg.x + wg.y * {MAX_GROUPS}u) * mt[10] + jc;
     let live = j < n;
-{stage}    var acc: array<f32, {QROWS}>;
+    var acc: array<f32, {QROWS}>;
     if (live) {{
         let row = mt[4] + j * mt[5];
 {inner}    }}
     // Only the product's rows are summed (one for a decode step, not QROWS).
 {sum}
     if (live && lid < rows) {{ st(mt[6] + lid * n + j, {rnd}); }}
+    workgroupBarrier();
+    }}
 }}
 "#,
         parts = QROWS * 64

@@ -520,6 +520,12 @@ fn decode_sized_products() -> Vec<(String, rlx::ir::QuantScheme, usize, usize, B
             let b = quantized_product(scheme, rows, k, n, &w);
             cases.push((format!("{scheme:?} {rows}x{k} @ {n}"), scheme, rows, k, b));
         }
+        // Eight one-row products (a decode batch): rounded as one-token steps are.
+        let k = if blk == 768 { 256 } else { 352 };
+        if let Ok(w) = rlx::gguf::random_tensor(ty, &[n, k], 0.0, 0.5, &mut rng) {
+            let b = quantized_product_of(scheme, &[8, 1, k], n, &w);
+            cases.push((format!("{scheme:?} 8x1x{k} @ {n}"), scheme, 1, k, b));
+        }
     }
     assert!(cases.len() >= 48, "only {} products", cases.len());
     cases
@@ -824,12 +830,20 @@ fn quantized_product(
     n: usize,
     w: &[u8],
 ) -> Built {
+    quantized_product_of(scheme, &[rows, k], n, w)
+}
+
+/// [`quantized_product`] of `x` of dims `xd` (`[B, 1, K]`: B one-row products, each rounding
+/// its activations as a one-token step does).
+fn quantized_product_of(scheme: rlx::ir::QuantScheme, xd: &[usize], n: usize, w: &[u8]) -> Built {
+    let k = *xd.last().expect("x has a last axis");
+    let rows: usize = xd.iter().product::<usize>() / k;
     let row_bytes = scheme.row_bytes(k).expect("a GGUF scheme");
     let x: Vec<f32> = (0..rows * k)
         .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7)
         .collect();
     let mut g = Graph::new("quantized_product");
-    let xi = g.input("x", Shape::new(&[rows, k], DType::F32));
+    let xi = g.input("x", Shape::new(xd, DType::F32));
     let wi = g.param("w", Shape::new(&[n, row_bytes], DType::U8));
     let y = g.op(Op::DequantMatMul { scheme }, &[xi, wi]);
     g.set_outputs(vec![y]);

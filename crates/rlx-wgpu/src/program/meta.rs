@@ -440,18 +440,29 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
                 // A few rows (decode): a workgroup per result column, rounding the activations
                 // itself where they fit in its memory, else reading them (and the 32-blocks'
                 // sums) from the rounding step.
+                // Rounding goes by the rows of the last matrix, as on the CPU (`x [B, 1, K]`
+                // is B one-row products), the kernel by all rows.
                 let staged = shaders::matvec_staged(rows, rows * k);
-                let round = scheme.act_block(rows).unwrap_or(0);
+                let mrows = if xd.len() >= 2 { xd[xd.len() - 2] } else { 1 };
+                let round = scheme.act_block(mrows).unwrap_or(0);
                 let sums = acts.map_or(0, |r| s.w.scratch(r) + rows * k);
+                // Staged, a workgroup takes several columns, so the head stages its
+                // activations once per workgroup, not per column.
+                let cols = if staged {
+                    shaders::matvec_columns(nn, k)
+                } else {
+                    1
+                };
                 meta.extend([
                     if staged { round as u32 } else { 0 },
                     sums as u32,
                     u32::from(acts.is_some() && round == 32),
+                    cols as u32,
                 ]);
                 let grouped = shaders::group_decoder(*scheme);
                 return Ok((
                     shaders::dequant_matvec(dec, grouped, out, s.w.subgroups, staged),
-                    groups_1d(nn * WG as usize),
+                    groups_1d(nn.div_ceil(cols) * WG as usize),
                 ));
             }
             // Prompts: a workgroup per tile of rows and columns.

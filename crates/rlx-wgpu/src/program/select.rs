@@ -216,10 +216,22 @@ fn loop_len(g: &Graph, id: NodeId) -> usize {
         }
         // The contraction (the tiled product's tiles of 16, plus the loads).
         Op::MatMul => 2 * axis_len(n.inputs[0], g.shape(n.inputs[0]).rank() - 1),
-        // Each of k weights decoded once for up to QROWS rows.
+        // Each of k weights decoded once for up to QROWS rows; a staged decode product takes
+        // several columns in turn, after staging its activations.
         Op::DequantMatMul { .. } => {
-            let k = axis_len(n.inputs[0], g.shape(n.inputs[0]).rank() - 1);
-            k * (shaders::QROWS as usize + 1)
+            let rank = g.shape(n.inputs[0]).rank();
+            let k = axis_len(n.inputs[0], rank - 1);
+            let xe: usize = (0..rank).map(|a| axis_len(n.inputs[0], a)).product();
+            let rows = xe.checked_div(k).unwrap_or(0);
+            let cols = axis_len(n.inputs[1], 0);
+            // (`rows`: all the product's rows, as the kernel choice counts them.)
+            if shaders::matvec_staged(rows, xe) {
+                shaders::matvec_columns(cols, k) * shaders::matvec_column_loops(k)
+                    + 2 * xe.div_ceil(shaders::WG as usize)
+                    + 64
+            } else {
+                k * (shaders::QROWS as usize + 1)
+            }
         }
         // The weights step loops over the cache rows three times.
         Op::CachedAttention { .. } => 3 * axis_len(n.inputs[1], 0),
@@ -557,7 +569,8 @@ impl Selection {
                 let xd = dims(g, node.inputs[0])?;
                 let rows = if xd.len() >= 2 { xd[xd.len() - 2] } else { 1 };
                 let xe: usize = xd.iter().product();
-                let staged = shaders::matvec_staged(rows, xe);
+                let k = xd.last().copied().unwrap_or(1).max(1);
+                let staged = shaders::matvec_staged(xe / k, xe);
                 let acts = scheme.act_block(rows).filter(|_| !staged).map(|blk| {
                     self.reqs.push(BufferRequest {
                         size: (xe + xe / 32).max(1) * 4,

@@ -539,11 +539,17 @@ fn decode_sized_products() -> Vec<(String, rlx::ir::QuantScheme, usize, usize, B
 #[test]
 fn decode_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
     assert_gpu();
+    decode_sized_products_agree_on(Device::Gpu, "GPU");
+}
+
+/// [`decode_sized_products`] on `device` against the CPU, as [`quantized_or_near_exact`]
+/// holds them.
+fn decode_sized_products_agree_on(device: Device, what: &str) {
     for (name, _, _, _, b) in &decode_sized_products() {
         let cpu = run_on(Device::Cpu, b, true).expect("runs on the CPU");
-        let gpu = run_on(Device::Gpu, b, true).expect("runs on the GPU");
+        let got = run_on(device, b, true).unwrap_or_else(|e| panic!("{name} on {what}: {e}"));
         let want = run_reference(b).expect("reference");
-        if let Err(e) = quantized_or_near_exact(name, &cpu, &gpu, &want, "GPU") {
+        if let Err(e) = quantized_or_near_exact(name, &cpu, &got, &want, what) {
             panic!("{e}");
         }
     }
@@ -558,14 +564,7 @@ fn needs_cuda_device_decode_sized_quantized_products_agree_with_the_cpus() {
     if !common::cuda_or_skip("CUDA decode-sized products") {
         return;
     }
-    for (name, _, _, _, b) in &decode_sized_products() {
-        let cpu = run_on(Device::Cpu, b, true).expect("runs on the CPU");
-        let got = run_on(Device::Cuda, b, true).expect("runs on CUDA");
-        let want = run_reference(b).expect("reference");
-        if let Err(e) = quantized_or_near_exact(name, &cpu, &got, &want, "CUDA") {
-            panic!("{e}");
-        }
-    }
+    decode_sized_products_agree_on(Device::Cuda, "CUDA");
 }
 
 /// An RMSNorm read only by a decode product is taken into the product's kernel on CUDA (it

@@ -101,8 +101,8 @@ pub fn fuses(g: &Graph, id: NodeId, kind: FusionKind) -> bool {
         FusionKind::MatMulEpilogue | FusionKind::ResidualNorm => {
             kernels::patterns::accepts(g, id, kind)
         }
-        // No kernels for these shapes: the products and attention run on their own.
-        FusionKind::GatedMlp | FusionKind::Attention => false,
+        // No kernels for these shapes: the products, norms and attention run on their own.
+        FusionKind::GatedMlp | FusionKind::Attention | FusionKind::NormMatMul => false,
     }
 }
 

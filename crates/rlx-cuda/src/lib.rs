@@ -68,6 +68,9 @@ impl Backend for CudaBackend {
     fn fuses(&self, graph: &Graph, id: NodeId, kind: FusionKind) -> bool {
         let n = graph.node(id);
         let ins: Vec<rlx_ir::DType> = n.inputs.iter().map(|i| graph.shape(*i).dtype()).collect();
+        if kind == FusionKind::NormMatMul {
+            return lower::takes_norm(graph, id);
+        }
         kind == FusionKind::Elementwise
             && matches!(
                 n.op,

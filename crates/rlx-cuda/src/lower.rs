@@ -157,6 +157,13 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
             }
             "an op of the region has no CUDA C form".into()
         }
+        // The product launch takes the norm (and add) of the region, and writes its sum.
+        Op::Fused(r) if r.kind == FusionKind::NormMatMul => {
+            match fuse::norm_product(g, id) {
+                Some(np) if fuse::takes_norm_of(g, &np) => return None,
+                _ => "a norm_matmul region this backend's decode product does not take (f32 RMSNorm of a few rows read by a GGUF product whose activations round to 32-blocks)".into(),
+            }
+        }
         Op::Fused(r) => format!("no CUDA kernel for {} regions", r.kind.name()),
         Op::Reshape { .. }
         | Op::Transpose { .. }
@@ -196,7 +203,7 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         Op::MatMul => format!("matmul of {ins:?} -> {out} (float operands of rank 2 or more run)"),
         Op::DequantMatMul { scheme }
             if ins[0] == DType::F32
-                && source::dequant_matmul(*scheme, out).is_some()
+                && source::dequant_matmul(*scheme, out, false).is_some()
                 && g.shape(n.inputs[1]).static_dims().and_then(|d| d.last().copied())
                     == g.shape(n.inputs[0]).static_dims().and_then(|d| d.last().copied()).and_then(|k| scheme.row_bytes(k)) =>
         {
@@ -340,11 +347,6 @@ struct Lowering<'g> {
     params_bytes: u64,
     /// Further results of a fused region: computed by the step of that node.
     extra_of: Vec<Option<usize>>,
-    /// RMSNorms taken into their one reader, a decode product that normalizes its staged
-    /// activations itself, and residual adds whose sum such a norm reads, added by that product
-    /// ([`norms_into_products`]); by node.
-    norm_into: Vec<bool>,
-    add_into: Vec<bool>,
     /// Rotations whose only reader (through reshapes) is a cache write, which writes them
     /// rotated ([`ropes_into_caches`]): by the cache write's node, the rotation.
     rope_of: Vec<Option<NodeId>>,
@@ -355,7 +357,8 @@ struct Lowering<'g> {
 }
 
 mod fuse;
-use fuse::{norms_into_products, ropes_into_caches, taken_in};
+pub(crate) use fuse::takes_norm;
+use fuse::{ropes_into_caches, taken_in, NormProduct};
 
 /// Blocks for `n` items of `per` each, at most 65535·16.
 fn blocks(n: usize, per: usize) -> u32 {
@@ -377,15 +380,12 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
         off_of: vec![0; n],
         params_bytes: 0,
         extra_of: vec![None; n],
-        norm_into: Vec::new(),
-        add_into: Vec::new(),
         rope_of: Vec::new(),
         consts: Vec::new(),
         p: Program::default(),
         input_req: Vec::new(),
         param_place: Vec::new(),
     };
-    (l.norm_into, l.add_into) = norms_into_products(g);
     l.rope_of = ropes_into_caches(g);
     let into_cache: Vec<bool> = {
         let mut v = vec![false; n];
@@ -407,13 +407,7 @@ pub fn lower(g: &Graph, shared: SharedParams<'_>) -> Result<Program> {
         let i = id.index();
         let step = l.steps.len();
         l.keep_operands(node, step);
-        if l.extra_of[i].is_some() || l.norm_into[i] || into_cache[i] {
-            continue;
-        }
-        // A residual add the product after its norm computes: its bytes, no launch here.
-        if l.add_into[i] {
-            let bytes = dims(g, id)?.iter().product::<usize>().max(1) * 4;
-            l.req_of[i] = Some(l.request(bytes, step, step));
+        if l.extra_of[i].is_some() || into_cache[i] {
             continue;
         }
         let d = dims(g, id)?;
@@ -566,7 +560,7 @@ impl Lowering<'_> {
             block,
             words,
             node: id.index(),
-            op: node.op.name(),
+            op: node.op.step_name(),
         });
         Ok(())
     }
@@ -583,12 +577,16 @@ impl Lowering<'_> {
         let x = node.inputs.first().copied();
         let dt = node.shape.dtype();
         match &node.op {
-            Op::Binary(_)
-            | Op::Activation(_)
-            | Op::Compare(_)
-            | Op::Where
-            | Op::Cast { .. }
-            | Op::Fused(_) => self.elementwise(id, d),
+            Op::Binary(_) | Op::Activation(_) | Op::Compare(_) | Op::Where | Op::Cast { .. } => {
+                self.elementwise(id, d)
+            }
+            Op::Fused(r) if r.kind == FusionKind::NormMatMul => {
+                let np = fuse::norm_product(g, id).ok_or_else(|| {
+                    taken_in(id, node, "the first result of a norm_matmul region")
+                })?;
+                self.dequant_matmul(id, d, &np)
+            }
+            Op::Fused(_) => self.elementwise(id, d),
             Op::Transpose { perm } => {
                 let x = x.expect("an operand");
                 let ss = dense_strides(&dims(g, x)?);
@@ -749,7 +747,10 @@ impl Lowering<'_> {
                 }
                 self.launch(id, source::matmul(dt, cb.len()), grid, 256, words)
             }
-            Op::DequantMatMul { scheme } => self.dequant_matmul(id, *scheme, d),
+            Op::DequantMatMul { scheme } => {
+                let plain = NormProduct::plain(*scheme, node.inputs[0], node.inputs[1]);
+                self.dequant_matmul(id, d, &plain)
+            }
             Op::DequantizeRows { scheme } => {
                 let w = node.inputs[0];
                 let wd = dims(g, w)?;
@@ -1017,41 +1018,32 @@ impl Lowering<'_> {
         self.reqs[r].end = self.steps.len().saturating_sub(1);
     }
 
-    /// A GGUF product: up to 8 rows the matrix-vector kernel, which rounds the activations to
-    /// int8 blocks itself (where the scheme and the row count ask for it) when they fit in its
-    /// shared memory; else they are rounded first (into scratch) and the matrix-vector kernel
-    /// or, for more rows, a warp per result column and tile of rows takes them.
-    fn dequant_matmul(
-        &mut self,
-        id: NodeId,
-        scheme: rlx_ir::QuantScheme,
-        d: &[usize],
-    ) -> Result<()> {
+    /// A GGUF product (`np`, at node `id`): up to 8 rows the matrix-vector kernel, which
+    /// rounds the activations to int8 blocks itself (where the scheme and the row count ask for
+    /// it) when they fit in its shared memory, normalizing them first for a `norm_matmul`
+    /// region (and adding the residual, whose sum it writes); else they are rounded first
+    /// (into scratch) and the matrix-vector kernel or, for more rows, a warp per result column
+    /// and tile of rows takes them.
+    fn dequant_matmul(&mut self, id: NodeId, d: &[usize], np: &NormProduct) -> Result<()> {
         let g = self.g;
         let node = g.node(id);
-        let (x, w) = (node.inputs[0], node.inputs[1]);
+        let (x, w, scheme) = (np.x, np.w, np.scheme);
         let (xd, wd) = (dims(g, x)?, dims(g, w)?);
         let k = *xd.last().unwrap_or(&1);
         let n = *d.last().unwrap_or(&1);
         let xe: usize = xd.iter().product();
         let rows = xe.checked_div(k).unwrap_or(0);
-        // A decode product whose activations fit in shared memory rounds them itself, and
-        // applies the RMSNorm they come from where that norm was taken into it.
+        // A decode product whose activations fit in shared memory rounds them itself (and
+        // applies the region's RMSNorm first).
         let staged = rows <= source::QROWS && xe <= source::MATVEC_STAGE;
+        if np.norm.is_some() && !staged {
+            return Err(taken_in(id, node, "a norm_matmul region of a few rows"));
+        }
         // Rounding goes by the rows of the last matrix, as on the CPU (`x [B, 1, K]` is B
         // one-row products, rounded as one-token steps are), the kernel by all rows.
         let mrows = if xd.len() >= 2 { xd[xd.len() - 2] } else { 1 };
         let round = scheme.act_block(mrows);
-        let norm = self.norm_into[x.index()].then(|| g.node(x));
-        let add = norm
-            .map(|nn| nn.inputs[0])
-            .filter(|a| self.add_into[a.index()])
-            .map(|a| (a, g.node(a)));
-        let mut x_at = match (norm, add) {
-            (_, Some((_, an))) => self.val(an.inputs[0]),
-            (Some(nn), None) => self.val(nn.inputs[0]),
-            (None, None) => self.val(x),
-        };
+        let mut x_at = self.val(x);
         let (mut scratch, mut sums) = (None, None);
         if let Some(blk) = round.filter(|_| !staged) {
             let r = self.scratch(xe.max(1) * 4);
@@ -1096,27 +1088,40 @@ impl Lowering<'_> {
                 node.shape.dtype(),
                 split,
                 staged,
-                norm.is_some(),
-                add.is_some(),
+                np.norm.is_some(),
+                np.add.is_some(),
             );
             let threads = 32 * source::MATVEC_WARPS as u32;
             let cols = source::MATVEC_WARPS / split;
             words.push(imm(if staged { round.unwrap_or(0) } else { 0 }));
             words.push(sums.map_or(imm(0), Pending::Scratch));
-            match norm {
-                Some(nn) => {
-                    let Op::RmsNorm { eps } = nn.op else {
-                        return Err(taken_in(id, nn, "an RMSNorm"));
-                    };
-                    words.push(self.val(nn.inputs[1]));
+            match np.norm {
+                Some((gamma, eps)) => {
+                    words.push(self.val(gamma));
                     words.push(Pending::Imm(eps.to_bits() as i32 as i64));
                 }
                 None => words.extend([imm(0), imm(0)]),
             }
-            match add {
-                Some((a, an)) => {
-                    words.push(self.val(an.inputs[1]));
-                    words.push(self.val(a));
+            match np.add {
+                Some((x2, sum)) => {
+                    words.push(self.val(x2));
+                    // The sum, the region's second result, comes from this launch (block 0
+                    // writes it); where nothing outside reads it, into scratch.
+                    let bytes = xe.max(1) * 4;
+                    match sum {
+                        Some(s) => {
+                            let step = self.steps.len();
+                            self.req_of[s.index()] = Some(self.request(bytes, step, step));
+                            self.extra_of[s.index()] = Some(id.index());
+                            words.push(Pending::Value(s.index(), 0));
+                        }
+                        // (Staged: no rounding scratch was taken above.)
+                        None => {
+                            let r = self.scratch(bytes);
+                            scratch = Some(r);
+                            words.push(Pending::Scratch(r));
+                        }
+                    }
                 }
                 None => words.extend([imm(0), imm(0)]),
             }
@@ -1130,7 +1135,10 @@ impl Lowering<'_> {
         } else {
             let tiles = rows.div_ceil(source::QROWS);
             words.push(imm(tiles));
-            let src = source::dequant_matmul(scheme, node.shape.dtype());
+            // Q4_1 / Q5_1 offsets times the rounding launch's block sums, as in the
+            // matrix-vector kernel (`x [B, 1, K]` of B > 8: B one-row products).
+            words.push(sums.map_or(imm(0), Pending::Scratch));
+            let src = source::dequant_matmul(scheme, node.shape.dtype(), sums.is_some());
             self.launch(
                 id,
                 src,
@@ -1141,19 +1149,6 @@ impl Lowering<'_> {
         }
         for r in scratch.into_iter().chain(sums) {
             self.until_now(r);
-        }
-        // The norm's operand and gamma (and the add's operands) are read by this product's
-        // launch, which writes the add's result.
-        let last = self.steps.len().saturating_sub(1);
-        if let Some(nn) = norm {
-            self.keep_operands(nn, last);
-        }
-        if let Some((a, an)) = add {
-            self.keep_operands(an, last);
-            if let Some(r) = self.req_of[a.index()] {
-                self.reqs[r].start = self.reqs[r].start.min(last);
-                self.reqs[r].end = self.reqs[r].end.max(last);
-            }
         }
         Ok(())
     }

@@ -863,17 +863,52 @@ pub fn gguf_decoder(scheme: rlx_ir::QuantScheme) -> Option<&'static str> {
 /// Rows of `x` one warp of the quantized product computes: each decoded weight serves them all.
 pub const QROWS: usize = 8;
 
-/// Words of the quantized product: `[rows, k, n, x, w, row_bytes, out, tiles]`.
-pub const DEQUANT_MATMUL_WORDS: usize = 8;
+/// Words of the quantized product: `[rows, k, n, x, w, row_bytes, out, tiles, sums]`.
+pub const DEQUANT_MATMUL_WORDS: usize = 9;
+
+/// For the block types whose weights carry an offset (Q4_1, Q5_1): `deq(row, e)` without it
+/// and `mof(row, e)`, the offset of `e`'s block, which a product of rounded activations
+/// multiplies by their block's `Q8_1` sum, as the CPU does (`None` for the others).
+pub fn offset_decoder(scheme: rlx_ir::QuantScheme) -> Option<String> {
+    let bytes = match scheme {
+        rlx_ir::QuantScheme::GgufQ4_1 => 20,
+        rlx_ir::QuantScheme::GgufQ5_1 => 24,
+        _ => return None,
+    };
+    let full = gguf_decoder(scheme)?;
+    let bare = full.replace(" + f16at(b + 2); }", "; }");
+    (bare != full).then(|| {
+        format!(
+            "{bare}\n__device__ __forceinline__ float mof(const unsigned char* row, u32 e) {{ return f16at(row + (e / 32u) * {bytes}u + 2); }}"
+        )
+    })
+}
 
 /// `x [R, K] (f32) @ decode(w)^T` for packed GGUF rows `w [N, row_bytes]`: a warp per result
 /// column and tile of [`QROWS`] rows; its lanes split the row's elements, each weight decoded
-/// once for the tile's rows, and the warp's partial sums reduced by shuffles.
-pub fn dequant_matmul(scheme: rlx_ir::QuantScheme, out: DType) -> Option<String> {
+/// once for the tile's rows, and the warp's partial sums reduced by shuffles. `sums` (the
+/// activations rounded to 32-blocks, a Q4_1 / Q5_1 product): each block's offset times the
+/// rows' `Q8_1` block sums (word `sums`), as the CPU takes them, not in each weight.
+pub fn dequant_matmul(scheme: rlx_ir::QuantScheme, out: DType, sums: bool) -> Option<String> {
     if !real(out) || out == DType::F64 {
         return None;
     }
-    let dec = gguf_decoder(scheme)?;
+    let dec = match sums {
+        true => offset_decoder(scheme)?,
+        false => gguf_decoder(scheme)?.to_string(),
+    };
+    let offsets = if sums {
+        r#"            if (p % 32 == 0) {
+                const float mo = mof(row, (u32)p);
+                const float* sm = (const float*)m.w[8];
+                #pragma unroll
+                for (int t = 0; t < QROWS; ++t) if (t < cnt) acc[t] += mo * sm[(r0 + t) * (k / 32) + p / 32];
+            }
+"#
+        .replace("QROWS", &QROWS.to_string())
+    } else {
+        String::new()
+    };
     let st = storage(out)?;
     let val = store(out, &fit(out, "acc[t]".into()));
     let s = format!(
@@ -891,7 +926,7 @@ pub fn dequant_matmul(scheme: rlx_ir::QuantScheme, out: DType) -> Option<String>
             const float w = deq(row, (u32)p);
             #pragma unroll
             for (int t = 0; t < {QROWS}; ++t) if (t < cnt) acc[t] += x[(r0 + t) * k + p] * w;
-        }}
+{offsets}        }}
         #pragma unroll
         for (int t = 0; t < {QROWS}; ++t) {{
             for (int o = 16; o > 0; o >>= 1) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], o);

@@ -382,6 +382,10 @@ pub enum FusionKind {
     GatedMlp,
     /// Scores, mask, softmax and the weighted sum of one attention block.
     Attention,
+    /// An RMSNorm read only by a product, with the residual add it normalizes where there is
+    /// one (its sum the region's second result): a decode kernel normalizes the activations it
+    /// stages instead of reading them normalized.
+    NormMatMul,
     /// An optimizer's per-parameter update (SGD, Adam, AdamW).
     Optimizer,
     /// Elementwise work feeding a reduction (softmax and norm backward).
@@ -390,12 +394,13 @@ pub enum FusionKind {
 
 impl FusionKind {
     /// Every kind.
-    pub const ALL: [FusionKind; 7] = [
+    pub const ALL: [FusionKind; 8] = [
         FusionKind::Elementwise,
         FusionKind::MatMulEpilogue,
         FusionKind::ResidualNorm,
         FusionKind::GatedMlp,
         FusionKind::Attention,
+        FusionKind::NormMatMul,
         FusionKind::Optimizer,
         FusionKind::MultiplyReduce,
     ];
@@ -408,6 +413,7 @@ impl FusionKind {
             FusionKind::ResidualNorm => "residual_norm",
             FusionKind::GatedMlp => "gated_mlp",
             FusionKind::Attention => "attention",
+            FusionKind::NormMatMul => "norm_matmul",
             FusionKind::Optimizer => "optimizer",
             FusionKind::MultiplyReduce => "multiply_reduce",
         }
@@ -752,6 +758,16 @@ impl Op {
     /// Short lowercase name used in errors and the printer.
     pub fn name(&self) -> &'static str {
         self.kind().name()
+    }
+
+    /// The name of a backend's step for this op in programs and profiles: [`Op::name`], but a
+    /// fused region other than an elementwise one is named by its kind (`norm_matmul`,
+    /// `multiply_reduce`, ...).
+    pub fn step_name(&self) -> &'static str {
+        match self {
+            Op::Fused(r) if r.kind != FusionKind::Elementwise => r.kind.name(),
+            op => op.name(),
+        }
     }
 
     /// Leaves have no operands and carry their shape themselves.

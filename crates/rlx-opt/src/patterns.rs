@@ -5,6 +5,9 @@
 //!   once (inference; training keeps the probabilities for the backward pass).
 //! - [`FusionKind::GatedMlp`]: `act(x·W_gate) * (x·W_up)` with SiLU (SwiGLU) or GELU (GeGLU),
 //!   products plain or of packed (GGUF) weights.
+//! - [`FusionKind::NormMatMul`]: `rms_norm([x + r]) · W`, the norm read by the product alone
+//!   and the add (where there is one) by nothing else before the product; the sum is the
+//!   region's second result (a decode kernel normalizes the activations it stages).
 //! - [`FusionKind::ResidualNorm`]: `rms_norm(x + r)` or `layer_norm(x + r)`; the sum, which the
 //!   residual stream goes on with, is the region's second result.
 //! - [`FusionKind::MatMulEpilogue`]: a product followed by a bias added along its rows and/or an
@@ -17,7 +20,7 @@
 
 use crate::fusion::{emit, Accepts, FusionOptions, FusionReport, Uses};
 use crate::Pass;
-use rlx_ir::{Activation, BinaryOp, FusionKind, Graph, NodeId, Op, Result};
+use rlx_ir::{Activation, BinaryOp, FusionKind, Graph, NodeId, Op, QuantScheme, Result};
 
 /// The pass (see the module docs).
 pub struct FusePatterns<'a> {
@@ -58,9 +61,10 @@ impl<'a> FusePatterns<'a> {
         let mut taken = vec![false; n];
         let mut regions = Vec::new();
         type Find<'m> = fn(&Matcher<'m>, NodeId) -> Option<Vec<usize>>;
-        let finders: [(FusionKind, Find<'_>); 4] = [
+        let finders: [(FusionKind, Find<'_>); 5] = [
             (FusionKind::Attention, Matcher::attention),
             (FusionKind::GatedMlp, Matcher::gated_mlp),
+            (FusionKind::NormMatMul, Matcher::norm_matmul),
             (FusionKind::ResidualNorm, Matcher::residual_norm),
             (FusionKind::MatMulEpilogue, Matcher::epilogue),
         ];
@@ -169,6 +173,38 @@ impl Matcher<'_> {
         None
     }
 
+    /// `rms_norm([x + r]) · W`, at the product: the norm is the product's activations and read
+    /// by nothing else; the add joins where its operands have its shape and every other reader
+    /// comes after the product (which computes the sum where the add was).
+    fn norm_matmul(&self, id: NodeId) -> Option<Vec<usize>> {
+        if !self.product(id) {
+            return None;
+        }
+        let ins = &self.g.node(id).inputs;
+        let norm = ins[0];
+        if !matches!(self.op(norm), Op::RmsNorm { .. })
+            || !self.single(norm)
+            || ins[1..].contains(&norm)
+        {
+            return None;
+        }
+        let mut members = vec![norm.index(), id.index()];
+        let a = self.g.node(norm).inputs[0];
+        let an = self.g.node(a);
+        let joins = matches!(an.op, Op::Binary(BinaryOp::Add))
+            && an
+                .inputs
+                .iter()
+                .all(|&x| self.g.shape(x) == self.g.shape(a))
+            && self.readers[a.index()]
+                .iter()
+                .all(|&u| u == norm.index() || u > id.index());
+        if joins {
+            members.push(a.index());
+        }
+        Some(members)
+    }
+
     /// `norm(x + r)`, at the norm.
     fn residual_norm(&self, id: NodeId) -> Option<Vec<usize>> {
         if !matches!(self.op(id), Op::RmsNorm { .. } | Op::LayerNorm { .. }) {
@@ -211,6 +247,86 @@ impl Matcher<'_> {
         }
         (members.len() > 1).then_some(members)
     }
+}
+
+/// A [`FusionKind::NormMatMul`] region's values as nodes of the graph holding it: what a
+/// backend's kernel for the region reads and writes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormMatMulParts {
+    /// The product's block type (`None`: a plain `MatMul`).
+    pub scheme: Option<QuantScheme>,
+    /// The norm's operand; with a residual add, the add's first operand.
+    pub x: NodeId,
+    /// The add's second operand, where the region has the add.
+    pub residual: Option<NodeId>,
+    /// The node of the add's sum (the region's second result), where something outside the
+    /// region reads it.
+    pub sum: Option<NodeId>,
+    /// The norm's scale.
+    pub gamma: NodeId,
+    /// The norm's epsilon.
+    pub eps: f32,
+    /// The product's second operand.
+    pub w: NodeId,
+}
+
+/// The parts of the `norm_matmul` region whose result `id` is (its first or its sum), or
+/// `None` where `id` is no such region or its body is not the pattern's shape (a region
+/// written by hand).
+pub fn norm_matmul_parts(g: &Graph, id: NodeId) -> Option<NormMatMulParts> {
+    let head = g.fused_head(id)?;
+    let node = g.node(head);
+    let Op::Fused(r) = &node.op else {
+        return None;
+    };
+    if r.kind != FusionKind::NormMatMul {
+        return None;
+    }
+    let b = &*r.body;
+    // The body's inputs, in order, are the region's operands.
+    let mut outer: Vec<Option<NodeId>> = vec![None; b.len()];
+    let mut k = 0;
+    for bid in b.ids() {
+        if matches!(b.node(bid).op, Op::Input { .. }) {
+            outer[bid.index()] = Some(*node.inputs.get(k)?);
+            k += 1;
+        }
+    }
+    let at = |x: NodeId| outer[x.index()];
+    let outs = b.outputs();
+    let p = *outs.first()?;
+    let scheme = match b.node(p).op {
+        Op::DequantMatMul { scheme } => Some(scheme),
+        Op::MatMul => None,
+        _ => return None,
+    };
+    let (h, w) = (b.node(p).inputs[0], b.node(p).inputs[1]);
+    let Op::RmsNorm { eps } = b.node(h).op else {
+        return None;
+    };
+    let (a, gamma) = (b.node(h).inputs[0], b.node(h).inputs[1]);
+    let (x, residual, sum) = match b.node(a).op {
+        Op::Binary(BinaryOp::Add) => {
+            let sum = match outs[1..] {
+                [] => None,
+                [s] if s == a => Some(g.fused_results(head).first()?.1),
+                _ => return None,
+            };
+            let ins = &b.node(a).inputs;
+            (at(ins[0])?, Some(at(ins[1])?), sum)
+        }
+        _ if outs.len() == 1 => (at(a)?, None, None),
+        _ => return None,
+    };
+    Some(NormMatMulParts {
+        scheme,
+        x,
+        residual,
+        sum,
+        gamma: at(gamma)?,
+        eps,
+        w: at(w)?,
+    })
 }
 
 impl Pass for FusePatterns<'_> {

@@ -232,3 +232,49 @@ fn optimizer_updates_are_marked_where_the_backend_takes_them() {
     assert_eq!(plan.fusion.regions[0].kind, FusionKind::Elementwise);
     assert!(plan.donations.is_empty());
 }
+
+#[test]
+fn norm_matmul_regions_keep_the_meaning_and_name_their_parts() {
+    let g = filetest_input("fusion_norm_matmul.rlx");
+    let all = |_: &Graph, _: NodeId, _: FusionKind| true;
+    let (fused, _, _) = rlx_opt::plan::fuse(&g, FusionOptions::default(), &all).expect("fuses");
+    rlx_ir::verify(&fused).expect("verifies");
+    assert_eq!(
+        evaluate(&g, &leaves(&g)).expect("evaluates"),
+        evaluate(&fused, &leaves(&g)).expect("evaluates")
+    );
+    let heads: Vec<NodeId> = fused
+        .ids()
+        .filter(|&id| {
+            matches!(&fused.node(id).op, Op::Fused(r) if r.kind == FusionKind::NormMatMul && r.output == 0)
+        })
+        .collect();
+    assert_eq!(heads.len(), 2, "{fused}");
+    let leaf = |id: NodeId| match &fused.node(id).op {
+        Op::Input { name } | Op::Param { name } => name.clone(),
+        op => op.name().to_string(),
+    };
+    // The first takes the residual add, whose sum is its second result.
+    let p = rlx_opt::norm_matmul_parts(&fused, heads[0]).expect("the pattern's shape");
+    assert_eq!(p.scheme, None);
+    assert_eq!(
+        [leaf(p.x), leaf(p.gamma), leaf(p.w)],
+        ["x", "g1", "w1"].map(String::from)
+    );
+    assert_eq!(p.residual.map(leaf).as_deref(), Some("r"));
+    let sum = p.sum.expect("the sum is read after the product");
+    assert_eq!(fused.fused_head(sum), Some(heads[0]));
+    assert_eq!(rlx_opt::norm_matmul_parts(&fused, sum), Some(p));
+    assert_eq!(p.eps, 1e-5);
+    // The second's add is read before its product: it stays outside.
+    let p = rlx_opt::norm_matmul_parts(&fused, heads[1]).expect("the pattern's shape");
+    assert_eq!((leaf(p.x).as_str(), p.residual, p.sum), ("add", None, None));
+    assert_eq!([leaf(p.gamma), leaf(p.w)], ["g2", "w2"].map(String::from));
+    // A backend that takes no norm_matmul region gets none.
+    let none = |_: &Graph, _: NodeId, k: FusionKind| k != FusionKind::NormMatMul;
+    let (_, report, _) = rlx_opt::plan::fuse(&g, FusionOptions::default(), &none).expect("fuses");
+    assert!(report
+        .regions
+        .iter()
+        .all(|r| r.kind != FusionKind::NormMatMul));
+}

@@ -382,6 +382,9 @@ impl Backend for WgpuBackend {
     }
 
     fn fuses(&self, graph: &Graph, id: NodeId, kind: FusionKind) -> bool {
+        if kind == FusionKind::NormMatMul {
+            return program::takes_norm(graph, id);
+        }
         let n = graph.node(id);
         let ins: Vec<rlx_ir::DType> = n.inputs.iter().map(|i| graph.shape(*i).dtype()).collect();
         if kind == FusionKind::MultiplyReduce {

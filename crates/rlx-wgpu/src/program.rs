@@ -236,6 +236,7 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         Op::Fused(r) => match r.kind {
             rlx_ir::FusionKind::Elementwise => shaders::elementwise(&r.body).is_some(),
             rlx_ir::FusionKind::MultiplyReduce => shaders::multiply_reduce(&r.body).is_some(),
+            rlx_ir::FusionKind::NormMatMul => norm_region_runs(g, id),
             _ => false,
         },
         Op::DotGeneral(_) => false,
@@ -263,6 +264,52 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
         Op::PagedAttention { .. } => false,
     };
     (!ok).then(|| format!("{} on {} has no WGSL kernel yet", n.op.name(), n.shape))
+}
+
+/// Whether the decode product at `id` takes the RMSNorm it reads (and the residual add before
+/// it, where the pattern joins it) into its step: what `WgpuBackend::fuses` answers for
+/// `norm_matmul` regions. The product normalizes its staged activations
+/// (`shaders::dequant_matvec`'s `norm`): a block type whose activations round to blocks of 32
+/// or not at all ([`shaders::norm_fuses`]), a few rows that fit in workgroup memory, f32
+/// operand, gamma and norm.
+pub(crate) fn takes_norm(g: &Graph, id: NodeId) -> bool {
+    let n = g.node(id);
+    let Op::DequantMatMul { scheme } = n.op else {
+        return false;
+    };
+    let h = n.inputs[0];
+    let f32s = |x: NodeId| g.shape(x).dtype() == DType::F32;
+    matches!(g.node(h).op, Op::RmsNorm { .. })
+        && f32s(h)
+        && g.node(h).inputs.iter().all(|&x| f32s(x))
+        && norm_product_fits(g, h, scheme)
+        && unsupported(g, id).is_none()
+        && unsupported(g, h).is_none()
+}
+
+/// Activations `x` of a product of `scheme` a staged decode product can normalize itself.
+fn norm_product_fits(g: &Graph, x: NodeId, scheme: rlx_ir::QuantScheme) -> bool {
+    let Some(d) = g.shape(x).static_dims() else {
+        return false;
+    };
+    let k = d.last().copied().unwrap_or(1).max(1);
+    let xe: usize = d.iter().product();
+    shaders::norm_fuses(scheme)
+        && shaders::gguf_decoder(scheme).is_some()
+        && shaders::matvec_staged(xe / k, xe)
+}
+
+/// Whether the `norm_matmul` region whose result `id` is runs here: one of a GGUF product
+/// that normalizes its staged activations ([`takes_norm`]), every value f32.
+fn norm_region_runs(g: &Graph, id: NodeId) -> bool {
+    let f32s = |x: NodeId| g.shape(x).dtype() == DType::F32;
+    rlx_opt::norm_matmul_parts(g, id).is_some_and(|p| {
+        p.scheme.is_some_and(|s| norm_product_fits(g, p.x, s))
+            && f32s(id)
+            && f32s(p.x)
+            && f32s(p.gamma)
+            && p.residual.is_none_or(f32s)
+    })
 }
 
 /// Compile `g` for `gpu`; params with the name and shape of a param that `share` holds in its

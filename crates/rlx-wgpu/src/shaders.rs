@@ -15,7 +15,7 @@ use rlx_ir::{Activation, BinaryOp, CmpOp, DType, Graph, NodeId, Op, ReduceKind};
 
 mod matvec;
 pub use matvec::{
-    dequant_matvec, group_decoder, matvec_column_loops, matvec_columns, matvec_staged,
+    dequant_matvec, group_decoder, matvec_column_loops, matvec_columns, matvec_staged, norm_fuses,
     MATVEC_GROUPS, MATVEC_STAGE,
 };
 
@@ -1122,19 +1122,49 @@ pub const TILE_COLS: u32 = WG;
 /// Depth of one step of a prompt product's tile.
 const TILE_K: u32 = 32;
 
+/// For the block types whose weights carry an offset (Q4_1, Q5_1): WGSL `deq(row, e)` without
+/// it and `mof(row, e)`, the offset of `e`'s block, which a product of rounded activations
+/// multiplies by their block's `Q8_1` sum, as the CPU does (`None` for the others).
+pub fn offset_decoder(scheme: rlx_ir::QuantScheme) -> Option<String> {
+    let bytes = match scheme {
+        rlx_ir::QuantScheme::GgufQ4_1 => 20,
+        rlx_ir::QuantScheme::GgufQ5_1 => 24,
+        _ => return None,
+    };
+    let full = gguf_decoder(scheme)?;
+    let bare = full.replace(" + f16at(b + 2u); }", "; }");
+    (bare != full).then(|| {
+        format!(
+            "{bare}\nfn mof(row: u32, e: u32) -> f32 {{ return f16at(row + (e / 32u) * {bytes}u + 2u); }}"
+        )
+    })
+}
+
 /// `x [R, K] @ decode(w)^T` for packed GGUF rows `w [N, row_bytes]` (prompts, `R > QROWS`):
-/// meta `[R, K, N, x_off, w_byte, row_bytes, out_off]`; a workgroup per tile of
+/// meta `[R, K, N, x_off, w_byte, row_bytes, out_off, sums_off]`; a workgroup per tile of
 /// [`TILE_ROWS`] rows and [`TILE_COLS`] columns (dispatch `(⌈N / TILE_COLS⌉, ⌈R / TILE_ROWS⌉)`),
 /// each invocation one column. Per step of 32 along `K`, the tile's activations are loaded once
 /// into workgroup memory for all its columns, and each invocation decodes its column's 32
 /// weights once for all the tile's rows, then accumulates the tile's rows in registers (the
 /// rows unrolled, so every accumulator index is static). Loops run `2.5 K` iterations an
-/// invocation.
-pub fn dequant_matmul(decoder: &str, out: DType) -> String {
+/// invocation. `sums` (the activations rounded to 32-blocks, `decoder` an [`offset_decoder`]):
+/// each block's offset times the rows' `Q8_1` block sums at `sums_off`, one step a block.
+pub fn dequant_matmul(decoder: &str, out: DType, sums: bool) -> String {
     let (tr, tk) = (TILE_ROWS, TILE_K);
     let fma: String = (0..tr)
         .map(|t| format!("            acc[{t}] += xs[{t}u * {tk}u + kk] * w;\n"))
         .collect();
+    // A step of TILE_K (32) is one block: its offset once, times each row's block sum.
+    let offsets: String = if sums {
+        let rows: String = (0..tr)
+            .map(|t| format!("            if (r0 + {t}u < rows) {{ acc[{t}] += mo * ld(mt[7] + (r0 + {t}u) * (k / 32u) + c / 32u); }}\n"))
+            .collect();
+        format!(
+            "        if (live && c < k) {{\n            let mo = mof(row, c);\n{rows}        }}\n"
+        )
+    } else {
+        String::new()
+    };
     let store: String = (0..tr)
         .map(|t| {
             let v = round_to(out, format!("acc[{t}]"));
@@ -1172,7 +1202,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         for (var kk = 0u; kk < {tk}u; kk++) {{
             let w = wv[kk];
 {fma}        }}
-        workgroupBarrier();
+{offsets}        workgroupBarrier();
     }}
     if (live) {{
 {store}    }}

@@ -37,7 +37,8 @@ pub(crate) fn words_per(dt: DType) -> usize {
 }
 
 /// The form of every node of `g`: u8 values that are read only as GGUF rows (the weights of
-/// `DequantMatMul` and `DequantizeRows`, also through a `Gather` of whole rows) stay packed,
+/// `DequantMatMul`, `norm_matmul` regions of one and `DequantizeRows`, also through a `Gather`
+/// of whole rows) stay packed,
 /// f16 values are halves when `half`, and every other value is words. A u8 value read both
 /// ways, or packed rows a kernel cannot move, is an error naming the node.
 pub(crate) fn forms(g: &Graph, half: bool) -> Result<Vec<Form>> {
@@ -83,8 +84,16 @@ pub(crate) fn forms(g: &Graph, half: bool) -> Result<Vec<Form>> {
         } else {
             Form::Words(node.shape.dtype())
         };
+        // A `norm_matmul` region's results read its product's weights packed.
+        let region_w = match &node.op {
+            Op::Fused(r) if r.kind == rlx_ir::FusionKind::NormMatMul => {
+                rlx_opt::norm_matmul_parts(g, id).and_then(|p| p.scheme.map(|_| p.w))
+            }
+            _ => None,
+        };
         for (k, x) in node.inputs.iter().enumerate() {
             let reads_packed = match &node.op {
+                Op::Fused(_) if region_w.is_some() => region_w == Some(*x),
                 Op::DequantMatMul { .. } => k == 1,
                 Op::DequantizeRows { .. } => k == 0,
                 Op::Gather { .. } => k == 0 && form[i] == Form::Packed,

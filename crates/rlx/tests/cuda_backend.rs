@@ -218,7 +218,10 @@ fn every_cuda_llm_kernel_variant_compiles_with_nvrtc() {
                 }
             }
         }
-        kernels.push(source::dequant_matmul(scheme, DType::F32).expect("matmul"));
+        kernels.push(source::dequant_matmul(scheme, DType::F32, false).expect("matmul"));
+        if source::offset_decoder(scheme).is_some() {
+            kernels.push(source::dequant_matmul(scheme, DType::F32, true).expect("matmul"));
+        }
         kernels.push(source::dequantize_rows(scheme, DType::F32).expect("rows"));
     }
     assert!(

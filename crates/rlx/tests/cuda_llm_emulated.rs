@@ -53,15 +53,24 @@ fn smollm2_as_cuda_programs_in_host_emulation_agrees_with_the_cpu() {
         .filter(|o| matches!(*o, "narrow" | "transpose"))
         .collect();
     assert!(moves.is_empty(), "{moves:?}");
-    // Each quantized product is one launch: its kernel rounds the activations itself.
+    // Each quantized product is one launch: its kernel rounds the activations itself, and
+    // those after an RMSNorm (q/k/v and gate/up a layer, and the head) normalize them too and
+    // add the residual before it (`norm_matmul` regions).
     let products: Vec<usize> = step
         .launches
         .iter()
-        .filter(|l| l.op == "dequant_matmul")
+        .filter(|l| matches!(l.op, "dequant_matmul" | "norm_matmul"))
         .map(|l| l.node)
         .collect();
     let nodes: std::collections::BTreeSet<usize> = products.iter().copied().collect();
     assert_eq!(products.len(), nodes.len(), "launches of the products");
+    assert_eq!(products.len(), 4 * 30 + 1, "launches of the products");
+    let norms = step
+        .launches
+        .iter()
+        .filter(|l| l.op == "norm_matmul")
+        .count();
+    assert_eq!(norms, 2 * 30 + 1, "norm_matmul launches");
     eprintln!(
         "SmolLM2 decode step as a CUDA program: {} launches",
         step.launches.len()

@@ -214,9 +214,19 @@ fn smollm2_on_the_gpu_agrees_with_the_cpu() {
         .count();
     assert_eq!(moves, 0, "{} dispatches: {ops:?}", ops.len());
     // A decode step's quantized products round their activations themselves: one dispatch
-    // each (q/k/v, output, gate/up and down a layer, and the head).
-    let products = ops.iter().filter(|o| **o == "dequant_matmul").count();
-    assert_eq!(products, 4 * 30 + 1, "{} dispatches: {ops:?}", ops.len());
+    // each (q/k/v, output, gate/up and down a layer, and the head). Those after an RMSNorm
+    // (q/k/v and gate/up a layer, and the head) normalize them too, and add the residual
+    // before it: `norm_matmul` regions.
+    let count = |name: &str| ops.iter().filter(|o| **o == name).count();
+    let (products, norms) = (count("dequant_matmul"), count("norm_matmul"));
+    assert_eq!(
+        products + norms,
+        4 * 30 + 1,
+        "{} dispatches: {ops:?}",
+        ops.len()
+    );
+    assert_eq!(norms, 2 * 30 + 1, "{} dispatches: {ops:?}", ops.len());
+    assert_eq!(count("rms_norm"), 0, "{} dispatches: {ops:?}", ops.len());
     eprintln!("SmolLM2 decode step on wgpu: {} dispatches", ops.len());
     // The whole parity text (310 positions) takes ~15 minutes on lavapipe, too long for CI:
     // RLX_GPU_FULL_PARITY=1 runs it (measured 2026-11-25: 310/310 agree); CI runs the first 24.

@@ -104,8 +104,18 @@ fn run_cpu(b: &Built, optimize: bool) -> Result<Vec<f64>, String> {
     run_on(Device::Cpu, b, optimize)
 }
 
-/// Run a built case on `device`.
+/// Run a built case on `device`: its first output.
 fn run_on(device: Device, b: &Built, optimize: bool) -> Result<Vec<f64>, String> {
+    let mut outs = run_all_with(device, b, optimize)?;
+    Ok(outs.swap_remove(0))
+}
+
+/// Every output of a built case on `device`, optimized.
+fn run_all_on(device: Device, b: &Built) -> Result<Vec<Vec<f64>>, String> {
+    run_all_with(device, b, true)
+}
+
+fn run_all_with(device: Device, b: &Built, optimize: bool) -> Result<Vec<Vec<f64>>, String> {
     let session = if optimize {
         Session::new(device)
     } else {
@@ -126,7 +136,7 @@ fn run_on(device: Device, b: &Built, optimize: bool) -> Result<Vec<f64>, String>
     let outs = c
         .try_run_typed(&feeds_ref)
         .map_err(|e| format!("running: {e}"))?;
-    Ok(decode(&outs[0].0, outs[0].1))
+    Ok(outs.iter().map(|(v, d)| decode(v, *d)).collect())
 }
 
 /// A GPU adapter is here (CI installs Mesa's software Vulkan); a missing one fails the test.
@@ -520,11 +530,14 @@ fn decode_sized_products() -> Vec<(String, rlx::ir::QuantScheme, usize, usize, B
             let b = quantized_product(scheme, rows, k, n, &w);
             cases.push((format!("{scheme:?} {rows}x{k} @ {n}"), scheme, rows, k, b));
         }
-        // Eight one-row products (a decode batch): rounded as one-token steps are.
+        // Eight and twelve one-row products (a decode batch): rounded as one-token steps
+        // are, by the matrix-vector kernel and by the tiled one (with Q4_1 / Q5_1's sums).
         let k = if blk == 768 { 256 } else { 352 };
         if let Ok(w) = rlx::gguf::random_tensor(ty, &[n, k], 0.0, 0.5, &mut rng) {
-            let b = quantized_product_of(scheme, &[8, 1, k], n, &w);
-            cases.push((format!("{scheme:?} 8x1x{k} @ {n}"), scheme, 1, k, b));
+            for batch in [8, 12] {
+                let b = quantized_product_of(scheme, &[batch, 1, k], n, &w);
+                cases.push((format!("{scheme:?} {batch}x1x{k} @ {n}"), scheme, 1, k, b));
+            }
         }
     }
     assert!(cases.len() >= 48, "only {} products", cases.len());
@@ -567,13 +580,11 @@ fn needs_cuda_device_decode_sized_quantized_products_agree_with_the_cpus() {
     decode_sized_products_agree_on(Device::Cuda, "CUDA");
 }
 
-/// An RMSNorm read only by a decode product is taken into the product's kernel on CUDA (it
-/// normalizes the staged activations, then rounds them): one launch for both, in host
-/// emulation against the CPU's norm and product as
-/// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them. Products of K-quants
-/// (activation blocks of 256) keep the norm's own launch.
-#[test]
-fn rms_norms_taken_into_cuda_decode_products_agree_with_the_cpus() {
+/// RMSNorms read only by a decode product, alone and after a residual add whose sum a node
+/// after the product also reads (`(x + r)²`, the graph's second output): 7 block types, 1 and 5
+/// rows; `(name, scheme, residual, built)`. The compiler forms a `norm_matmul` region of each
+/// where the backend's product kernel normalizes its staged activations.
+fn norm_products() -> Vec<(String, rlx::ir::QuantScheme, bool, Built)> {
     use rlx::ir::BinaryOp;
     use rlx::ir::QuantScheme::*;
     let n = 70;
@@ -597,11 +608,9 @@ fn rms_norms_taken_into_cuda_decode_products_agree_with_the_cpus() {
             let xi = g.input("x", b.g.shape(x).clone());
             let gi = g.param("gamma", Shape::new(&[k], DType::F32));
             let wp = g.param("w", b.g.shape(wi).clone());
-            // With `residual`, the norm reads `x + r` (an add the product computes) and a node
-            // after the product reads the sum too: `(x + r)²` is the graph's second output.
-            // The CPU and CUDA sum the norm's squares in different orders, so an activation on a
-            // rounding boundary could round the other way and move a result by one step (as
-            // between any two summation orders); these inputs have none.
+            // The CPU and the GPUs sum the norm's squares in different orders, so an activation
+            // on a rounding boundary could round the other way and move a result by one step
+            // (as between any two summation orders); these inputs have none.
             let (h, sum) = if residual {
                 let r = g.input("r", b.g.shape(x).clone());
                 let s = g.op(Op::Binary(BinaryOp::Add), &[xi, r]);
@@ -632,32 +641,100 @@ fn rms_norms_taken_into_cuda_decode_products_agree_with_the_cpus() {
                     DType::F32,
                 ),
             );
-            let l = Session::new(Device::Cuda)
-                .try_lower(b.g.clone())
-                .expect("lowers");
-            let p = rlx_cuda::lower(&l.graph, &[]).expect("lowers for CUDA");
-            // Norm (and add) inside the product where it takes them; the scaling its own.
-            let launches = match (rlx_cuda::source::norm_fuses(scheme), residual) {
-                (true, r) => 1 + r as usize,
-                (false, r) => 2 + 2 * r as usize,
-            };
-            assert_eq!(
-                p.launches.len(),
-                launches,
-                "{scheme:?} {rows} rows, residual {residual}: launches"
-            );
             let what = if residual {
                 "add, rms_norm"
             } else {
                 "rms_norm"
             };
-            cases.push((format!("{what} then {scheme:?} {rows}x{k} @ {n}"), b, p));
+            let name = format!("{what} then {scheme:?} {rows}x{k} @ {n}");
+            cases.push((name, scheme, residual, b));
         }
+    }
+    cases
+}
+
+/// The `norm_matmul` result nodes in `device`'s lowered form of `b`: one region (two nodes
+/// with the residual sum) where the device's product kernel takes the norm.
+fn norm_regions(device: Device, b: &Built) -> (Graph, usize) {
+    let l = Session::new(device).try_lower(b.g.clone()).expect("lowers");
+    let regions = l
+        .graph
+        .nodes()
+        .iter()
+        .filter(|n| matches!(&n.op, Op::Fused(r) if r.kind == rlx::ir::FusionKind::NormMatMul))
+        .count();
+    (l.graph, regions)
+}
+
+/// The second output of a residual case (`(x + r)²`) is the sum's square to the bit.
+fn residual_sum_exact(name: &str, b: &Built, second: &[f64]) {
+    let f = |v: &[u8]| decode(v, DType::F32);
+    let (x, r) = (f(&b.feeds[0].1), f(&b.feeds[1].1));
+    let want: Vec<f64> = x
+        .iter()
+        .zip(&r)
+        .map(|(a, c)| {
+            let s = *a as f32 + *c as f32;
+            (s * s) as f64
+        })
+        .collect();
+    assert_eq!(second, want, "{name}: the residual sum");
+}
+
+/// An RMSNorm read only by a decode product is taken into the product's kernel on CUDA (a
+/// `norm_matmul` region: it normalizes the staged activations, then rounds them): one launch
+/// for both, in host emulation against the CPU's norm and product as
+/// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them. Products of K-quants
+/// (activation blocks of 256) keep the norm's own launch.
+#[test]
+fn rms_norms_taken_into_cuda_decode_products_agree_with_the_cpus() {
+    let mut cases = Vec::new();
+    for (name, scheme, residual, b) in norm_products() {
+        let (lowered, regions) = norm_regions(Device::Cuda, &b);
+        let fuses = rlx_cuda::source::norm_fuses(scheme);
+        assert_eq!(
+            regions,
+            fuses as usize * (1 + residual as usize),
+            "{name}: regions"
+        );
+        let p = rlx_cuda::lower(&lowered, &[]).expect("lowers for CUDA");
+        // Norm (and add) inside the product where it takes them; the scaling its own.
+        let launches = match (fuses, residual) {
+            (true, r) => 1 + r as usize,
+            (false, r) => 2 + 2 * r as usize,
+        };
+        assert_eq!(p.launches.len(), launches, "{name}: launches");
+        cases.push((name, b, p));
     }
     let emu = rlx_cuda::emulate::Emulator::build(cases.iter().flat_map(|c| &c.2.kernels))
         .expect("the kernels compile for the host");
     for (name, b, p) in &cases {
         emulated_product_agrees(&emu, name, b, p);
+    }
+}
+
+/// The same on wgpu (lavapipe in CI): the region is one dispatch, the product against the
+/// CPU's, the residual sum to the bit.
+#[test]
+fn rms_norms_taken_into_gpu_decode_products_agree_with_the_cpus() {
+    assert_gpu();
+    for (name, scheme, residual, b) in norm_products() {
+        let (_, regions) = norm_regions(Device::Gpu, &b);
+        let fuses = rlx_wgpu::shaders::norm_fuses(scheme);
+        assert_eq!(
+            regions,
+            fuses as usize * (1 + residual as usize),
+            "{name}: regions"
+        );
+        let outs = run_all_on(Device::Gpu, &b).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let cpu = run_on(Device::Cpu, &b, true).expect("runs on the CPU");
+        let want = run_reference(&b).expect("reference");
+        if let Err(e) = quantized_or_near_exact(&name, &cpu, &outs[0], &want, "GPU") {
+            panic!("{e}");
+        }
+        if residual {
+            residual_sum_exact(&name, &b, &outs[1]);
+        }
     }
 }
 
@@ -697,17 +774,7 @@ fn emulated_product_agrees(
     }
     // A second output (`(x + r)²`, of the residual sum read after the product) to the bit.
     if let Some(second) = outs.get(1) {
-        let f = |v: &[u8]| decode(v, DType::F32);
-        let (x, r) = (f(&b.feeds[0].1), f(&b.feeds[1].1));
-        let want: Vec<f64> = x
-            .iter()
-            .zip(&r)
-            .map(|(a, c)| {
-                let s = *a as f32 + *c as f32;
-                (s * s) as f64
-            })
-            .collect();
-        assert_eq!(f(second), want, "{name}: the residual sum");
+        residual_sum_exact(name, b, &decode(second, DType::F32));
     }
 }
 
@@ -810,7 +877,9 @@ fn decode_sized_quantized_products_as_cuda_programs_agree_with_the_cpus() {
     let emu = rlx_cuda::emulate::Emulator::build(cases.iter().flat_map(|c| &c.5.kernels))
         .expect("the kernels compile for the host");
     for (name, scheme, rows, k, b, p) in &cases {
-        let staged = rows * k <= rlx_cuda::source::MATVEC_STAGE;
+        // `rows`: of the last matrix (what rounding goes by); the kernel goes by all of them.
+        let all = b.g.shape(b.g.inputs()[0].1).numel().unwrap_or(0) / k;
+        let staged = all <= rlx_cuda::source::QROWS && all * k <= rlx_cuda::source::MATVEC_STAGE;
         let launches = if !staged && scheme.act_block(*rows).is_some() {
             2
         } else {

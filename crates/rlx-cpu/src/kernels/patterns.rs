@@ -133,6 +133,7 @@ pub fn accepts(g: &Graph, root: NodeId, kind: FusionKind) -> bool {
         FusionKind::Elementwise
         | FusionKind::GatedMlp
         | FusionKind::Attention
+        | FusionKind::NormMatMul
         | FusionKind::Optimizer
         | FusionKind::MultiplyReduce => false,
     }

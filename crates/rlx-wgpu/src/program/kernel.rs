@@ -81,6 +81,14 @@ pub(super) enum Reduction {
     },
 }
 
+/// Where a `norm_matmul` region's residual sum goes: its node's words, or a scratch request
+/// where nothing outside the region reads it.
+#[derive(Clone, Copy)]
+pub(super) enum SumAt {
+    Value(usize),
+    Scratch(usize),
+}
+
 /// GGUF products and rows, and the KV cache.
 pub(super) enum QuantKv {
     /// `x` rounded to int8 blocks of `blk` and back into arena request `to` (the product's
@@ -92,6 +100,12 @@ pub(super) enum QuantKv {
         scheme: rlx_ir::QuantScheme,
         /// The arena request holding the rounded activations, if the scheme rounds them.
         acts: Option<usize>,
+        /// A `norm_matmul` region's RMSNorm: gamma and eps (`x` is the norm's operand).
+        norm: Option<(usize, f32)>,
+        /// Its residual add: the second operand and where the sum goes (`x` the first).
+        add: Option<(usize, SumAt)>,
+        /// The sum's node where it is the region's second result.
+        extra: Vec<usize>,
     },
     DequantizeRows {
         w: usize,
@@ -123,6 +137,7 @@ impl Kernel {
     pub(super) fn extra(&self) -> &[usize] {
         match self {
             Kernel::Elementwise(Elementwise::Map { extra, .. }) => extra,
+            Kernel::QuantKv(QuantKv::DequantMatMul { extra, .. }) => extra,
             _ => &[],
         }
     }

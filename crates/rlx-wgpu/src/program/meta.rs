@@ -3,6 +3,7 @@
 
 use super::kernel::{
     broadcast_strides, dense_strides, dims, pad, Elementwise, Kernel, Movement, QuantKv, Reduction,
+    SumAt,
 };
 use crate::shaders::{self, HALF, MAX_GROUPS, SHARED, TILE, WG};
 use crate::values::Form;
@@ -418,10 +419,26 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
             ]);
             Ok((shaders::quantize_acts(*blk), groups_1d(blocks)))
         }
-        QuantKv::DequantMatMul { x, w, scheme, acts } => {
+        QuantKv::DequantMatMul {
+            x,
+            w,
+            scheme,
+            acts,
+            norm,
+            add,
+            ..
+        } => {
             let (xd, wd) = (s.dims(*x)?, s.dims(*w)?);
             let (k, nn) = (*xd.last().unwrap_or(&1), *out_d.last().unwrap_or(&1));
             let rows = count / nn.max(1);
+            if norm.is_some() && !shaders::matvec_staged(rows, rows * k) {
+                return Err(rlx_ir::Error::Unsupported {
+                    backend: "wgpu".into(),
+                    op: "norm_matmul".into(),
+                    node: s.id,
+                    msg: format!("{rows} rows of {k}: too many to normalize in workgroup memory (a lowering bug: the backend takes only those that fit)"),
+                });
+            }
             let x_at = match acts {
                 Some(r) => s.w.scratch(*r),
                 None => s.w.word(*x),
@@ -459,19 +476,52 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
                     u32::from(acts.is_some() && round == 32),
                     cols as u32,
                 ]);
+                // A `norm_matmul` region's norm and residual add (staged: the backend takes
+                // only regions whose activations fit).
+                match norm {
+                    Some((gamma, eps)) => meta.extend([s.word(*gamma), eps.to_bits()]),
+                    None => meta.extend([0, 0]),
+                }
+                match add {
+                    Some((x2, to)) => meta.extend([
+                        s.word(*x2),
+                        match to {
+                            SumAt::Value(v) => s.word(*v),
+                            SumAt::Scratch(r) => s.w.scratch(*r) as u32,
+                        },
+                    ]),
+                    None => meta.extend([0, 0]),
+                }
                 let grouped = shaders::group_decoder(*scheme);
                 return Ok((
-                    shaders::dequant_matvec(dec, grouped, out, s.w.subgroups, staged),
+                    shaders::dequant_matvec(
+                        dec,
+                        grouped,
+                        out,
+                        s.w.subgroups,
+                        staged,
+                        norm.is_some(),
+                        add.is_some(),
+                    ),
                     groups_1d(nn.div_ceil(cols) * WG as usize),
                 ));
             }
-            // Prompts: a workgroup per tile of rows and columns.
+            // Prompts: a workgroup per tile of rows and columns. Activations rounded to
+            // 32-blocks (`x [B, 1, K]`: B one-row products) come with their `Q8_1` sums after
+            // them, which Q4_1 / Q5_1's offsets multiply.
             let groups = (
                 nn.div_ceil(shaders::TILE_COLS as usize) as u32,
                 rows.div_ceil(shaders::TILE_ROWS as usize) as u32,
                 1,
             );
-            Ok((shaders::dequant_matmul(dec, out), groups))
+            let split = shaders::offset_decoder(*scheme);
+            match (acts, split) {
+                (Some(r), Some(dec)) if scheme.act_block(1) == Some(32) => {
+                    meta.push((s.w.scratch(*r) + rows * k) as u32);
+                    Ok((shaders::dequant_matmul(&dec, out, true), groups))
+                }
+                _ => Ok((shaders::dequant_matmul(dec, out, false), groups)),
+            }
         }
         QuantKv::DequantizeRows { w, scheme } => {
             let wd = s.dims(*w)?;

@@ -3,7 +3,7 @@
 
 use super::kernel::{
     axis_len_in, broadcast_strides, dense_strides, dims, Elementwise, Kernel, Movement, QuantKv,
-    Reduction,
+    Reduction, SumAt,
 };
 use super::{unsupported, GpuProgram, Loc};
 use crate::values::Form;
@@ -109,6 +109,7 @@ pub(super) fn select(
                 s.leaf(share, form, &at)?;
                 None
             }
+            Op::Fused(r) if r.kind == rlx_ir::FusionKind::NormMatMul => s.norm_product(g, &at)?,
             Op::Binary(_)
             | Op::Activation(_)
             | Op::Compare(_)
@@ -216,22 +217,11 @@ fn loop_len(g: &Graph, id: NodeId) -> usize {
         }
         // The contraction (the tiled product's tiles of 16, plus the loads).
         Op::MatMul => 2 * axis_len(n.inputs[0], g.shape(n.inputs[0]).rank() - 1),
-        // Each of k weights decoded once for up to QROWS rows; a staged decode product takes
-        // several columns in turn, after staging its activations.
-        Op::DequantMatMul { .. } => {
-            let rank = g.shape(n.inputs[0]).rank();
-            let k = axis_len(n.inputs[0], rank - 1);
-            let xe: usize = (0..rank).map(|a| axis_len(n.inputs[0], a)).product();
-            let rows = xe.checked_div(k).unwrap_or(0);
-            let cols = axis_len(n.inputs[1], 0);
-            // (`rows`: all the product's rows, as the kernel choice counts them.)
-            if shaders::matvec_staged(rows, xe) {
-                shaders::matvec_columns(cols, k) * shaders::matvec_column_loops(k)
-                    + 2 * xe.div_ceil(shaders::WG as usize)
-                    + 64
-            } else {
-                k * (shaders::QROWS as usize + 1)
-            }
+        Op::DequantMatMul { .. } => product_loops(g, n.inputs[0], n.inputs[1], false),
+        // The product's loops, and the norm's: a walk over the rows to stage them, one per row
+        // for its squares, a tree, a walk to scale them.
+        Op::Fused(r) if r.kind == rlx_ir::FusionKind::NormMatMul => {
+            rlx_opt::norm_matmul_parts(g, id).map_or(0, |p| product_loops(g, p.x, p.w, true))
         }
         // The weights step loops over the cache rows three times.
         Op::CachedAttention { .. } => 3 * axis_len(n.inputs[1], 0),
@@ -255,6 +245,27 @@ fn loop_len(g: &Graph, id: NodeId) -> usize {
             }),
         Op::Defined(_) => crate::registered::kernel_for(g, id).map_or(0, |k| k.longest_loop),
         _ => 0,
+    }
+}
+
+/// Loop iterations of an invocation of a GGUF product of activations `x` and weights `w`: each
+/// of k weights decoded once for up to QROWS rows; a staged decode product takes several
+/// columns in turn, after staging its activations (and, with `norm`, normalizing them).
+fn product_loops(g: &Graph, x: NodeId, w: NodeId, norm: bool) -> usize {
+    let rank = g.shape(x).rank();
+    let k = axis_len_in(g, x, rank - 1);
+    let xe: usize = (0..rank).map(|a| axis_len_in(g, x, a)).product();
+    let rows = xe.checked_div(k).unwrap_or(0);
+    let cols = axis_len_in(g, w, 0);
+    let walk = xe.div_ceil(shaders::WG as usize);
+    // (`rows`: all the product's rows, as the kernel choice counts them.)
+    if shaders::matvec_staged(rows, xe) {
+        shaders::matvec_columns(cols, k) * shaders::matvec_column_loops(k)
+            + 2 * walk
+            + 64
+            + if norm { 3 * walk + 16 * rows } else { 0 }
+    } else {
+        k * (shaders::QROWS as usize + 1)
     }
 }
 
@@ -556,6 +567,48 @@ impl Selection {
         Ok(())
     }
 
+    /// A `norm_matmul` region: its decode product, which stages and normalizes the norm's
+    /// operand itself (adding the residual first, and writing the sum, where the region has
+    /// the add).
+    fn norm_product(&mut self, g: &Graph, at: &At) -> Result<Option<Kernel>> {
+        let p = rlx_opt::norm_matmul_parts(g, at.id)
+            .filter(|_| g.fused_head(at.id) == Some(at.id))
+            .ok_or_else(|| Error::Unsupported {
+                backend: "wgpu".into(),
+                op: at.node.op.name().into(),
+                node: at.id,
+                msg: "not the first result of a norm_matmul region (a lowering bug)".into(),
+            })?;
+        let scheme = p.scheme.ok_or_else(|| no_kernel(&at.node.op, at.id))?;
+        let add = p.residual.map(|r| {
+            let to = match p.sum {
+                Some(sn) => {
+                    self.extra_of[sn.index()] = Some(at.i);
+                    SumAt::Value(sn.index())
+                }
+                None => {
+                    let xe: usize = g.shape(p.x).static_dims().map_or(1, |d| d.iter().product());
+                    self.reqs.push(BufferRequest {
+                        size: xe.max(1) * 4,
+                        start: at.step,
+                        end: at.step,
+                    });
+                    SumAt::Scratch(self.reqs.len() - 1)
+                }
+            };
+            (r.index(), to)
+        });
+        Ok(Some(Kernel::QuantKv(QuantKv::DequantMatMul {
+            x: p.x.index(),
+            w: p.w.index(),
+            scheme,
+            acts: None,
+            norm: Some((p.gamma.index(), p.eps)),
+            add,
+            extra: p.sum.map(|s| vec![s.index()]).unwrap_or_default(),
+        })))
+    }
+
     /// GGUF products (after a step that rounds the activations, where the scheme does) and
     /// rows, cached attention (three steps) and cache writes (in place, no words of their own).
     fn quant_kv(&mut self, g: &Graph, at: &At) -> Result<Option<Kernel>> {
@@ -594,6 +647,9 @@ impl Selection {
                     w: ins[1],
                     scheme: *scheme,
                     acts,
+                    norm: None,
+                    add: None,
+                    extra: Vec::new(),
                 }
             }
             Op::DequantizeRows { scheme } => QuantKv::DequantizeRows {

@@ -186,7 +186,7 @@ pub(super) fn pipelines(
         })?;
         planned.push(Planned {
             node: *node,
-            op: g.node(id).op.name(),
+            op: g.node(id).op.step_name(),
             pipeline,
             at,
             end: meta.len(),

@@ -31,6 +31,14 @@ pub fn matvec_staged(rows: usize, elems: usize) -> bool {
     rows <= QROWS as usize && elems <= MATVEC_STAGE as usize
 }
 
+/// Whether a decode product of `scheme` can normalize its staged activations itself
+/// ([`dequant_matvec`]'s `norm`: a `norm_matmul` region): its activations round to blocks of
+/// 32 or not at all, each block by one invocation, so the rounding in place reads only what
+/// that invocation wrote (a 256-block's largest element comes from another's part).
+pub fn norm_fuses(scheme: rlx_ir::QuantScheme) -> bool {
+    scheme.act_block(1) != Some(256)
+}
+
 /// Word loads of the group decoders: the word holding byte `b`, the 32 bits from byte `b` (on
 /// a 2-byte boundary) and the f16 at byte `b` (on a 2-byte boundary), each by one or two
 /// whole-word reads instead of a read a byte.
@@ -74,54 +82,109 @@ pub fn group_decoder(scheme: rlx_ir::QuantScheme) -> Option<&'static str> {
 /// (eight invocations a block, each a 32nd, then the block's first element of largest
 /// magnitude from their eight) exactly as [`quantize_acts`] rounds them, where the `round`
 /// meta word says; else copied.
-const STAGE: &str = r#"    let nx = rows * k;
-    if (mt[7] == 32u) {
-        for (var b = lid; b < nx / 32u; b += 64u) {
-            let x = mt[3] + b * 32u;
+///
+/// `norm`: the activations are an RMSNorm's operand (gamma at meta word 11, eps at 12), first
+/// normalized into `xs` as the norm step computes them, each row's sum of squares by a tree
+/// in `part`; then rounded there in place (blocks of 32 only: [`norm_fuses`]). `add` (with
+/// `norm`): the operand is the sum of `x` and the value at meta word 13 (a residual add),
+/// which workgroup 0 also writes at word 14.
+fn stage(norm: bool, add: bool) -> String {
+    let (xe, keep) = if add {
+        (
+            "ld(mt[3] + e) + ld(mt[13] + e)",
+            " if (wg.x == 0u && wg.y == 0u) { st(mt[14] + e, c); }",
+        )
+    } else {
+        ("ld(mt[3] + e)", "")
+    };
+    let (first, src, copy) = if norm {
+        (
+            format!(
+                r#"    for (var e = lid; e < nx; e += 64u) {{ let c = {xe}; xs[e] = c;{keep} }}
+    workgroupBarrier();
+    for (var t = 0u; t < rows; t++) {{
+        var v = 0.0;
+        for (var e = lid; e < k; e += 64u) {{ let c = xs[t * k + e]; v += c * c; }}
+        part[t * 64u + lid] = v;
+    }}
+    workgroupBarrier();
+    for (var s = 32u; s > 0u; s = s >> 1u) {{
+        if (lid < s) {{
+            for (var t = 0u; t < rows; t++) {{ part[t * 64u + lid] += part[t * 64u + lid + s]; }}
+        }}
+        workgroupBarrier();
+    }}
+    for (var e = lid; e < nx; e += 64u) {{
+        let inv = 1.0 / sqrt(part[(e / k) * 64u] / f32(k) + bitcast<f32>(mt[12]));
+        xs[e] = (xs[e] - 0.0) * inv * ld(mt[11] + e % k);
+    }}
+    workgroupBarrier();
+"#
+            ),
+            "xs[IDX]",
+            "",
+        )
+    } else {
+        (
+            String::new(),
+            "ld(mt[3] + IDX)",
+            "        for (var e = lid; e < nx; e += 64u) { xs[e] = ld(mt[3] + e); }\n",
+        )
+    };
+    let x = |i: &str| src.replace("IDX", i);
+    format!(
+        r#"    let nx = rows * k;
+{first}    if (mt[7] == 32u) {{
+        for (var b = lid; b < nx / 32u; b += 64u) {{
             var amax = 0.0;
-            for (var e = 0u; e < 32u; e++) { amax = max(amax, abs(ld(x + e))); }
+            for (var e = 0u; e < 32u; e++) {{ amax = max(amax, abs({xb})); }}
             let d = f16r(amax / 127.0);
             let id = select(0.0, 127.0 / amax, amax != 0.0);
             var qs = 0.0;
-            for (var e = 0u; e < 32u; e++) { let q = round(ld(x + e) * id); xs[b * 32u + e] = d * q; qs += q; }
+            for (var e = 0u; e < 32u; e++) {{ let q = round({xb} * id); xs[b * 32u + e] = d * q; qs += q; }}
             ssum[b] = f16r(amax / 127.0 * qs);
-        }
-    } else if (mt[7] == 256u) {
-        for (var b0 = 0u; b0 < nx / 256u; b0 += 8u) {
+        }}
+    }} else if (mt[7] == 256u) {{
+        for (var b0 = 0u; b0 < nx / 256u; b0 += 8u) {{
             let b = b0 + lid / 8u;
-            let x = mt[3] + b * 256u + (lid % 8u) * 32u;
+            let x = b * 256u + (lid % 8u) * 32u;
             let live = b < nx / 256u;
             var amax = 0.0;
             var at = 256u;
-            if (live) {
-                for (var e = 0u; e < 32u; e++) { let v = abs(ld(x + e)); if (v > amax) { amax = v; at = (lid % 8u) * 32u + e; } }
-            }
+            if (live) {{
+                for (var e = 0u; e < 32u; e++) {{ let v = abs({xx}); if (v > amax) {{ amax = v; at = (lid % 8u) * 32u + e; }} }}
+            }}
             smax[lid] = amax;
             sidx[lid] = at;
             workgroupBarrier();
             var mx = 0.0;
             var ix = 256u;
-            for (var p = 0u; p < 8u; p++) { let a = smax[(lid / 8u) * 8u + p]; if (a > mx) { mx = a; ix = sidx[(lid / 8u) * 8u + p]; } }
-            if (live) {
+            for (var p = 0u; p < 8u; p++) {{ let a = smax[(lid / 8u) * 8u + p]; if (a > mx) {{ mx = a; ix = sidx[(lid / 8u) * 8u + p]; }} }}
+            if (live) {{
                 let o = b * 256u + (lid % 8u) * 32u;
-                if (mx == 0.0) {
-                    for (var e = 0u; e < 32u; e++) { xs[o + e] = 0.0; }
-                } else {
-                    let iscale = -127.0 / ld(mt[3] + b * 256u + ix);
+                if (mx == 0.0) {{
+                    for (var e = 0u; e < 32u; e++) {{ xs[o + e] = 0.0; }}
+                }} else {{
+                    let iscale = -127.0 / {xi};
                     let d = 1.0 / iscale;
-                    for (var e = 0u; e < 32u; e++) { xs[o + e] = d * min(round(iscale * ld(x + e)), 127.0); }
-                }
-            }
+                    for (var e = 0u; e < 32u; e++) {{ xs[o + e] = d * min(round(iscale * {xx}), 127.0); }}
+                }}
+            }}
             workgroupBarrier();
-        }
-    } else {
-        for (var e = lid; e < nx; e += 64u) { xs[e] = ld(mt[3] + e); }
-    }
+        }}
+    }} else {{
+{copy}    }}
     workgroupBarrier();
-"#;
+"#,
+        xb = x("b * 32u + e"),
+        xx = x("x + e"),
+        xi = x("b * 256u + ix"),
+    )
+}
 
 /// `x [R, K] @ decode(w)^T` for a few rows (`R <= QROWS`: decode): meta `[R, K, N, x_off,
-/// w_byte, row_bytes, out_off, round, sums_off, sums, cols]`; a workgroup per `cols` result
+/// w_byte, row_bytes, out_off, round, sums_off, sums, cols, gamma_off, eps, x2_off, sum_off]`
+/// (the last four for `norm` and `add`, else 0); a workgroup per `cols` result
 /// columns, taken in turn (dispatch `⌈N / cols⌉ * WG` invocations; `cols` is 1 unstaged,
 /// [`matvec_columns`] staged), each weight decoded once for all rows. With a `grouped`
 /// decoder ([`group_decoder`]) each invocation takes eight weights of a block from one or two
@@ -135,13 +198,20 @@ const STAGE: &str = r#"    let nx = rows * k;
 /// [`quantize_acts`] step, with the 32-blocks' sums at `sums_off` where the `sums` word is 1.
 /// Q4_1 / Q5_1 blocks' offsets multiply those sums (rounded to f16, as the CPU takes them);
 /// unrounded, the offsets go into the weights.
+///
+/// `norm` (staged, a `norm_matmul` region): `x` is an RMSNorm's operand, normalized in
+/// workgroup memory first, so the norm takes no step of its own; `add` (with `norm`): that
+/// operand is the sum of `x` and `x2` (a residual add), which workgroup 0 also writes.
 pub fn dequant_matvec(
     decoder: &str,
     grouped: Option<&str>,
     out: DType,
     subgroups: bool,
     staged: bool,
+    norm: bool,
+    add: bool,
 ) -> String {
+    let staged = staged || norm;
     let (builtins, sum, result) = if subgroups {
         (
             ", @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) ns: u32, \
@@ -177,7 +247,7 @@ pub fn dequant_matvec(
                 "var<workgroup> xs: array<f32, {MATVEC_STAGE}>;\nvar<workgroup> ssum: array<f32, {}>;\nvar<workgroup> smax: array<f32, 64>;\nvar<workgroup> sidx: array<u32, 64>;\n",
                 MATVEC_STAGE / 32
             ),
-            STAGE,
+            stage(norm, add && norm),
             "xs[IDX]",
             "ssum[IDX]",
             "mt[7] == 32u",
@@ -185,7 +255,7 @@ pub fn dequant_matvec(
     } else {
         (
             String::new(),
-            "",
+            String::new(),
             "ld(mt[3] + IDX)",
             "ld(mt[8] + IDX)",
             "mt[9] == 1u",

@@ -118,7 +118,7 @@ if ldconfig -p | grep -q libvulkan.so.1; then
     # reductions, softmax and cumsum, the complex JAX cases and transforms, a crate's WGSL
     # kernel; then the benchmark with its profile.
     run "ops_golden: the op table on wgpu" 240 $B/ops_golden --test-threads=1 the_gpu_backend_matches
-    run "ops_golden: quantized products and long rows on wgpu" 240 $B/ops_golden --test-threads=1 quantized_products long_
+    run "ops_golden: quantized products, norm_matmul regions and long rows on wgpu" 240 $B/ops_golden --test-threads=1 quantized_products long_ rms_norms_taken_into_gpu
     run "complex: JAX cases and transforms on wgpu (and CUDA emulation)" 240 $B/complex --test-threads=1 on_the_gpus
     run "registered_op: a crate's WGSL kernel on wgpu" 60 $B/registered_op --test-threads=1 wgsl
     export RLX_PROFILE=1 RLX_PROFILE_TOP=12

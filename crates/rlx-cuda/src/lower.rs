@@ -356,6 +356,7 @@ struct Lowering<'g> {
     param_place: Vec<Result<u64, usize>>,
 }
 
+mod attention;
 mod fuse;
 pub(crate) use fuse::takes_norm;
 use fuse::{ropes_into_caches, taken_in, NormProduct};
@@ -708,9 +709,11 @@ impl Lowering<'_> {
                 let x = x.expect("an operand");
                 let xd = dims(g, x)?;
                 let len = *xd.last().unwrap_or(&1);
-                let words = vec![imm(nel), imm(*k), imm(len), self.val(x), self.val(id)];
+                let rows: usize = xd[..xd.len().saturating_sub(1)].iter().product();
+                let words = vec![imm(rows), imm(*k), imm(len), self.val(x), self.val(id)];
                 let src = source::topk(g.shape(x).dtype(), *output == TopKOutput::Indices);
-                self.launch(id, src, [blocks(nel, BLOCK as usize), 1, 1], BLOCK, words)
+                let grid = [blocks(rows, 1), 1, 1];
+                self.launch(id, src, grid, source::TOPK_THREADS, words)
             }
             Op::MatMul => {
                 let (a, b) = (node.inputs[0], node.inputs[1]);
@@ -1209,151 +1212,6 @@ impl Lowering<'_> {
             g.shape(pos).dtype(),
         );
         self.launch(id, src, [blocks(n_upd, BLOCK as usize), 1, 1], BLOCK, words)
-    }
-
-    /// Cached attention in three steps over a scratch of `[S, Hq, T]` scores: the scaled scores
-    /// (masked keys -inf), the weights in place, the weighted values.
-    fn cached_attention(&mut self, id: NodeId, scale: f32, window: Option<usize>) -> Result<()> {
-        let g = self.g;
-        let node = g.node(id);
-        let (q, k, v, pos) = (
-            node.inputs[0],
-            node.inputs[1],
-            node.inputs[2],
-            node.inputs[3],
-        );
-        let (qd, kd, vd) = (dims(g, q)?, dims(g, k)?, dims(g, v)?);
-        let (rows, t) = (qd[0] * qd[1], kd[0]);
-        let cache = g.shape(k).dtype();
-        let r = self.scratch((rows * t).max(1) * 4);
-        let scores = vec![
-            imm(rows * t),
-            imm(qd[1]),
-            imm(qd[2]),
-            imm(t),
-            imm(kd[1]),
-            self.val(q),
-            self.val(k),
-            self.val(pos),
-            Pending::Scratch(r),
-            imm(window.unwrap_or(0)),
-            Pending::Imm(scale.to_bits() as i32 as i64),
-        ];
-        // Decode (a few query rows): a warp per score, so the GPU has enough threads.
-        let warp = qd[0] < rlx_ir::QuantScheme::MATRIX_ATTENTION_ROWS;
-        let src = source::attention_scores(g.shape(q).dtype(), cache, g.shape(pos).dtype(), warp);
-        let per = if warp { BLOCK / 32 } else { BLOCK };
-        self.launch(
-            id,
-            src,
-            [blocks(rows * t, per as usize), 1, 1],
-            BLOCK,
-            scores,
-        )?;
-        let tt = source::row_threads(t, rows);
-        let weights = vec![imm(rows), imm(t), Pending::Scratch(r)];
-        self.launch(
-            id,
-            source::attention_weights(cache, tt),
-            row_grid(rows, tt),
-            BLOCK,
-            weights,
-        )?;
-        let dv = vd[2];
-        let values = vec![
-            imm(rows * dv),
-            imm(qd[1]),
-            imm(dv),
-            imm(t),
-            imm(vd[1]),
-            self.val(v),
-            Pending::Scratch(r),
-            self.val(id),
-        ];
-        // Few query rows (decode): bigger blocks, so more threads share each row's keys.
-        let threads = if rows < 64 { 1024 } else { BLOCK };
-        let src = source::attention_values(g.shape(v).dtype(), node.shape.dtype(), threads);
-        self.launch(id, src, [blocks(rows, 1), 1, 1], threads, values)?;
-        self.until_now(r);
-        Ok(())
-    }
-
-    /// Paged attention in three steps over a scratch of `[S, Hq, M * block]` scores, as cached
-    /// attention, each position's cache row looked up in the query's block-table row.
-    fn paged_attention(
-        &mut self,
-        id: NodeId,
-        scale: f32,
-        window: Option<usize>,
-        block: usize,
-    ) -> Result<()> {
-        let g = self.g;
-        let node = g.node(id);
-        let [q, k, v, pos, table] = [0, 1, 2, 3, 4].map(|i| node.inputs[i]);
-        let (qd, kd, vd, td) = (dims(g, q)?, dims(g, k)?, dims(g, v)?, dims(g, table)?);
-        let (rows, m, blocks_) = (qd[0] * qd[1], td[1], kd[0] / block.max(1));
-        let l = m * block;
-        let cache = g.shape(k).dtype();
-        let r = self.scratch((rows * l).max(1) * 4);
-        let scores = vec![
-            imm(rows * l),
-            imm(qd[1]),
-            imm(qd[2]),
-            imm(l),
-            imm(kd[1]),
-            self.val(q),
-            self.val(k),
-            self.val(pos),
-            self.val(table),
-            Pending::Scratch(r),
-            imm(window.unwrap_or(0)),
-            Pending::Imm(scale.to_bits() as i32 as i64),
-            imm(block),
-            imm(m),
-            imm(blocks_),
-        ];
-        let src = source::paged_scores(g.shape(q).dtype(), cache);
-        self.launch(
-            id,
-            src,
-            [blocks(rows * l, BLOCK as usize), 1, 1],
-            BLOCK,
-            scores,
-        )?;
-        let tt = source::row_threads(l, rows);
-        let weights = vec![imm(rows), imm(l), Pending::Scratch(r)];
-        self.launch(
-            id,
-            source::attention_weights(cache, tt),
-            row_grid(rows, tt),
-            BLOCK,
-            weights,
-        )?;
-        let dv = vd[2];
-        let values = vec![
-            imm(rows * dv),
-            imm(qd[1]),
-            imm(dv),
-            imm(l),
-            imm(vd[1]),
-            self.val(v),
-            Pending::Scratch(r),
-            self.val(id),
-            self.val(table),
-            imm(block),
-            imm(m),
-            imm(blocks_),
-        ];
-        let src = source::paged_values(g.shape(v).dtype(), node.shape.dtype());
-        self.launch(
-            id,
-            src,
-            [blocks(rows * dv, BLOCK as usize), 1, 1],
-            BLOCK,
-            values,
-        )?;
-        self.until_now(r);
-        Ok(())
     }
 
     /// One copy per part into its slice of the result.

@@ -12,7 +12,9 @@
 
 use rlx_ir::{Activation, BinaryOp, CmpOp, DType, Graph, NodeId, Op, ReduceKind};
 
+mod attention;
 mod matvec;
+pub use attention::{attention_decode, ATTENTION_DECODE_WORDS, ATTENTION_STAGE, ATTENTION_THREADS};
 pub use matvec::{
     dequant_matvec, group_decoder, matvec_split, norm_fuses, DEQUANT_MATVEC_WORDS, MATVEC_GRID,
     MATVEC_STAGE, MATVEC_WARPS,
@@ -754,30 +756,79 @@ pub fn cumsum(dt: DType) -> Option<String> {
     Some(kernel(ROW_WORDS, &s))
 }
 
-/// Words of top-k: `[n_out, k, len, x, out]` (rows dense along the last axis).
+/// Words of top-k: `[rows, k, len, x, out]` (rows dense along the last axis).
 pub const TOPK_WORDS: usize = 5;
 
-/// Top-k along the last axis: result `t` of a row is its element of rank `t` in descending
-/// order (NaN largest, the lower index first among equals, as the reference evaluator sorts);
-/// `indices`: the position (i32), else the value.
+/// Threads of a block of [`topk`].
+pub const TOPK_THREADS: u32 = 256;
+
+/// Top-k along the last axis, a block of [`TOPK_THREADS`] per row taking the results in `k`
+/// passes: pass `t` finds, among the elements after result `t - 1` in descending order (NaN
+/// largest, the lower index first among equals, as the reference evaluator sorts), the first,
+/// each thread over every `TOPK_THREADS`-th element, then across the warp by shuffles and
+/// across the block through shared memory. `k * len / 256` steps a thread instead of a thread a
+/// result ranking every element against every other (`len²`). `indices`: the position (i32),
+/// else the value.
 pub fn topk(x: DType, indices: bool) -> Option<String> {
     if x == DType::Bool {
         return None;
     }
     let st = storage(x)?;
-    let key = if real(x) {
+    // Keys in a type the shuffles take: doubles (NaN largest) or 64-bit integers.
+    let (kt, key) = if real(x) {
         let v = load(x, "p[j]");
-        format!("        #define KEY(j) ({v} != {v} ? (double)INF_F32 : (double)({v}))\n")
+        (
+            "double",
+            format!("({v} != {v} ? (double)INF_F32 : (double)({v}))"),
+        )
     } else {
-        "        #define KEY(j) (p[j])\n".to_string()
+        ("i64", "(i64)(p[j])".to_string())
     };
     let put = if indices {
-        "((int*)m.w[4])[i] = (int)j".to_string()
+        "((int*)m.w[4])[row * k + t] = (int)ci".to_string()
     } else {
-        format!("(({st}*)m.w[4])[i] = p[j]")
+        format!("(({st}*)m.w[4])[row * k + t] = p[ci]")
     };
+    let warps = TOPK_THREADS / 32;
     let s = format!(
-        "{GRID_LOOP}        const i64 t = i % m.w[1], len = m.w[2];\n        const {st}* p = (const {st}*)m.w[3] + (i / m.w[1]) * len;\n{key}        for (i64 j = 0; j < len; ++j) {{\n            i64 rank = 0;\n            for (i64 o = 0; o < len; ++o) {{ if (KEY(o) > KEY(j) || (KEY(o) == KEY(j) && o < j)) ++rank; }}\n            if (rank == t) {{ {put}; break; }}\n        }}\n        #undef KEY\n    }}\n"
+        r#"    __shared__ {kt} bk[{warps}];
+    __shared__ i64 bi[{warps}];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const i64 k = m.w[1], len = m.w[2];
+    for (i64 row = blockIdx.x; row < m.w[0]; row += gridDim.x) {{
+        const {st}* p = (const {st}*)m.w[3] + row * len;
+        {kt} pk = 0;
+        i64 pi = -1;
+        for (i64 t = 0; t < k; ++t) {{
+            {kt} ck = 0;
+            i64 ci = -1;
+            for (i64 j = threadIdx.x; j < len; j += {TOPK_THREADS}) {{
+                const {kt} kj = {key};
+                const bool after = pi < 0 || kj < pk || (kj == pk && j > pi);
+                if (after && (ci < 0 || kj > ck)) {{ ck = kj; ci = j; }}
+            }}
+            for (int o = 16; o > 0; o >>= 1) {{
+                const {kt} ok = __shfl_xor_sync(0xffffffffu, ck, o);
+                const i64 oi = __shfl_xor_sync(0xffffffffu, ci, o);
+                if (oi >= 0 && (ci < 0 || ok > ck || (ok == ck && oi < ci))) {{ ck = ok; ci = oi; }}
+            }}
+            if (lane == 0) {{ bk[warp] = ck; bi[warp] = ci; }}
+            __syncthreads();
+            ck = bk[0];
+            ci = bi[0];
+            for (int w = 1; w < {warps}; ++w) {{
+                const {kt} ok = bk[w];
+                const i64 oi = bi[w];
+                if (oi >= 0 && (ci < 0 || ok > ck || (ok == ck && oi < ci))) {{ ck = ok; ci = oi; }}
+            }}
+            __syncthreads();
+            if (ci < 0) break;
+            if (threadIdx.x == 0) {put};
+            pk = ck;
+            pi = ci;
+        }}
+    }}
+"#
     );
     Some(kernel(TOPK_WORDS, &s))
 }

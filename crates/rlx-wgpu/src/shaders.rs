@@ -13,7 +13,12 @@
 
 use rlx_ir::{Activation, BinaryOp, CmpOp, DType, Graph, NodeId, Op, ReduceKind};
 
+mod attention;
 mod matvec;
+pub use attention::{
+    attention_decode, attention_scores, attention_values, attention_weights, ATTENTION_STAGE,
+    VALUES_WG,
+};
 pub use matvec::{
     dequant_matvec, group_decoder, matvec_column_loops, matvec_columns, matvec_staged, norm_fuses,
     MATVEC_GROUPS, MATVEC_STAGE,
@@ -938,44 +943,72 @@ pub fn cumsum(out: DType) -> String {
     )
 }
 
-/// Top-k along the last axis: meta `[n_out, k, len, x_off, out_off]`; result `t` of a row is
-/// its element of rank `t` in descending order (NaN largest, the lower index first among
-/// equals, as the reference evaluator sorts). `indices`: write the position (i32), else the
-/// value's word. `x` is the input dtype.
+/// Top-k along the last axis, a workgroup per row (dispatch `rows * WG` invocations): meta
+/// `[rows, k, len, x_off, out_off]`; result `t` of a row is its element of rank `t` in
+/// descending order (NaN largest, the lower index first among equals, as the reference
+/// evaluator sorts), found in pass `t` as the first of the elements after result `t - 1`: each
+/// invocation over every `WG`-th element, then a tree in workgroup memory. `k * len / 64`
+/// steps an invocation. `indices`: write the position (i32), else the value's word. `x` is the
+/// input dtype.
 pub fn topk(x: DType, indices: bool) -> String {
-    let key = match wgsl_type(x) {
-        Some("f32") => "fn key(w: u32) -> f32 { let v = bitcast<f32>(w); return select(v, bitcast<f32>(0x7f800000u), v != v); }",
-        Some("i32") => "fn key(w: u32) -> i32 { return bitcast<i32>(w); }",
-        _ => "fn key(w: u32) -> u32 { return w; }",
+    let (kt, key) = match wgsl_type(x) {
+        Some("f32") => ("f32", "fn key(w: u32) -> f32 { let v = bitcast<f32>(w); return select(v, bitcast<f32>(0x7f800000u), v != v); }"),
+        Some("i32") => ("i32", "fn key(w: u32) -> i32 { return bitcast<i32>(w); }"),
+        _ => ("u32", "fn key(w: u32) -> u32 { return w; }"),
     };
     let store = if indices {
-        "wr(mt[4] + i, bitcast<u32>(i32(j)))"
+        "wr(mt[4] + row * k + t, bitcast<u32>(i32(ci)))"
     } else {
-        "wr(mt[4] + i, rd(base + j))"
+        "wr(mt[4] + row * k + t, rd(base + ci))"
     };
     format!(
         r#"{HEADER}{key}
+const NONE: u32 = 0xffffffffu;
+var<workgroup> bk: array<{kt}, {WG}>;
+var<workgroup> bi: array<u32, {WG}>;
+// Whether (ka, ia) comes before (kb, ib) in the order of the results (`NONE`: no element).
+fn first(ka: {kt}, ia: u32, kb: {kt}, ib: u32) -> bool {{
+    return ia != NONE && (ib == NONE || ka > kb || (ka == kb && ia < ib));
+}}
 @compute @workgroup_size({WG})
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{
-    let i = gid.x + gid.y * ROW;
-    if (i >= mt[0]) {{ return; }}
-    let t = i % mt[1];
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
+    let row = wg.x + wg.y * {MAX_GROUPS}u;
+    let live = row < mt[0];
+    let k = mt[1];
     let len = mt[2];
-    let base = mt[3] + (i / mt[1]) * len;
-    for (var j = 0u; j < len; j++) {{
-        let kj = key(rd(base + j));
-        var rank = 0u;
-        for (var o = 0u; o < len; o++) {{
-            let ko = key(rd(base + o));
-            if (ko > kj || (ko == kj && o < j)) {{ rank++; }}
+    let base = mt[3] + row * len;
+    var pk: {kt};
+    var pi = NONE;
+    for (var t = 0u; t < k; t++) {{
+        var ck: {kt};
+        var ci = NONE;
+        if (live) {{
+            for (var j = lid; j < len; j += {WG}u) {{
+                let kj = key(rd(base + j));
+                let after = pi == NONE || kj < pk || (kj == pk && j > pi);
+                if (after && (ci == NONE || kj > ck)) {{ ck = kj; ci = j; }}
+            }}
         }}
-        if (rank == t) {{
-            {store};
-            return;
+        bk[lid] = ck;
+        bi[lid] = ci;
+        workgroupBarrier();
+        for (var s = {half}u; s > 0u; s = s >> 1u) {{
+            if (lid < s && first(bk[lid + s], bi[lid + s], bk[lid], bi[lid])) {{
+                bk[lid] = bk[lid + s];
+                bi[lid] = bi[lid + s];
+            }}
+            workgroupBarrier();
         }}
+        ck = bk[0];
+        ci = bi[0];
+        workgroupBarrier();
+        if (live && lid == 0u && ci != NONE) {{ {store}; }}
+        pk = ck;
+        pi = ci;
     }}
 }}
-"#
+"#,
+        half = WG / 2
     )
 }
 
@@ -1268,128 +1301,5 @@ pub fn cache_write(cache: DType) -> String {
     st(mt[3] + r * mt[1] + i % mt[1], {rnd});
 "#
         ),
-    )
-}
-
-// Cached attention: query row `i` of `q [S, Hq, D]` sees cache rows `first ..= pos + i` (inside
-// the window) of `k [T, Hkv, D]`, `v [T, Hkv, Dv]` (heads grouped), in three steps over a
-// scratch of scores `[S, Hq, T]`, each invocation looping over one axis (lavapipe ends an
-// invocation's loops after 65535 iterations in all). With an f16 or bf16 cache the arithmetic
-// is the CPU's (llama.cpp's default path): queries and the normalized weights are rounded to the
-// cache's dtype before their products.
-
-/// Step 1, one invocation per score: meta `[S * Hq * T, hq, d, t, hkv, q, k, pos, scores,
-/// window, scale]`; masked keys score -inf.
-pub fn attention_scores(cache: DType) -> String {
-    let qv = round_to(cache, "ld(q + e)".into());
-    one_d(
-        "idx",
-        &format!(
-            r#"    let hq = mt[1]; let d = mt[2]; let t = mt[3]; let hkv = mt[4];
-    let j = idx % t;
-    let h = (idx / t) % hq;
-    let i = idx / (t * hq);
-    let pos = u32(max(bitcast<i32>(rd(mt[7])), 0));
-    let last = min(pos + i, t - 1u);
-    var first = 0u;
-    if (mt[9] > 0u && last + 1u > mt[9]) {{ first = last + 1u - mt[9]; }}
-    if (j < first || j > last) {{ st(mt[8] + idx, bitcast<f32>(0xff800000u)); return; }}
-    let q = mt[5] + (i * hq + h) * d;
-    let kr = mt[6] + (j * hkv + h / (hq / hkv)) * d;
-    var s = 0.0;
-    for (var e = 0u; e < d; e++) {{ s += {qv} * ld(kr + e); }}
-    st(mt[8] + idx, s * bitcast<f32>(mt[10]));
-"#
-        ),
-    )
-}
-
-/// Step 2, a workgroup per query row and head (dispatch `S * Hq * WG` invocations): meta
-/// `[S * Hq, t, scores]`; the scores become the normalized weights (rounded to the cache's
-/// dtype), in place, the maximum and the sum found by the workgroup (`WG_SUM`).
-pub fn attention_weights(cache: DType) -> String {
-    let w = round_to(cache, "exp(ld(r + j) - mx) / sum".into());
-    format!(
-        r#"{HEADER}
-{WG_SUM}
-@compute @workgroup_size({WG})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
-    let row = wg.x + wg.y * {MAX_GROUPS}u;
-    let live = row < mt[0];
-    let t = mt[1];
-    let r = mt[2] + row * t;
-    var mx = bitcast<f32>(0xff800000u);
-    if (live) {{ for (var j = lid; j < t; j += {WG}u) {{ mx = max(mx, ld(r + j)); }} }}
-    mx = wg_max(mx, lid);
-    var sum = 0.0;
-    if (live) {{ for (var j = lid; j < t; j += {WG}u) {{ sum += exp(ld(r + j) - mx); }} }}
-    sum = wg_sum(sum, lid);
-    if (live) {{ for (var j = lid; j < t; j += {WG}u) {{ st(r + j, {w}); }} }}
-}}
-"#
-    )
-}
-
-/// Invocations of a workgroup of step 3.
-pub const VALUES_WG: u32 = 256;
-
-/// Step 3, a workgroup of [`VALUES_WG`] invocations per query row and head (dispatch one
-/// workgroup each): meta `[S * Hq * Dv, hq, dv, t, hkv, v, weights, out]`. Rows narrower than
-/// the workgroup: `VALUES_WG / Dv` groups of `Dv` invocations (one per result column), each group
-/// taking every `VALUES_WG / Dv`-th key, their sums added in group order through workgroup
-/// memory; wider rows: an invocation per column over every key.
-pub fn attention_values(out: DType) -> String {
-    let rnd = round_to(out, "acc".into());
-    let rnd_sum = round_to(out, "sum".into());
-    format!(
-        r#"{HEADER}
-var<workgroup> vpart: array<f32, {VALUES_WG}>;
-var<workgroup> vdv: u32;
-@compute @workgroup_size({VALUES_WG})
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {{
-    let rh = wg.x + wg.y * {MAX_GROUPS}u;
-    // The row width, uniform across the workgroup, so the branch below may hold a barrier.
-    if (lid == 0u) {{ vdv = max(mt[2], 1u); }}
-    let dv = workgroupUniformLoad(&vdv);
-    let hq = mt[1]; let t = mt[3]; let hkv = mt[4];
-    let live = rh < mt[0] / dv;
-    let h = rh % hq;
-    let w = mt[6] + rh * t;
-    let groups = max({VALUES_WG}u / dv, 1u);
-    if (groups == 1u) {{
-        // Wide rows: no key groups, so no barrier (uniform: `groups` is the same everywhere).
-        if (live) {{
-            for (var c = lid; c < dv; c += {VALUES_WG}u) {{
-                let vr = mt[5] + (h / (hq / hkv)) * dv + c;
-                var acc = 0.0;
-                for (var j = 0u; j < t; j++) {{
-                    let p = ld(w + j);
-                    if (p != 0.0) {{ acc += p * ld(vr + j * hkv * dv); }}
-                }}
-                st(mt[7] + rh * dv + c, {rnd});
-            }}
-        }}
-    }} else {{
-        let c = lid % dv;
-        let g = lid / dv;
-        var acc = 0.0;
-        if (live && g < groups) {{
-            let vr = mt[5] + (h / (hq / hkv)) * dv + c;
-            // Masked keys weigh exactly 0: their cache rows (maybe never written) are not read.
-            for (var j = g; j < t; j += groups) {{
-                let p = ld(w + j);
-                if (p != 0.0) {{ acc += p * ld(vr + j * hkv * dv); }}
-            }}
-        }}
-        vpart[lid] = acc;
-        workgroupBarrier();
-        if (live && g == 0u) {{
-            var sum = 0.0;
-            for (var q = 0u; q < groups; q++) {{ sum += vpart[q * dv + c]; }}
-            st(mt[7] + rh * dv + c, {rnd_sum});
-        }}
-    }}
-}}
-"#
     )
 }

@@ -237,6 +237,9 @@ fn every_cuda_llm_kernel_variant_compiles_with_nvrtc() {
         for threads in [256, 1024] {
             kernels.push(source::attention_values(cache, DType::F32, threads).expect("values"));
         }
+        kernels.push(
+            source::attention_decode(DType::F32, cache, DType::I32, DType::F32).expect("decode"),
+        );
         kernels.push(source::rope(cache, DType::I32, None).expect("rope"));
         kernels.push(source::rope(DType::F32, DType::I32, Some(cache)).expect("rope into a cache"));
         for t in [32, 256] {

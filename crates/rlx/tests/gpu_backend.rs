@@ -1,6 +1,8 @@
 //! The GPU backend seen from outside: adapter choice by name, and the dispatch report of a
 //! graph compiled for it (regions generated as shaders, decompositions, native kernels).
 
+mod common;
+
 use rlx::driver::Backend;
 use rlx::opt::Dispatch;
 use rlx::prelude::*;
@@ -610,8 +612,9 @@ fn cached_attention_over_an_f16_cache_rounds_as_the_cpu_does() {
 
 /// On an adapter that ends an invocation's loops after 65535 iterations (lavapipe, a CPU-type
 /// adapter), a kernel that would loop longer is a compile error naming the op and node, not a
-/// silently wrong result (top-k ranks each element against its whole row: a row of 200 runs, one
-/// of 70,000 does not; a cumsum's workgroup scans its row chunk by chunk: 700,000 is too long);
+/// silently wrong result (top-k takes a pass over its row for each result: the top 3 of 70,000
+/// run, the top 4000 do not; a cumsum's workgroup scans its row chunk by chunk: 700,000 is too
+/// long);
 /// a softmax over 70,000 elements runs, its workgroup splitting the row.
 #[test]
 fn loops_past_the_adapters_limit_are_a_compile_error() {
@@ -623,20 +626,20 @@ fn loops_past_the_adapters_limit_are_a_compile_error() {
     let info = rlx::driver::gpu::adapter(Device::Gpu)
         .expect("an adapter")
         .get_info();
-    // 0: softmax, 1: top-k, 2: cumsum.
-    let row = |n: usize, op: u8| {
+    // 0: softmax, 1: top-k (of `k`), 2: cumsum.
+    let row = |n: usize, op: u8, k: usize| {
         let mut g = Graph::new("long_row");
         let x = g.try_input("x", Shape::new(&[1, n], DType::F32)).unwrap();
         let y = match op {
             0 => g.try_softmax(x, 1).unwrap(),
-            1 => g.try_topk(x, 2).unwrap().0,
+            1 => g.try_topk(x, k).unwrap().0,
             _ => g.try_cumsum(x, 1).unwrap(),
         };
         g.set_outputs(vec![y]);
         Session::new(Device::Gpu).try_compile(g)
     };
     for n in [1000, 70_000] {
-        let mut c = row(n, 0).expect("a softmax compiles");
+        let mut c = row(n, 0, 0).expect("a softmax compiles");
         let x: Vec<f32> = (0..n).map(|i| (i % 7) as f32).collect();
         let y = c.run(&[("x", &x)]);
         assert!(
@@ -644,11 +647,40 @@ fn loops_past_the_adapters_limit_are_a_compile_error() {
             "softmax of {n}"
         );
     }
-    row(200, 1).expect("a short top-k compiles");
-    // A top-k of 70,000, and a cumsum of 700,000 (each invocation scans 10,938 chunks of its
-    // row in 7 steps each: 76,566 iterations).
-    for (n, op, name) in [(70_000, 1, "topk"), (700_000, 2, "cumsum")] {
-        let long = row(n, op);
+    // Top-k takes k passes over a 64th of the row: the top 3 of 70,000 runs (the largest three,
+    // the first of equals first).
+    let mut c = row(70_000, 1, 3).expect("a top-3 of 70,000 compiles");
+    let x: Vec<f32> = (0..70_000).map(|i| ((i * 7919) % 65_521) as f32).collect();
+    let y = c.run(&[("x", &x)]);
+    let mut want = x.clone();
+    want.sort_by(|a, b| b.total_cmp(a));
+    assert_eq!(y[0], want[..3].to_vec(), "top-3 of 70,000");
+    // The same on CUDA (a block a row), in host emulation.
+    let mut g = Graph::new("long_topk");
+    let xi = g
+        .try_input("x", Shape::new(&[1, 70_000], DType::F32))
+        .unwrap();
+    let (vals, idx) = g.try_topk(xi, 3).unwrap();
+    g.set_outputs(vec![vals, idx]);
+    let lowered = Session::new(Device::Cuda).try_lower(g).unwrap().graph;
+    let p = rlx_cuda::lower(&lowered, &[]).unwrap();
+    let emu = rlx_cuda::emulate::Emulator::build(&p.kernels).expect("the kernels compile");
+    let xb: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let outs = emu.run(&p, &[xb], &[]).unwrap();
+    assert_eq!(
+        common::decode(&outs[0], DType::F32),
+        want[..3].iter().map(|&v| v as f64).collect::<Vec<_>>()
+    );
+    let first = |v: f32| x.iter().position(|&e| e == v).unwrap() as f64;
+    assert_eq!(
+        common::decode(&outs[1], DType::I32)[0],
+        first(want[0]),
+        "CUDA top-3 indices"
+    );
+    // A top-4000 of 70,000 (4000 passes of 1,102 steps), and a cumsum of 700,000 (each
+    // invocation scans 10,938 chunks of its row in 7 steps each: 76,566 iterations).
+    for (n, op, k, name) in [(70_000, 1, 4000, "topk"), (700_000, 2, 0, "cumsum")] {
+        let long = row(n, op, k);
         if format!("{:?}", info.device_type) == "Cpu" {
             let err = long
                 .err()
@@ -787,4 +819,137 @@ fn gpu_f16_rounding_is_nearest_even_bit_for_bit() {
     let out = c.run_typed(&[("x", &f32::NAN.to_le_bytes(), DType::F32)]);
     let got = half::f16::from_le_bytes([out[0].0[0], out[0].0[1]]);
     assert!(got.is_nan(), "NaN stays NaN, got {got}");
+}
+
+/// Cached attention of a few query rows (decode) is one step on both GPU backends where the
+/// cache's scores fit in on-chip memory (wgpu: T ≤ 3072, CUDA: T ≤ 8192), reading only the
+/// keys each row sees; prompts and longer caches take three steps. Both forms against the CPU
+/// on wgpu and in CUDA's host emulation: f32 and f16 caches, grouped heads, value rows of
+/// another width than the keys', windows, rows past the cache's end, a negative position.
+#[test]
+fn cached_attention_in_one_step_and_in_three_agrees_with_the_cpu() {
+    assert!(
+        Device::Gpu.is_available(),
+        "no GPU adapter: {}",
+        Device::Gpu.availability_hint()
+    );
+    let (hq, hkv, d, dv) = (4, 2, 64, 48);
+    // (query rows, cache rows, position, window)
+    let cases = [
+        (1, 40, 17i32, None),
+        (3, 40, 36, Some(5)),
+        (2, 40, -2, None),
+        (1, 4000, 3500, None),
+        (1, 9000, 8999, Some(700)),
+        (16, 40, 10, None),
+    ];
+    for cache in [DType::F32, DType::F16] {
+        for (s, t, pos, window) in cases {
+            let name = format!("{s} rows over {t} {cache} cache rows at {pos}, window {window:?}");
+            let mut g = Graph::new("cached_attention");
+            let q = g.input("q", Shape::new(&[s, hq, d], DType::F32));
+            let k = g.param("k", Shape::new(&[t, hkv, d], cache));
+            let v = g.param("v", Shape::new(&[t, hkv, dv], cache));
+            let p = g.input("pos", Shape::new(&[1], DType::I32));
+            let op = Op::CachedAttention {
+                scale: 0.15,
+                window,
+            };
+            let y = g.op(op, &[q, k, v, p]);
+            g.set_outputs(vec![y]);
+            let wave = |n: usize, f: f64| -> Vec<f64> {
+                (0..n).map(|i| (i as f64 * f).sin() * 2.0).collect()
+            };
+            let enc = |v: &[f64], dt: DType| common::encode(v, dt);
+            let feeds = [
+                ("q", enc(&wave(s * hq * d, 0.37), DType::F32), DType::F32),
+                ("pos", pos.to_le_bytes().to_vec(), DType::I32),
+            ];
+            let params = [
+                ("k", enc(&wave(t * hkv * d, 0.11), cache), cache),
+                ("v", enc(&wave(t * hkv * dv, 0.23), cache), cache),
+            ];
+            let run = |device: Device| -> Vec<f64> {
+                let mut c = Session::new(device).try_compile(g.clone()).unwrap();
+                for (n, b, dt) in &params {
+                    c.set_param_typed(n, b, *dt);
+                }
+                let f: Vec<(&str, &[u8], DType)> = feeds
+                    .iter()
+                    .map(|(n, b, dt)| (*n, b.as_slice(), *dt))
+                    .collect();
+                let out = c.run_typed(&f);
+                common::decode(&out[0].0, out[0].1)
+            };
+            let cpu = run(Device::Cpu);
+            let scale = cpu.iter().fold(0f64, |m, x| m.max(x.abs()));
+            // f16 caches: a weight on an f16 rounding boundary may round the other way after
+            // another summation order, moving a result by a weight's ulp times a value.
+            let tol = if cache == DType::F32 { 1e-5 } else { 2e-3 } * scale.max(1.0);
+            let near = |what: &str, got: &[f64]| {
+                let off = got
+                    .iter()
+                    .zip(&cpu)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f64, f64::max);
+                assert!(
+                    off <= tol,
+                    "{name} on {what}: {off:e} from the CPU (scale {scale})"
+                );
+            };
+            let one = |most: usize| s < 16 && t <= most;
+            // wgpu.
+            near("wgpu", &run(Device::Gpu));
+            let lowered = |device: Device| Session::new(device).try_lower(g.clone()).unwrap().graph;
+            let mut exe = rlx_wgpu::WgpuBackend {
+                device: Device::Gpu,
+            }
+            .compile(
+                &lowered(Device::Gpu),
+                &rlx::driver::CompileOptions::default(),
+            )
+            .unwrap();
+            exe.execute().unwrap();
+            let ops = exe
+                .as_any()
+                .and_then(|a| a.downcast_ref::<rlx_wgpu::GpuProgram>())
+                .unwrap()
+                .step_ops();
+            let steps = ops.iter().filter(|o| **o == "cached_attention").count();
+            let want = if one(rlx_wgpu::shaders::ATTENTION_STAGE) {
+                1
+            } else {
+                3
+            };
+            assert_eq!(steps, want, "{name}: wgpu steps {ops:?}");
+            // CUDA in host emulation.
+            let prog = rlx_cuda::lower(&lowered(Device::Cuda), &[]).unwrap();
+            let launches = prog
+                .launches
+                .iter()
+                .filter(|l| l.op == "cached_attention")
+                .count();
+            let want = if one(rlx_cuda::source::ATTENTION_STAGE) {
+                1
+            } else {
+                3
+            };
+            assert_eq!(launches, want, "{name}: CUDA launches");
+            let emu = rlx_cuda::emulate::Emulator::build(&prog.kernels).expect("compiles");
+            let by_name = |slots: &[rlx::driver::IoSlot], from: &[(&str, Vec<u8>, DType)]| {
+                slots
+                    .iter()
+                    .map(|sl| from.iter().find(|f| f.0 == sl.name).unwrap().1.clone())
+                    .collect::<Vec<_>>()
+            };
+            let outs = emu
+                .run(
+                    &prog,
+                    &by_name(&prog.inputs, &feeds),
+                    &by_name(&prog.params, &params),
+                )
+                .unwrap();
+            near("CUDA (emulated)", &common::decode(&outs[0], DType::F32));
+        }
+    }
 }

@@ -116,6 +116,16 @@ pub(super) enum QuantKv {
         upd: usize,
         pos: usize,
     },
+    /// Cached attention of a few query rows (decode) over a cache of at most
+    /// `shaders::ATTENTION_STAGE` rows in one step, the scores in workgroup memory.
+    DecodeAttention {
+        q: usize,
+        k: usize,
+        v: usize,
+        pos: usize,
+        scale: f32,
+        window: Option<usize>,
+    },
     /// Cached attention in three steps over a scratch of `[S, Hq, T]` scores (arena request
     /// `scores`): `step` 0 the scaled scores (masked keys -inf), 1 the normalized weights in
     /// place, 2 the weighted values. Each invocation loops over one axis only: lavapipe ends a

@@ -327,14 +327,19 @@ fn reduction(s: &Site, k: &Reduction, meta: &mut Vec<u32>) -> Result<(String, Gr
         }
         Reduction::TopK { x, k, indices } => {
             let xd = s.dims(*x)?;
+            let rows: usize = xd[..xd.len().saturating_sub(1)].iter().product();
             meta.extend([
-                count as u32,
+                rows as u32,
                 *k as u32,
                 *xd.last().unwrap_or(&1) as u32,
                 s.word(*x),
                 s.out(),
             ]);
-            Ok((shaders::topk(s.dtype(*x), *indices), groups_1d(count)))
+            // A workgroup per row.
+            Ok((
+                shaders::topk(s.dtype(*x), *indices),
+                groups_1d(rows * WG as usize),
+            ))
         }
     }
 }
@@ -560,6 +565,38 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
             scores,
             step,
         } => cached_attention(s, [*q, *k, *v, *pos], *scale, *window, *scores, *step, meta),
+        QuantKv::DecodeAttention {
+            q,
+            k,
+            v,
+            pos,
+            scale,
+            window,
+        } => {
+            let (qd, kd, vd) = (s.dims(*q)?, s.dims(*k)?, s.dims(*v)?);
+            let rows = qd[0] * qd[1];
+            meta.extend([
+                rows as u32,
+                qd[1] as u32,
+                qd[2] as u32,
+                kd[0] as u32,
+                kd[1] as u32,
+                s.word(*q),
+                s.word(*k),
+                s.word(*v),
+                s.word(*pos),
+                s.out(),
+                window.unwrap_or(0) as u32,
+                scale.to_bits(),
+                vd[2] as u32,
+            ]);
+            // A workgroup per query row and head.
+            let g = (rows as u32).max(1);
+            Ok((
+                shaders::attention_decode(s.dtype(*k), s.dtype(s.node)),
+                (g.min(MAX_GROUPS), g.div_ceil(MAX_GROUPS), 1),
+            ))
+        }
     }
 }
 

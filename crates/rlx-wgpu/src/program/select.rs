@@ -225,12 +225,13 @@ fn loop_len(g: &Graph, id: NodeId) -> usize {
         }
         // The weights step loops over the cache rows three times.
         Op::CachedAttention { .. } => 3 * axis_len(n.inputs[1], 0),
-        Op::TopK { .. } => {
+        // A pass over a 64th of the row and a tree for each result.
+        Op::TopK { k, .. } => {
             let len = g
                 .shape(n.inputs[0])
                 .static_dims()
                 .and_then(|d| d.last().copied());
-            len.map_or(0, |l| l * (l + 1))
+            len.map_or(0, |l| k * (l.div_ceil(shaders::WG as usize) + 8) + 8)
         }
         Op::Fused(r) if r.kind == rlx_ir::FusionKind::MultiplyReduce => r
             .body
@@ -658,6 +659,19 @@ impl Selection {
             },
             Op::CachedAttention { scale, window } => {
                 let (qd, kd) = (dims(g, node.inputs[0])?, dims(g, node.inputs[1])?);
+                // Decode over a cache whose scores fit in workgroup memory: one step.
+                if qd[0] < rlx_ir::QuantScheme::MATRIX_ATTENTION_ROWS
+                    && kd[0] <= shaders::ATTENTION_STAGE
+                {
+                    return Ok(Some(Kernel::QuantKv(QuantKv::DecodeAttention {
+                        q: ins[0],
+                        k: ins[1],
+                        v: ins[2],
+                        pos: ins[3],
+                        scale: *scale,
+                        window: *window,
+                    })));
+                }
                 self.reqs.push(BufferRequest {
                     size: (qd[0] * qd[1] * kd[0]).max(1) * 4,
                     start: step,

@@ -252,8 +252,28 @@ pub fn unsupported(g: &Graph, id: NodeId) -> Option<String> {
             }
             format!("{} of {ins:?} giving {out}", n.op.name())
         }
+        // f32, head dims the kernel's lanes hold: one launch (`source::attention`); else the
+        // compiler's decomposition.
+        Op::Attention { mask, .. } => {
+            let (qd, vd) = (g.shape(n.inputs[0]).dims(), g.shape(n.inputs[2]).dims());
+            let small = |d: &[rlx_ir::Dim]| {
+                d.len() == 4 && d[3].as_static().is_some_and(|x| x <= source::ATTENTION_MAX_D)
+            };
+            let custom = *mask == rlx_ir::MaskKind::Custom;
+            if out == DType::F32
+                && ins.iter().all(|&t| t == DType::F32)
+                && small(qd)
+                && small(vd)
+                && n.inputs.len() == 3 + custom as usize
+            {
+                return None;
+            }
+            format!(
+                "attention of {ins:?} giving {out} (f32 with head dims up to {} runs as one kernel)",
+                source::ATTENTION_MAX_D
+            )
+        }
         Op::DotGeneral(_)
-        | Op::Attention { .. }
         | Op::Conv(_)
         | Op::Pool(_)
         | Op::Custom(_) => format!("no CUDA kernel for {} yet", n.op.name()),
@@ -819,6 +839,7 @@ impl Lowering<'_> {
                 self.launch(id, src, [blocks(pairs, BLOCK as usize), 1, 1], BLOCK, words)
             }
             Op::CachedAttention { scale, window } => self.cached_attention(id, *scale, *window),
+            Op::Attention { mask, scale } => self.attention(id, *mask, *scale),
             Op::PagedAttention {
                 scale,
                 window,

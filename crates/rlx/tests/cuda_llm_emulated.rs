@@ -72,7 +72,11 @@ fn smollm2_as_cuda_programs_in_host_emulation_agrees_with_the_cpu() {
         .count();
     assert_eq!(norms, 2 * 30 + 1, "norm_matmul launches");
     // Decode attention over a cache whose scores fit in shared memory: one launch a layer.
-    let attention = step.launches.iter().filter(|l| l.op == "cached_attention").count();
+    let attention = step
+        .launches
+        .iter()
+        .filter(|l| l.op == "cached_attention")
+        .count();
     assert_eq!(attention, 30, "cached attention launches");
     eprintln!(
         "SmolLM2 decode step as a CUDA program: {} launches",

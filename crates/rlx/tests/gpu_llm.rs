@@ -228,7 +228,12 @@ fn smollm2_on_the_gpu_agrees_with_the_cpu() {
     assert_eq!(norms, 2 * 30 + 1, "{} dispatches: {ops:?}", ops.len());
     assert_eq!(count("rms_norm"), 0, "{} dispatches: {ops:?}", ops.len());
     // Decode attention over a cache whose scores fit in workgroup memory: one dispatch a layer.
-    assert_eq!(count("cached_attention"), 30, "{} dispatches: {ops:?}", ops.len());
+    assert_eq!(
+        count("cached_attention"),
+        30,
+        "{} dispatches: {ops:?}",
+        ops.len()
+    );
     eprintln!("SmolLM2 decode step on wgpu: {} dispatches", ops.len());
     // The whole parity text (310 positions) takes ~15 minutes on lavapipe, too long for CI:
     // RLX_GPU_FULL_PARITY=1 runs it (measured 2026-11-25: 310/310 agree); CI runs the first 24.

@@ -1,11 +1,56 @@
 //! Lowering cached and paged attention: one launch for decode over a cache whose scores fit
 //! in shared memory, otherwise three launches over a scratch of scores.
 
-use super::{blocks, dims, imm, row_grid, Lowering, Pending, BLOCK};
+use super::{blocks, broadcast_strides, dims, imm, row_grid, Lowering, Pending, BLOCK};
 use crate::source;
-use rlx_ir::{NodeId, Result};
+use rlx_ir::{MaskKind, NodeId, Result};
 
 impl Lowering<'_> {
+    /// `Op::Attention` in one launch (`source::attention`): a block per batch, head and
+    /// `ATTENTION_ROWS` query rows.
+    pub(super) fn attention(&mut self, id: NodeId, mask: MaskKind, scale: f32) -> Result<()> {
+        let g = self.g;
+        let node = g.node(id);
+        let (q, k, v) = (node.inputs[0], node.inputs[1], node.inputs[2]);
+        let (qd, kd, vd) = (dims(g, q)?, dims(g, k)?, dims(g, v)?);
+        let (kind, window) = match mask {
+            MaskKind::None => (0, 0),
+            MaskKind::Causal => (1, 0),
+            MaskKind::SlidingWindow(w) => (2, w),
+            MaskKind::Custom => (3, 0),
+        };
+        let tiles = qd[2].div_ceil(source::ATTENTION_ROWS);
+        let nblocks = qd[0] * qd[1] * tiles;
+        let mut words = vec![
+            imm(nblocks),
+            imm(qd[1]),
+            imm(qd[2]),
+            imm(qd[3]),
+            imm(vd[3]),
+            imm(kd[1]),
+            imm(kd[2]),
+            self.val(q),
+            self.val(k),
+            self.val(v),
+            self.val(id),
+            Pending::Imm(scale.to_bits() as i32 as i64),
+            imm(kind),
+            imm(window),
+        ];
+        // The custom mask's strides over [B, Hq, Sq, Sk] (zero on broadcast axes).
+        match node.inputs.get(3) {
+            Some(&m) if mask == MaskKind::Custom => {
+                let full = [qd[0], qd[1], qd[2], kd[2]];
+                words.push(self.val(m));
+                words.extend(broadcast_strides(&dims(g, m)?, &full).into_iter().map(imm));
+            }
+            _ => words.extend((0..5).map(|_| imm(0))),
+        }
+        let threads = 32 * source::ATTENTION_ROWS as u32;
+        let grid = [blocks(nblocks, 1), 1, 1];
+        self.launch(id, Some(source::attention()), grid, threads, words)
+    }
+
     /// Cached attention: decode (a few query rows) over a cache whose scores fit in shared memory
     /// in one launch; otherwise three steps over a scratch of `[S, Hq, T]` scores: the scaled
     /// scores (masked keys -inf), the weights in place, the weighted values.

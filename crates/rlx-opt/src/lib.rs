@@ -35,7 +35,7 @@ pub use module::{
     GraphModule, IoEntry, Lir, LirBuffer, LowerHir, Stage,
 };
 pub use passes::{Cse, DeadCodeElimination, Decompose};
-pub use patterns::{norm_matmul_parts, FusePatterns, NormMatMulParts};
+pub use patterns::{norm_matmul_parts, ropes_into_cache_writes, FusePatterns, NormMatMulParts};
 pub use pipeline::{CompilePipeline, CompileResult, Pass, PassRecord};
 pub use plan::{prepare, Donation, LoweringOptions, LoweringPlan, Skip};
 pub use precision::{

@@ -329,6 +329,47 @@ pub fn norm_matmul_parts(g: &Graph, id: NodeId) -> Option<NormMatMulParts> {
     })
 }
 
+/// The position-form cache writes (one position) whose update is a rotation read by nothing
+/// else, through reshapes that nothing else reads either, and which `takes(graph, rope,
+/// cache_write)` accepts: `of[cache_write] = Some(rope)`. A backend rotates such an update
+/// straight into the cache, one step instead of two. The rule every backend reads; not a region
+/// of the IR, because a cache write inside a region's body would update a region input (not a
+/// param) in place.
+pub fn ropes_into_cache_writes(
+    g: &Graph,
+    takes: &dyn Fn(&Graph, NodeId, NodeId) -> bool,
+) -> Vec<Option<NodeId>> {
+    let mut readers: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
+    for id in g.ids() {
+        for x in &g.node(id).inputs {
+            readers[x.index()].push(id);
+        }
+    }
+    let mut of = vec![None; g.len()];
+    for id in g.ids() {
+        let node = g.node(id);
+        if !matches!(node.op, Op::CacheWrite) {
+            continue;
+        }
+        let one_pos = g.shape(node.inputs[2]).numel() == Some(1);
+        let mut u = node.inputs[1];
+        let mut next = id;
+        while matches!(g.node(u).op, Op::Reshape { .. }) && readers[u.index()] == [next] {
+            next = u;
+            u = g.node(u).inputs[0];
+        }
+        let fits = matches!(g.node(u).op, Op::Rope { .. })
+            && readers[u.index()] == [next]
+            && !g.outputs().contains(&u)
+            && one_pos
+            && takes(g, u, id);
+        if fits {
+            of[id.index()] = Some(u);
+        }
+    }
+    of
+}
+
 impl Pass for FusePatterns<'_> {
     fn name(&self) -> &str {
         "fuse_patterns"

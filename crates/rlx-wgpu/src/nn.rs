@@ -102,7 +102,7 @@ pub fn step(
                 round_host(out, f).to_bits()
             }));
             let signed = wgsl_type(g.shape(ins[1]).dtype()) == Some("i32");
-            (rope(*interleaved, signed, out), meta, count)
+            (rope(*interleaved, signed, out, None), meta, count)
         }
         Op::Attention { mask, scale } => {
             let (qd, kd, vd) = (
@@ -260,7 +260,58 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
 
 /// One invocation per element: meta `[n, S, D, x, pos, out, freq[D/2]...]`; the rotation and
 /// its roundings are the decomposition's.
-fn rope(interleaved: bool, signed: bool, out: DType) -> String {
+/// The rotation of RoPE node `rope` written straight into the cache of the cache write `write`
+/// that reads it (through reshapes; `rlx_opt::ropes_into_cache_writes`): one step for both.
+/// Meta as [`step`]'s rope, with the result's word unused and `[cache, row, T, pos]` before the
+/// frequencies; each element `i` of the rotation goes to cache row `pos + i / row` (dropped
+/// past the cache, a negative position counting as 0), rounded to the cache's dtype.
+pub fn rope_into_cache(
+    g: &Graph,
+    rope_id: NodeId,
+    write: NodeId,
+    word: &dyn Fn(NodeId) -> u32,
+) -> Result<(String, Vec<u32>, usize)> {
+    let n = g.node(rope_id);
+    let Op::Rope { theta, interleaved } = n.op else {
+        return Err(rlx_ir::Error::Unsupported {
+            backend: "wgpu".into(),
+            op: g.node(write).op.name().into(),
+            node: write,
+            msg: format!("node {rope_id:?} taken in as a rotation is not one (a lowering bug)"),
+        });
+    };
+    let out = n.shape.dtype();
+    let od = static_dims(g, rope_id);
+    let count: usize = od.iter().product();
+    let (s, d) = (od[od.len() - 2], od[od.len() - 1]);
+    let w = g.node(write);
+    let (cache, pos) = (w.inputs[0], w.inputs[2]);
+    let cd = static_dims(g, cache);
+    let row: usize = cd[1..].iter().product();
+    let mut meta = vec![
+        count as u32,
+        s as u32,
+        d as u32,
+        word(n.inputs[0]),
+        word(n.inputs[1]),
+        0,
+        word(cache),
+        row as u32,
+        cd[0] as u32,
+        word(pos),
+    ];
+    meta.extend((0..d / 2).map(|k| {
+        let f = (theta as f64).powf(-2.0 * k as f64 / d as f64);
+        round_host(out, f).to_bits()
+    }));
+    let signed = wgsl_type(g.shape(n.inputs[1]).dtype()) == Some("i32");
+    let src = rope(interleaved, signed, out, Some(g.shape(cache).dtype()));
+    Ok((src, meta, count))
+}
+
+/// RoPE, an invocation per element; with `cache` (its dtype) the result goes into the cache's
+/// rows from a position instead (meta words 6 to 9, see [`rope_into_cache`]).
+fn rope(interleaved: bool, signed: bool, out: DType, cache: Option<DType>) -> String {
     let (k, first, partner) = if interleaved {
         ("c / 2u", "(c % 2u) == 0u", "c ^ 1u")
     } else {
@@ -276,10 +327,22 @@ fn rope(interleaved: bool, signed: bool, out: DType) -> String {
         "f32(rd(mt[4] + s))"
     };
     let r = |e: &str| round_to(out, e.to_string());
-    let ang = r(&format!("{} * bitcast<f32>(mt[6u + k])", r(pos)));
+    let freq = if cache.is_some() { 10 } else { 6 };
+    let ang = r(&format!("{} * bitcast<f32>(mt[{freq}u + k])", r(pos)));
+    let put = |v: String| {
+        match cache {
+        Some(c) => format!(
+            "let r = u32(max(bitcast<i32>(rd(mt[9])), 0)) + i / mt[7];\n        if (r < mt[8]) {{ st(mt[6] + r * mt[7] + i % mt[7], {}); }}",
+            round_to(c, v)
+        ),
+        None => format!("st(mt[5] + i, {v});"),
+    }
+    };
+
     let (cs, sn) = (r("cos(ang)"), r("sin(ang)"));
     let lo = r(&format!("{} - {}", r("a * cs"), r("b * sn")));
     let hi = r(&format!("{} + {}", r("a * sn"), r("b * cs")));
+    let (put_lo, put_hi) = (put(lo), put(hi));
     one_d(
         "i",
         &format!(
@@ -294,10 +357,10 @@ fn rope(interleaved: bool, signed: bool, out: DType) -> String {
     let other = ld(mt[3] + i - c + ({partner}));
     if ({first}) {{
         let a = me; let b = other;
-        st(mt[5] + i, {lo});
+        {put_lo}
     }} else {{
         let a = other; let b = me;
-        st(mt[5] + i, {hi});
+        {put_hi}
     }}
 "#
         ),

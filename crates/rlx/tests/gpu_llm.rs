@@ -234,6 +234,8 @@ fn smollm2_on_the_gpu_agrees_with_the_cpu() {
         "{} dispatches: {ops:?}",
         ops.len()
     );
+    // The keys' RoPE is rotated straight into the cache: only the queries' is a dispatch.
+    assert_eq!(count("rope"), 30, "{} dispatches: {ops:?}", ops.len());
     eprintln!("SmolLM2 decode step on wgpu: {} dispatches", ops.len());
     // The whole parity text (310 positions) takes ~15 minutes on lavapipe, too long for CI:
     // RLX_GPU_FULL_PARITY=1 runs it (measured 2026-11-25: 310/310 agree); CI runs the first 24.

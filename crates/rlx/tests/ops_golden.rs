@@ -784,6 +784,54 @@ fn emulated_product_agrees(
 /// row with a row dropped, past it, and negative).
 #[test]
 fn ropes_into_cuda_cache_writes_match_the_reference_evaluator() {
+    let mut cases = Vec::new();
+    for (name, b) in rope_cache_writes() {
+        let l = Session::new(Device::Cuda)
+            .try_lower(b.g.clone())
+            .expect("lowers");
+        let p = rlx_cuda::lower(&l.graph, &[]).expect("lowers for CUDA");
+        assert_eq!(p.launches.len(), 1, "{name}: launches");
+        cases.push((name, b, p));
+    }
+    let emu = rlx_cuda::emulate::Emulator::build(cases.iter().flat_map(|c| &c.2.kernels))
+        .expect("the kernels compile for the host");
+    for (name, b, p) in &cases {
+        let outs = emu
+            .run(
+                p,
+                &values_for(&p.inputs, &b.feeds),
+                &values_for(&p.params, &b.params),
+            )
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = decode(&outs[0], p.outputs[0].shape.dtype());
+        rope_cache_agrees(name, &got, b);
+    }
+}
+
+/// The same on wgpu (lavapipe in CI): one dispatch, the reference evaluator's cache.
+#[test]
+fn ropes_into_gpu_cache_writes_match_the_reference_evaluator() {
+    assert_gpu();
+    for (name, b) in rope_cache_writes() {
+        let c = Session::new(Device::Gpu)
+            .try_compile(b.g.clone())
+            .expect("compiles");
+        let ops = c
+            .executable()
+            .as_any()
+            .and_then(|a| a.downcast_ref::<rlx_wgpu::GpuProgram>())
+            .expect("a wgpu program")
+            .step_ops();
+        assert_eq!(ops, ["cache_write"], "{name}: dispatches");
+        let got = run_on(Device::Gpu, &b, true).unwrap_or_else(|e| panic!("{name}: {e}"));
+        rope_cache_agrees(&name, &got, &b);
+    }
+}
+
+/// A rotation `x [3, S, 8]` reshaped into a cache write of `[4, 24]` (f32 and f16 caches,
+/// one and two rows, positions inside the cache, at its last row with a row dropped, past
+/// it, and negative): `(name, built)`.
+fn rope_cache_writes() -> Vec<(String, Built)> {
     let (h, d, t) = (3, 8, 4);
     let mut cases = Vec::new();
     for cache_dt in [DType::F32, DType::F16] {
@@ -826,34 +874,21 @@ fn ropes_into_cuda_cache_writes_match_the_reference_evaluator() {
                     ],
                     params: vec![("cache".into(), cache_bytes, cache_dt)],
                 };
-                let l = Session::new(Device::Cuda)
-                    .try_lower(b.g.clone())
-                    .expect("lowers");
-                let p = rlx_cuda::lower(&l.graph, &[]).expect("lowers for CUDA");
-                let name = format!("{cache_dt} cache, {s} rows at {at}");
-                assert_eq!(p.launches.len(), 1, "{name}: launches");
-                cases.push((name, b, p));
+                cases.push((format!("{cache_dt} cache, {s} rows at {at}"), b));
             }
         }
     }
-    let emu = rlx_cuda::emulate::Emulator::build(cases.iter().flat_map(|c| &c.2.kernels))
-        .expect("the kernels compile for the host");
-    for (name, b, p) in &cases {
-        let outs = emu
-            .run(
-                p,
-                &values_for(&p.inputs, &b.feeds),
-                &values_for(&p.params, &b.params),
-            )
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let got = decode(&outs[0], p.outputs[0].shape.dtype());
-        let want = run_reference(b).expect("reference");
-        for (i, (a, w)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (a - w).abs() <= 1e-3 * w.abs().max(1.0),
-                "{name}: element {i}: {a} against {w}"
-            );
-        }
+    cases
+}
+
+/// `got`, the cache a case of [`rope_cache_writes`] gives, is the reference evaluator's.
+fn rope_cache_agrees(name: &str, got: &[f64], b: &Built) {
+    let want = run_reference(b).expect("reference");
+    for (i, (a, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (a - w).abs() <= 1e-3 * w.abs().max(1.0),
+            "{name}: element {i}: {a} against {w}"
+        );
     }
 }
 

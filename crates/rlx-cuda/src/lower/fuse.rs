@@ -101,53 +101,20 @@ pub(super) fn taken_in(id: NodeId, taken: &Node, what: &str) -> Error {
     }
 }
 
-/// The nodes reading each node.
-fn readers(g: &Graph) -> Vec<Vec<NodeId>> {
-    let mut readers: Vec<Vec<NodeId>> = vec![Vec::new(); g.len()];
-    for id in g.ids() {
-        for x in &g.node(id).inputs {
-            readers[x.index()].push(id);
-        }
-    }
-    readers
-}
-
-/// The cache writes (position form) whose update is a rotation (f32, its positions of the
-/// cache write's position dtype) read by nothing else, through reshapes that nothing else
-/// reads either: `source::rope` with a cache writes it rotated into the cache (by the cache
-/// write's node, the rotation).
+/// The cache writes (position form) whose update is a rotation read by nothing else (through
+/// reshapes: `rlx_opt::ropes_into_cache_writes`) that `source::rope` with a cache writes
+/// rotated into the cache: an f32 rotation whose positions have the cache write's position
+/// dtype. By the cache write's node, the rotation.
 pub(super) fn ropes_into_caches(g: &Graph) -> Vec<Option<NodeId>> {
-    let readers = readers(g);
-    let mut of = vec![None; g.len()];
-    for id in g.ids() {
-        let node = g.node(id);
-        if !matches!(node.op, Op::CacheWrite) {
-            continue;
-        }
-        let (cache, pos) = (node.inputs[0], node.inputs[2]);
-        let one_pos = dims(g, pos).is_ok_and(|d| d.iter().product::<usize>() == 1);
-        let mut u = node.inputs[1];
-        let mut next = id;
-        while matches!(g.node(u).op, Op::Reshape { .. }) && readers[u.index()] == [next] {
-            next = u;
-            u = g.node(u).inputs[0];
-        }
-        let r = g.node(u);
-        let fits = matches!(r.op, Op::Rope { .. })
-            && readers[u.index()] == [next]
-            && !g.outputs().contains(&u)
-            && one_pos
-            && g.shape(u).dtype() == DType::F32
-            && g.shape(r.inputs[1]).dtype() == g.shape(pos).dtype()
+    rlx_opt::ropes_into_cache_writes(g, &|g, rope, write| {
+        let (cache, pos) = (g.node(write).inputs[0], g.node(write).inputs[2]);
+        g.shape(rope).dtype() == DType::F32
+            && g.shape(g.node(rope).inputs[1]).dtype() == g.shape(pos).dtype()
             && source::rope(
                 DType::F32,
                 g.shape(pos).dtype(),
                 Some(g.shape(cache).dtype()),
             )
-            .is_some();
-        if fits {
-            of[id.index()] = Some(u);
-        }
-    }
-    of
+            .is_some()
+    })
 }

@@ -116,6 +116,9 @@ pub(super) enum QuantKv {
         upd: usize,
         pos: usize,
     },
+    /// A RoPE node's rotation written straight into the cache by the cache write computing
+    /// this step's node (`crate::nn::rope_into_cache`).
+    RopeIntoCache { rope: usize },
     /// Cached attention of a few query rows (decode) over a cache of at most
     /// `shaders::ATTENTION_STAGE` rows in one step, the scores in workgroup memory.
     DecodeAttention {

@@ -565,6 +565,14 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
             scores,
             step,
         } => cached_attention(s, [*q, *k, *v, *pos], *scale, *window, *scores, *step, meta),
+        QuantKv::RopeIntoCache { rope } => {
+            let (source, words, invocations) =
+                crate::nn::rope_into_cache(s.g, NodeId(*rope as u32), s.id, &|x: NodeId| {
+                    s.w.word(x.index()) as u32
+                })?;
+            meta.extend(words);
+            Ok((source, groups_1d(invocations)))
+        }
         QuantKv::DecodeAttention {
             q,
             k,

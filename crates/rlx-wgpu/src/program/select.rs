@@ -40,6 +40,9 @@ pub(super) struct Selection {
     pub(super) param_req: Vec<usize>,
     /// Further results: computed by the step of node.
     extra_of: Vec<Option<usize>>,
+    /// Rotations written into the cache by the cache write reading them
+    /// (`rlx_opt::ropes_into_cache_writes`): by the cache write's node, the rotation.
+    rope_of: Vec<Option<NodeId>>,
 }
 
 /// The node being lowered.
@@ -82,7 +85,12 @@ pub(super) fn select(
         input_req: Vec::new(),
         param_req: Vec::new(),
         extra_of: vec![None; n],
+        rope_of: rlx_opt::ropes_into_cache_writes(g, &|g, rope, _| crate::nn::native(g, rope)),
     };
+    let mut into_cache = vec![false; n];
+    for r in s.rope_of.iter().flatten() {
+        into_cache[r.index()] = true;
+    }
     for id in g.ids() {
         check(gpu, g, id)?;
         let i = id.index();
@@ -101,7 +109,7 @@ pub(super) fn select(
         };
         // Operands stay live through this step.
         s.keep_operands(node, at.step);
-        if s.extra_of[i].is_some() {
+        if s.extra_of[i].is_some() || into_cache[i] {
             continue;
         }
         let kernel = match &node.op {
@@ -700,6 +708,13 @@ impl Selection {
                 self.req_of[i] = self.req_of[ins[0]];
                 self.pbuf_of[i] = self.pbuf_of[ins[0]];
                 self.off_of[i] = self.off_of[ins[0]];
+                // A rotation taken in: rotated straight into the cache, its operands read here.
+                if let Some(r) = self.rope_of[i] {
+                    self.keep_operands(g.node(r), step);
+                    let kernel = QuantKv::RopeIntoCache { rope: r.index() };
+                    self.pending.push((i, Kernel::QuantKv(kernel)));
+                    return Ok(None);
+                }
                 self.pending.push((
                     i,
                     Kernel::QuantKv(QuantKv::CacheWrite {

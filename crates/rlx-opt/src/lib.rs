@@ -3,7 +3,7 @@
 //!
 //! Most passes are rule lists ([`RuleSet`]): named rules indexed by the op kind at their
 //! pattern's root, applied to a fixed point while the graph is rebuilt, with optional CSE by
-//! structural hash and a count of the rules that fired (see [`rewrite`]). Simplification
+//! structural hash and a count of the rules that fired (see [`rewrite`](mod@rewrite)). Simplification
 //! ([`simplify::rules`]), CSE, decomposition and constant folding are such lists; nothing here is
 //! specific to one op except the algebraic rules.
 

@@ -545,8 +545,8 @@ fn causal_unneeded(g: &Graph, zeros: &[Option<isize>]) -> Vec<Option<isize>> {
     unneeded
 }
 
-/// The f32 products of `g` that may skip work, from [`causal_zeros`] of their operands, or
-/// else tiles of their result, from [`causal_unneeded`] (node index → skip).
+/// The f32 products of `g` that may skip work, from `causal_zeros` of their operands, or
+/// else tiles of their result, from `causal_unneeded` (node index → skip).
 pub fn causal_skips(g: &Graph) -> BTreeMap<u32, Skip> {
     let z = causal_zeros(g);
     let unneeded = causal_unneeded(g, &z);

@@ -113,7 +113,7 @@ pub fn attention_decode(q: DType, cache: DType, pos: DType, out: DType) -> Optio
 
 /// Keys a block of [`attention`] stages in shared memory at a time (with head dims up to
 /// [`ATTENTION_MAX_D`]: 32 KiB of keys and values).
-const ATTENTION_KEYS: usize = 16;
+pub const ATTENTION_KEYS: usize = 16;
 
 /// Largest query / key and value head dim [`attention`] takes (its lanes' accumulators).
 pub const ATTENTION_MAX_D: usize = 256;

@@ -5,7 +5,7 @@
 //! Endpoints: `POST /v1/completions`, `POST /v1/chat/completions` (both with `stream`),
 //! `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus), `POST /tokenize`,
 //! `POST /detokenize`. Bad requests (malformed bodies, fields of the wrong type or out of range,
-//! unknown paths, wrong methods, bodies over [`MAX_BODY`](router::MAX_BODY)) get a 4xx with an
+//! unknown paths, wrong methods, bodies over `MAX_BODY`) get a 4xx with an
 //! OpenAI-shaped error body; a full queue gets 503 with `Retry-After`; a client that goes away
 //! frees its sequence at the next step.
 

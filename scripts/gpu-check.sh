@@ -31,9 +31,11 @@ for line in sys.stdin:
     cp "$exe" "$OUT/bin/$name"
     strip "$OUT/bin/$name"
 done
-cargo build --release -p rlx-cli >&2
-cp target/release/rlx "$OUT/bin/rlx"
-strip "$OUT/bin/rlx"
+cargo build --release -p rlx-cli -p rlx-bench >&2
+for b in rlx rlx-bench; do
+    cp "target/release/$b" "$OUT/bin/$b"
+    strip "$OUT/bin/$b"
+done
 # Compressed: the stripped binaries take ~65 MB, a machine takes 64 MiB a call (the checkout's
 # tracked files included).
 tar -C "$OUT" -cJf "$OUT/bin.tar.xz" bin
@@ -65,6 +67,16 @@ model="$RLX_CACHE_DIR/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [[ ! -f "$model" && -f "$RLX_CACHE_DIR/part-00" && -f "$RLX_CACHE_DIR/part-01" ]]; then
     cat "$RLX_CACHE_DIR/part-00" "$RLX_CACHE_DIR/part-01" >"$model"
 fi
+# cuBLAS for the products: the system's, else the one in PyTorch's environment (the CUDA 13
+# wheels put it in site-packages/nvidia/cu13/lib).
+if [[ -z "${RLX_CUBLAS:-}" ]] && ! ldconfig -p | grep -q libcublas.so; then
+    for d in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+        for f in "$d"/nvidia/cu13/lib/libcublas.so.13 "$d"/nvidia/cublas/lib/libcublas.so.12; do
+            [[ -f "$f" && -z "${RLX_CUBLAS:-}" ]] && export RLX_CUBLAS="$f"
+        done
+    done
+fi
+echo "cuBLAS: ${RLX_CUBLAS:-the system loader's}"
 # wgpu needs a Vulkan loader and glvnd (NVIDIA's Vulkan driver links to it): Debian's
 # libvulkan1, libglvnd0, ... carried in .gl/ where the machine has none, and NVIDIA's ICD file.
 if ! ldconfig -p | grep -q libvulkan.so.1 && compgen -G ".gl/*.deb" >/dev/null; then
@@ -84,7 +96,7 @@ run() {
     start=$(date +%s.%N)
     echo "== $label" | tee -a $LOG
     timeout "$limit" "$@" 2>&1 | tee -a $LOG |
-        grep -E "^test |CUDA|cuda|random|agree|SmolLM2|Gemma|kernels|panicked|error|tok/s|pp[0-9]|tg[0-9]|NOT run|^load|^\\| "
+        grep -E "^test |CUDA|cuda|cuBLAS|random|agree|SmolLM2|Gemma|kernels|panicked|error|tok/s|pp[0-9]|tg[0-9]|NOT run|^load|^\\| "
     status=${PIPESTATUS[0]}
     rows+=("$(printf '%-62s %s (%s s)' "$label" "$([ "$status" = 0 ] && echo pass || echo "FAIL rc=$status")" "$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")")")
 }
@@ -103,6 +115,10 @@ for m in smollm2 gemma3; do
         run "rlx bench random:$m --device $d -p 512 -n 128 -r 3" 120 $B/rlx bench --model random:$m --device $d -p 512 -n 128 -r 3
     done
 done
+# Prompts without cuBLAS (the tiled kernel that reads the packed weights) for comparison, and
+# products against PyTorch's cuBLAS on the same GPU.
+run "rlx bench random:smollm2 --device cuda -p 512 -n 16 -r 3, RLX_CUBLAS=0" 120 env RLX_CUBLAS=0 $B/rlx bench --model random:smollm2 --device cuda -p 512 -n 16 -r 3
+run "rlx-bench cuda-gemm (f32, bf16 at 4096, 8192) against torch.matmul" 180 $B/rlx-bench cuda-gemm --rounds 3 --reps 10
 # Where a decode step's time goes: every launch timed with CUDA events (RLX_PROFILE).
 export RLX_PROFILE=1 RLX_PROFILE_TOP=25
 run "rlx bench random:smollm2 --device cuda, profiled" 120 $B/rlx bench --model random:smollm2 --device cuda -p 512 -n 32 -r 1

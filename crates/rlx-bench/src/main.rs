@@ -6,6 +6,7 @@
 
 mod amp;
 mod compile;
+mod cuda_gemm;
 mod edge;
 mod int8;
 mod numpy;
@@ -50,6 +51,9 @@ SUITES:
     int8         the digits MLP and CNN quantized to int8 (rlx::quant) on the CPU, µs per batch
                  at batch 1 and 64, against ONNX Runtime's static int8 model (python from
                  .venv-edge, created by scripts/setup-edge-pyenv.sh)
+    cuda-gemm    square f32 and bf16 products on a CUDA device (cuBLAS where found), TFLOP/s,
+                 against torch.matmul on the same GPU (python from --train-python, else
+                 python3); --sizes [default here: 4096,8192]
     train        training step (forward + backward + AdamW) of an MLP and a character GPT,
                  against JAX jit and PyTorch eager (python from --train-python)
     all          gemm, elementwise, softmax and overhead
@@ -725,6 +729,16 @@ fn main() {
     if o.suite == "int8" {
         println!("{}", stats::machine_report());
         int8::suite(&o.threads, o.rounds, o.reps, o.numpy);
+        return;
+    }
+    if o.suite == "cuda-gemm" {
+        let sizes = if std::env::args().any(|a| a == "--sizes") {
+            o.sizes.clone()
+        } else {
+            vec![4096, 8192]
+        };
+        let py = o.train_python.clone().unwrap_or_else(|| "python3".into());
+        cuda_gemm::suite(&sizes, o.rounds, o.reps.max(10), &py);
         return;
     }
     if o.suite == "train" {

@@ -3,6 +3,8 @@
 //! source, and [`CudaProgram`], a lowered [`Program`] on a device: one arena allocated at
 //! compile, params uploaded once, one stream, and every run one replay of a captured CUDA graph.
 
+use crate::cublas::{BlasHandle, Cublas, WORKSPACE};
+use crate::gemm::ColumnMajor;
 use crate::lower::{Loc, Program, Word};
 use crate::nvrtc::Nvrtc;
 use cudarc::driver::{result, sys};
@@ -158,31 +160,51 @@ impl Drop for DevMem {
     }
 }
 
-/// A launch with its addresses fixed.
-struct Ready {
-    func: Func,
-    grid: [u32; 3],
-    block: u32,
-    words: Vec<u64>,
+/// A launch with its addresses fixed: a kernel, or the cuBLAS call standing in for one.
+enum Ready {
+    Kernel {
+        func: Func,
+        grid: [u32; 3],
+        block: u32,
+        words: Vec<u64>,
+    },
+    Gemm {
+        call: ColumnMajor,
+        at: [u64; 3],
+    },
 }
 
 impl Ready {
-    /// Launch on `stream` (of the program whose allocations the words point into).
-    fn launch(&mut self, stream: sys::CUstream) -> Result<()> {
-        let mut args = [self.words.as_mut_ptr() as *mut c_void];
-        // SAFETY: the kernel takes one by-value struct of `words.len()` 64-bit words, whose
-        // addresses point into the live allocations of the program that owns this launch.
-        unsafe {
-            result::launch_kernel(
-                self.func.0,
-                (self.grid[0], self.grid[1], self.grid[2]),
-                (self.block, 1, 1),
-                0,
-                stream,
-                &mut args,
-            )
+    /// Launch on `stream` (of the program whose allocations the words point into, whose cuBLAS
+    /// handle is `blas`).
+    fn launch(&mut self, stream: sys::CUstream, blas: Option<&BlasHandle>) -> Result<()> {
+        match self {
+            Ready::Kernel {
+                func,
+                grid,
+                block,
+                words,
+            } => {
+                let mut args = [words.as_mut_ptr() as *mut c_void];
+                // SAFETY: the kernel takes one by-value struct of `words.len()` 64-bit words,
+                // whose addresses point into the live allocations of the program that owns
+                // this launch.
+                unsafe {
+                    result::launch_kernel(
+                        func.0,
+                        (grid[0], grid[1], grid[2]),
+                        (*block, 1, 1),
+                        0,
+                        stream,
+                        &mut args,
+                    )
+                }
+                .map_err(|e| failed("launching a kernel", e))
+            }
+            Ready::Gemm { call, at } => blas
+                .expect("a program with cuBLAS calls has a handle")
+                .gemm(call, *at),
         }
-        .map_err(|e| failed("launching a kernel", e))
     }
 }
 
@@ -211,8 +233,15 @@ pub struct CudaProgram {
     arena: DevMem,
     params: Arc<DevMem>,
     launches: Vec<Ready>,
+    /// The program's launch each of `launches` is (some run only with or without cuBLAS).
+    from: Vec<usize>,
+    /// cuBLAS's handle and its workspace, where products go to cuBLAS (dropped before the
+    /// stream is destroyed).
+    blas: Option<(BlasHandle, DevMem)>,
     graph: Option<GraphExec>,
     use_graphs: bool,
+    /// Whether it has run once (outside a capture).
+    warm: bool,
     profile: Option<Profile>,
     prog: Program,
 }
@@ -240,9 +269,34 @@ impl CudaProgram {
         };
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| failed("cuStreamCreate", e))?;
+        let lib = Cublas::get().filter(|_| prog.launches.iter().any(|l| l.gemm.is_some()));
+        let blas = match lib {
+            Some(lib) => {
+                let ws = DevMem::new(&cuda, WORKSPACE, "cuBLAS's workspace")?;
+                Some((BlasHandle::new(lib, stream as *mut c_void, ws.ptr)?, ws))
+            }
+            None => None,
+        };
         let mut launches = Vec::with_capacity(prog.launches.len());
         let mut funcs: Vec<Option<Func>> = vec![None; prog.kernels.len()];
-        for l in &prog.launches {
+        let addr = |w: Word| match w {
+            Word::Imm(v) => v as u64,
+            Word::Addr(Loc::Arena(o)) => arena.ptr + o,
+            Word::Addr(Loc::Params(o)) => params.ptr + o,
+        };
+        let mut from = Vec::with_capacity(prog.launches.len());
+        for (i, l) in prog.launches.iter().enumerate() {
+            if !l.runs(blas.is_some()) {
+                continue;
+            }
+            from.push(i);
+            if let (Some(g), Some(_)) = (&l.gemm, &blas) {
+                let call = g.column_major();
+                let at = [addr(call.a.0), addr(call.b.0), addr(call.c.0)];
+                launches.push(Ready::Gemm { call, at });
+                continue;
+            }
+            let words: Vec<u64> = l.words.iter().map(|w| addr(*w)).collect();
             let func = match funcs[l.kernel] {
                 Some(f) => f,
                 None => {
@@ -251,16 +305,7 @@ impl CudaProgram {
                     f
                 }
             };
-            let words = l
-                .words
-                .iter()
-                .map(|w| match *w {
-                    Word::Imm(v) => v as u64,
-                    Word::Addr(Loc::Arena(o)) => arena.ptr + o,
-                    Word::Addr(Loc::Params(o)) => params.ptr + o,
-                })
-                .collect();
-            launches.push(Ready {
+            launches.push(Ready::Kernel {
                 func,
                 grid: l.grid,
                 block: l.block,
@@ -286,7 +331,10 @@ impl CudaProgram {
             arena,
             params,
             launches,
+            from,
+            blas,
             graph: None,
+            warm: false,
             use_graphs: !rlx_ir::env::is_off("RLX_CUDA_GRAPHS"),
             profile,
             prog,
@@ -340,8 +388,9 @@ impl CudaProgram {
     }
 
     fn launch_all(&mut self) -> Result<()> {
+        let blas = self.blas.as_ref().map(|b| &b.0);
         for l in &mut self.launches {
-            l.launch(self.stream)?;
+            l.launch(self.stream, blas)?;
         }
         Ok(())
     }
@@ -352,11 +401,12 @@ impl CudaProgram {
         let Some(p) = &mut self.profile else {
             return Ok(());
         };
+        let blas = self.blas.as_ref().map(|b| &b.0);
         for (l, &ev) in self.launches.iter_mut().zip(&p.events) {
             // SAFETY: an event of this program, recorded on its own stream.
             unsafe { result::event::record(ev, self.stream) }
                 .map_err(|e| failed("cuEventRecord", e))?;
-            l.launch(self.stream)?;
+            l.launch(self.stream, blas)?;
         }
         let last = p.events[self.launches.len()];
         // SAFETY: as above; the last event is waited for before any time is read.
@@ -394,7 +444,8 @@ impl CudaProgram {
             total * 1e3 / runs
         );
         let mut kinds: Vec<(&str, f64, usize)> = Vec::new();
-        for (l, ms) in self.prog.launches.iter().zip(&p.ms) {
+        for (&i, ms) in self.from.iter().zip(&p.ms) {
+            let l = &self.prog.launches[i];
             match kinds.iter_mut().find(|k| k.0 == l.op) {
                 Some(k) => {
                     k.1 += ms;
@@ -416,15 +467,21 @@ impl CudaProgram {
         let top = rlx_ir::env::count("RLX_PROFILE_TOP").unwrap_or(30);
         eprintln!("  slowest launches:");
         for i in order.into_iter().take(top) {
-            let l = &self.prog.launches[i];
+            let l = &self.prog.launches[self.from[i]];
+            let how = match &self.launches[i] {
+                Ready::Gemm { call, .. } => format!(
+                    "cuBLAS {}x{}x{} ({} batches)",
+                    call.m, call.n, call.k, call.batches
+                ),
+                Ready::Kernel { .. } => {
+                    format!("kernel {}, grid {:?} block {}", l.kernel, l.grid, l.block)
+                }
+            };
             eprintln!(
-                "  {:>10.1} us/run  {} (node %{}, kernel {}) grid {:?} block {}",
+                "  {:>10.1} us/run  {} (node %{}, {how})",
                 p.ms[i] * 1e3 / runs,
                 l.op,
                 l.node,
-                l.kernel,
-                l.grid,
-                l.block
             );
         }
     }
@@ -462,6 +519,7 @@ impl Drop for CudaProgram {
         if self.cuda.bind().is_ok() {
             let _ = self.sync();
             self.graph = None;
+            self.blas = None;
             for &ev in self.profile.iter().flat_map(|p| &p.events) {
                 // SAFETY: created at load, destroyed once.
                 let _ = unsafe { result::event::destroy(ev) };
@@ -533,7 +591,10 @@ impl Executable for CudaProgram {
         if self.profile.is_some() {
             return self.profiled_run();
         }
-        if !self.use_graphs {
+        // A program calling cuBLAS runs once outside a capture first, so that cuBLAS loads
+        // its kernels and sets itself up before anything is captured.
+        if !self.use_graphs || (self.blas.is_some() && !self.warm) {
+            self.warm = true;
             return self.launch_all();
         }
         if self.graph.is_none() {

@@ -3,7 +3,10 @@
 //! against a small header that plays the CUDA execution model (a block's threads are host
 //! threads; `__syncthreads` a barrier; `__shfl_xor_sync` an exchange through memory among a
 //! warp's 32 threads; `__shared__` arrays one per kernel, blocks run one after another), and the
-//! launches of a [`Program`] run over host memory laid out as the device's would be.
+//! launches of a [`Program`] run over host memory laid out as the device's would be. A launch
+//! carrying a cuBLAS call runs that call by cuBLAS's definition
+//! ([`crate::gemm::ColumnMajor::run_on_host`]), as on a device with cuBLAS, or its kernel
+//! ([`Emulator::run_without_cublas`], or `RLX_CUBLAS=0` for [`EmulatedBackend`]).
 //!
 //! What this checks: every word of every launch (sizes, strides, addresses the memory plan
 //! gave), the kernels' arithmetic and their cooperation inside a block, against the reference
@@ -160,6 +163,15 @@ static void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, const
 }
 "#;
 
+/// A word's value with the buffers at `abase` (arena) and `pbase` (params).
+fn host(w: Word, abase: u64, pbase: u64) -> u64 {
+    match w {
+        Word::Imm(v) => v as u64,
+        Word::Addr(Loc::Arena(o)) => abase + o,
+        Word::Addr(Loc::Params(o)) => pbase + o,
+    }
+}
+
 /// The libraries built so far in this process.
 fn built() -> &'static Mutex<Vec<Arc<Emulator>>> {
     static LIBS: Mutex<Vec<Arc<Emulator>>> = Mutex::new(Vec::new());
@@ -270,26 +282,25 @@ impl Emulator {
     }
 
     /// Run `prog`'s launches over an arena at `abase` and a params buffer at `pbase` (host
-    /// addresses of buffers as large as the program's).
-    fn launch_all(&self, prog: &Program, abase: u64, pbase: u64) -> Result<()> {
+    /// addresses of buffers as large as the program's); `library`: products go to the cuBLAS
+    /// calls standing in for their kernels (run by [`crate::gemm::ColumnMajor::run_on_host`]).
+    fn launch_all(&self, prog: &Program, abase: u64, pbase: u64, library: bool) -> Result<()> {
         // The emulation's grid and barriers are globals of the library: one launch at a time
         // in the process.
         static ONE: Mutex<()> = Mutex::new(());
         let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
-        for l in &prog.launches {
+        for l in prog.launches.iter().filter(|l| l.runs(library)) {
+            if let (Some(g), true) = (&l.gemm, library) {
+                // SAFETY: the operands' places lie in the caller's buffers, where the lowering
+                // placed every element of the product.
+                unsafe { g.column_major().run_on_host(|w| host(w, abase, pbase)) };
+                continue;
+            }
             let i = *self
                 .sources
                 .get(&prog.kernels[l.kernel])
                 .ok_or_else(|| failed("a kernel of the program was not built".into()))?;
-            let words: Vec<u64> = l
-                .words
-                .iter()
-                .map(|w| match *w {
-                    Word::Imm(v) => v as u64,
-                    Word::Addr(Loc::Arena(o)) => abase + o,
-                    Word::Addr(Loc::Params(o)) => pbase + o,
-                })
-                .collect();
+            let words: Vec<u64> = l.words.iter().map(|w| host(*w, abase, pbase)).collect();
             let name = format!("rlx_launch_{i}\0");
             // SAFETY: the launcher `build` defined for this kernel, of this signature; the words
             // hold addresses inside the caller's buffers, which outlive the call.
@@ -304,13 +315,33 @@ impl Emulator {
         Ok(())
     }
 
-    /// Run `prog` once: `inputs` and `params` as bytes by slot (in [`Program::inputs`] /
-    /// [`Program::params`] order), the outputs' bytes back.
+    /// Run `prog` once as on a device with cuBLAS: `inputs` and `params` as bytes by slot (in
+    /// [`Program::inputs`] / [`Program::params`] order), the outputs' bytes back.
     pub fn run(
         &self,
         prog: &Program,
         inputs: &[Vec<u8>],
         params: &[Vec<u8>],
+    ) -> Result<Vec<Vec<u8>>> {
+        self.run_with(prog, inputs, params, true)
+    }
+
+    /// [`Emulator::run`] as on a device without cuBLAS: every product on RLX's own kernel.
+    pub fn run_without_cublas(
+        &self,
+        prog: &Program,
+        inputs: &[Vec<u8>],
+        params: &[Vec<u8>],
+    ) -> Result<Vec<Vec<u8>>> {
+        self.run_with(prog, inputs, params, false)
+    }
+
+    fn run_with(
+        &self,
+        prog: &Program,
+        inputs: &[Vec<u8>],
+        params: &[Vec<u8>],
+        library: bool,
     ) -> Result<Vec<Vec<u8>>> {
         // u128 storage: every value aligned as the device's allocations are.
         let mut arena = vec![0u128; (prog.arena_bytes as usize).div_ceil(16).max(1)];
@@ -349,7 +380,7 @@ impl Emulator {
         for (k, b) in params.iter().enumerate() {
             put(prog.param_at[k], b, cap(prog.param_at[k]))?;
         }
-        self.launch_all(prog, abase, pbase)?;
+        self.launch_all(prog, abase, pbase, library)?;
         let mut outs = Vec::new();
         for (k, o) in prog.outputs.iter().enumerate() {
             let n = o.shape.size_bytes().unwrap_or(0);
@@ -550,7 +581,8 @@ impl Executable for EmulatedProgram {
         let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
         let mut params = self.params.lock().unwrap_or_else(|e| e.into_inner());
         let (abase, pbase) = (arena.0.as_mut_ptr() as u64, params.0.as_mut_ptr() as u64);
-        self.emu.launch_all(&self.prog, abase, pbase)
+        let library = !rlx_ir::env::is_off("RLX_CUBLAS");
+        self.emu.launch_all(&self.prog, abase, pbase, library)
     }
     fn read_output(&self, idx: usize, out: &mut [u8]) -> Result<()> {
         self.get(self.prog.output_at[idx], out)

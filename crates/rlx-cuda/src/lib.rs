@@ -19,9 +19,14 @@
 //! `CachedAttention` and `PagedAttention`; composites the compiler decomposes into them
 //! (dot_general, norms, attention, conv, pool, the quantize ops, ...); c64 values as pairs of
 //! f32, with copies for `complex`, `real` and `imag` (the rest of complex arithmetic and the
-//! FFT's DFT-matrix decomposition run as real ops on the parts). Not yet: cuBLAS and tensor
-//! cores, control flow and integer-quantized (`qlinear`, ...) ops; a graph holding one is
-//! a compile error naming the op and node ([`unsupported`]).
+//! FFT's DFT-matrix decomposition run as real ops on the parts). Not yet: unbounded loops and
+//! integer-quantized (`qlinear`, ...) ops; a graph holding one is a compile error naming the op
+//! and node ([`unsupported`]).
+//!
+//! Products go to cuBLAS where the machine has it ([`gemm`]: each matmul launch carries the
+//! `cublasGemmStridedBatchedEx` call that computes the same values, and a prompt's GGUF product
+//! one over bf16 operands on tensor cores); without it, or with `RLX_CUBLAS=0`, RLX's kernels
+//! compute them.
 //!
 //! `RLX_PROFILE` runs each program launch by launch with CUDA events around every launch and
 //! prints, when the program is dropped, the time per op kind and the slowest launches.
@@ -31,8 +36,10 @@
 
 #![deny(missing_docs)]
 
+mod cublas;
 mod device;
 pub mod emulate;
+pub mod gemm;
 pub mod lower;
 pub mod nvrtc;
 pub mod registered;
@@ -107,6 +114,12 @@ impl Backend for CudaBackend {
             Some(other),
         )?))
     }
+}
+
+/// Whether products go to cuBLAS on this machine: the library was found and `RLX_CUBLAS` is
+/// not `0` (see the [`gemm`] module).
+pub fn cublas_found() -> bool {
+    cublas::Cublas::get().is_some()
 }
 
 /// Compile every kernel of `prog` with NVRTC for each of `archs` (no device needed): the check

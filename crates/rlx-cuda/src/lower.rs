@@ -9,6 +9,8 @@
 //! intermediates share the arena as the memory planner lays them out; params live in a buffer
 //! of their own (shared by programs compiled with `CudaBackend`'s `Backend::compile_sharing`).
 
+use crate::gemm::Gemm;
+
 use crate::source::{self, Access, BLOCK};
 use rlx_driver::IoSlot;
 use rlx_ir::ops::complex::{primitive_of, Primitive};
@@ -52,6 +54,33 @@ pub struct Launch {
     pub node: usize,
     /// The op's name.
     pub op: &'static str,
+    /// The cuBLAS call that computes the same values, where the device has cuBLAS (the kernel
+    /// above runs where it has not).
+    pub gemm: Option<Gemm>,
+    /// Where the launch runs at all.
+    pub needs: Needs,
+}
+
+/// Which devices run a launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needs {
+    /// Every device.
+    Any,
+    /// Only where cuBLAS computes products (an operand prepared for it).
+    Cublas,
+    /// Only where RLX's kernels compute them (a step of a kernel cuBLAS stands in for).
+    NoCublas,
+}
+
+impl Launch {
+    /// Whether the launch runs on a device with (`cublas`) or without cuBLAS.
+    pub fn runs(&self, cublas: bool) -> bool {
+        match self.needs {
+            Needs::Any => true,
+            Needs::Cublas => cublas,
+            Needs::NoCublas => !cublas,
+        }
+    }
 }
 
 /// A graph lowered for the CUDA backend.
@@ -349,6 +378,8 @@ struct Step {
     words: Vec<Pending>,
     node: usize,
     op: &'static str,
+    gemm: Option<Gemm<Pending>>,
+    needs: Needs,
 }
 
 struct Lowering<'g> {
@@ -582,6 +613,8 @@ impl Lowering<'_> {
             words,
             node: id.index(),
             op: node.op.step_name(),
+            gemm: None,
+            needs: Needs::Any,
         });
         Ok(())
     }
@@ -768,7 +801,13 @@ impl Lowering<'_> {
                         msg: format!("{m} rows (at most {} per product)", 65535 * 16),
                     });
                 }
-                self.launch(id, source::matmul(dt, cb.len()), grid, 256, words)
+                self.launch(id, source::matmul(dt, cb.len()), grid, 256, words)?;
+                let at = [self.val(a), self.val(b), self.val(id)];
+                let gemm = Gemm::for_matmul(dt, [m, k, n], cb, &strides(&ad), &strides(&bd), at);
+                if let Some(step) = self.steps.last_mut() {
+                    step.gemm = gemm;
+                }
+                Ok(())
             }
             Op::DequantMatMul { scheme } => {
                 let plain = NormProduct::plain(*scheme, node.inputs[0], node.inputs[1]);
@@ -1037,6 +1076,13 @@ impl Lowering<'_> {
         self.request(bytes, step, usize::MAX)
     }
 
+    /// The last step pushed runs only where `needs` says.
+    fn only(&mut self, needs: Needs) {
+        if let Some(step) = self.steps.last_mut() {
+            step.needs = needs;
+        }
+    }
+
     /// Scratch request `r` lives through the last step pushed.
     fn until_now(&mut self, r: usize) {
         self.reqs[r].end = self.steps.len().saturating_sub(1);
@@ -1069,6 +1115,14 @@ impl Lowering<'_> {
         let round = scheme.act_block(mrows);
         let mut x_at = self.val(x);
         let (mut scratch, mut sums) = (None, None);
+        // Many rows (a prompt): where the device has cuBLAS, the weights decoded to bf16 and
+        // the activations rounded to bf16 go to a tensor-core product (f32 sums), in place of
+        // the rounding and tiled kernel below.
+        let out = node.shape.dtype();
+        let library = rows >= crate::gemm::GEMM_ROWS
+            && matches!(out, DType::F32 | DType::BF16)
+            && g.shape(x).dtype() == DType::F32
+            && Gemm::<Pending>::by_rows(DType::BF16, out, [rows, k, n], [x_at; 3]).is_some();
         if let Some(blk) = round.filter(|_| !staged) {
             let r = self.scratch(xe.max(1) * 4);
             let blocks_ = xe / blk;
@@ -1092,8 +1146,40 @@ impl Lowering<'_> {
                 BLOCK,
                 words,
             )?;
+            if library {
+                self.only(Needs::NoCublas);
+            }
             x_at = Pending::Scratch(r);
             scratch = Some(r);
+        }
+        let mut gemm = None;
+        let mut operands = Vec::new();
+        if library {
+            let (wb, xb) = (self.scratch(n * k * 2), self.scratch(rows * k * 2));
+            let words = vec![
+                imm(n * k),
+                imm(k),
+                imm(*wd.last().unwrap_or(&0)),
+                self.val(w),
+                Pending::Scratch(wb),
+            ];
+            let grid = [blocks(n * k, BLOCK as usize), 1, 1];
+            let src = source::dequantize_rows(scheme, DType::BF16);
+            self.launch(id, src, grid, BLOCK, words)?;
+            self.only(Needs::Cublas);
+            let words = vec![imm(rows * k), self.val(x), Pending::Scratch(xb)];
+            let grid = [blocks(rows * k, BLOCK as usize), 1, 1];
+            self.launch(
+                id,
+                source::convert(DType::F32, DType::BF16),
+                grid,
+                BLOCK,
+                words,
+            )?;
+            self.only(Needs::Cublas);
+            let at = [Pending::Scratch(xb), Pending::Scratch(wb), self.val(id)];
+            gemm = Gemm::by_rows(DType::BF16, out, [rows, k, n], at);
+            operands = vec![wb, xb];
         }
         let mut words = vec![
             imm(rows),
@@ -1170,8 +1256,11 @@ impl Lowering<'_> {
                 BLOCK,
                 words,
             )?;
+            if let Some(step) = self.steps.last_mut() {
+                step.gemm = gemm;
+            }
         }
-        for r in scratch.into_iter().chain(sums) {
+        for r in scratch.into_iter().chain(sums).chain(operands) {
             self.until_now(r);
         }
         Ok(())
@@ -1337,19 +1426,20 @@ impl Lowering<'_> {
             .iter()
             .map(|(r, b)| (Loc::Arena(plan.offsets[*r] as u64), b.clone()))
             .collect();
+        let fix = |w: Pending| -> Result<Word> {
+            Ok(match w {
+                Pending::Imm(v) => Word::Imm(v),
+                Pending::Value(node, extra) => Word::Addr(match loc(node)? {
+                    Loc::Arena(o) => Loc::Arena(o + extra),
+                    Loc::Params(o) => Loc::Params(o + extra),
+                }),
+                Pending::Scratch(r) => Word::Addr(Loc::Arena(plan.offsets[r] as u64)),
+            })
+        };
         let mut launches = Vec::with_capacity(self.steps.len());
         for s in &self.steps {
-            let mut words = Vec::with_capacity(s.words.len());
-            for w in &s.words {
-                words.push(match *w {
-                    Pending::Imm(v) => Word::Imm(v),
-                    Pending::Value(node, extra) => Word::Addr(match loc(node)? {
-                        Loc::Arena(o) => Loc::Arena(o + extra),
-                        Loc::Params(o) => Loc::Params(o + extra),
-                    }),
-                    Pending::Scratch(r) => Word::Addr(Loc::Arena(plan.offsets[r] as u64)),
-                });
-            }
+            let words = s.words.iter().map(|w| fix(*w)).collect::<Result<_>>()?;
+            let gemm = s.gemm.map(|g| g.place(fix)).transpose()?;
             launches.push(Launch {
                 kernel: s.kernel,
                 grid: s.grid,
@@ -1357,6 +1447,8 @@ impl Lowering<'_> {
                 node: s.node,
                 op: s.op,
                 words,
+                gemm,
+                needs: s.needs,
             });
         }
         p.launches = launches;

@@ -251,3 +251,149 @@ fn every_cuda_llm_kernel_variant_compiles_with_nvrtc() {
     }
     common::compile_cuda_kernels(&kernels, "LLM kernel variants");
 }
+
+/// A product of `ad x bd` in `dt` with its operands, the reference evaluator's result, the
+/// tolerance relative to its largest value, and the cuBLAS call expected (`[m, k, n, batches]`).
+struct Product {
+    what: String,
+    g: Graph,
+    feeds: [Vec<u8>; 2],
+    want: Vec<f64>,
+    tol: f64,
+    call: Option<[usize; 4]>,
+}
+
+/// 2-D, dense batches, one right operand for every batch (folded into one product of all rows),
+/// a broadcast left operand, size-1 dims, every dtype cuBLAS takes; batches broadcast so that
+/// no single stride walks them (no call: the kernel).
+fn products() -> Vec<Product> {
+    type Case = (
+        &'static [usize],
+        &'static [usize],
+        DType,
+        Option<[usize; 4]>,
+    );
+    let cases: [Case; 10] = [
+        (&[5, 7], &[7, 3], DType::F32, Some([5, 7, 3, 1])),
+        (&[3, 5, 7], &[3, 7, 4], DType::F32, Some([5, 7, 4, 3])),
+        (&[2, 3, 5, 7], &[7, 6], DType::F32, Some([30, 7, 6, 1])),
+        (&[5, 7], &[4, 7, 6], DType::F32, Some([5, 7, 6, 4])),
+        (&[2, 1, 5, 7], &[1, 3, 7, 6], DType::F32, None),
+        (&[1, 1, 9], &[9, 1], DType::F32, Some([1, 9, 1, 1])),
+        (&[3, 4, 33], &[3, 33, 17], DType::F16, Some([4, 33, 17, 3])),
+        (&[6, 40], &[40, 9], DType::BF16, Some([6, 40, 9, 1])),
+        (&[2, 4, 6], &[6, 5], DType::F64, Some([8, 6, 5, 1])),
+        (&[130, 300], &[300, 70], DType::F32, Some([130, 300, 70, 1])),
+    ];
+    cases
+        .into_iter()
+        .map(|(ad, bd, dt, call)| {
+            let mut g = Graph::new("product");
+            let a = g.input("a", Shape::new(ad, dt));
+            let b = g.input("b", Shape::new(bd, dt));
+            let y = g.op(Op::MatMul, &[a, b]);
+            g.set_outputs(vec![y]);
+            let na: usize = ad.iter().product();
+            let nb: usize = bd.iter().product();
+            let va: Vec<f64> = (0..na)
+                .map(|i| ((i * 7 % 23) as f64 - 11.0) / 8.0)
+                .collect();
+            let vb: Vec<f64> = (0..nb).map(|i| ((i * 5 % 19) as f64 - 9.0) / 4.0).collect();
+            let feeds = [common::encode(&va, dt), common::encode(&vb, dt)];
+            let leaf = |id, bytes: &[u8]| rlx::ir::eval::Tensor::from_bytes(g.shape(id), bytes);
+            let leaves = [
+                ("a".to_string(), leaf(a, &feeds[0]).unwrap()),
+                ("b".to_string(), leaf(b, &feeds[1]).unwrap()),
+            ]
+            .into_iter()
+            .collect();
+            let want = rlx::ir::eval::evaluate(&g, &leaves).unwrap()[0].f64s();
+            // f16 and bf16 results are rounded once from f32 sums, as the evaluator's are.
+            let tol = match dt {
+                DType::F16 => 1e-3,
+                DType::BF16 => 8e-3,
+                _ => 1e-6,
+            };
+            let what = format!("{ad:?} x {bd:?} in {dt:?}");
+            Product {
+                what,
+                g,
+                feeds,
+                want,
+                tol,
+                call,
+            }
+        })
+        .collect()
+}
+
+fn near(p: &Product, got: &[f64], how: &str) {
+    assert_eq!(got.len(), p.want.len(), "{} ({how})", p.what);
+    let scale = p.want.iter().fold(1f64, |m, x| m.max(x.abs()));
+    let off = got
+        .iter()
+        .zip(&p.want)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f64, f64::max);
+    assert!(
+        off <= p.tol * scale,
+        "{} ({how}): {off:e} from the reference",
+        p.what
+    );
+}
+
+/// [`products`] as cuBLAS computes them (the column-major call each matmul launch carries, run
+/// by cuBLAS's definition in host emulation) and as RLX's own kernel does (no cuBLAS): both
+/// give the reference evaluator's values, and the calls are the ones expected.
+#[test]
+fn cublas_calls_and_the_matmul_kernel_agree_with_the_reference_evaluator() {
+    for p in products() {
+        let dt = p.g.shape(p.g.inputs()[0].1).dtype();
+        let lowered = Session::new(Device::Cuda)
+            .try_lower(p.g.clone())
+            .unwrap()
+            .graph;
+        let prog = rlx_cuda::lower(&lowered, &[]).unwrap();
+        let gemms: Vec<_> = prog.launches.iter().filter_map(|l| l.gemm).collect();
+        assert_eq!(
+            gemms
+                .iter()
+                .map(|c| [c.m, c.k, c.n, c.batches])
+                .collect::<Vec<_>>(),
+            p.call.into_iter().collect::<Vec<_>>(),
+            "{}: the cuBLAS calls",
+            p.what
+        );
+        let emu = rlx_cuda::emulate::Emulator::build(&prog.kernels).expect("the kernels compile");
+        let inputs: Vec<Vec<u8>> = prog
+            .inputs
+            .iter()
+            .map(|s| p.feeds[(s.name != "a") as usize].clone())
+            .collect();
+        let with = emu.run(&prog, &inputs, &[]).unwrap();
+        near(&p, &common::decode(&with[0], dt), "cuBLAS");
+        let without = emu.run_without_cublas(&prog, &inputs, &[]).unwrap();
+        near(&p, &common::decode(&without[0], dt), "kernel");
+    }
+}
+
+/// [`products`] on a CUDA device: through cuBLAS where the machine has it (the output says
+/// which), else RLX's kernel.
+#[test]
+fn needs_cuda_device_products_match_the_reference_evaluator() {
+    if !common::cuda_or_skip("the CUDA products check") {
+        return;
+    }
+    let how = if rlx_cuda::cublas_found() {
+        "cuBLAS"
+    } else {
+        "RLX's kernel: no cuBLAS"
+    };
+    for p in products() {
+        let dt = p.g.shape(p.g.inputs()[0].1).dtype();
+        let mut c = Session::new(Device::Cuda).try_compile(p.g.clone()).unwrap();
+        let out = c.run_typed(&[("a", &p.feeds[0], dt), ("b", &p.feeds[1], dt)]);
+        near(&p, &common::decode(&out[0].0, out[0].1), how);
+    }
+    eprintln!("CUDA products ({how}): agree with the reference evaluator");
+}

@@ -3,6 +3,8 @@
 //! compiled for the CPU and compared with the reference within the case's tolerance.
 
 mod common;
+#[path = "ops_golden/prompt_products.rs"]
+mod prompt_products;
 
 use common::table::{cases, dtype, op_of, usizes};
 use common::{decode, encode};
@@ -1386,6 +1388,22 @@ fn cuda_programs_of_the_op_table_match_the_reference_evaluator_in_host_emulation
             run_reference(b).and_then(|want| compare(&tol, &got, &want, "reference evaluator"))
         {
             failures.push(format!("{name} ({} launches): {e}", p.launches.len()));
+        }
+        // Products run above as cuBLAS calls; on a device without cuBLAS they take the kernel.
+        if p.launches.iter().any(|l| l.gemm.is_some()) {
+            let own = emu
+                .run_without_cublas(
+                    p,
+                    &values_for(&p.inputs, &b.feeds),
+                    &values_for(&p.params, &b.params),
+                )
+                .map(|o| decode(&o[0], p.outputs[0].shape.dtype()))
+                .map_err(|e| e.to_string());
+            if let Err(e) = own.and_then(|own| {
+                run_reference(b).and_then(|want| compare(&tol, &own, &want, "reference"))
+            }) {
+                failures.push(format!("{name} without cuBLAS: {e}"));
+            }
         }
         if c["op"] == "dequant_matmul" {
             let cpu = run_on(Device::Cpu, b, true).expect("runs on the CPU");

@@ -115,9 +115,7 @@ for m in smollm2 gemma3; do
         run "rlx bench random:$m --device $d -p 512 -n 128 -r 3" 120 $B/rlx bench --model random:$m --device $d -p 512 -n 128 -r 3
     done
 done
-# Prompts without cuBLAS (the tiled kernel that reads the packed weights) for comparison, and
-# products against PyTorch's cuBLAS on the same GPU.
-run "rlx bench random:smollm2 --device cuda -p 512 -n 16 -r 3, RLX_CUBLAS=0" 120 env RLX_CUBLAS=0 $B/rlx bench --model random:smollm2 --device cuda -p 512 -n 16 -r 3
+# Products against PyTorch's (cuBLAS) on the same GPU.
 run "rlx-bench cuda-gemm (f32, bf16 at 4096, 8192) against torch.matmul" 180 $B/rlx-bench cuda-gemm --rounds 3 --reps 10
 # Where a decode step's time goes: every launch timed with CUDA events (RLX_PROFILE).
 export RLX_PROFILE=1 RLX_PROFILE_TOP=25

@@ -176,9 +176,9 @@ impl BlasHandle {
             _ => 0,
         };
         // CUBLAS_COMPUTE_64F or CUBLAS_COMPUTE_32F (never TF32).
-        let compute = if call.operands == DType::F64 { 70 } else { 68 };
+        let compute = if call.dtype == DType::F64 { 70 } else { 68 };
         let (one32, zero32, one64, zero64) = (1f32, 0f32, 1f64, 0f64);
-        let (alpha, beta) = if call.operands == DType::F64 {
+        let (alpha, beta) = if call.dtype == DType::F64 {
             (
                 &one64 as *const f64 as *const c_void,
                 &zero64 as *const f64 as *const c_void,
@@ -189,30 +189,30 @@ impl BlasHandle {
                 &zero32 as *const f32 as *const c_void,
             )
         };
-        let (ta, tr) = (ty(call.operands), ty(call.result));
+        let t = ty(call.dtype);
         // SAFETY: the operands are device addresses in the program's allocations holding the
         // elements the call reads and writes (the lowering sized them); alpha and beta are host
         // scalars read before the call returns.
         let s = unsafe {
             (self.lib.gemm)(
                 self.handle,
-                call.trans_a as c_int,
+                0,
                 0,
                 call.m,
                 call.n,
                 call.k,
                 alpha,
                 at[0] as *const c_void,
-                ta,
+                t,
                 call.a.1,
                 call.a.2,
                 at[1] as *const c_void,
-                ta,
+                t,
                 call.b.1,
                 call.b.2,
                 beta,
                 at[2] as *mut c_void,
-                tr,
+                t,
                 call.c.1,
                 call.c.2,
                 call.batches,

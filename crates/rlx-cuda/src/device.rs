@@ -233,8 +233,6 @@ pub struct CudaProgram {
     arena: DevMem,
     params: Arc<DevMem>,
     launches: Vec<Ready>,
-    /// The program's launch each of `launches` is (some run only with or without cuBLAS).
-    from: Vec<usize>,
     /// cuBLAS's handle and its workspace, where products go to cuBLAS (dropped before the
     /// stream is destroyed).
     blas: Option<(BlasHandle, DevMem)>,
@@ -284,12 +282,7 @@ impl CudaProgram {
             Word::Addr(Loc::Arena(o)) => arena.ptr + o,
             Word::Addr(Loc::Params(o)) => params.ptr + o,
         };
-        let mut from = Vec::with_capacity(prog.launches.len());
-        for (i, l) in prog.launches.iter().enumerate() {
-            if !l.runs(blas.is_some()) {
-                continue;
-            }
-            from.push(i);
+        for l in &prog.launches {
             if let (Some(g), Some(_)) = (&l.gemm, &blas) {
                 let call = g.column_major();
                 let at = [addr(call.a.0), addr(call.b.0), addr(call.c.0)];
@@ -331,7 +324,6 @@ impl CudaProgram {
             arena,
             params,
             launches,
-            from,
             blas,
             graph: None,
             warm: false,
@@ -444,8 +436,7 @@ impl CudaProgram {
             total * 1e3 / runs
         );
         let mut kinds: Vec<(&str, f64, usize)> = Vec::new();
-        for (&i, ms) in self.from.iter().zip(&p.ms) {
-            let l = &self.prog.launches[i];
+        for (l, ms) in self.prog.launches.iter().zip(&p.ms) {
             match kinds.iter_mut().find(|k| k.0 == l.op) {
                 Some(k) => {
                     k.1 += ms;
@@ -467,7 +458,7 @@ impl CudaProgram {
         let top = rlx_ir::env::count("RLX_PROFILE_TOP").unwrap_or(30);
         eprintln!("  slowest launches:");
         for i in order.into_iter().take(top) {
-            let l = &self.prog.launches[self.from[i]];
+            let l = &self.prog.launches[i];
             let how = match &self.launches[i] {
                 Ready::Gemm { call, .. } => format!(
                     "cuBLAS {}x{}x{} ({} batches)",

@@ -88,6 +88,37 @@ template <class T> static inline T __shfl_xor_sync(unsigned, T v, int o) {
 static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
 static inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); return f; }
 static inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
+// One k-step of mma.sync.m16n8k8 over TF32 for a warp and `nt` column tiles, three products
+// each (small A, big B; big A, small B; big A, big B, in that order), with the layouts of PTX's
+// m16n8k8 .tf32: every lane's fragments exchanged through memory once, each lane summing its
+// own results in k order.
+static thread_local unsigned emu_frag[1024][40];
+static inline void emu_mma_tf32(float* c, int nt, const unsigned* ab, const unsigned* as, const unsigned* bb, const unsigned* bs) {
+    const unsigned t = threadIdx.x, w = t >> 5, lane = t & 31, g = lane >> 2, q = lane & 3;
+    unsigned* mine = emu_frag[t];
+    for (int i = 0; i < 4; ++i) { mine[i] = ab[i]; mine[4 + i] = as[i]; }
+    for (int i = 0; i < 2 * nt; ++i) { mine[8 + i] = bb[i]; mine[8 + 2 * nt + i] = bs[i]; }
+    emu_wait((int)w);
+    // A[row][k] of the fragments at `off`: lane (row % 8) * 4 + k % 4, register (row >= 8) + 2 (k >= 4).
+    auto a_at = [&](int off, unsigned row, unsigned k) {
+        return __uint_as_float(emu_frag[(w << 5) | ((row & 7) * 4 + (k & 3))][off + (row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)]);
+    };
+    // B[k][col] of tile j at `off`: lane col * 4 + k % 4, register 2 j + (k >= 4).
+    auto b_at = [&](int off, int j, unsigned k, unsigned col) {
+        return __uint_as_float(emu_frag[(w << 5) | (col * 4 + (k & 3))][off + 2 * j + (k >= 4 ? 1 : 0)]);
+    };
+    for (int j = 0; j < nt; ++j) {
+        for (unsigned i = 0; i < 4; ++i) {
+            const unsigned row = g + (i >= 2 ? 8u : 0u), col = 2 * q + (i & 1);
+            float s = c[4 * j + i];
+            for (unsigned k = 0; k < 8; ++k) s += a_at(4, row, k) * b_at(8, j, k, col);
+            for (unsigned k = 0; k < 8; ++k) s += a_at(0, row, k) * b_at(8 + 2 * nt, j, k, col);
+            for (unsigned k = 0; k < 8; ++k) s += a_at(0, row, k) * b_at(8, j, k, col);
+            c[4 * j + i] = s;
+        }
+    }
+    emu_wait((int)w);
+}
 static void emu_tramp() {
     (*emu_k)();
     emu_cur->state = 2;
@@ -289,7 +320,7 @@ impl Emulator {
         // in the process.
         static ONE: Mutex<()> = Mutex::new(());
         let _one = ONE.lock().unwrap_or_else(|e| e.into_inner());
-        for l in prog.launches.iter().filter(|l| l.runs(library)) {
+        for l in &prog.launches {
             if let (Some(g), true) = (&l.gemm, library) {
                 // SAFETY: the operands' places lie in the caller's buffers, where the lowering
                 // placed every element of the product.

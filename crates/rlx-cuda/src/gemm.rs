@@ -11,16 +11,13 @@
 use crate::lower::Word;
 use rlx_ir::DType;
 
-/// A batched row-major product `C[z] = A[z] B[z]` (or `A[z] Bᵀ` where `B` is given by rows of
-/// `k`, as a dequantized GGUF weight matrix is); `P` says where an operand is (a [`Word`] in a
-/// [`crate::Program`]).
+/// A batched row-major product `C[z] = A[z] B[z]`; `P` says where an operand is (a [`Word`] in
+/// a [`crate::Program`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Gemm<P = Word> {
-    /// The element type of `A` and `B` (f32, f64, f16 or bf16).
-    pub operands: DType,
-    /// The element type of `C`: the operands' own, or f32 from f16 / bf16 operands.
-    /// Accumulation is f32 (f64 for f64), as RLX's kernels accumulate.
-    pub result: DType,
+    /// The element type of `A`, `B` and `C` (f32, f64, f16 or bf16); accumulation is f32 (f64
+    /// for f64), as RLX's kernels accumulate.
+    pub dtype: DType,
     /// Rows of `A` and `C`.
     pub m: usize,
     /// Columns of `A`, rows of `B`.
@@ -33,23 +30,17 @@ pub struct Gemm<P = Word> {
     pub stride_a: usize,
     /// Elements from one `B` to the next (0: one `B` for every product).
     pub stride_b: usize,
-    /// `B` is stored as `[n, k]` (the product is `A Bᵀ`).
-    pub b_rows: bool,
     /// Where `A`, `B` and `C` are.
     pub at: [P; 3],
 }
 
 /// The arguments of one `cublasGemmStridedBatchedEx` call, column-major (`alpha` 1, `beta` 0,
-/// the second operand never transposed).
+/// no operand transposed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ColumnMajor {
-    /// Element type of the two operands.
-    pub operands: DType,
-    /// Element type of the result.
-    pub result: DType,
-    /// The first operand is transposed (`CUBLAS_OP_T`).
-    pub trans_a: bool,
-    /// Rows of `op(A)` and `C`.
+    /// Element type of the operands and the result.
+    pub dtype: DType,
+    /// Rows of `A` and `C`.
     pub m: i32,
     /// Columns of `B` and `C`.
     pub n: i32,
@@ -64,11 +55,6 @@ pub struct ColumnMajor {
     /// Products.
     pub batches: i32,
 }
-
-/// Rows from which a GGUF product goes to cuBLAS (its weights decoded to bf16 first, once a
-/// run): a prompt's. Fewer rows (decode, a batch of sequences) stay on the kernels that read the
-/// packed weights.
-pub const GEMM_ROWS: usize = 64;
 
 /// Whether cuBLAS takes products of `dt`.
 pub fn takes(dt: DType) -> bool {
@@ -110,15 +96,13 @@ impl<P: Copy> Gemm<P> {
         let batches: usize = cb.iter().product();
         let (stride_a, stride_b) = (one(sa, m * k)?, one(sb, k * n)?);
         let mut g = Gemm {
-            operands: dtype,
-            result: dtype,
+            dtype,
             m,
             k,
             n,
             batches,
             stride_a: if batches > 1 { stride_a } else { 0 },
             stride_b: if batches > 1 { stride_b } else { 0 },
-            b_rows: false,
             at,
         };
         // One B for every dense A: a single product of all the rows.
@@ -130,60 +114,32 @@ impl<P: Copy> Gemm<P> {
         (fits(g.m) && fits(g.n) && fits(g.k) && fits(g.batches)).then_some(g)
     }
 
-    /// `C [m, n] (result) = A [m, k] · Bᵀ` for `B` given as `[n, k]` rows, both in `operands`.
-    pub fn by_rows(
-        operands: DType,
-        result: DType,
-        [m, k, n]: [usize; 3],
-        at: [P; 3],
-    ) -> Option<Gemm<P>> {
-        (takes(operands) && m > 0 && k > 0 && n > 0 && fits(m) && fits(k) && fits(n)).then_some(
-            Gemm {
-                operands,
-                result,
-                m,
-                k,
-                n,
-                batches: 1,
-                stride_a: 0,
-                stride_b: 0,
-                b_rows: true,
-                at,
-            },
-        )
-    }
-
     /// The same product with its operands placed by `f`.
     pub fn place<Q, E>(&self, f: impl Fn(P) -> Result<Q, E>) -> Result<Gemm<Q>, E> {
         let [a, b, c] = self.at;
         Ok(Gemm {
-            operands: self.operands,
-            result: self.result,
+            dtype: self.dtype,
             m: self.m,
             k: self.k,
             n: self.n,
             batches: self.batches,
             stride_a: self.stride_a,
             stride_b: self.stride_b,
-            b_rows: self.b_rows,
             at: [f(a)?, f(b)?, f(c)?],
         })
     }
 }
 
 impl Gemm<Word> {
-    /// The column-major call computing it: `Cᵀ = Bᵀ Aᵀ` (`Cᵀ = B Aᵀ` for `B` by rows).
+    /// The column-major call computing it: `Cᵀ = Bᵀ Aᵀ`.
     pub fn column_major(&self) -> ColumnMajor {
         let [a, b, c] = self.at;
-        let ld_b = if self.b_rows { self.k } else { self.n };
         ColumnMajor {
-            operands: self.operands,
-            result: self.result,
-            trans_a: self.b_rows,
+            dtype: self.dtype,
             m: self.n as i32,
             n: self.m as i32,
             k: self.k as i32,
-            a: (b, ld_b as i32, self.stride_b as i64),
+            a: (b, self.n as i32, self.stride_b as i64),
             b: (a, self.k as i32, self.stride_a as i64),
             c: (c, self.n as i32, (self.m * self.n) as i64),
             batches: self.batches as i32,
@@ -230,15 +186,15 @@ fn write(dt: DType, p: *mut u8, i: usize, v: f64) {
 }
 
 impl ColumnMajor {
-    /// cuBLAS's definition of the call over host memory: `C[i + j ldc] = Σ_l op(A)[i, l]
-    /// B[l + j ldb]` for each batch (`op(A)[i, l]` is `A[i + l lda]`, or `A[l + i lda]`
-    /// transposed), accumulated in f32 (f64 for f64) and rounded once to the result's type.
+    /// cuBLAS's definition of the call over host memory: `C[i + j ldc] = Σ_l A[i + l lda]
+    /// B[l + j ldb]` for each batch, accumulated in f32 (f64 for f64) and rounded once to the
+    /// element type.
     ///
     /// # Safety
     /// `addr` gives the host address of each operand, where every element the call reads or
     /// writes lies.
     pub unsafe fn run_on_host(&self, addr: impl Fn(Word) -> u64) {
-        let (dt, rt) = (self.operands, self.result);
+        let dt = self.dtype;
         let (m, n, k) = (self.m as usize, self.n as usize, self.k as usize);
         let (pa, pb, pc) = (
             addr(self.a.0) as *mut u8,
@@ -246,13 +202,6 @@ impl ColumnMajor {
             addr(self.c.0) as *mut u8,
         );
         let (lda, ldb, ldc) = (self.a.1 as usize, self.b.1 as usize, self.c.1 as usize);
-        let a_at = |i: usize, l: usize| {
-            if self.trans_a {
-                l + i * lda
-            } else {
-                i + l * lda
-            }
-        };
         for z in 0..self.batches as usize {
             let (oa, ob, oc) = (
                 z * self.a.2 as usize,
@@ -263,17 +212,19 @@ impl ColumnMajor {
                 for i in 0..m {
                     let v = if dt == DType::F64 {
                         (0..k)
-                            .map(|l| read(dt, pa, oa + a_at(i, l)) * read(dt, pb, ob + l + j * ldb))
+                            .map(|l| {
+                                read(dt, pa, oa + i + l * lda) * read(dt, pb, ob + l + j * ldb)
+                            })
                             .sum::<f64>()
                     } else {
                         let mut acc = 0f32;
                         for l in 0..k {
-                            acc += read(dt, pa, oa + a_at(i, l)) as f32
+                            acc += read(dt, pa, oa + i + l * lda) as f32
                                 * read(dt, pb, ob + l + j * ldb) as f32;
                         }
                         acc as f64
                     };
-                    write(rt, pc, oc + i + j * ldc, v);
+                    write(dt, pc, oc + i + j * ldc, v);
                 }
             }
         }

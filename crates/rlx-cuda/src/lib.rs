@@ -23,10 +23,10 @@
 //! integer-quantized (`qlinear`, ...) ops; a graph holding one is a compile error naming the op
 //! and node ([`unsupported`]).
 //!
-//! Products go to cuBLAS where the machine has it ([`gemm`]: each matmul launch carries the
-//! `cublasGemmStridedBatchedEx` call that computes the same values, and a prompt's GGUF product
-//! one over bf16 operands on tensor cores); without it, or with `RLX_CUBLAS=0`, RLX's kernels
-//! compute them.
+//! Float products go to cuBLAS where the machine has it ([`gemm`]: each matmul launch carries
+//! the `cublasGemmStridedBatchedEx` call that computes the same values); without it, or with
+//! `RLX_CUBLAS=0`, RLX's kernel computes them. Prompt-sized GGUF products run on tensor cores in
+//! RLX's own kernel ([`source::dequant_mma`], 3xTF32, batch invariant).
 //!
 //! `RLX_PROFILE` runs each program launch by launch with CUDA events around every launch and
 //! prints, when the program is dropped, the time per op kind and the slowest launches.

@@ -57,30 +57,6 @@ pub struct Launch {
     /// The cuBLAS call that computes the same values, where the device has cuBLAS (the kernel
     /// above runs where it has not).
     pub gemm: Option<Gemm>,
-    /// Where the launch runs at all.
-    pub needs: Needs,
-}
-
-/// Which devices run a launch.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Needs {
-    /// Every device.
-    Any,
-    /// Only where cuBLAS computes products (an operand prepared for it).
-    Cublas,
-    /// Only where RLX's kernels compute them (a step of a kernel cuBLAS stands in for).
-    NoCublas,
-}
-
-impl Launch {
-    /// Whether the launch runs on a device with (`cublas`) or without cuBLAS.
-    pub fn runs(&self, cublas: bool) -> bool {
-        match self.needs {
-            Needs::Any => true,
-            Needs::Cublas => cublas,
-            Needs::NoCublas => !cublas,
-        }
-    }
 }
 
 /// A graph lowered for the CUDA backend.
@@ -379,7 +355,6 @@ struct Step {
     node: usize,
     op: &'static str,
     gemm: Option<Gemm<Pending>>,
-    needs: Needs,
 }
 
 struct Lowering<'g> {
@@ -614,7 +589,6 @@ impl Lowering<'_> {
             node: id.index(),
             op: node.op.step_name(),
             gemm: None,
-            needs: Needs::Any,
         });
         Ok(())
     }
@@ -1076,13 +1050,6 @@ impl Lowering<'_> {
         self.request(bytes, step, usize::MAX)
     }
 
-    /// The last step pushed runs only where `needs` says.
-    fn only(&mut self, needs: Needs) {
-        if let Some(step) = self.steps.last_mut() {
-            step.needs = needs;
-        }
-    }
-
     /// Scratch request `r` lives through the last step pushed.
     fn until_now(&mut self, r: usize) {
         self.reqs[r].end = self.steps.len().saturating_sub(1);
@@ -1115,14 +1082,6 @@ impl Lowering<'_> {
         let round = scheme.act_block(mrows);
         let mut x_at = self.val(x);
         let (mut scratch, mut sums) = (None, None);
-        // Many rows (a prompt): where the device has cuBLAS, the weights decoded to bf16 and
-        // the activations rounded to bf16 go to a tensor-core product (f32 sums), in place of
-        // the rounding and tiled kernel below.
-        let out = node.shape.dtype();
-        let library = rows >= crate::gemm::GEMM_ROWS
-            && matches!(out, DType::F32 | DType::BF16)
-            && g.shape(x).dtype() == DType::F32
-            && Gemm::<Pending>::by_rows(DType::BF16, out, [rows, k, n], [x_at; 3]).is_some();
         if let Some(blk) = round.filter(|_| !staged) {
             let r = self.scratch(xe.max(1) * 4);
             let blocks_ = xe / blk;
@@ -1146,40 +1105,8 @@ impl Lowering<'_> {
                 BLOCK,
                 words,
             )?;
-            if library {
-                self.only(Needs::NoCublas);
-            }
             x_at = Pending::Scratch(r);
             scratch = Some(r);
-        }
-        let mut gemm = None;
-        let mut operands = Vec::new();
-        if library {
-            let (wb, xb) = (self.scratch(n * k * 2), self.scratch(rows * k * 2));
-            let words = vec![
-                imm(n * k),
-                imm(k),
-                imm(*wd.last().unwrap_or(&0)),
-                self.val(w),
-                Pending::Scratch(wb),
-            ];
-            let grid = [blocks(n * k, BLOCK as usize), 1, 1];
-            let src = source::dequantize_rows(scheme, DType::BF16);
-            self.launch(id, src, grid, BLOCK, words)?;
-            self.only(Needs::Cublas);
-            let words = vec![imm(rows * k), self.val(x), Pending::Scratch(xb)];
-            let grid = [blocks(rows * k, BLOCK as usize), 1, 1];
-            self.launch(
-                id,
-                source::convert(DType::F32, DType::BF16),
-                grid,
-                BLOCK,
-                words,
-            )?;
-            self.only(Needs::Cublas);
-            let at = [Pending::Scratch(xb), Pending::Scratch(wb), self.val(id)];
-            gemm = Gemm::by_rows(DType::BF16, out, [rows, k, n], at);
-            operands = vec![wb, xb];
         }
         let mut words = vec![
             imm(rows),
@@ -1242,6 +1169,21 @@ impl Lowering<'_> {
                 grid = grid.min(source::MATVEC_GRID);
             }
             self.launch(id, src, [grid, 1, 1], threads, words)?;
+        } else if round.is_none() && g.shape(x).dtype() == DType::F32 {
+            // A prompt's rows, taken as they are: tensor cores (3xTF32), a block per 64 x 32
+            // tile of the result.
+            let [bm, bn] = source::MMA_TILE;
+            let grid = [blocks(n, bn), blocks(rows, bm), 1];
+            if grid[1] > 65535 {
+                return Err(Error::Unsupported {
+                    backend: "cuda".into(),
+                    op: node.op.name().into(),
+                    node: id,
+                    msg: format!("{rows} rows (at most {} per product)", 65535 * bm),
+                });
+            }
+            let src = source::dequant_mma(scheme, node.shape.dtype());
+            self.launch(id, src, grid, source::MMA_THREADS, words)?;
         } else {
             let tiles = rows.div_ceil(source::QROWS);
             words.push(imm(tiles));
@@ -1256,11 +1198,8 @@ impl Lowering<'_> {
                 BLOCK,
                 words,
             )?;
-            if let Some(step) = self.steps.last_mut() {
-                step.gemm = gemm;
-            }
         }
-        for r in scratch.into_iter().chain(sums).chain(operands) {
+        for r in scratch.into_iter().chain(sums) {
             self.until_now(r);
         }
         Ok(())
@@ -1448,7 +1387,6 @@ impl Lowering<'_> {
                 op: s.op,
                 words,
                 gemm,
-                needs: s.needs,
             });
         }
         p.launches = launches;

@@ -13,17 +13,17 @@
 use rlx_ir::{Activation, BinaryOp, CmpOp, DType, Graph, NodeId, Op, ReduceKind};
 
 mod attention;
-mod convert;
 mod matvec;
+mod mma;
 pub use attention::{
     attention, attention_decode, ATTENTION_DECODE_WORDS, ATTENTION_KEYS, ATTENTION_MAX_D,
     ATTENTION_ROWS, ATTENTION_STAGE, ATTENTION_THREADS, ATTENTION_WORDS,
 };
-pub use convert::{convert, CONVERT_WORDS};
 pub use matvec::{
     dequant_matvec, group_decoder, matvec_split, norm_fuses, DEQUANT_MATVEC_WORDS, MATVEC_GRID,
     MATVEC_STAGE, MATVEC_WARPS,
 };
+pub use mma::{dequant_mma, DEQUANT_MMA_WORDS, MMA_THREADS, MMA_TILE};
 
 /// Threads per block of the one-thread-per-element kernels.
 pub const BLOCK: u32 = 256;

@@ -223,6 +223,9 @@ fn every_cuda_llm_kernel_variant_compiles_with_nvrtc() {
             kernels.push(source::dequant_matmul(scheme, DType::F32, true).expect("matmul"));
         }
         kernels.push(source::dequantize_rows(scheme, DType::F32).expect("rows"));
+        for out in [DType::F32, DType::F16, DType::BF16] {
+            kernels.push(source::dequant_mma(scheme, out).expect("tensor cores"));
+        }
     }
     assert!(
         source::dequant_matvec(QuantScheme::GgufQ4_0, DType::F32, 3, true, false, false).is_none()

@@ -1,10 +1,11 @@
-//! GGUF products of prompt size on CUDA: through cuBLAS (bf16 operands) where the device has
-//! it, else the tiled kernel.
+//! GGUF products of prompt size on CUDA: tensor cores over TF32 with each operand split in two
+//! (`source::dequant_mma`), as close to the exact product as an f32 sum, and batch invariant.
 
 use super::*;
 
-/// Prompt-sized GGUF products: 70 rows of every block type, `(name, built)`.
-fn prompt_sized_products() -> Vec<(String, Built)> {
+/// Prompt-sized GGUF products: 70 rows of every block type, `(name, built)`, and the first 20
+/// of those rows on their own.
+fn prompt_sized_products() -> Vec<(String, Built, Built)> {
     let (rows, n) = (70, 40);
     let mut rng = rlx::gguf::SplitMix64::new(23);
     let mut cases = Vec::new();
@@ -19,78 +20,98 @@ fn prompt_sized_products() -> Vec<(String, Built)> {
         };
         if let Ok(w) = rlx::gguf::random_tensor(ty, &[n, k], 0.0, 0.5, &mut rng) {
             let name = format!("{scheme:?} {rows}x{k} @ {n}");
-            cases.push((name, quantized_product(scheme, rows, k, n, &w)));
+            let whole = quantized_product(scheme, rows, k, n, &w);
+            let part = quantized_product(scheme, 20, k, n, &w);
+            cases.push((name, whole, part));
         }
     }
     cases
 }
 
-/// A prompt-sized product through cuBLAS (`got`): weights and activations rounded to bf16,
-/// within bf16's rounding (a hundredth of the largest result) of the exact product.
-fn bf16_product_near_exact(name: &str, got: &[f64], b: &Built) {
+/// A prompt-sized product from CUDA (`got`) within 1e-5 of the largest result of the exact
+/// product and of the CPU's (which takes prompt-sized activations as they are): f32-level, where
+/// bf16 operands would be hundreds of times further off.
+fn near_the_cpu(name: &str, got: &[f64], b: &Built, what: &str) {
+    let cpu = run_on(Device::Cpu, b, true).expect("runs on the CPU");
     let want = run_reference(b).expect("reference");
     let scale = want.iter().fold(0f64, |m, v| m.max(v.abs()));
-    let off = got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f64, f64::max);
-    eprintln!("{name}: cuBLAS (bf16) - exact {off:.2e} (of {scale:.3})");
+    let off = |a: &[f64]| {
+        a.iter()
+            .zip(got)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f64, f64::max)
+    };
+    let (exact, cpu) = (off(&want), off(&cpu));
+    eprintln!("{name}: {what} - exact {exact:.2e}, - CPU {cpu:.2e} (of {scale:.3})");
     assert!(
-        off <= 1e-2 * scale,
-        "{name}: cuBLAS path {off:e} from the exact product"
+        exact <= 1e-5 * scale && cpu <= 1e-5 * scale,
+        "{name}: {what} is {exact:e} from the exact product and {cpu:e} from the CPU's"
     );
 }
 
-/// [`prompt_sized_products`] as CUDA programs in host emulation: where the device has cuBLAS,
-/// the weights are decoded and the activations rounded to bf16 and one cuBLAS call (run by its
-/// definition) multiplies them ([`bf16_product_near_exact`]); without it, the tiled kernel
-/// agrees with the CPU as [`quantized_agrees`] holds them.
+/// [`prompt_sized_products`] as CUDA programs in host emulation (the tensor-core instruction
+/// played with PTX's fragment layouts): one launch each, near the CPU's product, and the first
+/// 20 rows bit for bit those of the 20-row product (a row's result does not depend on the rows
+/// beside it). The kernel also compiles for a GPU before Ampere (sm_75: the same sums by
+/// shuffles) where NVRTC is at hand.
 #[test]
-fn prompt_sized_quantized_products_take_cublas_or_the_tiled_kernel() {
-    for (name, b) in prompt_sized_products() {
-        let l = Session::new(Device::Cuda)
-            .try_lower(b.g.clone())
-            .expect("lowers");
-        let p = rlx_cuda::lower(&l.graph, &[]).expect("lowers for CUDA");
-        let gemms: Vec<_> = p.launches.iter().filter_map(|l| l.gemm).collect();
-        assert_eq!(gemms.len(), 1, "{name}: one cuBLAS call");
-        let with = p.launches.iter().filter(|l| l.runs(true)).count();
-        assert_eq!(with, 3, "{name}: decode, round, multiply");
-        let emu = rlx_cuda::emulate::Emulator::build(&p.kernels).expect("compiles for the host");
-        let (feeds, params) = (
-            values_for(&p.inputs, &b.feeds),
-            values_for(&p.params, &b.params),
+fn prompt_sized_quantized_products_on_tensor_cores_agree_with_the_cpu() {
+    for (name, whole, part) in prompt_sized_products() {
+        let lower = |b: &Built| {
+            let l = Session::new(Device::Cuda)
+                .try_lower(b.g.clone())
+                .expect("lowers");
+            rlx_cuda::lower(&l.graph, &[]).expect("lowers for CUDA")
+        };
+        let (p, q) = (lower(&whole), lower(&part));
+        let ops: Vec<&str> = p.launches.iter().map(|l| l.op).collect();
+        assert_eq!(ops, ["dequant_matmul"], "{name}: launches");
+        assert!(
+            p.kernels[0].contains("mma8"),
+            "{name}: the tensor-core kernel"
         );
-        let got = decode(&emu.run(&p, &feeds, &params).unwrap()[0], DType::F32);
-        bf16_product_near_exact(&name, &got, &b);
-        let own = emu.run_without_cublas(&p, &feeds, &params).unwrap();
-        let cpu = run_on(Device::Cpu, &b, true).expect("runs on the CPU");
-        let want = run_reference(&b).expect("reference");
-        let own = decode(&own[0], DType::F32);
-        if let Err(e) = quantized_or_near_exact(&name, &cpu, &own, &want, "the tiled kernel") {
-            panic!("{e}");
+        if let Ok(nvrtc) = rlx_cuda::nvrtc::Nvrtc::get() {
+            nvrtc
+                .cubin(&p.kernels[0], 75)
+                .unwrap_or_else(|e| panic!("{name} for sm_75: {e}"));
         }
+        let emu = rlx_cuda::emulate::Emulator::build(p.kernels.iter().chain(&q.kernels))
+            .expect("compiles for the host");
+        let run = |p: &rlx_cuda::Program, b: &Built| {
+            let (feeds, params) = (
+                values_for(&p.inputs, &b.feeds),
+                values_for(&p.params, &b.params),
+            );
+            decode(&emu.run(p, &feeds, &params).unwrap()[0], DType::F32)
+        };
+        let got = run(&p, &whole);
+        near_the_cpu(&name, &got, &whole, "CUDA (emulated)");
+        let few = run(&q, &part);
+        assert!(
+            few.iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: 20 rows alone differ from the same rows among 70"
+        );
     }
 }
 
-/// On a CUDA device: [`prompt_sized_products`] through cuBLAS where the machine has it, else
-/// the tiled kernel against the CPU.
+/// On a CUDA device: [`prompt_sized_products`] near the CPU's products, and the first 20 rows
+/// bit for bit those of the 20-row product.
 #[test]
-fn needs_cuda_device_prompt_sized_quantized_products_agree() {
+fn needs_cuda_device_prompt_sized_quantized_products_agree_and_are_batch_invariant() {
     if !common::cuda_or_skip("CUDA prompt-sized products") {
         return;
     }
-    for (name, b) in prompt_sized_products() {
-        let got = run_on(Device::Cuda, &b, true).unwrap_or_else(|e| panic!("{name}: {e}"));
-        if rlx_cuda::cublas_found() {
-            bf16_product_near_exact(&name, &got, &b);
-        } else {
-            let cpu = run_on(Device::Cpu, &b, true).expect("runs on the CPU");
-            let want = run_reference(&b).expect("reference");
-            if let Err(e) = quantized_or_near_exact(&name, &cpu, &got, &want, "CUDA") {
-                panic!("{e}");
-            }
-        }
+    for (name, whole, part) in prompt_sized_products() {
+        let got = run_on(Device::Cuda, &whole, true).unwrap_or_else(|e| panic!("{name}: {e}"));
+        near_the_cpu(&name, &got, &whole, "CUDA");
+        let few = run_on(Device::Cuda, &part, true).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            few.iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: 20 rows alone differ from the same rows among 70"
+        );
     }
 }

@@ -20,7 +20,7 @@ OUT=.gpu-check
 rm -rf "$OUT" .gpu-model-1 .gpu-model-2
 mkdir -p "$OUT/bin"
 echo "gpu-check: building the test binaries (cargo test --no-run) and rlx (release)" >&2
-cargo test -p rlx --no-run --message-format=json --test ops_golden --test cuda_backend --test gpu_llm --test complex --test registered_op 2>/dev/null |
+cargo test -p rlx --no-run --message-format=json --test ops_golden --test cuda_backend --test gpu_llm --test complex --test registered_op --test serve_engine 2>/dev/null |
     python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -108,6 +108,7 @@ run "complex: JAX cases and a 4096-point FFT on CUDA" 120 $B/complex --test-thre
 run "registered_op: a crate's CUDA kernel on the device" 60 $B/registered_op --test-threads=1 needs_cuda_device
 if [[ -f "$model" ]]; then
     run "gpu_llm: SmolLM2 vs the CPU" 240 $B/gpu_llm --test-threads=1 needs_cuda_device_smollm2
+    run "serve_engine: 32 requests on CUDA, each as alone and after preemption" 300 $B/serve_engine --test-threads=1 needs_cuda_device_smollm2
 fi
 run "every CUDA kernel compiles with this machine's NVRTC" 120 sh -c "$B/cuda_backend every_cuda_kernel && $B/ops_golden every_cuda_kernel"
 for m in smollm2 gemma3; do

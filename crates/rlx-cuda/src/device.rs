@@ -160,6 +160,49 @@ impl Drop for DevMem {
     }
 }
 
+/// Page-locked host memory of one input or output, freed on drop: copies between it and the
+/// device run at full speed and asynchronously.
+struct Pinned {
+    ptr: *mut u8,
+    len: usize,
+    /// A copy from it may still be running (cleared when the stream is synchronized).
+    in_flight: std::cell::Cell<bool>,
+}
+
+/// Inputs and outputs up to this size get page-locked staging (a decode step's tokens,
+/// positions and logits); larger ones (a prompt's logits) are copied from pageable memory.
+const PIN_AT_MOST: usize = 4 << 20;
+
+impl Pinned {
+    fn new(cuda: &Cuda, len: usize) -> Option<Pinned> {
+        if len == 0 || len > PIN_AT_MOST || cuda.bind().is_err() {
+            return None;
+        }
+        // SAFETY: a current context; freed once, on drop.
+        let ptr = unsafe { result::malloc_host(len, 0) }.ok()? as *mut u8;
+        Some(Pinned {
+            ptr,
+            len,
+            in_flight: std::cell::Cell::new(false),
+        })
+    }
+
+    // The staging is written through `&self` (a program reads its outputs through `&self`);
+    // each caller holds the slice only for one copy.
+    #[allow(clippy::mut_from_ref)]
+    fn bytes(&self) -> &mut [u8] {
+        // SAFETY: `len` bytes allocated at `ptr`, used by one thread at a time (the program's).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_host, freed once (after the program's stream is idle).
+        let _ = unsafe { result::free_host(self.ptr as *mut c_void) };
+    }
+}
+
 /// A launch with its addresses fixed: a kernel, or the cuBLAS call standing in for one.
 enum Ready {
     Kernel {
@@ -233,6 +276,10 @@ pub struct CudaProgram {
     arena: DevMem,
     params: Arc<DevMem>,
     launches: Vec<Ready>,
+    /// Page-locked staging of each input and output (`None`: too large, copied from pageable
+    /// memory).
+    pinned_in: Vec<Option<Pinned>>,
+    pinned_out: Vec<Option<Pinned>>,
     /// cuBLAS's handle and its workspace, where products go to cuBLAS (dropped before the
     /// stream is destroyed).
     blas: Option<(BlasHandle, DevMem)>,
@@ -318,7 +365,16 @@ impl CudaProgram {
         } else {
             None
         };
+        let pin = |slots: &[IoSlot]| -> Vec<Option<Pinned>> {
+            slots
+                .iter()
+                .map(|s| Pinned::new(&cuda, s.shape.size_bytes().unwrap_or(0)))
+                .collect()
+        };
+        let (pinned_in, pinned_out) = (pin(&prog.inputs), pin(&prog.outputs));
         let p = CudaProgram {
+            pinned_in,
+            pinned_out,
             cuda,
             stream,
             arena,
@@ -376,7 +432,11 @@ impl CudaProgram {
     fn sync(&self) -> Result<()> {
         // SAFETY: the program's own stream.
         unsafe { result::stream::synchronize(self.stream) }
-            .map_err(|e| failed(&format!("running on {}", self.cuda.name), e))
+            .map_err(|e| failed(&format!("running on {}", self.cuda.name), e))?;
+        for p in self.pinned_in.iter().flatten() {
+            p.in_flight.set(false);
+        }
+        Ok(())
     }
 
     fn launch_all(&mut self) -> Result<()> {
@@ -539,7 +599,18 @@ impl Executable for CudaProgram {
         if bytes.len() != slot.shape.size_bytes().unwrap_or(0) {
             return Err(byte_length_error("input", slot, bytes.len()));
         }
-        self.copy_in(self.prog.input_at[idx], bytes)
+        match &self.pinned_in[idx] {
+            Some(p) => {
+                // The last copy from the staging may still be reading it.
+                if p.in_flight.get() {
+                    self.sync()?;
+                }
+                p.bytes().copy_from_slice(bytes);
+                p.in_flight.set(true);
+                self.copy_in(self.prog.input_at[idx], p.bytes())
+            }
+            None => self.copy_in(self.prog.input_at[idx], bytes),
+        }
     }
 
     fn write_param(&mut self, idx: usize, bytes: &[u8]) -> Result<()> {
@@ -603,7 +674,14 @@ impl Executable for CudaProgram {
         if out.len() != slot.shape.size_bytes().unwrap_or(0) {
             return Err(byte_length_error("output", slot, out.len()));
         }
-        self.copy_out(self.prog.output_at[idx], out)
+        match &self.pinned_out[idx] {
+            Some(p) => {
+                self.copy_out(self.prog.output_at[idx], p.bytes())?;
+                out.copy_from_slice(p.bytes());
+                Ok(())
+            }
+            None => self.copy_out(self.prog.output_at[idx], out),
+        }
     }
 
     fn as_any(&self) -> Option<&dyn std::any::Any> {

@@ -71,6 +71,7 @@ pub const VARS: &[Var] = &[
     var("RLX_CUDA_GRAPHS", "`0`", "on", "`0` launches a CUDA program's kernels one by one on every run instead of replaying them as one captured CUDA graph."),
     var("RLX_REQUIRE_NVRTC", "`1`", "report and go on", "Missing NVRTC fails the CUDA kernel compile checks: the tests' and the one each program run in host emulation (`rlx_cuda::emulate`) gets (set by `scripts/test.sh`, which installs NVRTC)."),
     var("RLX_CUDA_DEVICE", "an ordinal", "0", "Which CUDA device `Device::Cuda` runs on."),
+    var("RLX_CUBLAS", "a path to `libcublas.so.*`, or `0`", "found by name", "Where the CUDA backend finds cuBLAS for its float products (`libcublasLt` beside it is loaded first); `0` keeps RLX's own kernels, also in host emulation."),
 ];
 
 /// Variables only the tests and benchmarks read (documented with them).

@@ -10,6 +10,7 @@ use rlx::hub::{ensure, KnownModel};
 use rlx::llm::{Llm, LoadOptions, Sampler, SamplerConfig};
 use rlx::serve::engine::prefix_limit;
 use rlx::serve::{Engine, EngineOptions, Finish, GenParams, TokenLogprobs};
+use rlx::Device;
 use std::collections::BTreeMap;
 
 fn model() -> std::path::PathBuf {
@@ -444,4 +445,70 @@ fn bad_requests_are_refused_with_a_reason() {
     }
     assert_eq!((n, last), (4, Some(Finish::Length)));
     assert!(!engine.cancel(id), "a finished request is gone");
+}
+
+/// The engine on `device`: each request's greedy tokens are the same decoded beside the others
+/// (all of them at once) as alone (one at a time), and after preemption (a cache too small for
+/// them all at once).
+fn engine_keeps_each_request_its_tokens_on(device: Device, prompts: &[Vec<u32>], n: usize) {
+    let path = model();
+    let load = |parallel: usize, ctx_size: Option<usize>| {
+        Engine::load(
+            &path,
+            EngineOptions {
+                parallel,
+                ctx_size,
+                device,
+                ..EngineOptions::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("loading the engine on {device:?}: {e}"))
+    };
+    let tokens = |got: Vec<(Vec<Tok>, Finish)>| -> Vec<Vec<u32>> {
+        got.into_iter()
+            .map(|(t, _)| t.into_iter().map(|x| x.0).collect())
+            .collect()
+    };
+    let alone = tokens(run_all(&mut load(1, None), prompts, n));
+    let mut engine = load(prompts.len(), None);
+    let together = tokens(run_all(&mut engine, prompts, n));
+    assert!(
+        engine.stats().steps < (prompts.len() * n) as u64,
+        "rows were batched"
+    );
+    for (i, (a, b)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(
+            a,
+            b,
+            "{device:?}: prompt {i} beside {} others",
+            prompts.len() - 1
+        );
+    }
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut small = load(prompts.len(), Some((longest + n).next_multiple_of(16) + 32));
+    let preempted = tokens(run_all(&mut small, prompts, n));
+    assert!(small.stats().preemptions > 0, "{:?}", small.stats());
+    for (i, (a, b)) in alone.iter().zip(&preempted).enumerate() {
+        assert_eq!(a, b, "{device:?}: prompt {i} after preemption");
+    }
+    eprintln!(
+        "engine on {device:?}: {} requests, the same tokens alone, together and preempted",
+        prompts.len()
+    );
+}
+
+/// On a CUDA device: 32 requests, each beside 31 others as alone, and after preemption.
+#[test]
+fn needs_cuda_device_smollm2_engine_keeps_each_requests_tokens() {
+    if !common::cuda_or_skip("the serving engine on CUDA") {
+        return;
+    }
+    let llm = Llm::load(model(), LoadOptions::default()).unwrap();
+    let mut p = prompts(&llm);
+    for i in 0..32 {
+        let text = format!("Question {i}: what is {} times {}?", i + 2, 3 * i + 1);
+        p.push(llm.tokenizer.encode(&text, true, true));
+    }
+    p.truncate(32);
+    engine_keeps_each_request_its_tokens_on(Device::Cuda, &p, 16);
 }

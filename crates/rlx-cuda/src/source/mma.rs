@@ -89,7 +89,11 @@ pub fn dequant_mma(scheme: rlx_ir::QuantScheme, out: DType) -> Option<String> {
     const unsigned char* wq = (const unsigned char*)m.w[4];
     const i64 m0 = (i64)blockIdx.y * {bm}, n0 = (i64)blockIdx.x * {bn};
     float acc[{nt}][4];
-    for (int j = 0; j < {nt}; ++j) for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    #pragma unroll
+    for (int j = 0; j < {nt}; ++j) {{
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+    }}
     for (i64 k0 = 0; k0 < k; k0 += 32) {{
         for (int e = tid; e < {bm} * 32; e += {threads}) {{
             const int r = e >> 5, c = e & 31;
@@ -124,7 +128,9 @@ pub fn dequant_mma(scheme: rlx_ir::QuantScheme, out: DType) -> Option<String> {
         }}
         __syncthreads();
     }}
+    #pragma unroll
     for (int j = 0; j < {nt}; ++j) {{
+        #pragma unroll
         for (int i = 0; i < 4; ++i) {{
             const i64 row = m0 + warp * 16 + g + (i >= 2 ? 8 : 0), col = n0 + j * 8 + 2 * q + (i & 1);
             if (row < rows && col < n) (({st}*)m.w[6])[row * n + col] = {val};

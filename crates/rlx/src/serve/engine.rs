@@ -48,6 +48,8 @@ pub struct EngineOptions {
     pub cache_dtype: DType,
     /// Requests waiting for a slot at most; more are refused ([`Engine::submit`] fails).
     pub max_waiting: usize,
+    /// Where the model runs (default the CPU; `Device::Cuda`, `Device::Gpu` for wgpu).
+    pub device: Device,
 }
 
 impl Default for EngineOptions {
@@ -62,6 +64,7 @@ impl Default for EngineOptions {
             prefill_budget: 2048,
             cache_dtype: DType::F16,
             max_waiting: 256,
+            device: Device::Cpu,
         }
     }
 }
@@ -292,7 +295,7 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Load a GGUF model for serving (on the CPU).
+    /// Load a GGUF model for serving (on `opts.device`).
     pub fn load(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine> {
         let (file, config, tokenizer, chat_template) = crate::llm::open_model(path.as_ref())?;
         if opts.parallel == 0 || opts.block == 0 || opts.batch == 0 {
@@ -315,7 +318,7 @@ impl Engine {
             .min(ctx_size)
             .max(1);
         let blocks = ctx_size.div_ceil(opts.block);
-        let mut session = Session::new(Device::Cpu);
+        let mut session = Session::new(opts.device);
         if let Some(t) = opts.threads {
             session = session.with_threads(t);
         }

@@ -402,6 +402,41 @@ fn running_out_of_blocks_preempts_and_every_request_completes() {
     }
 }
 
+/// A sequence that needs a new cache block when one before it in the running list is
+/// preempted to free one gets that block in the same step: its row is written, not dropped, so
+/// it goes on as it would alone (the preemption used to move the sequence down a place and
+/// skip it, and its next row went nowhere). A tiny random Llama with a cache of three blocks.
+#[test]
+fn a_sequence_growing_into_a_block_freed_by_preemption_keeps_every_row() {
+    let path = common::tiny::tiny_llama();
+    let prompts: Vec<Vec<u32>> = [3usize, 1, 9, 6]
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| {
+            (0..len)
+                .map(|j| (11 + 29 * i + 13 * j) as u32 % 380 + 3)
+                .collect()
+        })
+        .collect();
+    let n = 24;
+    let load = |parallel: usize, ctx_size: Option<usize>| {
+        let opts = EngineOptions {
+            parallel,
+            ctx_size,
+            ..EngineOptions::default()
+        };
+        Engine::load(&path, opts).unwrap()
+    };
+    let alone = common::tiny::greedy_tokens(&mut load(1, None), &prompts, n);
+    let mut small = load(prompts.len(), Some(48));
+    let preempted = common::tiny::greedy_tokens(&mut small, &prompts, n);
+    assert!(small.stats().preemptions > 0, "{:?}", small.stats());
+    for (i, (a, p)) in alone.iter().zip(&preempted).enumerate() {
+        assert_eq!(p, a, "prompt {i}");
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
 #[test]
 fn bad_requests_are_refused_with_a_reason() {
     let mut engine = Engine::load(

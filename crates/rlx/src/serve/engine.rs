@@ -594,17 +594,16 @@ impl Engine {
     }
 
     /// Free the blocks of the most recently admitted running sequence other than `keep` and
-    /// queue it to be recomputed first; false when there is none.
-    fn preempt(&mut self, keep: u64) -> bool {
-        let Some(i) = self.running.iter().rposition(|s| s.id != keep) else {
-            return false;
-        };
+    /// queue it to be recomputed first; its index among the running ones (`None` when there is
+    /// none).
+    fn preempt(&mut self, keep: u64) -> Option<usize> {
+        let i = self.running.iter().rposition(|s| s.id != keep)?;
         let mut s = self.running.remove(i);
         s.blocks.free(&mut self.pool);
         s.computed = 0;
         self.waiting.push_front(s);
         self.stats.preemptions += 1;
-        true
+        Some(i)
     }
 
     /// Run one forward pass (if there is work) and return what it produced.
@@ -619,7 +618,12 @@ impl Engine {
             if s.decoding() {
                 let s = &mut self.running[i];
                 if !s.blocks.reserve(&mut self.pool, need) {
-                    if self.preempt(id) {
+                    // Try this sequence again with the freed blocks: it moved down one place
+                    // when the preempted sequence was before it.
+                    if let Some(gone) = self.preempt(id) {
+                        if gone < i {
+                            i -= 1;
+                        }
                         continue;
                     }
                     return Err(Error::Invalid(

@@ -6,6 +6,7 @@ pub mod digits;
 pub mod gpt;
 pub mod llm;
 pub mod table;
+pub mod tiny;
 
 use rlx::ir::convert;
 use rlx::prelude::*;

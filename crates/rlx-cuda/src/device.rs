@@ -315,13 +315,24 @@ impl CudaProgram {
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| failed("cuStreamCreate", e))?;
         let lib = Cublas::get().filter(|_| prog.launches.iter().any(|l| l.gemm.is_some()));
-        let blas = match lib {
-            Some(lib) => {
-                let ws = DevMem::new(&cuda, WORKSPACE, "cuBLAS's workspace")?;
-                Some((BlasHandle::new(lib, stream as *mut c_void, ws.ptr)?, ws))
+        // cuBLAS that cannot be set up (its workspace, its handle) leaves the products to RLX's
+        // kernels, said once.
+        let blas = lib.and_then(|lib| {
+            let made = DevMem::new(&cuda, WORKSPACE, "cuBLAS's workspace")
+                .and_then(|ws| Ok((BlasHandle::new(lib, stream as *mut c_void, ws.ptr)?, ws)));
+            match made {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    static SAID: std::sync::Once = std::sync::Once::new();
+                    SAID.call_once(|| {
+                        eprintln!(
+                            "rlx-cuda: cuBLAS not used ({e}); RLX's kernels compute the products"
+                        )
+                    });
+                    None
+                }
             }
-            None => None,
-        };
+        });
         let mut launches = Vec::with_capacity(prog.launches.len());
         let mut funcs: Vec<Option<Func>> = vec![None; prog.kernels.len()];
         let addr = |w: Word| match w {
@@ -660,7 +671,16 @@ impl Executable for CudaProgram {
             return self.launch_all();
         }
         if self.graph.is_none() {
-            self.capture()?;
+            // A run that cannot be captured (a library call refusing capture) is launched
+            // one by one from then on, said once.
+            if let Err(e) = self.capture() {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!("rlx-cuda: a program's run was not captured as a CUDA graph ({e}); launching its kernels one by one")
+                });
+                self.use_graphs = false;
+                return self.launch_all();
+            }
         }
         let exec = self.graph.as_ref().map(|g| g.0).expect("captured above");
         // SAFETY: an instantiated graph of this program's launches, on its own stream.

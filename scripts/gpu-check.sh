@@ -76,7 +76,7 @@ if [[ -z "${RLX_CUBLAS:-}" ]] && ! ldconfig -p | grep -q libcublas.so; then
         done
     done
 fi
-echo "cuBLAS: ${RLX_CUBLAS:-the system loader's}"
+echo "cuBLAS: ${RLX_CUBLAS:-by name, through the system loader}"
 # wgpu needs a Vulkan loader and glvnd (NVIDIA's Vulkan driver links to it): Debian's
 # libvulkan1, libglvnd0, ... carried in .gl/ where the machine has none, and NVIDIA's ICD file.
 if ! ldconfig -p | grep -q libvulkan.so.1 && compgen -G ".gl/*.deb" >/dev/null; then

@@ -3,7 +3,7 @@
 # machine as one command.
 #
 # Here: build the test binaries that hold the CUDA tests and a release `rlx`, strip them and
-# bundle them, xz-compressed, with a runner into <repo>/.gpu-check/ (git-ignored, ~20 MB); with
+# bundle them, xz-compressed, with a runner into <repo>/.gpu-check/ (git-ignored, ~42 MB); with
 # `--model`, also split SmolLM2's GGUF (98 MB) into two halves, .gpu-model-1/ and .gpu-model-2/,
 # for machines that take at most 64 MiB at a time.
 #

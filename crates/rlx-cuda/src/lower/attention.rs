@@ -119,15 +119,7 @@ impl Lowering<'_> {
             BLOCK,
             scores,
         )?;
-        let tt = source::row_threads(t, rows);
-        let weights = vec![imm(rows), imm(t), Pending::Scratch(r)];
-        self.launch(
-            id,
-            source::attention_weights(cache, tt),
-            row_grid(rows, tt),
-            BLOCK,
-            weights,
-        )?;
+        self.attention_weights(id, rows, t, r, cache)?;
         let dv = vd[2];
         let values = vec![
             imm(rows * dv),
@@ -189,15 +181,7 @@ impl Lowering<'_> {
             BLOCK,
             scores,
         )?;
-        let tt = source::row_threads(l, rows);
-        let weights = vec![imm(rows), imm(l), Pending::Scratch(r)];
-        self.launch(
-            id,
-            source::attention_weights(cache, tt),
-            row_grid(rows, tt),
-            BLOCK,
-            weights,
-        )?;
+        self.attention_weights(id, rows, l, r, cache)?;
         let dv = vd[2];
         let values = vec![
             imm(rows * dv),
@@ -223,5 +207,21 @@ impl Lowering<'_> {
         )?;
         self.until_now(r);
         Ok(())
+    }
+
+    /// Step 2 of cached and paged attention: the `rows` rows of `t` scores in scratch `r`
+    /// turned into softmax weights in place (rounded to the cache's dtype).
+    fn attention_weights(
+        &mut self,
+        id: NodeId,
+        rows: usize,
+        t: usize,
+        r: usize,
+        cache: rlx_ir::DType,
+    ) -> Result<()> {
+        let tt = source::row_threads(t, rows);
+        let weights = vec![imm(rows), imm(t), Pending::Scratch(r)];
+        let src = source::attention_weights(cache, tt);
+        self.launch(id, src, row_grid(rows, tt), BLOCK, weights)
     }
 }

@@ -23,6 +23,7 @@ Run with the environment of scripts/setup-edge-pyenv.sh (.venv-edge).
 """
 
 import json
+import platform
 import struct
 import sys
 import tempfile
@@ -158,11 +159,27 @@ class Reader(CalibrationDataReader):
         return next(self.rows, None)
 
 
-def session(model_bytes, threads=1):
+def exact_int8_kernels():
+    """Whether ONNX Runtime's fused int8 kernels sum exactly here. On x86 they multiply with
+    VNNI where the CPU has it; without it (AVX2's vpmaddubsw) the sum of each pair of u8 x s8
+    products saturates at int16, so the int8 logits are off by many steps."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
+def session(model_bytes, threads=1, fused=True):
+    """An ONNX Runtime session; `fused=False` keeps the graph as written (QDQ pairs computed in
+    f32: quantize, dequantize, float products) instead of fusing it into int8 kernels."""
     o = ort.SessionOptions()
     o.intra_op_num_threads = threads
     o.inter_op_num_threads = 1
-    o.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    o.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if fused
+                                  else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     return ort.InferenceSession(model_bytes, o, providers=["CPUExecutionProvider"])
 
 
@@ -186,7 +203,9 @@ def run_ort(model, weights, data, out, bench):
     res["ort_int8_accuracy"] = accuracy(session(int8), xte, yte)
     if "rlx_qdq" in w:
         qm = build(model, w["params"], w["rlx_qdq"])
-        res["rlx_qdq_int8"] = session(qm.SerializeToString()).run(None, {"x": xte})[0].reshape(-1).tolist()
+        fused = exact_int8_kernels()
+        res["rlx_qdq_fused"] = fused
+        res["rlx_qdq_int8"] = session(qm.SerializeToString(), fused=fused).run(None, {"x": xte})[0].reshape(-1).tolist()
     if bench:
         res["bench"] = {}
         for threads in (1, 2):

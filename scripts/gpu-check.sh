@@ -2,14 +2,16 @@
 # The whole GPU check of the CUDA backend, prepared here (no GPU needed) and run on a GPU
 # machine as one command.
 #
-# Here: build the test binaries that hold the CUDA tests and a release `rlx`, strip them and
-# bundle them, xz-compressed, with a runner into <repo>/.gpu-check/ (git-ignored, ~42 MB); with
-# `--model`, also split SmolLM2's GGUF (98 MB) into two halves, .gpu-model-1/ and .gpu-model-2/,
-# for machines that take at most 64 MiB at a time.
+# Here: build the test binaries that hold the CUDA tests, a release `rlx` and `rlx-bench`,
+# strip them and bundle them, xz-compressed, with a runner into <repo>/.gpu-check/ (git-ignored;
+# its size is printed at the end); with `--model`, also split SmolLM2's GGUF into two halves,
+# .gpu-model-1/ and .gpu-model-2/, for copying to a GPU machine without network access in
+# smaller pieces.
 #
 # There (from a copy of the repository, the folders beside it): the halves are joined into
 # /tmp/rlx-cache, then `bash .gpu-check/run.sh` runs every test that needs a CUDA device
-# (RLX_REQUIRE_CUDA=1: a missing device fails them), the kernel compile check against the
+# (they are `#[ignore]`d, so it runs them with `--ignored`; a missing device fails them), the
+# kernel compile check against the
 # machine's own NVRTC, SmolLM2 against the CPU and `rlx bench` on CUDA and on the CPU when the
 # model is there, and prints one table.
 #
@@ -36,11 +38,10 @@ for b in rlx rlx-bench; do
     cp "target/release/$b" "$OUT/bin/$b"
     strip "$OUT/bin/$b"
 done
-# Compressed: the stripped binaries take ~65 MB, a machine takes 64 MiB a call (the checkout's
-# tracked files included).
+# Compressed, so the bundle is small to copy to the GPU machine.
 tar -C "$OUT" -cJf "$OUT/bin.tar.xz" bin
 rm -rf "$OUT/bin"
-# The CUBINs compiled here (tests with RLX_NVRTC), ~2 MB compressed.
+# The CUBINs compiled here (by the tests, with RLX_NVRTC).
 cache="${RLX_CACHE_DIR:-$HOME/.cache/rlx}"
 [[ -d "$cache/cuda" ]] && tar -C "$cache" -cJf "$OUT/cubins.tar.xz" cuda
 if [[ "${1:-}" == "--model" ]]; then
@@ -51,14 +52,18 @@ if [[ "${1:-}" == "--model" ]]; then
     mv /tmp/gpu-model-part-00 .gpu-model-1/part-00
     mv /tmp/gpu-model-part-01 .gpu-model-2/part-01
 fi
+# The commit the bundle is built from, for the record of GPU runs (docs/gpu-runs.md).
+commit=$(git rev-parse HEAD)
+git diff --quiet HEAD -- crates scripts || commit="$commit+changes"
+echo "$commit" >"$OUT/COMMIT"
 cat >"$OUT/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# Run on the GPU machine from the repository root: every CUDA test, the benchmarks, one table
+# Run on a GPU machine from the repository root: every CUDA test, the benchmarks, one table
 # at the end (the whole log in $OUT when that is set, else /tmp).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 [[ -d .gpu-check/bin ]] || tar -C .gpu-check -xJf .gpu-check/bin.tar.xz
-export RLX_REQUIRE_CUDA=1 RLX_REQUIRE_NVRTC=1 RLX_CACHE_DIR="${RLX_CACHE_DIR:-/tmp/rlx-cache}"
+export RLX_REQUIRE_NVRTC=1 RLX_CACHE_DIR="${RLX_CACHE_DIR:-/tmp/rlx-cache}"
 mkdir -p "$RLX_CACHE_DIR"
 # Kernels compiled here before (CUBINs keyed by source, architecture and NVRTC version): a
 # machine whose NVRTC has the same version skips compiling them again.
@@ -77,8 +82,9 @@ if [[ -z "${RLX_CUBLAS:-}" ]] && ! ldconfig -p | grep -q libcublas.so; then
     done
 fi
 echo "cuBLAS: ${RLX_CUBLAS:-by name, through the system loader}"
-# wgpu needs a Vulkan loader and glvnd (NVIDIA's Vulkan driver links to it): Debian's
-# libvulkan1, libglvnd0, ... carried in .gl/ where the machine has none, and NVIDIA's ICD file.
+# wgpu needs a Vulkan loader and glvnd (NVIDIA's Vulkan driver links to it): on a machine
+# without them and without network access, Debian's libvulkan1, libglvnd0, ... downloaded
+# elsewhere into .gl/ are unpacked; and NVIDIA's ICD file.
 if ! ldconfig -p | grep -q libvulkan.so.1 && compgen -G ".gl/*.deb" >/dev/null; then
     for f in .gl/*.deb; do dpkg -x "$f" /; done
     ldconfig
@@ -86,29 +92,42 @@ fi
 icd=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 [[ -f $icd && -z "${VK_DRIVER_FILES:-}" ]] && export VK_DRIVER_FILES=$icd
 LOG="${OUT:-/tmp}/gpu-check.log"
+# The run's results for the record of GPU runs: one line of JSON a check.
+RECORD="${OUT:-/tmp}/gpu-run.checks"
+: >"$RECORD"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee -a $LOG
 declare -a rows
 # run LABEL SECONDS CMD...: the command under a time limit, its key lines shown, a table row.
 run() {
     local label="$1" limit="$2"
     shift 2
-    local start status
+    local start status part
     start=$(date +%s.%N)
+    part=$(mktemp)
     echo "== $label" | tee -a $LOG
-    timeout "$limit" "$@" 2>&1 | tee -a $LOG |
+    timeout "$limit" "$@" 2>&1 | tee -a $LOG | tee "$part" |
         grep -E "^test |CUDA|cuda|cuBLAS|random|agree|SmolLM2|Gemma|kernels|panicked|error|tok/s|pp[0-9]|tg[0-9]|NOT run|^load|^\\| "
     status=${PIPESTATUS[0]}
+    python3 - "$label" "$status" "$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")" "$part" >>"$RECORD" <<'PY'
+import json, re, sys
+label, status, secs, part = sys.argv[1:]
+tests = [{"name": m.group(1), "result": m.group(2)}
+         for m in re.finditer(r"^test (\S+) \.\.\. (ok|FAILED|ignored)", open(part, errors="replace").read(), re.M)]
+print(json.dumps({"label": label, "status": "pass" if status == "0" else f"FAIL rc={status}",
+                  "seconds": float(secs), "tests": tests}))
+PY
+    rm -f "$part"
     rows+=("$(printf '%-62s %s (%s s)' "$label" "$([ "$status" = 0 ] && echo pass || echo "FAIL rc=$status")" "$(python3 -c "print(f'{$(date +%s.%N) - $start:.1f}')")")")
 }
 B=.gpu-check/bin
-run "cuda_backend: needs_cuda_device (training, precision)" 120 $B/cuda_backend --test-threads=1 needs_cuda_device
-run "ops_golden: needs_cuda_device (op table)" 240 $B/ops_golden --test-threads=1 needs_cuda_device
-run "gpu_llm: random SmolLM2/Gemma 3 shapes vs the CPU" 240 $B/gpu_llm --test-threads=1 needs_cuda_device_random
-run "complex: JAX cases and a 4096-point FFT on CUDA" 120 $B/complex --test-threads=1 needs_cuda_device
-run "registered_op: a crate's CUDA kernel on the device" 60 $B/registered_op --test-threads=1 needs_cuda_device
+run "cuda_backend: needs_cuda_device (training, precision)" 120 $B/cuda_backend --ignored --test-threads=1 needs_cuda_device
+run "ops_golden: needs_cuda_device (op table)" 240 $B/ops_golden --ignored --test-threads=1 needs_cuda_device
+run "gpu_llm: random SmolLM2/Gemma 3 shapes vs the CPU" 240 $B/gpu_llm --ignored --test-threads=1 needs_cuda_device_random
+run "complex: JAX cases and a 4096-point FFT on CUDA" 120 $B/complex --ignored --test-threads=1 needs_cuda_device
+run "registered_op: a crate's CUDA kernel on the device" 60 $B/registered_op --ignored --test-threads=1 needs_cuda_device
 if [[ -f "$model" ]]; then
-    run "gpu_llm: SmolLM2 vs the CPU" 240 $B/gpu_llm --test-threads=1 needs_cuda_device_smollm2
-    run "serve_engine: 32 requests on CUDA, each as alone and after preemption" 300 $B/serve_engine --test-threads=1 needs_cuda_device_smollm2
+    run "gpu_llm: SmolLM2 vs the CPU" 240 $B/gpu_llm --ignored --test-threads=1 needs_cuda_device_smollm2
+    run "serve_engine: 32 requests on CUDA, each as alone and after preemption" 300 $B/serve_engine --ignored --test-threads=1 needs_cuda_device_smollm2
 fi
 run "every CUDA kernel compiles with this machine's NVRTC" 120 sh -c "$B/cuda_backend every_cuda_kernel && $B/ops_golden every_cuda_kernel"
 for m in smollm2 gemma3; do
@@ -145,6 +164,22 @@ if ldconfig -p | grep -q libvulkan.so.1; then
 fi
 echo "== RLX CUDA GPU check =="
 printf '%s\n' "${rows[@]}" | tee -a $LOG
+# The run for docs/gpu-runs.md: `scripts/gpu-record.py add gpu-run.json` where the repository is.
+python3 - "$RECORD" "${OUT:-/tmp}/gpu-run.json" <<'PY'
+import datetime, json, subprocess, sys
+checks = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+try:
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip().splitlines()
+except OSError:
+    smi = []
+name, driver = (smi[0].split(", ") + ["?"])[:2] if smi else ("no GPU found", "?")
+run = {"commit": open(".gpu-check/COMMIT").read().strip(),
+       "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+       "device": name, "driver": driver, "checks": checks}
+json.dump(run, open(sys.argv[2], "w"), indent=1)
+print(f"record: {sys.argv[2]} ({len(checks)} checks)")
+PY
 echo "log: $LOG"
 RUN
 chmod +x "$OUT/run.sh"

@@ -5,7 +5,8 @@
 # (scripts/setup-serve-pyenv.sh), and NVRTC from PyPI (.venv-cuda), with which the tests
 # compile every CUDA kernel, and the edge targets' tools: the Arm cross compiler with newlib and
 # QEMU (the Cortex-M C runs under emulation), Verilator and Yosys (the FPGA datapath is
-# simulated and synthesized). Extra arguments go to `cargo test`.
+# simulated and synthesized). It checks the code's formatting (`cargo fmt --check`) first.
+# Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! ls /usr/share/vulkan/icd.d/lvp_icd*.json >/dev/null 2>&1; then
@@ -43,4 +44,6 @@ export RLX_REQUIRE_NVRTC=1
 # Vulkan through wgpu; lavapipe's window-system layer wants a runtime directory.
 export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+# The code's form is rustfmt's (seconds; nothing is built).
+cargo fmt --all --check
 cargo test --workspace "$@"

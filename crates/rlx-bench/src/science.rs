@@ -171,11 +171,11 @@ pub fn scan_suite(
         g.param("d", f32s(&[dim])),
         g.param("z", f32s(&[batch, dim, length])),
     ];
-    let y = g.op(
-        Op::defined(rlx::ir::ops::SelectiveScan {
-            delta_softplus: true,
-        }),
-        &ins,
+    let y = g.selective_scan(
+        [ins[0], ins[1], ins[2], ins[3], ins[4]],
+        Some(ins[5]),
+        Some(ins[6]),
+        true,
     );
     g.set_outputs(vec![y]);
     let a: Vec<f32> = crate::fill(dim * state, 3)

@@ -14,6 +14,8 @@
 //! error naming every such node. The same file builds for the host with any C compiler (plain C
 //! products instead of `SMLAD`), which gives the same integers.
 
+#![deny(missing_docs)]
+
 use rlx_ir::eval::Tensor;
 use rlx_ir::ops::{QAdd, QConv2d, QLinear, QPool};
 use rlx_ir::{Error, Graph, NodeId, Op, PoolKind, Result};

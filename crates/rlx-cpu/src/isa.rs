@@ -67,11 +67,11 @@ impl std::fmt::Display for Level {
 pub fn best() -> Level {
     static BEST: OnceLock<Level> = OnceLock::new();
     *BEST.get_or_init(|| {
-        let cap = match rlx_ir::env::get("RLX_ISA").as_deref().map(str::trim) {
+        let cap = match rlx_ir::env::get(rlx_ir::env::ISA).as_deref().map(str::trim) {
             Some("portable") => Level::Portable,
             Some("avx2") => Level::Avx2,
             Some("avx2-vnni") => Level::Avx2Vnni,
-            _ if rlx_ir::env::is_set("RLX_NO_AVX512") => Level::Avx2Vnni,
+            _ if rlx_ir::env::is_set(rlx_ir::env::NO_AVX512) => Level::Avx2Vnni,
             _ => Level::Avx512,
         };
         Level::ALL

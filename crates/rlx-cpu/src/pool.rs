@@ -1,6 +1,9 @@
 //! A small fork-join thread pool built for low dispatch latency: idle workers spin on a
 //! generation counter for up to 2 ms (`RLX_SPIN_US`) before parking, and a dispatch allocates
 //! nothing.
+//! Spinning carries the workers through the host-side gap between two runs (two training
+//! steps, say): on a virtual machine a parked virtual CPU is slow to wake, and the first
+//! parallel ops after a park run slower than the same ops a moment later.
 //!
 //! Kernels call [`Pool::run`] with a task count and a closure `f(task, thread)`; the caller's
 //! thread takes part. On Linux, when the process may use a CPU per thread, each worker is pinned
@@ -42,7 +45,7 @@ const SPIN: usize = 1 << 11;
 fn idle_spin() -> std::time::Duration {
     static S: OnceLock<u64> = OnceLock::new();
     std::time::Duration::from_micros(*S.get_or_init(|| {
-        rlx_ir::env::get("RLX_SPIN_US")
+        rlx_ir::env::get(rlx_ir::env::SPIN_US)
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(2000)
     }))
@@ -79,7 +82,7 @@ impl Pool {
         });
         let mut handles = Vec::new();
         let cpus = allowed_cpus();
-        let pin = !rlx_ir::env::is_off("RLX_PIN");
+        let pin = !rlx_ir::env::is_off(rlx_ir::env::PIN);
         for w in 0..workers {
             let s = shared.clone();
             // With a CPU for every thread, worker `w` keeps to the `w + 1`-th allowed CPU, so a

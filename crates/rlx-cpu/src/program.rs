@@ -1,5 +1,15 @@
 //! Compiling a graph into a CPU program: lower each node, plan one arena for every
 //! intermediate, fix every buffer's address, then build the kernels.
+//!
+//! The phases: `lowering.rs` turns each node into a view, a leaf buffer or a pending step with
+//! the arena requests it needs (fused regions in `chain.rs`, pattern regions in `pattern.rs`);
+//! `placement.rs` fixes lifetimes and donations, packs one arena with `rlx_opt::plan_memory`
+//! and builds the kernels with their operands' addresses.
+//!
+//! The params a program owns (not shared through `compile_sharing`) are parts of one buffer,
+//! in huge pages, when they add up to 2 MiB or more (`RLX_PARAM_SLAB=0` gives each its own).
+//! Params the lowering plan stores in column panels are permuted when written and back when
+//! read (`stored_runs`), so users see row-major weights.
 
 mod chain;
 mod lowering;
@@ -242,7 +252,7 @@ impl Drop for Program {
             let mut order: Vec<usize> = (0..desc.len()).collect();
             order.sort_by_key(|&i| std::cmp::Reverse(prof[i].0));
             eprintln!("  slowest steps (of {}):", desc.len());
-            let top = rlx_ir::env::count("RLX_PROFILE_TOP").unwrap_or(30);
+            let top = rlx_ir::env::count(rlx_ir::env::PROFILE_TOP).unwrap_or(30);
             for &i in order.iter().take(top) {
                 let (ns, n) = prof[i];
                 eprintln!(

@@ -67,7 +67,7 @@ impl Cublas {
     pub(crate) fn get() -> Option<&'static Cublas> {
         static LIB: OnceLock<Option<Cublas>> = OnceLock::new();
         LIB.get_or_init(|| {
-            if rlx_ir::env::is_off("RLX_CUBLAS") {
+            if rlx_ir::env::is_off(rlx_ir::env::CUBLAS) {
                 return None;
             }
             Cublas::load()
@@ -78,7 +78,7 @@ impl Cublas {
     fn load() -> Option<Cublas> {
         let mut libs = Vec::new();
         let mut names: Vec<String> = Vec::new();
-        if let Some(p) = rlx_ir::env::get("RLX_CUBLAS") {
+        if let Some(p) = rlx_ir::env::get(rlx_ir::env::CUBLAS) {
             let path = std::path::PathBuf::from(&p);
             if let Some(dir) = path.parent() {
                 for lt in ["libcublasLt.so.13", "libcublasLt.so.12"] {

@@ -59,7 +59,7 @@ impl Cuda {
     }
 
     fn open() -> std::result::Result<Cuda, String> {
-        let ordinal: i32 = match rlx_ir::env::get("RLX_CUDA_DEVICE") {
+        let ordinal: i32 = match rlx_ir::env::get(rlx_ir::env::CUDA_DEVICE) {
             Some(v) => v
                 .trim()
                 .parse()
@@ -363,7 +363,7 @@ impl CudaProgram {
                 words,
             });
         }
-        let profile = if rlx_ir::env::is_set("RLX_PROFILE") {
+        let profile = if rlx_ir::env::is_set(rlx_ir::env::PROFILE) {
             let events = (0..=launches.len())
                 .map(|_| result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT))
                 .collect::<std::result::Result<Vec<_>, _>>()
@@ -394,7 +394,7 @@ impl CudaProgram {
             blas,
             graph: None,
             warm: false,
-            use_graphs: !rlx_ir::env::is_off("RLX_CUDA_GRAPHS"),
+            use_graphs: !rlx_ir::env::is_off(rlx_ir::env::CUDA_GRAPHS),
             profile,
             prog,
         };
@@ -526,7 +526,7 @@ impl CudaProgram {
         }
         let mut order: Vec<usize> = (0..p.ms.len()).collect();
         order.sort_by(|&a, &b| p.ms[b].total_cmp(&p.ms[a]));
-        let top = rlx_ir::env::count("RLX_PROFILE_TOP").unwrap_or(30);
+        let top = rlx_ir::env::count(rlx_ir::env::PROFILE_TOP).unwrap_or(30);
         eprintln!("  slowest launches:");
         for i in order.into_iter().take(top) {
             let l = &self.prog.launches[i];

@@ -1,17 +1,42 @@
 //! Running lowered programs on the host, for checking the lowering and the kernels on a machine
-//! without a GPU: the CUDA C of every kernel is compiled as C++ by the host's compiler (`g++`)
-//! against a small header that plays the CUDA execution model (a block's threads are host
-//! threads; `__syncthreads` a barrier; `__shfl_xor_sync` an exchange through memory among a
-//! warp's 32 threads; `__shared__` arrays one per kernel, blocks run one after another), and the
-//! launches of a [`Program`] run over host memory laid out as the device's would be. A launch
-//! carrying a cuBLAS call runs that call by cuBLAS's definition
+//! without a GPU. The CUDA C of every kernel is compiled as C++ by the host's compiler
+//! (`g++ -std=c++20 -O1`) against a small prelude that plays the CUDA execution model, and the
+//! launches of a [`Program`] run over host memory laid out as the device's would be:
+//!
+//! - a block's threads are fibers on one host thread, switched by hand only at
+//!   `__syncthreads`, `__shfl_xor_sync` (an exchange through memory among a warp's lanes) and
+//!   `emu_mma_tf32`, the stand-in for a warp's `mma.sync`;
+//! - the blocks of a launch are shared out among host threads, each running whole blocks;
+//!   launches run one at a time in the process;
+//! - `__shared__` arrays are `static thread_local`: one set per host thread, reused by every
+//!   block it runs.
+//!
+//! A launch carrying a cuBLAS call runs that call by cuBLAS's definition
 //! ([`crate::gemm::ColumnMajor::run_on_host`]), as on a device with cuBLAS, or its kernel
-//! ([`Emulator::run_without_cublas`], or `RLX_CUBLAS=0` for [`EmulatedBackend`]).
+//! ([`Emulator::run_without_cublas`], or `RLX_CUBLAS=0` for [`EmulatedBackend`]). Where NVRTC
+//! is present, every program [`EmulatedBackend`] compiles is also compile-checked for
+//! [`crate::CHECKED_ARCHS`] (required under `RLX_REQUIRE_NVRTC=1`).
 //!
 //! What this checks: every word of every launch (sizes, strides, addresses the memory plan
 //! gave), the kernels' arithmetic and their cooperation inside a block, against the reference
-//! evaluator. What it cannot: device-only behaviour (scheduling across blocks, the driver,
-//! CUDA graphs, timing), and the device's math library (the host's `expf` is not the GPU's).
+//! evaluator. What it cannot:
+//!
+//! - fused multiply-adds: NVRTC's default `--fmad=true` lets the device contract `a * b + c`,
+//!   while g++ does not contract under `-std=c++20` (an ISO mode) and is given no `-march`;
+//! - the device's math library: `expf` and friends are the host's `<math.h>`;
+//! - code under `#ifdef __CUDA_ARCH__` (the PTX `cvt` of f16, `mma.sync` and its pre-Ampere
+//!   form), which the host does not compile; `emu_mma_tf32` sums in k order, the hardware in
+//!   its own;
+//! - cuBLAS's own kernels and summation order;
+//! - races and lock-step assumptions: between sync points the fibers run one after another in
+//!   thread order, so a race always resolves the same way; a shuffle ignores its mask and waits
+//!   for the whole warp (a divergent one aborts, naming the deadlock);
+//! - uninitialised shared memory: zero the first time a host thread runs a kernel, then what
+//!   the previous block left (undefined on the device);
+//! - scheduling across blocks, streams, CUDA graphs, page-locked copies, the driver and timing.
+//!
+//! So bit-level results hold in emulation only until the tests that need a CUDA device have
+//! passed on one (`scripts/gpu-check.sh`).
 
 use crate::lower::{Loc, Program, Word};
 use rlx_driver::{Backend, CompileOptions, Executable, IoSlot};
@@ -514,7 +539,7 @@ impl EmulatedProgram {
             Ok(_) => {
                 crate::compile_check(&prog, &crate::CHECKED_ARCHS)?;
             }
-            Err(e) if rlx_ir::env::get("RLX_REQUIRE_NVRTC").as_deref() == Some("1") => {
+            Err(e) if rlx_ir::env::get(rlx_ir::env::REQUIRE_NVRTC).as_deref() == Some("1") => {
                 return Err(e)
             }
             Err(_) => {}
@@ -612,7 +637,7 @@ impl Executable for EmulatedProgram {
         let mut arena = self.arena.lock().unwrap_or_else(|e| e.into_inner());
         let mut params = self.params.lock().unwrap_or_else(|e| e.into_inner());
         let (abase, pbase) = (arena.0.as_mut_ptr() as u64, params.0.as_mut_ptr() as u64);
-        let library = !rlx_ir::env::is_off("RLX_CUBLAS");
+        let library = !rlx_ir::env::is_off(rlx_ir::env::CUBLAS);
         self.emu.launch_all(&self.prog, abase, pbase, library)
     }
     fn read_output(&self, idx: usize, out: &mut [u8]) -> Result<()> {

@@ -133,3 +133,17 @@ pub fn compile_check(prog: &Program, archs: &[u32]) -> Result<usize> {
     }
     Ok(prog.kernels.len())
 }
+
+/// [`compile_check`] for [`CHECKED_ARCHS`] as the tests run it: without NVRTC, an error under
+/// `RLX_REQUIRE_NVRTC=1` (which `scripts/test.sh` sets, having installed NVRTC), else one line
+/// on stderr saying that `what`'s kernels were not compiled, and `Ok(0)`.
+pub fn compile_check_for_tests(prog: &Program, what: &str) -> Result<usize> {
+    match nvrtc::Nvrtc::get() {
+        Ok(_) => compile_check(prog, &CHECKED_ARCHS),
+        Err(e) if rlx_ir::env::get(rlx_ir::env::REQUIRE_NVRTC).as_deref() == Some("1") => Err(e),
+        Err(e) => {
+            eprintln!("NVRTC missing, {what}: CUDA kernels lowered but NOT compiled: {e}");
+            Ok(0)
+        }
+    }
+}

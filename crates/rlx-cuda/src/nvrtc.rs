@@ -59,7 +59,7 @@ impl Nvrtc {
         let mut libs = Vec::new();
         let mut tried = Vec::new();
         let mut main = None;
-        if let Some(path) = rlx_ir::env::get("RLX_NVRTC") {
+        if let Some(path) = rlx_ir::env::get(rlx_ir::env::NVRTC) {
             let p = PathBuf::from(&path);
             // The builtins library NVRTC opens by name: loaded from beside it first.
             if let Some(dir) = p.parent() {
@@ -240,7 +240,7 @@ impl Nvrtc {
 
 /// The cache file of `source` for `arch` under NVRTC `version`, unless the cache is off.
 fn cache_file(source: &str, arch: u32, version: (i32, i32)) -> Option<PathBuf> {
-    if rlx_ir::env::is_off("RLX_CUDA_KERNEL_CACHE") {
+    if rlx_ir::env::is_off(rlx_ir::env::CUDA_KERNEL_CACHE) {
         return None;
     }
     let mut h = Sha256::new();

@@ -1,4 +1,14 @@
 //! The narrow backend interface and the run-time registry.
+//!
+//! A backend makes no decision about the graph. It answers [`Backend::supports`] (and
+//! [`Backend::refusal`], why not) for each node, and [`Backend::fuses`] for the nodes its region
+//! kernels take; the compiler decomposes everything it refuses and forms only the regions it
+//! takes, so [`Backend::compile`] sees only nodes it accepted. The rest of the compiler's
+//! decisions arrive in [`CompileOptions::plan`], which a backend may follow or ignore (except
+//! the panel params it asked for with [`Backend::param_panels`]). An [`Executable`] exchanges
+//! raw little-endian bytes, and every call returns a `Result`: device failures are
+//! `Error::Device`, memory a compile cannot get `Error::OutOfMemory`, a buffer of the wrong
+//! length [`byte_length_error`].
 
 use crate::Device;
 use rlx_ir::{FusionKind, Graph, NodeId, Result, Shape};

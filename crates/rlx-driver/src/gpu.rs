@@ -31,7 +31,7 @@ pub fn adapter(device: Device) -> Result<wgpu::Adapter, String> {
     desc.backends = backends;
     let instance = wgpu::Instance::new(desc);
     let adapters = pollster::block_on(instance.enumerate_adapters(backends));
-    if let Some(want) = rlx_ir::env::get("RLX_WGPU_ADAPTER") {
+    if let Some(want) = rlx_ir::env::get(rlx_ir::env::WGPU_ADAPTER) {
         let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
         return adapters
             .into_iter()

@@ -24,6 +24,8 @@
 //! batch above 1) is an error naming it. [`sim::testbench_cpp`] writes a Verilator testbench that streams inputs through
 //! the module and prints each output and the cycles it took.
 
+#![deny(missing_docs)]
+
 use rlx_ir::eval::Tensor;
 use rlx_ir::ops::{QAdd, QConv2d, QLinear, QPool, QADD_LEFT_SHIFT};
 use rlx_ir::{Error, Graph, NodeId, Op, PoolKind, Result};

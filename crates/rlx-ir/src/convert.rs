@@ -38,6 +38,40 @@ pub fn f64_to_bytes(v: f64, dt: DType, out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
+/// One element of a tensor read exactly in its dtype: what a rewrite rule compares with an
+/// identity (`0`, `1`) without a lossy conversion in between.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Element {
+    /// A float element (F16, BF16, F32, F64), held exactly as f64, signed zeros and NaNs kept.
+    Float(f64),
+    /// An integer element (I8, I16, I32, I64, U8, U32).
+    Int(i64),
+    /// A Bool element.
+    Bool(bool),
+    /// A C64 element: its real and imaginary parts.
+    Complex(f64, f64),
+}
+
+/// Read one element of `dt` from `b` (`b.len() >= dt.size_bytes()`) exactly.
+pub fn read_element(b: &[u8], dt: DType) -> Element {
+    let a4 = |b: &[u8]| [b[0], b[1], b[2], b[3]];
+    match dt {
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => Element::Float(bytes_to_f64(b, dt)),
+        DType::C64 => Element::Complex(
+            f32::from_le_bytes(a4(b)) as f64,
+            f32::from_le_bytes(a4(&b[4..])) as f64,
+        ),
+        DType::I64 => Element::Int(i64::from_le_bytes([
+            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7],
+        ])),
+        DType::I8 | DType::U8 | DType::I16 | DType::I32 | DType::U32 => {
+            // Each fits f64 (and i64) exactly.
+            Element::Int(bytes_to_f64(b, dt) as i64)
+        }
+        DType::Bool => Element::Bool(b[0] != 0),
+    }
+}
+
 /// Read one element of `dt` from `b` as f64 (C64 yields its real part).
 pub fn bytes_to_f64(b: &[u8], dt: DType) -> f64 {
     let a2 = |b: &[u8]| [b[0], b[1]];

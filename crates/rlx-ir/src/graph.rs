@@ -295,6 +295,20 @@ impl Graph {
         self.try_constant_bytes(Shape::new(dims, DType::F32), data)
     }
 
+    /// A c64 constant of shape `dims` from `(re, im)` pairs (numpy's `complex64` array).
+    pub fn try_constant_c64(&mut self, dims: &[usize], values: &[(f32, f32)]) -> Result<NodeId> {
+        let data = values
+            .iter()
+            .flat_map(|&(re, im)| re.to_le_bytes().into_iter().chain(im.to_le_bytes()))
+            .collect();
+        self.try_constant_bytes(Shape::new(dims, DType::C64), data)
+    }
+
+    /// A rank-0 c64 constant `re + im·i`.
+    pub fn try_complex_scalar(&mut self, re: f32, im: f32) -> Result<NodeId> {
+        self.try_constant_c64(&[], &[(re, im)])
+    }
+
     /// A rank-0 constant `value` converted to `dtype`.
     pub fn try_scalar(&mut self, value: f64, dtype: DType) -> Result<NodeId> {
         let mut data = vec![0u8; dtype.size_bytes()];
@@ -391,6 +405,18 @@ impl Graph {
     /// Short form of [`Graph::try_constant_f32`]; panics with its error.
     pub fn constant_f32(&mut self, dims: &[usize], values: &[f32]) -> NodeId {
         self.try_constant_f32(dims, values)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Short form of [`Graph::try_constant_c64`]; panics with its error.
+    pub fn constant_c64(&mut self, dims: &[usize], values: &[(f32, f32)]) -> NodeId {
+        self.try_constant_c64(dims, values)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Short form of [`Graph::try_complex_scalar`]; panics with its error.
+    pub fn complex_scalar(&mut self, re: f32, im: f32) -> NodeId {
+        self.try_complex_scalar(re, im)
             .unwrap_or_else(|e| panic!("{e}"))
     }
 }

@@ -25,6 +25,8 @@
 //! derivative rules hold for any choice, and the goldens apply the same convention to JAX's
 //! results.)
 
+#![deny(missing_docs)]
+
 use rlx_ir::eval::Tensor;
 use rlx_ir::ops::{Batched, Cost, DefinedOp, OpClass, OpDef, OpRegistration};
 use rlx_ir::text::Attr;
@@ -291,8 +293,10 @@ pub fn register() -> Result<()> {
     Ok(())
 }
 
-/// Append `op` on `ins` to `g`.
+/// Append `op` on `ins` to `g`, registering the ops and their CPU kernels first (as
+/// [`register`] does; again is a no-op).
 pub fn apply(g: &mut Graph, op: Linalg, ins: &[NodeId]) -> Result<NodeId> {
+    register()?;
     g.try_op(Op::Defined(DefinedOp::new(op)), ins)
 }
 

@@ -5,6 +5,8 @@
 //! compiled model (`rlx::macros::LazyModel`): the graph is built and compiled on first use and
 //! the compiled program is kept for every later call.
 
+#![deny(missing_docs)]
+
 use proc_macro::TokenStream;
 use proc_macro2::Span;
 use quote::{quote, quote_spanned};

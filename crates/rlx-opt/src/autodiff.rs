@@ -141,6 +141,18 @@ fn zeros(g: &mut Graph, s: &Shape) -> Result<NodeId> {
 /// cotangent of the loss (`g`'s first output; feed ones for a plain gradient), whose outputs are
 /// `[loss, d loss / d wrt[0], ...]`. `wrt` are inputs or params of `g`.
 pub fn grad_with_loss(g: &Graph, wrt: &[NodeId]) -> Result<Graph> {
+    reverse(g, wrt, false)
+}
+
+/// JAX's `value_and_grad` (with `has_aux` when `g` has more than one output): outputs
+/// `[g's outputs..., d loss / d wrt[0], ...]`, the loss being `g`'s first output and its
+/// cotangent fixed to one. Every output of `g` stays (where [`grad`] keeps only gradients).
+pub fn value_and_grad(g: &Graph, wrt: &[NodeId]) -> Result<Graph> {
+    bake_input(&reverse(g, wrt, true)?, D_OUTPUT, 1.0)
+}
+
+/// Reverse mode: outputs `[loss, (the other outputs of g when keep_outputs), gradients...]`.
+fn reverse(g: &Graph, wrt: &[NodeId], keep_outputs: bool) -> Result<Graph> {
     let names = leaf_names(g, wrt)?;
     let loss = *g.outputs().first().ok_or_else(|| {
         Error::Invalid("grad_with_loss needs the loss as the graph's first output".into())
@@ -157,7 +169,11 @@ pub fn grad_with_loss(g: &Graph, wrt: &[NodeId]) -> Result<Graph> {
     let d_out = out.try_input(D_OUTPUT, out.shape(loss).clone())?;
     let leaves: Vec<NodeId> = names.iter().map(|n| find(&out, n)).collect::<Result<_>>()?;
     let ct = backprop(&mut out, n, loss, d_out, &leaves)?;
-    let mut outputs = vec![loss];
+    let mut outputs = if keep_outputs {
+        out.outputs().to_vec()
+    } else {
+        vec![loss]
+    };
     for &l in &leaves {
         outputs.push(match ct[l.index()] {
             Some(c) => c,

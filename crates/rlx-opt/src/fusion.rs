@@ -46,13 +46,13 @@ impl FusionOptions {
     pub fn with_env(self) -> Self {
         let o = self.with_fusion_env();
         FusionOptions {
-            patterns: o.patterns && !rlx_ir::env::is_off("RLX_FUSE_PATTERNS"),
+            patterns: o.patterns && !rlx_ir::env::is_off(rlx_ir::env::FUSE_PATTERNS),
             ..o
         }
     }
 
     fn with_fusion_env(self) -> Self {
-        match rlx_ir::env::switch("RLX_FUSION") {
+        match rlx_ir::env::switch(rlx_ir::env::FUSION) {
             Some(false) => FusionOptions {
                 elementwise: false,
                 patterns: false,

@@ -25,7 +25,7 @@ pub mod rewrite;
 pub mod simplify;
 pub mod vmap;
 
-pub use autodiff::{grad, grad_with_loss, hvp, jvp, nth_order_grad};
+pub use autodiff::{grad, grad_with_loss, hvp, jvp, nth_order_grad, value_and_grad};
 pub use dispatch::{Dispatch, KernelDispatchReport, NodeDispatch};
 pub use fold::ConstantFolding;
 pub use fusion::{Accepts, FuseElementwise, FusionOptions, FusionReport, MissReason, Region};

@@ -71,7 +71,7 @@ impl<'a> CompilePipeline<'a> {
         CompilePipeline {
             passes: Vec::new(),
             verify_each: cfg!(debug_assertions),
-            dump_dir: rlx_ir::env::get("RLX_IR_DUMP").map(PathBuf::from),
+            dump_dir: rlx_ir::env::get(rlx_ir::env::IR_DUMP).map(PathBuf::from),
             rounds: 1,
         }
     }

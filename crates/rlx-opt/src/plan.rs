@@ -58,8 +58,8 @@ impl LoweringOptions {
     /// These options with the environment's overrides applied: `RLX_FUSION=0/1`,
     /// `RLX_CAUSAL_SKIP=0/1`, `RLX_PARAM_PANELS=0`.
     pub fn with_env(self) -> Self {
-        let causal_skip = rlx_ir::env::switch("RLX_CAUSAL_SKIP").unwrap_or(self.causal_skip);
-        let param_panels = if rlx_ir::env::is_off("RLX_PARAM_PANELS") {
+        let causal_skip = rlx_ir::env::switch(rlx_ir::env::CAUSAL_SKIP).unwrap_or(self.causal_skip);
+        let param_panels = if rlx_ir::env::is_off(rlx_ir::env::PARAM_PANELS) {
             0
         } else {
             self.param_panels

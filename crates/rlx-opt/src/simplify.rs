@@ -1,8 +1,10 @@
 //! Algebraic simplification: small local rules, each never worse than its input.
 //!
-//! - `x + (-0.0)`, `(-0.0) + x`, `x - 0`, `x * 1`, `1 * x`, `x / 1` → `x` when no broadcasting
-//!   widens `x` (for integers any zero; for floats only `-0.0` is an exact additive identity,
-//!   since `-0.0 + 0.0 = +0.0`)
+//! - `x + (-0.0)`, `(-0.0) + x`, `x - (+0.0)`, `x * 1`, `1 * x`, `x / 1` → `x` when no
+//!   broadcasting widens `x`. Each identity is read exactly in the constant's dtype and must
+//!   hold to the bit: for integers any zero; for floats only `-0.0` adds and `+0.0` subtracts
+//!   exactly (`-0.0 + 0.0 = +0.0`); for complex both parts must be that zero, and no complex
+//!   factor is taken as one; Bool constants are left alone.
 //! - `neg(neg(x))` → `x`
 //! - `transpose(transpose(x, p), q)` → `transpose(x, p∘q)`; identity transpose → `x`; a
 //!   transpose that moves only axes of length 1 → a reshape (a view)
@@ -13,13 +15,15 @@
 //!   padded with zeros, becomes one concat of the pieces)
 
 use crate::{Pass, Rule, RuleSet, Site};
-use rlx_ir::{convert, Activation, Graph, NodeId, Op, OpKind, Result, Shape};
+use rlx_ir::convert::{self, Element};
+use rlx_ir::{Activation, Graph, NodeId, Op, OpKind, Result, Shape};
 
 /// The algebraic rule list ([`rules`]) as a pass.
 pub struct AlgebraicSimplify;
 
-/// If `id` is a constant whose elements all equal one value (or an expand of one), that value.
-fn splat(g: &Graph, id: NodeId) -> Option<f64> {
+/// If `id` is a constant whose elements all hold one value (or an expand of one), that value,
+/// read exactly in its dtype, and its bytes.
+fn splat(g: &Graph, id: NodeId) -> Option<(Element, Vec<u8>)> {
     let n = g.node(id);
     if let Op::Expand { .. } = n.op {
         return splat(g, n.inputs[0]);
@@ -30,9 +34,48 @@ fn splat(g: &Graph, id: NodeId) -> Option<f64> {
     let w = n.shape.dtype().size_bytes();
     let mut chunks = data.chunks_exact(w);
     let first = chunks.next()?;
-    chunks
-        .all(|c| c == first)
-        .then(|| convert::bytes_to_f64(first, n.shape.dtype()))
+    chunks.all(|c| c == first).then(|| {
+        (
+            convert::read_element(first, n.shape.dtype()),
+            first.to_vec(),
+        )
+    })
+}
+
+/// The identities the rules remove, each exact to the bit in its dtype. A value a rule cannot
+/// prove to be one (a complex factor, a Bool, a NaN) leaves the node alone.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Identity {
+    /// `x + c = x`: for floats only `-0.0` (`-0.0 + 0.0` is `+0.0`); for complex both parts
+    /// `-0.0` (the sum is taken part by part); for integers 0.
+    Add,
+    /// `x - c = x`: for floats only `+0.0` (`-0.0 - (-0.0)` is `+0.0`); for complex both parts
+    /// `+0.0`; for integers 0.
+    Sub,
+    /// `x * c = x` and `x / c = x`: 1 for floats and integers. A complex `1 + 0i` is not
+    /// one: `(a + bi)(1 + 0i)` has real part `a - b·0`, which is NaN for an infinite `b` and
+    /// `+0.0` for `a = -0.0, b < 0`.
+    MulDiv,
+}
+
+/// Whether `id` is a splat of `which`'s identity of the site's dtype.
+fn is_identity(g: &Graph, id: NodeId, which: Identity) -> bool {
+    let Some((e, _)) = splat(g, id) else {
+        return false;
+    };
+    let neg_zero = |v: f64| v == 0.0 && v.is_sign_negative();
+    let pos_zero = |v: f64| v == 0.0 && v.is_sign_positive();
+    match (e, which) {
+        (Element::Float(v), Identity::Add) => neg_zero(v),
+        (Element::Float(v), Identity::Sub) => pos_zero(v),
+        (Element::Float(v), Identity::MulDiv) => v == 1.0,
+        (Element::Int(v), Identity::Add | Identity::Sub) => v == 0,
+        (Element::Int(v), Identity::MulDiv) => v == 1,
+        (Element::Complex(re, im), Identity::Add) => neg_zero(re) && neg_zero(im),
+        (Element::Complex(re, im), Identity::Sub) => pos_zero(re) && pos_zero(im),
+        (Element::Complex(..), Identity::MulDiv) => false,
+        (Element::Bool(_), _) => false,
+    }
 }
 
 /// Whether `id` has exactly the result shape of the site (so using it adds no broadcast).
@@ -40,10 +83,16 @@ fn same(g: &Graph, id: NodeId, s: &Site) -> bool {
     g.shape(id) == s.shape
 }
 
-/// The additive identity test: `-0.0` for floats (`x + 0.0` turns `-0.0` into `+0.0`), 0 for
-/// integers.
-fn is_add_identity(v: Option<f64>, s: &Site) -> bool {
-    v.is_some_and(|v| v == 0.0 && (!s.shape.dtype().is_float() || v.is_sign_negative()))
+/// `x` where `x op c` (or `c op x` when `either_side`) is `x` for an identity `c`.
+fn drop_identity(g: &Graph, s: &Site, which: Identity, either_side: bool) -> Option<NodeId> {
+    let (x, y) = (s.ins[0], s.ins[1]);
+    if is_identity(g, y, which) && same(g, x, s) {
+        Some(x)
+    } else if either_side && is_identity(g, x, which) && same(g, y, s) {
+        Some(y)
+    } else {
+        None
+    }
 }
 
 /// The algebraic rules, tried in this order for each node.
@@ -61,30 +110,16 @@ pub fn rules() -> RuleSet<'static> {
             add_concats(g, x, y, s.shape)
         }))
         .with(Rule::new("add_zero", &[K::Add], |g, s| {
-            let (x, y) = (s.ins[0], s.ins[1]);
-            Ok(if is_add_identity(splat(g, y), s) && same(g, x, s) {
-                Some(x)
-            } else if is_add_identity(splat(g, x), s) && same(g, y, s) {
-                Some(y)
-            } else {
-                None
-            })
+            Ok(drop_identity(g, s, Identity::Add, true))
         }))
         .with(Rule::new("sub_zero", &[K::Sub], |g, s| {
-            Ok((splat(g, s.ins[1]) == Some(0.0) && same(g, s.ins[0], s)).then_some(s.ins[0]))
+            Ok(drop_identity(g, s, Identity::Sub, false))
         }))
         .with(Rule::new("mul_one", &[K::Mul], |g, s| {
-            let (x, y) = (s.ins[0], s.ins[1]);
-            Ok(if splat(g, y) == Some(1.0) && same(g, x, s) {
-                Some(x)
-            } else if splat(g, x) == Some(1.0) && same(g, y, s) {
-                Some(y)
-            } else {
-                None
-            })
+            Ok(drop_identity(g, s, Identity::MulDiv, true))
         }))
         .with(Rule::new("div_one", &[K::Div], |g, s| {
-            Ok((splat(g, s.ins[1]) == Some(1.0) && same(g, s.ins[0], s)).then_some(s.ins[0]))
+            Ok(drop_identity(g, s, Identity::MulDiv, false))
         }))
         .with(Rule::new("neg_neg", &[K::Neg], |g, s| {
             let inner = g.node(s.ins[0]);
@@ -200,10 +235,11 @@ fn add_concats(g: &mut Graph, x: NodeId, y: NodeId, shape: &Shape) -> Result<Opt
             if ps == s && pe == e {
                 return Ok(p);
             }
-            let v = splat(g, p).expect("only splats are cut");
+            // The splat's own bytes: every dtype (c64 included) keeps its value.
+            let (_, bytes) = splat(g, p).expect("only splats are cut");
             let mut d = dims.clone();
             d[axis] = e - s;
-            let c = g.try_scalar(v, shape.dtype())?;
+            let c = g.try_constant_bytes(Shape::scalar(shape.dtype()), bytes)?;
             g.try_expand(c, &d)
         };
     let mut sums = Vec::new();

@@ -132,7 +132,7 @@ fn run_file(text: &str) -> Result<String, String> {
 #[test]
 fn filetests() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/filetests");
-    let bless = std::env::var_os("RLX_BLESS").is_some_and(|v| v == "1");
+    let bless = rlx_ir::env::get(rlx_ir::env::BLESS).as_deref() == Some("1");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .expect("tests/filetests")
         .map(|e| e.expect("entry").path())

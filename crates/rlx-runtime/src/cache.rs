@@ -178,7 +178,7 @@ impl CompileCache {
             }
             Err(why) => {
                 self.rejected.fetch_add(1, Ordering::Relaxed);
-                if rlx_ir::env::is_set("RLX_VERBOSE") {
+                if rlx_ir::env::is_set(rlx_ir::env::VERBOSE) {
                     eprintln!(
                         "rlx: compile cache entry {} not used: {why}",
                         path.display()
@@ -222,7 +222,7 @@ impl CompileCache {
         }
         if let Some(path) = self.path(key) {
             if let Err(err) = self.write(&path, key, &e) {
-                if rlx_ir::env::is_set("RLX_VERBOSE") {
+                if rlx_ir::env::is_set(rlx_ir::env::VERBOSE) {
                     eprintln!(
                         "rlx: cannot write compile cache entry {}: {err}",
                         path.display()

@@ -1,4 +1,22 @@
 //! Sessions: pick a backend for a device and run the compile pipeline.
+//!
+//! A compile runs, in this order:
+//!
+//! ```text
+//! backend_for(device)           a backend registered at run time, else the built-in one
+//! optimize_graph                CompilePipeline, up to 4 rounds until nothing rewrites:
+//!   LowerHir, AutoMixedPrecision (when a policy is set), AlgebraicSimplify, Cse,
+//!   ConstantFolding, DeadCodeElimination (these four unless without_optimizations),
+//!   Decompose (what the backend's supports refuses)
+//! rlx_opt::prepare              fusion into the regions the backend's fuses takes,
+//!                               and the LoweringPlan's side tables
+//! plan_nested                   the same for the graphs control-flow ops carry, where
+//!                               the backend runs those ops natively
+//! Backend::compile              or compile_sharing, with CompileOptions { threads, updates, plan }
+//! ```
+//!
+//! Everything before `Backend::compile` is what the compile cache keeps, when the session has
+//! one.
 
 use crate::{CompileCache, CompiledGraph};
 use rlx_driver::{registered_backend, Backend, CompileOptions, Device};
@@ -64,7 +82,12 @@ pub(crate) fn backend_for(device: Device) -> Result<Arc<dyn Backend>> {
 
 /// Print a compile report to stderr when environment variable `var` is `1` (text) or `json`.
 /// Both forms are made only when asked for.
-fn report(var: &str, graph: &str, text: &dyn Fn() -> String, json: &dyn Fn() -> String) {
+fn report(
+    var: rlx_ir::env::Var,
+    graph: &str,
+    text: &dyn Fn() -> String,
+    json: &dyn Fn() -> String,
+) {
     match rlx_ir::env::get(var).as_deref() {
         Some("1") => eprintln!("rlx: graph \"{graph}\": {}", text()),
         Some("json") => eprintln!("{}", json()),
@@ -77,12 +100,14 @@ fn report(var: &str, graph: &str, text: &dyn Fn() -> String, json: &dyn Fn() -> 
 fn env_cache() -> Option<Arc<CompileCache>> {
     static CACHE: std::sync::OnceLock<Option<Arc<CompileCache>>> = std::sync::OnceLock::new();
     CACHE
-        .get_or_init(|| match rlx_ir::env::get("RLX_COMPILE_CACHE")?.as_str() {
-            "" | "0" => None,
-            "1" => Some(CompileCache::on_disk()),
-            "memory" => Some(CompileCache::in_memory()),
-            dir => Some(CompileCache::at(dir)),
-        })
+        .get_or_init(
+            || match rlx_ir::env::get(rlx_ir::env::COMPILE_CACHE)?.as_str() {
+                "" | "0" => None,
+                "1" => Some(CompileCache::on_disk()),
+                "memory" => Some(CompileCache::in_memory()),
+                dir => Some(CompileCache::at(dir)),
+            },
+        )
         .clone()
 }
 
@@ -433,15 +458,15 @@ impl Session {
         };
         let (graph, records, plan) = (&entry.graph, &entry.records, &entry.plan);
         report(
-            "RLX_FUSION_REPORT",
+            rlx_ir::env::FUSION_REPORT,
             graph.name(),
             &|| plan.fusion.to_string(),
             &|| plan.fusion.to_json(),
         );
-        if rlx_ir::env::is_set("RLX_DISPATCH_REPORT") {
+        if rlx_ir::env::is_set(rlx_ir::env::DISPATCH_REPORT) {
             let dispatch = crate::compiled::dispatch_report(backend.as_ref(), graph, records, plan);
             report(
-                "RLX_DISPATCH_REPORT",
+                rlx_ir::env::DISPATCH_REPORT,
                 graph.name(),
                 &|| dispatch.to_string(),
                 &|| dispatch.to_json(),

@@ -22,6 +22,8 @@
 //! reference evaluator and the CPU kernel (a backend running the decomposition does not check
 //! them).
 
+#![deny(missing_docs)]
+
 use rlx_cpu::kernels::registered::view;
 use rlx_cpu::kernels::{par_ranges, Ptr};
 use rlx_cpu::pool::Pool;

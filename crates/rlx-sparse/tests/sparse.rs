@@ -572,20 +572,8 @@ fn the_csr_kernel_matches_the_reference_at_size() {
                 p.launches.iter().any(|l| l.op == "spmm_csr"),
                 "one launch of its kernel"
             );
-            // NVRTC compiles it where present (required where `RLX_REQUIRE_NVRTC=1`).
-            match rlx_cuda::nvrtc::Nvrtc::get() {
-                Ok(nvrtc) => {
-                    for src in &p.kernels {
-                        for arch in rlx_cuda::CHECKED_ARCHS {
-                            nvrtc.cubin(src, arch).unwrap();
-                        }
-                    }
-                }
-                Err(e) => assert!(
-                    std::env::var("RLX_REQUIRE_NVRTC").as_deref() != Ok("1"),
-                    "RLX_REQUIRE_NVRTC=1 and {e}"
-                ),
-            }
+            // NVRTC compiles it (required where `RLX_REQUIRE_NVRTC=1`).
+            rlx_cuda::compile_check_for_tests(&p, "spmm_csr").unwrap();
             let emu = rlx_cuda::emulate::Emulator::build(&p.kernels).unwrap();
             let ins: Vec<Vec<u8>> = p
                 .inputs

@@ -62,6 +62,8 @@
 //! within 1e-4), the Jacobian does not clamp off-screen centres, and covariances are read as
 //! their symmetric part `(Σ + Σᵀ) / 2`.
 
+#![deny(missing_docs)]
+
 use rlx_cpu::pool::Pool;
 use rlx_ir::eval::Tensor;
 use rlx_ir::ops::{Cost, DefinedOp, OpDef, OpRegistration};

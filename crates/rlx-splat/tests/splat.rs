@@ -246,13 +246,7 @@ fn renders_and_their_gradients_match_jax() {
             p.launches.iter().any(|l| l.op == "splat_rasterize"),
             "{name}: one launch of the rasterizer's kernel"
         );
-        if let Ok(nvrtc) = rlx_cuda::nvrtc::Nvrtc::get() {
-            for src in &p.kernels {
-                for arch in rlx_cuda::CHECKED_ARCHS {
-                    nvrtc.cubin(src, arch).unwrap();
-                }
-            }
-        }
+        rlx_cuda::compile_check_for_tests(&p, name).unwrap();
         let params: Vec<Vec<u8>> = p
             .params
             .iter()

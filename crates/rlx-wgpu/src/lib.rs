@@ -239,10 +239,10 @@ impl Gpu {
         let f16 = adapter.features().contains(wgpu::Features::SHADER_F16)
             && limits.max_storage_buffers_per_shader_stage >= 16;
         // Timestamps only when profiling (`RLX_PROFILE`) and where the adapter has them.
-        let timestamps = rlx_ir::env::is_set("RLX_PROFILE")
+        let timestamps = rlx_ir::env::is_set(rlx_ir::env::PROFILE)
             && adapter.features().contains(wgpu::Features::TIMESTAMP_QUERY);
         let subgroups = adapter.features().contains(wgpu::Features::SUBGROUP)
-            && !rlx_ir::env::is_off("RLX_WGPU_SUBGROUPS");
+            && !rlx_ir::env::is_off(rlx_ir::env::WGPU_SUBGROUPS);
         let mut features = wgpu::Features::empty();
         if f16 {
             features |= wgpu::Features::SHADER_F16;

@@ -6,6 +6,16 @@
 //! other dims, a transpose, narrow, expand or concat a strided copy. Each step reads its
 //! shapes and offsets from its words in one meta buffer, so pipelines are shared by every step
 //! of the same kind. A run is one command submission; outputs are copied out on request.
+//!
+//! The phases: each node's kernel, per op family (`select.rs`, the kernels in `kernel.rs`); the
+//! arena's layout and buffers (`steps.rs`: one buffer, or buffers of `shaders::ARENA_CHUNK`
+//! bytes bound side by side when the arena is larger than the adapter binds at once); each
+//! step's meta words and shader (`meta.rs`); pipelines and bind groups (`steps.rs`).
+//!
+//! Mesa's software Vulkan (lavapipe) ends a shader invocation's loops after 65535 iterations
+//! in all, silently. On such an adapter (`Gpu::loop_limited`) a node whose invocation would
+//! loop longer is a compile error naming the op and node, never a wrong result; the native
+//! kernels of `nn` are taken only within `nn::LOOP_LIMIT`, else decomposed.
 
 mod kernel;
 mod meta;
@@ -175,7 +185,7 @@ impl Drop for GpuProgram {
         }
         let mut order: Vec<&StepTime> = steps.iter().collect();
         order.sort_by_key(|s| std::cmp::Reverse(s.ns.unwrap_or(0)));
-        let top = rlx_ir::env::count("RLX_PROFILE_TOP").unwrap_or(30);
+        let top = rlx_ir::env::count(rlx_ir::env::PROFILE_TOP).unwrap_or(30);
         eprintln!("  slowest dispatches:");
         for s in order.into_iter().take(top) {
             eprintln!(
@@ -321,7 +331,7 @@ fn norm_region_runs(g: &Graph, id: NodeId) -> bool {
 pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<GpuProgram> {
     // f16 values as halves where the adapter can (RLX_WGPU_F16_STORAGE=0: as words).
     let half = gpu.f16
-        && !rlx_ir::env::is_off("RLX_WGPU_F16_STORAGE")
+        && !rlx_ir::env::is_off(rlx_ir::env::WGPU_F16_STORAGE)
         && g.ids().any(|id| g.shape(id).dtype() == DType::F16);
     let form = forms(g, half)?;
     let sel = select::select(&gpu, g, share, &form)?;
@@ -394,7 +404,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
             })
         })
         .collect();
-    let profile = rlx_ir::env::is_set("RLX_PROFILE").then(|| {
+    let profile = rlx_ir::env::is_set(rlx_ir::env::PROFILE).then(|| {
         let timed = steps.len().min(PROFILED_STEPS);
         let timing = (gpu.timestamps && timed > 0).then(|| {
             let count = 2 * timed as u32;

@@ -8,7 +8,7 @@ use rlx_wgpu::{GpuProgram, WgpuBackend};
 
 #[test]
 fn gpu_profile_lists_every_dispatch_with_its_runs() {
-    std::env::set_var("RLX_PROFILE", "1");
+    std::env::set_var(rlx_ir::env::PROFILE.name, "1");
     assert!(
         Device::Gpu.is_available(),
         "no GPU adapter: {}",

@@ -10,7 +10,7 @@ use rlx_wgpu::{Gpu, GpuProgram, WgpuBackend};
 
 #[test]
 fn few_row_quantized_products_without_subgroups_match_the_reference_evaluator() {
-    std::env::set_var("RLX_WGPU_SUBGROUPS", "0");
+    std::env::set_var(rlx_ir::env::WGPU_SUBGROUPS.name, "0");
     assert!(
         Device::Gpu.is_available(),
         "no GPU adapter: {}",

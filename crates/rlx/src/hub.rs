@@ -268,7 +268,7 @@ fn fetch_dir_into(src: &Source, tmp: &Path, progress: bool) -> Result<()> {
 }
 
 fn index_url() -> String {
-    rlx_ir::env::get("RLX_PYPI_URL")
+    rlx_ir::env::get(rlx_ir::env::PYPI_URL)
         .unwrap_or_else(|| "https://pypi.org/simple".into())
         .trim_end_matches('/')
         .to_string()

@@ -26,6 +26,9 @@
 //! | [`driver`] | `rlx-driver` | `Device`, the `Backend` trait, backend registry |
 //! | [`runtime`] | `rlx-runtime` | `Session`, `CompiledGraph` |
 //! | [`macros`] | `rlx-macros` | `#[rlx_model]`: a graph-building function as a lazily compiled model |
+//! | `linalg` (feature `linalg`) | `rlx-linalg` | solve, cholesky, qr, svd, ... as ops |
+//! | `sparse` (feature `sparse`) | `rlx-sparse` | COO and CSR sparse × dense products |
+//! | `splat` (feature `splat`) | `rlx-splat` | differentiable Gaussian splatting |
 
 #![deny(missing_docs)]
 
@@ -37,8 +40,14 @@ pub use rlx_fpga as fpga;
 #[cfg(feature = "gguf")]
 pub use rlx_gguf as gguf;
 pub use rlx_ir as ir;
+#[cfg(feature = "linalg")]
+pub use rlx_linalg as linalg;
 pub use rlx_opt as opt;
 pub use rlx_runtime as runtime;
+#[cfg(feature = "sparse")]
+pub use rlx_sparse as sparse;
+#[cfg(feature = "splat")]
+pub use rlx_splat as splat;
 
 pub use rlx_driver::Device;
 pub use rlx_ir::{DType, Dim, Error, Graph, Node, NodeId, Op, OpKind, Result, Shape};
@@ -71,14 +80,14 @@ pub mod quant {
     };
 }
 
-/// Automatic differentiation: reverse mode (`grad_with_loss`, `grad`), forward mode (`jvp`),
+/// Automatic differentiation: reverse mode (`grad_with_loss`, `grad`, `value_and_grad`), forward mode (`jvp`),
 /// Hessian-vector products (`hvp`), higher-order derivatives (`nth_order_grad`), and the
 /// vectorizing map (`vmap`, `vmap_axes`). They compose: `vmap` of `grad` gives per-example
 /// gradients.
 pub mod autodiff {
     pub use rlx_opt::autodiff::{
         bake_input, grad, grad_with_loss, hvp, jvp, nth_order_grad, prepare_for_ad, tangent_name,
-        D_OUTPUT,
+        value_and_grad, D_OUTPUT,
     };
     pub use rlx_opt::vmap::{vmap, vmap_axes};
 }

@@ -680,3 +680,30 @@ fn run_grads(
         .map_err(|e| e.to_string())?;
     Ok(outs.iter().map(|(o, d)| decode(o, *d)).collect())
 }
+
+/// `value_and_grad` keeps every output of the graph (JAX's `has_aux`) before the gradients,
+/// and its gradients are `grad`'s: `loss = Σ w²` with the aux output `3w` gives
+/// `[Σ w², 3w, 2w]`.
+#[test]
+fn value_and_grad_keeps_the_other_outputs_and_gives_grads_gradients() {
+    let mut g = Graph::new("vg");
+    let w = g.param("w", Shape::new(&[3], DType::F32));
+    let sq = g.mul(w, w);
+    let loss = g.sum(sq, &[0], false);
+    let three = g.scalar(3.0, DType::F32);
+    let aux = g.mul(w, three);
+    g.set_outputs(vec![loss, aux]);
+    let vg = rlx::autodiff::value_and_grad(&g, &[w]).unwrap();
+    assert_eq!(vg.outputs().len(), 3);
+    let mut c = Session::new(Device::Cpu).compile(vg);
+    c.set_param("w", &[1.0, -2.0, 0.5]);
+    let out = c.run(&[]);
+    assert_eq!(
+        out,
+        vec![vec![5.25], vec![3.0, -6.0, 1.5], vec![2.0, -4.0, 1.0]]
+    );
+    let gr = rlx::autodiff::grad(&g, &[w]).unwrap();
+    let mut c = Session::new(Device::Cpu).compile(gr);
+    c.set_param("w", &[1.0, -2.0, 0.5]);
+    assert_eq!(c.run(&[]), vec![vec![2.0, -4.0, 1.0]]);
+}

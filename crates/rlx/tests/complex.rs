@@ -350,13 +350,11 @@ fn losses_gradients_and_tangents_match_jax_on_the_gpus() {
     jax_checks(&[("wgpu", run_gpu), ("cuda (emulated)", run_cuda_emulated)]);
 }
 
-/// The JAX cases on a CUDA device (`scripts/gpu-check.sh` runs it there with
-/// `RLX_REQUIRE_CUDA=1`; elsewhere it says in one line that it did not run).
+/// The JAX cases on a CUDA device (`scripts/gpu-check.sh` runs it there).
 #[test]
+#[ignore = "needs a CUDA device (scripts/gpu-check.sh runs it with --ignored)"]
 fn needs_cuda_device_the_jax_cases_run_on_the_device() {
-    if !common::cuda_or_skip("the complex JAX cases on CUDA") {
-        return;
-    }
+    common::require_cuda("the complex JAX cases on CUDA");
     jax_checks(&[("cuda", |g, feeds| run_on(Device::Cuda, g, feeds))]);
     let (g, feeds) = transform(FftKind::Fft, &[4096], 0, 4096);
     close(
@@ -656,6 +654,14 @@ fn bad_calls_are_named_errors() {
     );
     assert!(msg(g.try_fft(z, 2, None)).contains("axis 2"));
     assert!(msg(g.try_complex(d, d)).contains("f32"));
+    // No c128: a 64-bit operand is refused, never narrowed to f32 silently.
+    for e in [
+        msg(g.try_fft(d, 1, None)),
+        msg(g.try_rfft(d, 1, None)),
+        msg(g.try_stft(d, 4, 1, None)),
+    ] {
+        assert!(e.contains("64-bit") && e.contains("f64[4, 5]"), "{e}");
+    }
     assert!(msg(g.try_real(x)).contains("c64"));
     assert!(msg(g.try_maximum(z, z)).contains("complex"));
     assert!(msg(g.try_compare(CmpOp::Lt, z, z)).contains("order"));

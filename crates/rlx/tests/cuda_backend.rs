@@ -123,11 +123,12 @@ fn every_cuda_kernel_of_the_training_step_and_precision_policies_compiles_with_n
     common::compile_cuda_kernels(&kernels, "training step and precision policies");
 }
 
+/// Five AdamW steps of a small MLP on a CUDA device give the CPU's losses and weights (within
+/// 1e-4).
 #[test]
+#[ignore = "needs a CUDA device (scripts/gpu-check.sh runs it with --ignored)"]
 fn needs_cuda_device_five_adamw_steps_give_the_cpus_losses() {
-    if !common::cuda_or_skip("the CUDA training check") {
-        return;
-    }
+    common::require_cuda("the CUDA training check");
     let (cpu, cpu_w) = train(Device::Cpu, 5);
     let (gpu, gpu_w) = train(Device::Cuda, 5);
     for (a, b) in cpu.iter().zip(&gpu) {
@@ -145,11 +146,11 @@ fn needs_cuda_device_five_adamw_steps_give_the_cpus_losses() {
     eprintln!("CUDA training: losses {gpu:?} (CPU {cpu:?})");
 }
 
+/// An MLP under every precision policy on a CUDA device gives the CPU's values.
 #[test]
+#[ignore = "needs a CUDA device (scripts/gpu-check.sh runs it with --ignored)"]
 fn needs_cuda_device_an_mlp_under_every_precision_policy_gives_the_cpus_values() {
-    if !common::cuda_or_skip("the CUDA precision check") {
-        return;
-    }
+    common::require_cuda("the CUDA precision check");
     let x: Vec<f32> = (0..32).map(|i| ((i * 7 % 13) as f32 - 6.0) / 6.0).collect();
     let params: Vec<(&str, Vec<f32>)> = vec![
         (
@@ -383,10 +384,9 @@ fn cublas_calls_and_the_matmul_kernel_agree_with_the_reference_evaluator() {
 /// [`products`] on a CUDA device: through cuBLAS where the machine has it (the output says
 /// which), else RLX's kernel.
 #[test]
+#[ignore = "needs a CUDA device (scripts/gpu-check.sh runs it with --ignored)"]
 fn needs_cuda_device_products_match_the_reference_evaluator() {
-    if !common::cuda_or_skip("the CUDA products check") {
-        return;
-    }
+    common::require_cuda("the CUDA products check");
     let how = if rlx_cuda::cublas_found() {
         "cuBLAS"
     } else {

@@ -66,7 +66,7 @@ fn the_environment_page_holds_the_table() {
     let path = root().join("docs/environment.md");
     let doc = std::fs::read_to_string(&path).unwrap_or_default();
     let table = markdown_table();
-    if std::env::var_os("RLX_BLESS").is_some_and(|v| v == "1") {
+    if rlx::ir::env::get(rlx::ir::env::BLESS).as_deref() == Some("1") {
         let (head, tail) = match (doc.find("| variable |"), doc.find("<!-- end of table -->")) {
             (Some(s), Some(e)) => (doc[..s].to_string(), doc[e..].to_string()),
             _ => panic!("docs/environment.md needs the table and its end marker"),
@@ -79,4 +79,36 @@ fn the_environment_page_holds_the_table() {
         "docs/environment.md does not hold rlx_ir::env's table; run \
          RLX_BLESS=1 cargo test -p rlx --test environment"
     );
+}
+
+/// The record of GPU runs (`docs/gpu-runs.md`, written by `scripts/gpu-record.py`) lists every
+/// test that needs a CUDA device, and every such test is `#[ignore]`d (so `cargo test` never
+/// reports it `ok` without a device): a new device test regenerates the record.
+#[test]
+fn the_gpu_record_lists_every_device_test() {
+    let record = std::fs::read_to_string(root().join("docs/gpu-runs.md")).unwrap();
+    let mut files = Vec::new();
+    rust_files(&root().join("crates"), &mut files);
+    let mut found = 0;
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            let Some(rest) = line.trim_start().strip_prefix("fn needs_cuda_device_") else {
+                continue;
+            };
+            let name = format!("needs_cuda_device_{}", rest.split('(').next().unwrap());
+            assert!(
+                i > 0 && lines[i - 1].contains("#[ignore = \"needs a CUDA device"),
+                "{}: {name} is not #[ignore = \"needs a CUDA device ...\"]",
+                f.display()
+            );
+            assert!(
+                record.contains(&format!("`{name}`")),
+                "docs/gpu-runs.md does not list {name}: run scripts/gpu-record.py render"
+            );
+            found += 1;
+        }
+    }
+    assert!(found >= 11, "only {found} device tests found");
 }

@@ -19,36 +19,41 @@ use std::time::Instant;
 
 struct Model {
     name: &'static str,
-    env: &'static str,
+    env: rlx::ir::env::Var,
     known: KnownModel,
     kind: TokenizerKind,
 }
 
 const SMOLLM2: Model = Model {
     name: "smollm2",
-    env: "RLX_SMOLLM2_GGUF",
+    env: rlx::ir::env::SMOLLM2_GGUF,
     known: KnownModel::SmolLM2,
     kind: TokenizerKind::Bpe,
 };
 
 const GEMMA3: Model = Model {
     name: "gemma3",
-    env: "RLX_GEMMA3_GGUF",
+    env: rlx::ir::env::GEMMA3_GGUF,
     known: KnownModel::Gemma3,
     kind: TokenizerKind::Spm,
 };
 
 /// The model file of `m`: the environment variable's path, else the cached (or fetched) file.
 fn model_path(m: &Model) -> PathBuf {
-    if let Some(p) = std::env::var_os(m.env) {
+    if let Some(p) = std::env::var_os(m.env.name) {
         let p = PathBuf::from(p);
-        assert!(p.is_file(), "{} = {} is not a file", m.env, p.display());
+        assert!(
+            p.is_file(),
+            "{} = {} is not a file",
+            m.env.name,
+            p.display()
+        );
         return p;
     }
     ensure(m.known, false).unwrap_or_else(|e| {
         panic!(
             "{}: the model could not be fetched ({e}); set {} to a local copy",
-            m.name, m.env
+            m.name, m.env.name
         )
     })
 }

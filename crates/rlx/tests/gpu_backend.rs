@@ -19,16 +19,16 @@ fn rlx_wgpu_adapter_picks_by_name_and_names_what_exists() {
         .get_info()
         .name;
     // The one test of this binary sets the variable: nothing else reads it meanwhile.
-    std::env::set_var("RLX_WGPU_ADAPTER", &name[..name.len().min(4)]);
+    std::env::set_var(rlx::ir::env::WGPU_ADAPTER.name, &name[..name.len().min(4)]);
     let picked = rlx::driver::gpu::adapter(Device::Vulkan).expect("picked by part of its name");
     assert_eq!(picked.get_info().name, name);
-    std::env::set_var("RLX_WGPU_ADAPTER", "no-such-adapter-anywhere");
+    std::env::set_var(rlx::ir::env::WGPU_ADAPTER.name, "no-such-adapter-anywhere");
     let err = rlx::driver::gpu::adapter(Device::Vulkan).expect_err("no such adapter");
     assert!(
         err.contains("no-such-adapter-anywhere") && err.contains(&name),
         "{err}"
     );
-    std::env::remove_var("RLX_WGPU_ADAPTER");
+    std::env::remove_var(rlx::ir::env::WGPU_ADAPTER.name);
 
     // What runs where on the GPU: a dot_general decomposed, an elementwise region, a softmax and
     // an RMS norm on kernels of their own.

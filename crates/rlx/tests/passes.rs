@@ -151,12 +151,13 @@ fn simplify_removes_multiply_by_one_and_add_of_zero() {
     let x = g.input("x", f32s(&[2, 3]));
     let one = g.scalar(1.0, DType::F32);
     let zero = g.scalar(-0.0, DType::F32); // the exact float additive identity
+    let plus_zero = g.scalar(0.0, DType::F32); // and the exact subtractive one
     let ones = g.constant_f32(&[3], &[1.0; 3]);
     let a = g.mul(x, one);
     let b = g.add(a, zero);
     let c = g.add(zero, b);
     let d = g.mul(ones, c); // [3] broadcast against [2, 3]: still x's shape
-    let e = g.sub(d, zero);
+    let e = g.sub(d, plus_zero);
     let f = g.div(e, one);
     g.set_outputs(vec![f]);
     let (out, n) = run_pass(&AlgebraicSimplify, &g);
@@ -173,6 +174,22 @@ fn simplify_removes_multiply_by_one_and_add_of_zero() {
     let xs = iota(6);
     assert_eq!(run_plain(&out, &[("x", &xs)]), vec![xs.clone()]);
     assert_eq!(run_plain(&g, &[("x", &xs)]), vec![xs]);
+}
+
+/// `x - (-0.0)` and `x + 0.0` are not `x` (for `x = -0.0` both give `+0.0`): they stay.
+#[test]
+fn simplify_keeps_the_signed_zeros_that_are_not_identities() {
+    let mut g = Graph::new("not_identities");
+    let x = g.input("x", f32s(&[2]));
+    let neg = g.scalar(-0.0, DType::F32);
+    let pos = g.scalar(0.0, DType::F32);
+    let a = g.sub(x, neg);
+    let b = g.add(x, pos);
+    g.set_outputs(vec![a, b]);
+    let (out, n) = run_pass(&AlgebraicSimplify, &g);
+    assert_eq!(n, 0, "{out}");
+    let got = run_plain(&g, &[("x", &[-0.0, 1.0])]);
+    assert!(got[0][0].is_sign_positive() && got[1][0].is_sign_positive());
 }
 
 #[test]

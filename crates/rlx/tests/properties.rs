@@ -538,3 +538,226 @@ fn concurrent_runs_on_the_shared_pool() {
         }
     });
 }
+
+// ------------------------------------------- constants of every dtype, optimized or not
+
+/// Values worth holding in a constant (or feeding as `x`) of `dt`: the identities the
+/// simplifier knows (signed zeros, one), their neighbours, and the values arithmetic treats
+/// specially (infinities, NaN), as little-endian bytes of one element.
+fn special_elements(dt: DType) -> Vec<Vec<u8>> {
+    let floats = [
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        0.5,
+        2.0,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::NAN,
+    ];
+    let one = |v: f64, dt: DType| {
+        let mut b = vec![0u8; dt.size_bytes()];
+        rlx::ir::convert::f64_to_bytes(v, dt, &mut b).unwrap();
+        b
+    };
+    match dt {
+        DType::F32 | DType::F64 | DType::F16 | DType::BF16 => {
+            floats.iter().map(|&v| one(v, dt)).collect()
+        }
+        // Every pair of parts: real part 0 or 1 with a nonzero imaginary part included.
+        DType::C64 => {
+            let parts = [0.0f32, -0.0, 1.0, 0.5, -2.0, f32::INFINITY, f32::NAN];
+            parts
+                .iter()
+                .flat_map(|&re| parts.iter().map(move |&im| (re, im)))
+                .map(|(re, im)| {
+                    re.to_le_bytes()
+                        .into_iter()
+                        .chain(im.to_le_bytes())
+                        .collect()
+                })
+                .collect()
+        }
+        DType::I8 | DType::I16 | DType::I32 | DType::I64 => [0.0, 1.0, -1.0, 2.0, -3.0, 7.0]
+            .iter()
+            .map(|&v| one(v, dt))
+            .collect(),
+        DType::U8 | DType::U32 => [0.0, 1.0, 2.0, 7.0].iter().map(|&v| one(v, dt)).collect(),
+        DType::Bool => [0.0, 1.0].iter().map(|&v| one(v, dt)).collect(),
+    }
+}
+
+/// Whether two outputs of `dt` are the same bits, any NaN matching any NaN (a NaN's payload
+/// and sign depend on operand order, which no rule promises).
+fn same_bits(a: &[u8], b: &[u8], dt: DType) -> bool {
+    let w = dt.size_bytes();
+    let nan = |e: &[u8]| match rlx::ir::convert::read_element(e, dt) {
+        rlx::ir::convert::Element::Float(v) => v.is_nan(),
+        rlx::ir::convert::Element::Complex(re, im) => re.is_nan() || im.is_nan(),
+        rlx::ir::convert::Element::Int(_) | rlx::ir::convert::Element::Bool(_) => false,
+    };
+    a.len() == b.len()
+        && a.chunks_exact(w).zip(b.chunks_exact(w)).all(|(x, y)| {
+            if dt == DType::C64 {
+                // Part by part.
+                (0..2).all(|p| {
+                    let (x, y) = (&x[4 * p..4 * p + 4], &y[4 * p..4 * p + 4]);
+                    let n = |e: &[u8]| f32::from_le_bytes([e[0], e[1], e[2], e[3]]).is_nan();
+                    x == y || (n(x) && n(y))
+                })
+            } else {
+                x == y || (nan(x) && nan(y))
+            }
+        })
+}
+
+/// `g` on the CPU with the default pipeline and with every optimization off, on `x`.
+fn optimized_and_not(g: &Graph, x: &[u8], dt: DType) -> Option<(Vec<u8>, Vec<u8>)> {
+    let run = |s: Session| -> Option<Vec<u8>> {
+        let mut c = s.try_compile(g.clone()).ok()?;
+        let out = c.try_run_typed(&[("x", x, dt)]).ok()?;
+        Some(out[0].0.clone())
+    };
+    let opt = run(Session::new(Device::Cpu));
+    let plain = run(Session::new(Device::Cpu).without_optimizations());
+    match (opt, plain) {
+        (Some(a), Some(b)) => Some((a, b)),
+        (None, None) => None,
+        (a, b) => panic!(
+            "{}: compiles/runs optimized {} but unoptimized {}",
+            g.name(),
+            a.is_some(),
+            b.is_some()
+        ),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+
+    /// `x op c` and `c op x` for every dtype and op, with `c` a constant splat (of one
+    /// element, or broadcast to `x`'s shape) of a special value: the default pipeline (whose
+    /// simplifier drops identities) gives the bits the unoptimized one gives.
+    #[test]
+    fn optimizations_keep_the_bits_of_arithmetic_with_constants(
+        dt_i in 0..DType::ALL.len(),
+        op_i in 0..4usize,
+        c_i in 0..64usize,
+        xs in proptest::collection::vec(0..64usize, 4),
+        const_first: bool,
+        full_shape: bool,
+    ) {
+        let dt = DType::ALL[dt_i];
+        let specials = special_elements(dt);
+        let c_bytes = specials[c_i % specials.len()].clone();
+        // Integer division by zero (or of MIN by -1) is not what this checks.
+        let int_div = op_i == 3 && !dt.is_float() && dt != DType::C64;
+        if int_div {
+            let e = rlx::ir::convert::read_element(&c_bytes, dt);
+            prop_assume!(!matches!(e, rlx::ir::convert::Element::Int(0 | -1)));
+        }
+        let mut g = Graph::new("constant_arith");
+        let x = g.input("x", Shape::new(&[4], dt));
+        let c = if full_shape {
+            g.try_constant_bytes(Shape::new(&[4], dt), c_bytes.repeat(4)).unwrap()
+        } else {
+            g.try_constant_bytes(Shape::scalar(dt), c_bytes.clone()).unwrap()
+        };
+        let (a, b) = if const_first { (c, x) } else { (x, c) };
+        let y = match op_i {
+            0 => g.try_add(a, b),
+            1 => g.try_sub(a, b),
+            2 => g.try_mul(a, b),
+            _ => g.try_div(a, b),
+        };
+        let Ok(y) = y else {
+            // The op refuses the dtype (Bool arithmetic): nothing to compare.
+            return Ok(());
+        };
+        g.set_outputs(vec![y]);
+        let x_bytes: Vec<u8> = xs
+            .iter()
+            .flat_map(|&i| specials[i % specials.len()].clone())
+            .collect();
+        if int_div && const_first {
+            // x is the divisor here.
+            let w = dt.size_bytes();
+            prop_assume!(x_bytes.chunks_exact(w).all(|e| !matches!(
+                rlx::ir::convert::read_element(e, dt),
+                rlx::ir::convert::Element::Int(0 | -1)
+            )));
+        }
+        if let Some((opt, plain)) = optimized_and_not(&g, &x_bytes, dt) {
+            prop_assert!(
+                same_bits(&opt, &plain, dt),
+                "{dt} op {op_i} (const first: {const_first}), c = {c_bytes:?}, x = {x_bytes:?}: \
+                 optimized {opt:?}, unoptimized {plain:?}"
+            );
+        }
+    }
+}
+
+/// The cases a new user of complex numbers reaches for first (`x * (1 + 0.5i)`, `x + 0.5i`,
+/// ...): a constant whose real part is the identity of the op and whose imaginary part is not
+/// leaves `x` changed, with and without optimizations alike.
+#[test]
+fn complex_constants_with_an_identity_real_part_are_not_dropped() {
+    let x = [(1.0f32, 2.0f32), (-3.0, 0.5)];
+    let x_bytes: Vec<u8> = x
+        .iter()
+        .flat_map(|&(re, im)| re.to_le_bytes().into_iter().chain(im.to_le_bytes()))
+        .collect();
+    let cases: [(&str, f32, f32); 4] = [
+        ("mul", 1.0, 0.5),
+        ("div", 1.0, 0.5),
+        ("add", 0.0, 0.5),
+        ("sub", 0.0, 0.5),
+    ];
+    for (op, re, im) in cases {
+        let mut g = Graph::new(op);
+        let xi = g.input("x", Shape::new(&[2], DType::C64));
+        let c = g.complex_scalar(re, im);
+        let y = match op {
+            "mul" => g.mul(xi, c),
+            "div" => g.div(xi, c),
+            "add" => g.add(xi, c),
+            _ => g.sub(xi, c),
+        };
+        g.set_outputs(vec![y]);
+        let (opt, plain) = optimized_and_not(&g, &x_bytes, DType::C64).unwrap();
+        assert!(
+            same_bits(&opt, &plain, DType::C64),
+            "{op}: {opt:?} vs {plain:?}"
+        );
+        assert_ne!(opt, x_bytes, "{op} by {re}+{im}i returned x unchanged");
+    }
+}
+
+/// A sum of concats whose constant splat is cut into pieces rebuilds each piece from the
+/// splat's own bytes: a c64 splat keeps its imaginary part.
+#[test]
+fn a_cut_complex_splat_keeps_its_value() {
+    let mut g = Graph::new("add_concats_c64");
+    let x = g.input("x", Shape::new(&[6], DType::C64));
+    let xa = g.narrow(x, 0, 0, 2);
+    let splat = g.complex_scalar(0.5, 0.25);
+    let s = g.expand(splat, &[4]);
+    let a = g.concat(&[xa, s], 0);
+    let y1 = g.narrow(x, 0, 0, 2);
+    let y2 = g.narrow(x, 0, 2, 2);
+    let y3 = g.narrow(x, 0, 4, 2);
+    let b = g.concat(&[y1, y2, y3], 0);
+    let y = g.add(a, b);
+    g.set_outputs(vec![y]);
+    let xs: Vec<u8> = (0..6)
+        .flat_map(|i| {
+            let (re, im) = (i as f32, -(i as f32) / 2.0);
+            re.to_le_bytes().into_iter().chain(im.to_le_bytes())
+        })
+        .collect();
+    let (opt, plain) = optimized_and_not(&g, &xs, DType::C64).unwrap();
+    assert!(same_bits(&opt, &plain, DType::C64), "{opt:?} vs {plain:?}");
+    let im = |b: &[u8], i: usize| f32::from_le_bytes(b[8 * i + 4..8 * i + 8].try_into().unwrap());
+    assert_eq!(im(&opt, 5), -2.5 + 0.25);
+}

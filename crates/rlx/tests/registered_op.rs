@@ -472,13 +472,11 @@ fn register_cuda_kernel() {
     );
 }
 
-/// The registered CUDA kernel on a CUDA device (`scripts/gpu-check.sh` runs it there with
-/// `RLX_REQUIRE_CUDA=1`; elsewhere it says in one line that it did not run).
+/// The registered CUDA kernel on a CUDA device (`scripts/gpu-check.sh` runs it there).
 #[test]
+#[ignore = "needs a CUDA device (scripts/gpu-check.sh runs it with --ignored)"]
 fn needs_cuda_device_the_registered_kernel_runs_on_the_device() {
-    if !common::cuda_or_skip("softplus's CUDA kernel on the device") {
-        return;
-    }
+    common::require_cuda("softplus's CUDA kernel on the device");
     registered();
     register_cuda_kernel();
     let mut c = Session::new(Device::Cuda).compile(model());
@@ -571,4 +569,36 @@ fn a_registered_op_goes_through_the_compile_cache() {
     assert_eq!((s.disk_hits, s.misses, s.rejected), (1, 0, 0), "{s:?}");
     assert_eq!(run(&mut c), first);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The scientific crates are reachable from the prelude crate (`rlx::linalg`, `rlx::sparse`,
+/// behind features of those names): a solve and a sparse product built through them run on the
+/// CPU, with no `register()` call first.
+#[test]
+fn the_scientific_crates_are_reachable_from_the_prelude_crate() {
+    let mut g = Graph::new("science");
+    let a = g.input("a", Shape::new(&[2, 2], DType::F32));
+    let b = g.input("b", Shape::new(&[2, 1], DType::F32));
+    let x = rlx::linalg::apply(&mut g, rlx::linalg::Linalg::Solve, &[a, b]).unwrap();
+    let rows = g.constant_bytes(
+        Shape::new(&[2], DType::I32),
+        [0i32, 1].map(i32::to_le_bytes).concat(),
+    );
+    let cols = g.constant_bytes(
+        Shape::new(&[2], DType::I32),
+        [1i32, 0].map(i32::to_le_bytes).concat(),
+    );
+    let values = g.constant_f32(&[2], &[2.0, 3.0]);
+    let m = rlx::sparse::Coo {
+        rows,
+        cols,
+        values,
+        shape: (2, 2),
+    };
+    let y = m.matmul(&mut g, x).unwrap();
+    g.set_outputs(vec![x, y]);
+    let mut c = Session::new(Device::Cpu).compile(g);
+    // a = [[2, 0], [0, 4]], b = [2, 8]: x = [1, 2]; [[0, 2], [3, 0]] x = [4, 3].
+    let out = c.run(&[("a", &[2.0, 0.0, 0.0, 4.0]), ("b", &[2.0, 8.0])]);
+    assert_eq!(out, vec![vec![1.0, 2.0], vec![4.0, 3.0]]);
 }

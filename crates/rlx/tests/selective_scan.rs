@@ -6,7 +6,6 @@ mod common;
 
 use common::{decode, encode, uniform};
 use rlx::ir::eval::{evaluate, Tensor};
-use rlx::ir::ops::SelectiveScan;
 use rlx::prelude::*;
 use std::collections::BTreeMap;
 
@@ -27,11 +26,11 @@ fn check(bs: usize, ds: usize, ls: usize, ns: usize, softplus: bool, extras: usi
     let ins: Vec<NodeId> = (0..count)
         .map(|i| g.input(names[i], shapes[i].clone()))
         .collect();
-    let y = g.op(
-        Op::defined(SelectiveScan {
-            delta_softplus: softplus,
-        }),
-        &ins,
+    let y = g.selective_scan(
+        [ins[0], ins[1], ins[2], ins[3], ins[4]],
+        ins.get(5).copied(),
+        ins.get(6).copied(),
+        softplus,
     );
     g.set_outputs(vec![y]);
     let mut feeds = Vec::new();

@@ -534,10 +534,9 @@ fn engine_keeps_each_request_its_tokens_on(device: Device, prompts: &[Vec<u32>],
 
 /// On a CUDA device: 32 requests, each beside 31 others as alone, and after preemption.
 #[test]
+#[ignore = "needs a CUDA device (scripts/gpu-check.sh runs it with --ignored)"]
 fn needs_cuda_device_smollm2_engine_keeps_each_requests_tokens() {
-    if !common::cuda_or_skip("the serving engine on CUDA") {
-        return;
-    }
+    common::require_cuda("the serving engine on CUDA");
     let llm = Llm::load(model(), LoadOptions::default()).unwrap();
     let mut p = prompts(&llm);
     for i in 0..32 {

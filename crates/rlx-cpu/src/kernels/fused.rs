@@ -711,7 +711,7 @@ pub fn as_adam(
     extra: &[usize],
     rows: Option<RowSum>,
 ) -> Option<AdamGroup> {
-    if rows.is_some() || dims.contains(&0) || rlx_ir::env::is_off("RLX_FUSED_ADAM") {
+    if rows.is_some() || dims.contains(&0) || rlx_ir::env::is_off(rlx_ir::env::FUSED_ADAM) {
         return None;
     }
     let dense = Layout::contiguous(dims);

@@ -558,7 +558,7 @@ const DIRECT_B_MAX_M: usize = 24;
 /// pad), few rows (see [`DIRECT_B_MAX_M`]). `RLX_GEMM_DIRECT_B=0` turns it off.
 fn direct_b(isa: Isa, b: &Mat, m: usize, n: usize) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| rlx_ir::env::is_off("RLX_GEMM_DIRECT_B"));
+    let off = *OFF.get_or_init(|| rlx_ir::env::is_off(rlx_ir::env::GEMM_DIRECT_B));
     let (_, nr) = isa.tile();
     !off && matches!(isa, Isa::Avx512 | Isa::Avx2)
         && b.cs == 1
@@ -572,7 +572,7 @@ fn direct_b(isa: Isa, b: &Mat, m: usize, n: usize) -> bool {
 /// contiguous copies and gains nothing.) `RLX_GEMM_DIRECT=0/1` forces the choice.
 fn direct_a(isa: Isa, a: &Mat, n: usize) -> bool {
     static FORCE: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    let force = *FORCE.get_or_init(|| rlx_ir::env::get("RLX_GEMM_DIRECT").map(|v| v != "0"));
+    let force = *FORCE.get_or_init(|| rlx_ir::env::get(rlx_ir::env::GEMM_DIRECT).map(|v| v != "0"));
     matches!(isa, Isa::Avx512 | Isa::Avx2)
         && (a.cs == 1 || (a.rs == 1 && force == Some(true)))
         && force.unwrap_or(isa == Isa::Avx2 || n <= DIRECT_MAX_N)

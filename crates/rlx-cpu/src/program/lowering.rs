@@ -76,7 +76,7 @@ const PARAM_SLAB_MIN: usize = 2 << 20;
 /// A/B measurements).
 fn param_slab_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| !rlx_ir::env::is_off("RLX_PARAM_SLAB"))
+    *ON.get_or_init(|| !rlx_ir::env::is_off(rlx_ir::env::PARAM_SLAB))
 }
 
 /// What lowering a node needs to know of it besides the node: its result's dims, dtype and

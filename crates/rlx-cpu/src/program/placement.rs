@@ -107,7 +107,7 @@ impl Lowering<'_> {
         let vals = &this.vals;
         let mut steps = Vec::with_capacity(nsteps);
         let mut step_ops = Vec::with_capacity(nsteps);
-        let by_node = rlx_ir::env::get("RLX_PROFILE").is_some_and(|v| v == "nodes");
+        let by_node = rlx_ir::env::get(rlx_ir::env::PROFILE).is_some_and(|v| v == "nodes");
         let mut step_desc = by_node.then(Vec::new);
         for (node, operands, out_req, scratch_req, build) in pending {
             let n = g.node(rlx_ir::NodeId(node as u32));
@@ -148,7 +148,7 @@ impl Lowering<'_> {
             .iter()
             .map(|&r| base(Buf::Arena(r)))
             .collect();
-        let profile = rlx_ir::env::is_set("RLX_PROFILE").then(|| vec![(0, 0); steps.len()]);
+        let profile = rlx_ir::env::is_set(rlx_ir::env::PROFILE).then(|| vec![(0, 0); steps.len()]);
         Ok(Program {
             steps,
             step_ops,

@@ -249,9 +249,21 @@ fn resize(g: &mut Graph, x: NodeId, axis: usize, n: usize) -> Result<NodeId> {
     }
 }
 
-/// `x` as `dt` (a no-op when it is already).
-fn as_dtype(g: &mut Graph, x: NodeId, dt: DType) -> Result<NodeId> {
-    if g.shape(x).dtype() == dt {
+/// `x` as `dt` (a no-op when it is already) for the transform `what`. The transforms compute
+/// in f32 parts (c64): a 64-bit operand (f64, i64) is refused rather than narrowed silently.
+fn as_dtype(g: &mut Graph, x: NodeId, dt: DType, what: &str) -> Result<NodeId> {
+    let from = g.shape(x).dtype();
+    if matches!(from, DType::F64 | DType::I64) {
+        return Err(Error::op(
+            what,
+            format!(
+                "operand {} is 64-bit, but the transforms compute in c64 (f32 parts; there is \
+                 no c128): cast it to f32 first to accept the narrowing",
+                g.shape(x)
+            ),
+        ));
+    }
+    if from == dt {
         Ok(x)
     } else {
         g.try_cast(x, dt)
@@ -284,7 +296,7 @@ impl Graph {
         n: Option<usize>,
     ) -> Result<NodeId> {
         let axis = axis_of(self, x, axis, kind.name())?;
-        let x = as_dtype(self, x, DType::C64)?;
+        let x = as_dtype(self, x, DType::C64, kind.name())?;
         let n = n.unwrap_or(super::ad::dims(self, x)[axis]);
         let x = resize(self, x, axis, n)?;
         self.try_op(Op::defined(Fft { kind, axis, n }), &[x])
@@ -300,7 +312,7 @@ impl Graph {
                 format!("needs a real operand, got {}", self.shape(x)),
             ));
         }
-        let x = as_dtype(self, x, DType::F32)?;
+        let x = as_dtype(self, x, DType::F32, "rfft")?;
         let n = n.unwrap_or(super::ad::dims(self, x)[axis]);
         let x = resize(self, x, axis, n)?;
         self.try_op(
@@ -319,7 +331,7 @@ impl Graph {
     /// are ignored.
     pub fn try_irfft(&mut self, x: NodeId, axis: usize, n: Option<usize>) -> Result<NodeId> {
         let axis = axis_of(self, x, axis, "irfft")?;
-        let x = as_dtype(self, x, DType::C64)?;
+        let x = as_dtype(self, x, DType::C64, "irfft")?;
         let m = super::ad::dims(self, x)[axis];
         let n = n.unwrap_or(2 * m.saturating_sub(1));
         if n == 0 {
@@ -384,7 +396,7 @@ impl Graph {
     ) -> Result<NodeId> {
         let (frames, _) = frame_layout(self, x, n_fft, hop, "stft")?;
         let idx = frame_indices(self, frames, n_fft, hop)?;
-        let x = as_dtype(self, x, DType::F32)?;
+        let x = as_dtype(self, x, DType::F32, "stft")?;
         let last = self.shape(x).rank() - 1;
         let framed = self.try_gather(x, idx, last)?;
         let framed = match window {

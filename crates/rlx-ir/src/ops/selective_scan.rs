@@ -104,6 +104,44 @@ fn dims_of(ins: &[&Shape]) -> Result<(usize, usize, usize, usize)> {
     Ok((bs, ds, ls, ns))
 }
 
+impl Graph {
+    /// Mamba's `selective_scan_fn(u, delta, A, B, C, D, z, delta_softplus)`: `ins` are
+    /// `[u, delta, a, b, c]`; `d` (`[D]`, the skip) and `z` (`[B, D, L]`, the gate) are optional,
+    /// and a gate needs the skip (pass zeros for none).
+    pub fn try_selective_scan(
+        &mut self,
+        ins: [NodeId; 5],
+        d: Option<NodeId>,
+        z: Option<NodeId>,
+        delta_softplus: bool,
+    ) -> Result<NodeId> {
+        let mut all = ins.to_vec();
+        match (d, z) {
+            (None, Some(_)) => {
+                return Err(Error::op(
+                    OP.name,
+                    "the gate z needs the skip D (pass zeros of [D] for none)",
+                ))
+            }
+            (Some(d), z) => all.extend(std::iter::once(d).chain(z)),
+            (None, None) => {}
+        }
+        self.try_op(Op::defined(SelectiveScan { delta_softplus }), &all)
+    }
+
+    /// Short form of [`Graph::try_selective_scan`]; panics with its error.
+    pub fn selective_scan(
+        &mut self,
+        ins: [NodeId; 5],
+        d: Option<NodeId>,
+        z: Option<NodeId>,
+        delta_softplus: bool,
+    ) -> NodeId {
+        self.try_selective_scan(ins, d, z, delta_softplus)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
 impl SelectiveScan {
     /// The recurrence in f64 over flat row-major operands (the reference evaluator, and the
     /// CPU's kernel through [`SelectiveScan::run`]).

@@ -14,6 +14,24 @@
 //! }
 //! # Ok::<(), rlx::Error>(())
 //! ```
+//!
+//! # Parity with llama.cpp
+//!
+//! On the CPU, a decode step follows llama.cpp's x86 build operation for operation, so the
+//! logits are bit-identical, not merely close (int8 activation quantization would otherwise turn
+//! last-bit differences into whole quantization steps):
+//!
+//! - activations quantized to int8 as llama.cpp does for each weight format, and the int8 dot
+//!   products accumulated per block in its order (`rlx_cpu::kernels::quant`);
+//! - attention over an f16 cache as its non-flash path: queries and weights rounded to f16, its
+//!   lane order for the sums, its vectorized `expf` (RLX's `exp_f32` is that algorithm);
+//! - RMSNorm's squares summed in f64; RoPE's products fused into multiply-adds as GCC fuses
+//!   them; Gemma's queries scaled before the f16 rounding and its GELU looked up in llama.cpp's
+//!   f16 table.
+//!
+//! `tests/llm_parity.rs` holds both models to llama.cpp's top-5 logits at every position, with
+//! the best kernels the CPU has and, for SmolLM2, at the AVX2 level too. The portable kernels
+//! sum in another order and are not bit-identical.
 
 mod chat;
 mod config;

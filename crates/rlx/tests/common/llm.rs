@@ -197,3 +197,75 @@ pub fn load_random(
     )
     .unwrap_or_else(|e| panic!("random {m:?} on {device}: {e}"))
 }
+
+/// What [`decode_track`] measured: for each prompt and decode step, the largest logit
+/// difference from the CPU relative to the CPU's logits' standard deviation.
+pub struct DecodeTrack {
+    /// `(prompt, step, relative difference)` of every step compared.
+    pub steps: Vec<(usize, usize, f32)>,
+}
+
+impl DecodeTrack {
+    /// The worst step.
+    pub fn worst(&self) -> (usize, usize, f32) {
+        self.steps
+            .iter()
+            .copied()
+            .fold((0, 0, 0f32), |w, s| if s.2 > w.2 { s } else { w })
+    }
+
+    /// Hold every step to `bound` (relative to the CPU logits' spread), saying what was found.
+    pub fn check(&self, what: &str, bound: f32) {
+        let (p, s, w) = self.worst();
+        eprintln!(
+            "{what}: {} decode steps, every step's logits within {w:.2e} of the CPU's standard \
+             deviation (worst: prompt {p} step {s})",
+            self.steps.len()
+        );
+        assert!(
+            w <= bound,
+            "{what}: prompt {p} decode step {s}: logits differ from the CPU's by {w} sd (bound \
+             {bound}); per step: {:?}",
+            self.steps
+                .iter()
+                .filter(|t| t.0 == p)
+                .map(|t| t.2)
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+/// Decode `steps` tokens after each prompt on `cpu` and on `other`, both fed the CPU's greedy
+/// token every step (teacher-forced, so every step is compared however the two choose), and
+/// measure each step's logits against the CPU's.
+pub fn decode_track(
+    cpu: &mut rlx::llm::Llm,
+    other: &mut rlx::llm::Llm,
+    prompts: &[Vec<u32>],
+    steps: usize,
+) -> DecodeTrack {
+    let mut out = DecodeTrack { steps: Vec::new() };
+    for (p, prompt) in prompts.iter().enumerate() {
+        cpu.reset();
+        other.reset();
+        let (mut lc, mut lo) = (cpu.forward(prompt).unwrap(), other.forward(prompt).unwrap());
+        for step in 0..steps {
+            let n = lc.len() as f32;
+            let mean = lc.iter().sum::<f32>() / n;
+            let sd = (lc.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / n).sqrt();
+            let worst = lc
+                .iter()
+                .zip(&lo)
+                .map(|(a, b)| (a - b).abs())
+                .fold(
+                    0f32,
+                    |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+                );
+            out.steps.push((p, step, worst / sd.max(1e-6)));
+            let next = argmax(&lc) as u32;
+            lc = cpu.forward(&[next]).unwrap();
+            lo = other.forward(&[next]).unwrap();
+        }
+    }
+    out
+}

@@ -50,45 +50,46 @@ pub fn uniform(n: usize, seed: u64, lo: f64, hi: f64) -> Vec<f64> {
         .collect()
 }
 
-/// Whether a CUDA device is here. Without one: fail under `RLX_REQUIRE_CUDA=1` (the GPU check
-/// sets it), otherwise say in one line that `what` did not run.
-pub fn cuda_or_skip(what: &str) -> bool {
-    if Device::Cuda.is_available() {
-        return true;
-    }
+/// Fail unless a CUDA device is here. Called first by the tests that need one, which are
+/// `#[ignore]`d so that `cargo test` never reports them `ok` without a device; the GPU check
+/// (`scripts/gpu-check.sh`) runs them with `--ignored`.
+pub fn require_cuda(what: &str) {
     assert!(
-        std::env::var("RLX_REQUIRE_CUDA").as_deref() != Ok("1"),
-        "RLX_REQUIRE_CUDA=1 but {}",
+        Device::Cuda.is_available(),
+        "{what} needs a CUDA device: {}",
         Device::Cuda.availability_hint()
     );
-    eprintln!(
-        "no CUDA device, {what} NOT run: {}",
-        Device::Cuda.availability_hint()
-    );
-    false
 }
 
 /// Compile every CUDA kernel source of `kernels` with NVRTC for the checked architectures when
 /// NVRTC is at hand (`RLX_REQUIRE_NVRTC=1` makes its absence a failure); one line says how many
 /// (`what`: which kernels).
 pub fn compile_cuda_kernels<'a>(kernels: impl IntoIterator<Item = &'a String>, what: &str) {
+    compile_cuda_kernels_for(kernels, &rlx_cuda::CHECKED_ARCHS, what)
+}
+
+/// [`compile_cuda_kernels`] for the architectures `archs`.
+pub fn compile_cuda_kernels_for<'a>(
+    kernels: impl IntoIterator<Item = &'a String>,
+    archs: &[u32],
+    what: &str,
+) {
     match rlx_cuda::nvrtc::Nvrtc::get() {
         Ok(nvrtc) => {
             let mut n = 0;
             for src in kernels {
-                for arch in rlx_cuda::CHECKED_ARCHS {
-                    nvrtc.cubin(src, arch).unwrap();
+                for &arch in archs {
+                    nvrtc
+                        .cubin(src, arch)
+                        .unwrap_or_else(|e| panic!("{what}: sm_{arch}: {e}"));
                 }
                 n += 1;
             }
-            eprintln!(
-                "{what}: {n} distinct CUDA kernels compiled for sm_{:?}",
-                rlx_cuda::CHECKED_ARCHS
-            );
+            eprintln!("{what}: {n} distinct CUDA kernels compiled for sm_{archs:?}");
         }
         Err(e) => {
             assert!(
-                std::env::var("RLX_REQUIRE_NVRTC").as_deref() != Ok("1"),
+                rlx::ir::env::get(rlx::ir::env::REQUIRE_NVRTC).as_deref() != Some("1"),
                 "RLX_REQUIRE_NVRTC=1 and {e}"
             );
             eprintln!("NVRTC missing, {what}: CUDA kernels lowered but NOT compiled: {e}");

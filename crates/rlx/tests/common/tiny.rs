@@ -98,3 +98,42 @@ pub fn greedy_tokens(engine: &mut Engine, prompts: &[Vec<u32>], n: usize) -> Vec
         .map(|id| got.remove(id).unwrap_or_default())
         .collect()
 }
+
+/// Greedy tokens of every request with the log-softmax of every step over the whole
+/// vocabulary (`vocab` entries, indexed by token), in submission order.
+pub fn greedy_with_logprobs(
+    engine: &mut Engine,
+    prompts: &[Vec<u32>],
+    n: usize,
+    vocab: usize,
+) -> Vec<Vec<(u32, Vec<f32>)>> {
+    let ids: Vec<u64> = prompts
+        .iter()
+        .map(|p| {
+            let params = GenParams {
+                max_tokens: n,
+                logprobs: Some(vocab),
+                ..GenParams::default()
+            };
+            engine.submit(p.clone(), params).unwrap()
+        })
+        .collect();
+    let mut got: BTreeMap<u64, Vec<(u32, Vec<f32>)>> = BTreeMap::new();
+    let mut steps = 0;
+    while engine.has_work() {
+        for e in engine.step().unwrap() {
+            if let (Some(t), Some(lp)) = (e.token, e.logprobs) {
+                let mut row = vec![f32::NEG_INFINITY; vocab];
+                for (tok, l) in lp.top {
+                    row[tok as usize] = l;
+                }
+                got.entry(e.id).or_default().push((t, row));
+            }
+        }
+        steps += 1;
+        assert!(steps < 10_000, "the engine does not finish");
+    }
+    ids.iter()
+        .map(|id| got.remove(id).unwrap_or_default())
+        .collect()
+}

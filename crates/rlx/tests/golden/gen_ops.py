@@ -12,7 +12,8 @@ Regenerate with (from the repository root):
 
     scripts/regen-goldens.sh
 
-which sets up the pinned Python environment in ``.venv`` (numpy, jax[cpu])
+which sets up the pinned Python environment in ``.venv`` (numpy, jax[cpu];
+ai-edge-litert, whose TFLite interpreter gives the int8 integer ops' values)
 and runs this script. The output is deterministic (fixed seed, fixed case
 order), so regenerating without changing this file gives the same ops.json.
 
@@ -44,8 +45,11 @@ import json
 import math
 from pathlib import Path
 
+import flatbuffers
 import ml_dtypes
 import numpy as np
+from ai_edge_litert import schema_py_generated as tfl
+from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
 import jax
 
@@ -1647,71 +1651,270 @@ def gen_fft(table):
 
 
 # ---------------------------------------------------------------------------
-# Int8 integer ops (TFLite / gemmlowp fixed-point requantization)
+# Int8 integer ops: expected outputs from TFLite's interpreter
 # ---------------------------------------------------------------------------
+#
+# qlinear, qconv2d, qadd and qpool are checked against TFLite itself, not against a
+# re-implementation of its arithmetic: each case is written here as an int8 .tflite model
+# (a flatbuffer packed with the schema classes that ai-edge-litert ships) holding the one
+# TFLite op the case is, and run by ai-edge-litert's interpreter (LiteRT 2.3.0, pinned in
+# scripts/setup-pyenv.sh) with TFLite's reference kernels (OpResolverType.BUILTIN_REF, one
+# thread, no delegate); the interpreter's output is the expected value.
+#
+#   qlinear -> FULLY_CONNECTED            qadd  -> ADD
+#   qconv2d -> CONV_2D (NHWC, OHWI; an explicit padding that is not TFLite's SAME goes
+#              through PAD, which fills with the input's zero point)
+#   qpool   -> MAX_POOL_2D / AVERAGE_POOL_2D (NHWC; a padding that is TFLite's SAME only
+#              when mirrored along an axis runs on the input mirrored along it)
+#
+# RLX's ops take each requantization as a (multiplier, shift) pair; TFLite derives its pair
+# from the float32 scales of the model (QuantizeMultiplier of in_scale * w_scale / out_scale
+# for FULLY_CONNECTED and CONV_2D, of the ADD ratios for ADD). So the scales of each model are
+# chosen (find_product_scales, find_add_scales) so that the real multiplier TFLite computes
+# from them is nearest to the case's pair, at least 1/16 of a Q31 step away from halfway:
+# TFLite rounds it to that pair whatever its tie rule. A per-output-channel pair needs its own
+# input scale, so FULLY_CONNECTED and CONV_2D run one model per output channel. Pools carry no
+# scale.
+#
+# The operands themselves (int8 tensors, biases, the (multiplier, shift) pairs drawn from real
+# factors over four decades) are drawn as before. Every case has a TFLite op, so none is left out.
+#
+# The interpreter's default setup (the XNNPACK delegate, which takes all these ops but
+# AVERAGE_POOL_2D) gives the same values. TFLite's optimized kernels without a delegate
+# (OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES) differ by one on two values of
+# qconv2d_wide, halfway cases after the first rounding (-24.5, -74.5) that they round up where
+# the reference kernels round away from zero; the reference kernels define the golden.
 
-I32_MIN, I32_MAX = -2**31, 2**31 - 1
 
-
-def tflite_quantize_multiplier(r):
-    """TFLite's QuantizeMultiplier: r = q * 2^e with q in [0.5, 1) (frexp), q in Q31 rounded
-    half away from zero."""
-    if r == 0:
-        return 0, 0
+def draw_multiplier(r):
+    """A (multiplier, shift) operand for the real factor r: r's frexp mantissa in Q31 (rounded
+    half up) and its exponent. Only draws operands; the expected values come from TFLite."""
     q, e = math.frexp(r)
-    f = int(math.floor(q * 2**31 + 0.5))
-    if f == 2**31:
-        f //= 2
-        e += 1
-    if e < -31:
-        return 0, 0
-    assert e <= 30
-    return f, e
-
-
-def wrap_i32(v):
-    return (v + 2**31) % 2**32 - 2**31
-
-
-def srdhm(a, b):
-    """gemmlowp SaturatingRoundingDoublingHighMul (C integer division truncates)."""
-    if a == b == I32_MIN:
-        return I32_MAX
-    ab = a * b
-    v = ab + (2**30 if ab >= 0 else 1 - 2**30)
-    q = abs(v) // 2**31
-    return q if v >= 0 else -q
-
-
-def rdbpot(x, e):
-    """gemmlowp RoundingDivideByPOT."""
-    mask = (1 << e) - 1
-    threshold = (mask >> 1) + (1 if x < 0 else 0)
-    return (x >> e) + (1 if (x & mask) > threshold else 0)
-
-
-def mbqm(x, m, s):
-    """TFLite MultiplyByQuantizedMultiplier; the left shift saturates to i32."""
-    shifted = min(max(x << max(s, 0), I32_MIN), I32_MAX)
-    return rdbpot(srdhm(shifted, m), max(-s, 0))
-
-
-def requant(acc, m, s, zp, lo, hi):
-    return min(max(mbqm(wrap_i32(acc), m, s) + zp, lo), hi)
+    m = math.floor(q * 2**31 + 0.5)
+    if m == 2**31:
+        m, e = m // 2, e + 1
+    return m, e
 
 
 def qparams(rng, n, lo=1e-4, hi=2.0):
-    """Per-channel (bias, multiplier, shift) drawn from real factors over four decades, one of
-    them above one (a left shift)."""
+    """Per-channel (bias, multiplier, shift) drawn from real factors over [lo, hi] (log-uniform)."""
     factors = np.exp(rng.uniform(np.log(lo), np.log(hi), size=n))
-    ms = [tflite_quantize_multiplier(float(f)) for f in factors]
+    ms = [draw_multiplier(float(f)) for f in factors]
     bias = rng.integers(-3000, 3000, size=n).astype(np.int32)
     return bias, np.asarray([m for m, _ in ms], np.int32), np.asarray([s for _, s in ms], np.int32)
 
 
+PAIR_TOL = 7 / 16  # how far (in Q31 steps) a real multiplier may lie from its pair
+
+
+def near_pair(r, m, s, tol=PAIR_TOL):
+    """True if the double r is within `tol` Q31 steps of m * 2^(s - 31), exponent included."""
+    q, e = math.frexp(r)
+    return e == s and abs(q * 2**31 - m) <= tol
+
+
+def find_product_scales(m, s):
+    """float32 (input, weight) scales whose product (exact in double) is near m * 2^(s - 31)
+    (near_pair); the output scale is 1, the bias scale their product."""
+    target = m * 2.0 ** (s - 31)
+    a = (1.0 + np.arange(1, 1 << 16) * 2.0**-23).astype(np.float32)  # input scales in (1, 1.008)
+    b = (target / a.astype(np.float64)).astype(np.float32)
+    err = np.abs(a.astype(np.float64) * b.astype(np.float64) * 2.0 ** (31 - s) - m)
+    k = int(np.flatnonzero(err <= PAIR_TOL)[0])
+    sa, sw = float(a[k]), float(b[k])
+    assert near_pair(sa * sw, m, s)
+    return sa, sw
+
+
+def find_add_scales(scales, pairs):
+    """float32 (a, b, out) scales near `scales` for which TFLite's int8 ADD multipliers (a and b
+    over twice the larger input scale, twice that over 2^20 times the output scale) are each
+    near their pair in `pairs` (a, b, out; near_pair). Walks the larger input scale over float32
+    neighbours of its value, nearest first."""
+    big = int(np.argmax(scales[:2]))
+    small = 1 - big
+    (ms, ss), (mo, so) = pairs[small], pairs[2]
+    steps = np.arange(1, 1 << 21) // 2 * np.where(np.arange(1, 1 << 21) % 2 == 0, 1, -1)
+    big32 = (np.float32(scales[big]).view(np.int32) + steps.astype(np.int32)).view(np.float32)
+    twice = 2.0 * big32.astype(np.float64)
+    small32 = (twice * (ms * 2.0 ** (ss - 31))).astype(np.float32)
+    out32 = (twice / (2.0**20 * (mo * 2.0 ** (so - 31)))).astype(np.float32)
+    err_small = np.abs(small32.astype(np.float64) / twice * 2.0 ** (31 - ss) - ms)
+    err_out = np.abs(twice / (2.0**20 * out32.astype(np.float64)) * 2.0 ** (31 - so) - mo)
+    k = int(np.flatnonzero((err_small <= PAIR_TOL) & (err_out <= PAIR_TOL))[0])
+    s32 = [0.0, 0.0, float(out32[k])]
+    s32[big], s32[small] = float(big32[k]), float(small32[k])
+    tw = 2.0 * max(s32[0], s32[1])
+    for r, (m, s) in zip([s32[0] / tw, s32[1] / tw, tw / (2.0**20 * s32[2])], pairs):
+        assert near_pair(r, m, s), (r, m, s)
+    return s32
+
+
+TFL_TYPE = {"i8": tfl.TensorType.INT8, "i32": tfl.TensorType.INT32}
+
+
+class TfliteModel:
+    """One subgraph of builtin ops, packed as a .tflite flatbuffer and run by the interpreter."""
+
+    def __init__(self):
+        self.tensors, self.buffers, self.operators, self.codes = [], [tfl.BufferT()], [], []
+
+    def tensor(self, shape, dtype, scale=None, zero_point=0, data=None):
+        t = tfl.TensorT()
+        t.shape, t.type, t.name, t.buffer = list(shape), TFL_TYPE[dtype], f"t{len(self.tensors)}", 0
+        if data is not None:
+            buf = tfl.BufferT()
+            buf.data = np.frombuffer(np.ascontiguousarray(data, NP_DTYPE[dtype]).tobytes(), np.uint8)
+            self.buffers.append(buf)
+            t.buffer = len(self.buffers) - 1
+        if scale is not None:
+            t.quantization = tfl.QuantizationParametersT()
+            t.quantization.scale, t.quantization.zeroPoint = [float(scale)], [int(zero_point)]
+        self.tensors.append(t)
+        return len(self.tensors) - 1
+
+    def op(self, code, version, inputs, outputs, options_type, options):
+        if (code, version) not in self.codes:
+            self.codes.append((code, version))
+        o = tfl.OperatorT()
+        o.opcodeIndex, o.inputs, o.outputs = self.codes.index((code, version)), inputs, outputs
+        o.builtinOptionsType, o.builtinOptions = options_type, options
+        self.operators.append(o)
+
+    def run(self, x_index, x, out_index):
+        sub = tfl.SubGraphT()
+        sub.tensors, sub.inputs, sub.outputs, sub.operators = self.tensors, [x_index], [out_index], self.operators
+        model = tfl.ModelT()
+        model.version, model.subgraphs, model.buffers = 3, [sub], self.buffers
+        model.operatorCodes = []
+        for code, version in self.codes:
+            c = tfl.OperatorCodeT()
+            c.builtinCode, c.deprecatedBuiltinCode, c.version = code, min(code, 127), version
+            model.operatorCodes.append(c)
+        builder = flatbuffers.Builder(1024)
+        builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
+        interp = Interpreter(model_content=bytes(builder.Output()), num_threads=1,
+                             experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+        interp.allocate_tensors()
+        interp.set_tensor(interp.get_input_details()[0]["index"], x)
+        interp.invoke()
+        return interp.get_tensor(interp.get_output_details()[0]["index"]).copy()
+
+
+def same_padding(size, k, stride):
+    """TFLite's SAME padding (before, after) of one spatial axis."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + k - size, 0)
+    return [total // 2, total - total // 2]
+
+
+def used_padding(size, k, stride, pad):
+    """An explicit padding less the trailing rows or columns no window reaches."""
+    out = (size + pad[0] + pad[1] - k) // stride + 1
+    return [pad[0], max((out - 1) * stride + k - size - pad[0], 0)]
+
+
+def activation(relu):
+    return tfl.ActivationFunctionType.RELU if relu else tfl.ActivationFunctionType.NONE
+
+
+def tflite_fully_connected(x, w, bias, m, s, xzp, ozp, relu):
+    """qlinear: FULLY_CONNECTED over x reshaped to [rows, K], one model per output channel."""
+    k, n = x.shape[-1], w.shape[0]
+    x2 = x.reshape(-1, k)
+    y = np.zeros([x2.shape[0], n], np.int8)
+    for c in range(n):
+        sx, sw = find_product_scales(int(m[c]), int(s[c]))
+        g = TfliteModel()
+        xi = g.tensor(x2.shape, "i8", sx, xzp)
+        wi = g.tensor([1, k], "i8", sw, 0, w[c:c + 1])
+        bi = g.tensor([1], "i32", np.float32(sx * sw), 0, bias[c:c + 1])
+        yi = g.tensor([x2.shape[0], 1], "i8", 1.0, ozp)
+        opts = tfl.FullyConnectedOptionsT()
+        opts.fusedActivationFunction = activation(relu)
+        g.op(tfl.BuiltinOperator.FULLY_CONNECTED, 4, [xi, wi, bi], [yi], tfl.BuiltinOptions.FullyConnectedOptions, opts)
+        y[:, c] = g.run(xi, x2, yi)[:, 0]
+    return y.reshape(*x.shape[:-1], n)
+
+
+def tflite_conv2d(x, w, bias, m, s, stride, pad, xzp, ozp, relu):
+    """qconv2d: CONV_2D on NHWC / OHWI, one model per output channel; a padding other than
+    SAME goes through PAD (filled with the input's zero point) and a VALID convolution."""
+    xn = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    b, h, wd, c = xn.shape
+    o, _, kh, kw = w.shape
+    same = pad == [same_padding(h, kh, stride[0]), same_padding(wd, kw, stride[1])]
+    ho = (h + pad[0][0] + pad[0][1] - kh) // stride[0] + 1
+    wo = (wd + pad[1][0] + pad[1][1] - kw) // stride[1] + 1
+    y = np.zeros([b, ho, wo, o], np.int8)
+    for oc in range(o):
+        sx, sw = find_product_scales(int(m[oc]), int(s[oc]))
+        g = TfliteModel()
+        xi = g.tensor(xn.shape, "i8", sx, xzp)
+        ci = xi
+        if not same:
+            paddings = np.asarray([[0, 0], pad[0], pad[1], [0, 0]], np.int32)
+            pi = g.tensor([4, 2], "i32", data=paddings)
+            ci = g.tensor([b, h + sum(pad[0]), wd + sum(pad[1]), c], "i8", sx, xzp)
+            g.op(tfl.BuiltinOperator.PAD, 2, [xi, pi], [ci], tfl.BuiltinOptions.PadOptions, tfl.PadOptionsT())
+        wi = g.tensor([1, kh, kw, c], "i8", sw, 0, w[oc:oc + 1].transpose(0, 2, 3, 1))
+        bi = g.tensor([1], "i32", np.float32(sx * sw), 0, bias[oc:oc + 1])
+        yi = g.tensor([b, ho, wo, 1], "i8", 1.0, ozp)
+        opts = tfl.Conv2DOptionsT()
+        opts.padding = tfl.Padding.SAME if same else tfl.Padding.VALID
+        opts.strideH, opts.strideW = stride
+        opts.dilationHFactor = opts.dilationWFactor = 1
+        opts.fusedActivationFunction = activation(relu)
+        g.op(tfl.BuiltinOperator.CONV_2D, 3, [ci, wi, bi], [yi], tfl.BuiltinOptions.Conv2DOptions, opts)
+        y[..., oc] = g.run(xi, xn, yi)[..., 0]
+    return y.transpose(0, 3, 1, 2)
+
+
+def tflite_add(a, b, scales, zero_points, relu):
+    """qadd: int8 ADD with float32 scales `scales` (a, b, out) and `zero_points` (a, b, out)."""
+    g = TfliteModel()
+    ai = g.tensor(a.shape, "i8", scales[0], zero_points[0])
+    bi = g.tensor(b.shape, "i8", scales[1], zero_points[1], b)
+    yi = g.tensor(a.shape, "i8", scales[2], zero_points[2])
+    opts = tfl.AddOptionsT()
+    opts.fusedActivationFunction = activation(relu)
+    g.op(tfl.BuiltinOperator.ADD, 2, [ai, bi], [yi], tfl.BuiltinOptions.AddOptions, opts)
+    return g.run(ai, a, yi)
+
+
+def tflite_pool(x, kind, kernel, stride, pad):
+    """qpool: MAX_POOL_2D / AVERAGE_POOL_2D on NHWC with SAME or VALID padding; an axis whose
+    (used) padding is SAME mirrored runs on the input mirrored along it, and the output is
+    mirrored back."""
+    xn = x.transpose(0, 2, 3, 1)
+    b, h, wd, c = xn.shape
+    used = [used_padding(n, k, st, p) for n, k, st, p in zip([h, wd], kernel, stride, pad)]
+    same = [same_padding(n, k, st) for n, k, st in zip([h, wd], kernel, stride)]
+    if used == [[0, 0], [0, 0]]:
+        padding, flip = tfl.Padding.VALID, []
+    else:
+        flip = [axis for axis in range(2) if used[axis] != same[axis]]
+        assert all(used[axis][::-1] == same[axis] for axis in flip), (used, same)
+        padding = tfl.Padding.SAME
+    xn = np.ascontiguousarray(np.flip(xn, [1 + axis for axis in flip]))
+    ho = (h + pad[0][0] + pad[0][1] - kernel[0]) // stride[0] + 1
+    wo = (wd + pad[1][0] + pad[1][1] - kernel[1]) // stride[1] + 1
+    g = TfliteModel()
+    xi = g.tensor(xn.shape, "i8", 1.0, 0)
+    yi = g.tensor([b, ho, wo, c], "i8", 1.0, 0)
+    opts = tfl.Pool2DOptionsT()
+    opts.padding = padding
+    opts.strideH, opts.strideW = stride
+    opts.filterHeight, opts.filterWidth = kernel
+    code = tfl.BuiltinOperator.MAX_POOL_2D if kind == "max" else tfl.BuiltinOperator.AVERAGE_POOL_2D
+    g.op(code, 2, [xi], [yi], tfl.BuiltinOptions.Pool2DOptions, opts)
+    y = np.flip(g.run(xi, xn, yi), [1 + axis for axis in flip])
+    return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
+
+
 def gen_qint(table):
-    """qlinear, qconv2d, qadd and qpool against the reference kernels' integer arithmetic
-    written out here (TFLite's QuantizeMultiplier by frexp, gemmlowp's rounding)."""
+    """qlinear, qconv2d, qadd and qpool, the expected values from TFLite's interpreter (see the
+    section comment)."""
     rng = np.random.default_rng(4040)
     i8 = lambda shape: rng.integers(-128, 128, size=shape).astype(np.int8)  # noqa: E731
     for xshape, n, xzp, ozp, relu, tag in [([3, 20], 5, -3, 5, False, "rows"), ([37], 4, -128, -128, True, "relu"),
@@ -1720,10 +1923,7 @@ def gen_qint(table):
         w = i8([n, k])
         bias, m, s = qparams(rng, n, 1e-4, 0.05 if relu else 0.02)
         lo, hi = (ozp if relu else -128), 127
-        acc = x.astype(np.int64) - xzp
-        acc = acc @ w.astype(np.int64).T + bias
-        y = np.vectorize(lambda a, c: requant(int(a), int(m[c]), int(s[c]), ozp, lo, hi))(
-            acc, np.arange(n) * np.ones_like(acc, dtype=np.int64))
+        y = tflite_fully_connected(x, w, bias, m, s, xzp, ozp, relu)
         table.add("qlinear", tag, {"x_zero_point": xzp, "out_zero_point": ozp, "lo": lo, "hi": hi},
                   [arg(x, "i8"), arg(w, "i8"), arg(bias, "i32"), arg(m, "i32"), arg(s, "i32")], y, "i8", "exact")
     for xshape, o, kh, kw, stride, pad, xzp, ozp, relu, tag in [
@@ -1732,19 +1932,10 @@ def gen_qint(table):
         ([2, 2, 6, 7], 17, 2, 5, [1, 2], [[1, 0], [2, 2]], 0, 9, False, "wide"),
     ]:
         x = i8(xshape)
-        b, c, h, wd = xshape
-        w = i8([o, c, kh, kw])
+        w = i8([o, xshape[1], kh, kw])
         bias, m, s = qparams(rng, o, 1e-4, 0.01)
         lo, hi = (ozp if relu else -128), 127
-        xp = np.full([b, c, h + pad[0][0] + pad[0][1], wd + pad[1][0] + pad[1][1]], xzp, np.int64)
-        xp[:, :, pad[0][0]:pad[0][0] + h, pad[1][0]:pad[1][0] + wd] = x
-        ho = (xp.shape[2] - kh) // stride[0] + 1
-        wo = (xp.shape[3] - kw) // stride[1] + 1
-        y = np.zeros([b, o, ho, wo], np.int64)
-        for bi, oc, oy, ox in itertools.product(range(b), range(o), range(ho), range(wo)):
-            win = xp[bi, :, oy * stride[0]:oy * stride[0] + kh, ox * stride[1]:ox * stride[1] + kw] - xzp
-            acc = int((win * w[oc].astype(np.int64)).sum()) + int(bias[oc])
-            y[bi, oc, oy, ox] = requant(acc, int(m[oc]), int(s[oc]), ozp, lo, hi)
+        y = tflite_conv2d(x, w, bias, m, s, stride, pad, xzp, ozp, relu)
         table.add("qconv2d", tag, {"stride": stride, "padding": pad, "x_zero_point": xzp, "out_zero_point": ozp,
                                    "lo": lo, "hi": hi},
                   [arg(x, "i8"), arg(w, "i8"), arg(bias, "i32"), arg(m, "i32"), arg(s, "i32")], y, "i8", "exact")
@@ -1753,35 +1944,24 @@ def gen_qint(table):
         a, bb = i8([2, 3, 4]), i8([2, 3, 4])
         a.reshape(-1)[:3] = [127, -128, azp]
         bb.reshape(-1)[:3] = [127, -128, bzp]
+        # TFLite's int8 ADD: each input over twice the larger input scale, twice that over
+        # 2^20 times the output scale (the operands are shifted left by 20 bits).
         twice = 2 * max(sa, sb)
-        am, ash = tflite_quantize_multiplier(sa / twice)
-        bm, bsh = tflite_quantize_multiplier(sb / twice)
-        om, osh = tflite_quantize_multiplier(twice / (2**20 * so))
+        am, ash = draw_multiplier(sa / twice)
+        bm, bsh = draw_multiplier(sb / twice)
+        om, osh = draw_multiplier(twice / (2**20 * so))
         lo, hi = (ozp if relu else -128), 127
-        y = [requant(wrap_i32(mbqm((int(va) - azp) << 20, am, ash) + mbqm((int(vb) - bzp) << 20, bm, bsh)),
-                     om, osh, ozp, lo, hi) for va, vb in zip(a.reshape(-1), bb.reshape(-1))]
+        scales = find_add_scales([sa, sb, so], [(am, ash), (bm, bsh), (om, osh)])
+        y = tflite_add(a, bb, scales, [azp, bzp, ozp], relu)
         attrs = {"a_zero_point": azp, "b_zero_point": bzp, "a_multiplier": am, "a_shift": ash,
                  "b_multiplier": bm, "b_shift": bsh, "out_multiplier": om, "out_shift": osh,
                  "out_zero_point": ozp, "lo": lo, "hi": hi}
-        table.add("qadd", tag, attrs, [arg(a, "i8"), arg(bb, "i8")], np.asarray(y).reshape(a.shape), "i8", "exact")
+        table.add("qadd", tag, attrs, [arg(a, "i8"), arg(bb, "i8")], y, "i8", "exact")
     for kind in ["max", "mean"]:
         for xshape, kernel, stride, pad, tag in [([2, 3, 5, 6], [2, 2], [2, 2], [[0, 1], [0, 0]], "2x2"),
                                                  ([1, 2, 4, 4], [3, 3], [1, 2], [[1, 1], [1, 1]], "3x3pad")]:
             x = i8(xshape)
-            b, c, h, wd = xshape
-            ho = (h + pad[0][0] + pad[0][1] - kernel[0]) // stride[0] + 1
-            wo = (wd + pad[1][0] + pad[1][1] - kernel[1]) // stride[1] + 1
-            y = np.zeros([b, c, ho, wo], np.int64)
-            for bi, ci, oy, ox in itertools.product(range(b), range(c), range(ho), range(wo)):
-                y0, x0 = oy * stride[0] - pad[0][0], ox * stride[1] - pad[1][0]
-                win = x[bi, ci, max(y0, 0):max(y0 + kernel[0], 0), max(x0, 0):max(x0 + kernel[1], 0)].astype(np.int64)
-                if kind == "max":
-                    y[bi, ci, oy, ox] = win.max()
-                else:
-                    total, cnt = int(win.sum()), win.size
-                    # TFLite: round half away from zero, with C's truncating division.
-                    num = total + cnt // 2 if total > 0 else total - cnt // 2
-                    y[bi, ci, oy, ox] = abs(num) // cnt * (1 if num >= 0 else -1)
+            y = tflite_pool(x, kind, kernel, stride, pad)
             table.add("qpool", f"{kind}_{tag}", {"kind": kind, "kernel": kernel, "stride": stride, "padding": pad},
                       [arg(x, "i8")], y, "i8", "exact")
 

@@ -8,14 +8,14 @@ use super::Isa;
 pub(super) fn blocking() -> (usize, usize, usize) {
     static B: std::sync::OnceLock<(usize, usize, usize)> = std::sync::OnceLock::new();
     *B.get_or_init(|| {
-        let env = |k: &str, d: usize| rlx_ir::env::count(k).unwrap_or(d);
+        let env = |v: rlx_ir::env::Var, d: usize| rlx_ir::env::count(v).unwrap_or(d);
         // Blocks of whole micro-tiles of every instruction set (12 and 32 are multiples of the
         // smaller tiles): a packed operand shared by threads is addressed by them.
         let (mr, nr) = Isa::Avx512.tile();
         (
-            env("RLX_GEMM_KC", 256),
-            env("RLX_GEMM_MC", 96).next_multiple_of(mr),
-            env("RLX_GEMM_NC", 3072).next_multiple_of(nr),
+            env(rlx_ir::env::GEMM_KC, 256),
+            env(rlx_ir::env::GEMM_MC, 96).next_multiple_of(mr),
+            env(rlx_ir::env::GEMM_NC, 3072).next_multiple_of(nr),
         )
     })
 }

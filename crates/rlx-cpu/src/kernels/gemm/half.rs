@@ -125,7 +125,8 @@ fn has_bf16_dot() -> bool {
     {
         static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *HAS.get_or_init(|| {
-            std::is_x86_feature_detected!("avx512bf16") && !rlx_ir::env::is_off("RLX_BF16_DOT")
+            std::is_x86_feature_detected!("avx512bf16")
+                && !rlx_ir::env::is_off(rlx_ir::env::BF16_DOT)
         })
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -151,8 +152,11 @@ const NR: usize = 32;
 fn dot_blocking(m: usize, n: usize, k: usize) -> (usize, usize) {
     static B: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
     let (a_bytes, b_bytes) = *B.get_or_init(|| {
-        let env = |key: &str, d: usize| rlx_ir::env::count(key).unwrap_or(d);
-        (env("RLX_HGEMM_A", 192 << 10), env("RLX_HGEMM_B", 2 << 20))
+        let env = |v: rlx_ir::env::Var, d: usize| rlx_ir::env::count(v).unwrap_or(d);
+        (
+            env(rlx_ir::env::HGEMM_A, 192 << 10),
+            env(rlx_ir::env::HGEMM_B, 2 << 20),
+        )
     });
     let kp = k.div_ceil(2).max(1);
     let mc = (a_bytes / (kp * 4) / MR * MR).clamp(MR, 8 * MR);
@@ -378,7 +382,7 @@ const DIRECT_B_MAX_M: usize = 128;
 /// `RLX_HGEMM_DIRECT_B=0` turns it off.
 fn direct_b(m: usize, n: usize, b: HMat) -> bool {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let off = *OFF.get_or_init(|| rlx_ir::env::is_off("RLX_HGEMM_DIRECT_B"));
+    let off = *OFF.get_or_init(|| rlx_ir::env::is_off(rlx_ir::env::HGEMM_DIRECT_B));
     !off && b.cs == 1 && n.is_multiple_of(NR) && m <= DIRECT_B_MAX_M
 }
 

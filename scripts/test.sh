@@ -5,7 +5,8 @@
 # (scripts/setup-serve-pyenv.sh), and NVRTC from PyPI (.venv-cuda), with which the tests
 # compile every CUDA kernel, and the edge targets' tools: the Arm cross compiler with newlib and
 # QEMU (the Cortex-M C runs under emulation), Verilator and Yosys (the FPGA datapath is
-# simulated and synthesized). It checks the code's formatting (`cargo fmt --check`) first.
+# simulated and synthesized). It checks the code's formatting (`cargo fmt --check`) and runs
+# clippy with warnings denied first.
 # Extra arguments go to `cargo test`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,6 +45,8 @@ export RLX_REQUIRE_NVRTC=1
 # Vulkan through wgpu; lavapipe's window-system layer wants a runtime directory.
 export WGPU_BACKEND="${WGPU_BACKEND:-vulkan}"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
-# The code's form is rustfmt's (seconds; nothing is built).
+# The code's form is rustfmt's (seconds; nothing is built), and clippy finds nothing (a check
+# build, a few minutes; the lints allowed are listed in the workspace Cargo.toml).
 cargo fmt --all --check
+cargo clippy --workspace --all-targets -q -- -D warnings
 cargo test --workspace "$@"

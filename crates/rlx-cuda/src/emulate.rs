@@ -120,25 +120,37 @@ static inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4);
 static thread_local unsigned emu_frag[1024][40];
 static inline void emu_mma_tf32(float* c, int nt, const unsigned* ab, const unsigned* as, const unsigned* bb, const unsigned* bs) {
     const unsigned t = threadIdx.x, w = t >> 5, lane = t & 31, g = lane >> 2, q = lane & 3;
-    unsigned* mine = emu_frag[t];
+    // One look-up of the thread-local array (each costs a call in a shared library).
+    unsigned (*const frag)[40] = emu_frag;
+    unsigned* mine = frag[t];
     for (int i = 0; i < 4; ++i) { mine[i] = ab[i]; mine[4 + i] = as[i]; }
     for (int i = 0; i < 2 * nt; ++i) { mine[8 + i] = bb[i]; mine[8 + 2 * nt + i] = bs[i]; }
     emu_wait((int)w);
-    // A[row][k] of the fragments at `off`: lane (row % 8) * 4 + k % 4, register (row >= 8) + 2 (k >= 4).
-    auto a_at = [&](int off, unsigned row, unsigned k) {
-        return __uint_as_float(emu_frag[(w << 5) | ((row & 7) * 4 + (k & 3))][off + (row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)]);
-    };
-    // B[k][col] of tile j at `off`: lane col * 4 + k % 4, register 2 j + (k >= 4).
-    auto b_at = [&](int off, int j, unsigned k, unsigned col) {
-        return __uint_as_float(emu_frag[(w << 5) | (col * 4 + (k & 3))][off + 2 * j + (k >= 4 ? 1 : 0)]);
-    };
+    unsigned (*const wf)[40] = frag + (w << 5);
+    // A[row][k] of the fragments at `off`: lane (row % 8) * 4 + k % 4, register (row >= 8) + 2 (k >= 4);
+    // this lane's rows are g and g + 8 (h = 0, 1). a[h][0] is the big part (off 0), a[h][1] the small (off 4).
+    float a[2][2][8];
+    for (unsigned h = 0; h < 2; ++h)
+        for (unsigned k = 0; k < 8; ++k) {
+            const unsigned* f = wf[g * 4 + (k & 3)];
+            a[h][0][k] = __uint_as_float(f[h + (k >= 4 ? 2 : 0)]);
+            a[h][1][k] = __uint_as_float(f[4 + h + (k >= 4 ? 2 : 0)]);
+        }
     for (int j = 0; j < nt; ++j) {
         for (unsigned i = 0; i < 4; ++i) {
-            const unsigned row = g + (i >= 2 ? 8u : 0u), col = 2 * q + (i & 1);
+            const unsigned h = i >= 2 ? 1u : 0u, col = 2 * q + (i & 1);
+            // B[k][col] of tile j: lane col * 4 + k % 4, register 2 j + (k >= 4), big part at 8,
+            // small at 8 + 2 nt.
+            float big[8], small[8];
+            for (unsigned k = 0; k < 8; ++k) {
+                const unsigned* f = wf[col * 4 + (k & 3)];
+                big[k] = __uint_as_float(f[8 + 2 * j + (k >= 4 ? 1 : 0)]);
+                small[k] = __uint_as_float(f[8 + 2 * nt + 2 * j + (k >= 4 ? 1 : 0)]);
+            }
             float s = c[4 * j + i];
-            for (unsigned k = 0; k < 8; ++k) s += a_at(4, row, k) * b_at(8, j, k, col);
-            for (unsigned k = 0; k < 8; ++k) s += a_at(0, row, k) * b_at(8 + 2 * nt, j, k, col);
-            for (unsigned k = 0; k < 8; ++k) s += a_at(0, row, k) * b_at(8, j, k, col);
+            for (unsigned k = 0; k < 8; ++k) s += a[h][1][k] * big[k];
+            for (unsigned k = 0; k < 8; ++k) s += a[h][0][k] * small[k];
+            for (unsigned k = 0; k < 8; ++k) s += a[h][0][k] * big[k];
             c[4 * j + i] = s;
         }
     }

@@ -126,10 +126,9 @@ pub fn cublas_found() -> bool {
 /// that no kernel reaches a user uncompiled. Returns how many sources were compiled.
 pub fn compile_check(prog: &Program, archs: &[u32]) -> Result<usize> {
     let nvrtc = nvrtc::Nvrtc::get()?;
-    for src in &prog.kernels {
-        for &a in archs {
-            nvrtc.cubin(src, a)?;
-        }
+    let sources: Vec<&str> = prog.kernels.iter().map(String::as_str).collect();
+    for &a in archs {
+        nvrtc.check_all(&sources, a)?;
     }
     Ok(prog.kernels.len())
 }

@@ -181,6 +181,66 @@ impl Nvrtc {
         Ok(bin)
     }
 
+    /// Check that every one of `sources` compiles for `arch`, without keeping the CUBINs: the
+    /// check that no kernel reaches a user uncompiled, made cheaply. Sources already compiled
+    /// or checked (the disk cache) are skipped; the rest are compiled in batches, each batch one
+    /// program holding its kernels in namespaces of their own (the kernel entry `extern "C"
+    /// __global__ void k(` without its C linkage, each source's macros undefined after it, so
+    /// no kernel sees another's names), the batches on every core. A batch that fails is
+    /// compiled kernel by kernel, so an error is always one kernel's, with its log and source,
+    /// and a batch that fails only as a batch (a limit of one program) passes kernel by kernel.
+    pub fn check_all(&self, sources: &[&str], arch: u32) -> Result<()> {
+        let todo: Vec<&str> = sources
+            .iter()
+            .copied()
+            .filter(|s| {
+                cache_file(s, arch, self.version)
+                    .is_none_or(|f| !f.exists() && !f.with_extension("checked").exists())
+            })
+            .collect();
+        let (alone, batched): (Vec<&str>, Vec<&str>) =
+            todo.into_iter().partition(|s| !s.contains(KERNEL_ENTRY));
+        let mut chunks: Vec<Vec<&str>> = batched.chunks(CHECK_BATCH).map(<[_]>::to_vec).collect();
+        chunks.extend(alone.into_iter().map(|s| vec![s]));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let workers = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(chunks.len());
+        let run = || -> Result<()> {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(chunk) = chunks.get(i) else {
+                    return Ok(());
+                };
+                let ok = chunk.len() > 1 && self.compile_uncached(&batch(chunk), arch).is_ok();
+                if !ok {
+                    for src in chunk {
+                        self.compile_uncached(src, arch)?;
+                    }
+                }
+                for src in chunk {
+                    if let Some(f) = cache_file(src, arch, self.version) {
+                        if let Some(dir) = f.parent() {
+                            let _ = std::fs::create_dir_all(dir);
+                            let _ = std::fs::write(f.with_extension("checked"), b"");
+                        }
+                    }
+                }
+            }
+        };
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (1..workers).map(|_| scope.spawn(run)).collect();
+            let mut result = run();
+            for h in handles {
+                let r = h
+                    .join()
+                    .unwrap_or_else(|_| Err(failed("an NVRTC check thread panicked".into())));
+                result = result.and(r);
+            }
+            result
+        })
+    }
+
     /// `source` compiled to a CUBIN for `arch`, not cached.
     pub fn compile_uncached(&self, source: &str, arch: u32) -> Result<Vec<u8>> {
         let src =
@@ -236,6 +296,35 @@ impl Nvrtc {
         unsafe { (self.destroy)(&mut prog) };
         result
     }
+}
+
+/// How every kernel RLX generates opens its entry point.
+const KERNEL_ENTRY: &str = "extern \"C\" __global__ void k(";
+
+/// Kernels compiled together by [`Nvrtc::check_all`]: large enough to share NVRTC's cost of a
+/// program, small enough to spread over the cores.
+const CHECK_BATCH: usize = 24;
+
+/// One program of `sources` (each holding [`KERNEL_ENTRY`]), each in a namespace of its own
+/// with its entry point's C linkage dropped and its macros undefined after it.
+fn batch(sources: &[&str]) -> String {
+    let mut tu = String::new();
+    for (i, src) in sources.iter().enumerate() {
+        tu.push_str(&format!(
+            "namespace rlx_check_{i} {{\n{}\n}}\n",
+            src.replacen(KERNEL_ENTRY, "__global__ void k(", 1)
+        ));
+        for line in src.lines() {
+            if let Some(name) = line
+                .trim_start()
+                .strip_prefix("#define ")
+                .and_then(|r| r.split(|c: char| !(c.is_alphanumeric() || c == '_')).next())
+            {
+                tu.push_str(&format!("#undef {name}\n"));
+            }
+        }
+    }
+    tu
 }
 
 /// The cache file of `source` for `arch` under NVRTC `version`, unless the cache is off.

@@ -256,6 +256,64 @@ fn every_cuda_llm_kernel_variant_compiles_with_nvrtc() {
     common::compile_cuda_kernels(&kernels, "LLM kernel variants");
 }
 
+/// The batched NVRTC check (`Nvrtc::check_all`) fails for one kernel that does not compile
+/// among many that do, and names that kernel: its error carries NVRTC's log and that kernel's
+/// source alone. The kernels are real variants that define the same macros to other values
+/// (each batch must keep them apart), made new to the disk cache by a comment.
+#[test]
+fn the_batched_nvrtc_check_names_the_one_kernel_that_does_not_compile() {
+    use rlx_cuda::source;
+    use rlx_ir::QuantScheme;
+    let nvrtc = rlx_cuda::nvrtc::Nvrtc::get().expect("NVRTC (scripts/test.sh installs it)");
+    let fresh = format!(
+        "// {} {:?}\n",
+        std::process::id(),
+        std::time::SystemTime::now()
+    );
+    let mut kernels: Vec<String> = QuantScheme::GGUF
+        .iter()
+        .flat_map(|&q| {
+            [1, 2].map(|split| {
+                source::dequant_matvec(q, DType::F32, split, true, false, false).expect("matvec")
+            })
+        })
+        .enumerate()
+        .map(|(i, k)| format!("{fresh}// kernel {i}\n{k}"))
+        .collect();
+    assert!(kernels.len() > 8, "{} kernels", kernels.len());
+    let sources: Vec<&str> = kernels.iter().map(String::as_str).collect();
+    nvrtc
+        .check_all(&sources, 80)
+        .expect("the real kernels compile together");
+    let bad = kernels.len() / 2;
+    kernels[bad] = kernels[bad].replacen(
+        "__global__ void k(",
+        "__global__ void k(int rlx_no_such_type_marker, ",
+        1,
+    );
+    kernels[bad] =
+        kernels[bad].replacen("rlx_no_such_type_marker", "undeclared_type_t rlx_marker", 1);
+    for k in kernels.iter_mut() {
+        *k = format!("// again\n{k}");
+    }
+    let sources: Vec<&str> = kernels.iter().map(String::as_str).collect();
+    let e = nvrtc
+        .check_all(&sources, 80)
+        .expect_err("a kernel that cannot compile")
+        .to_string();
+    assert!(e.contains("rejected a kernel for sm_80"), "{e}");
+    assert!(e.contains("undeclared_type_t"), "{e}");
+    assert!(
+        e.contains(&format!("// kernel {bad}\n")),
+        "the error names its kernel: {e}"
+    );
+    assert_eq!(
+        e.matches("// kernel ").count(),
+        1,
+        "one kernel's source in the error: {e}"
+    );
+}
+
 /// A product of `ad x bd` in `dt` with its operands, the reference evaluator's result, the
 /// tolerance relative to its largest value, and the cuBLAS call expected (`[m, k, n, batches]`).
 struct Product {

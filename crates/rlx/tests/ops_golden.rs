@@ -1239,11 +1239,10 @@ fn every_cuda_kernel_of_the_op_table_compiles_with_nvrtc() {
         }
     }
     if let Ok(nvrtc) = nvrtc {
-        for src in &kernels {
-            for arch in rlx_cuda::CHECKED_ARCHS {
-                if let Err(e) = nvrtc.cubin(src, arch) {
-                    failures.push(format!("{e}"));
-                }
+        let sources: Vec<&str> = kernels.iter().map(String::as_str).collect();
+        for arch in rlx_cuda::CHECKED_ARCHS {
+            if let Err(e) = nvrtc.check_all(&sources, arch) {
+                failures.push(format!("sm_{arch}: {e}"));
             }
         }
         eprintln!(

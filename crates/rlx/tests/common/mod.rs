@@ -76,15 +76,13 @@ pub fn compile_cuda_kernels_for<'a>(
 ) {
     match rlx_cuda::nvrtc::Nvrtc::get() {
         Ok(nvrtc) => {
-            let mut n = 0;
-            for src in kernels {
-                for &arch in archs {
-                    nvrtc
-                        .cubin(src, arch)
-                        .unwrap_or_else(|e| panic!("{what}: sm_{arch}: {e}"));
-                }
-                n += 1;
+            let sources: Vec<&str> = kernels.into_iter().map(String::as_str).collect();
+            for &arch in archs {
+                nvrtc
+                    .check_all(&sources, arch)
+                    .unwrap_or_else(|e| panic!("{what}: sm_{arch}: {e}"));
             }
+            let n = sources.len();
             eprintln!("{what}: {n} distinct CUDA kernels compiled for sm_{archs:?}");
         }
         Err(e) => {

@@ -123,7 +123,8 @@ pub fn cublas_found() -> bool {
 }
 
 /// Compile every kernel of `prog` with NVRTC for each of `archs` (no device needed): the check
-/// that no kernel reaches a user uncompiled. Returns how many sources were compiled.
+/// that no kernel reaches a user uncompiled ([`nvrtc::Nvrtc::check_all`]: in batches, those
+/// the disk cache holds skipped). Returns how many sources were checked.
 pub fn compile_check(prog: &Program, archs: &[u32]) -> Result<usize> {
     let nvrtc = nvrtc::Nvrtc::get()?;
     let sources: Vec<&str> = prog.kernels.iter().map(String::as_str).collect();

@@ -218,13 +218,18 @@ impl Nvrtc {
                         self.compile_uncached(src, arch)?;
                     }
                 }
-                for src in chunk {
-                    if let Some(f) = cache_file(src, arch, self.version) {
-                        if let Some(dir) = f.parent() {
-                            let _ = std::fs::create_dir_all(dir);
-                            let _ = std::fs::write(f.with_extension("checked"), b"");
-                        }
-                    }
+                // A marker beside where the CUBIN would be cached: this source compiled.
+                if let Some(dir) = cache_file(chunk[0], arch, self.version)
+                    .as_deref()
+                    .and_then(std::path::Path::parent)
+                {
+                    let _ = std::fs::create_dir_all(dir);
+                }
+                for f in chunk
+                    .iter()
+                    .filter_map(|s| cache_file(s, arch, self.version))
+                {
+                    let _ = std::fs::write(f.with_extension("checked"), b"");
                 }
             }
         };

@@ -50,11 +50,8 @@ const PRELUDE: &str = r#"#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <thread>
-#include <vector>
-#include <atomic>
-#include <functional>
-#include <memory>
+#include <pthread.h>
+#include <unistd.h>
 #define __global__
 #define __device__
 #define __forceinline__ inline
@@ -91,7 +88,9 @@ emu_swap:
 struct emu_fiber { void* sp; unsigned tid; int state; int group; };  // state: 0 runs, 1 waits, 2 done
 static thread_local void* emu_sched_sp;
 static thread_local emu_fiber* emu_cur;
-static thread_local const std::function<void()>* emu_k;
+// The kernel a worker runs: a function of the launch's parameters.
+static thread_local void (*emu_kf)(void*);
+static thread_local void* emu_kc;
 static thread_local unsigned emu_wait_block, emu_wait_warp[32];
 static thread_local unsigned long long emu_ex[1024];
 static void emu_wait(int group) {
@@ -157,14 +156,14 @@ static inline void emu_mma_tf32(float* c, int nt, const unsigned* ab, const unsi
     emu_wait((int)w);
 }
 static void emu_tramp() {
-    (*emu_k)();
+    emu_kf(emu_kc);
     emu_cur->state = 2;
     emu_swap(&emu_cur->sp, emu_sched_sp);
     abort();
 }
 static const size_t EMU_STACK = 64 * 1024;
 // Run one block of `bx` fibers to the end.
-static void emu_block(unsigned bx, std::vector<emu_fiber>& fs, char* stacks) {
+static void emu_block(unsigned bx, emu_fiber* fs, char* stacks) {
     for (unsigned t = 0; t < bx; ++t) {
         uintptr_t top = ((uintptr_t)(stacks + (size_t)(t + 1) * EMU_STACK)) & ~(uintptr_t)15;
         void** sp = (void**)(top - 16);
@@ -189,7 +188,7 @@ static void emu_block(unsigned bx, std::vector<emu_fiber>& fs, char* stacks) {
         // Release the barriers every thread of their group reached.
         bool released = false;
         if (emu_wait_block > 0 && emu_wait_block + done == bx) {
-            for (auto& f : fs) if (f.state == 1 && f.group < 0) f.state = 0;
+            for (unsigned t = 0; t < bx; ++t) if (fs[t].state == 1 && fs[t].group < 0) fs[t].state = 0;
             emu_wait_block = 0;
             released = true;
         }
@@ -207,27 +206,38 @@ static void emu_block(unsigned bx, std::vector<emu_fiber>& fs, char* stacks) {
         }
     }
 }
-static void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, const std::function<void()>& k) {
+// One launch: the grid's blocks shared out among the host's threads. Only C headers and
+// pthreads, so that a library of a few kernels compiles in a fraction of a second.
+struct emu_grid { unsigned gx, gy, bx; unsigned long long blocks, next; void (*kf)(void*); void* kc; };
+static void* emu_work(void* arg) {
+    emu_grid* g = (emu_grid*)arg;
+    emu_fiber* fs = (emu_fiber*)malloc(sizeof(emu_fiber) * g->bx);
+    char* stacks = (char*)malloc((size_t)g->bx * EMU_STACK + 16);
+    if (!fs || !stacks) { fprintf(stderr, "rlx emulation: out of memory for a block's fibers\n"); abort(); }
+    emu_kf = g->kf;
+    emu_kc = g->kc;
+    for (unsigned long long b; (b = __atomic_fetch_add(&g->next, 1ull, __ATOMIC_RELAXED)) < g->blocks;) {
+        blockIdx = {(unsigned)(b % g->gx), (unsigned)((b / g->gx) % g->gy), (unsigned)(b / ((unsigned long long)g->gx * g->gy))};
+        emu_block(g->bx, fs, stacks);
+    }
+    free(stacks);
+    free(fs);
+    return 0;
+}
+static void emu_launch(unsigned gx, unsigned gy, unsigned gz, unsigned bx, void (*kf)(void*), void* kc) {
     gridDim = {gx, gy, gz};
     blockDim = {bx, 1, 1};
-    const unsigned long long blocks = (unsigned long long)gx * gy * gz;
-    unsigned workers = std::thread::hardware_concurrency();
-    if (workers == 0) workers = 1;
-    if (blocks < workers) workers = (unsigned)blocks;
-    std::atomic<unsigned long long> next(0);
-    auto work = [&] {
-        std::vector<emu_fiber> fs(bx);
-        std::unique_ptr<char[]> stacks(new char[(size_t)bx * EMU_STACK + 16]);
-        emu_k = &k;
-        for (unsigned long long b; (b = next.fetch_add(1)) < blocks;) {
-            blockIdx = {(unsigned)(b % gx), (unsigned)((b / gx) % gy), (unsigned)(b / ((unsigned long long)gx * gy))};
-            emu_block(bx, fs, stacks.get());
-        }
-    };
-    std::vector<std::thread> ts;
-    for (unsigned w = 1; w < workers; ++w) ts.emplace_back(work);
-    work();
-    for (auto& t : ts) t.join();
+    emu_grid g = {gx, gy, bx, (unsigned long long)gx * gy * gz, 0, kf, kc};
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    unsigned workers = cores > 0 ? (unsigned)cores : 1;
+    if (g.blocks < workers) workers = (unsigned)g.blocks;
+    pthread_t ts[256];
+    if (workers > 257) workers = 257;
+    for (unsigned w = 1; w < workers; ++w) {
+        if (pthread_create(&ts[w - 1], 0, emu_work, &g) != 0) { fprintf(stderr, "rlx emulation: cannot start a worker thread\n"); abort(); }
+    }
+    emu_work(&g);
+    for (unsigned w = 1; w < workers; ++w) pthread_join(ts[w - 1], 0);
 }
 "#;
 
@@ -237,6 +247,22 @@ fn host(w: Word, abase: u64, pbase: u64) -> u64 {
         Word::Imm(v) => v as u64,
         Word::Addr(Loc::Arena(o)) => abase + o,
         Word::Addr(Loc::Params(o)) => pbase + o,
+    }
+}
+
+/// Every kernel run here is also compile-checked for the device ([`crate::CHECKED_ARCHS`])
+/// where NVRTC is at hand; without it, an error under `RLX_REQUIRE_NVRTC=1` (as the tests set
+/// it), else nothing.
+fn nvrtc_check(sources: &[&str]) -> Result<()> {
+    match crate::nvrtc::Nvrtc::get() {
+        Ok(nvrtc) => {
+            for &a in &crate::CHECKED_ARCHS {
+                nvrtc.check_all(sources, a)?;
+            }
+            Ok(())
+        }
+        Err(e) if rlx_ir::env::get(rlx_ir::env::REQUIRE_NVRTC).as_deref() == Some("1") => Err(e),
+        Err(_) => Ok(()),
     }
 }
 
@@ -270,7 +296,7 @@ impl Emulator {
         for (i, src) in list.iter().enumerate() {
             let body = src.replace("extern \"C\" __global__ void k(", "void k(");
             tu.push_str(&format!(
-                "namespace k{i} {{\n{body}}}\nextern \"C\" void rlx_launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, const void* words) {{\n    k{i}::M m;\n    memcpy(&m, words, sizeof(m));\n    emu_launch(gx, gy, gz, bx, [&] {{ k{i}::k(m); }});\n}}\n"
+                "namespace k{i} {{\n{body}}}\nextern \"C\" void rlx_launch_{i}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, const void* words) {{\n    k{i}::M m;\n    memcpy(&m, words, sizeof(m));\n    emu_launch(gx, gy, gz, bx, [](void* p) {{ k{i}::k(*(k{i}::M*)p); }}, &m);\n}}\n"
             ));
         }
         let hash: String = Sha256::digest(tu.as_bytes())
@@ -329,7 +355,12 @@ impl Emulator {
     /// Build the kernels `sources` once for the programs compiled later by
     /// [`EmulatedBackend`] (which otherwise builds a library per program): one compile of many
     /// kernels is much cheaper than many compiles of a few.
+    ///
+    /// Where NVRTC is at hand the kernels are compile-checked here too, all in one batched
+    /// check ([`crate::nvrtc::Nvrtc::check_all`]), so the programs' own checks find them cached.
     pub fn prebuild<'a>(sources: impl IntoIterator<Item = &'a String>) -> Result<()> {
+        let sources: Vec<&String> = sources.into_iter().collect();
+        nvrtc_check(&sources.iter().map(|s| s.as_str()).collect::<Vec<_>>())?;
         let e = Arc::new(Emulator::build(sources)?);
         built().lock().unwrap_or_else(|e| e.into_inner()).push(e);
         Ok(())
@@ -545,17 +576,8 @@ impl EmulatedProgram {
     }
 
     fn new(prog: Program, share: Option<&EmulatedProgram>) -> Result<EmulatedProgram> {
-        // Every program run here is also compile-checked for the device where NVRTC is at hand
-        // (required under RLX_REQUIRE_NVRTC=1, as the tests set it).
-        match crate::nvrtc::Nvrtc::get() {
-            Ok(_) => {
-                crate::compile_check(&prog, &crate::CHECKED_ARCHS)?;
-            }
-            Err(e) if rlx_ir::env::get(rlx_ir::env::REQUIRE_NVRTC).as_deref() == Some("1") => {
-                return Err(e)
-            }
-            Err(_) => {}
-        }
+        let sources: Vec<&str> = prog.kernels.iter().map(String::as_str).collect();
+        nvrtc_check(&sources)?;
         let emu = Emulator::shared(&prog.kernels)?;
         let params = match share {
             Some(o) => o.params.clone(),

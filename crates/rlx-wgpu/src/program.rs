@@ -347,6 +347,7 @@ pub fn compile(gpu: Arc<Gpu>, g: &Graph, share: Option<&GpuProgram>) -> Result<G
         offsets,
         form: &form,
         subgroups: gpu.subgroups,
+        matvec_groups: shaders::matvec_groups(gpu.loop_limited()),
     };
     let (meta, planned) = steps::pipelines(&gpu, g, &sel.pending, &words, layout.memory)?;
     let steps = steps::bind(&gpu, &meta, planned, &arena, &pbuf);

@@ -20,8 +20,8 @@ pub use attention::{
     VALUES_WG,
 };
 pub use matvec::{
-    dequant_matvec, group_decoder, matvec_column_loops, matvec_columns, matvec_staged, norm_fuses,
-    MATVEC_GROUPS, MATVEC_STAGE,
+    dequant_matvec, group_decoder, matvec_column_loops, matvec_columns, matvec_groups,
+    matvec_staged, norm_fuses, MatvecForm, MATVEC_GROUPS, MATVEC_GROUPS_CPU, MATVEC_STAGE,
 };
 
 /// Invocations per workgroup of the 1-D kernels.

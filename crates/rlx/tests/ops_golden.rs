@@ -484,6 +484,57 @@ fn the_gpus_quantized_products_agree_with_the_cpus() {
     );
 }
 
+/// Decode-sized GGUF products on the GPU (one row, the shader specialized to it; and three
+/// rows), wide enough that a workgroup takes many columns in turn, for every block type the
+/// GPU decodes: each within [`quantized_or_near_exact`] of the CPU's, and the one-row product's
+/// result bit for bit the first row of the three-row product's (the rows are rounded and
+/// summed alone either way).
+#[test]
+fn wide_one_row_gpu_products_agree_with_the_cpu_and_with_a_row_among_three() {
+    assert_gpu();
+    let mut rng = rlx::gguf::SplitMix64::new(29);
+    let mut checked = 0;
+    for scheme in rlx::ir::QuantScheme::GGUF {
+        let Some(ty) = scheme.ggml_type() else {
+            continue;
+        };
+        let (k, n) = (512, 1100);
+        let Ok(w) = rlx::gguf::random_tensor(ty, &[n, k], 0.0, 0.5, &mut rng) else {
+            continue;
+        };
+        let (one, three) = (
+            quantized_product(scheme, 1, k, n, &w),
+            quantized_product(scheme, 3, k, n, &w),
+        );
+        let gpu1 = match run_on(Device::Gpu, &one, true) {
+            Ok(v) => v,
+            Err(e) if e.contains("nsupported") => continue,
+            Err(e) => panic!("{scheme:?}: {e}"),
+        };
+        let gpu3 = run_on(Device::Gpu, &three, true).expect("three rows on the GPU");
+        let cpu1 = run_on(Device::Cpu, &one, true).expect("runs on the CPU");
+        let want = run_reference(&one).expect("reference");
+        let name = format!("{scheme:?} 1x{k} @ {n}");
+        if let Err(e) = quantized_or_near_exact(&name, &cpu1, &gpu1, &want, "GPU") {
+            panic!("{e}");
+        }
+        let same = gpu1
+            .iter()
+            .zip(&gpu3[..n])
+            .filter(|(a, b)| a.to_bits() == b.to_bits())
+            .count();
+        assert_eq!(
+            same, n,
+            "{name}: the one-row product differs from the first of three rows"
+        );
+        checked += 1;
+    }
+    assert!(
+        checked >= 8,
+        "only {checked} block types decoded on the GPU"
+    );
+}
+
 /// Prompt-sized quantized products (more rows than the decode kernel takes, so the GPU's tiled
 /// prompt kernel): 9 and 37 rows (one partial tile, a full one and a partial one) by 70
 /// columns (a partial tile of columns) over K = 512, for every GGUF block type the GPU

@@ -26,6 +26,8 @@ pub(super) struct Words<'a> {
     pub(super) form: &'a [Form],
     /// Whether kernels may use subgroup operations ([`crate::Gpu::subgroups`]).
     pub(super) subgroups: bool,
+    /// Workgroups of a staged matrix-vector product at most ([`shaders::matvec_groups`]).
+    pub(super) matvec_groups: usize,
 }
 
 impl Words<'_> {
@@ -471,7 +473,7 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
                 // Staged, a workgroup takes several columns, so the head stages its
                 // activations once per workgroup, not per column.
                 let cols = if staged {
-                    shaders::matvec_columns(nn, k)
+                    shaders::matvec_columns(nn, k, s.w.matvec_groups)
                 } else {
                     1
                 };
@@ -503,10 +505,13 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
                         dec,
                         grouped,
                         out,
-                        s.w.subgroups,
-                        staged,
-                        norm.is_some(),
-                        add.is_some(),
+                        shaders::MatvecForm {
+                            subgroups: s.w.subgroups,
+                            staged,
+                            norm: norm.is_some(),
+                            add: add.is_some(),
+                            one_row: rows == 1,
+                        },
                     ),
                     groups_1d(nn.div_ceil(cols) * WG as usize),
                 ));

@@ -175,7 +175,7 @@ pub(super) fn select(
 /// longer than the adapter lets one.
 fn check(gpu: &Gpu, g: &Graph, id: NodeId) -> Result<()> {
     let why = unsupported(g, id).or_else(|| {
-        let n = loop_len(g, id);
+        let n = loop_len(g, id, shaders::matvec_groups(gpu.loop_limited()));
         (gpu.loop_limited() && n > crate::nn::LOOP_LIMIT).then(|| {
             format!(
                 "one invocation would loop {n} times; this adapter ({}) ends an invocation's loops after 65535",
@@ -197,7 +197,7 @@ fn check(gpu: &Gpu, g: &Graph, id: NodeId) -> Result<()> {
 /// Loop iterations one invocation of node `id`'s kernel runs, for the kernels that loop over a
 /// whole axis (reductions, softmax, cumsum, top-k, multiply-reduce regions, products, cached
 /// attention); 0 for the others (the native kernels of `nn` check their own).
-fn loop_len(g: &Graph, id: NodeId) -> usize {
+fn loop_len(g: &Graph, id: NodeId, groups: usize) -> usize {
     let n = g.node(id);
     let axis_len = |x: NodeId, a: usize| axis_len_in(g, x, a);
     match &n.op {
@@ -225,11 +225,12 @@ fn loop_len(g: &Graph, id: NodeId) -> usize {
         }
         // The contraction (the tiled product's tiles of 16, plus the loads).
         Op::MatMul => 2 * axis_len(n.inputs[0], g.shape(n.inputs[0]).rank() - 1),
-        Op::DequantMatMul { .. } => product_loops(g, n.inputs[0], n.inputs[1], false),
+        Op::DequantMatMul { .. } => product_loops(g, n.inputs[0], n.inputs[1], false, groups),
         // The product's loops, and the norm's: a walk over the rows to stage them, one per row
         // for its squares, a tree, a walk to scale them.
         Op::Fused(r) if r.kind == rlx_ir::FusionKind::NormMatMul => {
-            rlx_opt::norm_matmul_parts(g, id).map_or(0, |p| product_loops(g, p.x, p.w, true))
+            rlx_opt::norm_matmul_parts(g, id)
+                .map_or(0, |p| product_loops(g, p.x, p.w, true, groups))
         }
         // The weights step loops over the cache rows three times.
         Op::CachedAttention { .. } => 3 * axis_len(n.inputs[1], 0),
@@ -260,7 +261,7 @@ fn loop_len(g: &Graph, id: NodeId) -> usize {
 /// Loop iterations of an invocation of a GGUF product of activations `x` and weights `w`: each
 /// of k weights decoded once for up to QROWS rows; a staged decode product takes several
 /// columns in turn, after staging its activations (and, with `norm`, normalizing them).
-fn product_loops(g: &Graph, x: NodeId, w: NodeId, norm: bool) -> usize {
+fn product_loops(g: &Graph, x: NodeId, w: NodeId, norm: bool, groups: usize) -> usize {
     let rank = g.shape(x).rank();
     let k = axis_len_in(g, x, rank - 1);
     let xe: usize = (0..rank).map(|a| axis_len_in(g, x, a)).product();
@@ -269,7 +270,7 @@ fn product_loops(g: &Graph, x: NodeId, w: NodeId, norm: bool) -> usize {
     let walk = xe.div_ceil(shaders::WG as usize);
     // (`rows`: all the product's rows, as the kernel choice counts them.)
     if shaders::matvec_staged(rows, xe) {
-        shaders::matvec_columns(cols, k) * shaders::matvec_column_loops(k)
+        shaders::matvec_columns(cols, k, groups) * shaders::matvec_column_loops(k)
             + 2 * walk
             + 64
             + if norm { 3 * walk + 16 * rows } else { 0 }

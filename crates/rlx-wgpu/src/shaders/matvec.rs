@@ -7,9 +7,24 @@ use super::*;
 /// with its block sums and the product's partial sums, under the 16 KiB every adapter has.
 pub const MATVEC_STAGE: u32 = 3072;
 
-/// Workgroups of a staged matrix-vector product at most: each stages the activations once and
-/// then takes [`matvec_columns`] result columns in turn.
+/// Workgroups of a staged matrix-vector product at most on a GPU: each stages the activations
+/// once and then takes [`matvec_columns`] result columns in turn.
 pub const MATVEC_GROUPS: usize = 1024;
+
+/// Workgroups of a staged matrix-vector product at most on a CPU-type adapter (lavapipe), which
+/// runs a workgroup at a time on each of a few threads: there every workgroup's staging (and
+/// norm) is work taken from the product, so fewer workgroups take more columns each. The
+/// columns' sums are the same either way (a column's sum does not depend on its workgroup).
+pub const MATVEC_GROUPS_CPU: usize = 64;
+
+/// [`MATVEC_GROUPS`], or [`MATVEC_GROUPS_CPU`] for a CPU-type adapter.
+pub fn matvec_groups(cpu: bool) -> usize {
+    if cpu {
+        MATVEC_GROUPS_CPU
+    } else {
+        MATVEC_GROUPS
+    }
+}
 
 /// Loop iterations an invocation of a matrix-vector product runs per result column of `k`
 /// elements (a generous count: an element a step, every row).
@@ -18,11 +33,12 @@ pub fn matvec_column_loops(k: usize) -> usize {
 }
 
 /// Result columns each workgroup of a staged matrix-vector product of `n` columns of `k`
-/// elements takes: enough for at most [`MATVEC_GROUPS`] workgroups, but never so many that an
-/// invocation's loops pass 32,768 iterations (lavapipe cuts invocations off at 65,535).
-pub fn matvec_columns(n: usize, k: usize) -> usize {
+/// elements takes: enough for at most `groups` workgroups ([`matvec_groups`]), but never so
+/// many that an invocation's loops pass 32,768 iterations (lavapipe cuts invocations off at
+/// 65,535).
+pub fn matvec_columns(n: usize, k: usize, groups: usize) -> usize {
     let most = (32_768 / matvec_column_loops(k)).max(1);
-    n.div_ceil(MATVEC_GROUPS).clamp(1, most)
+    n.div_ceil(groups.max(1)).clamp(1, most)
 }
 
 /// Whether a decode product of `rows` rows and `elems` activations stages them
@@ -182,6 +198,23 @@ fn stage(norm: bool, add: bool) -> String {
     )
 }
 
+/// Which form of [`dequant_matvec`]'s shader: with subgroup sums, staged activations, a norm
+/// and a residual add taken in, and specialized to one row (a decode step's product: the row
+/// loops and the accumulator array fold away; the same sums as the general shader's row 0).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MatvecForm {
+    /// Partial sums added by `subgroupAdd` (else by a workgroup tree).
+    pub subgroups: bool,
+    /// Activations staged (and rounded) in workgroup memory ([`matvec_staged`]).
+    pub staged: bool,
+    /// A `norm_matmul` region: the activations are an RMSNorm's operand.
+    pub norm: bool,
+    /// With `norm`: that operand is the sum of two values (a residual add).
+    pub add: bool,
+    /// Exactly one row.
+    pub one_row: bool,
+}
+
 /// `x [R, K] @ decode(w)^T` for a few rows (`R <= QROWS`: decode): meta `[R, K, N, x_off,
 /// w_byte, row_bytes, out_off, round, sums_off, sums, cols, gamma_off, eps, x2_off, sum_off]`
 /// (the last four for `norm` and `add`, else 0); a workgroup per `cols` result
@@ -206,11 +239,15 @@ pub fn dequant_matvec(
     decoder: &str,
     grouped: Option<&str>,
     out: DType,
-    subgroups: bool,
-    staged: bool,
-    norm: bool,
-    add: bool,
+    form: MatvecForm,
 ) -> String {
+    let MatvecForm {
+        subgroups,
+        staged,
+        norm,
+        add,
+        one_row,
+    } = form;
     let staged = staged || norm;
     let (builtins, sum, result) = if subgroups {
         (
@@ -319,14 +356,14 @@ pub fn dequant_matvec(
 var<workgroup> part: array<f32, {parts}>;
 {decls}@compute @workgroup_size({WG})
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32{builtins}) {{
-    let rows = mt[0];
+    let rows = {rows};
     let k = mt[1];
     let n = mt[2];
 {stage}    // `mt[10]` result columns a workgroup, in turn (uniform: a meta word).
     for (var jc = 0u; jc < mt[10]; jc++) {{
     let j = (wg.x + wg.y * {MAX_GROUPS}u) * mt[10] + jc;
     let live = j < n;
-    var acc: array<f32, {QROWS}>;
+    var acc: array<f32, {acc}>;
     if (live) {{
         let row = mt[4] + j * mt[5];
 {inner}    }}
@@ -337,6 +374,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }}
 }}
 "#,
-        parts = QROWS * 64
+        parts = QROWS * 64,
+        rows = if one_row { "1u" } else { "mt[0]" },
+        acc = if one_row { 1 } else { QROWS },
     )
 }

@@ -1148,8 +1148,15 @@ pub fn quantize_acts(blk: u32) -> String {
 /// weight serves them all); more rows take the tiled prompt kernel ([`dequant_matmul`]).
 pub const QROWS: u32 = 8;
 
-/// Rows of a prompt product's tile ([`dequant_matmul`]).
+/// Rows of a prompt product's tile at most ([`dequant_matmul`]).
 pub const TILE_ROWS: u32 = 32;
+
+/// Rows of the tiles of a prompt product of `rows` rows: the rows rounded up to a multiple of 8,
+/// at most [`TILE_ROWS`], so a short prompt does not compute the rows a full tile would add
+/// (each result's sum is the same whatever the tile's height).
+pub fn tile_rows(rows: usize) -> u32 {
+    rows.next_multiple_of(8).clamp(8, TILE_ROWS as usize) as u32
+}
 /// Columns of a prompt product's tile: one per invocation of the workgroup.
 pub const TILE_COLS: u32 = WG;
 /// Depth of one step of a prompt product's tile.
@@ -1175,15 +1182,15 @@ pub fn offset_decoder(scheme: rlx_ir::QuantScheme) -> Option<String> {
 
 /// `x [R, K] @ decode(w)^T` for packed GGUF rows `w [N, row_bytes]` (prompts, `R > QROWS`):
 /// meta `[R, K, N, x_off, w_byte, row_bytes, out_off, sums_off]`; a workgroup per tile of
-/// [`TILE_ROWS`] rows and [`TILE_COLS`] columns (dispatch `(⌈N / TILE_COLS⌉, ⌈R / TILE_ROWS⌉)`),
+/// `tr` rows ([`tile_rows`]) and [`TILE_COLS`] columns (dispatch `(⌈N / TILE_COLS⌉, ⌈R / tr⌉)`),
 /// each invocation one column. Per step of 32 along `K`, the tile's activations are loaded once
 /// into workgroup memory for all its columns, and each invocation decodes its column's 32
 /// weights once for all the tile's rows, then accumulates the tile's rows in registers (the
 /// rows unrolled, so every accumulator index is static). Loops run `2.5 K` iterations an
 /// invocation. `sums` (the activations rounded to 32-blocks, `decoder` an [`offset_decoder`]):
 /// each block's offset times the rows' `Q8_1` block sums at `sums_off`, one step a block.
-pub fn dequant_matmul(decoder: &str, out: DType, sums: bool) -> String {
-    let (tr, tk) = (TILE_ROWS, TILE_K);
+pub fn dequant_matmul(decoder: &str, out: DType, sums: bool, tr: u32) -> String {
+    let tk = TILE_K;
     let fma: String = (0..tr)
         .map(|t| format!("            acc[{t}] += xs[{t}u * {tk}u + kk] * w;\n"))
         .collect();

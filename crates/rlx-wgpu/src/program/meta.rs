@@ -519,18 +519,19 @@ fn quant_kv(s: &Site, k: &QuantKv, meta: &mut Vec<u32>) -> Result<(String, Group
             // Prompts: a workgroup per tile of rows and columns. Activations rounded to
             // 32-blocks (`x [B, 1, K]`: B one-row products) come with their `Q8_1` sums after
             // them, which Q4_1 / Q5_1's offsets multiply.
+            let tile = shaders::tile_rows(rows);
             let groups = (
                 nn.div_ceil(shaders::TILE_COLS as usize) as u32,
-                rows.div_ceil(shaders::TILE_ROWS as usize) as u32,
+                rows.div_ceil(tile as usize) as u32,
                 1,
             );
             let split = shaders::offset_decoder(*scheme);
             match (acts, split) {
                 (Some(r), Some(dec)) if scheme.act_block(1) == Some(32) => {
                     meta.push((s.w.scratch(*r) + rows * k) as u32);
-                    Ok((shaders::dequant_matmul(&dec, out, true), groups))
+                    Ok((shaders::dequant_matmul(&dec, out, true, tile), groups))
                 }
-                _ => Ok((shaders::dequant_matmul(dec, out, false), groups)),
+                _ => Ok((shaders::dequant_matmul(dec, out, false, tile), groups)),
             }
         }
         QuantKv::DequantizeRows { w, scheme } => {

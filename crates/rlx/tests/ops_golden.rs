@@ -542,7 +542,8 @@ fn wide_one_row_gpu_products_agree_with_the_cpu_and_with_a_row_among_three() {
 /// prompt kernel): 9 and 37 rows (one partial tile, a full one and a partial one) by 70
 /// columns (a partial tile of columns) over K = 512, for every GGUF block type the GPU
 /// decodes, random well-formed weights; the GPU against the CPU as
-/// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them.
+/// [`the_gpus_quantized_products_agree_with_the_cpus`] holds them, and the 9 rows (a tile of
+/// 16) bit for bit as the first 9 of the 37 (tiles of 32).
 #[test]
 fn prompt_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
     assert_gpu();
@@ -560,6 +561,7 @@ fn prompt_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
         let Ok(w) = rlx::gguf::random_tensor(ty, &[n, k], 0.0, 0.5, &mut rng) else {
             continue;
         };
+        let mut first = Vec::new();
         for rows in [9, 37] {
             let b = quantized_product(scheme, rows, k, n, &w);
             let name = format!("{scheme:?} {rows}x{k} @ {n}");
@@ -568,6 +570,22 @@ fn prompt_sized_quantized_products_on_the_gpu_agree_with_the_cpus() {
             let want = run_reference(&b).expect("reference");
             if let Err(e) = quantized_or_near_exact(&name, &cpu, &gpu, &want, "GPU (tiled)") {
                 panic!("{e}");
+            }
+            // The 9 rows (one 16-row tile) are bit for bit the first 9 of the 37 (32-row
+            // tiles): a tile's height changes no result.
+            if first.is_empty() {
+                first = gpu;
+            } else {
+                let same = first
+                    .iter()
+                    .zip(&gpu)
+                    .filter(|(a, b)| a.to_bits() == b.to_bits())
+                    .count();
+                assert_eq!(
+                    same,
+                    first.len(),
+                    "{name}: its first 9 rows differ from the 9-row product's"
+                );
             }
             checked += 1;
         }
